@@ -1,0 +1,236 @@
+// Package volume is the single block API that every frontend (NBD, ublk) serves: read, write with
+// optional FUA, flush, trim, write-zeroes, cache hints and the size, with the range and permission
+// checks done once here rather than in each frontend.
+//
+// A Volume never reorders or merges requests and never holds data of its own: durability and
+// caching belong to the backend beneath it (a plain backend, or later the cache engine, which is a
+// backend too). It must never let a request outside the device reach the backend.
+package volume
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Errors a frontend maps onto its protocol's error codes. Backend errors pass through wrapped.
+var (
+	// ErrOutOfRange: the request reaches past the end of the device.
+	ErrOutOfRange = backend.ErrOutOfRange
+	// ErrReadOnly: a write-type request on a read-only volume.
+	ErrReadOnly = backend.ErrReadOnly
+	// ErrNotSupported: the backend cannot do this (for example a fast zero it cannot do fast).
+	ErrNotSupported = backend.ErrNotSupported
+	// ErrInvalid: a malformed request (negative offset, zero length where one is required).
+	ErrInvalid = errors.New("volume: invalid request")
+)
+
+// Info describes what a volume can do; the NBD server turns it into transmission flags and the
+// ublk driver into device parameters.
+type Info struct {
+	Size        int64
+	ReadOnly    bool
+	CanTrim     bool
+	CanZero     bool // WriteZeroes is supported (emulated with writes when the backend lacks it)
+	CanFastZero bool // WriteZeroes with Fast can be done without writing data
+	CanFUA      bool
+	MultiConn   bool // several connections see one consistent device (flush on one covers all)
+	// Block sizes for clients: requests need not be aligned to Min; Preferred is the size below which
+	// a read-modify-write may happen; Max is the largest request accepted.
+	MinBlock, PreferredBlock, MaxBlock uint32
+}
+
+// ZeroFlags modify WriteZeroes.
+type ZeroFlags struct {
+	NoHole bool // the range must stay allocated (NBD_CMD_FLAG_NO_HOLE)
+	Fast   bool // fail with ErrNotSupported rather than write data (NBD_CMD_FLAG_FAST_ZERO)
+	FUA    bool
+}
+
+// Device is the block API both frontends serve. Concurrent calls are safe; calls on overlapping
+// ranges complete in some order, as on a real disk.
+type Device interface {
+	Info() Info
+	ReadAt(p []byte, off int64) error
+	WriteAt(p []byte, off int64, fua bool) error
+	Flush() error
+	Trim(off, length int64, fua bool) error
+	WriteZeroes(off, length int64, f ZeroFlags) error
+	// Cache is a hint to bring a range into the cache; on an uncached volume it does nothing.
+	Cache(off, length int64) error
+}
+
+// DefaultMaxBlock is the largest request a volume accepts unless told otherwise: 32 MiB, the
+// limit NBD clients assume.
+const DefaultMaxBlock = 32 << 20
+
+// Volume serves a backend as a Device.
+type Volume struct {
+	b       backend.Backend
+	info    Info
+	trimmer backend.Trimmer
+	zeroer  backend.ZeroWriter
+	fua     backend.FUAWriter
+	cacher  cacher
+}
+
+// cacher is a backend that can act on NBD_CMD_CACHE (the cache engine).
+type cacher interface {
+	Prefetch(off, length int64) error
+}
+
+// Options configure a Volume.
+type Options struct {
+	ReadOnly bool
+	// MultiConn says the backend is safe for several connections (true for every backend tierblk
+	// has: they share one device and one flush).
+	MultiConn bool
+}
+
+// New wraps b. The backend's optional abilities are detected once here.
+func New(b backend.Backend, o Options) *Volume {
+	v := &Volume{b: b}
+	v.trimmer, _ = b.(backend.Trimmer)
+	v.zeroer, _ = b.(backend.ZeroWriter)
+	v.fua, _ = b.(backend.FUAWriter)
+	v.cacher, _ = b.(cacher)
+	ro := o.ReadOnly
+	if r, ok := b.(backend.ReadOnlyReporter); ok && r.ReadOnly() {
+		ro = true
+	}
+	v.info = Info{
+		Size:           b.Size(),
+		ReadOnly:       ro,
+		CanTrim:        v.trimmer != nil && !ro,
+		CanZero:        !ro,
+		CanFastZero:    v.zeroer != nil && !ro,
+		CanFUA:         !ro,
+		MultiConn:      o.MultiConn,
+		MinBlock:       1,
+		PreferredBlock: 4096,
+		MaxBlock:       DefaultMaxBlock,
+	}
+	return v
+}
+
+// Backend returns the backend beneath the volume.
+func (v *Volume) Backend() backend.Backend { return v.b }
+
+// Info implements Device.
+func (v *Volume) Info() Info { return v.info }
+
+func (v *Volume) check(off, length int64, write bool) error {
+	if write && v.info.ReadOnly {
+		return ErrReadOnly
+	}
+	if off < 0 || length < 0 {
+		return fmt.Errorf("%w: offset %d length %d", ErrInvalid, off, length)
+	}
+	return backend.CheckRange(off, length, v.info.Size)
+}
+
+// ReadAt implements Device.
+func (v *Volume) ReadAt(p []byte, off int64) error {
+	if err := v.check(off, int64(len(p)), false); err != nil {
+		return err
+	}
+	_, err := v.b.ReadAt(p, off)
+	return err
+}
+
+// WriteAt implements Device. With fua the write is durable when WriteAt returns.
+func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
+	if err := v.check(off, int64(len(p)), true); err != nil {
+		return err
+	}
+	if fua && v.fua != nil {
+		_, err := v.fua.WriteAtFUA(p, off)
+		return err
+	}
+	if _, err := v.b.WriteAt(p, off); err != nil {
+		return err
+	}
+	if fua {
+		return v.b.Flush()
+	}
+	return nil
+}
+
+// Flush implements Device.
+func (v *Volume) Flush() error {
+	if v.info.ReadOnly {
+		return nil
+	}
+	return v.b.Flush()
+}
+
+// Trim implements Device. Trim is advisory: a backend without it ignores the request.
+func (v *Volume) Trim(off, length int64, fua bool) error {
+	if err := v.check(off, length, true); err != nil {
+		return err
+	}
+	if v.trimmer == nil || length == 0 {
+		return nil
+	}
+	if err := v.trimmer.Trim(off, length); err != nil {
+		return err
+	}
+	if fua {
+		return v.b.Flush()
+	}
+	return nil
+}
+
+// zeroChunk bounds the buffer used to emulate write-zeroes with plain writes.
+const zeroChunk = 1 << 20
+
+// zeroPage is shared by every volume and never written: WriteAt does not modify its argument.
+var zeroPage = make([]byte, zeroChunk)
+
+// WriteZeroes implements Device. Without a ZeroWriter backend the zeroes are written as data, unless
+// f.Fast asks for a quick failure instead.
+func (v *Volume) WriteZeroes(off, length int64, f ZeroFlags) error {
+	if err := v.check(off, length, true); err != nil {
+		return err
+	}
+	if length == 0 {
+		return nil
+	}
+	var err error
+	switch {
+	case v.zeroer != nil:
+		err = v.zeroer.WriteZeroes(off, length, !f.NoHole)
+	case f.Fast:
+		return ErrNotSupported
+	default:
+		err = v.writeZeroData(off, length)
+	}
+	if err == nil && f.FUA {
+		err = v.b.Flush()
+	}
+	return err
+}
+
+func (v *Volume) writeZeroData(off, length int64) error {
+	for length > 0 {
+		n := min(length, zeroChunk)
+		if _, err := v.b.WriteAt(zeroPage[:n], off); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// Cache implements Device.
+func (v *Volume) Cache(off, length int64) error {
+	if err := v.check(off, length, false); err != nil {
+		return err
+	}
+	if v.cacher == nil {
+		return nil
+	}
+	return v.cacher.Prefetch(off, length)
+}

@@ -1,0 +1,88 @@
+// Package backend defines the storage that tierblk exports and caches in front of: a file, a block
+// device, RAM, or a remote NBD export.
+//
+// A Backend is deliberately small, in the spirit of io.ReaderAt and io.WriterAt: concurrent calls on
+// disjoint ranges are safe, and optional abilities (trim, write-zeroes, FUA) are separate interfaces
+// that callers detect once with a type assertion. Backends are chosen by URL scheme from an explicit
+// Registry (see package registry for the default set).
+//
+// A backend must never cache data in a way that breaks the durability contract: after Flush returns
+// nil, every write that returned before Flush was called is durable.
+//
+// # Errors
+//
+// Errors that wrap ErrOutOfRange, ErrReadOnly, ErrNotSupported or ErrClosed are permanent: retrying
+// the same call cannot succeed. Any other error (an EIO from a disk, a dropped connection) may be
+// transient; IsRetryable tells the two apart, and retry wrappers use it.
+package backend
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Backend is the storage at the bottom of the stack.
+type Backend interface {
+	// ReadAt reads len(p) bytes at off. A short read is an error.
+	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt writes p at off. The data may sit in a volatile cache until Flush.
+	WriteAt(p []byte, off int64) (int, error)
+	// Size is the size of the device in bytes; it does not change while the backend is open.
+	Size() int64
+	// Flush makes every write that completed before the call durable.
+	Flush() error
+	// Close releases the backend. It does not flush.
+	Close() error
+}
+
+// Trimmer is a backend that can discard a range: later reads of it return zeroes or the old data,
+// and the space may be given back to the host.
+type Trimmer interface {
+	Trim(off, length int64) error
+}
+
+// ZeroWriter is a backend that can write zeroes over a range without a data transfer. With
+// mayUnmap it may punch a hole instead of writing; without it the range stays allocated.
+type ZeroWriter interface {
+	WriteZeroes(off, length int64, mayUnmap bool) error
+}
+
+// FUAWriter is a backend that can make one write durable on its own (Force Unit Access), cheaper
+// than a WriteAt followed by a Flush of everything.
+type FUAWriter interface {
+	WriteAtFUA(p []byte, off int64) (int, error)
+}
+
+// ReadOnlyReporter is a backend that knows it cannot be written (a read-only file or export).
+type ReadOnlyReporter interface {
+	ReadOnly() bool
+}
+
+// Permanent errors: retrying cannot help.
+var (
+	ErrOutOfRange   = errors.New("backend: range beyond the end of the device")
+	ErrReadOnly     = errors.New("backend: read-only")
+	ErrNotSupported = errors.New("backend: operation not supported")
+	ErrClosed       = errors.New("backend: closed")
+)
+
+// IsRetryable reports whether err may succeed when the same call is tried again.
+func IsRetryable(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range []error{ErrOutOfRange, ErrReadOnly, ErrNotSupported, ErrClosed} {
+		if errors.Is(err, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckRange returns an error wrapping ErrOutOfRange unless [off, off+length) lies within size.
+func CheckRange(off, length, size int64) error {
+	if off < 0 || length < 0 || off > size || length > size-off {
+		return fmt.Errorf("%w: offset %d length %d size %d", ErrOutOfRange, off, length, size)
+	}
+	return nil
+}
