@@ -39,11 +39,21 @@ func (r *Registry) Register(scheme, usage string, f Factory) {
 	r.usage[scheme] = usage
 }
 
-// Schemes lists the registered schemes' example URLs, sorted.
+// Schemes lists the registered scheme names, sorted.
 func (r *Registry) Schemes() []string {
 	var s []string
 	for k := range r.factories {
-		s = append(s, r.usage[k])
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// Usage lists an example URL for each scheme, sorted.
+func (r *Registry) Usage() []string {
+	var s []string
+	for _, u := range r.usage {
+		s = append(s, u)
 	}
 	sort.Strings(s)
 	return s
@@ -58,7 +68,7 @@ func (r *Registry) Open(rawURL string, opts Options) (Backend, error) {
 	f, ok := r.factories[u.Scheme]
 	if !ok {
 		return nil, fmt.Errorf("backend URL %q: unknown scheme %q; use one of: %s",
-			rawURL, u.Scheme, strings.Join(r.Schemes(), ", "))
+			rawURL, u.Scheme, strings.Join(r.Usage(), ", "))
 	}
 	b, err := f(u, opts)
 	if err != nil {

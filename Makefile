@@ -1,0 +1,74 @@
+# tierblk: `make run` serves the default disk, `make test` runs every test, `make bench` measures.
+# Each target installs what it needs (Debian packages via apt-get when root, Go modules).
+
+SHELL := /bin/bash
+GO ?= go
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN := bin/tierblk
+DATA := $(CURDIR)/data
+SOCK := $(DATA)/tierblk.sock
+PORT ?= 10809
+SIZE ?= 1GiB
+# Debian packages the tests and benchmarks use: real NBD peers and a kernel under qemu.
+DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
+	xz-utils e2fsprogs kmod
+TEST_TIMEOUT ?= 60m
+TESTLOG ?= $(CURDIR)/.cache/test.log
+
+.PHONY: all build run test unit integration bench deps deps-deb deps-go fmt-check clean
+
+all: build
+
+build: deps-go
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierblk
+
+# The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
+run: build
+	@mkdir -p $(DATA)
+	@echo "tierblk: serving $(DATA)/disk.img ($(SIZE), sparse) on unix:$(SOCK) and 127.0.0.1:$(PORT)"
+	@echo "  inspect:  nbdinfo 'nbd+unix:///?socket=$(SOCK)'"
+	@echo "  qemu:     qemu-io -f raw 'nbd+unix:///?socket=$(SOCK)' -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k'"
+	@echo "  fio:      fio --name=t --ioengine=nbd --uri='nbd+unix:///?socket=$(SOCK)' --rw=randread --bs=4k --iodepth=32 --size=256m --runtime=10 --time_based"
+	@echo "  kernel:   modprobe nbd && nbd-client -unix $(SOCK) /dev/nbd0   (or: nbd-client 127.0.0.1 $(PORT) /dev/nbd0)"
+	@echo "  stop:     Ctrl-C (finishes in-flight requests and flushes)"
+	exec $(BIN) serve --backend 'file://$(DATA)/disk.img?size=$(SIZE)' --nbd unix:$(SOCK) --nbd 127.0.0.1:$(PORT)
+
+test: deps fmt-check
+	$(GO) vet ./...
+	@mkdir -p $(dir $(TESTLOG))
+	@set -o pipefail; $(GO) test -race -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
+	  grep -E '^(ok|FAIL|--- FAIL|--- SKIP|panic:)|^\s+[A-Za-z0-9_]+\.go:[0-9]+: ' $(TESTLOG) | grep -v '^\s*--- PASS'; \
+	  if [ $$status != 0 ]; then echo "--- last lines of $(TESTLOG):"; tail -n 60 $(TESTLOG); fi; \
+	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
+	  exit $$status
+
+unit: deps-go
+	$(GO) test -race $$($(GO) list ./... | grep -v /integration)
+
+integration: deps
+	$(GO) test -race -timeout $(TEST_TIMEOUT) -v ./integration/...
+
+bench: deps build
+	$(GO) run ./integration/bench --tierblk $(BIN)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
+
+deps: deps-deb deps-go
+
+deps-go:
+	@$(GO) mod download
+
+deps-deb:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:" $$missing; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing Debian packages: $$missing"; echo "run as root: apt-get install -y $$missing"; exit 1; \
+	  fi; \
+	fi
+
+clean:
+	rm -rf bin .cache

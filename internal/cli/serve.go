@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"io"
+	"regexp"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/daemon"
+	"github.com/tierblk/tierblk/pkg/backend/registry"
+)
+
+// serveOpts are the flags of `tierblk serve`. A flag that was set overrides the config file.
+type serveOpts struct {
+	configFile  string
+	backend     string
+	export      string
+	nbd         []string
+	readOnly    bool
+	logLevel    string
+	maxInFlight int
+	set         func(name string) bool // reports whether a flag was given
+	stderr      io.Writer
+	ready       func(addrs []string)
+}
+
+func newServeCmd() *cobra.Command {
+	o := serveOpts{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve backends over NBD",
+		Long: `Serve one backend (--backend) or the exports of a config file (--config) over NBD.
+
+Backends are URLs:
+  file:///path/disk.img[?size=SIZE][&direct=true]   a file or block device (size= creates a sparse file)
+  mem://SIZE                                         RAM, lost on exit
+  nbd://HOST[:PORT]/EXPORT                           another NBD server over TCP
+  nbd+unix:///EXPORT?socket=PATH                     another NBD server over a unix socket
+
+SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
+backend and exits 0.`,
+		Example: `  tierblk serve --backend 'file:///srv/disk.img?size=8GiB' --nbd unix:/run/tierblk.sock --nbd 127.0.0.1:10809
+  tierblk serve --config configs/tierblk.example.yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.set = func(name string) bool { return cmd.Flags().Changed(name) }
+			o.stderr = cmd.ErrOrStderr()
+			return runServe(cmd.Context(), o)
+		},
+	}
+	d := config.Defaults()
+	f := cmd.Flags()
+	f.StringVar(&o.configFile, "config", "", "YAML config file (see configs/tierblk.example.yaml); flags override it")
+	f.StringVar(&o.backend, "backend", "", "backend URL to serve as a single export (replaces the config's exports)")
+	f.StringVar(&o.export, "export", "", "name of the export given by --backend (clients that ask for no name get it too)")
+	f.StringArrayVar(&o.nbd, "nbd", d.Listen, "NBD listen address, unix:/path/to.sock or HOST:PORT; repeat for several")
+	f.BoolVar(&o.readOnly, "read-only", false, "serve every export read-only")
+	f.StringVar(&o.logLevel, "log-level", d.LogLevel, "debug, info, warn or error")
+	f.IntVar(&o.maxInFlight, "max-in-flight", d.MaxInFlight, "requests served at once on one NBD connection")
+	return cmd
+}
+
+// buildConfig merges the config file and the flags that were set, then validates.
+func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
+	cfg := config.Defaults()
+	if o.configFile != "" {
+		var err error
+		if cfg, err = config.Load(o.configFile); err != nil {
+			return cfg, &UsageError{Err: err}
+		}
+	}
+	if o.set("backend") {
+		cfg.Exports = []config.Export{{Name: o.export, Backend: o.backend}}
+	} else if o.set("export") {
+		return cfg, usageErrorf("--export names the export of --backend; give --backend too")
+	}
+	if o.set("nbd") {
+		cfg.Listen = o.nbd
+	}
+	if o.readOnly {
+		for i := range cfg.Exports {
+			cfg.Exports[i].ReadOnly = true
+		}
+	}
+	if o.set("log-level") {
+		cfg.LogLevel = o.logLevel
+	}
+	if o.set("max-in-flight") {
+		cfg.MaxInFlight = o.maxInFlight
+	}
+	if err := cfg.Validate(schemes); err != nil {
+		var ce *config.Error
+		if errors.As(err, &ce) && o.configFile == "" {
+			// Without a config file the user typed flags: name those.
+			err = errors.New(flagNames(err.Error()))
+		}
+		return cfg, &UsageError{Err: err}
+	}
+	return cfg, nil
+}
+
+func runServe(ctx context.Context, o serveOpts) error {
+	reg := registry.Default()
+	cfg, err := buildConfig(o, reg.Schemes())
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(o.stderr, cfg.LogLevel)
+	if err != nil {
+		return err
+	}
+	return daemon.Run(ctx, cfg, reg, log, o.ready)
+}
+
+// fieldToFlag renames config fields to the flags that set them, for errors about a command line.
+var fieldToFlag = []struct {
+	re   *regexp.Regexp
+	flag string
+}{
+	{regexp.MustCompile(`exports\[0\]\.backend`), "--backend"},
+	{regexp.MustCompile(`exports\[0\]\.name`), "--export"},
+	{regexp.MustCompile(`listen\[\d+\]`), "--nbd"},
+	{regexp.MustCompile(`\blog_level\b`), "--log-level"},
+	{regexp.MustCompile(`\bmax_in_flight\b`), "--max-in-flight"},
+}
+
+func flagNames(msg string) string {
+	for _, m := range fieldToFlag {
+		msg = m.re.ReplaceAllString(msg, m.flag)
+	}
+	return msg
+}

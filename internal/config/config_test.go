@@ -1,0 +1,93 @@
+package config
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var schemes = []string{"file", "mem", "nbd", "nbd+unix"}
+
+func TestExampleConfigIsValid(t *testing.T) {
+	c, err := Load("../../configs/tierblk.example.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	require.Len(t, c.Exports, 3)
+	require.Equal(t, "nas", c.Exports[0].Name)
+	require.True(t, c.Exports[2].ReadOnly)
+	require.Equal(t, []string{"unix:/run/tierblk/tierblk.sock", "127.0.0.1:10809"}, c.Listen)
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown field", "exports: []\nlisten_on: [x]\n", "field listen_on not found"},
+		{"wrong type", "max_in_flight: lots\n", "cannot unmarshal"},
+		{"unknown export field", "exports:\n  - name: a\n    backnd: mem://1GiB\n", "field backnd not found"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml), "test.yaml")
+			require.ErrorContains(t, err, tc.want)
+			require.ErrorContains(t, err, "test.yaml")
+		})
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	good := func() Config {
+		c := Defaults()
+		c.Exports = []Export{{Name: "a", Backend: "mem://1GiB"}}
+		return c
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"no exports", func(c *Config) { c.Exports = nil }, "exports: no export"},
+		{"no backend", func(c *Config) { c.Exports[0].Backend = "" }, "exports[0].backend: missing"},
+		{"unknown scheme", func(c *Config) { c.Exports[0].Backend = "iscsi://x/y" }, `exports[0].backend: "iscsi://x/y" has unknown scheme "iscsi"`},
+		{"bad url", func(c *Config) { c.Exports[0].Backend = "file://%zz" }, "exports[0].backend"},
+		{"duplicate name", func(c *Config) { c.Exports = append(c.Exports, Export{Name: "a", Backend: "mem://1MiB"}) }, "exports[1].name"},
+		{"no listen", func(c *Config) { c.Listen = nil }, "listen: no listen address"},
+		{"bad listen", func(c *Config) { c.Listen = []string{"localhost"} }, "listen[0]"},
+		{"empty unix", func(c *Config) { c.Listen = []string{"unix:"} }, "listen[0]"},
+		{"duplicate listen", func(c *Config) { c.Listen = []string{"unix:/a", "unix:/a"} }, "listen[1]"},
+		{"bad level", func(c *Config) { c.LogLevel = "loud" }, "log_level"},
+		{"in flight", func(c *Config) { c.MaxInFlight = 0 }, "max_in_flight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := good()
+			require.NoError(t, c.Validate(schemes))
+			tc.mutate(&c)
+			require.ErrorContains(t, c.Validate(schemes), tc.want)
+		})
+	}
+}
+
+func TestParseListenAddr(t *testing.T) {
+	for in, want := range map[string][2]string{
+		"unix:/run/x.sock": {"unix", "/run/x.sock"},
+		"unix:rel.sock":    {"unix", "rel.sock"},
+		"127.0.0.1:10809":  {"tcp", "127.0.0.1:10809"},
+		":10809":           {"tcp", ":10809"},
+		"[::1]:10809":      {"tcp", "[::1]:10809"},
+	} {
+		n, a, err := ParseListenAddr(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, [2]string{n, a}, in)
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(t.TempDir() + "/nope.yaml")
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestEmptyFileGivesDefaults(t *testing.T) {
+	c, err := Parse(nil, "empty.yaml")
+	require.NoError(t, err)
+	require.Equal(t, Defaults(), c)
+}

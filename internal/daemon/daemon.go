@@ -1,0 +1,169 @@
+// Package daemon wires a validated configuration into a running tierblk: backends, volumes, the NBD
+// server and its listeners, and owns the ordered shutdown (stop accepting, finish in-flight
+// requests, flush every volume, close backends, remove sockets).
+//
+// It must never return from Run with a volume unflushed after a clean stop, and never remove a
+// unix socket that another live process is listening on.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/units"
+	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// ShutdownTimeout bounds how long a stop waits for in-flight requests before closing connections.
+const ShutdownTimeout = 30 * time.Second
+
+// Run serves cfg until ctx is cancelled, then stops cleanly. cfg must have passed Validate. ready,
+// if not nil, is called once every listener accepts connections, with their addresses (useful when
+// a port was 0).
+func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, ready func(addrs []string)) (err error) {
+	vols, closeAll, err := openExports(cfg, reg, log)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, closeAll()) }()
+
+	exports := make([]nbd.Export, len(cfg.Exports))
+	for i, e := range cfg.Exports {
+		exports[i] = nbd.Export{Name: e.Name, Description: e.Description, Device: vols[i]}
+	}
+	srv, err := nbd.NewServer(nbd.ServerConfig{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight})
+	if err != nil {
+		return err
+	}
+
+	listeners, err := listenAll(cfg.Listen)
+	if err != nil {
+		return err
+	}
+	serveErr := make(chan error, len(listeners))
+	addrs := make([]string, len(listeners))
+	for i, l := range listeners {
+		addrs[i] = l.Addr().String()
+		go func() { serveErr <- srv.Serve(l) }()
+	}
+	log.Info("serving", "exports", len(exports), "listen", addrs)
+	if ready != nil {
+		ready(addrs)
+	}
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("stopping: finishing in-flight requests")
+	case runErr = <-serveErr:
+		log.Error("listener failed; stopping", "err", runErr)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("shutdown: %w", err))
+	}
+	for _, l := range listeners {
+		if ul, ok := l.(*net.UnixListener); ok {
+			// Close removes the socket file of a listener we created.
+			ul.Close()
+		}
+	}
+	for i, v := range vols {
+		if err := v.Flush(); err != nil {
+			runErr = errors.Join(runErr, fmt.Errorf("flush export %q: %w", cfg.Exports[i].Name, err))
+		}
+	}
+	if runErr == nil {
+		log.Info("stopped cleanly; every volume flushed")
+	}
+	return runErr
+}
+
+// openExports opens every backend; on failure it closes the ones already open.
+func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, func() error, error) {
+	var backends []backend.Backend
+	closeAll := func() error {
+		var errs []error
+		for _, b := range backends {
+			errs = append(errs, b.Close())
+		}
+		return errors.Join(errs...)
+	}
+	vols := make([]*volume.Volume, 0, len(cfg.Exports))
+	for i, e := range cfg.Exports {
+		b, err := reg.Open(e.Backend, backend.Options{ReadOnly: e.ReadOnly})
+		if err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+		}
+		backends = append(backends, b)
+		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true})
+		vols = append(vols, v)
+		log.Info("export", "name", e.Name, "backend", e.Backend, "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
+	}
+	return vols, closeAll, nil
+}
+
+func listenAll(addrs []string) ([]net.Listener, error) {
+	var ls []net.Listener
+	for _, a := range addrs {
+		l, err := listen(a)
+		if err != nil {
+			for _, l := range ls {
+				l.Close()
+			}
+			return nil, err
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
+}
+
+func listen(a string) (net.Listener, error) {
+	network, address, err := config.ParseListenAddr(a)
+	if err != nil {
+		return nil, err
+	}
+	if network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+		if err := removeStaleSocket(address); err != nil {
+			return nil, fmt.Errorf("listen %s: %w", a, err)
+		}
+	}
+	l, err := net.Listen(network, address)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", a, err)
+	}
+	return l, nil
+}
+
+// removeStaleSocket deletes a socket file left by a process that died, but refuses to touch one
+// that still answers or a path that is not a socket.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket; remove it or choose another path", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("%s is in use by another server", path)
+	}
+	return os.Remove(path)
+}
