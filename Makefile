@@ -49,7 +49,7 @@ integration: deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) -v ./integration/...
 
 bench: deps build
-	$(GO) run ./integration/bench --tierblk $(BIN)
+	$(BIN) bench
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
