@@ -1,0 +1,115 @@
+package volume
+
+import (
+	"bytes"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+// plain hides every optional capability of the backend it embeds and counts flushes, so the tests
+// see the volume's emulations.
+type plain struct {
+	backend.Backend
+	flushes atomic.Int64
+}
+
+func (p *plain) Flush() error { p.flushes.Add(1); return p.Backend.Flush() }
+
+const size = 1 << 20
+
+func TestInfoFollowsCapabilities(t *testing.T) {
+	full := New(mem.New(size), Options{MultiConn: true}).Info()
+	require.Equal(t, Info{Size: size, CanTrim: true, CanZero: true, CanFastZero: true, CanFUA: true, MultiConn: true,
+		MinBlock: 1, PreferredBlock: 4096, MaxBlock: DefaultMaxBlock}, full)
+
+	bare := New(&plain{Backend: mem.New(size)}, Options{}).Info()
+	require.False(t, bare.CanTrim)
+	require.False(t, bare.CanFastZero)
+	require.True(t, bare.CanZero, "zeroes are emulated with writes")
+
+	ro := New(mem.New(size), Options{ReadOnly: true}).Info()
+	require.True(t, ro.ReadOnly)
+	require.False(t, ro.CanTrim || ro.CanZero || ro.CanFUA || ro.CanFastZero)
+}
+
+func TestRangeChecks(t *testing.T) {
+	v := New(mem.New(size), Options{})
+	buf := make([]byte, 4096)
+	for _, tc := range []struct {
+		name string
+		err  error
+		op   func() error
+	}{
+		{"read past end", ErrOutOfRange, func() error { return v.ReadAt(buf, size-100) }},
+		{"read at end", ErrOutOfRange, func() error { return v.ReadAt(buf[:1], size) }},
+		{"write past end", ErrOutOfRange, func() error { return v.WriteAt(buf, size-1, false) }},
+		{"trim past end", ErrOutOfRange, func() error { return v.Trim(0, size+1, false) }},
+		{"zero past end", ErrOutOfRange, func() error { return v.WriteZeroes(size-4096, 8192, ZeroFlags{}) }},
+		{"cache past end", ErrOutOfRange, func() error { return v.Cache(size, 1) }},
+		{"negative offset", ErrInvalid, func() error { return v.ReadAt(buf, -1) }},
+		{"huge offset", ErrOutOfRange, func() error { return v.WriteAt(buf, 1<<62, false) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.ErrorIs(t, tc.op(), tc.err)
+		})
+	}
+	// Nothing above wrote anything.
+	got := make([]byte, size)
+	require.NoError(t, v.ReadAt(got, 0))
+	require.Equal(t, make([]byte, size), got)
+	require.NoError(t, v.ReadAt(buf[:0], size), "an empty read at the end is in range")
+}
+
+func TestReadOnlyRefusesWrites(t *testing.T) {
+	b := mem.New(size)
+	v := New(b, Options{ReadOnly: true})
+	p := bytes.Repeat([]byte{1}, 512)
+	require.ErrorIs(t, v.WriteAt(p, 0, false), ErrReadOnly)
+	require.ErrorIs(t, v.Trim(0, 512, false), ErrReadOnly)
+	require.ErrorIs(t, v.WriteZeroes(0, 512, ZeroFlags{}), ErrReadOnly)
+	require.NoError(t, v.Flush())
+	require.NoError(t, v.ReadAt(p, 0))
+	require.Equal(t, make([]byte, 512), p)
+}
+
+func TestFUAFlushes(t *testing.T) {
+	p := &plain{Backend: mem.New(size)}
+	v := New(p, Options{})
+	require.NoError(t, v.WriteAt([]byte{1}, 0, false))
+	require.Zero(t, p.flushes.Load())
+	require.NoError(t, v.WriteAt([]byte{1}, 0, true))
+	require.EqualValues(t, 1, p.flushes.Load())
+	require.NoError(t, v.WriteZeroes(0, 10, ZeroFlags{FUA: true}))
+	require.EqualValues(t, 2, p.flushes.Load())
+}
+
+func TestWriteZeroesEmulated(t *testing.T) {
+	p := &plain{Backend: mem.New(4 << 20)}
+	v := New(p, Options{})
+	ones := bytes.Repeat([]byte{0xff}, 4<<20)
+	require.NoError(t, v.WriteAt(ones, 0, false))
+	// Longer than the emulation's chunk, unaligned at both ends.
+	require.NoError(t, v.WriteZeroes(100, 3<<20, ZeroFlags{NoHole: true}))
+	got := make([]byte, 4<<20)
+	require.NoError(t, v.ReadAt(got, 0))
+	want := bytes.Clone(ones)
+	clear(want[100 : 100+3<<20])
+	require.Equal(t, want, got)
+	require.ErrorIs(t, v.WriteZeroes(0, 4096, ZeroFlags{Fast: true}), ErrNotSupported)
+	require.NoError(t, v.ReadAt(got[:4096], 0))
+	require.Equal(t, byte(0xff), got[0], "a refused fast zero writes nothing")
+}
+
+func TestTrimWithoutTrimmerIsIgnored(t *testing.T) {
+	v := New(&plain{Backend: mem.New(size)}, Options{})
+	require.NoError(t, v.WriteAt([]byte{7}, 0, false))
+	require.NoError(t, v.Trim(0, 4096, false))
+	got := []byte{0}
+	require.NoError(t, v.ReadAt(got, 0))
+	require.Equal(t, byte(7), got[0])
+}
