@@ -1,0 +1,51 @@
+#!/bin/bash
+# run.sh boots the test VM once with a guest script and prints its console on stdout.
+# The base image comes from prepare.sh (cached); this adds, as a second uncompressed cpio
+# archive appended to the initramfs, the tierblk binary at /bin/tierblk and the guest
+# script at /test.sh, and attaches any number of blank raw disks (/dev/vda, /dev/vdb, ...).
+#
+# Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE]... [--timeout SECONDS]
+#   SIZE is anything truncate(1) takes (64M). Disks are sparse temporary files.
+# Exit:  0 when the guest printed "TIERBLK-VM-RESULT: PASS", 1 otherwise.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+script="" tierblk="" timeout=300
+disks=()
+while [ $# -gt 0 ]; do
+	case $1 in
+	--script) script=$2; shift 2 ;;
+	--tierblk) tierblk=$2; shift 2 ;;
+	--disk) disks+=("$2"); shift 2 ;;
+	--timeout) timeout=$2; shift 2 ;;
+	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+done
+[ -n "$script" ] || { echo "run.sh: --script is required" >&2; exit 2; }
+command -v qemu-system-x86_64 >/dev/null ||
+	{ echo "run.sh: qemu-system-x86_64 missing: make deps installs qemu-system-x86" >&2; exit 1; }
+
+base=$("$here/prepare.sh")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+mkdir -p "$work/root/bin"
+cp "$script" "$work/root/test.sh"
+[ -z "$tierblk" ] || cp "$tierblk" "$work/root/bin/tierblk"
+(cd "$work/root" && find . | cpio -o -H newc --quiet) >"$work/overlay.cpio"
+# The kernel unpacks concatenated archives in order; an uncompressed one goes first
+# because the kernel cannot always find where a gzip member ends (as with early microcode).
+cat "$work/overlay.cpio" "$base/base.cpio.gz" >"$work/initrd"
+
+drives=()
+for i in "${!disks[@]}"; do
+	truncate -s "${disks[$i]}" "$work/disk$i.img"
+	drives+=(-drive "file=$work/disk$i.img,if=virtio,format=raw")
+done
+
+# No KVM here: TCG emulation. The guest powers itself off; the timeout is only
+# for a guest that hangs.
+timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 \
+	-nographic -nic none -no-reboot -kernel "$base/vmlinuz" -initrd "$work/initrd" \
+	-append "console=ttyS0 quiet panic=-1" "${drives[@]}" </dev/null | tee "$work/console" || true
+grep -q '^TIERBLK-VM-RESULT: PASS' <(tr -d '\r' <"$work/console")
