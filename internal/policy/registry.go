@@ -1,0 +1,9 @@
+package policy
+
+// The registries: one line per policy. Adding a policy is one file implementing the interface and
+// one line here; `tierblk sim` and `tierblk serve` then accept its name.
+var (
+	evictions = map[string]EvictionFactory{}
+
+	admissions = map[string]AdmissionFactory{}
+)
