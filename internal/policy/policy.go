@@ -59,7 +59,6 @@ type EvictionFactory func(Config) Eviction
 // spec such as "nhit:2"; empty for the defaults).
 type AdmissionFactory func(params string) (Admission, error)
 
-
 // NewEviction builds the eviction policy called name with cfg.
 func NewEviction(name string, cfg Config) (Eviction, error) {
 	f, ok := evictions[strings.ToLower(name)]
