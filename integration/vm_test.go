@@ -1,0 +1,40 @@
+package integration
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// vmPassMarker is the line vm/init prints when the guest script succeeded.
+const vmPassMarker = "TIERBLK-VM-RESULT: PASS"
+
+// runVM boots the test kernel (vm/run.sh) with tierblk and guestScript in its initramfs and
+// one blank raw virtio disk per size in disks (/dev/vda, /dev/vdb, ...), and fails the test,
+// showing the guest's console, unless the script passed. Later kernel tests (ublk, crash
+// recovery) add a script under vm/guest/ and call this.
+func runVM(t *testing.T, guestScript string, disks ...string) {
+	t.Helper()
+	requireTools(t, "qemu-system-x86_64")
+	// Software emulation: a boot takes seconds, a test in the guest up to minutes.
+	const guestTimeout = 5 * time.Minute
+	args := []string{"--script", guestScript, "--tierblk", tierblkPath, "--timeout", "300"}
+	for _, size := range disks {
+		args = append(args, "--disk", size)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout+2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "vm/run.sh", args...).CombinedOutput()
+	console := strings.ReplaceAll(string(out), "\r", "")
+	if err != nil || !strings.Contains(console, "\n"+vmPassMarker) {
+		t.Fatalf("guest script %s did not pass (%v):\n%s", guestScript, err, console)
+	}
+	t.Logf("guest script %s passed in %v", guestScript, time.Since(start).Round(time.Second))
+}
+
+func TestKernelNBDClient(t *testing.T) {
+	runVM(t, "vm/guest/nbd-client.sh", "64M")
+}
