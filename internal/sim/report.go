@@ -1,0 +1,54 @@
+package sim
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"text/tabwriter"
+)
+
+// CSVHeader is the exact header of --output csv; scripts depend on it.
+var CSVHeader = []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps"}
+
+// WriteCSV writes one row per result.
+func WriteCSV(w io.Writer, rs []Result) error {
+	cw := csv.NewWriter(w)
+	cw.Write(CSVHeader)
+	for _, r := range rs {
+		cw.Write([]string{
+			policyLabel(r), strconv.Itoa(r.CacheSize), strconv.FormatInt(r.Requests, 10),
+			strconv.FormatFloat(r.MissRatio, 'f', 6, 64), strconv.FormatFloat(r.ByteMissRatio, 'f', 6, 64),
+			strconv.FormatFloat(r.ThroughputMQPS, 'f', 3, 64),
+		})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// WriteJSON writes the results as a JSON array.
+func WriteJSON(w io.Writer, rs []Result) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rs)
+}
+
+// WriteTable writes a table for people.
+func WriteTable(w io.Writer, rs []Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tsize\tobjects\trequests\tmiss ratio\tbyte miss ratio\tMreq/s\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.2f\t\n", policyLabel(r), r.SizeLabel, r.CacheSize, r.Requests,
+			r.MissRatio, r.ByteMissRatio, r.ThroughputMQPS)
+	}
+	return tw.Flush()
+}
+
+// policyLabel names the eviction policy, with its admission policy when it is not the default.
+func policyLabel(r Result) string {
+	if r.Admission == "" || r.Admission == "always" {
+		return r.Policy
+	}
+	return r.Policy + "+" + r.Admission
+}
