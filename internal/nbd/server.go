@@ -1,0 +1,311 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// Export is one device the server offers under a name.
+type Export struct {
+	Name, Description string
+	Device            volume.Device
+}
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	Exports     []Export     // the first one is also the default export (name "")
+	Logger      *slog.Logger // nil = slog.Default()
+	MaxInFlight int          // requests served at once per connection; 0 = 64
+}
+
+const (
+	defaultMaxInFlight = 64
+	// handshakeTimeout bounds every read and write of the handshake, so that a silent client
+	// cannot hold a goroutine forever. Idle connections in transmission are legitimate and have
+	// no deadline.
+	handshakeTimeout = 30 * time.Second
+	// maxPayload is the hard cap on a request's payload, whatever the device advertises: a
+	// WRITE declaring more is not trusted to be followed by its data, and the connection is
+	// closed; the advertised maximum block size is clamped to it.
+	maxPayload = 64 << 20
+	// connBufSize sizes the buffered reader and writer of each connection: large enough to batch
+	// many small replies into one system call; large payloads bypass the buffers.
+	connBufSize = 64 << 10
+)
+
+// Server serves exports over the NBD protocol (fixed newstyle handshake), one goroutine reading
+// each connection and up to MaxInFlight requests served concurrently and answered out of order.
+type Server struct {
+	exports     []Export
+	byName      map[string]*Export // includes "" for the default export
+	log         *slog.Logger
+	maxInFlight int
+
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	connWG    sync.WaitGroup
+}
+
+// NewServer checks cfg and returns a server ready to Serve.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if len(cfg.Exports) == 0 {
+		return nil, errors.New("nbd: no exports")
+	}
+	if cfg.MaxInFlight < 0 {
+		return nil, fmt.Errorf("nbd: MaxInFlight %d is negative (0 means %d)", cfg.MaxInFlight, defaultMaxInFlight)
+	}
+	s := &Server{
+		exports:     append([]Export(nil), cfg.Exports...),
+		byName:      map[string]*Export{},
+		log:         cfg.Logger,
+		maxInFlight: cfg.MaxInFlight,
+		listeners:   map[net.Listener]struct{}{},
+		conns:       map[*conn]struct{}{},
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.maxInFlight == 0 {
+		s.maxInFlight = defaultMaxInFlight
+	}
+	for i := range s.exports {
+		e := &s.exports[i]
+		switch {
+		case e.Device == nil:
+			return nil, fmt.Errorf("nbd: export %q has no device", e.Name)
+		case len(e.Name) > maxExportNameLen:
+			return nil, fmt.Errorf("nbd: export name %.20q... is longer than %d bytes", e.Name, maxExportNameLen)
+		case e.Name == "" && i > 0:
+			return nil, errors.New("nbd: only the first export may have the empty name (it is the default export)")
+		}
+		if _, dup := s.byName[e.Name]; dup {
+			return nil, fmt.Errorf("nbd: export name %q is used twice", e.Name)
+		}
+		s.byName[e.Name] = e
+	}
+	s.byName[""] = &s.exports[0]
+	return s, nil
+}
+
+// Serve accepts connections on l until Shutdown is called, then returns nil; it returns the
+// listener's error if l fails for another reason. Serve may run for several listeners at once.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		l.Close()
+		return nil
+	}
+	s.listeners[l] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, l)
+		s.mu.Unlock()
+	}()
+
+	var backoff time.Duration
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if s.isClosing() {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Running out of file descriptors or a connection aborted before accept: keep
+			// serving the connections there are, and try again a little later.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("nbd: accept failed, retrying", "addr", l.Addr().String(), "err", err, "retry_in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		go s.serveConn(nc)
+	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// Shutdown stops every listener, lets the requests in flight finish and be answered, then closes
+// the connections. Connections still in the handshake are closed at once. When ctx ends first,
+// every connection is closed by force and ctx's error is returned.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for l := range s.listeners {
+		l.Close()
+	}
+	for c := range s.conns {
+		c.stop()
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.mu.Lock()
+		for c := range s.conns {
+			c.nc.Close()
+		}
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// serveConn runs one connection to its end.
+func (s *Server) serveConn(nc net.Conn) {
+	c := &conn{
+		s:   s,
+		nc:  nc,
+		br:  bufio.NewReaderSize(nc, connBufSize),
+		bw:  bufio.NewWriterSize(nc, connBufSize),
+		log: s.log.With("remote", remoteName(nc)),
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	defer func() {
+		nc.Close()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+		s.connWG.Done()
+	}()
+
+	c.log.Debug("nbd: connection open")
+	err := c.run()
+	switch {
+	case err == nil:
+		c.log.Debug("nbd: connection closed")
+	case isProtocolError(err):
+		c.log.Warn("nbd: closing connection", "err", err)
+	default:
+		// The client went away or the server is shutting down: nothing anyone must act on.
+		c.log.Debug("nbd: connection closed", "err", err)
+	}
+}
+
+func remoteName(nc net.Conn) string {
+	if a := nc.RemoteAddr(); a != nil && a.String() != "" {
+		return a.String()
+	}
+	return "unix"
+}
+
+// protocolError is a client breaking the protocol in a way that ends the connection.
+type protocolError struct{ msg string }
+
+func (e *protocolError) Error() string { return "protocol violation: " + e.msg }
+
+func protocolErrorf(format string, args ...any) error {
+	return &protocolError{msg: fmt.Sprintf(format, args...)}
+}
+
+func isProtocolError(err error) bool {
+	var pe *protocolError
+	return errors.As(err, &pe)
+}
+
+var errShuttingDown = errors.New("nbd: server shutting down")
+
+// conn is one client connection: the handshake, then the transmission phase.
+type conn struct {
+	s   *Server
+	nc  net.Conn
+	br  *bufio.Reader // read only by the connection's own goroutine
+	log *slog.Logger
+
+	stopMu   sync.Mutex
+	stopping bool // Shutdown was called: no new deadline may be set
+
+	// Negotiated in the handshake, read-only afterwards.
+	noZeroes   bool
+	structured bool
+	export     *Export
+	info       volume.Info
+	tflags     uint16
+	minBlock   uint32
+	maxBlock   uint32
+
+	// Transmission phase.
+	jobs     chan job
+	nworkers int // workers started; only the reader touches it
+	workers  sync.WaitGroup
+	order    writeOrder
+
+	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
+	// for it, so that the last of a burst flushes the buffer (replies are batched).
+	wmu     sync.Mutex
+	queued  atomic.Int32
+	bw      *bufio.Writer
+	werr    error // first write error; nothing more is written after it
+	scratch [structReplySize + 8 + 6]byte
+}
+
+// run performs the handshake and, when the client picks an export, the transmission phase.
+func (c *conn) run() error {
+	ok, err := c.handshake()
+	if err != nil || !ok {
+		return err
+	}
+	return c.transmit()
+}
+
+// setDeadline sets the read and write deadline unless the server is shutting down, whose
+// immediate read deadline must not be overwritten.
+func (c *conn) setDeadline(t time.Time) error {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	if c.stopping {
+		return errShuttingDown
+	}
+	return c.nc.SetDeadline(t)
+}
+
+// stop makes the connection's next read of the socket fail, so that its reader stops taking
+// requests; requests in flight still complete and are answered.
+func (c *conn) stop() {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	c.stopping = true
+	c.nc.SetReadDeadline(time.Now())
+}
+
+// readErr turns a failed read of the socket into the error the connection ends with.
+func (c *conn) readErr(err error) error {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	if c.stopping {
+		return errShuttingDown
+	}
+	return err
+}

@@ -1,0 +1,243 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// handshake runs the fixed newstyle negotiation. It returns true when the client chose an export
+// (c.export and the transmission parameters are set), false when the client aborted.
+func (c *conn) handshake() (bool, error) {
+	if err := c.setDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		return false, err
+	}
+	var b [18]byte
+	binary.BigEndian.PutUint64(b[0:], magicNBD)
+	binary.BigEndian.PutUint64(b[8:], magicIHaveOpt)
+	binary.BigEndian.PutUint16(b[16:], flagFixedNewstyle|flagNoZeroes)
+	c.bw.Write(b[:])
+	if err := c.bw.Flush(); err != nil {
+		return false, err
+	}
+	if _, err := io.ReadFull(c.br, b[:4]); err != nil {
+		return false, c.handshakeReadErr(err)
+	}
+	cflags := binary.BigEndian.Uint32(b[:4])
+	if cflags&^(cflagFixedNewstyle|cflagNoZeroes) != 0 {
+		return false, protocolErrorf("unknown client flags %#x", cflags)
+	}
+	c.noZeroes = cflags&cflagNoZeroes != 0
+
+	for {
+		opt, data, err := c.readOption()
+		if err != nil {
+			return false, err
+		}
+		done, err := c.handleOption(opt, data)
+		if err == nil {
+			err = c.bw.Flush()
+		}
+		if err != nil || done {
+			return c.export != nil, err
+		}
+	}
+}
+
+// readOption reads one option header and its data.
+func (c *conn) readOption() (opt uint32, data []byte, err error) {
+	if err := c.setDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		return 0, nil, err
+	}
+	var h [optionHeaderSize]byte
+	if _, err := io.ReadFull(c.br, h[:]); err != nil {
+		return 0, nil, c.handshakeReadErr(err)
+	}
+	opt, length, ok := parseOptionHeader(h[:])
+	if !ok {
+		return 0, nil, protocolErrorf("bad option magic %#x", h[:8])
+	}
+	if length > maxOptionLength {
+		// Only a hostile client sends this much: skipping it would let it stream data at us.
+		return 0, nil, protocolErrorf("option %d has %d bytes of data, more than %d", opt, length, maxOptionLength)
+	}
+	data = make([]byte, length)
+	if _, err := io.ReadFull(c.br, data); err != nil {
+		return 0, nil, c.handshakeReadErr(err)
+	}
+	return opt, data, nil
+}
+
+func (c *conn) handshakeReadErr(err error) error {
+	err = c.readErr(err)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return protocolErrorf("client silent for %v during the handshake", handshakeTimeout)
+	}
+	return err
+}
+
+// handleOption answers one option. done is true when the handshake is over: the client chose an
+// export or aborted.
+func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
+	switch opt {
+	case optExportName:
+		e := c.s.byName[string(data)]
+		if e == nil {
+			// NBD_OPT_EXPORT_NAME cannot carry an error: the protocol says to disconnect.
+			return true, protocolErrorf("unknown export %q", data)
+		}
+		c.enter(e)
+		var b [exportNameReplySize + exportNamePadding]byte
+		binary.BigEndian.PutUint64(b[0:], uint64(c.info.Size))
+		binary.BigEndian.PutUint16(b[8:], c.tflags)
+		n := len(b)
+		if c.noZeroes {
+			n = exportNameReplySize
+		}
+		c.bw.Write(b[:n])
+		return true, nil
+
+	case optAbort:
+		c.optReply(opt, repAck, nil)
+		return true, nil
+
+	case optList:
+		if len(data) != 0 {
+			c.optReply(opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data"))
+			return false, nil
+		}
+		for i := range c.s.exports {
+			e := &c.s.exports[i]
+			p := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
+			p = append(p, e.Name...)
+			p = append(p, e.Description...)
+			c.optReply(opt, repServer, p)
+		}
+		c.optReply(opt, repAck, nil)
+		return false, nil
+
+	case optInfo, optGo:
+		return c.handleInfo(opt, data)
+
+	case optStructuredReply:
+		if len(data) != 0 {
+			c.optReply(opt, repErrInvalid, []byte("NBD_OPT_STRUCTURED_REPLY takes no data"))
+			return false, nil
+		}
+		c.structured = true
+		c.optReply(opt, repAck, nil)
+		return false, nil
+
+	default:
+		// STARTTLS, metadata contexts, extended headers and anything newer.
+		c.log.Debug("nbd: unsupported option", "option", opt)
+		c.optReply(opt, repErrUnsup, fmt.Appendf(nil, "option %d is not supported", opt))
+		return false, nil
+	}
+}
+
+// handleInfo answers NBD_OPT_INFO and NBD_OPT_GO; after a successful GO the handshake is over.
+func (c *conn) handleInfo(opt uint32, data []byte) (done bool, err error) {
+	name, infos, ok := parseInfoRequest(data)
+	if !ok {
+		c.optReply(opt, repErrInvalid, []byte("malformed NBD_OPT_INFO/NBD_OPT_GO data"))
+		return false, nil
+	}
+	e := c.s.byName[name]
+	if e == nil {
+		c.optReply(opt, repErrUnknown, fmt.Appendf(nil, "no export named %q", name))
+		return false, nil
+	}
+	info := e.Device.Info()
+	tflags := transmissionFlags(info, c.structured)
+	minB, prefB, maxB := blockSizes(info)
+
+	var p [14]byte
+	binary.BigEndian.PutUint16(p[0:], infoExport)
+	binary.BigEndian.PutUint64(p[2:], uint64(info.Size))
+	binary.BigEndian.PutUint16(p[10:], tflags)
+	c.optReply(opt, repInfo, p[:12])
+	for _, t := range infos {
+		switch t {
+		case infoName:
+			c.optReply(opt, repInfo, append(binary.BigEndian.AppendUint16(nil, infoName), e.Name...))
+		case infoDescription:
+			if e.Description != "" {
+				c.optReply(opt, repInfo, append(binary.BigEndian.AppendUint16(nil, infoDescription), e.Description...))
+			}
+		}
+	}
+	// Block sizes go out whether asked for or not: clients that did not ask may ignore them.
+	binary.BigEndian.PutUint16(p[0:], infoBlockSize)
+	binary.BigEndian.PutUint32(p[2:], minB)
+	binary.BigEndian.PutUint32(p[6:], prefB)
+	binary.BigEndian.PutUint32(p[10:], maxB)
+	c.optReply(opt, repInfo, p[:14])
+	c.optReply(opt, repAck, nil)
+	if opt != optGo {
+		return false, nil
+	}
+	c.enterWith(e, info)
+	return true, nil
+}
+
+// optReply queues one option reply; the caller flushes.
+func (c *conn) optReply(opt, typ uint32, data []byte) {
+	var h [optionReplyHeaderSize]byte
+	putOptionReplyHeader(h[:], opt, typ, uint32(len(data)))
+	c.bw.Write(h[:])
+	c.bw.Write(data)
+}
+
+// enter fixes the export and the transmission parameters for the rest of the connection.
+func (c *conn) enter(e *Export) { c.enterWith(e, e.Device.Info()) }
+
+func (c *conn) enterWith(e *Export, info volume.Info) {
+	c.export = e
+	c.info = info
+	c.tflags = transmissionFlags(info, c.structured)
+	c.minBlock, _, c.maxBlock = blockSizes(info)
+}
+
+// transmissionFlags are the flags a client sees for a device.
+func transmissionFlags(info volume.Info, structured bool) uint16 {
+	// FLUSH and CACHE are always understood: on a read-only or uncached volume they succeed
+	// without effect.
+	f := tflagHasFlags | tflagSendFlush | tflagSendCache
+	set := func(cond bool, flag uint16) {
+		if cond {
+			f |= flag
+		}
+	}
+	set(info.ReadOnly, tflagReadOnly)
+	set(info.CanFUA, tflagSendFUA)
+	set(info.CanTrim, tflagSendTrim)
+	set(info.CanZero, tflagSendWriteZeroes)
+	set(info.CanZero && info.CanFastZero, tflagSendFastZero)
+	set(info.MultiConn, tflagCanMultiConn)
+	set(structured, tflagSendDF)
+	return f
+}
+
+// blockSizes are the size constraints advertised for a device, with the protocol's defaults for
+// what the device leaves unset and the maximum clamped to what the server accepts.
+func blockSizes(info volume.Info) (minB, prefB, maxB uint32) {
+	minB, prefB, maxB = info.MinBlock, info.PreferredBlock, info.MaxBlock
+	if minB == 0 {
+		minB = 1
+	}
+	if prefB == 0 {
+		prefB = 4096
+	}
+	prefB = max(prefB, minB, 512)
+	if maxB == 0 {
+		maxB = volume.DefaultMaxBlock
+	}
+	maxB = max(min(maxB, maxPayload), prefB)
+	return minB, prefB, maxB
+}

@@ -1,0 +1,443 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"math/bits"
+	"sync"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// job is one checked request handed to a worker.
+type job struct {
+	req request
+	buf *[]byte // a WRITE's payload, from the buffer pool
+	// seq is a write-type request's ticket in c.order; for a FLUSH, the ticket of the first
+	// write-type request received after it.
+	seq uint64
+}
+
+// transmit reads requests until the client disconnects, breaks the protocol or the server shuts
+// down, then waits for the requests in flight to be answered.
+func (c *conn) transmit() error {
+	if err := c.setDeadline(time.Time{}); err != nil {
+		return err
+	}
+	c.order.cond.L = &c.order.mu
+	c.jobs = make(chan job)
+	defer func() {
+		close(c.jobs)
+		c.workers.Wait()
+	}()
+
+	var hdr [requestSize]byte
+	for {
+		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+			return c.readErr(err)
+		}
+		req, ok := parseRequest(hdr[:])
+		if !ok {
+			return protocolErrorf("bad request magic %#x", hdr[:4])
+		}
+		if req.typ == cmdDisc {
+			return nil
+		}
+		if err := c.dispatch(req); err != nil {
+			return err
+		}
+	}
+}
+
+// dispatch checks a request, reads its payload and hands it to a worker, or answers it with an
+// error at once.
+func (c *conn) dispatch(req request) error {
+	errno, msg := c.check(req)
+	var buf *[]byte
+	if req.typ == cmdWrite {
+		if req.length > maxPayload {
+			return protocolErrorf("WRITE of %d bytes, more than the %d the server accepts", req.length, maxPayload)
+		}
+		if errno != 0 {
+			// The payload is on the wire anyway: skip it to stay in step with the client.
+			if _, err := c.br.Discard(int(req.length)); err != nil {
+				return c.readErr(err)
+			}
+		} else {
+			buf = getBuf(int(req.length))
+			if _, err := io.ReadFull(c.br, *buf); err != nil {
+				putBuf(buf)
+				return c.readErr(err)
+			}
+		}
+	}
+	if errno != 0 {
+		c.log.Debug("nbd: request refused", "cmd", req.typ, "flags", req.flags, "offset", req.offset, "length", req.length, "reason", msg)
+		c.replyErrno(req, errno, msg)
+		return nil
+	}
+	j := job{req: req, buf: buf}
+	switch req.typ {
+	case cmdWrite, cmdTrim, cmdWriteZeroes:
+		j.seq = c.order.start()
+	case cmdFlush:
+		j.seq = c.order.barrier()
+	}
+	c.submit(j)
+	return nil
+}
+
+// check validates a request against the negotiated parameters. It returns 0 or the NBD error to
+// answer with and a message for the client.
+func (c *conn) check(r request) (errno uint32, msg string) {
+	var allowed uint16
+	if c.tflags&tflagSendFUA != 0 {
+		// Valid on every command once negotiated; it matters only to those that write.
+		allowed |= cmdFlagFUA
+	}
+	switch r.typ {
+	case cmdRead:
+		if c.structured {
+			allowed |= cmdFlagDF
+		}
+	case cmdWrite, cmdFlush, cmdTrim, cmdCache:
+	case cmdWriteZeroes:
+		allowed |= cmdFlagNoHole
+		if c.tflags&tflagSendFastZero != 0 {
+			allowed |= cmdFlagFastZero
+		}
+	case cmdBlockStatus:
+		return errInval, "NBD_CMD_BLOCK_STATUS needs a metadata context, and none was negotiated"
+	default:
+		return errInval, "unknown command"
+	}
+	if r.flags&^allowed != 0 {
+		return errInval, "command flags not valid for this command"
+	}
+	if isWriteType(r.typ) && c.info.ReadOnly {
+		return errPerm, "the export is read-only"
+	}
+	switch r.typ {
+	case cmdFlush:
+		return 0, "" // offset and length are reserved
+	case cmdRead, cmdWrite:
+		if r.length > c.maxBlock {
+			return errOverflow, "length over the maximum block size"
+		}
+	case cmdTrim:
+		if c.tflags&tflagSendTrim == 0 {
+			return errInval, "the export does not support trim"
+		}
+	case cmdWriteZeroes:
+		if c.tflags&tflagSendWriteZeroes == 0 {
+			return errInval, "the export does not support write zeroes"
+		}
+	}
+	size := uint64(c.info.Size)
+	if r.offset > size || uint64(r.length) > size-r.offset {
+		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
+			return errNoSpc, "request beyond the end of the export"
+		}
+		return errInval, "request beyond the end of the export"
+	}
+	if m := uint64(c.minBlock); m > 1 && (r.offset%m != 0 || uint64(r.length)%m != 0) {
+		return errInval, "request not aligned to the minimum block size"
+	}
+	return 0, ""
+}
+
+func isWriteType(typ uint16) bool {
+	return typ == cmdWrite || typ == cmdTrim || typ == cmdWriteZeroes
+}
+
+// submit hands j to an idle worker, starting a new one while fewer than MaxInFlight exist; when
+// all are busy it blocks, so the reader stops reading.
+func (c *conn) submit(j job) {
+	select {
+	case c.jobs <- j:
+		return
+	default:
+	}
+	if c.nworkers < c.s.maxInFlight {
+		c.nworkers++
+		c.workers.Add(1)
+		go c.work()
+	}
+	c.jobs <- j
+}
+
+func (c *conn) work() {
+	defer c.workers.Done()
+	for j := range c.jobs {
+		c.serve(j)
+	}
+}
+
+// serve performs one request on the device and answers it.
+func (c *conn) serve(j job) {
+	r := j.req
+	dev := c.export.Device
+	off, n := int64(r.offset), int64(r.length)
+	fua := r.flags&cmdFlagFUA != 0
+	var err error
+	switch r.typ {
+	case cmdRead:
+		buf := getBuf(int(r.length))
+		if err = dev.ReadAt(*buf, off); err == nil {
+			c.replyData(r, *buf)
+		}
+		putBuf(buf)
+	case cmdWrite:
+		err = dev.WriteAt(*j.buf, off, fua)
+		putBuf(j.buf)
+		c.order.finish(j.seq)
+	case cmdTrim:
+		err = dev.Trim(off, n, fua)
+		c.order.finish(j.seq)
+	case cmdWriteZeroes:
+		err = dev.WriteZeroes(off, n, volume.ZeroFlags{
+			NoHole: r.flags&cmdFlagNoHole != 0,
+			Fast:   r.flags&cmdFlagFastZero != 0,
+			FUA:    fua,
+		})
+		c.order.finish(j.seq)
+	case cmdFlush:
+		c.order.wait(j.seq)
+		err = dev.Flush()
+	case cmdCache:
+		err = dev.Cache(off, n)
+	}
+	switch {
+	case err != nil:
+		errno := errnoFor(err, r.typ)
+		if errno == errIO {
+			c.log.Warn("nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+		}
+		c.replyErrno(r, errno, err.Error())
+	case r.typ != cmdRead:
+		c.replyErrno(r, 0, "")
+	}
+}
+
+// errnoFor maps a device error onto the NBD error for a command.
+func errnoFor(err error, typ uint16) uint32 {
+	switch {
+	case errors.Is(err, volume.ErrOutOfRange):
+		if typ == cmdWrite || typ == cmdWriteZeroes {
+			return errNoSpc
+		}
+		return errInval
+	case errors.Is(err, volume.ErrReadOnly):
+		return errPerm
+	case errors.Is(err, volume.ErrNotSupported):
+		return errNotSup
+	case errors.Is(err, volume.ErrInvalid):
+		return errInval
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return errNoSpc
+	default:
+		return errIO
+	}
+}
+
+// maxErrorMessage is the protocol's limit on strings.
+const maxErrorMessage = maxExportNameLen
+
+// replyData answers a successful READ: a simple reply, or one OFFSET_DATA chunk marked done (the
+// data is all read before the reply starts, so no error can follow; one chunk also honours DF).
+func (c *conn) replyData(r request, data []byte) {
+	c.beginReply()
+	switch {
+	case !c.structured:
+		putSimpleReply(c.scratch[:], 0, r.cookie)
+		c.write(c.scratch[:simpleReplySize])
+	case len(data) == 0:
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeNone, cookie: r.cookie})
+		c.write(c.scratch[:structReplySize])
+	default:
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeOffsetData, cookie: r.cookie, length: uint32(8 + len(data))})
+		binary.BigEndian.PutUint64(c.scratch[structReplySize:], r.offset)
+		c.write(c.scratch[:structReplySize+8])
+	}
+	c.write(data)
+	c.endReply()
+}
+
+// replyErrno answers a request without data: success as a simple reply; an error as a simple
+// reply, or as an ERROR chunk carrying msg when structured replies are on.
+func (c *conn) replyErrno(r request, errno uint32, msg string) {
+	c.beginReply()
+	if errno != 0 && c.structured {
+		msg = truncateUTF8(msg, maxErrorMessage)
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeError, cookie: r.cookie, length: uint32(6 + len(msg))})
+		binary.BigEndian.PutUint32(c.scratch[structReplySize:], errno)
+		binary.BigEndian.PutUint16(c.scratch[structReplySize+4:], uint16(len(msg)))
+		c.write(c.scratch[:structReplySize+6])
+		c.writeString(msg)
+	} else {
+		putSimpleReply(c.scratch[:], errno, r.cookie)
+		c.write(c.scratch[:simpleReplySize])
+	}
+	c.endReply()
+}
+
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// beginReply takes the writer; every reply is written whole between beginReply and endReply.
+func (c *conn) beginReply() {
+	c.queued.Add(1)
+	c.wmu.Lock()
+}
+
+// endReply releases the writer, flushing the buffer when no other reply is waiting to be
+// written: replies finished together leave in one system call.
+func (c *conn) endReply() {
+	if c.queued.Add(-1) == 0 && c.werr == nil {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+		}
+	}
+	c.wmu.Unlock()
+}
+
+func (c *conn) write(p []byte) {
+	if c.werr != nil {
+		return
+	}
+	if _, err := c.bw.Write(p); err != nil {
+		c.writeFailed(err)
+	}
+}
+
+func (c *conn) writeString(s string) {
+	if c.werr != nil {
+		return
+	}
+	if _, err := c.bw.WriteString(s); err != nil {
+		c.writeFailed(err)
+	}
+}
+
+// writeFailed gives up on the connection: the client cannot be answered, so the reader is
+// stopped by closing the socket, and later replies are dropped.
+func (c *conn) writeFailed(err error) {
+	c.werr = err
+	c.log.Debug("nbd: writing a reply failed, closing", "err", err)
+	c.nc.Close()
+}
+
+// writeOrder lets a FLUSH wait for the write-type requests (WRITE, TRIM, WRITE_ZEROES) received
+// before it on the same connection, while later ones run on.
+type writeOrder struct {
+	mu      sync.Mutex
+	cond    sync.Cond // L is mu; signalled on completions while a flush waits
+	next    uint64    // ticket of the next write-type request
+	pending []uint64  // tickets of write-type requests not yet completed (at most MaxInFlight+1)
+	waiting int       // flushes waiting
+}
+
+// start registers a write-type request and returns its ticket.
+func (o *writeOrder) start() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t := o.next
+	o.next++
+	o.pending = append(o.pending, t)
+	return t
+}
+
+// barrier returns the ticket that the next write-type request will get: a flush waits for every
+// ticket below it.
+func (o *writeOrder) barrier() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.next
+}
+
+// finish marks the request with ticket t complete.
+func (o *writeOrder) finish(t uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i, p := range o.pending {
+		if p == t {
+			last := len(o.pending) - 1
+			o.pending[i] = o.pending[last]
+			o.pending = o.pending[:last]
+			break
+		}
+	}
+	if o.waiting > 0 {
+		o.cond.Broadcast()
+	}
+}
+
+// wait returns once every write-type request with a ticket below barrier has completed.
+func (o *writeOrder) wait(barrier uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.waiting++
+	for o.pendingBelow(barrier) {
+		o.cond.Wait()
+	}
+	o.waiting--
+}
+
+func (o *writeOrder) pendingBelow(barrier uint64) bool {
+	for _, p := range o.pending {
+		if p < barrier {
+			return true
+		}
+	}
+	return false
+}
+
+// Payload buffers come from pools by power-of-two size class, from 4 KiB up to maxPayload, so that
+// the steady state of a busy connection allocates nothing. A *[]byte is pooled, not a []byte, so
+// that putting it back does not allocate either.
+const (
+	minBufShift = 12
+	maxBufShift = 26
+)
+
+var bufPools [maxBufShift - minBufShift + 1]sync.Pool
+
+// The largest pool must hold the largest payload: this array has a negative length, and the
+// package does not compile, if it does not.
+var _ [1<<maxBufShift - maxPayload]struct{}
+
+func bufClass(n int) int {
+	if n <= 1<<minBufShift {
+		return 0
+	}
+	return bits.Len(uint(n-1)) - minBufShift
+}
+
+// getBuf returns a buffer of length n (at most maxPayload).
+func getBuf(n int) *[]byte {
+	class := bufClass(n)
+	if v := bufPools[class].Get(); v != nil {
+		bp := v.(*[]byte)
+		*bp = (*bp)[:n]
+		return bp
+	}
+	b := make([]byte, n, 1<<(class+minBufShift))
+	return &b
+}
+
+// putBuf returns a buffer from getBuf to its pool.
+func putBuf(bp *[]byte) {
+	bufPools[bufClass(cap(*bp))].Put(bp)
+}
