@@ -5,12 +5,12 @@
 sock=/tmp/t.sock
 
 step "starting tierblk on /dev/vda"
-tierblk serve --backend file:///dev/vda --nbd unix:$sock 2>/tmp/tierblk.log &
+tierblk serve --backend file:///dev/vda --export vda --nbd unix:$sock 2>/tmp/tierblk.log &
 pid=$!
 wait_for $sock 30
 
 connect() {
-	nbd-client -unix $sock /dev/nbd0 || fail "nbd-client connect"
+	nbd-client -unix $sock -N vda /dev/nbd0 || fail "nbd-client connect"
 	# The size shows up when the kernel has finished negotiating.
 	i=0
 	while [ "$(cat /sys/block/nbd0/size)" = 0 ]; do
