@@ -4,12 +4,15 @@ package policy
 // one line here; `tierblk sim` and `tierblk serve` then accept its name.
 var (
 	evictions = map[string]EvictionFactory{
-		"lru":    NewLRU,
-		"fifo":   NewFIFO,
-		"clock":  NewClock,
-		"sieve":  NewSieve,
-		"s3fifo": NewS3FIFO,
-		"arc":    NewARC,
+		"lru":      NewLRU,
+		"fifo":     NewFIFO,
+		"clock":    NewClock,
+		"sieve":    NewSieve,
+		"s3fifo":   NewS3FIFO,
+		"arc":      NewARC,
+		"2q":       NewTwoQ,
+		"lirs":     NewLIRS,
+		"wtinylfu": NewWTinyLFU,
 	}
 
 	admissions = map[string]AdmissionFactory{}
