@@ -35,3 +35,11 @@ type Reader interface {
 	Next() (Request, error)
 	Close() error
 }
+
+// VolumeNamer is implemented by the readers of traces that name several volumes (msr: host and
+// disk, blkparse: major,minor, fio: the file name, csv with a volume column). Volumes are
+// numbered from 0 in the order the trace first names them; VolumeName returns the name of a
+// number a request carried ("" for any other).
+type VolumeNamer interface {
+	VolumeName(volume uint32) string
+}
