@@ -1,0 +1,185 @@
+// Package nbdbackend opens an export of a remote NBD server as a backend.Backend, from the URI
+// forms of doc/uri.md of the NBD project: nbd://HOST[:PORT]/EXPORT over TCP (port 10809 by
+// default) and nbd+unix:///EXPORT?socket=PATH over a Unix socket, each with an optional
+// connections=N query.
+//
+// It is a thin layer over the client in internal/nbd, which pipelines requests, splits large
+// ones and reconnects. It must never claim an ability the server lacks: without the server's
+// TRIM or WRITE_ZEROES the call fails with backend.ErrNotSupported (so the volume above emulates
+// or skips it), never with a silent success.
+package nbdbackend
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Example URLs of the two schemes, for help texts and error messages.
+const (
+	Usage     = "nbd://HOST[:PORT]/EXPORT[?connections=N]"
+	UnixUsage = "nbd+unix:///EXPORT?socket=PATH[&connections=N]"
+)
+
+// maxConnections bounds connections=N: more connections than this only cost the server threads.
+const maxConnections = 64
+
+// Config turns an NBD URL into a client configuration (without a logger or timeouts).
+func Config(u *url.URL) (nbd.ClientConfig, error) {
+	var cfg nbd.ClientConfig
+	usage := Usage
+	if u.Scheme == "nbd+unix" {
+		usage = UnixUsage
+	}
+	bad := func(format string, args ...any) (nbd.ClientConfig, error) {
+		return nbd.ClientConfig{}, fmt.Errorf("nbd URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), usage)
+	}
+	switch u.Scheme {
+	case "nbd", "nbd+unix":
+	case "nbds", "nbds+unix":
+		return bad("TLS is not supported")
+	default:
+		return bad("scheme %q is not nbd or nbd+unix", u.Scheme)
+	}
+	if u.Opaque != "" {
+		return bad("expected %s:// followed by a host or a third slash", u.Scheme)
+	}
+	if u.User != nil {
+		return bad("user names are for TLS, which is not supported")
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return bad("query: %v", err)
+	}
+	for k, v := range q {
+		if len(v) != 1 {
+			return bad("%s= is given %d times", k, len(v))
+		}
+	}
+	cfg.Export = strings.TrimPrefix(u.Path, "/")
+
+	if u.Scheme == "nbd" {
+		if u.Host == "" {
+			return bad("no host")
+		}
+		if _, ok := q["socket"]; ok {
+			return bad("socket= needs the nbd+unix scheme (%s)", UnixUsage)
+		}
+		port := u.Port()
+		if port == "" {
+			port = strconv.Itoa(nbd.DefaultPort)
+		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return bad("port %q is not a number from 1 to 65535", port)
+		}
+		cfg.Network, cfg.Address = "tcp", net.JoinHostPort(u.Hostname(), port)
+	} else {
+		if u.Host != "" {
+			return bad("a Unix socket URL takes no host (%q): put three slashes after the scheme", u.Host)
+		}
+		if q.Get("socket") == "" {
+			return bad("no socket= path")
+		}
+		cfg.Network, cfg.Address = "unix", q.Get("socket")
+	}
+	delete(q, "socket")
+
+	if v, ok := q["connections"]; ok {
+		n, err := strconv.Atoi(v[0])
+		if err != nil || n < 1 || n > maxConnections {
+			return bad("connections=%s is not a number from 1 to %d", v[0], maxConnections)
+		}
+		cfg.Connections = n
+		delete(q, "connections")
+	}
+	if len(q) > 0 {
+		var unknown []string
+		for k := range q {
+			unknown = append(unknown, k)
+		}
+		sort.Strings(unknown)
+		return bad("unknown query parameter %s", strings.Join(unknown, ", "))
+	}
+	return cfg, nil
+}
+
+// Open connects to the export the URL names. It matches backend.Factory.
+func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
+	cfg, err := Config(u)
+	if err != nil {
+		return nil, err
+	}
+	c, err := nbd.Dial(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{c: c, readOnly: opts.ReadOnly || c.ReadOnly()}, nil
+}
+
+// Backend is an NBD export. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter and
+// ReadOnlyReporter.
+type Backend struct {
+	c        *nbd.Client
+	readOnly bool // opened read-only, or the server exports read-only
+}
+
+func (b *Backend) check(op string) error {
+	if b.readOnly {
+		return fmt.Errorf("%w: %s on an NBD export opened read-only", backend.ErrReadOnly, op)
+	}
+	return nil
+}
+
+// ReadAt implements backend.Backend.
+func (b *Backend) ReadAt(p []byte, off int64) (int, error) { return b.c.ReadAt(p, off) }
+
+// WriteAt implements backend.Backend.
+func (b *Backend) WriteAt(p []byte, off int64) (int, error) {
+	if err := b.check("write"); err != nil {
+		return 0, err
+	}
+	return b.c.WriteAt(p, off)
+}
+
+// WriteAtFUA implements backend.FUAWriter; a server without FUA gets a write and a flush.
+func (b *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
+	if err := b.check("write"); err != nil {
+		return 0, err
+	}
+	return b.c.WriteAtFUA(p, off)
+}
+
+// Size implements backend.Backend.
+func (b *Backend) Size() int64 { return b.c.Size() }
+
+// Flush implements backend.Backend.
+func (b *Backend) Flush() error { return b.c.Flush() }
+
+// Trim implements backend.Trimmer. It fails with backend.ErrNotSupported if the server cannot trim.
+func (b *Backend) Trim(off, length int64) error {
+	if err := b.check("trim"); err != nil {
+		return err
+	}
+	return b.c.Trim(off, length)
+}
+
+// WriteZeroes implements backend.ZeroWriter. It fails with backend.ErrNotSupported if the server
+// cannot write zeroes, so the caller writes them as data.
+func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
+	if err := b.check("write-zeroes"); err != nil {
+		return err
+	}
+	return b.c.WriteZeroes(off, length, mayUnmap)
+}
+
+// ReadOnly implements backend.ReadOnlyReporter.
+func (b *Backend) ReadOnly() bool { return b.readOnly }
+
+// Close disconnects from the server. It does not flush.
+func (b *Backend) Close() error { return b.c.Close() }
