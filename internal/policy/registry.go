@@ -15,5 +15,9 @@ var (
 		"wtinylfu": NewWTinyLFU,
 	}
 
-	admissions = map[string]AdmissionFactory{}
+	admissions = map[string]AdmissionFactory{
+		"always":    newAlways,
+		"nhit":      newNHitSpec,
+		"seqcutoff": newSeqCutoffSpec,
+	}
 )

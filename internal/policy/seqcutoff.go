@@ -1,0 +1,101 @@
+package policy
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tierblk/tierblk/internal/units"
+)
+
+// SeqCutoff keeps long sequential streams out of the cache, as bcache's sequential_cutoff does
+// (Kent Overstreet, bcache; Linux, Documentation/admin-guide/bcache.rst): a backup or a large file
+// copy reads or writes each block once, and a disk streams it about as fast as an SSD would, so
+// caching it would only push out the random I/O that the cache serves well.
+//
+// It remembers the seqStreams most recently used streams by the offset where each is expected to
+// continue. A request that starts where a stream ended extends it; once a stream has covered more
+// bytes than the cutoff, counting the request at hand, its requests are not admitted. A request
+// that continues no stream starts a new one in the least recently used slot and is admitted: random
+// I/O always is. Interleaved streams (several readers, or one reader with several files) are each
+// tracked in their own slot.
+//
+// The cache asks once per missed key, with the whole request's offset and length, so one request
+// may be asked about several times; a request that repeats the latest one of a stream gets that
+// request's answer without extending the stream. Since only misses are asked about, a stream whose
+// blocks partly hit may be seen with a gap and count again from zero; that errs towards caching.
+//
+// Spec: "seqcutoff" (4MiB, bcache's default) or "seqcutoff:SIZE", SIZE as units.ParseSize reads it
+// ("4MiB", "512KiB", "1048576").
+type SeqCutoff struct {
+	cutoff  int64
+	streams [seqStreams]seqStream
+	clock   uint64
+}
+
+// seqStream is one tracked stream. used == 0 marks a free slot.
+type seqStream struct {
+	start, end int64 // the latest request of the stream: [start, end); end is where it continues
+	length     int64 // bytes the stream has covered
+	used       uint64
+	admit      bool // the answer for the latest request
+}
+
+const (
+	// seqStreams is how many streams are tracked at once: more than the concurrent sequential
+	// readers and writers of a block device in practice, few enough to scan on every miss.
+	seqStreams       = 32
+	seqDefaultCutoff = 4 << 20
+	seqForm          = "write seqcutoff:SIZE with SIZE above 0, such as seqcutoff:4MiB"
+)
+
+// NewSeqCutoff builds a SeqCutoff policy that bypasses streams longer than cutoff bytes.
+func NewSeqCutoff(cutoff int64) (*SeqCutoff, error) {
+	if cutoff <= 0 {
+		return nil, fmt.Errorf("cutoff %d must be above 0; %s", cutoff, seqForm)
+	}
+	return &SeqCutoff{cutoff: cutoff}, nil
+}
+
+func newSeqCutoffSpec(params string) (Admission, error) {
+	if params == "" {
+		return NewSeqCutoff(seqDefaultCutoff)
+	}
+	n, err := units.ParseSize(params)
+	if err != nil {
+		return nil, fmt.Errorf("cutoff: %w; %s", err, seqForm)
+	}
+	return NewSeqCutoff(n)
+}
+
+// Admit reports whether a's request is random I/O or within the first cutoff bytes of its stream.
+func (s *SeqCutoff) Admit(a Access) bool {
+	if a.Length <= 0 || a.Offset < 0 || a.Offset > math.MaxInt64-a.Length {
+		return true // no extent to follow
+	}
+	s.clock++
+	end := a.Offset + a.Length
+	cont, victim := -1, 0
+	for i := range s.streams {
+		st := &s.streams[i]
+		if st.used != 0 && st.start == a.Offset && st.end == end {
+			st.used = s.clock
+			return st.admit
+		}
+		if st.used != 0 && st.end == a.Offset && cont < 0 {
+			cont = i
+		}
+		if st.used < s.streams[victim].used {
+			victim = i
+		}
+	}
+	if cont < 0 {
+		s.streams[victim] = seqStream{start: a.Offset, end: end, length: a.Length, used: s.clock, admit: true}
+		return true
+	}
+	st := &s.streams[cont]
+	st.start, st.end = a.Offset, end
+	st.length = min(st.length, math.MaxInt64-a.Length) + a.Length
+	st.admit = st.length <= s.cutoff
+	st.used = s.clock
+	return st.admit
+}
