@@ -1,0 +1,536 @@
+// Package file is the backend for a local regular file or block device: file:///srv/disk.img,
+// file:///dev/sdb. Query parameters: size=SIZE creates a missing regular file, sparse, at that size;
+// direct=true bypasses the page cache with O_DIRECT.
+//
+// The file is locked (flock) while open, exclusively when writable and shared when read-only, so two
+// tierblk processes never serve one image. This package must never change the size of an existing
+// file or device, and never fall back to read-only when writing was asked for.
+//
+// Trim and write-zeroes are passed to the kernel (fallocate on files, BLKDISCARD and fallocate on
+// block devices); where the file system or device refuses, trim does nothing (it is advisory) and
+// write-zeroes writes zeroes. Needs Linux 4.7 or later (pwritev2 with RWF_DSYNC for FUA writes).
+package file
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/units"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// config is what a file: URL says.
+type config struct {
+	path   string
+	direct bool
+	size   int64 // 0: not given
+}
+
+var validParams = []string{"direct", "size"}
+
+func parseURL(u *url.URL) (config, error) {
+	var c config
+	if u.Scheme != "file" {
+		return c, fmt.Errorf("file backend: scheme %q is not file", u.Scheme)
+	}
+	if u.Opaque != "" || u.Path == "" {
+		return c, fmt.Errorf("file backend: the URL needs an absolute path, as in file:///srv/disk.img")
+	}
+	if u.Host != "" && u.Host != "localhost" {
+		return c, fmt.Errorf("file backend: host %q: only local files can be served (write file:///path)", u.Host)
+	}
+	if u.User != nil {
+		return c, fmt.Errorf("file backend: a file URL takes no user name")
+	}
+	if u.Fragment != "" {
+		return c, fmt.Errorf("file backend: a '#' in the path must be written %%23")
+	}
+	c.path = filepath.Clean(u.Path)
+	q := u.Query()
+	var unknown []string
+	for k, v := range q {
+		if !containsString(validParams, k) {
+			unknown = append(unknown, k)
+		} else if len(v) > 1 {
+			return c, fmt.Errorf("file backend: parameter %s given %d times", k, len(v))
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return c, fmt.Errorf("file backend: unknown parameter %s; valid: %s",
+			strings.Join(unknown, ", "), strings.Join(validParams, ", "))
+	}
+	if q.Has("direct") {
+		d, err := strconv.ParseBool(q.Get("direct"))
+		if err != nil {
+			return c, fmt.Errorf("file backend: direct=%q: want true or false", q.Get("direct"))
+		}
+		c.direct = d
+	}
+	if q.Has("size") {
+		s, err := units.ParseSize(q.Get("size"))
+		if err != nil {
+			return c, fmt.Errorf("file backend: size: %w", err)
+		}
+		if s == 0 {
+			return c, fmt.Errorf("file backend: size=%s: a device needs at least one byte", q.Get("size"))
+		}
+		c.size = s
+	}
+	return c, nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
+// backend.FUAWriter and backend.ReadOnlyReporter.
+type File struct {
+	f        *os.File
+	rc       syscall.RawConn // to run syscalls on f's descriptor without racing Close
+	path     string
+	size     int64
+	readOnly bool
+	direct   bool
+	blockDev bool
+	// sector is the alignment the kernel needs for discard and fallocate: the logical block size
+	// of a block device, 1 for a regular file.
+	sector int64
+	closed atomic.Bool
+
+	// What the file system or device refused once is not asked again.
+	noTrim, noPunch, noZeroRange atomic.Bool
+
+	// rmwLocks serialises read-modify-write of partial blocks in direct mode, striped by block number.
+	rmwLocks [64]sync.Mutex
+}
+
+// Open is the backend.Factory for file:///path.
+func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
+	c, err := parseURL(u)
+	if err != nil {
+		return nil, err
+	}
+	return open(c, opts.ReadOnly)
+}
+
+func open(c config, readOnly bool) (*File, error) {
+	fi, err := os.Stat(c.path)
+	create := false
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := checkCreate(c, readOnly); err != nil {
+			return nil, err
+		}
+		create = true
+	case err != nil:
+		return nil, err
+	case fi.Mode().IsRegular(), isBlockDevice(fi):
+	default:
+		return nil, fmt.Errorf("%s is a %s, not a regular file or block device", c.path, describeMode(fi.Mode()))
+	}
+
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	if c.direct {
+		flag |= syscall.O_DIRECT
+	}
+	if create {
+		flag |= os.O_CREATE | os.O_EXCL
+	} else if isBlockDevice(fi) && !readOnly {
+		flag |= os.O_EXCL // fails with EBUSY if the device is mounted or held by a driver
+	}
+	osf, err := os.OpenFile(c.path, flag, 0o644)
+	if err != nil {
+		return nil, explainOpenError(c, readOnly, err)
+	}
+	f, err := setup(osf, c, readOnly, create)
+	if err != nil {
+		_ = osf.Close()
+		if create {
+			_ = os.Remove(c.path)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
+// checkCreate says why a missing file cannot be created, if it cannot.
+func checkCreate(c config, readOnly bool) error {
+	switch {
+	case c.size == 0:
+		return fmt.Errorf("%s does not exist; add ?size=SIZE to create it (for example file://%s?size=1GiB)",
+			c.path, c.path)
+	case readOnly:
+		return fmt.Errorf("%s does not exist, and a read-only backend does not create it", c.path)
+	case c.direct && c.size%dioAlign != 0:
+		return fmt.Errorf("size=%d: direct=true needs a size that is a multiple of %d", c.size, dioAlign)
+	}
+	dir := filepath.Dir(c.path)
+	di, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cannot create %s: directory %s does not exist", c.path, dir)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", c.path, err)
+	}
+	if !di.IsDir() {
+		return fmt.Errorf("cannot create %s: %s is not a directory", c.path, dir)
+	}
+	return nil
+}
+
+func isBlockDevice(fi fs.FileInfo) bool {
+	return fi.Mode()&fs.ModeDevice != 0 && fi.Mode()&fs.ModeCharDevice == 0
+}
+
+func describeMode(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeCharDevice != 0:
+		return "character device"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	}
+	return "special file"
+}
+
+func explainOpenError(c config, readOnly bool, err error) error {
+	switch {
+	case !readOnly && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EROFS)):
+		return fmt.Errorf("%s cannot be opened for writing (%w); fix its permissions, or open it read-only", c.path, err)
+	case c.direct && errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=true", c.path, err)
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("%s is in use (mounted, or held by another program): %w", c.path, err)
+	}
+	return err
+}
+
+// setup locks the opened file and learns its size.
+func setup(osf *os.File, c config, readOnly, created bool) (*File, error) {
+	rc, err := osf.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	f := &File{f: osf, rc: rc, path: c.path, readOnly: readOnly, direct: c.direct, sector: 1}
+	how := unix.LOCK_EX
+	if readOnly {
+		how = unix.LOCK_SH
+	}
+	if err := f.control("flock", func(fd int) error { return unix.Flock(fd, how|unix.LOCK_NB) }); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s is in use by another tierblk or program (it holds a lock on it)", c.path)
+		}
+		return nil, err
+	}
+	fi, err := osf.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		if err := osf.Truncate(c.size); err != nil { // sparse: no block is allocated
+			return nil, err
+		}
+		fi, err = osf.Stat()
+		if err != nil {
+			return nil, err
+		}
+	}
+	f.blockDev = isBlockDevice(fi)
+	f.size = fi.Size()
+	if f.blockDev {
+		if err := f.blockDevGeometry(); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case f.size == 0:
+		return nil, fmt.Errorf("%s is empty; a device needs at least one byte", c.path)
+	case c.size != 0 && c.size != f.size:
+		return nil, fmt.Errorf("%s is %s (%d bytes) but size=%s (%d bytes) was asked; it is not resized",
+			c.path, units.FormatSize(f.size), f.size, units.FormatSize(c.size), c.size)
+	case c.direct && !f.blockDev && f.size%dioAlign != 0:
+		return nil, fmt.Errorf("%s is %d bytes; direct=true needs a size that is a multiple of %d",
+			c.path, f.size, dioAlign)
+	}
+	return f, nil
+}
+
+// blockDevGeometry asks the kernel for a block device's size and logical block size.
+func (f *File) blockDevGeometry() error {
+	var size uint64
+	if err := f.control("ioctl BLKGETSIZE64", func(fd int) error {
+		return ioctlPtr(fd, unix.BLKGETSIZE64, unsafe.Pointer(&size))
+	}); err != nil {
+		return err
+	}
+	var sector uint32
+	if err := f.control("ioctl BLKSSZGET", func(fd int) (err error) {
+		sector, err = unix.IoctlGetUint32(fd, unix.BLKSSZGET)
+		return err
+	}); err != nil {
+		return err
+	}
+	f.size, f.sector = int64(size), int64(sector)
+	return nil
+}
+
+func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg)); e != 0 {
+		return e
+	}
+	return nil
+}
+
+// control runs fn on the file's descriptor; Close waits for it, so the descriptor cannot be reused
+// meanwhile. Errors come back as *fs.PathError naming op and the file.
+func (f *File) control(op string, fn func(fd int) error) error {
+	var err error
+	if cerr := f.rc.Control(func(fd uintptr) { err = fn(int(fd)) }); cerr != nil {
+		return f.closedOr(cerr)
+	}
+	if err != nil {
+		return &fs.PathError{Op: op, Path: f.path, Err: err}
+	}
+	return nil
+}
+
+// closedOr returns ErrClosed if the file was closed (whatever error that caused), else err.
+func (f *File) closedOr(err error) error {
+	if f.closed.Load() {
+		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
+	}
+	return err
+}
+
+// check validates a request before it reaches the kernel.
+func (f *File) check(off, length int64, write bool) error {
+	switch {
+	case f.closed.Load():
+		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
+	case write && f.readOnly:
+		return fmt.Errorf("%w: %s", backend.ErrReadOnly, f.path)
+	}
+	return backend.CheckRange(off, length, f.size)
+}
+
+// Size implements backend.Backend.
+func (f *File) Size() int64 { return f.size }
+
+// ReadOnly implements backend.ReadOnlyReporter.
+func (f *File) ReadOnly() bool { return f.readOnly }
+
+// ReadAt implements backend.Backend.
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	if err := f.check(off, int64(len(p)), false); err != nil {
+		return 0, err
+	}
+	var err error
+	if f.direct && !aligned(p, off) {
+		err = f.bounceRead(p, off)
+	} else {
+		err = f.pread(p, off)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteAt implements backend.Backend.
+func (f *File) WriteAt(p []byte, off int64) (int, error) {
+	return f.write(p, off, false)
+}
+
+// WriteAtFUA implements backend.FUAWriter: the write is durable when it returns (RWF_DSYNC).
+func (f *File) WriteAtFUA(p []byte, off int64) (int, error) {
+	return f.write(p, off, true)
+}
+
+func (f *File) write(p []byte, off int64, dsync bool) (int, error) {
+	if err := f.check(off, int64(len(p)), true); err != nil {
+		return 0, err
+	}
+	if err := f.writeData(p, off, dsync); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// writeData writes p at off, through the bounce buffer when direct I/O needs it.
+func (f *File) writeData(p []byte, off int64, dsync bool) error {
+	if f.direct && !aligned(p, off) {
+		return f.bounceWrite(p, off, dsync)
+	}
+	return f.pwrite(p, off, dsync)
+}
+
+// pread reads all of p at off. os.File retries EINTR and short reads.
+func (f *File) pread(p []byte, off int64) error {
+	_, err := f.f.ReadAt(p, off)
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("read %s at %d: the file ends early (truncated by someone else?): %w",
+			f.path, off, io.ErrUnexpectedEOF)
+	}
+	if err != nil {
+		return f.closedOr(err)
+	}
+	return nil
+}
+
+// pwrite writes all of p at off; with dsync the data is durable when it returns.
+func (f *File) pwrite(p []byte, off int64, dsync bool) error {
+	if !dsync {
+		_, err := f.f.WriteAt(p, off) // retries EINTR and short writes
+		if err != nil {
+			return f.closedOr(err)
+		}
+		return nil
+	}
+	return f.control("pwritev2", func(fd int) error {
+		for len(p) > 0 {
+			n, err := unix.Pwritev2(fd, [][]byte{p}, off, unix.RWF_DSYNC)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err != nil:
+				return err
+			case n == 0:
+				return io.ErrShortWrite
+			}
+			p, off = p[n:], off+int64(n)
+		}
+		return nil
+	})
+}
+
+// Flush implements backend.Backend with fdatasync.
+func (f *File) Flush() error {
+	if f.closed.Load() {
+		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
+	}
+	return f.control("fdatasync", unix.Fdatasync)
+}
+
+// Trim implements backend.Trimmer. On a regular file it punches a hole; on a block device it
+// discards the whole logical blocks inside the range. Where that is refused it does nothing.
+func (f *File) Trim(off, length int64) error {
+	if err := f.check(off, length, true); err != nil {
+		return err
+	}
+	s, e := inner(off, length, f.sector)
+	if s >= e {
+		return nil
+	}
+	if f.blockDev {
+		r := [2]uint64{uint64(s), uint64(e - s)}
+		_, err := f.try(&f.noTrim, "ioctl BLKDISCARD", func(fd int) error {
+			return ioctlPtr(fd, unix.BLKDISCARD, unsafe.Pointer(&r))
+		})
+		return err
+	}
+	_, err := f.tryFallocate(&f.noPunch, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, s, e-s)
+	return err
+}
+
+// WriteZeroes implements backend.ZeroWriter. With mayUnmap it punches a hole; otherwise, or where
+// that is refused, it asks for a zeroed allocated range; where that is refused too it writes zeroes.
+// On a block device the partial logical blocks at the ends are written as data.
+func (f *File) WriteZeroes(off, length int64, mayUnmap bool) error {
+	if err := f.check(off, length, true); err != nil {
+		return err
+	}
+	s, e := inner(off, length, f.sector)
+	if s >= e {
+		return f.writeZeroData(off, length)
+	}
+	if err := f.writeZeroData(off, s-off); err != nil {
+		return err
+	}
+	if err := f.writeZeroData(e, off+length-e); err != nil {
+		return err
+	}
+	if mayUnmap {
+		done, err := f.tryFallocate(&f.noPunch, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, s, e-s)
+		if done || err != nil {
+			return err
+		}
+	}
+	done, err := f.tryFallocate(&f.noZeroRange, unix.FALLOC_FL_ZERO_RANGE|unix.FALLOC_FL_KEEP_SIZE, s, e-s)
+	if done || err != nil {
+		return err
+	}
+	return f.writeZeroData(s, e-s)
+}
+
+// try runs fn unless refused says the kernel refused it before. done reports that fn succeeded;
+// a refusal (EOPNOTSUPP) is remembered in refused and is not an error.
+func (f *File) try(refused *atomic.Bool, op string, fn func(fd int) error) (done bool, err error) {
+	if refused.Load() {
+		return false, nil
+	}
+	err = f.control(op, fn)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		refused.Store(true)
+		return false, nil
+	}
+	return err == nil, err
+}
+
+func (f *File) tryFallocate(refused *atomic.Bool, mode uint32, off, length int64) (bool, error) {
+	return f.try(refused, "fallocate", func(fd int) error { return unix.Fallocate(fd, mode, off, length) })
+}
+
+// inner returns the largest range [s, e) inside [off, off+length) whose ends are multiples of a.
+// s >= e when there is none.
+func inner(off, length, a int64) (s, e int64) {
+	return (off + a - 1) / a * a, (off + length) / a * a
+}
+
+// zeroes is a shared, aligned buffer of zeroes; nothing writes into it.
+var zeroes = sync.OnceValue(func() []byte { return alignedAlloc(maxBounce) })
+
+func (f *File) writeZeroData(off, length int64) error {
+	for length > 0 {
+		n := min(length, maxBounce)
+		if err := f.writeData(zeroes()[:n], off, false); err != nil {
+			return err
+		}
+		off, length = off+n, length-n
+	}
+	return nil
+}
+
+// Close implements backend.Backend. It releases the lock; it does not flush.
+func (f *File) Close() error {
+	if f.closed.Swap(true) {
+		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
+	}
+	return f.f.Close()
+}

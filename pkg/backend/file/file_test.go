@@ -1,0 +1,341 @@
+package file
+
+import (
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/backendtest"
+)
+
+func openURL(t *testing.T, raw string, opts backend.Options) (*File, error) {
+	t.Helper()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	b, err := Open(u, opts)
+	if err != nil {
+		return nil, err
+	}
+	return b.(*File), nil
+}
+
+func mustOpen(t *testing.T, raw string, opts backend.Options) *File {
+	t.Helper()
+	f, err := openURL(t, raw, opts)
+	require.NoError(t, err)
+	return f
+}
+
+// makeFile creates path with size bytes of content (a hole if content is nil).
+func makeFile(t *testing.T, path string, size int64, content []byte) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(path, content, 0o644))
+	require.NoError(t, os.Truncate(path, size))
+}
+
+// directDir returns a directory whose file system supports O_DIRECT, or skips the test.
+func directDir(t *testing.T) string {
+	dir := t.TempDir()
+	probe := filepath.Join(dir, "probe")
+	fd, err := unix.Open(probe, unix.O_CREAT|unix.O_RDWR|unix.O_DIRECT, 0o644)
+	if err != nil {
+		t.Skipf("the file system of %s refuses O_DIRECT: %v", dir, err)
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Pwrite(fd, alignedAlloc(dioAlign), 0); err != nil {
+		t.Skipf("the file system of %s refuses direct writes: %v", dir, err)
+	}
+	return dir
+}
+
+// tmpfsDir returns a fresh directory on tmpfs (/dev/shm), or skips the test.
+func tmpfsDir(t *testing.T) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+		t.Skip("/dev/shm is not a tmpfs here")
+	}
+	dir, err := os.MkdirTemp("/dev/shm", "tierblk-file-test-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// loopDevice attaches a fresh zeroed file of size bytes to a loop device, or skips the test.
+func loopDevice(t *testing.T, size int64) string {
+	t.Helper()
+	if _, err := exec.LookPath("losetup"); err != nil {
+		t.Skip("no losetup here")
+	}
+	img := filepath.Join(t.TempDir(), "loop.img")
+	makeFile(t, img, size, nil)
+	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Skipf("loop devices do not work here: losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
+	return dev
+}
+
+func fileURL(path, query string) string {
+	return (&url.URL{Scheme: "file", Path: path, RawQuery: query}).String()
+}
+
+func TestConformance(t *testing.T) {
+	sized := func(dir func(*testing.T) string, query string) backendtest.Opener {
+		return func(t *testing.T, size int64) backend.Backend {
+			path := filepath.Join(dir(t), "disk.img")
+			return mustOpen(t, fileURL(path, query+"size="+strconv.FormatInt(size, 10)), backend.Options{})
+		}
+	}
+	device := func(query string) backendtest.Opener {
+		return func(t *testing.T, size int64) backend.Backend {
+			f := mustOpen(t, fileURL(loopDevice(t, size), query), backend.Options{})
+			require.True(t, f.blockDev)
+			return f
+		}
+	}
+	cases := []struct {
+		name string
+		open backendtest.Opener
+	}{
+		{"created sparse", sized((*testing.T).TempDir, "")},
+		{"tmpfs", sized(tmpfsDir, "")}, // refuses FALLOC_FL_ZERO_RANGE: the fallback runs
+		{"direct", sized(directDir, "direct=true&")},
+		{"block device", device("")},
+		{"block device direct", device("direct=true")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { backendtest.Run(t, c.open) })
+	}
+}
+
+func TestReadOnlyConformance(t *testing.T) {
+	backendtest.RunReadOnly(t, func(t *testing.T, content []byte) backend.Backend {
+		path := filepath.Join(t.TempDir(), "disk.img")
+		require.NoError(t, os.WriteFile(path, content, 0o444))
+		return mustOpen(t, fileURL(path, ""), backend.Options{ReadOnly: true})
+	})
+}
+
+func TestParseURL(t *testing.T) {
+	cases := []struct {
+		url     string
+		want    config
+		wantErr string
+	}{
+		{"file:///srv/disk.img", config{path: "/srv/disk.img"}, ""},
+		{"file://localhost/srv/disk.img", config{path: "/srv/disk.img"}, ""},
+		{"file:///srv/../srv/disk.img?direct=true&size=1GiB", config{path: "/srv/disk.img", direct: true, size: 1 << 30}, ""},
+		{"file:///srv/disk%20one.img?direct=0", config{path: "/srv/disk one.img"}, ""},
+		{"file://nas/srv/disk.img", config{}, `host "nas": only local files`},
+		{"file:disk.img", config{}, "absolute path"},
+		{"file://", config{}, "absolute path"},
+		{"file://user@/srv/disk.img", config{}, "no user name"},
+		{"file:///srv/disk#1.img", config{}, "%23"},
+		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: direct, size"},
+		{"file:///srv/disk.img?direct=yes", config{}, `direct="yes": want true or false`},
+		{"file:///srv/disk.img?direct=true&direct=false", config{}, "direct given 2 times"},
+		{"file:///srv/disk.img?size=12X", config{}, "size: size \"12X\" is not a number"},
+		{"file:///srv/disk.img?size=0", config{}, "at least one byte"},
+		{"nbd:///srv/disk.img", config{}, "not file"},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			u, err := url.Parse(c.url)
+			require.NoError(t, err)
+			got, err := parseURL(u)
+			if c.wantErr != "" {
+				require.ErrorContains(t, err, c.wantErr)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, c.want, got)
+		})
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	existing := filepath.Join(dir, "existing.img")
+	makeFile(t, existing, 1<<20, []byte("keep me"))
+	odd := filepath.Join(dir, "odd.img")
+	makeFile(t, odd, 5000, nil)
+	empty := filepath.Join(dir, "empty.img")
+	makeFile(t, empty, 0, nil)
+	missing := filepath.Join(dir, "missing.img")
+	cases := []struct {
+		name    string
+		url     string
+		ro      bool
+		wantErr string
+	}{
+		{"missing without size", fileURL(missing, ""), false, "does not exist; add ?size=SIZE"},
+		{"missing read-only", fileURL(missing, "size=1MiB"), true, "read-only backend does not create it"},
+		{"missing directory", fileURL(filepath.Join(dir, "nodir", "x.img"), "size=1MiB"), false,
+			"directory " + filepath.Join(dir, "nodir") + " does not exist"},
+		{"parent is a file", fileURL(filepath.Join(existing, "x.img"), "size=1MiB"), false, "not a directory"},
+		{"size mismatch", fileURL(existing, "size=2MiB"), false,
+			"is 1MiB (1048576 bytes) but size=2MiB (2097152 bytes) was asked; it is not resized"},
+		{"directory", fileURL(dir, ""), false, "is a directory, not a regular file or block device"},
+		{"character device", fileURL("/dev/null", ""), true, "is a character device"},
+		{"empty file", fileURL(empty, ""), false, "is empty"},
+		{"direct on an odd size", fileURL(odd, "direct=true"), false, "multiple of 4096"},
+		{"direct creating an odd size", fileURL(missing, "direct=true&size=5000"), false, "multiple of 4096"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := openURL(t, c.url, backend.Options{ReadOnly: c.ro})
+			require.ErrorContains(t, err, c.wantErr)
+		})
+	}
+	// Nothing was created, resized or truncated on the way.
+	_, err := os.Stat(missing)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	got, err := os.ReadFile(existing)
+	require.NoError(t, err)
+	require.Len(t, got, 1<<20)
+	require.Equal(t, "keep me", string(got[:7]))
+}
+
+func allocatedBytes(t *testing.T, path string) int64 {
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(path, &st))
+	return st.Blocks * 512
+}
+
+func TestCreateSparseAndPunch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "disk.img")
+	f := mustOpen(t, fileURL(path, "size=1TiB"), backend.Options{})
+	defer f.Close()
+	require.Equal(t, int64(1<<40), f.Size())
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<40), fi.Size())
+	require.Zero(t, allocatedBytes(t, path), "created sparse")
+
+	_, err = f.WriteAt(make([]byte, 1<<20), 1<<39)
+	require.NoError(t, err)
+	require.NoError(t, f.Flush())
+	require.GreaterOrEqual(t, allocatedBytes(t, path), int64(1<<20))
+	require.NoError(t, f.Trim(0, f.Size()))
+	require.Zero(t, allocatedBytes(t, path), "trim punches holes")
+
+	require.NoError(t, f.WriteZeroes(0, 1<<20, false))
+	require.GreaterOrEqual(t, allocatedBytes(t, path), int64(1<<20), "zeroes without unmap stay allocated")
+	require.NoError(t, f.WriteZeroes(0, 1<<20, true))
+	require.Zero(t, allocatedBytes(t, path), "zeroes with unmap punch a hole")
+	require.False(t, f.noPunch.Load() || f.noZeroRange.Load(), "this file system refused fallocate")
+}
+
+func TestZeroFallbackOnTmpfs(t *testing.T) {
+	f := mustOpen(t, fileURL(filepath.Join(tmpfsDir(t), "disk.img"), "size=1MiB"), backend.Options{})
+	defer f.Close()
+	data := []byte("not zero yet")
+	_, err := f.WriteAt(data, 4000)
+	require.NoError(t, err)
+	require.NoError(t, f.WriteZeroes(4001, 5, false))
+	got := make([]byte, len(data))
+	_, err = f.ReadAt(got, 4000)
+	require.NoError(t, err)
+	require.Equal(t, "n\x00\x00\x00\x00\x00ro yet", string(got))
+	require.True(t, f.noZeroRange.Load(), "tmpfs was expected to refuse FALLOC_FL_ZERO_RANGE")
+}
+
+func TestLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "disk.img")
+	makeFile(t, path, 1<<20, nil)
+	u := fileURL(path, "")
+	w := mustOpen(t, u, backend.Options{})
+	for _, ro := range []bool{false, true} {
+		_, err := openURL(t, u, backend.Options{ReadOnly: ro})
+		require.ErrorContains(t, err, "is in use", "read-only %v while open for writing", ro)
+	}
+	require.NoError(t, w.Close())
+
+	r1 := mustOpen(t, u, backend.Options{ReadOnly: true})
+	r2 := mustOpen(t, u, backend.Options{ReadOnly: true}) // readers share
+	_, err := openURL(t, u, backend.Options{})
+	require.ErrorContains(t, err, "is in use")
+	require.NoError(t, r1.Close())
+	require.NoError(t, r2.Close())
+	w = mustOpen(t, u, backend.Options{}) // Close released the lock
+	require.NoError(t, w.Close())
+}
+
+func TestReadOnlyFileSystem(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, 0) })
+	path := filepath.Join(dir, "disk.img")
+	makeFile(t, path, 1<<20, []byte("data"))
+	require.NoError(t, unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""))
+
+	_, err := openURL(t, fileURL(path, ""), backend.Options{})
+	require.ErrorContains(t, err, "cannot be opened for writing")
+	require.ErrorContains(t, err, "open it read-only")
+	require.ErrorIs(t, err, syscall.EROFS)
+
+	f := mustOpen(t, fileURL(path, ""), backend.Options{ReadOnly: true})
+	defer f.Close()
+	got := make([]byte, 4)
+	_, err = f.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, "data", string(got))
+}
+
+func TestFileShrunkUnderneath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "disk.img")
+	f := mustOpen(t, fileURL(path, "size=1MiB"), backend.Options{})
+	defer f.Close()
+	require.NoError(t, os.Truncate(path, 4096))
+	_, err := f.ReadAt(make([]byte, 4096), 8192)
+	require.ErrorContains(t, err, "ends early")
+	require.True(t, backend.IsRetryable(err), "a disk error, not a caller's mistake")
+}
+
+// TestBlockDeviceOddSize checks direct I/O at the end of a device whose size is a multiple of its
+// 512-byte blocks but not of 4096: the bounce window must stop at the device's end.
+func TestBlockDeviceOddSize(t *testing.T) {
+	const size = 1<<20 + 512
+	dev := loopDevice(t, size)
+	f := mustOpen(t, fileURL(dev, "direct=true"), backend.Options{})
+	defer f.Close()
+	require.Equal(t, int64(size), f.Size())
+	require.Equal(t, int64(512), f.sector)
+	want := backendtest.Pattern(40, 700)
+	_, err := f.WriteAt(want, size-700)
+	require.NoError(t, err)
+	got := make([]byte, 700)
+	_, err = f.ReadAt(got, size-700)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.NoError(t, f.WriteZeroes(size-600, 600, true))
+	_, err = f.ReadAt(got, size-700)
+	require.NoError(t, err)
+	require.Equal(t, want[:100], got[:100])
+	require.Equal(t, make([]byte, 600), got[100:])
+	_, err = f.WriteAt(want, size-699)
+	require.ErrorIs(t, err, backend.ErrOutOfRange)
+}
+
+func TestBlockDeviceInUse(t *testing.T) {
+	dev := loopDevice(t, 1<<20)
+	f := mustOpen(t, fileURL(dev, ""), backend.Options{})
+	defer f.Close()
+	for _, ro := range []bool{false, true} {
+		_, err := openURL(t, fileURL(dev, ""), backend.Options{ReadOnly: ro})
+		require.ErrorContains(t, err, "is in use", "read-only %v", ro)
+	}
+}
