@@ -47,5 +47,6 @@ done
 # for a guest that hangs.
 timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 \
 	-nographic -nic none -no-reboot -kernel "$base/vmlinuz" -initrd "$work/initrd" \
-	-append "console=ttyS0 quiet panic=-1" "${drives[@]}" </dev/null | tee "$work/console" || true
+	-append "console=ttyS0 quiet panic=-1" "${drives[@]}" </dev/null | tee "$work/console" ||
+	[ "${PIPESTATUS[0]}" != 124 ] || echo "run.sh: the guest did not power off within $timeout seconds"
 grep -q '^TIERBLK-VM-RESULT: PASS' <(tr -d '\r' <"$work/console")
