@@ -1,0 +1,134 @@
+package backend_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/url"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/file"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+func TestCheckRange(t *testing.T) {
+	const size = 1 << 20
+	cases := []struct {
+		name        string
+		off, length int64
+		ok          bool
+	}{
+		{"whole device", 0, size, true},
+		{"empty at start", 0, 0, true},
+		{"empty at the end", size, 0, true},
+		{"last byte", size - 1, 1, true},
+		{"middle", 4096, 8192, true},
+		{"one past the end", size - 1, 2, false},
+		{"starts at the end", size, 1, false},
+		{"empty past the end", size + 1, 0, false},
+		{"negative offset", -1, 1, false},
+		{"negative length", 0, -1, false},
+		{"longer than the device", 0, size + 1, false},
+		{"offset+length overflows", math.MaxInt64, 1, false},
+		{"huge length", 1, math.MaxInt64, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := backend.CheckRange(c.off, c.length, size)
+			if c.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, backend.ErrOutOfRange)
+			require.ErrorContains(t, err, fmt.Sprintf("offset %d length %d size %d", c.off, c.length, size))
+		})
+	}
+}
+
+func TestIsRetryable(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"out of range", backend.ErrOutOfRange, false},
+		{"read-only", backend.ErrReadOnly, false},
+		{"not supported", backend.ErrNotSupported, false},
+		{"closed", backend.ErrClosed, false},
+		{"wrapped permanent", fmt.Errorf("disk.img: %w", backend.ErrReadOnly), false},
+		{"joined with a permanent", errors.Join(io.EOF, backend.ErrClosed), false},
+		{"I/O error", errors.New("input/output error"), true},
+		{"dropped connection", fmt.Errorf("nbd: %w", io.ErrUnexpectedEOF), true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, backend.IsRetryable(c.err))
+		})
+	}
+}
+
+func newRegistry() *backend.Registry {
+	r := backend.NewRegistry()
+	r.Register("mem", "mem://SIZE", mem.Open)
+	r.Register("file", "file:///path", file.Open)
+	return r
+}
+
+func TestRegistryOpens(t *testing.T) {
+	r := newRegistry()
+	require.Equal(t, []string{"file", "mem"}, r.Schemes())
+	require.Equal(t, []string{"file:///path", "mem://SIZE"}, r.Usage())
+
+	b, err := r.Open("mem://64MiB", backend.Options{})
+	require.NoError(t, err)
+	require.Equal(t, int64(64<<20), b.Size())
+	require.NoError(t, b.Close())
+
+	path := filepath.Join(t.TempDir(), "disk.img")
+	b, err = r.Open((&url.URL{Scheme: "file", Path: path, RawQuery: "size=1MiB"}).String(), backend.Options{})
+	require.NoError(t, err)
+	require.Equal(t, int64(1<<20), b.Size())
+	_, err = b.WriteAt([]byte("x"), 0)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+
+	b, err = r.Open("file://"+path, backend.Options{ReadOnly: true})
+	require.NoError(t, err)
+	_, err = b.WriteAt([]byte("x"), 0)
+	require.ErrorIs(t, err, backend.ErrReadOnly, "Options reach the factory")
+	require.NoError(t, b.Close())
+}
+
+func TestRegistryErrors(t *testing.T) {
+	r := newRegistry()
+	cases := []struct {
+		url     string
+		wantErr string
+	}{
+		{"tape:///dev/st0", `unknown scheme "tape"; use one of: file:///path, mem://SIZE`},
+		{"/srv/disk.img", `unknown scheme ""`},
+		{"mem://%zz", `backend URL "mem://%zz"`},
+		{"mem://1Gx", "backend mem://1Gx: mem backend: size"},
+		{"file:///nonexistent-dir/x.img", "backend file:///nonexistent-dir/x.img: /nonexistent-dir/x.img does not exist"},
+	}
+	for _, c := range cases {
+		t.Run(c.url, func(t *testing.T) {
+			b, err := r.Open(c.url, backend.Options{})
+			require.ErrorContains(t, err, c.wantErr)
+			require.Nil(t, b)
+		})
+	}
+}
+
+func TestRegistryDuplicatePanics(t *testing.T) {
+	r := newRegistry()
+	require.PanicsWithValue(t, "backend: scheme registered twice: mem", func() {
+		r.Register("mem", "mem://SIZE", mem.Open)
+	})
+}
