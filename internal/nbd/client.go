@@ -6,7 +6,11 @@ package nbd
 // (client_conn.go), and the methods here split calls into wire requests and map errors.
 //
 // The client never answers a read from anything but the server's reply, and never reports a write
-// as done before the server acknowledged it.
+// as done before the server acknowledged it. It cannot know whether a server that crashed and came
+// back kept the writes it had acknowledged but not yet flushed (a volatile cache, by the
+// protocol's contract); it logs a warning when a connection drops with such writes outstanding.
+// A request waits for its reply as long as the connection lives: a dead peer is found by TCP
+// keepalive or by the socket closing, not by a request timeout.
 
 import (
 	"context"
@@ -72,6 +76,9 @@ type Client struct {
 	next       atomic.Uint64 // round-robin position over conns
 	cookie     atomic.Uint64 // source of request cookies, unique for the client's lifetime
 	reconnects atomic.Int64
+	// Writes acknowledged, and how many of them the last successful flush covered: a reconnect
+	// with writes not yet flushed is worth a warning, as a server that crashed may have lost them.
+	writesDone, writesFlushed atomic.Uint64
 
 	ctx       context.Context // cancelled by Close: stops reconnects and dials
 	cancel    context.CancelFunc
@@ -163,10 +170,11 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 // server restarted with another disk behind the same address must not be written to.
 func (c *Client) sameExport(e clientExport) error {
 	want := c.export
-	if e.size != want.size || e.flags&tflagReadOnly != want.flags&tflagReadOnly || e.minBlock != want.minBlock {
-		return fmt.Errorf("%w: export changed since the first connection (size %d, read-only %t, min block %d; was %d, %t, %d)",
-			ErrServerRefused, e.size, e.flags&tflagReadOnly != 0, e.minBlock,
-			want.size, want.flags&tflagReadOnly != 0, want.minBlock)
+	if e.size != want.size || e.flags&tflagReadOnly != want.flags&tflagReadOnly ||
+		e.minBlock != want.minBlock || int64(e.maxBlock) < c.chunk {
+		return fmt.Errorf("%w: export changed since the first connection (size %d, read-only %t, block sizes %d-%d; was %d, %t, %d-%d)",
+			ErrServerRefused, e.size, e.flags&tflagReadOnly != 0, e.minBlock, e.maxBlock,
+			want.size, want.flags&tflagReadOnly != 0, want.minBlock, want.maxBlock)
 	}
 	return nil
 }
@@ -225,7 +233,16 @@ func (c *Client) Flush() error {
 	if !c.has(tflagSendFlush) {
 		return nil
 	}
+	covered := c.writesDone.Load()
 	_, err := c.run(cmdFlush, 0, 0, 0, nil)
+	if err == nil {
+		for {
+			old := c.writesFlushed.Load()
+			if old >= covered || c.writesFlushed.CompareAndSwap(old, covered) {
+				break
+			}
+		}
+	}
 	return err
 }
 

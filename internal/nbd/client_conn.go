@@ -306,6 +306,9 @@ func (cn *clientConn) finishReply(s *clientSession, r *clientRequest, errno uint
 	switch errno {
 	case 0:
 		cn.healthy.Store(true)
+		if r.typ != cmdRead && r.typ != cmdFlush && r.typ != cmdCache && r.flags&cmdFlagFUA == 0 {
+			cn.c.writesDone.Add(1)
+		}
 		cn.complete(r, nil)
 	case errShutdown:
 		cn.mu.Lock()
@@ -353,8 +356,14 @@ func (cn *clientConn) lost(s *clientSession, cause error) {
 	}
 	wait := cn.backoff
 	cn.mu.Unlock()
+	c := cn.c
+	flushed := c.writesFlushed.Load() // loaded first: it never passes writesDone
+	if unflushed := c.writesDone.Load() - flushed; unflushed > 0 {
+		cn.log.Warn("nbd: connection lost with acknowledged writes not yet flushed; if the server crashed they may be lost",
+			"unflushed_writes", unflushed)
+	}
 	cn.log.Warn("nbd: connection lost; reconnecting", "err", cause, "requests_to_resend", waiting)
-	cn.c.wg.Add(1)
+	c.wg.Add(1)
 	go cn.reconnect(wait, cause)
 }
 
