@@ -55,7 +55,7 @@ Quick start:
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newServeCmd(), newBenchCmd(), newVersionCmd(version))
+	root.AddCommand(newServeCmd(), newSimCmd(), newBenchCmd(), newVersionCmd(version))
 	return root
 }
 

@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/sim"
+	"github.com/tierblk/tierblk/internal/trace"
+	"github.com/tierblk/tierblk/internal/units"
+)
+
+type simOpts struct {
+	tracePath  string
+	format     string
+	policies   string
+	admission  string
+	sizes      string
+	blockSize  string
+	ops        string
+	warmup     int
+	output     string
+	plot       string
+	workers    int
+	stdout     io.Writer
+	stderr     io.Writer
+	noProgress bool
+}
+
+func newSimCmd() *cobra.Command {
+	o := simOpts{}
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Replay a block trace through cache policies and report miss ratios",
+		Long: `Replays a block I/O trace through one simulated cache per policy and size, in parallel, and
+reports each cache's miss ratio. The policies are the ones 'tierblk serve' runs.
+
+Sizes: a fraction below 1 is that share of the trace's distinct keys (floor, as libCacheSim counts);
+a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes divided by
+--block-size.`,
+		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
+  tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
+  tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return runSim(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.tracePath, "trace", "", "trace file (.gz, .zst and .xz are read transparently)")
+	f.StringVar(&o.format, "format", "auto", "trace format: "+strings.Join(trace.Formats(), ", "))
+	f.StringVar(&o.policies, "policy", "lru", "comma-separated eviction policies, or 'all': "+strings.Join(policy.EvictionNames(), ", "))
+	f.StringVar(&o.admission, "admission", "always", "admission policy: "+strings.Join(policy.AdmissionNames(), ", ")+" (e.g. nhit:2, seqcutoff:4MiB)")
+	f.StringVar(&o.sizes, "size", "0.01,0.05,0.1", "comma-separated cache sizes")
+	f.StringVar(&o.blockSize, "block-size", "0", "split requests into blocks of this size (512, 4KiB, 64KiB), one key each; 0: one key per request")
+	f.StringVar(&o.ops, "ops", "all", "which requests to simulate: all or read")
+	f.IntVar(&o.warmup, "warmup", 0, "requests replayed before counting starts")
+	f.StringVar(&o.output, "output", "table", "table, csv or json")
+	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
+	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "caches simulated in parallel")
+	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr")
+	return cmd
+}
+
+func runSim(ctx context.Context, o simOpts) error {
+	if o.tracePath == "" {
+		return usageErrorf("--trace is required")
+	}
+	if o.ops != "all" && o.ops != "read" {
+		return usageErrorf("--ops %q: use all or read", o.ops)
+	}
+	if o.output != "table" && o.output != "csv" && o.output != "json" {
+		return usageErrorf("--output %q: use table, csv or json", o.output)
+	}
+	blockSize, err := units.ParseSize(o.blockSize)
+	if err != nil {
+		return usageErrorf("--block-size: %v; 0 means one key per request", err)
+	}
+	if o.plot != "" {
+		if err := sim.CheckPlotPath(o.plot); err != nil {
+			return usageErrorf("--plot %v", err)
+		}
+	}
+	if o.workers < 1 {
+		return usageErrorf("--workers %d: must be at least 1", o.workers)
+	}
+	sizes, err := sim.ParseSizes(o.sizes)
+	if err != nil {
+		return usageErrorf("--size: %v", err)
+	}
+	names := splitList(o.policies)
+	if len(names) == 1 && names[0] == "all" {
+		names = policy.EvictionNames()
+	}
+	for _, n := range names {
+		if _, err := policy.NewEviction(n, policy.Config{Capacity: 1}); err != nil {
+			return usageErrorf("--policy: %v", err)
+		}
+	}
+	if _, err := policy.NewAdmission(o.admission); err != nil {
+		return usageErrorf("--admission: %v", err)
+	}
+	var progress io.Writer
+	if !o.noProgress {
+		progress = o.stderr
+	}
+
+	r, err := trace.Open(o.tracePath, o.format)
+	if err != nil {
+		return err
+	}
+	w, err := sim.Load(r, sim.LoadOptions{BlockSize: blockSize, ReadsOnly: o.ops == "read", Progress: progress})
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("trace %s: %w", o.tracePath, err)
+	}
+	var jobs []sim.Job
+	for _, n := range names {
+		for _, s := range sizes {
+			k, err := s.Keys(w.Distinct, blockSize)
+			if err != nil {
+				return usageErrorf("--size: %v", err)
+			}
+			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
+		}
+	}
+	res, err := sim.Run(ctx, w, jobs, sim.RunOptions{Warmup: o.warmup, Workers: o.workers, Progress: progress})
+	if err != nil {
+		return err
+	}
+	switch o.output {
+	case "csv":
+		err = sim.WriteCSV(o.stdout, res)
+	case "json":
+		err = sim.WriteJSON(o.stdout, res)
+	default:
+		fmt.Fprintf(o.stdout, "%s: %d requests, %d distinct keys\n", filepath.Base(o.tracePath), w.Requests(), w.Distinct)
+		err = sim.WriteTable(o.stdout, res)
+	}
+	if err != nil {
+		return err
+	}
+	if o.plot != "" {
+		if err := sim.Plot(o.plot, "miss ratio: "+filepath.Base(o.tracePath), res); err != nil {
+			return err
+		}
+		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, strings.ToLower(f))
+		}
+	}
+	return out
+}
