@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -108,7 +109,7 @@ func runSim(ctx context.Context, o simOpts) error {
 		return usageErrorf("--admission: %v", err)
 	}
 	var progress io.Writer
-	if !o.noProgress {
+	if !o.noProgress && isTerminal(o.stderr) {
 		progress = o.stderr
 	}
 
@@ -164,4 +165,14 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// isTerminal reports whether w is a terminal, where a progress bar that redraws itself belongs.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }

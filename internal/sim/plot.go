@@ -29,7 +29,6 @@ func Plot(path, title string, rs []Result) error {
 	p.Title.Text = title
 	p.X.Label.Text = "cache size (objects)"
 	p.Y.Label.Text = "miss ratio"
-	p.Y.Min, p.Y.Max = 0, 1
 	p.Add(plotter.NewGrid())
 	byPolicy := map[string]plotter.XYs{}
 	var names []string
@@ -54,7 +53,15 @@ func Plot(path, title string, rs []Result) error {
 		p.Add(line, points)
 		p.Legend.Add(name, line, points)
 	}
-	p.Legend.Top = true
+	// Miss ratios of competing policies differ by little: zoom on them rather than show 0 to 1.
+	p.Y.Min, p.Y.Max = max(p.Y.Min-0.02, 0), min(p.Y.Max+0.02, 1)
+	if p.X.Min > 0 && p.X.Max/p.X.Min >= 10 {
+		// Cache sizes are usually swept over orders of magnitude.
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.X.Label.Text += ", log scale"
+	}
+	p.Legend.Left = true
 	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}
