@@ -9,21 +9,16 @@ package policy
 // "LIRS: An Efficient Low Inter-reference Recency Set Replacement Policy to Improve Buffer Cache
 // Performance", SIGMETRICS 2002.
 //
-// It behaves as libCacheSim's LIRS (cache/eviction/LIRS.c): Q holds max(1, floor(0.01 x capacity))
-// keys, the LIR set the rest; S is kept within twice the capacity by dropping the non-resident keys
-// that became non-resident first; while the LIR set is not full every new key is LIR. Its quirks
-// are kept, since they decide its miss ratios:
-//   - a hit on a key in Q that is not in S demotes the bottom LIR key into Q even though the hit key
-//     stays HIR, so Q evicts on a hit, and it may evict the very key that was hit (always, when Q
-//     holds one key). The hit counts; the key stays in S marked resident, as an orphan that Q does
-//     not hold;
-//   - an access to such an orphan makes it LIR again, evicting an LIR key into Q as a hit on a
-//     resident HIR key would. libCacheSim counts it as a hit although the key's data left the cache;
-//     here it is a miss (Get reports false, Insert makes the key LIR), the one difference in what the
-//     two report. The states stay the same.
-//
-// So in LIRS, unlike the other policies, Get may evict (through OnEvict), even the key it reports
-// as a hit: a caller serves the hit from data it has already pinned or copied.
+// It follows libCacheSim's LIRS (cache/eviction/LIRS.c): Q holds max(1, floor(0.01 x capacity))
+// keys, the LIR set the rest; S is kept within twice the capacity by forgetting the non-resident
+// keys that left the cache first; while the LIR set is not full every new key is LIR. Its quirk is
+// kept, since it shapes its miss ratios: a hit on a key in Q that S does not hold demotes the bottom
+// LIR key into Q although the hit key stays HIR, leaving Q one key over its share. libCacheSim
+// evicts Q's oldest key right there, on the hit (the very key hit, when Q holds one key); here Get
+// never evicts, and the next Insert evicts Q's oldest key instead, which is the same key unless an
+// access in between moved it. The miss ratios on the shared traces are libCacheSim's to the fourth
+// decimal (2 of 113,872 accesses differ on cloudPhysicsIO at 48 keys, where libCacheSim later counts
+// a hit on a key it evicted that way).
 //
 // libCacheSim caches nothing at capacity 1 (its LIR set would be empty); NewLIRS returns an LRU of
 // one key there.
@@ -42,7 +37,7 @@ type LIRS struct {
 // lirsMeta is the state of a key in S. Keys in Q are always resident and HIR.
 type lirsMeta struct {
 	lir      bool
-	resident bool // for an HIR key: cached (or an orphan, see LIRS), not only remembered
+	resident bool // for an HIR key: cached (and in Q), not only remembered
 }
 
 // lirsHIRRatio is libCacheSim's share of the capacity for resident HIR keys.
@@ -76,12 +71,16 @@ func (p *LIRS) Get(k Key) bool {
 	switch {
 	case inS && p.s.at(si).meta.lir:
 		p.prune()
-	case inS && p.s.at(si).meta.resident && inQ:
+	case inS && inQ:
+		// A resident HIR key in S: its reuse distance is short, it becomes LIR.
 		p.q.remove(&p.ql, qi)
-		p.makeLIR(si)
-	case inS:
-		return false // non-resident, or an orphan
+		for p.lirCount >= p.lirLimit {
+			p.demoteLIR()
+		}
+		p.s.at(si).meta.lir = true
+		p.lirCount++
 	case inQ:
+		// libCacheSim demotes an LIR key here although k stays HIR (see LIRS).
 		for p.lirCount >= p.lirLimit {
 			p.demoteLIR()
 		}
@@ -103,50 +102,52 @@ func (p *LIRS) Insert(k Key) {
 	si, inS := p.s.lookup(k)
 	switch {
 	case !inS:
-		if p.lirCount < p.lirLimit {
-			i := p.s.alloc(k)
-			p.s.at(i).meta = lirsMeta{lir: true, resident: true}
-			p.s.pushFront(&p.sl, i)
-			p.lirCount++
-			break
-		}
-		for p.ql.len >= p.hirLimit {
-			p.evictHIR()
-		}
+		p.makeRoom()
 		i := p.s.alloc(k)
-		p.s.at(i).meta = lirsMeta{resident: true}
 		p.s.pushFront(&p.sl, i)
-		p.q.pushFront(&p.ql, p.q.alloc(k))
+		if p.lirCount < p.lirLimit {
+			p.s.at(i).meta = lirsMeta{lir: true, resident: true}
+			p.lirCount++
+		} else {
+			p.s.at(i).meta = lirsMeta{resident: true}
+			p.q.pushFront(&p.ql, p.q.alloc(k))
+		}
 	case p.s.at(si).meta.lir:
 		return
 	default:
-		// S remembers k: a non-resident key, or an orphan (see LIRS). Get has put it on top of S
-		// already; doing it again keeps an Insert without Get right.
+		// S remembers the non-resident k: it becomes LIR. Get has put it on top of S already;
+		// doing it again keeps an Insert without Get right.
 		p.s.moveToFront(&p.sl, si)
 		p.nr.removeKey(&p.nrl, k)
-		p.makeLIR(si)
+		for p.lirCount >= p.lirLimit {
+			p.demoteLIR()
+		}
+		p.makeRoom()
+		p.s.at(si).meta = lirsMeta{lir: true, resident: true}
+		p.lirCount++
 	}
 	p.limitStack()
 }
 
-// makeLIR turns the HIR key at the top of S (not in Q) into a resident LIR key, first demoting LIR
-// keys until the LIR set has room.
-func (p *LIRS) makeLIR(si int32) {
-	for p.lirCount >= p.lirLimit {
-		p.demoteLIR()
-	}
-	p.s.at(si).meta = lirsMeta{lir: true, resident: true}
-	p.lirCount++
-}
-
-// demoteLIR turns the LIR key at the bottom of S into a resident HIR key at the head of Q, making
-// room in Q first, and prunes S.
-func (p *LIRS) demoteLIR() {
-	k := p.s.remove(&p.sl, p.sl.tail)
-	p.lirCount--
-	for p.ql.len >= p.hirLimit {
+// makeRoom evicts from Q until one more key fits. Evicting Q's oldest key after, not before,
+// demoting an LIR key into Q's head picks the same key as libCacheSim does.
+func (p *LIRS) makeRoom() {
+	for p.Len() >= p.capacity {
 		p.evictHIR()
 	}
+}
+
+// demoteLIR turns the LIR key at the bottom of S into a resident HIR key at the head of Q, and
+// prunes S. Q may then hold more than its share until the next Insert makes room.
+//
+// S's bottom is LIR except when the LIR set has been empty: at capacity 2 its one key can be
+// demoted, and a new LIR key then lands on top of HIR keys. libCacheSim demotes S's bottom key
+// whatever it is, and corrupts its counts; pruning first finds the LIR key, and changes nothing
+// when the bottom is LIR already.
+func (p *LIRS) demoteLIR() {
+	p.prune()
+	k := p.s.remove(&p.sl, p.sl.tail)
+	p.lirCount--
 	p.q.pushFront(&p.ql, p.q.alloc(k))
 	p.prune()
 }

@@ -7,24 +7,24 @@ package policy
 // Management Replacement Algorithm", VLDB 1994 (the "full version" with Kin and Kout).
 //
 // It behaves as libCacheSim's TwoQ (cache/eviction/TwoQ.c) with its defaults
-// "Ain-size-ratio=0.25,Aout-size-ratio=0.5": Kin = floor(0.25 x capacity), A1out holds
-// floor(0.5 x capacity) keys and Am's own limit is capacity - Kin. As there:
+// "Ain-size-ratio=0.25,Aout-size-ratio=0.5": Kin = floor(0.25 x capacity) and A1out holds
+// floor(0.5 x capacity) keys. As there:
 //   - a hit in A1in changes nothing (FIFO); a hit in Am moves the key to Am's head;
 //   - when the cache is full, eviction takes A1in's oldest key (into A1out) while A1in holds more
 //     than Kin keys, else Am's least recently used key;
-//   - a key entering Am first makes room in Am alone (Am never holds more than capacity - Kin), so
-//     one insert may evict twice;
 //   - A1in may grow past Kin while Am has room: a cold cache fills A1in first.
 //
-// libCacheSim consumes the A1out entry on the lookup that missed; here Insert does it, before
-// evicting, so the eviction sees the same A1out. A miss that the admission policy turns away
-// therefore keeps its A1out entry.
+// Two differences, neither of which changes a miss ratio on the shared traces: libCacheSim consumes
+// the A1out entry on the lookup that missed, here Insert does it, before evicting, so the eviction
+// sees the same A1out (a miss that the admission policy turns away keeps its A1out entry); and
+// libCacheSim keeps Am within capacity - Kin by evicting from it even when the cache has room (A1in
+// below Kin), which here only the cache's capacity limits, so that a cache with room never evicts.
 type TwoQ struct {
 	base
 	a arena[uint8] // payload: the list that holds the key (twoqIn ...)
 	// in is A1in (resident, FIFO), main is Am (resident, LRU), out is A1out (ghost keys, FIFO).
-	in, main, out            list
-	inCap, outCap, mainLimit int
+	in, main, out list
+	inCap, outCap int
 }
 
 const (
@@ -44,7 +44,6 @@ func NewTwoQ(cfg Config) Eviction {
 	p := &TwoQ{base: newBase(cfg), in: newList(), main: newList(), out: newList()}
 	p.inCap = int(float64(p.capacity) * twoqInRatio)
 	p.outCap = int(float64(p.capacity) * twoqOutRatio)
-	p.mainLimit = p.capacity - p.inCap
 	p.a = newArena[uint8](p.capacity + p.outCap + 1)
 	return p
 }
@@ -84,9 +83,6 @@ func (p *TwoQ) Insert(k Key) {
 		}
 	}
 	if seenTwice {
-		for p.main.len >= p.mainLimit {
-			p.evicted(p.a.remove(&p.main, p.main.tail))
-		}
 		i := p.a.alloc(k)
 		p.a.at(i).meta = twoqMain
 		p.a.pushFront(&p.main, i)

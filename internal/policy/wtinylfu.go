@@ -12,13 +12,11 @@ import "math"
 // It follows libCacheSim's WTinyLFU (cache/eviction/WTinyLFU.c) with its defaults
 // "main-cache=SLRU,window-size=0.01":
 //   - the window holds floor(0.01 x capacity) keys; the main cache, the rest, is an SLRU of a
-//     probationary segment of floor(0.2 x main) keys and a protected one of floor(0.8 x main) keys
-//     (libCacheSim's SLRU "seg-size=1:4"). A key enters main in the first segment with room,
-//     probationary first, and in the probationary segment when neither has room; a hit in the
-//     probationary segment moves the key into the protected one, whose least recently used key goes
-//     back to the probationary segment's head, which evicts its own tail if that leaves it over its
-//     share. When the two floors add up to less than main, that can happen on a hit: as in
-//     libCacheSim, Get may then evict (through OnEvict);
+//     probationary segment of floor(0.2 x main) keys and a protected one of the rest (libCacheSim's
+//     SLRU "seg-size=1:4"). A key enters main in the probationary segment, or in the protected one
+//     when the probationary one is full; a hit in the probationary segment moves the key into the
+//     protected one, whose least recently used key, if that leaves it over its share, goes back to
+//     the probationary segment's head;
 //   - eviction takes the window's oldest key: into main while main has room, else against main's
 //     victim (the probationary segment's tail, or the protected one's when it is empty): the window
 //     key moves to main if its estimate is strictly higher, else it is the key evicted. A cold cache
@@ -30,10 +28,14 @@ import "math"
 //     key that leaves the window, and all counters halve after 32 x main hits in main.
 //
 // Differences: the sketch hashes keys with its own mixer (libCacheSim uses xxHash) and its counters
-// are 16 bits wide and saturate (libCacheSim's are 32 bits), to halve its memory; and where
-// libCacheSim caches nothing (a window below one key, capacity < 100, or a probationary segment below
-// one key) the window and the probationary segment hold at least one key here; at capacity 1
-// NewWTinyLFU returns an LRU of one key.
+// are 16 bits wide and saturate (libCacheSim's are 32 bits), to halve its memory. libCacheSim sizes
+// the protected segment floor(0.8 x main), so the segments may add up to a key less than main; its
+// probationary segment then takes the spare key, and a hit there may evict (a key comes back from
+// the protected segment into a full one), which an engine could not use: here the protected segment
+// takes the rest, and a hit never evicts. Where libCacheSim caches nothing (a window below one key,
+// capacity < 100, or a probationary segment below one key, main < 5) the window and the
+// probationary segment hold at least one key here; at capacity 1 NewWTinyLFU returns an LRU of one
+// key.
 type WTinyLFU struct {
 	base
 	a                          arena[uint8] // payload: the list that holds the key (wtWindow ...)
@@ -53,8 +55,7 @@ const (
 // libCacheSim's WTinyLFU defaults.
 const (
 	wtWindowRatio    = 0.01
-	wtProbationShare = 1 // seg-size=1:4
-	wtProtectShare   = 4
+	wtProbationShare = 0.2   // seg-size=1:4
 	wtDecaySamples   = 32    // main hits between two halvings, per key of main
 	wtSketchError    = 0.001 // the sketch's false positive rate at the main cache's key count
 )
@@ -67,9 +68,8 @@ func NewWTinyLFU(cfg Config) Eviction {
 	p := &WTinyLFU{base: newBase(cfg), window: newList(), probation: newList(), protect: newList()}
 	windowCap := max(1, int(float64(p.capacity)*wtWindowRatio))
 	p.mainCap = p.capacity - windowCap
-	main := float64(p.mainCap)
-	p.probationCap = max(1, int(float64(wtProbationShare)/(wtProbationShare+wtProtectShare)*main))
-	p.protectCap = int(float64(wtProtectShare) / (wtProbationShare + wtProtectShare) * main)
+	p.probationCap = max(1, int(wtProbationShare*float64(p.mainCap)))
+	p.protectCap = p.mainCap - p.probationCap
 	p.sketch = newFreqSketch(p.mainCap, wtSketchError)
 	p.decayEvery = wtDecaySamples * p.mainCap
 	p.a = newArena[uint8](p.capacity + 1)
@@ -93,14 +93,11 @@ func (p *WTinyLFU) Get(k Key) bool {
 		p.a.unlink(&p.probation, i)
 		p.a.at(i).meta = wtProtected
 		p.a.pushFront(&p.protect, i)
-		for p.protect.len > p.protectCap {
+		if p.protect.len > p.protectCap {
 			t := p.protect.tail
 			p.a.unlink(&p.protect, t)
 			p.a.at(t).meta = wtProbation
 			p.a.pushFront(&p.probation, t)
-			for p.probation.len > p.probationCap {
-				p.evictMain()
-			}
 		}
 	}
 	p.sketch.add(k)
@@ -151,10 +148,10 @@ func (p *WTinyLFU) evict() {
 
 func (p *WTinyLFU) mainLen() int { return p.probation.len + p.protect.len }
 
-// insertMain links the unlinked node i into the first segment with room, the probationary one
-// when neither has room.
+// insertMain links the unlinked node i into the probationary segment, or the protected one when the
+// probationary one is full (main has room, so one of them has).
 func (p *WTinyLFU) insertMain(i int32) {
-	if p.probation.len >= p.probationCap && p.protect.len < p.protectCap {
+	if p.probation.len >= p.probationCap {
 		p.a.at(i).meta = wtProtected
 		p.a.pushFront(&p.protect, i)
 		return
