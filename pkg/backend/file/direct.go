@@ -90,7 +90,9 @@ func (f *File) bounceWrite(p []byte, off int64, dsync bool) error {
 
 // rmw writes data at off through buf, the aligned window [w, w+len(buf)) around it. The blocks at
 // the window's ends that data covers only partly are read first, under a lock on those blocks, so
-// that concurrent writes to other parts of the same block are not lost.
+// that concurrent writes to other parts of the same block are not lost. Aligned writes take no
+// lock: one that overlaps this write's block may land in either order, as overlapping writes may
+// on any disk.
 func (f *File) rmw(buf []byte, w int64, data []byte, off int64, dsync bool) error {
 	we := w + int64(len(buf))
 	head := off > w

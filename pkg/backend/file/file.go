@@ -308,11 +308,16 @@ func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
 	return nil
 }
 
-// control runs fn on the file's descriptor; Close waits for it, so the descriptor cannot be reused
-// meanwhile. Errors come back as *fs.PathError naming op and the file.
+// control runs fn on the file's descriptor, again while it fails with EINTR; Close waits for it, so
+// the descriptor cannot be reused meanwhile. Errors come back as *fs.PathError naming op and the
+// file.
 func (f *File) control(op string, fn func(fd int) error) error {
 	var err error
-	if cerr := f.rc.Control(func(fd uintptr) { err = fn(int(fd)) }); cerr != nil {
+	cerr := f.rc.Control(func(fd uintptr) {
+		for err = fn(int(fd)); err == unix.EINTR; err = fn(int(fd)) {
+		}
+	})
+	if cerr != nil {
 		return f.closedOr(cerr)
 	}
 	if err != nil {
@@ -404,7 +409,8 @@ func (f *File) pread(p []byte, off int64) error {
 	return nil
 }
 
-// pwrite writes all of p at off; with dsync the data is durable when it returns.
+// pwrite writes all of p at off; with dsync the data is durable when it returns. The loop goes on
+// after a short write; control retries after EINTR, from where the loop stopped.
 func (f *File) pwrite(p []byte, off int64, dsync bool) error {
 	if !dsync {
 		_, err := f.f.WriteAt(p, off) // retries EINTR and short writes
@@ -417,8 +423,6 @@ func (f *File) pwrite(p []byte, off int64, dsync bool) error {
 		for len(p) > 0 {
 			n, err := unix.Pwritev2(fd, [][]byte{p}, off, unix.RWF_DSYNC)
 			switch {
-			case err == unix.EINTR:
-				continue
 			case err != nil:
 				return err
 			case n == 0:

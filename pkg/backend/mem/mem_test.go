@@ -1,6 +1,7 @@
 package mem
 
 import (
+	"math/rand/v2"
 	"net/url"
 	"testing"
 
@@ -128,4 +129,40 @@ func TestReadOnly(t *testing.T) {
 func TestNewPanicsOnBadSize(t *testing.T) {
 	require.Panics(t, func() { New(0) })
 	require.Panics(t, func() { New(MaxSize + 1) })
+}
+
+// BenchmarkRandom4K is the access pattern of the nbdkit memory comparison: 4 KiB random reads and
+// writes from many goroutines over 1 GiB, once every page is allocated.
+func BenchmarkRandom4K(b *testing.B) {
+	const size = 1 << 30
+	m := New(size)
+	chunk := make([]byte, 1<<20)
+	for off := int64(0); off < size; off += int64(len(chunk)) {
+		if _, err := m.WriteAt(chunk, off); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, write := range []bool{false, true} {
+		b.Run(map[bool]string{false: "read", true: "write"}[write], func(b *testing.B) {
+			b.SetBytes(4096)
+			b.SetParallelism(32)
+			b.RunParallel(func(pb *testing.PB) {
+				r := rand.New(rand.NewPCG(rand.Uint64(), 0))
+				buf := make([]byte, 4096)
+				for pb.Next() {
+					off := r.Int64N(size/4096) * 4096
+					var err error
+					if write {
+						_, err = m.WriteAt(buf, off)
+					} else {
+						_, err = m.ReadAt(buf, off)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
