@@ -19,7 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -63,14 +63,14 @@ func parseURL(u *url.URL) (config, error) {
 	q := u.Query()
 	var unknown []string
 	for k, v := range q {
-		if !containsString(validParams, k) {
+		if !slices.Contains(validParams, k) {
 			unknown = append(unknown, k)
 		} else if len(v) > 1 {
 			return c, fmt.Errorf("file backend: parameter %s given %d times", k, len(v))
 		}
 	}
 	if len(unknown) > 0 {
-		sort.Strings(unknown)
+		slices.Sort(unknown)
 		return c, fmt.Errorf("file backend: unknown parameter %s; valid: %s",
 			strings.Join(unknown, ", "), strings.Join(validParams, ", "))
 	}
@@ -92,15 +92,6 @@ func parseURL(u *url.URL) (config, error) {
 		c.size = s
 	}
 	return c, nil
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
@@ -164,6 +155,10 @@ func open(c config, readOnly bool) (*File, error) {
 	}
 	osf, err := os.OpenFile(c.path, flag, 0o644)
 	if err != nil {
+		if create && !errors.Is(err, fs.ErrExist) {
+			// O_EXCL made any file there ours: the kernel creates it before it refuses, say, O_DIRECT.
+			_ = os.Remove(c.path)
+		}
 		return nil, explainOpenError(c, readOnly, err)
 	}
 	f, err := setup(osf, c, readOnly, create)
