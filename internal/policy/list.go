@@ -6,8 +6,8 @@ package policy
 // millions of accesses a second. Nodes live in one slice and link to each other by int32 index, so
 // the garbage collector sees one pointer-free slice instead of millions of objects, a node costs
 // 16 bytes plus its payload, and a freed node is reused from a free list: after warm-up no access
-// allocates. One map finds a key's node; a policy with ghost entries (ARC, S3-FIFO) keeps them in the
-// same arena and map, told apart by its payload.
+// allocates. One hash index finds a key's node; a policy with ghost entries (ARC, S3-FIFO) keeps them
+// in the same arena and index, told apart by its payload.
 
 // none is the index that means "no node" (the end of a list, an empty free list).
 const none int32 = -1
@@ -25,7 +25,7 @@ type node[M any] struct {
 type arena[M any] struct {
 	nodes []node[M]
 	free  int32 // first free node, chained through next
-	index map[Key]int32
+	index index
 }
 
 // arenaHintMax bounds the up-front allocation, so building a policy for a huge capacity that a short
@@ -37,15 +37,12 @@ func newArena[M any](hint int) arena[M] {
 	return arena[M]{
 		nodes: make([]node[M], 0, hint),
 		free:  none,
-		index: make(map[Key]int32, hint),
+		index: newIndex(hint),
 	}
 }
 
 // lookup returns the node of k.
-func (a *arena[M]) lookup(k Key) (int32, bool) {
-	i, ok := a.index[k]
-	return i, ok
-}
+func (a *arena[M]) lookup(k Key) (int32, bool) { return a.index.get(k) }
 
 // at returns the node at index i, to read or update in place.
 func (a *arena[M]) at(i int32) *node[M] { return &a.nodes[i] }
@@ -61,15 +58,102 @@ func (a *arena[M]) alloc(k Key) int32 {
 		i = int32(len(a.nodes))
 		a.nodes = append(a.nodes, node[M]{key: k, prev: none, next: none})
 	}
-	a.index[k] = i
+	a.index.put(k, i)
 	return i
 }
 
 // release unindexes node i (already unlinked) and returns it to the free list.
 func (a *arena[M]) release(i int32) {
-	delete(a.index, a.nodes[i].key)
+	a.index.delete(a.nodes[i].key)
 	a.nodes[i].next = a.free
 	a.free = i
+}
+
+// index maps keys to node indexes. It is an open-addressing hash table with linear probing,
+// kept at most half full, with backward-shift deletion (no tombstones, so a replay of millions of
+// inserts and deletes never degrades it). Against a Go map it saves a third of the time of an access
+// (BenchmarkEviction): a lookup mostly reads one cache line, and a slot is 16 bytes.
+type index struct {
+	slots []slot // a power of two
+	mask  uint64
+	shift uint8 // 64 - log2(len(slots)), for Fibonacci hashing
+	n     int
+}
+
+type slot struct {
+	key  Key
+	node int32 // the node's index + 1; 0 marks an empty slot
+}
+
+func newIndex(hint int) index {
+	var x index
+	x.resize(max(2*hint, 8))
+	return x
+}
+
+// resize rebuilds the table with at least size slots.
+func (x *index) resize(size int) {
+	bits := uint8(3)
+	for 1<<bits < size {
+		bits++
+	}
+	old := x.slots
+	x.slots = make([]slot, 1<<bits)
+	x.mask = 1<<bits - 1
+	x.shift = 64 - bits
+	x.n = 0
+	for _, s := range old {
+		if s.node != 0 {
+			x.put(s.key, s.node-1)
+		}
+	}
+}
+
+// home is k's preferred slot: the top bits of k times 2^64/φ, which spreads the runs of consecutive
+// block numbers that traces are made of.
+func (x *index) home(k Key) uint64 { return uint64(k) * 0x9E3779B97F4A7C15 >> x.shift }
+
+func (x *index) get(k Key) (int32, bool) {
+	for i := x.home(k); ; i = (i + 1) & x.mask {
+		s := &x.slots[i]
+		if s.node == 0 {
+			return none, false
+		}
+		if s.key == k {
+			return s.node - 1, true
+		}
+	}
+}
+
+// put adds k, which must be absent.
+func (x *index) put(k Key, node int32) {
+	if 2*(x.n+1) > len(x.slots) {
+		x.resize(2 * len(x.slots))
+	}
+	i := x.home(k)
+	for x.slots[i].node != 0 {
+		i = (i + 1) & x.mask
+	}
+	x.slots[i] = slot{key: k, node: node + 1}
+	x.n++
+}
+
+// delete removes k, which must be present, and shifts back the entries of its probe run that
+// the empty slot would otherwise cut off from their home.
+func (x *index) delete(k Key) {
+	i := x.home(k)
+	for x.slots[i].key != k || x.slots[i].node == 0 {
+		i = (i + 1) & x.mask
+	}
+	for j := (i + 1) & x.mask; x.slots[j].node != 0; j = (j + 1) & x.mask {
+		// The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
+		if (j-x.home(x.slots[j].key))&x.mask >= (j-i)&x.mask {
+			x.slots[i] = x.slots[j]
+			i = j
+		}
+	}
+	x.slots[i] = slot{}
+	x.n--
 }
 
 // list is one queue of nodes in an arena: head is the newest entry, tail the oldest.
@@ -121,7 +205,7 @@ func (a *arena[M]) remove(l *list, i int32) Key {
 
 // removeKey drops k from l, if it is there, and reports whether it was.
 func (a *arena[M]) removeKey(l *list, k Key) bool {
-	i, ok := a.index[k]
+	i, ok := a.index.get(k)
 	if ok {
 		a.remove(l, i)
 	}

@@ -1,19 +1,15 @@
 package policy
 
 import (
-	"bufio"
-	"compress/gzip"
-	"encoding/binary"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/trace"
 )
 
 // The parity table: libCacheSim's miss ratios on the shared traces (../shared/traces/README.md, from
@@ -29,18 +25,20 @@ func tracesDir() string {
 }
 
 type parityTrace struct {
-	file  string
-	load  func(path string) ([]Key, error)
-	sizes []int
+	file   string
+	format string
+	// pageSize is 0 for one key per request, else the size of the pages each request is split into.
+	pageSize int64
+	sizes    []int
 	// want holds the miss ratio of each policy at each size of sizes.
 	want map[string][]float64
 }
 
 var parityTraces = []parityTrace{
 	{
-		file:  "cloudPhysicsIO.vscsi",
-		load:  loadVSCSI,
-		sizes: []int{48, 489, 2448, 4897, 9794},
+		file:   "cloudPhysicsIO.vscsi",
+		format: "vscsi",
+		sizes:  []int{48, 489, 2448, 4897, 9794},
 		want: map[string][]float64{
 			"fifo":   {0.9121, 0.8476, 0.8266, 0.8054, 0.7128},
 			"lru":    {0.9030, 0.8380, 0.8246, 0.8049, 0.7249},
@@ -53,9 +51,10 @@ var parityTraces = []parityTrace{
 		},
 	},
 	{
-		file:  "oltp.arc.gz",
-		load:  loadARCPages,
-		sizes: []int{1868, 18688},
+		file:     "oltp.arc.gz",
+		format:   "arc",
+		pageSize: 512,
+		sizes:    []int{1868, 18688},
 		want: map[string][]float64{
 			"fifo":   {0.6341, 0.3666},
 			"lru":    {0.5837, 0.3348},
@@ -131,61 +130,35 @@ func loadTrace(t testing.TB, tr parityTrace) []Key {
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("shared trace absent (%v); set TIERBLK_TRACES to the traces directory", err)
 	}
-	keys, err := tr.load(path)
+	keys, err := loadKeys(path, tr.format, tr.pageSize)
 	require.NoError(t, err)
 	traceCache[tr.file] = keys
 	return keys
 }
 
-// loadVSCSI reads a vscsi v1 trace, one key per request: the lbn.
-func loadVSCSI(path string) ([]Key, error) {
-	b, err := os.ReadFile(path)
+// loadKeys reads a trace with internal/trace, one key per request (the lbn, for vscsi) or, with
+// pageSize > 0, one key per page of each request (the ARC paper's traces count 512-byte pages).
+func loadKeys(path, format string, pageSize int64) ([]Key, error) {
+	r, err := trace.Open(path, format)
 	if err != nil {
 		return nil, err
 	}
-	const rec = 32
-	if len(b)%rec != 0 {
-		return nil, fmt.Errorf("%s: %d bytes is not a whole number of vscsi v1 records", path, len(b))
-	}
-	keys := make([]Key, 0, len(b)/rec)
-	for off := 0; off < len(b); off += rec {
-		if v := binary.LittleEndian.Uint16(b[off+14:]) >> 8; v != 1 {
-			return nil, fmt.Errorf("%s: record %d: vscsi version %d, want 1", path, off/rec, v)
-		}
-		keys = append(keys, Key(binary.LittleEndian.Uint64(b[off+16:])))
-	}
-	return keys, nil
-}
-
-// loadARCPages reads a gzipped ARC-paper trace, one key per 512-byte page each request touches.
-func loadARCPages(path string) ([]Key, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	z, err := gzip.NewReader(f)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
+	defer r.Close()
 	var keys []Key
-	s := bufio.NewScanner(z)
-	for line := 1; s.Scan(); line++ {
-		fields := strings.Fields(s.Text())
-		if len(fields) < 2 {
-			return nil, fmt.Errorf("%s: line %d: want start and count", path, line)
+	for {
+		req, err := r.Next()
+		if err == io.EOF {
+			return keys, nil
 		}
-		start, err1 := strconv.ParseUint(fields[0], 10, 64)
-		count, err2 := strconv.ParseUint(fields[1], 10, 64)
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("%s: line %d: bad start or count %q", path, line, s.Text())
+		if err != nil {
+			return nil, err
 		}
-		for p := start; p < start+count; p++ {
+		if pageSize == 0 {
+			keys = append(keys, Key(req.ID))
+			continue
+		}
+		for p := req.Offset / pageSize; p < (req.Offset+req.Length)/pageSize; p++ {
 			keys = append(keys, Key(p))
 		}
 	}
-	if err := s.Err(); err != nil && err != io.EOF {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return keys, nil
 }
