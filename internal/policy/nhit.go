@@ -2,7 +2,6 @@ package policy
 
 import (
 	"fmt"
-	"math/bits"
 	"strconv"
 	"strings"
 )
@@ -18,21 +17,23 @@ import (
 // decisions, which the cache asks for on misses only, so W is a number of misses; a sensible W is
 // about ten times the cache's capacity in keys (a key missed twice within that span is reused
 // within a few cache lifetimes), and the default suits a cache of a few thousand lines. Memory is
-// bounded by W: a ring of the last W missed keys and a hash table of their counts, 40 to 72 bytes
-// per unit of W; nothing is allocated per decision.
+// bounded by W: a ring of the last W missed keys and a count for each distinct key in it, under 100
+// bytes per unit of W; once the window is full nothing is allocated per decision.
 type NHit struct {
-	n      uint32
-	ring   []Key // the last W missed keys; once full, ring[pos] is the oldest
-	pos    int
-	full   bool
-	counts countTable
+	n    uint32
+	ring []Key // the last W missed keys; once full, ring[pos] is the oldest
+	pos  int
+	full bool
+	// counts has a node for each distinct key of the ring, holding how often the ring has it. The
+	// nodes are in no list: the arena serves as a hash table that reuses its memory.
+	counts arena[uint32]
 }
 
 const (
 	nhitDefaultN      = 2
 	nhitDefaultWindow = 1 << 16
-	nhitMaxWindow     = 1 << 24 // 16M misses: about 640 MiB of state, more than any sane window
-	nhitForm          = "write nhit:N or nhit:N,window=W with 1 <= N <= W <= 16777216"
+	nhitMaxWindow     = 1 << 22 // 4M misses: up to 400 MiB of state, more than any sane window
+	nhitForm          = "write nhit:N or nhit:N,window=W with 1 <= N <= W <= 4194304"
 )
 
 // NewNHit builds an NHit policy that admits on the n-th miss within window misses.
@@ -40,7 +41,7 @@ func NewNHit(n, window int) (*NHit, error) {
 	if n < 1 || window < n || window > nhitMaxWindow {
 		return nil, fmt.Errorf("N=%d, window=%d out of range; %s", n, window, nhitForm)
 	}
-	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newCountTable(window)}, nil
+	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window)}, nil
 }
 
 func newNHitSpec(params string) (Admission, error) {
@@ -74,66 +75,22 @@ func newNHitSpec(params string) (Admission, error) {
 // Admit counts a miss of a.Key and admits it if it is the key's N-th (or later) in the window.
 func (h *NHit) Admit(a Access) bool {
 	if h.full {
-		h.counts.dec(h.ring[h.pos])
+		old, _ := h.counts.lookup(h.ring[h.pos])
+		if c := &h.counts.at(old).meta; *c > 1 {
+			*c--
+		} else {
+			h.counts.release(old)
+		}
 	}
 	h.ring[h.pos] = a.Key
 	if h.pos++; h.pos == len(h.ring) {
 		h.pos, h.full = 0, true
 	}
-	return h.counts.inc(a.Key) >= h.n
-}
-
-// countTable counts keys in an open-addressing hash table with linear probing, sized for at most
-// max distinct keys at half load. A count of zero marks a free slot; removal shifts the following
-// entries back instead of leaving tombstones, so the table never needs rebuilding.
-type countTable struct {
-	slots []countSlot
-	mask  uint64
-}
-
-type countSlot struct {
-	key   Key
-	count uint32
-}
-
-func newCountTable(max int) countTable {
-	n := uint64(1) << bits.Len64(uint64(2*max-1))
-	return countTable{slots: make([]countSlot, n), mask: n - 1}
-}
-
-func (t *countTable) home(k Key) uint64 { return mix64(uint64(k)) & t.mask }
-
-// inc adds one to k's count and returns it.
-func (t *countTable) inc(k Key) uint32 {
-	for i := t.home(k); ; i = (i + 1) & t.mask {
-		s := &t.slots[i]
-		if s.count == 0 {
-			*s = countSlot{key: k, count: 1}
-			return 1
-		}
-		if s.key == k {
-			s.count++
-			return s.count
-		}
+	i, ok := h.counts.lookup(a.Key)
+	if !ok {
+		i = h.counts.alloc(a.Key)
 	}
-}
-
-// dec takes one from the count of k, which must be counted, and frees its slot at zero.
-func (t *countTable) dec(k Key) {
-	i := t.home(k)
-	for t.slots[i].key != k || t.slots[i].count == 0 {
-		i = (i + 1) & t.mask
-	}
-	if t.slots[i].count--; t.slots[i].count > 0 {
-		return
-	}
-	// Backward-shift deletion: move up each later entry of the probe run whose home slot does not
-	// lie between the hole and it, so every entry stays reachable from its home slot.
-	for j := (i + 1) & t.mask; t.slots[j].count != 0; j = (j + 1) & t.mask {
-		if (j-t.home(t.slots[j].key))&t.mask >= (j-i)&t.mask {
-			t.slots[i] = t.slots[j]
-			t.slots[j].count = 0
-			i = j
-		}
-	}
+	c := &h.counts.at(i).meta
+	*c++
+	return *c >= h.n
 }

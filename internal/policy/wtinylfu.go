@@ -1,6 +1,9 @@
 package policy
 
-import "math"
+import (
+	"math"
+	"math/bits"
+)
 
 // WTinyLFU is W-TinyLFU: new keys enter a small LRU window (1 % of the capacity); a key leaving the
 // window enters the main cache, a segmented LRU, if the main cache has room or if a frequency sketch
@@ -223,21 +226,22 @@ func newFreqSketch(entries int, errRate float64) freqSketch {
 	return freqSketch{counters: make([]uint16, n), hashes: uint32(hashes)}
 }
 
-// slots returns the two hashes of k whose combinations a + i*b pick its counters; b is odd so the
-// counters differ.
-func (s *freqSketch) slots(k Key) (a, b uint32) {
+// slots returns the two hashes of k whose combinations a + i*b pick its counters (Kirsch and
+// Mitzenmacher's double hashing); b is odd, so the combinations differ.
+func (s *freqSketch) slots(k Key) (a, b uint64) {
 	h := mix64(uint64(k))
-	return uint32(h), uint32(h>>32) | 1
+	return h, bits.RotateLeft64(h, 32) | 1
 }
 
-// index maps a hash onto the counters without a division.
-func (s *freqSketch) index(h uint32) int {
-	return int(uint64(h) * uint64(len(s.counters)) >> 32)
+// index maps a hash onto the counters by its top bits (Lemire's multiply-shift), without a division.
+func (s *freqSketch) index(h uint64) int {
+	hi, _ := bits.Mul64(h, uint64(len(s.counters)))
+	return int(hi)
 }
 
 func (s *freqSketch) add(k Key) {
 	a, b := s.slots(k)
-	for i := range s.hashes {
+	for i := range uint64(s.hashes) {
 		c := &s.counters[s.index(a+i*b)]
 		if *c < math.MaxUint16 {
 			*c++
@@ -248,7 +252,7 @@ func (s *freqSketch) add(k Key) {
 func (s *freqSketch) estimate(k Key) uint16 {
 	a, b := s.slots(k)
 	est := uint16(math.MaxUint16)
-	for i := range s.hashes {
+	for i := range uint64(s.hashes) {
 		est = min(est, s.counters[s.index(a+i*b)])
 	}
 	return est
@@ -261,9 +265,10 @@ func (s *freqSketch) halve() {
 	}
 }
 
-// mix64 is the finaliser of SplitMix64: every bit of x affects every bit of the result, so nearby
-// keys (consecutive cache lines) land on unrelated counters.
+// mix64 is SplitMix64's output function: every bit of x affects every bit of the result, so nearby
+// keys (consecutive cache lines) land on unrelated counters, and key 0 does not hash to 0.
 func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
