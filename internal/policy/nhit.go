@@ -38,8 +38,13 @@ const (
 
 // NewNHit builds an NHit policy that admits on the n-th miss within window misses.
 func NewNHit(n, window int) (*NHit, error) {
-	if n < 1 || window < n || window > nhitMaxWindow {
-		return nil, fmt.Errorf("N=%d, window=%d out of range; %s", n, window, nhitForm)
+	switch {
+	case n < 1:
+		return nil, fmt.Errorf("N=%d must be at least 1; %s", n, nhitForm)
+	case window < 1 || window > nhitMaxWindow:
+		return nil, fmt.Errorf("window=%d must be from 1 to %d; %s", window, nhitMaxWindow, nhitForm)
+	case n > window:
+		return nil, fmt.Errorf("N=%d exceeds window=%d, so no key could be admitted; %s", n, window, nhitForm)
 	}
 	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window)}, nil
 }
