@@ -22,6 +22,7 @@ type serveOpts struct {
 	readOnly    bool
 	logLevel    string
 	maxInFlight int
+	recordTrace string
 	set         func(name string) bool // reports whether a flag was given
 	stderr      io.Writer
 	ready       func(addrs []string)
@@ -59,6 +60,7 @@ backend and exits 0.`,
 	f.StringArrayVar(&o.nbd, "nbd", d.Listen, "NBD listen address, unix:/path/to.sock or HOST:PORT; repeat for several")
 	f.BoolVar(&o.readOnly, "read-only", false, "serve every export read-only")
 	f.StringVar(&o.logLevel, "log-level", d.LogLevel, "debug, info, warn or error")
+	f.StringVar(&o.recordTrace, "record-trace", "", "record every request to the (first) export into this new file, a fio iolog that 'tierblk sim' replays")
 	f.IntVar(&o.maxInFlight, "max-in-flight", d.MaxInFlight, "requests served at once on one NBD connection")
 	return cmd
 }
@@ -84,6 +86,9 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 		for i := range cfg.Exports {
 			cfg.Exports[i].ReadOnly = true
 		}
+	}
+	if o.set("record-trace") && len(cfg.Exports) > 0 {
+		cfg.Exports[0].RecordTrace = o.recordTrace
 	}
 	if o.set("log-level") {
 		cfg.LogLevel = o.logLevel
@@ -122,6 +127,7 @@ var fieldToFlag = []struct {
 }{
 	{regexp.MustCompile(`exports\[0\]\.backend`), "--backend"},
 	{regexp.MustCompile(`exports\[0\]\.name`), "--export"},
+	{regexp.MustCompile(`exports\[0\]\.record_trace`), "--record-trace"},
 	{regexp.MustCompile(`listen\[\d+\]`), "--nbd"},
 	{regexp.MustCompile(`\blog_level\b`), "--log-level"},
 	{regexp.MustCompile(`\bmax_in_flight\b`), "--max-in-flight"},

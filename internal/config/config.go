@@ -37,6 +37,9 @@ type Export struct {
 	// Backend is a URL: file:///path, mem://SIZE, nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH.
 	Backend  string `yaml:"backend"`
 	ReadOnly bool   `yaml:"read_only"`
+	// RecordTrace, if set, is a new file that receives every request to this export as a fio
+	// iolog (version 3), for `tierblk sim --format fio` and `fio --read_iolog`.
+	RecordTrace string `yaml:"record_trace"`
 }
 
 // Defaults returns the configuration used when neither a file nor flags say otherwise.

@@ -14,10 +14,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -30,7 +32,7 @@ const ShutdownTimeout = 30 * time.Second
 // if not nil, is called once every listener accepts connections, with their addresses (useful when
 // a port was 0).
 func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, ready func(addrs []string)) (err error) {
-	vols, closeAll, err := openExports(cfg, reg, log)
+	vols, devs, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
@@ -38,7 +40,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 
 	exports := make([]nbd.Export, len(cfg.Exports))
 	for i, e := range cfg.Exports {
-		exports[i] = nbd.Export{Name: e.Name, Description: e.Description, Device: vols[i]}
+		exports[i] = nbd.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
 	}
 	srv, err := nbd.NewServer(nbd.ServerConfig{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight})
 	if err != nil {
@@ -89,28 +91,89 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	return runErr
 }
 
-// openExports opens every backend; on failure it closes the ones already open.
-func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, func() error, error) {
-	var backends []backend.Backend
+// openExports opens every backend, and the trace recorders of the exports that have one; on
+// failure it closes what it had opened.
+func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, []volume.Device, func() error, error) {
+	var closers []func() error
 	closeAll := func() error {
 		var errs []error
-		for _, b := range backends {
-			errs = append(errs, b.Close())
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i]())
 		}
 		return errors.Join(errs...)
 	}
 	vols := make([]*volume.Volume, 0, len(cfg.Exports))
+	devs := make([]volume.Device, 0, len(cfg.Exports))
 	for i, e := range cfg.Exports {
 		b, err := reg.Open(e.Backend, backend.Options{ReadOnly: e.ReadOnly})
 		if err != nil {
-			return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+			return nil, nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
 		}
-		backends = append(backends, b)
+		closers = append(closers, b.Close)
 		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true})
 		vols = append(vols, v)
+		var dev volume.Device = v
+		if e.RecordTrace != "" {
+			rec, closeRec, err := openRecorder(e, log)
+			if err != nil {
+				return nil, nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+			}
+			closers = append(closers, closeRec)
+			dev = volume.Recording(v, rec, func(err error) {
+				log.Error("trace recording stopped", "export", e.Name, "file", e.RecordTrace, "err", err)
+			})
+		}
+		devs = append(devs, dev)
 		log.Info("export", "name", e.Name, "backend", e.Backend, "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
-	return vols, closeAll, nil
+	return vols, devs, closeAll, nil
+}
+
+// recordFlushInterval bounds what a crash of the daemon loses of a recorded trace.
+const recordFlushInterval = time.Second
+
+// openRecorder creates the export's trace file. An existing file is refused, never overwritten:
+// it may be a trace the user wants to keep.
+func openRecorder(e config.Export, log *slog.Logger) (*trace.FioLogWriter, func() error, error) {
+	f, err := os.OpenFile(e.RecordTrace, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, nil, fmt.Errorf("record_trace: %s exists; remove it or name a new file", e.RecordTrace)
+		}
+		return nil, nil, fmt.Errorf("record_trace: %w", err)
+	}
+	name := e.Name
+	if name == "" || strings.ContainsAny(name, " \t\r\n") || len(name) > 256 {
+		name = "tierblk"
+	}
+	w, err := trace.NewFioLogWriter(f, name)
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(recordFlushInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				if err := w.Flush(); err != nil {
+					log.Error("trace recording", "file", e.RecordTrace, "err", err)
+				}
+			}
+		}
+	}()
+	log.Info("recording requests", "export", e.Name, "file", e.RecordTrace, "format", "fio iolog v3")
+	return w, func() error {
+		close(stop)
+		<-done
+		return errors.Join(w.Close(), f.Close())
+	}, nil
 }
 
 func listenAll(addrs []string) ([]net.Listener, error) {

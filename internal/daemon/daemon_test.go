@@ -1,0 +1,205 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/trace"
+	"github.com/tierblk/tierblk/pkg/backend/registry"
+)
+
+type running struct {
+	addrs []string
+	stop  func() error
+}
+
+// start runs the daemon in the background until stop is called; stop returns Run's error.
+func start(t *testing.T, cfg config.Config) running {
+	t.Helper()
+	require.NoError(t, cfg.Validate(registry.Default().Schemes()))
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan []string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), func(a []string) { ready <- a })
+	}()
+	select {
+	case a := <-ready:
+		stopped := false
+		stop := func() error {
+			if stopped {
+				return nil
+			}
+			stopped = true
+			cancel()
+			return <-done
+		}
+		t.Cleanup(func() { stop() })
+		return running{addrs: a, stop: stop}
+	case err := <-done:
+		cancel()
+		t.Fatalf("daemon did not start: %v", err)
+	}
+	return running{}
+}
+
+func dial(t *testing.T, sock, export string) *nbd.Client {
+	t.Helper()
+	c, err := nbd.Dial(context.Background(), nbd.ClientConfig{Network: "unix", Address: sock, Export: export})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestServeWriteStopFlushes(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.img")
+	sock := filepath.Join(dir, "sub", "t.sock") // the socket's directory is created
+	cfg := config.Defaults()
+	cfg.Exports = []config.Export{
+		{Name: "disk", Backend: "file://" + img + "?size=8MiB"},
+		{Name: "ram", Backend: "mem://1MiB", ReadOnly: true},
+	}
+	cfg.Listen = []string{"unix:" + sock, "127.0.0.1:0"}
+	d := start(t, cfg)
+	require.Len(t, d.addrs, 2)
+
+	c := dial(t, sock, "disk")
+	require.EqualValues(t, 8<<20, c.Size())
+	data := bytes.Repeat([]byte("tierblk!"), 512)
+	_, err := c.WriteAt(data, 4096)
+	require.NoError(t, err)
+
+	// The default export is the first; the second is read-only.
+	def := dial(t, sock, "")
+	require.EqualValues(t, 8<<20, def.Size())
+	ro := dial(t, sock, "ram")
+	require.True(t, ro.ReadOnly())
+
+	// Over TCP too.
+	tc, err := nbd.Dial(context.Background(), nbd.ClientConfig{Network: "tcp", Address: d.addrs[1], Export: "disk"})
+	require.NoError(t, err)
+	got := make([]byte, len(data))
+	_, err = tc.ReadAt(got, 4096)
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+	tc.Close()
+
+	c.Close()
+	def.Close()
+	ro.Close()
+	require.NoError(t, d.stop())
+	_, err = os.Stat(sock)
+	require.ErrorIs(t, err, os.ErrNotExist, "a clean stop removes the socket")
+	onDisk, err := os.ReadFile(img)
+	require.NoError(t, err)
+	require.Equal(t, data, onDisk[4096:4096+len(data)])
+}
+
+func TestRecordTrace(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "t.sock")
+	rec := filepath.Join(dir, "live.iolog")
+	cfg := config.Defaults()
+	cfg.Exports = []config.Export{{Name: "disk", Backend: "mem://4MiB", RecordTrace: rec}}
+	cfg.Listen = []string{"unix:" + sock}
+	d := start(t, cfg)
+	c := dial(t, sock, "")
+	buf := make([]byte, 8192)
+	_, err := c.WriteAt(buf, 65536)
+	require.NoError(t, err)
+	_, err = c.ReadAt(buf[:4096], 0)
+	require.NoError(t, err)
+	require.NoError(t, c.Trim(1<<20, 1<<20))
+	c.Close()
+	require.NoError(t, d.stop())
+
+	r, err := trace.Open(rec, "auto")
+	require.NoError(t, err)
+	defer r.Close()
+	var got []trace.Request
+	for {
+		q, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		got = append(got, q)
+	}
+	require.Len(t, got, 3)
+	require.Equal(t, [3]any{trace.OpWrite, int64(65536), int64(8192)}, [3]any{got[0].Op, got[0].Offset, got[0].Length})
+	require.Equal(t, [3]any{trace.OpRead, int64(0), int64(4096)}, [3]any{got[1].Op, got[1].Offset, got[1].Length})
+	require.Equal(t, [3]any{trace.OpOther, int64(1 << 20), int64(1 << 20)}, [3]any{got[2].Op, got[2].Offset, got[2].Length})
+
+	// A second daemon refuses to overwrite the recording.
+	cfg.Listen = []string{"unix:" + filepath.Join(dir, "u.sock")}
+	err = Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	require.ErrorContains(t, err, "exists")
+}
+
+func TestSocketPaths(t *testing.T) {
+	dir := t.TempDir()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	runOnce := func(listen string) error {
+		cfg := config.Defaults()
+		cfg.Exports = []config.Export{{Backend: "mem://1MiB"}}
+		cfg.Listen = []string{listen}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel() // stop as soon as it is serving
+		return Run(ctx, cfg, registry.Default(), quiet, nil)
+	}
+
+	// A stale socket left by a killed daemon is replaced.
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.Listen("unix", stale)
+	require.NoError(t, err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	require.NoError(t, runOnce("unix:"+stale))
+
+	// A live one is not.
+	live := filepath.Join(dir, "live.sock")
+	l, err = net.Listen("unix", live)
+	require.NoError(t, err)
+	defer l.Close()
+	require.ErrorContains(t, runOnce("unix:"+live), "in use")
+
+	// Nor is a regular file.
+	file := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(file, []byte("keep me"), 0o644))
+	require.ErrorContains(t, runOnce("unix:"+file), "not a socket")
+	b, _ := os.ReadFile(file)
+	require.Equal(t, "keep me", string(b))
+}
+
+func TestBackendFailureClosesOthers(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "a.img")
+	cfg := config.Defaults()
+	cfg.Exports = []config.Export{
+		{Name: "a", Backend: "file://" + img + "?size=1MiB"},
+		{Name: "b", Backend: "file://" + filepath.Join(dir, "missing.img")},
+	}
+	cfg.Listen = []string{"unix:" + filepath.Join(dir, "t.sock")}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	require.ErrorContains(t, err, `exports[1] ("b")`)
+	// The first file was closed (its lock released): it opens again.
+	cfg.Exports = cfg.Exports[:1]
+	cancelled, stop := context.WithCancel(context.Background())
+	stop()
+	require.NoError(t, Run(cancelled, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil))
+}
