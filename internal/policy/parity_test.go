@@ -30,6 +30,8 @@ type parityTrace struct {
 	// pageSize is 0 for one key per request, else the size of the pages each request is split into.
 	pageSize int64
 	sizes    []int
+	// long traces are skipped under -short (the whole table takes about 25 s with -race on 2 cores).
+	long bool
 	// want holds the miss ratio of each policy at each size of sizes.
 	want map[string][]float64
 }
@@ -55,6 +57,7 @@ var parityTraces = []parityTrace{
 		format:   "arc",
 		pageSize: 512,
 		sizes:    []int{1868, 18688},
+		long:     true,
 		want: map[string][]float64{
 			"fifo":   {0.6341, 0.3666},
 			"lru":    {0.5837, 0.3348},
@@ -81,6 +84,9 @@ func parityTolerance(policy string) float64 {
 func TestParityWithLibCacheSim(t *testing.T) {
 	for _, tr := range parityTraces {
 		t.Run(tr.file, func(t *testing.T) {
+			if tr.long && testing.Short() {
+				t.Skip("long trace skipped with -short")
+			}
 			keys := loadTrace(t, tr)
 			for _, name := range sortedKeys(tr.want) {
 				t.Run(name, func(t *testing.T) {
