@@ -108,6 +108,7 @@ func TestQemuIOPatterns(t *testing.T) {
 				fmt.Sprintf("write -P 0x11 %d 10", 2<<20+100),
 				fmt.Sprintf("read -P 0x11 %d 10", 2<<20+100),
 				"read -P 0 2M 100",
+				fmt.Sprintf("read -P 0 %d %d", 2<<20+110, 4096-110),
 				// The last block of the device.
 				fmt.Sprintf("write -P 0x77 %d 4k", 64<<20-4096),
 				fmt.Sprintf("read -P 0x77 %d 4k", 64<<20-4096),
