@@ -37,7 +37,7 @@ type LIRS struct {
 // lirsMeta is the state of a key in S. Keys in Q are always resident and HIR.
 type lirsMeta struct {
 	lir      bool
-	resident bool // for an HIR key: cached (and in Q), not only remembered
+	resident bool // cached: true for LIR keys, and for HIR keys in Q
 }
 
 // lirsHIRRatio is libCacheSim's share of the capacity for resident HIR keys.
@@ -57,37 +57,38 @@ func NewLIRS(cfg Config) Eviction {
 	return p
 }
 
-// Get reports whether k is cached. Like libCacheSim's lookup, it moves k to the top of S and of Q
-// whether or not it hits.
+// Get reports whether k is cached. Like libCacheSim's lookup, it moves k to the top of S whether
+// or not it hits. (libCacheSim also moves a resident HIR key to Q's head before taking it out of Q;
+// only a key that stays in Q needs that.)
 func (p *LIRS) Get(k Key) bool {
-	si, inS := p.s.lookup(k)
-	if inS {
+	if si, inS := p.s.lookup(k); inS {
 		p.s.moveToFront(&p.sl, si)
-	}
-	qi, inQ := p.q.lookup(k)
-	if inQ {
-		p.q.moveToFront(&p.ql, qi)
-	}
-	switch {
-	case inS && p.s.at(si).meta.lir:
-		p.prune()
-	case inS && inQ:
-		// A resident HIR key in S: its reuse distance is short, it becomes LIR.
-		p.q.remove(&p.ql, qi)
-		for p.lirCount >= p.lirLimit {
-			p.demoteLIR()
+		m := p.s.at(si).meta
+		switch {
+		case m.lir:
+			p.prune()
+		case m.resident:
+			// A resident HIR key in S (and so in Q): its reuse distance is short, it becomes LIR.
+			qi, _ := p.q.lookup(k)
+			p.q.remove(&p.ql, qi)
+			for p.lirCount >= p.lirLimit {
+				p.demoteLIR()
+			}
+			p.s.at(si).meta.lir = true
+			p.lirCount++
+		default:
+			return false // non-resident
 		}
-		p.s.at(si).meta.lir = true
-		p.lirCount++
-	case inQ:
+	} else if qi, inQ := p.q.lookup(k); inQ {
 		// libCacheSim demotes an LIR key here although k stays HIR (see LIRS).
+		p.q.moveToFront(&p.ql, qi)
 		for p.lirCount >= p.lirLimit {
 			p.demoteLIR()
 		}
 		i := p.s.alloc(k)
 		p.s.at(i).meta = lirsMeta{resident: true}
 		p.s.pushFront(&p.sl, i)
-	default:
+	} else {
 		return false
 	}
 	p.limitStack()
@@ -96,25 +97,11 @@ func (p *LIRS) Get(k Key) bool {
 
 // Insert caches k: as LIR if S remembers it or the LIR set has room, else as resident HIR in Q.
 func (p *LIRS) Insert(k Key) {
-	if _, inQ := p.q.lookup(k); inQ {
-		return
-	}
 	si, inS := p.s.lookup(k)
 	switch {
-	case !inS:
-		p.makeRoom()
-		i := p.s.alloc(k)
-		p.s.pushFront(&p.sl, i)
-		if p.lirCount < p.lirLimit {
-			p.s.at(i).meta = lirsMeta{lir: true, resident: true}
-			p.lirCount++
-		} else {
-			p.s.at(i).meta = lirsMeta{resident: true}
-			p.q.pushFront(&p.ql, p.q.alloc(k))
-		}
-	case p.s.at(si).meta.lir:
-		return
-	default:
+	case inS && p.s.at(si).meta.resident:
+		return // cached: LIR, or HIR in Q
+	case inS:
 		// S remembers the non-resident k: it becomes LIR. Get has put it on top of S already;
 		// doing it again keeps an Insert without Get right.
 		p.s.moveToFront(&p.sl, si)
@@ -125,6 +112,20 @@ func (p *LIRS) Insert(k Key) {
 		p.makeRoom()
 		p.s.at(si).meta = lirsMeta{lir: true, resident: true}
 		p.lirCount++
+	default:
+		if _, inQ := p.q.lookup(k); inQ {
+			return
+		}
+		p.makeRoom()
+		i := p.s.alloc(k)
+		p.s.pushFront(&p.sl, i)
+		if p.lirCount < p.lirLimit {
+			p.s.at(i).meta = lirsMeta{lir: true, resident: true}
+			p.lirCount++
+		} else {
+			p.s.at(i).meta = lirsMeta{resident: true}
+			p.q.pushFront(&p.ql, p.q.alloc(k))
+		}
 	}
 	p.limitStack()
 }
