@@ -189,7 +189,7 @@ func TestFioVerify(t *testing.T) {
 					report := filepath.Join(t.TempDir(), "fio.json")
 					out := mustRunTool(t, "fio", "--name=verify", "--ioengine=nbd", "--uri="+tr.uri(d, ""),
 						"--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32", fmt.Sprintf("--numjobs=%d", jobs),
-						"--size=8m", "--offset_increment=8m", "--verify=crc32c", "--verify_fatal=1",
+						"--size=8m", "--offset_increment=8m", "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
 						"--output-format=json", "--output="+report)
 					js, err := os.ReadFile(report)
 					require.NoError(t, err)
