@@ -34,7 +34,7 @@ func NewARC(cfg Config) Eviction {
 	return p
 }
 
-func (p *ARC) list(where uint8) *list {
+func (p *ARC) queue(where uint8) *list {
 	switch where {
 	case arcT1:
 		return &p.t1
@@ -131,7 +131,7 @@ func (p *ARC) replace(inB2 bool) {
 	p.a.unlink(from, i)
 	n := p.a.at(i)
 	n.meta = where
-	p.a.pushFront(p.list(where), i)
+	p.a.pushFront(p.queue(where), i)
 	p.evicted(n.key)
 }
 
@@ -142,7 +142,7 @@ func (p *ARC) Remove(k Key) bool {
 		return false
 	}
 	where := p.a.at(i).meta
-	p.a.remove(p.list(where), i)
+	p.a.remove(p.queue(where), i)
 	return where == arcT1 || where == arcT2
 }
 

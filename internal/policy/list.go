@@ -227,6 +227,7 @@ type base struct {
 	onEvict  func(Key)
 }
 
+// newBase takes a capacity below 1 (which NewEviction refuses) as 1.
 func newBase(cfg Config) base { return base{capacity: max(cfg.Capacity, 1), onEvict: cfg.OnEvict} }
 
 // Capacity is the most keys the policy holds.
