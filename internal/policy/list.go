@@ -30,7 +30,7 @@ type arena[M any] struct {
 
 // arenaHintMax bounds the up-front allocation, so building a policy for a huge capacity that a short
 // trace never fills stays cheap; beyond it, the slice and the map grow as entries arrive.
-const arenaHintMax = 1 << 20
+const arenaHintMax = 1 << 16
 
 func newArena[M any](hint int) arena[M] {
 	hint = min(hint, arenaHintMax)
