@@ -4,7 +4,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -120,25 +119,14 @@ func missRatio(t testing.TB, name string, size int, keys []Key) float64 {
 	return float64(misses) / float64(len(keys))
 }
 
-var (
-	traceCacheMu sync.Mutex
-	traceCache   = map[string][]Key{}
-)
-
-// loadTrace reads a parity trace once per test binary, or skips when the shared traces are absent.
+// loadTrace reads a parity trace, or skips when the shared traces are absent.
 func loadTrace(t testing.TB, tr parityTrace) []Key {
-	traceCacheMu.Lock()
-	defer traceCacheMu.Unlock()
-	if keys, ok := traceCache[tr.file]; ok {
-		return keys
-	}
 	path := filepath.Join(tracesDir(), tr.file)
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("shared trace absent (%v); set TIERBLK_TRACES to the traces directory", err)
 	}
 	keys, err := loadKeys(path, tr.format, tr.pageSize)
 	require.NoError(t, err)
-	traceCache[tr.file] = keys
 	return keys
 }
 
