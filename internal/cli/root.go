@@ -51,6 +51,14 @@ Quick start:
   nbdinfo 'nbd+unix:///?socket=/run/tierblk.sock'`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// Without this, cobra reports an unknown command as a plain error (exit 1), not a usage error.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unknown command %q; see 'tierblk --help'", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}

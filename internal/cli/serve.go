@@ -10,6 +10,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/daemon"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
 
@@ -117,7 +118,19 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
-	return daemon.Run(ctx, cfg, reg, log, o.ready)
+	err = daemon.Run(ctx, cfg, reg, log, o.ready)
+	if err == nil {
+		return nil
+	}
+	bad := errors.Is(err, backend.ErrBadURL)
+	if o.configFile == "" {
+		// Without a config file the user typed flags: name those.
+		err = errors.New(flagNames(err.Error()))
+	}
+	if bad {
+		return &UsageError{Err: err}
+	}
+	return err
 }
 
 // fieldToFlag renames config fields to the flags that set them, for errors about a command line.
@@ -126,6 +139,7 @@ var fieldToFlag = []struct {
 	flag string
 }{
 	{regexp.MustCompile(`exports\[0\]\.backend`), "--backend"},
+	{regexp.MustCompile(`exports\[0\] \("[^"]*"\)`), "--backend"},
 	{regexp.MustCompile(`exports\[0\]\.name`), "--export"},
 	{regexp.MustCompile(`exports\[0\]\.record_trace`), "--record-trace"},
 	{regexp.MustCompile(`listen\[\d+\]`), "--nbd"},

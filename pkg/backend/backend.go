@@ -66,6 +66,19 @@ var (
 	ErrClosed       = errors.New("backend: closed")
 )
 
+// ErrBadURL marks a mistake in a backend URL itself (syntax, an unknown parameter, a bad size, a
+// missing file with no size to create it), as opposed to a failure to open what it names. The
+// command line turns it into a usage error.
+var ErrBadURL = errors.New("bad backend URL")
+
+// BadURL marks err as a mistake in the URL; its message is unchanged.
+func BadURL(err error) error { return badURL{err} }
+
+type badURL struct{ err error }
+
+func (b badURL) Error() string   { return b.err.Error() }
+func (b badURL) Unwrap() []error { return []error{b.err, ErrBadURL} }
+
 // IsRetryable reports whether err may succeed when the same call is tried again.
 func IsRetryable(err error) bool {
 	if err == nil {

@@ -120,7 +120,7 @@ type File struct {
 func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	c, err := parseURL(u)
 	if err != nil {
-		return nil, err
+		return nil, backend.BadURL(err)
 	}
 	return open(c, opts.ReadOnly)
 }
@@ -176,8 +176,8 @@ func open(c config, readOnly bool) (*File, error) {
 func checkCreate(c config, readOnly bool) error {
 	switch {
 	case c.size == 0:
-		return fmt.Errorf("%s does not exist; add ?size=SIZE to create it (for example file://%s?size=1GiB)",
-			c.path, c.path)
+		return backend.BadURL(fmt.Errorf("%s does not exist; add ?size=SIZE to create it (for example file://%s?size=1GiB)",
+			c.path, c.path))
 	case readOnly:
 		return fmt.Errorf("%s does not exist, and a read-only backend does not create it", c.path)
 	case c.direct && c.size%dioAlign != 0:

@@ -65,7 +65,7 @@ var validParams = []string{"size"}
 func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	size, err := parseURL(u)
 	if err != nil {
-		return nil, err
+		return nil, backend.BadURL(err)
 	}
 	m := New(size)
 	m.readOnly = opts.ReadOnly

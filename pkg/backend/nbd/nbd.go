@@ -113,7 +113,7 @@ func Config(u *url.URL) (nbd.ClientConfig, error) {
 func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	cfg, err := Config(u)
 	if err != nil {
-		return nil, err
+		return nil, backend.BadURL(err)
 	}
 	c, err := nbd.Dial(context.Background(), cfg)
 	if err != nil {
