@@ -91,10 +91,10 @@ func (s *SeqCutoff) Admit(a Access) bool {
 			return s.admit[i]
 		}
 	}
-	victim := 0
+	victim, oldest := 0, s.used[0]
 	for i, u := range s.used {
-		if u < s.used[victim] {
-			victim = i
+		if u < oldest {
+			victim, oldest = i, u
 		}
 	}
 	s.start[victim], s.end[victim], s.length[victim] = a.Offset, end, a.Length
