@@ -17,7 +17,7 @@ import (
 
 // bufSize is the read buffer of every reader: large, so a text line or a binary record is almost
 // always parsed in place, and the bound on a text line's length.
-const bufSize = 1 << 20
+const bufSize = 256 << 10
 
 // detectSize is how much of the (decompressed) start of a file auto-detection looks at.
 const detectSize = 64 << 10

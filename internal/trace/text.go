@@ -23,6 +23,7 @@ type textReader struct {
 	format string
 	p      lineParser
 	line   int64
+	req    Request
 }
 
 func (t *textReader) Next() (Request, error) {
@@ -41,13 +42,13 @@ func (t *textReader) Next() (Request, error) {
 		}
 		t.line++
 		line = trimEOL(line)
-		var r Request
-		ok, err := t.p.parseLine(line, &r)
+		// t.req, not a local: a pointer passed through the interface would escape to the heap.
+		ok, err := t.p.parseLine(line, &t.req)
 		if err != nil {
 			return Request{}, t.fail(t.line, err)
 		}
 		if ok {
-			return r, nil
+			return t.req, nil
 		}
 	}
 }

@@ -83,11 +83,11 @@ type vscsiReader struct {
 }
 
 func newVscsiReader(in *input) (Reader, error) {
-	head, err := in.br.Peek(16 * vscsiV2Size)
+	head, err := in.br.Peek(vscsiV2Size)
 	if err != nil && err != io.EOF {
 		return nil, &Error{File: in.name, Format: "vscsi", Err: err}
 	}
-	v := vscsiLayout(head, 1, 16)
+	v := vscsiLayout(head, 1, 1) // later records are checked one by one, with their number
 	if v == 0 {
 		if len(head) == 0 {
 			return nil, &Error{File: in.name, Format: "vscsi", Err: errors.New("empty file")}
