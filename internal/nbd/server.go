@@ -29,10 +29,10 @@ type ServerConfig struct {
 
 const (
 	defaultMaxInFlight = 64
-	// handshakeTimeout bounds every read and write of the handshake, so that a silent client
-	// cannot hold a goroutine forever. Idle connections in transmission are legitimate and have
-	// no deadline.
-	handshakeTimeout = 30 * time.Second
+	// defaultHandshakeTimeout bounds every read and write of the handshake, so that a silent
+	// client cannot hold a goroutine forever. Idle connections in transmission are legitimate and
+	// have no deadline.
+	defaultHandshakeTimeout = 30 * time.Second
 	// maxPayload is the hard cap on a request's payload, whatever the device advertises: a
 	// WRITE declaring more is not trusted to be followed by its data, and the connection is
 	// closed; the advertised maximum block size is clamped to it.
@@ -49,6 +49,8 @@ type Server struct {
 	byName      map[string]*Export // includes "" for the default export
 	log         *slog.Logger
 	maxInFlight int
+	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
+	handshakeTimeout time.Duration
 
 	mu        sync.Mutex
 	closing   bool
@@ -70,8 +72,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		byName:      map[string]*Export{},
 		log:         cfg.Logger,
 		maxInFlight: cfg.MaxInFlight,
-		listeners:   map[net.Listener]struct{}{},
-		conns:       map[*conn]struct{}{},
+
+		handshakeTimeout: defaultHandshakeTimeout,
+		listeners:        map[net.Listener]struct{}{},
+		conns:            map[*conn]struct{}{},
 	}
 	if s.log == nil {
 		s.log = slog.Default()

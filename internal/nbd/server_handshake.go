@@ -14,7 +14,7 @@ import (
 // handshake runs the fixed newstyle negotiation. It returns true when the client chose an export
 // (c.export and the transmission parameters are set), false when the client aborted.
 func (c *conn) handshake() (bool, error) {
-	if err := c.setDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+	if err := c.setDeadline(time.Now().Add(c.s.handshakeTimeout)); err != nil {
 		return false, err
 	}
 	var b [18]byte
@@ -51,7 +51,7 @@ func (c *conn) handshake() (bool, error) {
 
 // readOption reads one option header and its data.
 func (c *conn) readOption() (opt uint32, data []byte, err error) {
-	if err := c.setDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+	if err := c.setDeadline(time.Now().Add(c.s.handshakeTimeout)); err != nil {
 		return 0, nil, err
 	}
 	var h [optionHeaderSize]byte
@@ -76,7 +76,7 @@ func (c *conn) readOption() (opt uint32, data []byte, err error) {
 func (c *conn) handshakeReadErr(err error) error {
 	err = c.readErr(err)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return protocolErrorf("client silent for %v during the handshake", handshakeTimeout)
+		return protocolErrorf("client silent for %v during the handshake", c.s.handshakeTimeout)
 	}
 	return err
 }

@@ -131,6 +131,10 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
 type testServer struct {
 	s    *Server
 	sock string // unix socket
@@ -142,10 +146,16 @@ type testServer struct {
 func startServer(t *testing.T, cfg ServerConfig) *testServer {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		cfg.Logger = testLogger(t)
 	}
 	s, err := NewServer(cfg)
 	require.NoError(t, err)
+	return serve(t, s)
+}
+
+// serve serves s until the test ends.
+func serve(t *testing.T, s *Server) *testServer {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
 	ul, err := net.Listen("unix", sock)
 	require.NoError(t, err)
@@ -709,6 +719,42 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	ts.waitIdle(t)
+}
+
+func TestSilentClientTimesOut(t *testing.T) {
+	dev, _ := newVolume(4096, 0, volume.Options{})
+	s, err := NewServer(ServerConfig{Exports: []Export{{Device: dev}}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	s.handshakeTimeout = 50 * time.Millisecond
+	ts := serve(t, s)
+	for _, tc := range []struct {
+		name string
+		run  func(*rawClient)
+	}{
+		{"before the client flags", func(c *rawClient) { c.recv(18) }},
+		{"between options", func(c *rawClient) {
+			c.greet()
+			c.option(optList, nil)
+			for typ := uint32(0); typ != repAck; typ, _ = c.optReply(optList) {
+			}
+		}},
+		{"inside an option", func(c *rawClient) {
+			c.greet()
+			c.send([]byte("IHAVEOPT"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialRaw(t, "unix", ts.sock)
+			tc.run(c)
+			c.expectClosed()
+		})
+	}
+	// Once in transmission, an idle client is left alone.
+	c := dialRaw(t, "unix", ts.sock)
+	c.connect("", false)
+	time.Sleep(4 * s.handshakeTimeout)
+	c.request(request{typ: cmdFlush, cookie: 1}, nil)
+	require.Equal(t, reply{cookie: 1}, c.reply())
 }
 
 // TestRepliesOutOfOrder: a read stuck in the device does not hold back the others on the same
