@@ -14,7 +14,7 @@ const CSVSpecHelp = `csv:SPEC reads delimited text, one request a line; SPEC is 
   header=true       skip the first line
   sep=C             the separator: a character, or comma, tab, semicolon, space (any run of blanks);
                     default comma ("sep=," works as the last item)
-Offset and size are in bytes; op is r/read, w/write, trim/discard/flush/sync/other (any case) or a
+Time, offset and size are integers (no decimals), offset and size in bytes; op is r/read, w/write, trim/discard/flush/sync/other (any case) or a
 SCSI opcode in hex (28, 2a, 0x88 ...); without op every request is a read, without size every
 request is one sector long. ID is the lbn when lbn is given, the offset otherwise. Example: csv:time=2,op=3,size=4,lbn=5,header=true`
 

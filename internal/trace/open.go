@@ -254,7 +254,7 @@ func isText(head []byte) bool {
 	return true
 }
 
-// sampleLines returns up to 16 complete non-blank lines of head (the last, possibly cut, line of
+// sampleLines returns up to 256 complete non-blank lines of head (the last, possibly cut, line of
 // a full buffer is left out).
 func sampleLines(head []byte) [][]byte {
 	if len(head) >= detectSize {
@@ -263,7 +263,7 @@ func sampleLines(head []byte) [][]byte {
 		}
 	}
 	var out [][]byte
-	for len(head) > 0 && len(out) < 16 {
+	for len(head) > 0 && len(out) < 256 {
 		line := head
 		if i := bytes.IndexByte(head, '\n'); i >= 0 {
 			line, head = head[:i], head[i+1:]

@@ -1,6 +1,11 @@
 // Package trace reads block I/O traces (vscsi, oracleGeneral, ARC, MSR Cambridge, blkparse, fio
 // iolog, CSV) into one Request stream, transparently decompressing .gz, .zst and .xz files.
 //
+// Open picks a reader by format name or, with "auto", by the file's content; Formats lists the
+// names. Readers parse in place in a large read buffer and allocate nothing per request, so a
+// simulation is never waiting on them. FioLogWriter records live I/O in a format that both fio
+// and this package replay; WriteOracleGeneral writes libCacheSim's binary format.
+//
 // A reader must never guess silently: a truncated or foreign file is an error that names the file,
 // the record number and the format.
 package trace
