@@ -66,11 +66,7 @@ func (p *blkparseParser) parseLine(line []byte, r *Request) (bool, error) {
 			return false, errNotBlkparse
 		}
 	}
-	f, rest = wsField(rest)
-	ns, err := parseSeconds(f)
-	if err != nil {
-		return false, err
-	}
+	timeField, rest := wsField(rest)
 	if f, rest = wsField(rest); !isDigits(f) {
 		return false, errNotBlkparse
 	}
@@ -80,7 +76,11 @@ func (p *blkparseParser) parseLine(line []byte, r *Request) (bool, error) {
 		return false, errNotBlkparse
 	}
 	if string(act) != p.action {
-		return false, nil
+		return false, nil // its time is not parsed: most lines are other actions
+	}
+	ns, err := parseSeconds(timeField)
+	if err != nil {
+		return false, err
 	}
 	op := OpOther
 	switch {
