@@ -48,8 +48,10 @@ unit: deps-go
 integration: deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) -v ./integration/...
 
+# CACHESIM=/path/to/cachesim (libCacheSim, built outside this project) adds the comparison with it.
 bench: deps build
-	$(BIN) bench
+	$(BIN) bench nbd
+	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi

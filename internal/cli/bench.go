@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tierblk/tierblk/internal/bench"
+	"github.com/tierblk/tierblk/internal/policy"
 )
 
 type benchOpts struct {
@@ -22,9 +23,25 @@ type benchOpts struct {
 }
 
 func newBenchCmd() *cobra.Command {
-	o := benchOpts{}
 	cmd := &cobra.Command{
 		Use:   "bench",
+		Short: "Benchmarks: 'bench nbd' (fio against nbdkit), 'bench sim' (the simulator's speed)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return usageErrorf("unknown benchmark %q; use 'tierblk bench nbd' or 'tierblk bench sim'", args[0])
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	cmd.AddCommand(newBenchNBDCmd(), newBenchSimCmd())
+	return cmd
+}
+
+func newBenchNBDCmd() *cobra.Command {
+	o := benchOpts{}
+	cmd := &cobra.Command{
+		Use:   "nbd",
 		Short: "Measure tierblk against nbdkit with fio (needs fio and nbdkit)",
 		Long: `Runs fio's nbd engine against 'tierblk serve --backend mem://1GiB' and 'nbdkit memory 1G'
 in the same run, alternating between them each round, and prints the median of each row and the
@@ -74,5 +91,88 @@ func runBench(ctx context.Context, o benchOpts) error {
 	}
 	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, unix socket, %s of a 1 GiB RAM disk, median of %d runs of %s:\n\n%s",
 		o.size, o.rounds, o.runtime, bench.Table(res, targets))
+	return nil
+}
+
+type benchSimOpts struct {
+	policies string
+	fraction float64
+	rounds   int
+	cachesim string
+	work     string
+	seed     uint64
+	out      io.Writer
+	log      io.Writer
+}
+
+func newBenchSimCmd() *cobra.Command {
+	o := benchSimOpts{}
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Measure the simulator's requests per second per policy, optionally against libCacheSim's cachesim",
+		Long: `Generates (once, cached in --work) a 5-million-request oracleGeneral trace: Zipf (alpha 0.9)
+over a million objects, with 10 % of the requests in sequential scans. Then, for every policy, replays
+it single-threaded with one cache of --fraction of the distinct objects, through the code path of
+'tierblk sim', and prints the median requests per second of the replay and end to end (including
+reading the trace). With --cachesim, runs libCacheSim's cachesim on the same trace, policy and size
+in the same rounds and prints the ratios tierblk/cachesim (above 1: tierblk is faster) and both
+miss ratios.`,
+		Example: `  tierblk bench sim
+  tierblk bench sim --policy lru,s3fifo --cachesim /tmp/libcachesim/_build/bin/cachesim --work /tmp/simbench`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return runBenchSim(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.policies, "policy", "lru,fifo,clock,arc,2q,s3fifo,sieve,lirs,wtinylfu", "comma-separated eviction policies, or 'all'")
+	f.Float64Var(&o.fraction, "fraction", 0.1, "cache size as a fraction of the trace's distinct objects")
+	f.IntVar(&o.rounds, "rounds", 3, "measurements per policy (the median is reported)")
+	f.StringVar(&o.cachesim, "cachesim", "", "libCacheSim's cachesim binary to compare with (not built by this project)")
+	f.StringVar(&o.work, "work", "", "directory that keeps the generated trace between runs (default: a temporary directory)")
+	f.Uint64Var(&o.seed, "seed", 1, "seed of the generated trace")
+	return cmd
+}
+
+func runBenchSim(ctx context.Context, o benchSimOpts) error {
+	if o.rounds < 1 || o.fraction <= 0 || o.fraction >= 1 {
+		return usageErrorf("--rounds must be at least 1 and --fraction between 0 and 1")
+	}
+	names := splitList(o.policies)
+	if len(names) == 1 && names[0] == "all" {
+		names = policy.EvictionNames()
+	}
+	for _, n := range names {
+		if _, err := policy.NewEviction(n, policy.Config{Capacity: 1}); err != nil {
+			return usageErrorf("--policy: %v", err)
+		}
+	}
+	dir := o.work
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "tierblk-bench-sim")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		dir = tmp
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	t := bench.DefaultSimTrace()
+	t.Seed = o.seed
+	path, err := bench.EnsureSimTrace(dir, t, o.log)
+	if err != nil {
+		return err
+	}
+	res, err := bench.RunSim(ctx, bench.SimOptions{
+		TracePath: path, Policies: names, Fraction: o.fraction, Rounds: o.rounds, Cachesim: o.cachesim, WorkDir: dir, Log: o.log,
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.out, "\nsimulator, one policy and one size (%g of the distinct objects), single-threaded, %d requests "+
+		"(Zipf %g over %d objects, %g of requests in scans), median of %d runs, millions of requests per second:\n\n%s",
+		o.fraction, t.Requests, t.Alpha, t.Objects, t.ScanShare, o.rounds, bench.SimTable(res))
 	return nil
 }
