@@ -1,16 +1,19 @@
 package nbd
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -215,7 +218,8 @@ func TestClientPeers(t *testing.T) {
 	}
 }
 
-// TestClientQemuNbd checks the client against a second server implementation.
+// TestClientQemuNbd checks the client against a second server implementation, one that answers
+// reads of unallocated ranges with NBD_REPLY_TYPE_OFFSET_HOLE chunks.
 func TestClientQemuNbd(t *testing.T) {
 	clientNeed(t, "qemu-nbd")
 	dir := t.TempDir()
@@ -628,4 +632,106 @@ func TestClientAgainstServer(t *testing.T) {
 	cfg.Export = "missing"
 	_, err = Dial(context.Background(), cfg)
 	require.ErrorIs(t, err, ErrExportNotFound)
+}
+
+// clientOptReply encodes an option reply as a server sends it.
+func clientOptReply(opt, typ uint32, data []byte) []byte {
+	b := make([]byte, optionReplyHeaderSize, optionReplyHeaderSize+len(data))
+	putOptionReplyHeader(b, opt, typ, uint32(len(data)))
+	return append(b, data...)
+}
+
+// FuzzClientHandshake feeds arbitrary server bytes to the handshake: it must return, without
+// panicking, and only with sane export details.
+func FuzzClientHandshake(f *testing.F) {
+	greeting := binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, magicNBD), magicIHaveOpt)
+	greeting = binary.BigEndian.AppendUint16(greeting, flagFixedNewstyle|flagNoZeroes)
+	export := binary.BigEndian.AppendUint16(nil, infoExport)
+	export = binary.BigEndian.AppendUint64(export, 1<<20)
+	export = binary.BigEndian.AppendUint16(export, tflagHasFlags|tflagSendFlush)
+	sizes := binary.BigEndian.AppendUint16(nil, infoBlockSize)
+	for _, v := range []uint32{512, 4096, 1 << 20} {
+		sizes = binary.BigEndian.AppendUint32(sizes, v)
+	}
+	f.Add(slices.Concat(greeting, clientOptReply(optStructuredReply, repAck, nil),
+		clientOptReply(optGo, repInfo, export), clientOptReply(optGo, repInfo, sizes), clientOptReply(optGo, repAck, nil)))
+	f.Add(slices.Concat(greeting, clientOptReply(optStructuredReply, repErrUnsup, nil),
+		clientOptReply(optGo, repErrUnsup, nil), export[2:]))
+	f.Add(slices.Concat(greeting, clientOptReply(optStructuredReply, repAck, nil),
+		clientOptReply(optGo, repErrUnknown, []byte("no such export"))))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		a, b := net.Pipe()
+		go func() { _, _ = io.Copy(io.Discard, b) }()
+		go func() { _, _ = b.Write(in); b.Close() }()
+		s, err := clientHandshake(a, "disk")
+		a.Close()
+		if err != nil {
+			return
+		}
+		e := s.export
+		require.GreaterOrEqual(t, e.size, int64(0))
+		require.NotZero(t, e.minBlock)
+		require.Zero(t, e.minBlock&(e.minBlock-1), "minimum block size must be a power of two")
+		require.GreaterOrEqual(t, e.maxBlock, e.minBlock)
+	})
+}
+
+// FuzzClientReplies feeds arbitrary transmission-phase bytes to the reply reader with three
+// requests pending: it must end (the input runs out) without panicking or writing outside the
+// buffers, and finish each request at most once.
+func FuzzClientReplies(f *testing.F) {
+	simple := func(errno uint32, cookie uint64, data []byte) []byte {
+		b := make([]byte, simpleReplySize)
+		putSimpleReply(b, errno, cookie)
+		return append(b, data...)
+	}
+	chunk := func(flags, typ uint16, cookie uint64, payload []byte) []byte {
+		b := make([]byte, structReplySize)
+		putChunkHeader(b, chunkHeader{flags: flags, typ: typ, cookie: cookie, length: uint32(len(payload))})
+		return append(b, payload...)
+	}
+	offData := binary.BigEndian.AppendUint64(nil, 0)
+	offData = append(offData, make([]byte, 4096)...)
+	hole := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint64(nil, 8192), 100)
+	errChunk := append(binary.BigEndian.AppendUint16(binary.BigEndian.AppendUint32(nil, errIO), 3), "bad"...)
+	f.Add(false, slices.Concat(simple(0, 1, make([]byte, 4096)), simple(0, 2, nil), simple(errShutdown, 3, nil)))
+	f.Add(true, slices.Concat(chunk(0, replyTypeOffsetData, 1, offData), chunk(replyFlagDone, replyTypeNone, 1, nil),
+		chunk(replyFlagDone, replyTypeError, 2, errChunk), chunk(replyFlagDone, replyTypeOffsetHole, 3, hole)))
+	f.Fuzz(func(t *testing.T, structured bool, in []byte) {
+		c := &Client{log: slog.New(slog.DiscardHandler), export: clientExport{size: 1 << 20, minBlock: 1, maxBlock: 1 << 20}}
+		c.ctx, c.cancel = context.WithCancel(context.Background())
+		defer c.cancel()
+		cn := newClientConn(c, 0)
+		a, b := net.Pipe()
+		go func() { _, _ = io.Copy(io.Discard, b) }()
+		s := &clientSession{nc: a, br: bufio.NewReader(bytes.NewReader(in)), structured: structured}
+		var wg sync.WaitGroup
+		reqs := []*clientRequest{
+			{request: request{typ: cmdRead, cookie: 1, offset: 0, length: 4096}, buf: make([]byte, 4096)},
+			{request: request{typ: cmdWrite, cookie: 2, offset: 4096, length: 10}, buf: make([]byte, 10)},
+			{request: request{typ: cmdRead, cookie: 3, offset: 8192, length: 100}, buf: make([]byte, 100)},
+		}
+		for _, r := range reqs {
+			wg.Add(1)
+			r.wg = &wg
+			cn.pending[r.cookie] = r
+		}
+		cn.s = s
+		require.Error(t, cn.readReplies(s), "the input always runs out")
+		a.Close()
+		b.Close()
+		c.wg.Wait()
+		// Every request that left the pending set was finished once (twice would panic): finishing
+		// the rest completes the group.
+		for _, r := range cn.pending {
+			r.finish(nil)
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a request left the pending set without being finished")
+		}
+	})
 }
