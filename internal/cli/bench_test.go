@@ -1,0 +1,27 @@
+package cli
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "fio"},
+		{"bench", "sim", "--fraction", "1.5"},
+		{"bench", "sim", "--rounds", "0"},
+		{"bench", "sim", "--policy", "lru,nope"},
+		{"bench", "nbd", "--rounds", "0"},
+	} {
+		root := NewRoot("test")
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs(args)
+		err := root.Execute()
+		require.Error(t, err, "%v", args)
+		require.Equal(t, 2, ExitCode(err), "%v: %v", args, err)
+	}
+}
