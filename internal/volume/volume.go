@@ -173,7 +173,8 @@ func (v *Volume) Trim(off, length int64, fua bool) error {
 	if v.trimmer == nil || length == 0 {
 		return nil
 	}
-	if err := v.trimmer.Trim(off, length); err != nil {
+	// A backend that turns out not to trim (a remote server without TRIM) is ignored likewise.
+	if err := v.trimmer.Trim(off, length); err != nil && !errors.Is(err, ErrNotSupported) {
 		return err
 	}
 	if fua {
@@ -197,13 +198,16 @@ func (v *Volume) WriteZeroes(off, length int64, f ZeroFlags) error {
 	if length == 0 {
 		return nil
 	}
-	var err error
-	switch {
-	case v.zeroer != nil:
+	err := ErrNotSupported
+	if v.zeroer != nil {
 		err = v.zeroer.WriteZeroes(off, length, !f.NoHole)
-	case f.Fast:
-		return ErrNotSupported
-	default:
+	}
+	if errors.Is(err, ErrNotSupported) {
+		// No ZeroWriter, or one that cannot do it after all (a remote server without
+		// WRITE_ZEROES): write the zeroes as data, unless the client asked for fast or nothing.
+		if f.Fast {
+			return ErrNotSupported
+		}
 		err = v.writeZeroData(off, length)
 	}
 	if err == nil && f.FUA {

@@ -113,3 +113,22 @@ func TestTrimWithoutTrimmerIsIgnored(t *testing.T) {
 	require.NoError(t, v.ReadAt(got, 0))
 	require.Equal(t, byte(7), got[0])
 }
+
+// refusing claims trim and write-zeroes but refuses both, as a remote NBD server without those
+// commands does.
+type refusing struct{ backend.Backend }
+
+func (refusing) Trim(off, length int64) error                       { return backend.ErrNotSupported }
+func (refusing) WriteZeroes(off, length int64, mayUnmap bool) error { return backend.ErrNotSupported }
+
+func TestRefusedTrimAndZeroFallBack(t *testing.T) {
+	v := New(refusing{mem.New(size)}, Options{})
+	ones := bytes.Repeat([]byte{0xff}, 8192)
+	require.NoError(t, v.WriteAt(ones, 0, false))
+	require.NoError(t, v.Trim(0, 4096, false), "trim is advisory")
+	require.ErrorIs(t, v.WriteZeroes(0, 4096, ZeroFlags{Fast: true}), ErrNotSupported)
+	require.NoError(t, v.WriteZeroes(0, 4096, ZeroFlags{}))
+	got := make([]byte, 8192)
+	require.NoError(t, v.ReadAt(got, 0))
+	require.Equal(t, append(make([]byte, 4096), ones[:4096]...), got)
+}
