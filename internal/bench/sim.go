@@ -62,9 +62,8 @@ func (t SimTrace) FileName() string {
 		t.Requests, t.Objects, t.Alpha, t.ScanShare, t.ScanMin, t.ScanMax, t.Seed)
 }
 
-// Generate returns the trace's requests. The same SimTrace always gives the same requests.
-// Request i has Time i, so that cachesim (which does not count requests at the first timestamp)
-// skips request 0 only.
+// Generate returns the trace's requests, request i at Time i. The same SimTrace always gives the
+// same requests.
 func (t SimTrace) Generate() ([]trace.Request, error) {
 	if err := t.validate(); err != nil {
 		return nil, err
@@ -221,9 +220,8 @@ func tierblkRound(ctx context.Context, o SimOptions, r *SimResult) error {
 	}
 	r.CacheSize = int(o.Fraction * float64(w.Distinct))
 	r.Requests = w.Requests()
-	// Warmup 1: cachesim does not count the first request (its first timestamp), nor do we, so
-	// the miss ratios are over the same requests.
-	res, err := sim.Run(ctx, w, []sim.Job{{Policy: r.Policy, Size: r.CacheSize}}, sim.RunOptions{Warmup: 1, Workers: 1})
+	// No warm-up: cachesim (without --warmup-sec) counts every request too.
+	res, err := sim.Run(ctx, w, []sim.Job{{Policy: r.Policy, Size: r.CacheSize}}, sim.RunOptions{Workers: 1})
 	if err != nil {
 		return err
 	}
@@ -235,9 +233,12 @@ func tierblkRound(ctx context.Context, o SimOptions, r *SimResult) error {
 
 func cachesimRound(ctx context.Context, o SimOptions, r *SimResult) error {
 	c := r.Cachesim
+	// cachesim appends its result to the -o file too; we read its stdout and drop the file.
+	resultFile := filepath.Join(o.WorkDir, "cachesim.out")
+	defer os.Remove(resultFile)
 	cmd := exec.CommandContext(ctx, o.Cachesim, o.TracePath, "oraclegeneral", c.Name, strconv.Itoa(r.CacheSize),
 		"--ignore-obj-size", "1", "--num-thread", "1", "--report-interval", strconv.Itoa(math.MaxInt32),
-		"-o", filepath.Join(o.WorkDir, "cachesim.out"))
+		"-o", resultFile)
 	cmd.Dir = o.WorkDir
 	start := time.Now()
 	out, err := cmd.Output()

@@ -144,12 +144,12 @@ func TestRunSimReadsTheTrace(t *testing.T) {
 }
 
 func TestParseCachesim(t *testing.T) {
-	// The result line of cachesim (libCacheSim) for one cache with --ignore-obj-size 1.
-	out := "/tmp/t.oracleGeneral LRU cache size    82698,          4999999 req, miss ratio 0.4625, throughput 1.29 MQPS\n"
+	// The stdout of cachesim (libCacheSim) for one cache with --ignore-obj-size 1.
+	out := "small.oracleGeneral LRU cache size     1000,           100000 req, miss ratio 0.8133, throughput 0.54 MQPS\n"
 	own, miss, err := parseCachesim([]byte("some log line\n" + out))
 	require.NoError(t, err)
-	require.InDelta(t, 1.29e6, own, 1e-6)
-	require.Equal(t, 0.4625, miss)
+	require.InDelta(t, 0.54e6, own, 1e-6)
+	require.Equal(t, 0.8133, miss)
 	_, _, err = parseCachesim([]byte("[ERROR] unknown eviction algorithm\n"))
 	require.ErrorContains(t, err, "no result line")
 }
