@@ -56,7 +56,7 @@ const volumeShift = 48
 // Load reads every request of r.
 func Load(r trace.Reader, o LoadOptions) (*Workload, error) {
 	w := &Workload{BlockSize: o.BlockSize}
-	seen := make(map[policy.Key]struct{})
+	seen := newKeySet()
 	next := time.Now().Add(time.Second)
 	for {
 		req, err := r.Next()
@@ -88,7 +88,7 @@ func Load(r trace.Reader, o LoadOptions) (*Workload, error) {
 			return nil, fmt.Errorf("more than %d keys: use a larger --block-size", maxKeys)
 		}
 		for _, k := range w.Keys[w.Starts[len(w.Starts)-1]:] {
-			seen[k] = struct{}{}
+			seen.add(k)
 		}
 		if o.Progress != nil && len(w.Reqs)%65536 == 0 && time.Now().After(next) {
 			fmt.Fprintf(o.Progress, "\rloading: %d requests", len(w.Reqs))
@@ -96,10 +96,10 @@ func Load(r trace.Reader, o LoadOptions) (*Workload, error) {
 		}
 	}
 	if o.Progress != nil && len(w.Reqs) >= 65536 {
-		fmt.Fprintf(o.Progress, "\rloaded: %d requests, %d keys, %d distinct\n", len(w.Reqs), len(w.Keys), len(seen))
+		fmt.Fprintf(o.Progress, "\rloaded: %d requests, %d keys, %d distinct\n", len(w.Reqs), len(w.Keys), seen.len())
 	}
 	w.Starts = append(w.Starts, uint32(len(w.Keys)))
-	w.Distinct = len(seen)
+	w.Distinct = seen.len()
 	if len(w.Reqs) == 0 {
 		return nil, errors.New("the trace has no requests to simulate")
 	}
