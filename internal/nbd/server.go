@@ -57,6 +57,7 @@ type Server struct {
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
 	connWG    sync.WaitGroup
+	watching  bool // the watchdog runs
 }
 
 // NewServer checks cfg and returns a server ready to Serve.
@@ -179,6 +180,44 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 }
 
+// watchdogTick is how long a reader may be stuck serving a request itself before another
+// goroutine takes over its reading.
+const watchdogTick = 5 * time.Millisecond
+
+// watch starts the watchdog unless it runs. It runs while there are connections.
+func (s *Server) watch() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.watching {
+		s.watching = true
+		go s.watchdog()
+	}
+}
+
+// watchdog rescues connections whose reader has been serving a request itself for a whole tick:
+// it starts a new reader for them.
+func (s *Server) watchdog() {
+	t := time.NewTicker(watchdogTick)
+	defer t.Stop()
+	for range t.C {
+		s.mu.Lock()
+		if len(s.conns) == 0 {
+			s.watching = false
+			s.mu.Unlock()
+			return
+		}
+		for c := range s.conns {
+			v := c.inline.Load()
+			if v&1 == 1 && v == c.seen && c.inline.CompareAndSwap(v, v+1) {
+				c.workers.Add(1)
+				go c.takeOver()
+			}
+			c.seen = v
+		}
+		s.mu.Unlock()
+	}
+}
+
 // serveConn runs one connection to its end.
 func (s *Server) serveConn(nc net.Conn) {
 	c := &conn{
@@ -262,8 +301,14 @@ type conn struct {
 
 	// Transmission phase.
 	jobs     chan job
-	nworkers int // workers started; only the reader touches it
-	workers  sync.WaitGroup
+	slots    chan struct{}  // one per request being served: at most MaxInFlight
+	nworkers int            // workers started; only the reader touches it
+	handOffs int            // requests the reader still hands to workers after a rescue
+	workers  sync.WaitGroup // workers, and readers started by the watchdog
+	readDone chan error     // the error reading ended with, when a reader started by the watchdog read last
+	inline   atomic.Uint64  // odd while the reader serves a request itself
+	latency  atomic.Int64   // moving average of the device's service time, in nanoseconds
+	seen     uint64         // inline at the watchdog's previous tick; only the watchdog touches it
 	order    writeOrder
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting

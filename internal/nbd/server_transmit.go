@@ -30,65 +30,112 @@ func (c *conn) transmit() error {
 	}
 	c.order.cond.L = &c.order.mu
 	c.jobs = make(chan job)
-	defer func() {
-		close(c.jobs)
-		c.workers.Wait()
-	}()
+	c.slots = make(chan struct{}, c.s.maxInFlight)
+	c.readDone = make(chan error, 1)
+	c.s.watch()
 
+	err, handedOver := c.readRequests()
+	if handedOver {
+		err = <-c.readDone
+	}
+	close(c.jobs)
+	c.workers.Wait()
+	return err
+}
+
+// Handing a request to a worker goroutine costs more than serving it on a fast device (a RAM
+// tier, a page-cached file). So while the device's recent latency stays under inlineLatency, the
+// reader serves requests itself. A request that turns out slow must not hold back the ones behind
+// it: the server's watchdog sees the reader stuck and starts a new goroutine that takes over the
+// reading (takeOver); the next slowSpell requests then all go to workers. (A timer per request
+// would cost more than the handoff it saves.)
+const (
+	inlineLatency = 20 * time.Microsecond
+	slowSpell     = 1024
+)
+
+// readRequests is the reader: one goroutine at a time runs it. It returns when reading ends
+// (with the connection's error, nil after NBD_CMD_DISC), or with handedOver when a slow request
+// served inline made another goroutine take over the reading.
+func (c *conn) readRequests() (err error, handedOver bool) {
 	var hdr [requestSize]byte
 	for {
 		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
-			return c.readErr(err)
+			return c.readErr(err), false
 		}
 		req, ok := parseRequest(hdr[:])
 		if !ok {
-			return protocolErrorf("bad request magic %#x", hdr[:4])
+			return protocolErrorf("bad request magic %#x", hdr[:4]), false
 		}
 		if req.typ == cmdDisc {
-			return nil
+			return nil, false
 		}
-		if err := c.dispatch(req); err != nil {
-			return err
+		j, ok, err := c.dispatch(req)
+		if err != nil {
+			return err, false
+		}
+		if !ok {
+			continue
+		}
+		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
+		if c.handOffs > 0 || c.latency.Load() > int64(inlineLatency) {
+			c.handOffs = max(c.handOffs-1, 0)
+			c.submit(j)
+			continue
+		}
+		seq := c.inline.Add(1) // odd: serving inline
+		c.serve(j)
+		if !c.inline.CompareAndSwap(seq, seq+1) {
+			return nil, true // the watchdog gave the reading to takeOver
 		}
 	}
 }
 
-// dispatch checks a request, reads its payload and hands it to a worker, or answers it with an
-// error at once.
-func (c *conn) dispatch(req request) error {
+// takeOver becomes the reader while the previous one is stuck serving a slow request. The
+// watchdog counted it in c.workers.
+func (c *conn) takeOver() {
+	defer c.workers.Done()
+	c.handOffs = slowSpell
+	if err, handedOver := c.readRequests(); !handedOver {
+		c.readDone <- err
+	}
+}
+
+// dispatch checks a request and reads its payload. It returns the job to serve, or ok false when
+// the request was answered with an error at once.
+func (c *conn) dispatch(req request) (j job, ok bool, err error) {
 	errno, msg := c.check(req)
 	var buf *[]byte
 	if req.typ == cmdWrite {
 		if req.length > maxPayload {
-			return protocolErrorf("WRITE of %d bytes, more than the %d the server accepts", req.length, maxPayload)
+			return job{}, false, protocolErrorf("WRITE of %d bytes, more than the %d the server accepts", req.length, maxPayload)
 		}
 		if errno != 0 {
 			// The payload is on the wire anyway: skip it to stay in step with the client.
 			if _, err := c.br.Discard(int(req.length)); err != nil {
-				return c.readErr(err)
+				return job{}, false, c.readErr(err)
 			}
 		} else {
 			buf = getBuf(int(req.length))
 			if _, err := io.ReadFull(c.br, *buf); err != nil {
 				putBuf(buf)
-				return c.readErr(err)
+				return job{}, false, c.readErr(err)
 			}
 		}
 	}
 	if errno != 0 {
 		c.log.Debug("nbd: request refused", "cmd", req.typ, "flags", req.flags, "offset", req.offset, "length", req.length, "reason", msg)
 		c.replyErrno(req, errno, msg)
-		return nil
+		return job{}, false, nil
 	}
-	j := job{req: req, buf: buf}
+	j = job{req: req, buf: buf}
 	switch req.typ {
 	case cmdWrite, cmdTrim, cmdWriteZeroes:
 		j.seq = c.order.start()
 	case cmdFlush:
 		j.seq = c.order.barrier()
 	}
-	c.submit(j)
-	return nil
+	return j, true, nil
 }
 
 // check validates a request against the negotiated parameters. It returns 0 or the NBD error to
@@ -154,8 +201,7 @@ func isWriteType(typ uint16) bool {
 	return typ == cmdWrite || typ == cmdTrim || typ == cmdWriteZeroes
 }
 
-// submit hands j to an idle worker, starting a new one while fewer than MaxInFlight exist; when
-// all are busy it blocks, so the reader stops reading.
+// submit hands j to an idle worker, starting a new one while fewer than MaxInFlight exist.
 func (c *conn) submit(j job) {
 	select {
 	case c.jobs <- j:
@@ -177,13 +223,14 @@ func (c *conn) work() {
 	}
 }
 
-// serve performs one request on the device and answers it.
+// serve performs one request on the device, answers it and frees its slot.
 func (c *conn) serve(j job) {
 	r := j.req
 	dev := c.export.Device
 	off, n := int64(r.offset), int64(r.length)
 	fua := r.flags&cmdFlagFUA != 0
 	var err error
+	start := time.Now()
 	switch r.typ {
 	case cmdRead:
 		buf := getBuf(int(r.length))
@@ -211,6 +258,10 @@ func (c *conn) serve(j job) {
 	case cmdCache:
 		err = dev.Cache(off, n)
 	}
+	// A moving average of the device's latency, over 8 requests (updates may race and be lost,
+	// which only makes it less exact).
+	avg := c.latency.Load()
+	c.latency.Store(avg + (int64(time.Since(start))-avg)/8)
 	switch {
 	case err != nil:
 		errno := errnoFor(err, r.typ)
@@ -221,6 +272,7 @@ func (c *conn) serve(j job) {
 	case r.typ != cmdRead:
 		c.replyErrno(r, 0, "")
 	}
+	<-c.slots
 }
 
 // errnoFor maps a device error onto the NBD error for a command.
