@@ -44,6 +44,8 @@ const (
 
 // Server serves exports over the NBD protocol (fixed newstyle handshake), one goroutine reading
 // each connection and up to MaxInFlight requests served concurrently and answered out of order.
+// While a device answers in microseconds, the reading goroutine serves requests itself, which is
+// cheaper than a handoff; a watchdog moves the reading to a fresh goroutine when one is slow.
 type Server struct {
 	exports     []Export
 	byName      map[string]*Export // includes "" for the default export
