@@ -174,9 +174,16 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 			return nil, fmt.Errorf("--cachesim: %w", err)
 		}
 	}
+	// The cache size is fixed once, as for cachesim, so that the timed rounds need not count the
+	// distinct objects.
+	distinct, err := countDistinct(o.TracePath)
+	if err != nil {
+		return nil, err
+	}
+	size := int(o.Fraction * float64(distinct))
 	var out []SimResult
 	for _, p := range o.Policies {
-		r := SimResult{Policy: p}
+		r := SimResult{Policy: p, CacheSize: size}
 		if o.Cachesim != "" {
 			r.Cachesim = &CachesimResult{Name: p}
 			if n, ok := CachesimNames[p]; ok {
@@ -203,6 +210,19 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	return out, nil
 }
 
+func countDistinct(path string) (int, error) {
+	tr, err := trace.Open(path, "oraclegeneral")
+	if err != nil {
+		return 0, err
+	}
+	defer tr.Close()
+	w, err := sim.Load(tr, sim.LoadOptions{CountDistinct: true})
+	if err != nil {
+		return 0, err
+	}
+	return w.Distinct, nil
+}
+
 func last(s []float64) float64 { return s[len(s)-1] }
 
 func tierblkRound(ctx context.Context, o SimOptions, r *SimResult) error {
@@ -218,7 +238,6 @@ func tierblkRound(ctx context.Context, o SimOptions, r *SimResult) error {
 	if err != nil {
 		return err
 	}
-	r.CacheSize = int(o.Fraction * float64(w.Distinct))
 	r.Requests = w.Requests()
 	// No warm-up: cachesim (without --warmup-sec) counts every request too.
 	res, err := sim.Run(ctx, w, []sim.Job{{Policy: r.Policy, Size: r.CacheSize}}, sim.RunOptions{Workers: 1})

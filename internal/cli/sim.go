@@ -117,7 +117,11 @@ func runSim(ctx context.Context, o simOpts) error {
 	if err != nil {
 		return err
 	}
-	w, err := sim.Load(r, sim.LoadOptions{BlockSize: blockSize, ReadsOnly: o.ops == "read", Progress: progress})
+	countDistinct := false
+	for _, s := range sizes {
+		countDistinct = countDistinct || s.Fractional()
+	}
+	w, err := sim.Load(r, sim.LoadOptions{BlockSize: blockSize, ReadsOnly: o.ops == "read", CountDistinct: countDistinct, Progress: progress})
 	r.Close()
 	if err != nil {
 		return fmt.Errorf("trace %s: %w", o.tracePath, err)
@@ -142,7 +146,11 @@ func runSim(ctx context.Context, o simOpts) error {
 	case "json":
 		err = sim.WriteJSON(o.stdout, res)
 	default:
-		fmt.Fprintf(o.stdout, "%s: %d requests, %d distinct keys\n", filepath.Base(o.tracePath), w.Requests(), w.Distinct)
+		fmt.Fprintf(o.stdout, "%s: %d requests", filepath.Base(o.tracePath), w.Requests())
+		if countDistinct {
+			fmt.Fprintf(o.stdout, ", %d distinct keys", w.Distinct)
+		}
+		fmt.Fprintln(o.stdout)
 		err = sim.WriteTable(o.stdout, res)
 	}
 	if err != nil {

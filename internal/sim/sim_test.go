@@ -48,17 +48,21 @@ func mixed() *sliceReader {
 }
 
 func TestLoadSplitsIntoBlocks(t *testing.T) {
-	w, err := Load(mixed(), LoadOptions{BlockSize: 4096})
+	w, err := Load(mixed(), LoadOptions{BlockSize: 4096, CountDistinct: true})
 	require.NoError(t, err)
 	vol1 := policy.Key(1) << volumeShift
 	require.Equal(t, []policy.Key{0, 1, 0, 1, 2, vol1}, w.Keys)
 	require.Equal(t, []uint32{0, 2, 4, 5, 6}, w.Starts)
 	require.Equal(t, 4, w.Distinct)
 
-	w, err = Load(mixed(), LoadOptions{})
+	w, err = Load(mixed(), LoadOptions{CountDistinct: true})
 	require.NoError(t, err)
 	require.Equal(t, []policy.Key{7, 8, 9, vol1 ^ 9}, w.Keys)
 	require.Equal(t, 4, w.Distinct)
+
+	w, err = Load(mixed(), LoadOptions{})
+	require.NoError(t, err)
+	require.Zero(t, w.Distinct, "not counted unless asked")
 }
 
 func TestLoadReadsOnlyAndEmpty(t *testing.T) {

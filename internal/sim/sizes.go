@@ -50,6 +50,9 @@ func ParseSizes(list string) ([]Size, error) {
 	return out, nil
 }
 
+// Fractional reports whether the size depends on the number of distinct keys.
+func (s Size) Fractional() bool { return s.fraction > 0 }
+
 // Keys resolves the size against a workload: floor(fraction x distinct), as libCacheSim counts it,
 // or bytes / block size.
 func (s Size) Keys(distinct int, blockSize int64) (int, error) {

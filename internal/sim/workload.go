@@ -23,6 +23,9 @@ type LoadOptions struct {
 	BlockSize int64
 	// ReadsOnly drops every request that is not a read.
 	ReadsOnly bool
+	// CountDistinct counts the distinct keys, which fractional cache sizes need. It is optional
+	// because on a multi-million-request trace it costs about as much as reading the file.
+	CountDistinct bool
 	// Progress, if not nil, receives a line now and then while loading a long trace.
 	Progress io.Writer
 }
@@ -34,7 +37,8 @@ type Workload struct {
 	// Starts[i] is the index in Keys of request i's first key; Starts has one extra entry at the end.
 	Starts []uint32
 	Reqs   []Req
-	// Distinct is the number of distinct keys, the base of fractional cache sizes.
+	// Distinct is the number of distinct keys, the base of fractional cache sizes; 0 unless
+	// LoadOptions.CountDistinct.
 	Distinct  int
 	BlockSize int64
 }
@@ -56,7 +60,10 @@ const volumeShift = 48
 // Load reads every request of r.
 func Load(r trace.Reader, o LoadOptions) (*Workload, error) {
 	w := &Workload{BlockSize: o.BlockSize}
-	seen := newKeySet()
+	var seen *keySet
+	if o.CountDistinct {
+		seen = newKeySet()
+	}
 	next := time.Now().Add(time.Second)
 	for {
 		req, err := r.Next()
@@ -87,19 +94,23 @@ func Load(r trace.Reader, o LoadOptions) (*Workload, error) {
 		if len(w.Keys) > maxKeys {
 			return nil, fmt.Errorf("more than %d keys: use a larger --block-size", maxKeys)
 		}
-		for _, k := range w.Keys[w.Starts[len(w.Starts)-1]:] {
-			seen.add(k)
+		if seen != nil {
+			for _, k := range w.Keys[w.Starts[len(w.Starts)-1]:] {
+				seen.add(k)
+			}
 		}
 		if o.Progress != nil && len(w.Reqs)%65536 == 0 && time.Now().After(next) {
 			fmt.Fprintf(o.Progress, "\rloading: %d requests", len(w.Reqs))
 			next = time.Now().Add(time.Second)
 		}
 	}
+	if seen != nil {
+		w.Distinct = seen.len()
+	}
 	if o.Progress != nil && len(w.Reqs) >= 65536 {
-		fmt.Fprintf(o.Progress, "\rloaded: %d requests, %d keys, %d distinct\n", len(w.Reqs), len(w.Keys), seen.len())
+		fmt.Fprintf(o.Progress, "\rloaded: %d requests, %d keys\n", len(w.Reqs), len(w.Keys))
 	}
 	w.Starts = append(w.Starts, uint32(len(w.Keys)))
-	w.Distinct = seen.len()
 	if len(w.Reqs) == 0 {
 		return nil, errors.New("the trace has no requests to simulate")
 	}
