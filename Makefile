@@ -37,8 +37,8 @@ test: deps fmt-check
 	$(GO) vet ./...
 	@mkdir -p $(dir $(TESTLOG))
 	@set -o pipefail; $(GO) test -race -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
-	  grep -E '^(ok|FAIL|--- FAIL|--- SKIP|panic:)|^\s+[A-Za-z0-9_]+\.go:[0-9]+: ' $(TESTLOG) | grep -v '^\s*--- PASS'; \
-	  if [ $$status != 0 ]; then echo "--- last lines of $(TESTLOG):"; tail -n 60 $(TESTLOG); fi; \
+	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \
+	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(TESTLOG) | head -n 300; fi; \
 	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
 	  exit $$status
 

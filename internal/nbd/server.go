@@ -315,11 +315,14 @@ type conn struct {
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).
-	wmu     sync.Mutex
-	queued  atomic.Int32
-	bw      *bufio.Writer
-	werr    error // first write error; nothing more is written after it
-	scratch [structReplySize + 8 + 6]byte
+	wmu    sync.Mutex
+	queued atomic.Int32
+	// moreInput is set while the reader has another request buffered; it then flushes the replies
+	// before it blocks on the socket, and writers leave the flushing to it.
+	moreInput atomic.Bool
+	bw        *bufio.Writer
+	werr      error // first write error; nothing more is written after it
+	scratch   [structReplySize + 8 + 6]byte
 }
 
 // run performs the handshake and, when the client picks an export, the transmission phase.

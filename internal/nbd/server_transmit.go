@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math/bits"
+	"net"
 	"sync"
 	"syscall"
 	"time"
@@ -38,6 +39,9 @@ func (c *conn) transmit() error {
 	if handedOver {
 		err = <-c.readDone
 	}
+	// No reader will flush for the replies still to come: let each flush itself.
+	c.moreInput.Store(false)
+	c.flushReplies()
 	close(c.jobs)
 	c.workers.Wait()
 	return err
@@ -60,6 +64,11 @@ const (
 func (c *conn) readRequests() (err error, handedOver bool) {
 	var hdr [requestSize]byte
 	for {
+		if c.br.Buffered() < requestSize {
+			// The next read may block: send the replies held back for a batch first.
+			c.moreInput.Store(false)
+			c.flushReplies()
+		}
 		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
 			return c.readErr(err), false
 		}
@@ -77,6 +86,7 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		if !ok {
 			continue
 		}
+		c.moreInput.Store(c.br.Buffered() >= requestSize)
 		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
 		if c.handOffs > 0 || c.latency.Load() > int64(inlineLatency) {
 			c.handOffs = max(c.handOffs-1, 0)
@@ -303,20 +313,41 @@ const maxErrorMessage = maxExportNameLen
 // data is all read before the reply starts, so no error can follow; one chunk also honours DF).
 func (c *conn) replyData(r request, data []byte) {
 	c.beginReply()
+	var hdr []byte
 	switch {
 	case !c.structured:
 		putSimpleReply(c.scratch[:], 0, r.cookie)
-		c.write(c.scratch[:simpleReplySize])
+		hdr = c.scratch[:simpleReplySize]
 	case len(data) == 0:
 		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeNone, cookie: r.cookie})
-		c.write(c.scratch[:structReplySize])
+		hdr = c.scratch[:structReplySize]
 	default:
 		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeOffsetData, cookie: r.cookie, length: uint32(8 + len(data))})
 		binary.BigEndian.PutUint64(c.scratch[structReplySize:], r.offset)
-		c.write(c.scratch[:structReplySize+8])
+		hdr = c.scratch[:structReplySize+8]
 	}
-	c.write(data)
+	if len(data) < connBufSize || c.werr != nil {
+		c.write(hdr)
+		c.write(data)
+	} else {
+		c.writeLarge(hdr, data)
+	}
 	c.endReply()
+}
+
+// writeLarge sends a large reply with one writev of its header and data, after what is buffered:
+// through the buffered writer it would take two system calls and a copy of the buffer's size.
+func (c *conn) writeLarge(hdr, data []byte) {
+	if c.bw.Buffered() > 0 {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+			return
+		}
+	}
+	bufs := net.Buffers{hdr, data}
+	if _, err := bufs.WriteTo(c.nc); err != nil {
+		c.writeFailed(err)
+	}
 }
 
 // replyErrno answers a request without data: success as a simple reply; an error as a simple
@@ -357,7 +388,20 @@ func (c *conn) beginReply() {
 // endReply releases the writer, flushing the buffer when no other reply is waiting to be
 // written: replies finished together leave in one system call.
 func (c *conn) endReply() {
-	if c.queued.Add(-1) == 0 && c.werr == nil {
+	// The last reply of a burst flushes, unless the reader has more requests buffered: it flushes
+	// before it next waits for the client, so replies to pipelined requests share system calls.
+	if c.queued.Add(-1) == 0 && c.werr == nil && !c.moreInput.Load() {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+		}
+	}
+	c.wmu.Unlock()
+}
+
+// flushReplies sends what replies are buffered.
+func (c *conn) flushReplies() {
+	c.wmu.Lock()
+	if c.werr == nil && c.bw.Buffered() > 0 {
 		if err := c.bw.Flush(); err != nil {
 			c.writeFailed(err)
 		}
