@@ -63,8 +63,8 @@ func DefaultRows() []Row {
 	}
 }
 
-// Run measures every row on every target, alternating targets within each round so that drifts in
-// machine load hit both alike.
+// Run measures every row on every target, alternating targets within each round, and which goes
+// first from round to round, so that drifts in machine load hit both alike.
 func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		return nil, errors.New("fio is not installed; run `make deps` (Debian package fio)")
@@ -88,7 +88,8 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 	for _, row := range o.Rows {
 		r := Result{Row: row.Name, Unit: row.Unit, Medians: map[string]float64{}, Samples: map[string][]float64{}}
 		for round := 0; round < o.Rounds; round++ {
-			for i, t := range targets {
+			for _, i := range roundOrder(len(targets), round) {
+				t := targets[i]
 				v, err := fio(ctx, socks[i], o.Size, o.Runtime, row.FioArgs)
 				if err != nil {
 					return nil, fmt.Errorf("%s on %s: %w", row.Name, t.Name, err)
@@ -106,6 +107,16 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 		results = append(results, r)
 	}
 	return results, nil
+}
+
+// roundOrder rotates which target goes first each round, so that neither always runs right after
+// the prefill or the other's load.
+func roundOrder(n, round int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = (i + round) % n
+	}
+	return order
 }
 
 // Table renders results as a Markdown table with the ratio of the first target to the second.

@@ -39,3 +39,9 @@ func TestTable(t *testing.T) {
 	got := Table([]Result{{Row: "4K", Unit: "IOPS", Medians: map[string]float64{"a": 300, "b": 200}}}, targets)
 	require.True(t, strings.HasSuffix(got, "| 4K | 300 IOPS | 200 IOPS | 1.50 |\n"), got)
 }
+
+func TestRoundOrderRotates(t *testing.T) {
+	require.Equal(t, []int{0, 1}, roundOrder(2, 0))
+	require.Equal(t, []int{1, 0}, roundOrder(2, 1))
+	require.Equal(t, []int{2, 0, 1}, roundOrder(3, 2))
+}
