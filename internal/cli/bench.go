@@ -26,13 +26,8 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks: 'bench nbd' (fio against nbdkit), 'bench sim' (the simulator's speed)",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageErrorf("unknown benchmark %q; use 'tierblk bench nbd' or 'tierblk bench sim'", args[0])
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Args:  noSuchCommand("unknown benchmark %q; use 'tierblk bench nbd' or 'tierblk bench sim'"),
+		RunE:  showHelp,
 	}
 	cmd.AddCommand(newBenchNBDCmd(), newBenchSimCmd())
 	return cmd

@@ -51,14 +51,8 @@ Quick start:
   nbdinfo 'nbd+unix:///?socket=/run/tierblk.sock'`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		// Without this, cobra reports an unknown command as a plain error (exit 1), not a usage error.
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) > 0 {
-				return usageErrorf("unknown command %q; see 'tierblk --help'", args[0])
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Args:          noSuchCommand("unknown command %q; see 'tierblk --help'"),
+		RunE:          showHelp,
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
@@ -66,6 +60,20 @@ Quick start:
 	root.AddCommand(newServeCmd(), newSimCmd(), newBenchCmd(), newVersionCmd(version))
 	return root
 }
+
+// noSuchCommand makes a command with subcommands treat a stray argument as a usage error: cobra
+// otherwise reports an unknown command as a plain error (exit 1). format takes the argument.
+func noSuchCommand(format string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageErrorf(format, args[0])
+		}
+		return nil
+	}
+}
+
+// showHelp is the action of a command that only groups subcommands.
+func showHelp(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 
 // newLogger writes text logs at level to w.
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
