@@ -22,6 +22,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/nbdkit"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -29,11 +30,8 @@ import (
 
 // clientNbdkit is an nbdkit process serving on a Unix socket or on a loopback TCP port.
 type clientNbdkit struct {
-	t       *testing.T
-	network string
-	addr    string
-	args    []string
-	cmd     *exec.Cmd
+	*nbdkit.Server
+	t *testing.T
 }
 
 func clientNeed(t *testing.T, tool string) {
@@ -45,67 +43,17 @@ func clientNeed(t *testing.T, tool string) {
 
 // clientStartNbdkit starts `nbdkit -U SOCK args...` (args hold options, the plugin and its
 // parameters) and stops it when the test ends.
-func clientStartNbdkit(t *testing.T, args ...string) *clientNbdkit {
-	clientNeed(t, "nbdkit")
-	k := &clientNbdkit{t: t, network: "unix", addr: filepath.Join(t.TempDir(), "nbd.sock"), args: args}
-	k.start()
-	t.Cleanup(k.stop)
-	return k
+func clientStartNbdkit(t *testing.T, args ...string) clientNbdkit {
+	return clientNbdkit{Server: nbdkit.Start(t, "unix", args...), t: t}
 }
 
 // clientStartNbdkitTCP is clientStartNbdkit on a free loopback port.
-func clientStartNbdkitTCP(t *testing.T, args ...string) *clientNbdkit {
-	clientNeed(t, "nbdkit")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := l.Addr().String()
-	require.NoError(t, l.Close())
-	k := &clientNbdkit{t: t, network: "tcp", addr: addr, args: args}
-	k.start()
-	t.Cleanup(k.stop)
-	return k
+func clientStartNbdkitTCP(t *testing.T, args ...string) clientNbdkit {
+	return clientNbdkit{Server: nbdkit.Start(t, "tcp", args...), t: t}
 }
 
-func (k *clientNbdkit) start() {
-	t := k.t
-	t.Helper()
-	pidfile := filepath.Join(t.TempDir(), "pid")
-	argv := []string{"-f", "--exit-with-parent", "-P", pidfile}
-	if k.network == "unix" {
-		_ = os.Remove(k.addr) // left behind by a killed server
-		argv = append(argv, "-U", k.addr)
-	} else {
-		host, port, err := net.SplitHostPort(k.addr)
-		require.NoError(t, err)
-		argv = append(argv, "-i", host, "-p", port)
-	}
-	k.cmd = exec.Command("nbdkit", append(argv, k.args...)...)
-	k.cmd.Stderr = os.Stderr
-	require.NoError(t, k.cmd.Start())
-	// nbdkit writes its pid file once it is listening.
-	for i := 0; ; i++ {
-		if b, err := os.ReadFile(pidfile); err == nil && len(b) > 0 {
-			return
-		}
-		if i == 1000 {
-			k.stop()
-			t.Fatalf("nbdkit %v did not start", k.args)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// stop kills the server without warning, as a crash would.
-func (k *clientNbdkit) stop() {
-	if k.cmd != nil {
-		_ = k.cmd.Process.Kill()
-		_ = k.cmd.Wait()
-		k.cmd = nil
-	}
-}
-
-func (k *clientNbdkit) config() ClientConfig {
-	return ClientConfig{Network: k.network, Address: k.addr, Logger: clientTestLogger(k.t)}
+func (k clientNbdkit) config() ClientConfig {
+	return ClientConfig{Network: k.Network, Address: k.Addr, Logger: clientTestLogger(k.t)}
 }
 
 func clientTestLogger(t *testing.T) *slog.Logger {
@@ -459,9 +407,9 @@ func TestClientReconnect(t *testing.T) {
 		for rounds.Load() < 100 {
 			time.Sleep(time.Millisecond)
 		}
-		k.stop()
+		k.Kill()
 		time.Sleep(200 * time.Millisecond)
-		k.start()
+		k.Restart()
 	}()
 	clientHammer(t, c, 32, 40, func() { rounds.Add(1) })
 	<-restarted
@@ -483,13 +431,13 @@ func TestClientReconnectGivesUp(t *testing.T) {
 	cfg := k.config()
 	cfg.MaxReconnectWait = 300 * time.Millisecond
 	c := clientDial(t, cfg)
-	k.stop()
+	k.Kill()
 
 	_, err := c.ReadAt(make([]byte, 4096), 0)
 	require.ErrorContains(t, err, "not re-established within 300ms")
 	require.True(t, backend.IsRetryable(err))
 
-	k.start()
+	k.Restart()
 	require.Eventually(t, func() bool {
 		_, err := c.ReadAt(make([]byte, 4096), 0)
 		return err == nil
@@ -526,7 +474,7 @@ func TestClientClose(t *testing.T) {
 		k := clientStartNbdkit(t, "memory", "1M")
 		c, err := Dial(context.Background(), k.config())
 		require.NoError(t, err)
-		k.stop()
+		k.Kill()
 		clientCloseWithPending(t, c)
 	})
 }
@@ -580,14 +528,14 @@ func TestClientDialErrors(t *testing.T) {
 		is       error
 		contains string
 	}{
-		{name: "unknown export", cfg: ClientConfig{Network: "unix", Address: strict.addr, Export: "other"},
+		{name: "unknown export", cfg: ClientConfig{Network: "unix", Address: strict.Addr, Export: "other"},
 			is: ErrExportNotFound, contains: `"other"`},
-		{name: "oldstyle server", cfg: ClientConfig{Network: "unix", Address: old.addr}, is: ErrServerRefused, contains: "oldstyle"},
+		{name: "oldstyle server", cfg: ClientConfig{Network: "unix", Address: old.Addr}, is: ErrServerRefused, contains: "oldstyle"},
 		{name: "not an NBD server", cfg: ClientConfig{Network: "unix", Address: notNBD}, is: ErrNotNBDServer, contains: "HTTP/1.0"},
 		{name: "nothing listening", cfg: ClientConfig{Network: "unix", Address: filepath.Join(t.TempDir(), "none")},
 			is: syscall.ENOENT, contains: "connect to unix"},
 		{name: "bad network", cfg: ClientConfig{Network: "udp", Address: "x"}, contains: `"unix"`},
-		{name: "export name too long", cfg: ClientConfig{Network: "unix", Address: strict.addr, Export: string(make([]byte, 5000))},
+		{name: "export name too long", cfg: ClientConfig{Network: "unix", Address: strict.Addr, Export: string(make([]byte, 5000))},
 			contains: "export name is 5000 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -601,7 +549,7 @@ func TestClientDialErrors(t *testing.T) {
 		})
 	}
 
-	c := clientDial(t, ClientConfig{Network: "unix", Address: strict.addr, Export: "disk"})
+	c := clientDial(t, ClientConfig{Network: "unix", Address: strict.Addr, Export: "disk"})
 	require.Equal(t, int64(1<<20), c.Size())
 }
 

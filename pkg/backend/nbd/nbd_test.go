@@ -1,18 +1,16 @@
 package nbdbackend_test
 
 import (
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbdkit"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 	nbdbackend "github.com/tierblk/tierblk/pkg/backend/nbd"
@@ -70,30 +68,11 @@ func TestConfig(t *testing.T) {
 // port, and returns the socket path or host:port.
 func startNbdkit(t *testing.T, tcp bool, args ...string) string {
 	t.Helper()
-	if _, err := exec.LookPath("nbdkit"); err != nil {
-		t.Skip("nbdkit is not installed (apt-get install nbdkit)")
-	}
-	dir := t.TempDir()
-	addr, pidfile := filepath.Join(dir, "nbd.sock"), filepath.Join(dir, "pid")
-	listen := []string{"-U", addr}
+	network := "unix"
 	if tcp {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		addr = l.Addr().String()
-		require.NoError(t, l.Close())
-		host, port, _ := net.SplitHostPort(addr)
-		listen = []string{"-i", host, "-p", port}
+		network = "tcp"
 	}
-	cmd := exec.Command("nbdkit", append(append([]string{"-f", "--exit-with-parent", "-P", pidfile}, listen...), args...)...)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	// nbdkit writes its pid file once it is listening.
-	require.Eventually(t, func() bool {
-		b, err := os.ReadFile(pidfile)
-		return err == nil && len(b) > 0
-	}, 10*time.Second, 10*time.Millisecond)
-	return addr
+	return nbdkit.Start(t, network, args...).Addr
 }
 
 // registry has the two schemes, as the daemon's registry does.
