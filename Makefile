@@ -33,10 +33,11 @@ run: build
 	@echo "  stop:     Ctrl-C (finishes in-flight requests and flushes)"
 	exec $(BIN) serve --backend 'file://$(DATA)/disk.img?size=$(SIZE)' --nbd unix:$(SOCK) --nbd 127.0.0.1:$(PORT)
 
+# -count=1: the integration tests build the binary themselves, which go test's cache cannot see.
 test: deps fmt-check
 	$(GO) vet ./...
 	@mkdir -p $(dir $(TESTLOG))
-	@set -o pipefail; $(GO) test -race -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
+	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
 	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \
 	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(TESTLOG) | head -n 300; fi; \
 	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
