@@ -40,7 +40,7 @@ func newSimCmd() *cobra.Command {
 		Use:   "sim",
 		Short: "Replay a block trace through cache policies and report miss ratios",
 		Long: `Replays a block I/O trace through one simulated cache per policy and size, in parallel, and
-reports each cache's miss ratio. The policies are the ones 'tierblk serve' runs.
+reports each cache's miss ratio. The policies are the code the daemon's cache will run.
 
 Sizes: a fraction below 1 is that share of the trace's distinct keys (floor, as libCacheSim counts);
 a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes divided by

@@ -114,9 +114,6 @@ func New(b backend.Backend, o Options) *Volume {
 	return v
 }
 
-// Backend returns the backend beneath the volume.
-func (v *Volume) Backend() backend.Backend { return v.b }
-
 // Info implements Device.
 func (v *Volume) Info() Info { return v.info }
 
