@@ -1,0 +1,92 @@
+// Package metrics is tierblk's admin HTTP endpoint: Prometheus metrics at /metrics and a JSON
+// snapshot of every export's cache at /stats, both built from cache.Stats snapshots taken at request
+// time.
+//
+// The endpoint has no authentication, so it must never listen anywhere but on loopback or a unix
+// socket, and it must never change the cache: it only reads snapshots.
+package metrics
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tierblk/tierblk/internal/cache"
+)
+
+// Source is one export whose cache the endpoint reports. Stats is called on every request and
+// must be safe to call concurrently.
+type Source struct {
+	Export string
+	Stats  func() cache.Stats
+}
+
+// StatsResponse is the body of GET /stats.
+type StatsResponse struct {
+	Exports []ExportStats `json:"exports"`
+}
+
+// ExportStats is one export's entry in StatsResponse.
+type ExportStats struct {
+	Name  string      `json:"name"`
+	Stats cache.Stats `json:"stats"`
+}
+
+// ParseAdminAddr splits an admin address, unix:/path or HOST:PORT, into net.Listen's network and
+// address. HOST must be a loopback IP or localhost: the endpoint has no authentication.
+func ParseAdminAddr(s string) (network, address string, err error) {
+	if p, ok := strings.CutPrefix(s, "unix:"); ok {
+		if p == "" {
+			return "", "", fmt.Errorf("admin address %q has no socket path; write unix:/path/to.sock", s)
+		}
+		return "unix", p, nil
+	}
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", "", fmt.Errorf("admin address %q is neither unix:/path/to.sock nor HOST:PORT", s)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", "", fmt.Errorf("admin address %q: port %q is not a number from 0 to 65535", s, port)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return "", "", fmt.Errorf("admin address %q: the admin endpoint listens on loopback (127.0.0.1:PORT, [::1]:PORT, localhost:PORT) or a unix socket (unix:/path) only, since it has no authentication", s)
+	}
+	return "tcp", s, nil
+}
+
+// NewHandler serves GET /metrics (Prometheus text format), GET /stats (StatsResponse as JSON) and a
+// short index at /. sources is called on every request, so exports may come and go.
+func NewHandler(sources func() []Source) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		cacheCollector{sources: sources},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	mux := http.NewServeMux()
+	// A "GET" pattern also matches HEAD; ServeMux answers other methods with 405 and other paths
+	// with 404.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
+		resp := StatsResponse{Exports: []ExportStats{}}
+		for _, s := range sources() {
+			resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(resp) // an error here is the client going away; nothing to tell it
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprint(w, "tierblk admin endpoint\n\n/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n")
+	})
+	return mux
+}

@@ -1,0 +1,353 @@
+package metrics
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
+)
+
+// fakeStats is a snapshot with distinct numbers everywhere, so a value read from the wrong field
+// shows up.
+func fakeStats() cache.Stats {
+	return cache.Stats{
+		Mode:     "write-back",
+		LineSize: 65536,
+		Tiers: []cache.TierStats{
+			{Name: "ram", Policy: "s3fifo", Admission: "always", Hits: 900, Misses: 100, HitBytes: 900 * 65536,
+				Promotions: 7, Evictions: 5, Invalidations: 3, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536, Errors: 0},
+			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
+				Promotions: 11, Evictions: 13, Invalidations: 17, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
+				Errors: 2, Failed: true, Reason: "write: input/output error"},
+		},
+		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20 * 4096, Errors: 1},
+		ReadLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{5, 3, 0, 2},
+			Count: 10, Sum: 1.5},
+		WriteLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{0, 0, 4, 0},
+			Count: 4, Sum: 0.2},
+	}
+}
+
+func fakeSources() []Source {
+	return []Source{{Export: "disk0", Stats: fakeStats}}
+}
+
+func get(t *testing.T, h http.Handler, method, path string) *httptest.ResponseRecorder {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	return rec
+}
+
+func TestParseAdminAddr(t *testing.T) {
+	for _, tc := range []struct {
+		in, network, address string
+		wantErr              string
+	}{
+		{in: "127.0.0.1:9180", network: "tcp", address: "127.0.0.1:9180"},
+		{in: "127.0.0.1:0", network: "tcp", address: "127.0.0.1:0"},
+		{in: "127.1.2.3:9180", network: "tcp", address: "127.1.2.3:9180"},
+		{in: "[::1]:9180", network: "tcp", address: "[::1]:9180"},
+		{in: "localhost:9180", network: "tcp", address: "localhost:9180"},
+		{in: "unix:/run/tierblk-admin.sock", network: "unix", address: "/run/tierblk-admin.sock"},
+		{in: "0.0.0.0:9180", wantErr: "loopback"},
+		{in: "[::]:9180", wantErr: "loopback"},
+		{in: "192.168.1.5:9180", wantErr: "loopback"},
+		{in: "example.com:9180", wantErr: "loopback"},
+		{in: ":9000", wantErr: "loopback"},
+		{in: "", wantErr: "neither unix:/path/to.sock nor HOST:PORT"},
+		{in: "127.0.0.1", wantErr: "neither unix:/path/to.sock nor HOST:PORT"},
+		{in: "127.0.0.1:http", wantErr: "not a number"},
+		{in: "127.0.0.1:70000", wantErr: "not a number"},
+		{in: "unix:", wantErr: "no socket path"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			network, address, err := ParseAdminAddr(tc.in)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.ErrorContains(t, err, tc.in)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.network, network)
+			require.Equal(t, tc.address, address)
+		})
+	}
+}
+
+func TestHandlerRoutes(t *testing.T) {
+	h := NewHandler(fakeSources)
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		contentType  string
+	}{
+		{"GET", "/", http.StatusOK, "text/plain"},
+		{"GET", "/metrics", http.StatusOK, "text/plain"},
+		{"GET", "/stats", http.StatusOK, "application/json"},
+		{"HEAD", "/stats", http.StatusOK, "application/json"},
+		{"GET", "/nope", http.StatusNotFound, ""},
+		{"GET", "/stats/x", http.StatusNotFound, ""},
+		{"POST", "/stats", http.StatusMethodNotAllowed, ""},
+		{"DELETE", "/metrics", http.StatusMethodNotAllowed, ""},
+		{"PUT", "/", http.StatusMethodNotAllowed, ""},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			rec := get(t, h, tc.method, tc.path)
+			require.Equal(t, tc.code, rec.Code, rec.Body.String())
+			if tc.contentType != "" {
+				require.Contains(t, rec.Header().Get("Content-Type"), tc.contentType)
+			}
+		})
+	}
+}
+
+func TestHandlerStatsJSONRoundTrip(t *testing.T) {
+	sources := []Source{
+		{Export: "disk0", Stats: fakeStats},
+		{Export: "empty", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through"} }},
+	}
+	rec := get(t, NewHandler(func() []Source { return sources }), "GET", "/stats")
+	require.Equal(t, http.StatusOK, rec.Code)
+	var got StatsResponse
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &got))
+	require.Equal(t, StatsResponse{Exports: []ExportStats{
+		{Name: "disk0", Stats: fakeStats()},
+		{Name: "empty", Stats: cache.Stats{Mode: "write-through"}},
+	}}, got)
+}
+
+func TestHandlerStatsNoExports(t *testing.T) {
+	rec := get(t, NewHandler(func() []Source { return nil }), "GET", "/stats")
+	require.JSONEq(t, `{"exports":[]}`, rec.Body.String())
+}
+
+// scrape parses GET /metrics into metric families.
+func scrape(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
+	t.Helper()
+	rec := get(t, h, "GET", "/metrics")
+	require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(rec.Body)
+	require.NoError(t, err)
+	return fams
+}
+
+// series finds the metric of family name whose labels are exactly labels.
+func series(t *testing.T, fams map[string]*dto.MetricFamily, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
+	f, ok := fams[name]
+	require.True(t, ok, "no metric family %s", name)
+	for _, m := range f.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if len(got) == len(labels) {
+			match := true
+			for k, v := range labels {
+				match = match && got[k] == v
+			}
+			if match {
+				return m
+			}
+		}
+	}
+	t.Fatalf("%s has no series %v", name, labels)
+	return nil
+}
+
+func TestHandlerMetricsTiersAndBackend(t *testing.T) {
+	fams := scrape(t, NewHandler(fakeSources))
+	for _, tc := range []struct {
+		name  string
+		tier  string
+		typ   dto.MetricType
+		value float64
+	}{
+		{"tierblk_cache_hits_total", "ram", dto.MetricType_COUNTER, 900},
+		{"tierblk_cache_misses_total", "ram", dto.MetricType_COUNTER, 100},
+		{"tierblk_cache_hit_bytes_total", "ram", dto.MetricType_COUNTER, 900 * 65536},
+		{"tierblk_cache_promotions_total", "ssd", dto.MetricType_COUNTER, 11},
+		{"tierblk_cache_evictions_total", "ssd", dto.MetricType_COUNTER, 13},
+		{"tierblk_cache_invalidations_total", "ssd", dto.MetricType_COUNTER, 17},
+		{"tierblk_cache_errors_total", "ssd", dto.MetricType_COUNTER, 2},
+		{"tierblk_cache_lines", "ssd", dto.MetricType_GAUGE, 4000},
+		{"tierblk_cache_capacity_lines", "ssd", dto.MetricType_GAUGE, 16384},
+		{"tierblk_cache_bytes", "ram", dto.MetricType_GAUGE, 512 * 65536},
+		{"tierblk_cache_tier_failed", "ram", dto.MetricType_GAUGE, 0},
+		{"tierblk_cache_tier_failed", "ssd", dto.MetricType_GAUGE, 1},
+		{"tierblk_backend_reads_total", "", dto.MetricType_COUNTER, 40},
+		{"tierblk_backend_writes_total", "", dto.MetricType_COUNTER, 20},
+		{"tierblk_backend_read_bytes_total", "", dto.MetricType_COUNTER, 40 * 65536},
+		{"tierblk_backend_write_bytes_total", "", dto.MetricType_COUNTER, 20 * 4096},
+		{"tierblk_backend_errors_total", "", dto.MetricType_COUNTER, 1},
+	} {
+		t.Run(tc.name+"/"+tc.tier, func(t *testing.T) {
+			labels := map[string]string{"export": "disk0"}
+			if tc.tier != "" {
+				labels["tier"] = tc.tier
+			}
+			require.Equal(t, tc.typ, fams[tc.name].GetType())
+			m := series(t, fams, tc.name, labels)
+			if tc.typ == dto.MetricType_COUNTER {
+				require.Equal(t, tc.value, m.GetCounter().GetValue())
+			} else {
+				require.Equal(t, tc.value, m.GetGauge().GetValue())
+			}
+		})
+	}
+}
+
+func TestHandlerMetricsHistogramsAreCumulative(t *testing.T) {
+	fams := scrape(t, NewHandler(fakeSources))
+	require.Equal(t, dto.MetricType_HISTOGRAM, fams["tierblk_request_duration_seconds"].GetType())
+	for _, tc := range []struct {
+		op      string
+		buckets []uint64 // cumulative, at 0.001, 0.01, 0.1 and +Inf
+		count   uint64
+		sum     float64
+	}{
+		{"read", []uint64{5, 8, 8, 10}, 10, 1.5},
+		{"write", []uint64{0, 0, 4, 4}, 4, 0.2},
+	} {
+		t.Run(tc.op, func(t *testing.T) {
+			h := series(t, fams, "tierblk_request_duration_seconds", map[string]string{"export": "disk0", "op": tc.op}).GetHistogram()
+			var bounds []float64
+			var counts []uint64
+			for _, b := range h.GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+				counts = append(counts, b.GetCumulativeCount())
+			}
+			require.Equal(t, []float64{0.001, 0.01, 0.1, math.Inf(1)}, bounds)
+			require.Equal(t, tc.buckets, counts)
+			require.Equal(t, tc.count, h.GetSampleCount())
+			require.Equal(t, tc.sum, h.GetSampleSum())
+		})
+	}
+}
+
+func TestHandlerMetricsExactLines(t *testing.T) {
+	body := get(t, NewHandler(fakeSources), "GET", "/metrics").Body.String()
+	for _, line := range []string{
+		`tierblk_cache_hits_total{export="disk0",tier="ram"} 900`,
+		`tierblk_request_duration_seconds_bucket{export="disk0",op="read",le="0.01"} 8`,
+		`tierblk_request_duration_seconds_bucket{export="disk0",op="read",le="+Inf"} 10`,
+		`tierblk_request_duration_seconds_count{export="disk0",op="read"} 10`,
+	} {
+		require.Contains(t, body, line+"\n")
+	}
+	// The Go and process collectors are registered too.
+	require.Contains(t, body, "\ngo_goroutines ")
+	require.Contains(t, body, "\nprocess_")
+}
+
+func TestHandlerMetricsReadsSourcesPerScrape(t *testing.T) {
+	var srcs []Source
+	h := NewHandler(func() []Source { return srcs })
+	require.NotContains(t, scrape(t, h), "tierblk_cache_hits_total")
+	srcs = fakeSources()
+	series(t, scrape(t, h), "tierblk_cache_hits_total", map[string]string{"export": "disk0", "tier": "ram"})
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// fetch GETs path from an admin endpoint at bound, a ParseAdminAddr address.
+func fetch(t *testing.T, bound, path string) string {
+	t.Helper()
+	network, address, err := ParseAdminAddr(bound)
+	require.NoError(t, err)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, address)
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://admin" + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}
+
+func TestServeTCP(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := Serve(ctx, "127.0.0.1:0", NewHandler(fakeSources), quietLog())
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(bound, "127.0.0.1:"), bound)
+	require.NotEqual(t, "127.0.0.1:0", bound, "bound must name the real port")
+	require.Contains(t, fetch(t, bound, "/stats"), `"name": "disk0"`)
+	cancel()
+	require.NoError(t, wait())
+	_, err = net.Dial("tcp", bound)
+	require.Error(t, err, "still listening after shutdown")
+}
+
+func TestServeUnix(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run", "admin.sock") // run/ does not exist yet
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := Serve(ctx, "unix:"+path, NewHandler(fakeSources), quietLog())
+	require.NoError(t, err)
+	require.Equal(t, "unix:"+path, bound)
+	require.Contains(t, fetch(t, bound, "/metrics"), "tierblk_cache_hits_total")
+
+	// A second server must not steal a live socket.
+	_, _, err = Serve(context.Background(), "unix:"+path, NewHandler(fakeSources), quietLog())
+	require.ErrorContains(t, err, "in use by another server")
+
+	cancel()
+	require.NoError(t, wait())
+	_, err = os.Lstat(path)
+	require.ErrorIs(t, err, os.ErrNotExist, "socket left behind after shutdown")
+}
+
+func TestServeReplacesStaleSocket(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "admin.sock")
+	// A listener that is closed without unlinking leaves the socket file of a dead process.
+	l, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	_, err = os.Lstat(path)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := Serve(ctx, "unix:"+path, NewHandler(fakeSources), quietLog())
+	require.NoError(t, err)
+	require.Contains(t, fetch(t, bound, "/"), "/metrics")
+	cancel()
+	require.NoError(t, wait())
+}
+
+func TestServeRefuses(t *testing.T) {
+	notSocket := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(notSocket, []byte("x"), 0o644))
+	for _, tc := range []struct{ addr, wantErr string }{
+		{"0.0.0.0:0", "loopback"},
+		{"unix:" + notSocket, "is not a socket"},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			_, _, err := Serve(context.Background(), tc.addr, NewHandler(fakeSources), quietLog())
+			require.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+	data, err := os.ReadFile(notSocket)
+	require.NoError(t, err)
+	require.Equal(t, "x", string(data), "a file that is not a socket must be left alone")
+}

@@ -1,0 +1,95 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// ShutdownTimeout bounds how long Serve waits for requests in flight once its context is cancelled.
+const ShutdownTimeout = 5 * time.Second
+
+// Serve listens on addr (see ParseAdminAddr) and serves h until ctx is cancelled, then shuts the
+// server down and removes its unix socket. bound is the address actually listened on, in the form
+// ParseAdminAddr accepts (with the real port if addr asked for port 0). wait blocks until the
+// server has stopped and returns why it stopped early, or the shutdown's error; nil after a clean
+// stop. A stale unix socket left by a dead process is replaced; a live one is refused.
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (bound string, wait func() error, err error) {
+	network, address, err := ParseAdminAddr(addr)
+	if err != nil {
+		return "", nil, err
+	}
+	if network == "unix" {
+		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
+			return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
+		}
+		if err := removeStaleSocket(address); err != nil {
+			return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
+		}
+	}
+	l, err := net.Listen(network, address)
+	if err != nil {
+		return "", nil, fmt.Errorf("admin endpoint: %w", err)
+	}
+	bound = "unix:" + address
+	if network == "tcp" {
+		bound = l.Addr().String()
+	}
+
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(l) }()
+	done := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-serveErr:
+			// Serve has closed the listener, which removes a unix socket.
+			done <- fmt.Errorf("admin endpoint %s: %w", bound, err)
+			return
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		err := srv.Shutdown(sctx) // closes the listener, which removes a unix socket
+		if serr := <-serveErr; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+		if err != nil {
+			err = fmt.Errorf("admin endpoint %s: shutdown: %w", bound, err)
+		}
+		done <- err
+	}()
+	log.Info("admin endpoint listening", "addr", bound)
+	return bound, sync.OnceValue(func() error { return <-done }), nil
+}
+
+// removeStaleSocket deletes a socket file left by a process that died, but refuses to touch one
+// that still answers or a path that is not a socket.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%s exists and is not a socket; remove it or choose another path", path)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return fmt.Errorf("%s is in use by another server", path)
+	}
+	return os.Remove(path)
+}
