@@ -1,0 +1,388 @@
+package meta
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
+)
+
+// maxGroup bounds how many Commit calls one group write takes, so that a steady stream of
+// committers cannot starve the ones already waiting.
+const maxGroup = 1024
+
+// lockName is the file a Badger flocks in its directory. Badger locks the directory too, but its
+// error does not say that another tierblk holds it.
+const lockName = "tierblk.lock"
+
+// Badger is a Store on a badger database in one directory. A single goroutine writes: concurrent
+// Commit calls queue for it, and it writes all that are waiting in one transaction and, when any
+// of them asked for sync, syncs once for them all.
+type Badger struct {
+	db   *badger.DB
+	dir  string
+	lock *os.File
+
+	reqs    chan *request
+	stopped chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	active sync.WaitGroup // calls in progress, which Close waits for
+}
+
+var _ Store = (*Badger)(nil)
+
+type request struct {
+	ops  []Op
+	sync bool
+	err  error
+	done chan error
+}
+
+// OpenBadger opens (creating it if needed) the store in dir. Log receives badger's messages: its
+// errors and warnings as such, its chatter at debug level; nil discards them.
+func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("meta: creating metadata directory: %w", err)
+	}
+	lock, err := lockDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	db, err := badger.Open(badgerOptions(dir, log))
+	if err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("meta: opening metadata in %s: %w", dir, err)
+	}
+	b := &Badger{
+		db:      db,
+		dir:     dir,
+		lock:    lock,
+		reqs:    make(chan *request, maxGroup),
+		stopped: make(chan struct{}),
+	}
+	go b.run()
+	return b, nil
+}
+
+// badgerOptions keeps badger small: the SSD tier may hold 16 million lines, and the metadata must
+// not cost more memory than the cache's own per-line state.
+func badgerOptions(dir string, log *slog.Logger) badger.Options {
+	return badger.DefaultOptions(dir).
+		WithLogger(badgerLogger{log}).
+		WithMemTableSize(16 << 20).
+		WithNumMemtables(2).
+		WithNumLevelZeroTables(2).
+		WithNumLevelZeroTablesStall(8).
+		WithNumCompactors(2).
+		WithNumGoroutines(2).
+		// Records stay in the LSM tree (badger's default threshold keeps values up to 1 MiB
+		// there), so the value log is unused: keep its mapped file small.
+		WithValueLogFileSize(16 << 20).
+		// Bitmaps barely compress and, without compression, the block cache would only
+		// duplicate the page cache over the mapped tables.
+		WithCompression(options.None).
+		WithBlockCacheSize(0).
+		// Bounds the memory of table indexes and bloom filters, which otherwise grow with
+		// the number of lines.
+		WithIndexCacheSize(16 << 20).
+		// One goroutine writes, so there are no conflicts to detect.
+		WithDetectConflicts(false).
+		WithMetricsEnabled(false)
+}
+
+// lockDir takes an exclusive lock on dir for this process, so that a second daemon on the same
+// directory fails with an error that says so.
+func lockDir(dir string) (*os.File, error) {
+	name := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("meta: opening lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder := ""
+		if pid, rerr := os.ReadFile(name); rerr == nil && len(strings.TrimSpace(string(pid))) > 0 {
+			holder = " (pid " + strings.TrimSpace(string(pid)) + ")"
+		}
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("meta: metadata directory %s is in use by another tierblk%s", dir, holder)
+		}
+		return nil, fmt.Errorf("meta: locking metadata directory %s: %w", dir, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// enter registers a call in progress, or reports that the store is closed.
+func (b *Badger) enter() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	b.active.Add(1)
+	return nil
+}
+
+// Superblock implements Store.
+func (b *Badger) Superblock() (Superblock, bool, error) {
+	if err := b.enter(); err != nil {
+		return Superblock{}, false, err
+	}
+	defer b.active.Done()
+	var sb Superblock
+	err := b.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get(superblockKey)
+		if err != nil {
+			return err
+		}
+		return item.Value(func(v []byte) error { return json.Unmarshal(v, &sb) })
+	})
+	switch {
+	case errors.Is(err, badger.ErrKeyNotFound):
+		return Superblock{}, false, nil
+	case err != nil:
+		return Superblock{}, false, fmt.Errorf("meta: reading superblock, key %x: %w", superblockKey, err)
+	}
+	return sb, true, nil
+}
+
+// SetSuperblock implements Store.
+func (b *Badger) SetSuperblock(sb Superblock) error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.active.Done()
+	v, err := json.Marshal(sb)
+	if err != nil {
+		return fmt.Errorf("meta: encoding superblock: %w", err)
+	}
+	if err := b.db.Update(func(txn *badger.Txn) error { return txn.Set(superblockKey, v) }); err != nil {
+		return fmt.Errorf("meta: writing superblock: %w", err)
+	}
+	if err := b.db.Sync(); err != nil {
+		return fmt.Errorf("meta: syncing superblock: %w", err)
+	}
+	return nil
+}
+
+// Commit implements Store. A commit too large for one badger transaction (tens of thousands of
+// ops) fails alone, without affecting the others written with it.
+func (b *Badger) Commit(ops []Op, sync bool) error {
+	if err := checkOps(ops); err != nil {
+		return err
+	}
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.active.Done()
+	r := &request{ops: ops, sync: sync, done: make(chan error, 1)}
+	b.reqs <- r
+	return <-r.done
+}
+
+// Sync implements Store.
+func (b *Badger) Sync() error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.active.Done()
+	if err := b.db.Sync(); err != nil {
+		return fmt.Errorf("meta: syncing: %w", err)
+	}
+	return nil
+}
+
+// Lines implements Store. It reads a snapshot taken when it starts; fn may commit.
+func (b *Badger) Lines(fn func(Line) error) error {
+	if err := b.enter(); err != nil {
+		return err
+	}
+	defer b.active.Done()
+	return b.db.View(func(txn *badger.Txn) error {
+		opts := badger.DefaultIteratorOptions
+		opts.Prefix = []byte{linePrefix}
+		opts.PrefetchValues = false // values are inline: item.Value reads them without I/O
+		it := txn.NewIterator(opts)
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			var l Line
+			err := item.Value(func(v []byte) error {
+				var err error
+				l, err = decodeLine(item.Key(), v)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			if err := fn(l); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Close implements Store. It waits for the calls in progress, then closes the database, which
+// writes its memory tables to disk.
+func (b *Badger) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return ErrClosed
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.active.Wait()
+	close(b.reqs)
+	<-b.stopped
+	err := b.db.Close()
+	if cerr := b.lock.Close(); err == nil { // closing the file releases the flock
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("meta: closing metadata in %s: %w", b.dir, err)
+	}
+	return nil
+}
+
+// run is the committer: it takes every request waiting and writes them as one group.
+func (b *Badger) run() {
+	defer close(b.stopped)
+	group := make([]*request, 0, maxGroup)
+	for r := range b.reqs {
+		group = append(group[:0], r)
+	drain:
+		for len(group) < maxGroup {
+			select {
+			case r, ok := <-b.reqs:
+				if !ok {
+					break drain
+				}
+				group = append(group, r)
+			default:
+				break drain
+			}
+		}
+		b.write(group)
+	}
+}
+
+// write writes a group in order, in as few transactions as fit, never splitting a request, and
+// answers every request: those without sync as soon as they are written, those with sync after
+// the one sync they share. Once a transaction fails, the requests after it are not written, so
+// that no commit becomes visible without the ones before it.
+func (b *Badger) write(group []*request) {
+	var failed error
+	for i := 0; i < len(group); {
+		if failed != nil {
+			group[i].err = fmt.Errorf("meta: commit not written after an earlier one failed: %w", failed)
+			i++
+			continue
+		}
+		n, err := b.writeTxn(group[i:])
+		if errors.Is(err, badger.ErrTxnTooBig) {
+			// Only this request is at fault; it was not written.
+			group[i].err = fmt.Errorf("meta: commit of %d ops is larger than one metadata transaction: %w",
+				len(group[i].ops), err)
+		} else if err != nil {
+			failed = fmt.Errorf("meta: writing metadata: %w", err)
+			for _, r := range group[i : i+n] {
+				r.err = failed
+			}
+		}
+		i += n
+	}
+	syncing := false
+	for _, r := range group {
+		if r.sync && r.err == nil {
+			syncing = true
+			continue
+		}
+		r.done <- r.err
+	}
+	if !syncing {
+		return
+	}
+	err := b.db.Sync()
+	if err != nil {
+		err = fmt.Errorf("meta: syncing metadata: %w", err)
+	}
+	for _, r := range group {
+		if r.sync && r.err == nil {
+			r.done <- err
+		}
+	}
+}
+
+// writeTxn writes the longest prefix of reqs that fits one transaction and returns its length.
+// When reqs[0] alone does not fit, it returns 1 and badger.ErrTxnTooBig.
+func (b *Badger) writeTxn(reqs []*request) (int, error) {
+	txn := b.db.NewTransaction(true)
+	defer txn.Discard()
+	for i, r := range reqs {
+		err := applyOps(txn, r.ops)
+		switch {
+		case errors.Is(err, badger.ErrTxnTooBig) && i > 0:
+			// reqs[:i] fitted before reqs[i] was added.
+			txn.Discard()
+			return b.writeTxn(reqs[:i])
+		case errors.Is(err, badger.ErrTxnTooBig):
+			return 1, err
+		case err != nil:
+			return len(reqs), err
+		}
+	}
+	return len(reqs), txn.Commit()
+}
+
+func applyOps(txn *badger.Txn, ops []Op) error {
+	for _, op := range ops {
+		key := lineKey(op.Rec.Line)
+		var err error
+		if op.Delete {
+			err = txn.Delete(key)
+		} else {
+			err = txn.Set(key, encodeLine(op.Rec))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// badgerLogger routes badger's log to slog. Badger's info messages (compactions, table flushes)
+// are routine for tierblk, so they go to debug.
+type badgerLogger struct{ log *slog.Logger }
+
+func (l badgerLogger) Errorf(f string, args ...any)   { l.emit(slog.LevelError, f, args) }
+func (l badgerLogger) Warningf(f string, args ...any) { l.emit(slog.LevelWarn, f, args) }
+func (l badgerLogger) Infof(f string, args ...any)    { l.emit(slog.LevelDebug, f, args) }
+func (l badgerLogger) Debugf(f string, args ...any)   { l.emit(slog.LevelDebug, f, args) }
+
+func (l badgerLogger) emit(level slog.Level, f string, args []any) {
+	ctx := context.Background()
+	if !l.log.Enabled(ctx, level) {
+		return
+	}
+	l.log.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(f, args...)), "component", "badger")
+}

@@ -1,0 +1,80 @@
+// Package meta is the persistent metadata of the cache's SSD tier: a superblock that says which
+// backend and layout the tier belongs to, and one record per cached line (its slot on the SSD and
+// its per-4 KiB valid and dirty bits).
+//
+// The engine keeps its working state in memory and writes records here so that a restart finds the
+// tier warm and a crash never makes it trust data that might be stale. Store implementations must
+// never reorder commits: a record committed after another is never visible without it.
+package meta
+
+import (
+	"errors"
+	"fmt"
+)
+
+// FormatVersion is the on-disk layout version this binary writes and accepts.
+const FormatVersion = 1
+
+// Superblock identifies what an SSD tier caches. A cache whose superblock does not match the
+// configured backend and layout must be refused, never silently reused.
+type Superblock struct {
+	Version     uint32 `json:"version"`
+	LineSize    uint32 `json:"line_size"`
+	Backend     string `json:"backend"`      // the backend's identity (its URL)
+	BackendSize int64  `json:"backend_size"` // bytes
+	Slots       uint32 `json:"slots"`        // lines the SSD tier holds
+}
+
+// Mismatch describes how a stored superblock differs from want, or returns nil when they match.
+func (sb Superblock) Mismatch(want Superblock) error {
+	var errs []error
+	if sb.Version != want.Version {
+		errs = append(errs, fmt.Errorf("format version %d, this tierblk writes %d", sb.Version, want.Version))
+	}
+	if sb.LineSize != want.LineSize {
+		errs = append(errs, fmt.Errorf("line size %d, configured %d", sb.LineSize, want.LineSize))
+	}
+	if sb.Backend != want.Backend {
+		errs = append(errs, fmt.Errorf("backend %q, configured %q", sb.Backend, want.Backend))
+	}
+	if sb.BackendSize != want.BackendSize {
+		errs = append(errs, fmt.Errorf("backend size %d, now %d", sb.BackendSize, want.BackendSize))
+	}
+	if sb.Slots != want.Slots {
+		errs = append(errs, fmt.Errorf("%d lines, configured %d", sb.Slots, want.Slots))
+	}
+	return errors.Join(errs...)
+}
+
+// Line is the record of one line held on the SSD tier. Bitmaps have one bit per 4 KiB block of the
+// line, block i at Valid[i/64] bit i%64; Dirty is a subset of Valid.
+type Line struct {
+	Line  uint64   `json:"line"` // line number: byte offset / line size
+	Slot  uint32   `json:"slot"`
+	Valid []uint64 `json:"valid"`
+	Dirty []uint64 `json:"dirty,omitempty"`
+}
+
+// Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.
+type Op struct {
+	Delete bool
+	Rec    Line
+}
+
+// Store holds the metadata. Its methods are safe for concurrent use.
+type Store interface {
+	// Superblock returns the stored superblock; ok is false for a new, empty store.
+	Superblock() (sb Superblock, ok bool, err error)
+	// SetSuperblock stores sb durably (synced) before it returns.
+	SetSuperblock(sb Superblock) error
+	// Commit applies ops atomically, in order. Concurrent commits are grouped so that many callers
+	// share one write (and, with sync, one sync). Without sync the commit survives a crash of the
+	// process (kill -9) when Commit returns; with sync it also survives power loss.
+	Commit(ops []Op, sync bool) error
+	// Sync makes every commit that returned before the call survive power loss.
+	Sync() error
+	// Lines calls fn for every stored line record, in line order, stopping at fn's first error.
+	Lines(fn func(Line) error) error
+	// Close releases the store; commits that returned stay committed.
+	Close() error
+}
