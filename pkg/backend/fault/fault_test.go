@@ -281,7 +281,6 @@ func TestTornWrites(t *testing.T) {
 			require.Equal(t, old[:c.off], got[:c.off], "write at %d+%d changed data before it", c.off, c.n)
 			require.Equal(t, p[:end-c.off], got[c.off:end])
 			require.Equal(t, old[end:], got[end:], "write at %d+%d: data after %d changed", c.off, c.n, end)
-			require.True(t, end == c.off || end%SectorSize == 0, "write at %d+%d tore at %d, inside a sector", c.off, c.n, end)
 			switch end {
 			case c.off:
 				empty++
