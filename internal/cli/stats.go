@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/units"
+)
+
+// statsTimeout bounds the whole request to the admin endpoint; a daemon that does not answer a
+// snapshot in this time is reported rather than waited for.
+const statsTimeout = 10 * time.Second
+
+type statsOpts struct {
+	admin  string
+	json   bool
+	export string
+	stdout io.Writer
+}
+
+func newStatsCmd() *cobra.Command {
+	o := statsOpts{}
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Print the cache statistics of a running daemon",
+		Long: `Asks a running daemon's admin endpoint for a snapshot of every export's cache and prints, per
+tier, hits, misses, occupancy, promotions, evictions and errors; the backend's traffic; and the
+request latency quantiles, estimated from the latency histograms as Prometheus does.`,
+		Example: `  tierblk stats --admin unix:/run/tierblk-admin.sock
+  tierblk stats --admin 127.0.0.1:9180 --export disk0 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.stdout = cmd.OutOrStdout()
+			return runStats(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.admin, "admin", "", "the daemon's admin endpoint: unix:/path/to.sock or a loopback HOST:PORT")
+	f.BoolVar(&o.json, "json", false, "print the snapshot as JSON")
+	f.StringVar(&o.export, "export", "", "only this export")
+	return cmd
+}
+
+func runStats(ctx context.Context, o statsOpts) error {
+	if o.admin == "" {
+		return usageErrorf("--admin is required: the daemon's admin endpoint, unix:/path/to.sock or 127.0.0.1:PORT")
+	}
+	network, address, err := metrics.ParseAdminAddr(o.admin)
+	if err != nil {
+		return usageErrorf("--admin: %v", err)
+	}
+	resp, err := fetchStats(ctx, network, address)
+	if err != nil {
+		return fmt.Errorf("no tierblk admin endpoint at %s: %w", o.admin, err)
+	}
+	if o.export != "" {
+		var names []string
+		var only []metrics.ExportStats
+		for _, e := range resp.Exports {
+			names = append(names, e.Name)
+			if e.Name == o.export {
+				only = append(only, e)
+			}
+		}
+		if len(only) == 0 {
+			return fmt.Errorf("--export %q: the daemon at %s has no such export; it serves: %s", o.export, o.admin, strings.Join(names, ", "))
+		}
+		resp.Exports = only
+	}
+	if o.json {
+		enc := json.NewEncoder(o.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(resp)
+	}
+	for i, e := range resp.Exports {
+		if i > 0 {
+			fmt.Fprintln(o.stdout)
+		}
+		writeExportStats(o.stdout, e)
+	}
+	return nil
+}
+
+// fetchStats gets /stats from the admin endpoint. It dials network/address whatever the URL's host
+// says, so one client serves both TCP and unix sockets.
+func fetchStats(ctx context.Context, network, address string) (metrics.StatsResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, address)
+		},
+	}}
+	defer client.CloseIdleConnections()
+	var out metrics.StatsResponse
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tierblk-admin/stats", nil)
+	if err != nil {
+		return out, err
+	}
+	resp, err := client.Do(req)
+	if ue, ok := err.(*url.Error); ok {
+		// The URL is made up (see above); the dial error names the real address.
+		return out, ue.Err
+	}
+	if err != nil {
+		return out, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return out, fmt.Errorf("GET /stats: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, fmt.Errorf("GET /stats: the answer is not tierblk stats: %w", err)
+	}
+	return out, nil
+}
+
+func writeExportStats(w io.Writer, e metrics.ExportStats) {
+	s := e.Stats
+	fmt.Fprintf(w, "export %s: mode %s, line size %s\n", e.Name, s.Mode, units.FormatSize(int64(s.LineSize)))
+	writeTiers(w, s.Tiers)
+	b := s.Backend
+	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",
+		b.Reads, humanBytes(b.ReadBytes), b.Writes, humanBytes(b.WriteBytes), b.Errors)
+	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
+}
+
+func writeTiers(w io.Writer, tiers []cache.TierStats) {
+	if len(tiers) == 0 {
+		fmt.Fprintln(w, "no cache tiers")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "tier\tpolicy\thits\tmisses\thit ratio\tlines/capacity\toccupancy\tbytes\tpromotions\tevictions\terrors\tstate")
+	for _, t := range tiers {
+		state := "ok"
+		if t.Failed {
+			state = "FAILED"
+			if t.Reason != "" {
+				state += ": " + t.Reason
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%d/%d\t%s\t%s\t%d\t%d\t%d\t%s\n",
+			t.Name, t.Policy, t.Hits, t.Misses, percent(t.Hits, t.Hits+t.Misses),
+			t.Lines, t.Capacity, percent(t.Lines, t.Capacity), humanBytes(t.LineBytes),
+			t.Promotions, t.Evictions, t.Errors, state)
+	}
+	tw.Flush()
+}
+
+// percent prints n/of with one decimal, or "-" when of is 0 (no lookups yet, no capacity).
+func percent(n, of uint64) string {
+	if of == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(n)/float64(of))
+}
+
+// humanBytes prints n in the largest binary unit it fills, with one decimal unless the unit divides
+// it exactly. units.FormatSize is exact instead, so it would print 2.5MiB as 2560KiB.
+func humanBytes(n uint64) string {
+	const unitNames = "KMGTPE"
+	if n < 1024 {
+		return strconv.FormatUint(n, 10)
+	}
+	i := 0
+	for i < len(unitNames)-1 && n>>(10*(i+1)) >= 1024 {
+		i++
+	}
+	unit := uint64(1) << (10 * (i + 1))
+	if n%unit == 0 {
+		return fmt.Sprintf("%d%ciB", n/unit, unitNames[i])
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(unit), unitNames[i])
+}
+
+func latencySummary(h cache.Histogram) string {
+	if h.Count == 0 {
+		return "no requests"
+	}
+	return fmt.Sprintf("p50 %s p99 %s (%d requests)", formatSeconds(h, 0.5), formatSeconds(h, 0.99), h.Count)
+}
+
+// formatSeconds prints the q-quantile of h to three significant digits, or ">LAST" when it lies
+// above the last bucket bound and so cannot be estimated.
+func formatSeconds(h cache.Histogram, q float64) string {
+	v, ok := quantile(h, q)
+	if !ok {
+		return ">" + time.Duration(v*float64(time.Second)).String()
+	}
+	d := time.Duration(v * float64(time.Second))
+	round := time.Duration(1)
+	for d/round >= 1000 {
+		round *= 10
+	}
+	return d.Round(round).String()
+}
+
+// quantile estimates the q-quantile of h as Prometheus' histogram_quantile does: find the bucket
+// holding the rank q*count and interpolate linearly inside it, taking 0 as the lower edge of the
+// first bucket. ok is false when the rank falls above the last bound; the value is then that bound.
+func quantile(h cache.Histogram, q float64) (v float64, ok bool) {
+	var total uint64
+	for _, n := range h.Counts {
+		total += n
+	}
+	if total == 0 || len(h.Bounds) == 0 {
+		return 0, false
+	}
+	rank := q * float64(total)
+	var below uint64
+	for i, b := range h.Bounds {
+		n := h.Counts[i]
+		if float64(below+n) >= rank && n > 0 {
+			lower := 0.0
+			if i > 0 {
+				lower = h.Bounds[i-1]
+			}
+			return lower + (b-lower)*(rank-float64(below))/float64(n), true
+		}
+		below += n
+	}
+	return h.Bounds[len(h.Bounds)-1], false
+}

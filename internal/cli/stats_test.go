@@ -1,0 +1,173 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/metrics"
+)
+
+func statsFixture() cache.Stats {
+	return cache.Stats{
+		Mode:     "write-back",
+		LineSize: 65536,
+		Tiers: []cache.TierStats{
+			{Name: "ram", Policy: "s3fifo", Admission: "always", Hits: 900, Misses: 100, HitBytes: 900 * 65536,
+				Promotions: 7, Evictions: 5, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536},
+			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
+				Promotions: 11, Evictions: 13, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
+				Errors: 2, Failed: true, Reason: "write: input/output error"},
+		},
+		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20*4096 + 512, Errors: 1},
+		// 100 reads: 50 at most 1ms, 40 more at most 10ms, 10 above 100ms.
+		ReadLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{50, 40, 0, 10},
+			Count: 100, Sum: 3},
+		WriteLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{0, 0, 0, 0}},
+	}
+}
+
+// serveStats runs a real admin endpoint on a unix socket with exports disk0 and disk1.
+func serveStats(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	sources := []metrics.Source{
+		{Export: "disk0", Stats: statsFixture},
+		{Export: "disk1", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through", LineSize: 4096} }},
+	}
+	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
+		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, wait())
+	})
+	return bound
+}
+
+func statsCmd(o statsOpts) (string, error) {
+	var out bytes.Buffer
+	o.stdout = &out
+	err := runStats(context.Background(), o)
+	return out.String(), err
+}
+
+const disk0Table = `export disk0: mode write-back, line size 64KiB
+tier  policy  hits  misses  hit ratio  lines/capacity  occupancy  bytes   promotions  evictions  errors  state
+ram   s3fifo  900   100     90.0%      512/1024        50.0%      32MiB   7           5          0       ok
+ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       FAILED: write: input/output error
+backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
+latency: read p50 1ms p99 >100ms (100 requests); write no requests
+`
+
+func TestStatsTable(t *testing.T) {
+	bound := serveStats(t)
+	out, err := statsCmd(statsOpts{admin: bound})
+	require.NoError(t, err)
+	require.Equal(t, disk0Table+`
+export disk1: mode write-through, line size 4KiB
+no cache tiers
+backend: 0 reads (0), 0 writes (0), 0 errors
+latency: read no requests; write no requests
+`, out)
+
+	out, err = statsCmd(statsOpts{admin: bound, export: "disk0"})
+	require.NoError(t, err)
+	require.Equal(t, disk0Table, out)
+}
+
+func TestStatsJSON(t *testing.T) {
+	bound := serveStats(t)
+	out, err := statsCmd(statsOpts{admin: bound, json: true, export: "disk0"})
+	require.NoError(t, err)
+	var got metrics.StatsResponse
+	require.NoError(t, json.Unmarshal([]byte(out), &got))
+	require.Equal(t, metrics.StatsResponse{Exports: []metrics.ExportStats{{Name: "disk0", Stats: statsFixture()}}}, got)
+}
+
+func TestStatsOverTCP(t *testing.T) {
+	srv := httptest.NewServer(metrics.NewHandler(func() []metrics.Source {
+		return []metrics.Source{{Export: "disk0", Stats: statsFixture}}
+	}))
+	defer srv.Close()
+	out, err := statsCmd(statsOpts{admin: strings.TrimPrefix(srv.URL, "http://")})
+	require.NoError(t, err)
+	require.Equal(t, disk0Table, out)
+}
+
+func TestStatsErrors(t *testing.T) {
+	notTierblk := httptest.NewServer(http.NotFoundHandler())
+	defer notTierblk.Close()
+	notJSON := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("<html>")) }))
+	defer notJSON.Close()
+	bound := serveStats(t)
+	dead := "unix:" + filepath.Join(t.TempDir(), "nobody.sock")
+
+	for _, tc := range []struct {
+		name    string
+		o       statsOpts
+		code    int
+		wantErr string
+	}{
+		{"no admin", statsOpts{}, 2, "--admin is required"},
+		{"any address", statsOpts{admin: "0.0.0.0:9180"}, 2, "loopback"},
+		{"LAN address", statsOpts{admin: "192.168.1.5:9180"}, 2, "loopback"},
+		{"not an address", statsOpts{admin: "localhost"}, 2, "neither unix:/path/to.sock nor HOST:PORT"},
+		{"nothing listening", statsOpts{admin: dead}, 1, "no tierblk admin endpoint at " + dead + ": dial unix "},
+		{"not tierblk", statsOpts{admin: strings.TrimPrefix(notTierblk.URL, "http://")}, 1, "404 Not Found"},
+		{"not JSON", statsOpts{admin: strings.TrimPrefix(notJSON.URL, "http://")}, 1, "the answer is not tierblk stats"},
+		{"unknown export", statsOpts{admin: bound, export: "disk9"}, 1, `--export "disk9": the daemon at ` + bound + " has no such export; it serves: disk0, disk1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := statsCmd(tc.o)
+			require.ErrorContains(t, err, tc.wantErr)
+			require.Equal(t, tc.code, ExitCode(err))
+			require.Empty(t, out)
+		})
+	}
+}
+
+func TestStatsQuantile(t *testing.T) {
+	h := cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{50, 40, 0, 10}, Count: 100}
+	for _, tc := range []struct {
+		q    float64
+		want float64
+		ok   bool
+	}{
+		{0.25, 0.0005, true},        // halfway through the first bucket, from 0
+		{0.5, 0.001, true},          // the end of the first bucket
+		{0.7, 0.001 + 0.0045, true}, // halfway through the second bucket
+		{0.9, 0.01, true},
+		{0.95, 0.1, false}, // above the last bound
+	} {
+		got, ok := quantile(h, tc.q)
+		require.Equal(t, tc.ok, ok, "q=%v", tc.q)
+		require.InDelta(t, tc.want, got, 1e-12, "q=%v", tc.q)
+	}
+	_, ok := quantile(cache.Histogram{}, 0.5)
+	require.False(t, ok, "an empty histogram has no quantiles")
+}
+
+func TestStatsHumanBytes(t *testing.T) {
+	for n, want := range map[uint64]string{
+		0:             "0",
+		1000:          "1000",
+		4096:          "4KiB",
+		1536:          "1.5KiB",
+		250 << 20:     "250MiB",
+		(3 << 30) / 2: "1.5GiB",
+		1<<40 + 1<<38: "1.2TiB",
+		1<<62 + 1<<50: "4.0EiB",
+	} {
+		require.Equal(t, want, humanBytes(n), "%d", n)
+	}
+}
