@@ -61,7 +61,8 @@ type Op struct {
 	Rec    Line
 }
 
-// Store holds the metadata. Its methods are safe for concurrent use.
+// Store holds the metadata. Its methods are safe for concurrent use; after Close they return
+// ErrClosed. Mem and Badger implement it.
 type Store interface {
 	// Superblock returns the stored superblock; ok is false for a new, empty store.
 	Superblock() (sb Superblock, ok bool, err error)
@@ -69,11 +70,14 @@ type Store interface {
 	SetSuperblock(sb Superblock) error
 	// Commit applies ops atomically, in order. Concurrent commits are grouped so that many callers
 	// share one write (and, with sync, one sync). Without sync the commit survives a crash of the
-	// process (kill -9) when Commit returns; with sync it also survives power loss.
+	// process (kill -9) when Commit returns; with sync it also survives power loss. A commit with a
+	// record whose dirty bits are not all valid is rejected whole.
 	Commit(ops []Op, sync bool) error
 	// Sync makes every commit that returned before the call survive power loss.
 	Sync() error
-	// Lines calls fn for every stored line record, in line order, stopping at fn's first error.
+	// Lines calls fn for every stored line record, in line order, stopping at fn's first error,
+	// which it returns as is. Empty bitmaps read back as nil. Records are read from a snapshot
+	// taken when Lines starts; fn may Commit, but must not Close the store.
 	Lines(fn func(Line) error) error
 	// Close releases the store; commits that returned stay committed.
 	Close() error
