@@ -1,0 +1,704 @@
+// Package cache is tierblk's tiered cache engine: it sits between a volume and a backend, and is a
+// backend itself. Reads look up the RAM tier, then the SSD tier, then the backend; a miss brings the
+// whole line into the tiers whose admission policy takes it, and their eviction policies choose what
+// leaves. Lines (4 KiB to 1 MiB) carry one valid bit per 4 KiB block, so a partial write never needs
+// a read from the backend.
+//
+// The engine must never return data older than a write acknowledged before the read was issued,
+// whatever races with it (another connection, promotion, eviction), and never lets a crash make the
+// SSD tier's metadata call stale data valid (see journal). Every request locks the lines it touches,
+// in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
+// failing is bypassed, never trusted; reads then go on from the backend.
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Mode is how writes treat the cache.
+type Mode int
+
+const (
+	// WriteThrough writes the backend and the cache; a write completes when both have it.
+	WriteThrough Mode = iota
+	// WriteAround writes only the backend and drops the cached copy of what it wrote.
+	WriteAround
+	// PassThrough sends everything to the backend; writes still drop cached copies, so that the
+	// cache is not stale when another mode is used again.
+	PassThrough
+)
+
+var modeNames = []string{"writethrough", "writearound", "passthrough"}
+
+func (m Mode) String() string { return modeNames[m] }
+
+// ParseMode parses a mode name.
+func ParseMode(s string) (Mode, error) {
+	for i, n := range modeNames {
+		if s == n {
+			return Mode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("unknown cache mode %q; use writethrough, writearound or passthrough", s)
+}
+
+// Line sizes.
+const (
+	DefaultLineSize = 64 << 10
+	MinLineSize     = blockSize
+	MaxLineSize     = 1 << 20
+)
+
+// TierConfig configures one tier.
+type TierConfig struct {
+	Size      int64  // bytes; 0: no such tier
+	Policy    string // eviction policy name (see package policy); default lru
+	Admission string // admission policy spec; default always
+}
+
+// Config configures a cache.
+type Config struct {
+	LineSize int64 // default DefaultLineSize
+	Mode     Mode
+	RAM      TierConfig
+	SSD      TierConfig
+	// SSDDevice holds the SSD tier's lines (a file or block device, opened for direct I/O); the
+	// cache owns it. Meta, required with it, holds the SSD tier's index; the cache owns it too.
+	SSDDevice backend.Backend
+	Meta      meta.Store
+	// BackendID identifies the backend in the superblock (its URL), so that an SSD tier is never
+	// used in front of another backend.
+	BackendID string
+	Log       *slog.Logger
+}
+
+// Cache is a backend.Backend that caches another. Concurrent calls are safe.
+type Cache struct {
+	b      backend.Backend
+	size   int64
+	line   int64
+	mode   Mode
+	ram    *tier
+	ssd    *tier
+	locks  lineLocks
+	log    *slog.Logger
+	trim   backend.Trimmer
+	zero   backend.ZeroWriter
+	fua    backend.FUAWriter
+	bufs   bufPool
+	closed atomic.Bool
+
+	backendStats ioCounters
+	readLat      histogram
+	writeLat     histogram
+}
+
+// New builds a cache in front of b, which it owns from then on (Close closes it). With an SSD tier
+// it checks the metadata's superblock against b and cfg and loads the index: the tier is warm.
+func New(b backend.Backend, cfg Config) (*Cache, error) {
+	if cfg.LineSize == 0 {
+		cfg.LineSize = DefaultLineSize
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Cache{b: b, size: b.Size(), line: cfg.LineSize, mode: cfg.Mode, log: cfg.Log}
+	c.trim, _ = b.(backend.Trimmer)
+	c.zero, _ = b.(backend.ZeroWriter)
+	c.fua, _ = b.(backend.FUAWriter)
+	var err error
+	if cfg.RAM.Size > 0 {
+		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
+			return nil, err
+		}
+		c.ram.ram = alignedAlloc(c.ram.slots * int(c.line))
+	}
+	if cfg.SSDDevice != nil {
+		if err := c.openSSD(cfg); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (cfg *Config) validate() error {
+	l := cfg.LineSize
+	if l < MinLineSize || l > MaxLineSize || l&(l-1) != 0 {
+		return fmt.Errorf("line size %d: use a power of two from 4KiB to 1MiB", l)
+	}
+	if cfg.RAM.Size != 0 && cfg.RAM.Size < l {
+		return fmt.Errorf("RAM tier size %d is smaller than one line (%d); use 0 for no RAM tier", cfg.RAM.Size, l)
+	}
+	if cfg.SSDDevice != nil {
+		if cfg.Meta == nil {
+			return errors.New("an SSD tier needs a metadata store")
+		}
+		if cfg.SSD.Size == 0 {
+			cfg.SSD.Size = cfg.SSDDevice.Size()
+		}
+		if cfg.SSD.Size < 2*l || cfg.SSD.Size > cfg.SSDDevice.Size() {
+			return fmt.Errorf("SSD tier size %d: use at least two lines (%d) and at most the SSD's size (%d)",
+				cfg.SSD.Size, 2*l, cfg.SSDDevice.Size())
+		}
+		if cfg.SSD.Size/l > 1<<32-1 {
+			return fmt.Errorf("SSD tier size %d needs more than 2^32 lines; use a larger line size", cfg.SSD.Size)
+		}
+	}
+	return nil
+}
+
+func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
+	s := tierSpec{name: name, slots: int(tc.Size / c.line), lineSize: c.line, policy: tc.Policy,
+		admission: tc.Admission, reserve: reserve}
+	if s.policy == "" {
+		s.policy = "lru"
+	}
+	if s.admission == "" {
+		s.admission = "always"
+	}
+	return s
+}
+
+// ssdReserve is how many SSD slots stay out of the policy's capacity, so that evicted slots can
+// wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, within [1, 4096].
+func ssdReserve(slots int) int { return max(1, min(slots/64, 4096)) }
+
+func (c *Cache) openSSD(cfg Config) error {
+	slots := int(cfg.SSD.Size / c.line)
+	t, err := newTier(c.spec("ssd", cfg.SSD, ssdReserve(slots)), c.log)
+	if err != nil {
+		return err
+	}
+	t.dev = cfg.SSDDevice
+	j := newJournal(t, cfg.Meta, ssdReserve(slots))
+	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
+		BackendSize: c.size, Slots: uint32(slots)}
+	sb, ok, err := cfg.Meta.Superblock()
+	switch {
+	case err != nil:
+		return fmt.Errorf("SSD tier metadata: %w", err)
+	case !ok:
+		if err := cfg.Meta.SetSuperblock(want); err != nil {
+			return fmt.Errorf("SSD tier metadata: %w", err)
+		}
+	default:
+		if err := sb.Mismatch(want); err != nil {
+			return fmt.Errorf("the SSD tier holds a cache made for another setup (%w); refusing to reuse it. "+
+				"Start with the same settings, or delete the metadata to start with an empty SSD tier", err)
+		}
+		if err := j.load(); err != nil {
+			return fmt.Errorf("SSD tier: %w", err)
+		}
+		c.log.Info("SSD tier warm", "lines", len(t.index), "slots", slots)
+	}
+	c.ssd = t
+	go j.loop()
+	return nil
+}
+
+// Size implements backend.Backend.
+func (c *Cache) Size() int64 { return c.size }
+
+// ReadOnly reports whether the backend is read-only.
+func (c *Cache) ReadOnly() bool {
+	r, ok := c.b.(backend.ReadOnlyReporter)
+	return ok && r.ReadOnly()
+}
+
+// seg is the part of a request that falls in one line.
+type seg struct {
+	line   uint64
+	start  int64 // device offset of the line
+	n      int64 // bytes of the line (the last line may be short)
+	lo, hi int64 // the request's bytes within the line
+	pOff   int64 // where they are in the request's buffer
+}
+
+func (s seg) blocks() int { return int((s.n + blockSize - 1) / blockSize) }
+
+// touched are the blocks the request touches; full those it covers entirely.
+func (s seg) touched() lineBits {
+	return rangeBits(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))
+}
+
+func (s seg) full() lineBits {
+	end := s.hi / blockSize
+	if s.hi == s.n {
+		end = int64(s.blocks())
+	}
+	return rangeBits(int((s.lo+blockSize-1)/blockSize), int(end))
+}
+
+func (c *Cache) segments(off, length int64) []seg {
+	first, last := off/c.line, (off+length-1)/c.line
+	segs := make([]seg, 0, last-first+1)
+	for line := first; line <= last; line++ {
+		start := line * c.line
+		s := seg{line: uint64(line), start: start, n: min(c.line, c.size-start)}
+		s.lo = max(off, start) - start
+		s.hi = min(off+length, start+s.n) - start
+		s.pOff = start + s.lo - off
+		segs = append(segs, s)
+	}
+	return segs
+}
+
+func (c *Cache) lockSegs(segs []seg) func() {
+	first, last := segs[0].line, segs[len(segs)-1].line
+	c.locks.lock(first, last)
+	return func() { c.locks.unlock(first, last) }
+}
+
+// ReadAt implements backend.Backend.
+func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
+	t0 := time.Now()
+	defer func() { c.readLat.observe(time.Since(t0)) }()
+	if err := c.read(p, off, false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Prefetch brings a range into the cache, whatever the admission policies say (NBD_CMD_CACHE).
+func (c *Cache) Prefetch(off, length int64) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	buf := c.bufs.get(int(min(length, 4<<20)))
+	defer c.bufs.put(buf)
+	for length > 0 {
+		n := min(length, int64(len(buf)))
+		if err := c.read(buf[:n], off, true); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// source says where a segment's data comes from.
+type source struct {
+	t    *tier // nil: the backend
+	slot uint32
+}
+
+// check refuses a request on a closed cache or outside the device.
+func (c *Cache) check(off, length int64) error {
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	return backend.CheckRange(off, length, c.size)
+}
+
+func (c *Cache) read(p []byte, off int64, force bool) error {
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if c.mode == PassThrough {
+		return c.backendRead(p, off)
+	}
+	segs := c.segments(off, int64(len(p)))
+	defer c.lockSegs(segs)()
+	src := make([]source, len(segs))
+	for i, s := range segs {
+		need := s.touched()
+		if c.ram.usable() {
+			if slot, ok := c.ram.lookup(s.line, need); ok {
+				src[i] = source{c.ram, slot}
+				continue
+			}
+		}
+		if c.ssd.usable() {
+			if slot, ok := c.ssd.lookup(s.line, need); ok {
+				src[i] = source{c.ssd, slot}
+			}
+		}
+	}
+	for i := 0; i < len(segs); {
+		if src[i].t != nil {
+			if c.readHit(segs[i], src[i], p, force) {
+				i++
+				continue
+			}
+			src[i].t = nil // the SSD failed this read: fetch the line from the backend
+		}
+		j := i + 1
+		for j < len(segs) && src[j].t == nil {
+			j++
+		}
+		if err := c.readMiss(segs[i:j], p, force); err != nil {
+			for _, s := range src[j:] {
+				if s.t != nil {
+					s.t.unpin(s.slot)
+				}
+			}
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// readHit serves a segment from a tier, promoting SSD hits to RAM. It reports false if the SSD
+// failed the read (the line is dropped and the caller goes to the backend).
+func (c *Cache) readHit(s seg, src source, p []byte, force bool) bool {
+	dst := p[s.pOff : s.pOff+s.hi-s.lo]
+	t := src.t
+	defer t.unpin(src.slot)
+	if t == c.ssd && c.ram.usable() && (force || c.ram.admits(c.access(s, false))) {
+		if ok, done := c.promote(s, src.slot, dst); done {
+			if ok {
+				t.hitBytes.Add(uint64(len(dst)))
+			}
+			return ok
+		}
+	}
+	if err := t.readSlot(src.slot, dst, s.lo); err != nil {
+		t.ioError(s.line, src.slot, err)
+		return false
+	}
+	t.hitBytes.Add(uint64(len(dst)))
+	return true
+}
+
+// promote copies the blocks of s from the SSD slot into the RAM tier, then serves dst from there.
+// done is false if RAM had no slot to spare (the caller reads the SSD directly).
+func (c *Cache) promote(s seg, ssdSlot uint32, dst []byte) (ok, done bool) {
+	slot, valid, got := c.ram.acquire(s.line)
+	if !got {
+		return false, false
+	}
+	touched := s.touched()
+	missing := touched.andNot(valid)
+	var err error
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		if err != nil {
+			return
+		}
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+		ram := c.ram.ram[int64(slot)*c.line+lo : int64(slot)*c.line+hi]
+		err = c.ssd.readSlot(ssdSlot, ram, lo)
+	})
+	if err != nil {
+		c.ram.unpin(slot)
+		c.ssd.ioError(s.line, ssdSlot, err)
+		return false, true
+	}
+	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
+	c.ram.validate(s.line, slot, missing)
+	return true, true
+}
+
+func (c *Cache) access(s seg, write bool) policy.Access {
+	return policy.Access{Key: policy.Key(s.line), Offset: s.start + s.lo, Length: s.hi - s.lo, Write: write}
+}
+
+// readMiss fetches a run of adjacent missed segments with one backend read: whole lines for those a
+// tier admits, only the requested bytes otherwise. Then it fills the tiers.
+func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
+	type fill struct{ ram, ssd bool }
+	fills := make([]fill, len(segs))
+	for i, s := range segs {
+		fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(c.access(s, false)))
+		fills[i].ram = c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
+	}
+	first, last := segs[0], segs[len(segs)-1]
+	from, to := first.start+first.lo, last.start+last.hi
+	if fills[0].ram || fills[0].ssd {
+		from = first.start
+	}
+	if f := fills[len(fills)-1]; f.ram || f.ssd {
+		to = last.start + last.n
+	}
+	buf := c.bufs.get(int(to - from))
+	defer c.bufs.put(buf)
+	if err := c.backendRead(buf, from); err != nil {
+		return err
+	}
+	for i, s := range segs {
+		dst := p[s.pOff : s.pOff+s.hi-s.lo]
+		if !fills[i].ram && !fills[i].ssd {
+			copy(dst, buf[s.start+s.lo-from:])
+			continue
+		}
+		line := buf[s.start-from : s.start-from+s.n]
+		copy(dst, line[s.lo:])
+		all := rangeBits(0, s.blocks())
+		if fills[i].ssd {
+			c.fillTier(c.ssd, s, line, all)
+		}
+		if fills[i].ram {
+			c.fillTier(c.ram, s, line, all)
+		}
+	}
+	return nil
+}
+
+// fillTier stores the blocks bits of line data (which holds the whole line) in tier t, skipping
+// blocks t already holds: those are never older than the backend.
+func (c *Cache) fillTier(t *tier, s seg, data []byte, bits lineBits) {
+	slot, valid, ok := t.acquire(s.line)
+	if !ok {
+		return
+	}
+	missing := bits.andNot(valid)
+	var err error
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		if err == nil {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			err = t.writeSlot(slot, data[lo:hi], lo)
+		}
+	})
+	if err != nil {
+		t.unpin(slot)
+		t.ioError(s.line, slot, err)
+		return
+	}
+	t.validate(s.line, slot, missing)
+}
+
+func (c *Cache) backendRead(p []byte, off int64) error {
+	_, err := c.b.ReadAt(p, off)
+	c.backendStats.read(len(p), err)
+	return err
+}
+
+// WriteAt implements backend.Backend.
+func (c *Cache) WriteAt(p []byte, off int64) (int, error) {
+	if err := c.write(p, off, false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteAtFUA implements backend.FUAWriter.
+func (c *Cache) WriteAtFUA(p []byte, off int64) (int, error) {
+	if err := c.write(p, off, true); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *Cache) write(p []byte, off int64, fua bool) error {
+	t0 := time.Now()
+	defer func() { c.writeLat.observe(time.Since(t0)) }()
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	segs := c.segments(off, int64(len(p)))
+	defer c.lockSegs(segs)()
+	c.invalidate(segs, fua)
+	if c.mode != WriteThrough {
+		return c.backendWrite(p, off, fua)
+	}
+
+	// Write-through: the SSD in the background, RAM and the backend here; the cached blocks become
+	// valid only once the backend has the data.
+	type filled struct {
+		t    *tier
+		line uint64
+		slot uint32
+		bits lineBits
+	}
+	var ssdFilled []filled
+	var wg sync.WaitGroup
+	if c.ssd.usable() {
+		wg.Go(func() {
+			for _, s := range segs {
+				if slot, bits, ok := c.writeTier(c.ssd, s, p); ok {
+					ssdFilled = append(ssdFilled, filled{c.ssd, s.line, slot, bits})
+				}
+			}
+		})
+	}
+	var ramFilled []filled
+	if c.ram.usable() {
+		for _, s := range segs {
+			if slot, bits, ok := c.writeTier(c.ram, s, p); ok {
+				ramFilled = append(ramFilled, filled{c.ram, s.line, slot, bits})
+			}
+		}
+	}
+	err := c.backendWrite(p, off, fua)
+	wg.Wait()
+	for _, f := range append(ramFilled, ssdFilled...) {
+		if err != nil {
+			f.t.unpin(f.slot)
+			continue
+		}
+		f.t.validate(f.line, f.slot, f.bits)
+	}
+	return err
+}
+
+// writeTier stores the whole blocks a write covers in t, if t holds the line or admits it. The
+// caller validates them once the backend has the data.
+func (c *Cache) writeTier(t *tier, s seg, p []byte) (uint32, lineBits, bool) {
+	full := s.full()
+	if full.isZero() {
+		return 0, full, false
+	}
+	if t.validBits(s.line).isZero() && !t.admits(c.access(s, true)) {
+		return 0, full, false
+	}
+	slot, _, ok := t.acquire(s.line)
+	if !ok {
+		return 0, full, false
+	}
+	var err error
+	full.runs(s.blocks(), func(b0, b1 int) {
+		if err == nil {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			err = t.writeSlot(slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo)
+		}
+	})
+	if err != nil {
+		t.unpin(slot)
+		t.ioError(s.line, slot, err)
+		return 0, full, false
+	}
+	return slot, full, true
+}
+
+// invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a
+// metadata commit, so that no crash can leave a record calling the old data valid.
+func (c *Cache) invalidate(segs []seg, sync bool) {
+	for _, s := range segs {
+		if c.ram != nil {
+			c.ram.invalidate(s.line, s.touched())
+		}
+	}
+	if c.ssd == nil {
+		return
+	}
+	spans := make([]span, len(segs))
+	for i, s := range segs {
+		spans[i] = span{s.line, s.touched()}
+	}
+	if err := c.ssd.j.invalidateDurably(spans, sync); err != nil {
+		c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
+	}
+}
+
+func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
+	var err error
+	switch {
+	case fua && c.fua != nil:
+		_, err = c.fua.WriteAtFUA(p, off)
+	default:
+		_, err = c.b.WriteAt(p, off)
+		if err == nil && fua {
+			err = c.b.Flush()
+		}
+	}
+	c.backendStats.write(len(p), err)
+	return err
+}
+
+// Trim implements backend.Trimmer: the cached copies go, then the backend trims.
+func (c *Cache) Trim(off, length int64) error {
+	if c.trim == nil {
+		return backend.ErrNotSupported
+	}
+	return c.change(off, length, func() error { return c.trim.Trim(off, length) })
+}
+
+// WriteZeroes implements backend.ZeroWriter.
+func (c *Cache) WriteZeroes(off, length int64, mayUnmap bool) error {
+	if c.zero == nil {
+		return backend.ErrNotSupported
+	}
+	return c.change(off, length, func() error { return c.zero.WriteZeroes(off, length, mayUnmap) })
+}
+
+// change runs a backend operation that changes data without passing it through the cache.
+func (c *Cache) change(off, length int64, op func() error) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	if length == 0 {
+		return op()
+	}
+	segs := c.segments(off, length)
+	defer c.lockSegs(segs)()
+	c.invalidate(segs, false)
+	return op()
+}
+
+// Flush implements backend.Backend: the backend flushes, and so does the SSD tier with its metadata
+// (write-through data on the SSD must not be older than what a FLUSH made durable).
+func (c *Cache) Flush() error {
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	var ssdErr error
+	var wg sync.WaitGroup
+	if c.ssd.usable() {
+		wg.Go(func() { ssdErr = c.ssd.j.checkpoint() })
+	}
+	err := c.b.Flush()
+	wg.Wait()
+	if ssdErr != nil {
+		c.ssd.fail(ssdErr.Error())
+	}
+	return err
+}
+
+// Close writes the SSD tier's index and closes the SSD, the metadata and the backend.
+func (c *Cache) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	var errs []error
+	{
+		if c.ssd != nil {
+			close(c.ssd.j.stop)
+			<-c.ssd.j.done
+			if !c.ssd.failed.Load() {
+				errs = append(errs, c.ssd.j.checkpoint())
+			}
+			errs = append(errs, c.ssd.j.store.Close(), c.ssd.dev.Close())
+		}
+		errs = append(errs, c.b.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Cache) Stats() Stats {
+	s := Stats{Mode: c.mode.String(), LineSize: int(c.line), Backend: c.backendStats.snapshot(),
+		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot()}
+	for _, t := range []*tier{c.ram, c.ssd} {
+		if t != nil {
+			s.Tiers = append(s.Tiers, t.stats())
+		}
+	}
+	return s
+}
+
+// alignedAlloc returns n bytes at an address aligned for direct I/O.
+func alignedAlloc(n int) []byte {
+	raw := make([]byte, n+blockSize)
+	skip := int(-uintptr(unsafe.Pointer(&raw[0])) & (blockSize - 1))
+	return raw[skip : skip+n : skip+n]
+}

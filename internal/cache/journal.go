@@ -1,0 +1,229 @@
+package cache
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
+)
+
+// checkpointEvery is how often changes to the SSD tier's index are committed when nothing else
+// asks for it sooner (a FLUSH, or a shortage of free slots).
+const checkpointEvery = time.Second
+
+// journal keeps the SSD tier's index in the metadata store so that a restart finds the tier warm,
+// without ever letting a record find data that is not what it says. Three rules do it:
+//
+//   - A record that marks blocks valid is committed only at a checkpoint, after the SSD has been
+//     flushed, so the data it points to is on the SSD before the record is (also across power loss).
+//   - Before a write, trim or zeroing changes a line on the backend, the line's record is committed
+//     with those blocks invalid (invalidateDurably), so a crash in the middle never leaves a record
+//     that calls old SSD data valid.
+//   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
+//     record can point at a slot that now holds another line's data.
+//
+// Changes between checkpoints wait in queue, one op per line (the latest wins). All fields but the
+// store are guarded by the tier's mutex.
+type journal struct {
+	t       *tier
+	store   meta.Store
+	reserve int // slots kept free so that evictions can wait for a checkpoint
+
+	queue      map[uint64]meta.Op // changes since the last checkpoint
+	committing map[uint64]meta.Op // the changes a checkpoint is committing now
+	influx     map[uint64]bool    // lines committed by invalidateDurably since the checkpoint began
+	pending    []uint32           // evicted slots free once the checkpoint commits their deletion
+
+	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
+	// checkpoint never commits a line's older record after a newer invalidation.
+	commitMu sync.RWMutex
+	ckMu     sync.Mutex // one checkpoint at a time
+	kickCh   chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func newJournal(t *tier, store meta.Store, reserve int) *journal {
+	j := &journal{
+		t: t, store: store, reserve: reserve,
+		queue:  map[uint64]meta.Op{},
+		influx: map[uint64]bool{},
+		kickCh: make(chan struct{}, 1),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+	t.j = j
+	return j
+}
+
+// record queues a change; the caller holds the tier's mutex.
+func (j *journal) record(op meta.Op) { j.queue[op.Rec.Line] = op }
+
+// knownLocked reports whether line has a change not yet committed, so that the store may still hold
+// an older record of it.
+func (j *journal) knownLocked(line uint64) bool {
+	if _, ok := j.queue[line]; ok {
+		return true
+	}
+	_, ok := j.committing[line]
+	return ok
+}
+
+// kick asks the background loop for a checkpoint soon.
+func (j *journal) kick() {
+	select {
+	case j.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+func (j *journal) loop() {
+	defer close(j.done)
+	tick := time.NewTicker(checkpointEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-tick.C:
+		case <-j.kickCh:
+		}
+		j.t.mu.Lock()
+		idle := len(j.queue) == 0 && len(j.pending) == 0
+		j.t.mu.Unlock()
+		if !idle {
+			if err := j.checkpoint(); err != nil {
+				j.t.fail(err.Error())
+			}
+		}
+	}
+}
+
+// checkpoint flushes the SSD, then commits every queued change with a sync, then frees the slots
+// whose deletions it committed.
+func (j *journal) checkpoint() error {
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	t := j.t
+	t.mu.Lock()
+	snap, pend := j.queue, j.pending
+	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, snap, nil
+	clear(j.influx)
+	t.mu.Unlock()
+
+	err := t.dev.Flush()
+	if err != nil {
+		err = fmt.Errorf("flush of the SSD tier: %w", err)
+	} else {
+		j.commitMu.Lock()
+		t.mu.Lock()
+		ops := make([]meta.Op, 0, len(snap))
+		for line, op := range snap {
+			if !j.influx[line] { // a newer invalidation was committed already
+				ops = append(ops, op)
+			}
+		}
+		t.mu.Unlock()
+		slices.SortFunc(ops, func(a, b meta.Op) int { return cmp.Compare(a.Rec.Line, b.Rec.Line) })
+		if err = j.store.Commit(ops, true); err != nil {
+			err = fmt.Errorf("metadata commit: %w", err)
+		}
+		j.commitMu.Unlock()
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	j.committing = nil
+	if err != nil {
+		// Keep the changes (newer ones win) and the slots: the tier is about to be bypassed.
+		for line, op := range snap {
+			if _, newer := j.queue[line]; !newer {
+				j.queue[line] = op
+			}
+		}
+		j.pending = append(j.pending, pend...)
+		return err
+	}
+	t.free = append(t.free, pend...)
+	return nil
+}
+
+// span is the part of a line a request touches, as blocks.
+type span struct {
+	line uint64
+	bits lineBits
+}
+
+// invalidateDurably clears the given blocks and commits that before returning (with sync, also
+// across power loss). Lines with nothing cached and nothing pending need no commit.
+func (j *journal) invalidateDurably(spans []span, sync bool) error {
+	j.commitMu.RLock()
+	defer j.commitMu.RUnlock()
+	t := j.t
+	var ops []meta.Op
+	t.mu.Lock()
+	for _, s := range spans {
+		known := j.knownLocked(s.line)
+		op, changed := t.invalidateLocked(s.line, s.bits)
+		if !changed && !known {
+			continue // the store's record, if any, already has these blocks invalid
+		}
+		delete(j.queue, s.line)
+		j.influx[s.line] = true
+		ops = append(ops, op)
+	}
+	t.mu.Unlock()
+	if len(ops) == 0 {
+		return nil
+	}
+	return j.store.Commit(ops, sync)
+}
+
+// load rebuilds the tier's index from the store after a restart.
+func (j *journal) load() error {
+	t := j.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	used := make([]bool, t.slots)
+	err := j.store.Lines(func(r meta.Line) error {
+		if int(r.Slot) >= t.slots || used[r.Slot] {
+			return fmt.Errorf("line %d: slot %d is out of range or used twice (%d slots)", r.Line, r.Slot, t.slots)
+		}
+		v := bitsFromWords(r.Valid)
+		if v.andNot(rangeBits(0, t.blocks)) != (lineBits{}) || v.isZero() {
+			return fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
+		}
+		used[r.Slot] = true
+		t.index[r.Line] = r.Slot
+		t.valid.set(r.Slot, v)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("metadata is corrupt: %w", err)
+	}
+	t.free = t.free[:0]
+	for s := t.slots - 1; s >= 0; s-- {
+		if !used[s] {
+			t.free = append(t.free, uint32(s))
+		}
+	}
+	// Rebuild the policy in line order. Should the tier hold more lines than the policy's capacity
+	// (a larger reserve than the last run's), the policy evicts the excess as usual.
+	lines := make([]uint64, 0, len(t.index))
+	for line := range t.index {
+		lines = append(lines, line)
+	}
+	slices.Sort(lines)
+	for _, line := range lines {
+		t.victims = t.victims[:0]
+		t.evict.Insert(policy.Key(line))
+		for _, v := range t.victims {
+			t.dropLocked(v)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package cache
+
+import "sync"
+
+// lineLocks gives each line in use its own mutex. Every request locks the lines it touches, in
+// ascending order so that two requests can never deadlock; that makes a request atomic against any
+// other on the same lines, and makes concurrent misses on a line fetch it once (the second waits for
+// the first, then hits). Lines nobody touches hold no memory.
+type lineLocks struct {
+	shards [64]lockShard
+}
+
+type lockShard struct {
+	mu sync.Mutex
+	m  map[uint64]*lineLock
+}
+
+type lineLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+var lineLockPool = sync.Pool{New: func() any { return new(lineLock) }}
+
+func (l *lineLocks) shard(line uint64) *lockShard {
+	return &l.shards[(line*0x9E3779B97F4A7C15)>>58]
+}
+
+// lock locks lines [first, last] in order.
+func (l *lineLocks) lock(first, last uint64) {
+	for line := first; line <= last; line++ {
+		s := l.shard(line)
+		s.mu.Lock()
+		if s.m == nil {
+			s.m = map[uint64]*lineLock{}
+		}
+		e := s.m[line]
+		if e == nil {
+			e = lineLockPool.Get().(*lineLock)
+			s.m[line] = e
+		}
+		e.refs++
+		s.mu.Unlock()
+		e.mu.Lock()
+	}
+}
+
+// unlock unlocks lines [first, last].
+func (l *lineLocks) unlock(first, last uint64) {
+	for line := first; line <= last; line++ {
+		s := l.shard(line)
+		s.mu.Lock()
+		e := s.m[line]
+		e.mu.Unlock()
+		if e.refs--; e.refs == 0 {
+			delete(s.m, line)
+			lineLockPool.Put(e)
+		}
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,94 @@
+package cache
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of one cache's counters, for the admin endpoint and `tierblk stats`.
+// Counters only grow; occupancy figures are as of the snapshot.
+type Stats struct {
+	Mode     string      `json:"mode"`
+	LineSize int         `json:"line_size"`
+	Tiers    []TierStats `json:"tiers"` // in lookup order: ram, then ssd
+	Backend  IOStats     `json:"backend"`
+	// ReadLatency and WriteLatency time whole client requests through the cache.
+	ReadLatency  Histogram `json:"read_latency"`
+	WriteLatency Histogram `json:"write_latency"`
+}
+
+// TierStats are the counters of one tier.
+type TierStats struct {
+	Name       string `json:"name"` // "ram" or "ssd"
+	Policy     string `json:"policy"`
+	Admission  string `json:"admission"`
+	Hits       uint64 `json:"hits"`      // line lookups answered by this tier
+	Misses     uint64 `json:"misses"`    // line lookups this tier could not answer
+	HitBytes   uint64 `json:"hit_bytes"` // bytes served from this tier
+	Promotions uint64 `json:"promotions"`
+	Evictions  uint64 `json:"evictions"`
+	// Invalidations count lines dropped because a write made them stale (write-around, trim).
+	Invalidations uint64 `json:"invalidations"`
+	Lines         uint64 `json:"lines"`    // lines held now
+	Capacity      uint64 `json:"capacity"` // lines the tier can hold
+	LineBytes     uint64 `json:"bytes"`    // bytes held now: Lines * line size
+	Errors        uint64 `json:"errors"`   // I/O errors of the tier's storage
+	// Failed is set once the tier has been bypassed after I/O errors; Reason says why.
+	Failed bool   `json:"failed"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// IOStats count requests to the backend.
+type IOStats struct {
+	Reads      uint64 `json:"reads"`
+	Writes     uint64 `json:"writes"`
+	ReadBytes  uint64 `json:"read_bytes"`
+	WriteBytes uint64 `json:"write_bytes"`
+	Errors     uint64 `json:"errors"`
+}
+
+// latencyBounds are the upper bounds of the latency buckets, in seconds: 10 µs to about 10 s,
+// four per decade, so both a RAM hit and a slow NAS fall in the middle of the range.
+var latencyBounds = func() []float64 {
+	var b []float64
+	for e := -5.0; e <= 1.0; e += 0.25 {
+		b = append(b, math.Round(math.Pow(10, e)*1e7)/1e7)
+	}
+	return b
+}()
+
+// Histogram is a snapshot of a latency histogram in Prometheus' shape: Counts[i] counts the
+// observations at most Bounds[i] (not cumulative), and Counts[len(Bounds)] the rest.
+type Histogram struct {
+	Bounds []float64 `json:"bounds_seconds"`
+	Counts []uint64  `json:"counts"`
+	Count  uint64    `json:"count"`
+	Sum    float64   `json:"sum_seconds"`
+}
+
+// histogram records latencies without locks.
+type histogram struct {
+	counts [32]atomic.Uint64 // len(latencyBounds)+1 <= 32
+	sumNs  atomic.Uint64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	s := d.Seconds()
+	i := 0
+	for i < len(latencyBounds) && s > latencyBounds[i] {
+		i++
+	}
+	h.counts[i].Add(1)
+	h.sumNs.Add(uint64(d.Nanoseconds()))
+}
+
+func (h *histogram) snapshot() Histogram {
+	out := Histogram{Bounds: latencyBounds, Counts: make([]uint64, len(latencyBounds)+1)}
+	for i := range out.Counts {
+		out.Counts[i] = h.counts[i].Load()
+		out.Count += out.Counts[i]
+	}
+	out.Sum = float64(h.sumNs.Load()) / 1e9
+	return out
+}

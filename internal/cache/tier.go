@@ -1,0 +1,348 @@
+package cache
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// maxTierErrors is how many I/O errors a tier's storage may return before the tier is bypassed:
+// each error already drops the line it hit, and a device that keeps failing is not trusted at all.
+const maxTierErrors = 8
+
+// tier is one level of the cache: a fixed number of slots, each holding one line, an index from line
+// number to slot, the valid bits of every slot, and the policies that choose what stays.
+//
+// Slots are pinned while their data is read or written without the tier's mutex, so that an
+// eviction racing with that I/O never hands the slot to another line before the I/O is done.
+type tier struct {
+	name     string
+	lineSize int64
+	blocks   int
+	slots    int
+	ram      []byte          // RAM tier: slot s is ram[s*lineSize:]
+	dev      backend.Backend // SSD tier: slot s is at s*lineSize
+	j        *journal        // SSD tier: persistence of the index; nil for RAM
+	log      *slog.Logger
+
+	mu      sync.Mutex
+	index   map[uint64]uint32 // line -> slot
+	valid   bitTable
+	free    []uint32
+	pins    map[uint32]int32 // slots with I/O in flight
+	zombies map[uint32]bool  // slots evicted while pinned, released at the last unpin
+	evict   policy.Eviction
+	admit   policy.Admission
+	victims []uint64 // lines the current Insert evicted
+
+	policyName, admissionName string
+
+	failed     atomic.Bool
+	reason     atomic.Pointer[string]
+	errs       atomic.Uint64
+	hits       atomic.Uint64
+	misses     atomic.Uint64
+	hitBytes   atomic.Uint64
+	promotions atomic.Uint64
+	evictions  atomic.Uint64
+	invalids   atomic.Uint64
+}
+
+// tierSpec says how to build a tier.
+type tierSpec struct {
+	name      string
+	slots     int
+	lineSize  int64
+	policy    string
+	admission string
+	reserve   int // slots kept out of the policy's capacity, see journal
+}
+
+func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
+	t := &tier{
+		name:          s.name,
+		lineSize:      s.lineSize,
+		blocks:        int(s.lineSize / blockSize),
+		slots:         s.slots,
+		log:           log,
+		index:         make(map[uint64]uint32, s.slots),
+		valid:         newBitTable(s.slots, int(s.lineSize/blockSize)),
+		free:          make([]uint32, s.slots),
+		pins:          map[uint32]int32{},
+		zombies:       map[uint32]bool{},
+		policyName:    s.policy,
+		admissionName: s.admission,
+	}
+	// Slots are handed out from the end of the free list: start with slot 0.
+	for i := range t.free {
+		t.free[i] = uint32(s.slots - 1 - i)
+	}
+	var err error
+	t.evict, err = policy.NewEviction(s.policy, policy.Config{
+		Capacity: s.slots - s.reserve,
+		OnEvict:  func(k policy.Key) { t.victims = append(t.victims, uint64(k)) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s tier: %w", s.name, err)
+	}
+	if t.admit, err = policy.NewAdmission(s.admission); err != nil {
+		return nil, fmt.Errorf("%s tier: %w", s.name, err)
+	}
+	return t, nil
+}
+
+// usable reports whether the tier may be used: it exists and has not been bypassed.
+func (t *tier) usable() bool { return t != nil && !t.failed.Load() }
+
+// lookup returns the slot of line and its valid bits, pinning the slot, if the line is cached and
+// valid over need. A hit updates the eviction policy.
+func (t *tier) lookup(line uint64, need lineBits) (slot uint32, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	slot, ok = t.index[line]
+	if !ok || !t.valid.get(slot).covers(need) {
+		t.misses.Add(1)
+		return 0, false
+	}
+	t.evict.Get(policy.Key(line))
+	t.pins[slot]++
+	t.hits.Add(1)
+	return slot, true
+}
+
+// validBits returns the valid bits of line, zero if it is not cached.
+func (t *tier) validBits(line uint64) lineBits {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok := t.index[line]; ok {
+		return t.valid.get(slot)
+	}
+	return lineBits{}
+}
+
+// admits asks the admission policy about a missed line.
+func (t *tier) admits(a policy.Access) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.admit.Admit(a)
+}
+
+// acquire returns the pinned slot of line, inserting the line (with no valid block) if it is not
+// cached. It fails when no slot is free right now: a persistent tier's evicted slots become free
+// only after a checkpoint, which acquire then asks for.
+func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok := t.index[line]; ok {
+		t.pins[slot]++
+		return slot, t.valid.get(slot), true
+	}
+	if len(t.free) == 0 {
+		if t.j != nil {
+			t.j.kick()
+		}
+		return 0, lineBits{}, false
+	}
+	t.victims = t.victims[:0]
+	t.evict.Insert(policy.Key(line))
+	for _, v := range t.victims {
+		t.evictions.Add(1)
+		t.dropLocked(v)
+	}
+	if len(t.free) == 0 {
+		// Every evicted slot is still pinned by I/O: do not cache the line this time.
+		t.evict.Remove(policy.Key(line))
+		return 0, lineBits{}, false
+	}
+	slot = t.free[len(t.free)-1]
+	t.free = t.free[:len(t.free)-1]
+	t.index[line] = slot
+	t.valid.set(slot, lineBits{})
+	t.pins[slot]++
+	t.promotions.Add(1)
+	if t.j != nil && len(t.free) < t.j.reserve/2 {
+		t.j.kick()
+	}
+	return slot, lineBits{}, true
+}
+
+// dropLocked forgets line (evicted or invalidated) and releases its slot. The policy has already
+// let go of it.
+func (t *tier) dropLocked(line uint64) {
+	slot, ok := t.index[line]
+	if !ok {
+		return
+	}
+	delete(t.index, line)
+	t.valid.set(slot, lineBits{})
+	if t.j != nil {
+		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}})
+	}
+	if t.pins[slot] > 0 {
+		t.zombies[slot] = true
+		return
+	}
+	t.releaseLocked(slot)
+}
+
+// releaseLocked returns a slot nobody uses. A persistent tier cannot reuse it before the deletion
+// of its old record is committed: a crash would otherwise let that record find new data.
+func (t *tier) releaseLocked(slot uint32) {
+	if t.j != nil {
+		t.j.pending = append(t.j.pending, slot)
+		return
+	}
+	t.free = append(t.free, slot)
+}
+
+// unpin ends I/O on slot.
+func (t *tier) unpin(slot uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.unpinLocked(slot)
+}
+
+func (t *tier) unpinLocked(slot uint32) {
+	if t.pins[slot]--; t.pins[slot] > 0 {
+		return
+	}
+	delete(t.pins, slot)
+	if t.zombies[slot] {
+		delete(t.zombies, slot)
+		t.releaseLocked(slot)
+	}
+}
+
+// validate marks bits of line valid after its data was written to slot, and unpins the slot. If
+// the line was evicted meanwhile, nothing is marked.
+func (t *tier) validate(line uint64, slot uint32, bits lineBits) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.index[line]; ok && s == slot {
+		v := t.valid.get(slot).or(bits)
+		t.valid.set(slot, v)
+		if t.j != nil {
+			t.j.record(t.recordLocked(line, slot, v))
+		}
+	}
+	t.unpinLocked(slot)
+}
+
+// invalidateLocked clears bits of line; a line left with no valid block is dropped.
+func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed bool) {
+	slot, ok := t.index[line]
+	if !ok {
+		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, false
+	}
+	old := t.valid.get(slot)
+	v := old.andNot(bits)
+	if v == old {
+		return t.recordLocked(line, slot, v), false
+	}
+	t.invalids.Add(1)
+	if v.isZero() {
+		t.evict.Remove(policy.Key(line))
+		t.dropLocked(line)
+		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, true
+	}
+	t.valid.set(slot, v)
+	return t.recordLocked(line, slot, v), true
+}
+
+// invalidate clears bits of line in a tier without persistence (RAM).
+func (t *tier) invalidate(line uint64, bits lineBits) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.invalidateLocked(line, bits)
+}
+
+func (t *tier) recordLocked(line uint64, slot uint32, v lineBits) meta.Op {
+	return meta.Op{Rec: meta.Line{Line: line, Slot: slot, Valid: v.words(t.blocks)}}
+}
+
+// ioError counts an error of the tier's storage on line, drops the line (its slot's content is now
+// unknown) and bypasses the tier after maxTierErrors.
+func (t *tier) ioError(line uint64, slot uint32, err error) {
+	n := t.errs.Add(1)
+	t.log.Warn("cache tier I/O error; line dropped", "tier", t.name, "line", line, "err", err)
+	t.mu.Lock()
+	if s, ok := t.index[line]; ok && s == slot {
+		t.evict.Remove(policy.Key(line))
+		t.dropLocked(line)
+	}
+	t.mu.Unlock()
+	if n >= maxTierErrors {
+		t.fail(fmt.Sprintf("%d I/O errors, the last: %v", n, err))
+	}
+}
+
+// fail bypasses the tier for good: every line is forgotten (and, on the SSD tier, deleted from the
+// metadata), so neither this run nor a restart trusts data the failing device returns.
+func (t *tier) fail(reason string) {
+	if t.failed.Swap(true) {
+		return
+	}
+	t.reason.Store(&reason)
+	t.log.Error("cache tier bypassed", "tier", t.name, "reason", reason)
+	t.mu.Lock()
+	for line := range t.index {
+		t.evict.Remove(policy.Key(line))
+		t.dropLocked(line)
+	}
+	t.mu.Unlock()
+	if t.j != nil {
+		t.j.kick()
+	}
+}
+
+// readSlot and writeSlot move data of slot at byte offset off within the line.
+func (t *tier) readSlot(slot uint32, p []byte, off int64) error {
+	base := int64(slot)*t.lineSize + off
+	if t.ram != nil {
+		copy(p, t.ram[base:])
+		return nil
+	}
+	_, err := t.dev.ReadAt(p, base)
+	return err
+}
+
+func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
+	base := int64(slot)*t.lineSize + off
+	if t.ram != nil {
+		copy(t.ram[base:], p)
+		return nil
+	}
+	_, err := t.dev.WriteAt(p, base)
+	return err
+}
+
+func (t *tier) stats() TierStats {
+	t.mu.Lock()
+	lines := len(t.index)
+	t.mu.Unlock()
+	s := TierStats{
+		Name:          t.name,
+		Policy:        t.policyName,
+		Admission:     t.admissionName,
+		Hits:          t.hits.Load(),
+		Misses:        t.misses.Load(),
+		HitBytes:      t.hitBytes.Load(),
+		Promotions:    t.promotions.Load(),
+		Evictions:     t.evictions.Load(),
+		Invalidations: t.invalids.Load(),
+		Lines:         uint64(lines),
+		Capacity:      uint64(t.slots),
+		LineBytes:     uint64(lines) * uint64(t.lineSize),
+		Errors:        t.errs.Load(),
+		Failed:        t.failed.Load(),
+	}
+	if r := t.reason.Load(); r != nil {
+		s.Reason = *r
+	}
+	return s
+}
