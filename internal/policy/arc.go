@@ -30,7 +30,7 @@ const (
 // NewARC builds an ARC policy.
 func NewARC(cfg Config) Eviction {
 	p := &ARC{base: newBase(cfg), t1: newList(), t2: newList(), b1: newList(), b2: newList()}
-	p.a = newArena[uint8](2*p.capacity + 1)
+	p.a = newArena[uint8](2*p.capacity+1, cfg.Preallocate)
 	return p
 }
 

@@ -16,7 +16,7 @@ type Clock struct {
 // NewClock builds a Clock policy.
 func NewClock(cfg Config) Eviction {
 	p := &Clock{base: newBase(cfg), q: newList()}
-	p.a = newArena[bool](p.capacity)
+	p.a = newArena[bool](p.capacity, cfg.Preallocate)
 	return p
 }
 

@@ -51,9 +51,13 @@ func NewLIRS(cfg Config) Eviction {
 	p := &LIRS{base: newBase(cfg), sl: newList(), ql: newList(), nrl: newList()}
 	p.hirLimit = max(1, int(lirsHIRRatio*float64(p.capacity)))
 	p.lirLimit = p.capacity - p.hirLimit
-	p.s = newArena[lirsMeta](2*p.capacity + 2)
-	p.q = newArena[struct{}](p.hirLimit + 1)
-	p.nr = newArena[struct{}](p.capacity + 1)
+	// S holds at most 2 x capacity keys but for the one an access adds before limitStack trims it;
+	// Q its share and the key a hit may demote into it; nr the keys of S that are not LIR, of which
+	// there are at most 2 x capacity + 1 - lirLimit once the LIR set is full (invalidations can
+	// empty the LIR set, and a preallocated arena then grows).
+	p.s = newArena[lirsMeta](2*p.capacity+2, cfg.Preallocate)
+	p.q = newArena[struct{}](p.hirLimit+2, cfg.Preallocate)
+	p.nr = newArena[struct{}](p.capacity+p.hirLimit+2, cfg.Preallocate)
 	return p
 }
 

@@ -7,27 +7,31 @@ import (
 	"pgregory.net/rapid"
 )
 
-// TestIndexAgainstMap checks the open-addressing index against a Go map on random puts and deletes.
-// Keys are drawn from a small set that includes values colliding on the home slot, so that probe
-// runs wrap around the table's end and backward-shift deletion has entries to move and to leave.
+// TestIndexAgainstMap checks an arena's index against a Go map on random allocs and releases, in
+// lazy (power-of-two) and preallocated (any length) tables that start small and grow. The keys
+// include ones whose hashes collide (the same home at any length) and ones whose homes are the
+// first or the last slot, so that probe runs wrap around the table's end and
+// backward-shift deletion has entries to move and to leave.
 func TestIndexAgainstMap(t *testing.T) {
+	keys := []Key{0, 1, 2, 3, 5, 8, ^Key(0)}
+	for _, h := range []uint64{0, 0, 0, 1, 1 << 31, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFE} {
+		keys = append(keys, keyWithHash(uint32(h), uint32(len(keys))))
+	}
 	rapid.Check(t, func(t *rapid.T) {
-		x := newIndex(rapid.IntRange(0, 8).Draw(t, "hint"))
+		a := newArena[struct{}](rapid.IntRange(0, 8).Draw(t, "hint"), rapid.Bool().Draw(t, "prealloc"))
 		model := map[Key]int32{}
-		// Multiples of 2^61 all hash to slot 0 or a few slots of a small table: long runs.
-		keyGen := rapid.SampledFrom([]Key{0, 1, 2, 3, 5, 8, 1 << 61, 2 << 61, 3 << 61, 4 << 61, 5 << 61, 7 << 61, ^Key(0)})
-		for i := range rapid.IntRange(1, 200).Draw(t, "steps") {
+		keyGen := rapid.SampledFrom(keys)
+		for range rapid.IntRange(1, 200).Draw(t, "steps") {
 			k := keyGen.Draw(t, "key")
-			if _, ok := model[k]; ok {
-				x.delete(k)
+			if i, ok := model[k]; ok {
+				a.release(i)
 				delete(model, k)
 			} else {
-				x.put(k, int32(i))
-				model[k] = int32(i)
+				model[k] = a.alloc(k)
 			}
-			require.Equal(t, len(model), x.n)
-			for _, k := range []Key{0, 1, 2, 3, 5, 8, 1 << 61, 2 << 61, 3 << 61, 4 << 61, 5 << 61, 7 << 61, ^Key(0), 42} {
-				node, ok := x.get(k)
+			require.Equal(t, len(model), a.index.n)
+			for _, k := range append(keys, 42) {
+				node, ok := a.lookup(k)
 				want, present := model[k]
 				require.Equal(t, present, ok, "key %#x", k)
 				if present {
@@ -38,10 +42,27 @@ func TestIndexAgainstMap(t *testing.T) {
 	})
 }
 
+// keyWithHash returns a key whose hash (the top half of its product with index's multiplier) is h,
+// told apart from others of that hash by low.
+func keyWithHash(h, low uint32) Key {
+	// The inverse of the odd multiplier modulo 2^64, by Newton's iteration (each step doubles the
+	// correct low bits).
+	const phi = 0x9E3779B97F4A7C15
+	inv := uint64(phi)
+	for range 6 {
+		inv *= 2 - phi*inv
+	}
+	k := Key((uint64(h)<<32 | uint64(low)) * inv)
+	if uint32(uint64(k)*phi>>32) != h {
+		panic("keyWithHash: bad inverse")
+	}
+	return k
+}
+
 // TestArenaReusesNodes checks that freed nodes are reused, so that a steady replay does not grow the
 // arena, and that list operations keep both directions of the links consistent.
 func TestArenaReusesNodes(t *testing.T) {
-	a := newArena[struct{}](4)
+	a := newArena[struct{}](4, false)
 	l := newList()
 	for k := range Key(4) {
 		a.pushFront(&l, a.alloc(k))

@@ -17,7 +17,7 @@ func NewLRU(cfg Config) Eviction { return newQueue(cfg, true) }
 
 func newQueue(cfg Config, promote bool) *LRU {
 	p := &LRU{base: newBase(cfg), q: newList(), promote: promote}
-	p.a = newArena[struct{}](p.capacity)
+	p.a = newArena[struct{}](p.capacity, cfg.Preallocate)
 	return p
 }
 

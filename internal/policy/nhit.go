@@ -46,7 +46,7 @@ func NewNHit(n, window int) (*NHit, error) {
 	case n > window:
 		return nil, fmt.Errorf("N=%d exceeds window=%d, so no key could be admitted; %s", n, window, nhitForm)
 	}
-	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window)}, nil
+	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window, false)}, nil
 }
 
 func newNHitSpec(params string) (Admission, error) {

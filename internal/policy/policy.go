@@ -37,6 +37,12 @@ type Config struct {
 	Capacity int
 	// OnEvict, if not nil, is called with each key Insert evicts (the engine frees its line).
 	OnEvict func(Key)
+	// Preallocate says the capacity will be used: the policy allocates its state for a full cache
+	// (ghost entries included) at once, packed for memory rather than the last bit of speed, and
+	// does not grow afterwards (TestMemoryPerKey measures the bytes per key). Without it, the state
+	// starts small and doubles as keys arrive, which suits the simulator, whose capacities may be
+	// far larger than a trace fills.
+	Preallocate bool
 }
 
 // Access describes the request behind a miss, for admission policies.

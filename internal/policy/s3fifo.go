@@ -50,7 +50,7 @@ func NewS3FIFO(cfg Config) Eviction {
 	p.smallCap = max(int(float64(p.capacity)*s3SmallRatio), s3SmallMinimum)
 	p.mainCap = p.capacity - p.smallCap
 	p.ghostCap = int(float64(p.capacity) * s3GhostRatio)
-	p.a = newArena[s3Meta](p.capacity + p.ghostCap + 1)
+	p.a = newArena[s3Meta](p.capacity+p.ghostCap+1, cfg.Preallocate)
 	return p
 }
 

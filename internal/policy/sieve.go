@@ -16,7 +16,7 @@ type Sieve struct {
 // NewSieve builds a SIEVE policy.
 func NewSieve(cfg Config) Eviction {
 	p := &Sieve{base: newBase(cfg), q: newList(), hand: none}
-	p.a = newArena[bool](p.capacity)
+	p.a = newArena[bool](p.capacity, cfg.Preallocate)
 	return p
 }
 

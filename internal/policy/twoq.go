@@ -44,7 +44,7 @@ func NewTwoQ(cfg Config) Eviction {
 	p := &TwoQ{base: newBase(cfg), in: newList(), main: newList(), out: newList()}
 	p.inCap = int(float64(p.capacity) * twoqInRatio)
 	p.outCap = int(float64(p.capacity) * twoqOutRatio)
-	p.a = newArena[uint8](p.capacity + p.outCap + 1)
+	p.a = newArena[uint8](p.capacity+p.outCap+1, cfg.Preallocate)
 	return p
 }
 

@@ -81,7 +81,7 @@ func NewWTinyLFU(cfg Config) Eviction {
 	p.protectCap = p.mainCap - p.probationCap
 	p.sketch = newFreqSketch(max(p.mainCap, wtSketchMinKeys), wtSketchError)
 	p.decayEvery = wtDecaySamples * p.mainCap
-	p.a = newArena[uint8](p.capacity + 1)
+	p.a = newArena[uint8](p.capacity+1, cfg.Preallocate)
 	return p
 }
 
