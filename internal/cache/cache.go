@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,10 @@ type Config struct {
 	BackendID string
 	Log       *slog.Logger
 }
+
+// ErrMismatch: the SSD tier's metadata was written for another backend or layout. It is refused,
+// never reused: its lines would be another disk's data.
+var ErrMismatch = errors.New("the SSD tier holds a cache made for another setup")
 
 // Cache is a backend.Backend that caches another. Concurrent calls are safe.
 type Cache struct {
@@ -196,8 +201,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		}
 	default:
 		if err := sb.Mismatch(want); err != nil {
-			return fmt.Errorf("the SSD tier holds a cache made for another setup (%w); refusing to reuse it. "+
-				"Start with the same settings, or delete the metadata to start with an empty SSD tier", err)
+			return fmt.Errorf("%w: %s", ErrMismatch, strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
 		if err := j.load(); err != nil {
 			return fmt.Errorf("SSD tier: %w", err)

@@ -24,6 +24,8 @@ type serveOpts struct {
 	logLevel    string
 	maxInFlight int
 	recordTrace string
+	cache       config.Cache // the cache flags, applied to the first export
+	admin       string
 	set         func(name string) bool // reports whether a flag was given
 	stderr      io.Writer
 	ready       func(addrs []string)
@@ -63,6 +65,15 @@ backend and exits 0.`,
 	f.StringVar(&o.logLevel, "log-level", d.LogLevel, "debug, info, warn or error")
 	f.StringVar(&o.recordTrace, "record-trace", "", "record every request to the (first) export into this new file, a fio iolog that 'tierblk sim' replays")
 	f.IntVar(&o.maxInFlight, "max-in-flight", d.MaxInFlight, "requests served at once on one NBD connection")
+	f.StringVar(&o.cache.RAM, "ram", "", "RAM tier size, e.g. 1GiB (0: none)")
+	f.StringVar(&o.cache.SSD, "ssd", "", "SSD tier: a file (created sparse at --ssd-size if missing) or a block device")
+	f.StringVar(&o.cache.SSDSize, "ssd-size", "", "how much of --ssd the cache uses (default: all of it)")
+	f.StringVar(&o.cache.Meta, "meta", "", "directory of the SSD tier's metadata (default: the --ssd path + .meta)")
+	f.StringVar(&o.cache.Line, "line", "", "cache line size, a power of two from 4KiB to 1MiB (default 64KiB)")
+	f.StringVar(&o.cache.Mode, "mode", "", "cache mode: writethrough (default), writearound or passthrough")
+	f.StringVar(&o.cache.Policy, "policy", "", "eviction policy of the cache tiers (default lru; see 'tierblk sim --help')")
+	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of the cache tiers (default always; e.g. nhit:2, seqcutoff)")
+	f.StringVar(&o.admin, "admin", "", "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only")
 	return cmd
 }
 
@@ -97,6 +108,10 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 	if o.set("max-in-flight") {
 		cfg.MaxInFlight = o.maxInFlight
 	}
+	if o.set("admin") {
+		cfg.Admin = o.admin
+	}
+	applyCacheFlags(&cfg, o)
 	if err := cfg.Validate(schemes); err != nil {
 		var ce *config.Error
 		if errors.As(err, &ce) && o.configFile == "" {
@@ -106,6 +121,39 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 		return cfg, &UsageError{Err: err}
 	}
 	return cfg, nil
+}
+
+// cacheFlags maps the cache flags to the fields they set.
+var cacheFlags = []struct {
+	flag  string
+	field func(*config.Cache) *string
+}{
+	{"ram", func(c *config.Cache) *string { return &c.RAM }},
+	{"ssd", func(c *config.Cache) *string { return &c.SSD }},
+	{"ssd-size", func(c *config.Cache) *string { return &c.SSDSize }},
+	{"meta", func(c *config.Cache) *string { return &c.Meta }},
+	{"line", func(c *config.Cache) *string { return &c.Line }},
+	{"mode", func(c *config.Cache) *string { return &c.Mode }},
+	{"policy", func(c *config.Cache) *string { return &c.Policy }},
+	{"admission", func(c *config.Cache) *string { return &c.Admission }},
+}
+
+// applyCacheFlags lets the cache flags that were given override the first export's cache.
+func applyCacheFlags(cfg *config.Config, o serveOpts) {
+	if len(cfg.Exports) == 0 {
+		return
+	}
+	for _, f := range cacheFlags {
+		if !o.set(f.flag) {
+			continue
+		}
+		e := &cfg.Exports[0]
+		if e.Cache == nil {
+			e.Cache = &config.Cache{}
+		}
+		flagCache := o.cache
+		*f.field(e.Cache) = *f.field(&flagCache)
+	}
 }
 
 func runServe(ctx context.Context, o serveOpts) error {
@@ -145,6 +193,11 @@ var fieldToFlag = []struct {
 	{regexp.MustCompile(`listen\[\d+\]`), "--nbd"},
 	{regexp.MustCompile(`\blog_level\b`), "--log-level"},
 	{regexp.MustCompile(`\bmax_in_flight\b`), "--max-in-flight"},
+	{regexp.MustCompile(`exports\[0\]\.cache: `), ""},
+	{regexp.MustCompile(`exports\[0\]\.cache\.ssd_size`), "--ssd-size"},
+	{regexp.MustCompile(`exports\[0\]\.cache\.(ssd|ram|meta|line|mode|policy|admission)\b`), "--$1"},
+	{regexp.MustCompile(`exports\[0\]\.cache\.(ram|ssd)_(policy|admission)\b`), "--$2"},
+	{regexp.MustCompile(`(?m)^admin\b`), "--admin"},
 }
 
 func flagNames(msg string) string {

@@ -16,6 +16,11 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/units"
 )
 
 // Config is the whole configuration of one daemon.
@@ -28,6 +33,9 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// MaxInFlight bounds the requests served at once on one NBD connection.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// Admin is the address of the admin endpoint (/metrics, /stats): 127.0.0.1:PORT, [::1]:PORT,
+	// localhost:PORT or unix:/path. Empty: none.
+	Admin string `yaml:"admin"`
 }
 
 // Export is one named device.
@@ -40,6 +48,149 @@ type Export struct {
 	// RecordTrace, if set, is a new file that receives every request to this export as a fio
 	// iolog (version 3), for `tierblk sim --format fio` and `fio --read_iolog`.
 	RecordTrace string `yaml:"record_trace"`
+	// Cache puts a tiered cache in front of the backend; without it the backend is served directly.
+	Cache *Cache `yaml:"cache"`
+}
+
+// Cache configures the tiered cache of one export. Sizes are written like 64KiB, 1GiB or 2TiB.
+type Cache struct {
+	// Mode is writethrough (the default), writearound or passthrough.
+	Mode string `yaml:"mode"`
+	// Line is the unit of caching: a power of two from 4KiB to 1MiB, 64KiB by default.
+	Line string `yaml:"line"`
+	// RAM is the size of the RAM tier; empty or 0 for none.
+	RAM string `yaml:"ram"`
+	// SSD is the file or block device of the SSD tier; empty for none. A missing file is created,
+	// sparse, at SSDSize.
+	SSD string `yaml:"ssd"`
+	// SSDSize is how much of SSD the tier uses; by default all of it.
+	SSDSize string `yaml:"ssd_size"`
+	// Meta is the directory of the SSD tier's metadata; by default SSD + ".meta" (required when SSD
+	// is a block device).
+	Meta string `yaml:"meta"`
+	// Policy and Admission apply to both tiers unless a tier has its own.
+	Policy       string `yaml:"policy"`
+	Admission    string `yaml:"admission"`
+	RAMPolicy    string `yaml:"ram_policy"`
+	RAMAdmission string `yaml:"ram_admission"`
+	SSDPolicy    string `yaml:"ssd_policy"`
+	SSDAdmission string `yaml:"ssd_admission"`
+}
+
+// CacheSizes are a Cache's sizes in bytes (0 where not given).
+type CacheSizes struct {
+	Line, RAM, SSDSize int64
+}
+
+// Sizes parses the sizes; errors name the field.
+func (c *Cache) Sizes() (CacheSizes, error) {
+	var s CacheSizes
+	var errs []error
+	for _, f := range []struct {
+		name string
+		text string
+		dst  *int64
+	}{{"line", c.Line, &s.Line}, {"ram", c.RAM, &s.RAM}, {"ssd_size", c.SSDSize, &s.SSDSize}} {
+		if f.text == "" {
+			continue
+		}
+		v, err := units.ParseSize(f.text)
+		if err != nil {
+			errs = append(errs, fieldErr(f.name, "%v", err))
+		}
+		*f.dst = v
+	}
+	if s.Line == 0 {
+		s.Line = cache.DefaultLineSize
+	}
+	return s, errors.Join(errs...)
+}
+
+// TierPolicies returns the eviction policy and admission spec of the RAM and SSD tiers.
+func (c *Cache) TierPolicies() (ramPolicy, ramAdmission, ssdPolicy, ssdAdmission string) {
+	or := func(a, b string) string {
+		if a != "" {
+			return a
+		}
+		return b
+	}
+	return or(c.RAMPolicy, c.Policy), or(c.RAMAdmission, c.Admission), or(c.SSDPolicy, c.Policy), or(c.SSDAdmission, c.Admission)
+}
+
+// MetaDir returns the metadata directory of the SSD tier.
+func (c *Cache) MetaDir() string {
+	if c.Meta != "" || c.SSD == "" {
+		return c.Meta
+	}
+	return c.SSD + ".meta"
+}
+
+func (c *Cache) validate() []error {
+	var errs []error
+	if c.Mode != "" {
+		if _, err := cache.ParseMode(c.Mode); err != nil {
+			errs = append(errs, fieldErr("mode", "%v", err))
+		}
+	}
+	s, err := c.Sizes()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if l := s.Line; l < cache.MinLineSize || l > cache.MaxLineSize || l&(l-1) != 0 {
+		errs = append(errs, fieldErr("line", "%q: use a power of two from 4KiB to 1MiB (default 64KiB)", c.Line))
+	}
+	if s.RAM < 0 || (s.RAM > 0 && s.RAM < s.Line) {
+		errs = append(errs, fieldErr("ram", "%q is less than one line (%s); use 0 for no RAM tier", c.RAM, units.FormatSize(s.Line)))
+	}
+	if c.SSD == "" {
+		if c.SSDSize != "" {
+			errs = append(errs, fieldErr("ssd_size", "is set but ssd is not; give the SSD tier's path too"))
+		}
+		if s.RAM == 0 {
+			errs = append(errs, fieldErr("ram", "a cache needs a RAM tier, an SSD tier or both; give ram (e.g. 1GiB), ssd (a path) or both"))
+		}
+	} else if s.SSDSize != 0 && s.SSDSize < 2*s.Line {
+		errs = append(errs, fieldErr("ssd_size", "%q is less than two lines (%s)", c.SSDSize, units.FormatSize(2*s.Line)))
+	}
+	rp, ra, sp, sa := c.TierPolicies()
+	seen := map[string]bool{} // the shared policy fields are reported once, not per tier
+	for _, p := range []struct {
+		field, spec string
+		check       func(string) error
+	}{
+		{"ram_policy", rp, checkEviction}, {"ssd_policy", sp, checkEviction},
+		{"ram_admission", ra, checkAdmission}, {"ssd_admission", sa, checkAdmission},
+	} {
+		field := policyField(c, p.field)
+		if p.spec == "" || seen[field] {
+			continue
+		}
+		seen[field] = true
+		if err := p.check(p.spec); err != nil {
+			errs = append(errs, fieldErr(field, "%v", err))
+		}
+	}
+	return errs
+}
+
+func checkEviction(name string) error {
+	_, err := policy.NewEviction(name, policy.Config{Capacity: 1})
+	return err
+}
+
+func checkAdmission(spec string) error {
+	_, err := policy.NewAdmission(spec)
+	return err
+}
+
+// policyField names the field a tier's policy came from: its own, or the shared one.
+func policyField(c *Cache, field string) string {
+	own := map[string]string{"ram_policy": c.RAMPolicy, "ssd_policy": c.SSDPolicy,
+		"ram_admission": c.RAMAdmission, "ssd_admission": c.SSDAdmission}[field]
+	if own != "" {
+		return field
+	}
+	return strings.TrimPrefix(strings.TrimPrefix(field, "ram_"), "ssd_")
 }
 
 // Defaults returns the configuration used when neither a file nor flags say otherwise.
@@ -92,6 +243,7 @@ func (c *Config) Validate(schemes []string) error {
 		errs = append(errs, fieldErr("exports", "no export configured; give --backend URL or an exports list in the config file"))
 	}
 	names := map[string]int{}
+	ssds := map[string]int{}
 	for i, e := range c.Exports {
 		f := fmt.Sprintf("exports[%d]", i)
 		if j, dup := names[e.Name]; dup {
@@ -103,6 +255,26 @@ func (c *Config) Validate(schemes []string) error {
 		}
 		if err := checkBackendURL(e.Backend, schemes); err != nil {
 			errs = append(errs, fieldErr(f+".backend", "%v", err))
+		}
+		if e.Cache != nil {
+			for _, err := range e.Cache.validate() {
+				var fe *Error
+				if errors.As(err, &fe) {
+					err = fieldErr(f+".cache."+fe.Field, "%s", fe.Msg)
+				}
+				errs = append(errs, err)
+			}
+			if e.Cache.SSD != "" {
+				if j, dup := ssds[e.Cache.SSD]; dup {
+					errs = append(errs, fieldErr(f+".cache.ssd", "%q is also the SSD of exports[%d]; each export needs its own", e.Cache.SSD, j))
+				}
+				ssds[e.Cache.SSD] = i
+			}
+		}
+	}
+	if c.Admin != "" {
+		if _, _, err := metrics.ParseAdminAddr(c.Admin); err != nil {
+			errs = append(errs, fieldErr("admin", "%v", err))
 		}
 	}
 	if len(c.Listen) == 0 {

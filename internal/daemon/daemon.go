@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/internal/units"
@@ -32,11 +33,27 @@ const ShutdownTimeout = 30 * time.Second
 // if not nil, is called once every listener accepts connections, with their addresses (useful when
 // a port was 0).
 func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, ready func(addrs []string)) (err error) {
-	vols, devs, closeAll, err := openExports(cfg, reg, log)
+	vols, devs, sources, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
+
+	if cfg.Admin != "" {
+		actx, stopAdmin := context.WithCancel(context.Background())
+		h := metrics.NewHandler(func() []metrics.Source { return sources })
+		bound, wait, err := metrics.Serve(actx, cfg.Admin, h, log)
+		if err != nil {
+			stopAdmin()
+			return fmt.Errorf("admin: %w", err)
+		}
+		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats")
+		// The admin endpoint outlives the NBD server, so the last stats can be read while stopping.
+		defer func() {
+			stopAdmin()
+			err = errors.Join(err, wait())
+		}()
+	}
 
 	exports := make([]nbd.Export, len(cfg.Exports))
 	for i, e := range cfg.Exports {
@@ -93,7 +110,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 
 // openExports opens every backend, and the trace recorders of the exports that have one; on
 // failure it closes what it had opened.
-func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, []volume.Device, func() error, error) {
+func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, []volume.Device, []metrics.Source, func() error, error) {
 	var closers []func() error
 	closeAll := func() error {
 		var errs []error
@@ -104,10 +121,23 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 	}
 	vols := make([]*volume.Volume, 0, len(cfg.Exports))
 	devs := make([]volume.Device, 0, len(cfg.Exports))
+	var sources []metrics.Source
 	for i, e := range cfg.Exports {
+		fail := func(err error) error {
+			return errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+		}
 		b, err := reg.Open(e.Backend, backend.Options{ReadOnly: e.ReadOnly})
 		if err != nil {
-			return nil, nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+			return nil, nil, nil, nil, fail(err)
+		}
+		if e.Cache != nil {
+			c, err := openCache(e, b, log)
+			if err != nil {
+				b.Close()
+				return nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].cache: %w", i, err), closeAll())
+			}
+			sources = append(sources, metrics.Source{Export: e.Name, Stats: c.Stats})
+			b = c
 		}
 		closers = append(closers, b.Close)
 		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true})
@@ -116,7 +146,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 		if e.RecordTrace != "" {
 			rec, closeRec, err := openRecorder(e, log)
 			if err != nil {
-				return nil, nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
+				return nil, nil, nil, nil, fail(err)
 			}
 			closers = append(closers, closeRec)
 			dev = volume.Recording(v, rec, func(err error) {
@@ -126,7 +156,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 		devs = append(devs, dev)
 		log.Info("export", "name", e.Name, "backend", e.Backend, "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
-	return vols, devs, closeAll, nil
+	return vols, devs, sources, closeAll, nil
 }
 
 // recordFlushInterval bounds what a crash of the daemon loses of a recorded trace.

@@ -1,0 +1,112 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/units"
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/file"
+)
+
+// openCache puts the export's cache in front of b. The cache owns b from then on: closing the
+// cache closes b, the SSD and the metadata.
+func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cache, error) {
+	cc := e.Cache
+	sizes, err := cc.Sizes()
+	if err != nil {
+		return nil, err
+	}
+	mode := cache.WriteThrough
+	if cc.Mode != "" {
+		if mode, err = cache.ParseMode(cc.Mode); err != nil {
+			return nil, err
+		}
+	}
+	rp, ra, sp, sa := cc.TierPolicies()
+	cfg := cache.Config{
+		LineSize:  sizes.Line,
+		Mode:      mode,
+		RAM:       cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
+		SSD:       cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
+		BackendID: e.Backend,
+		Log:       log.With("export", e.Name),
+	}
+	if cc.SSD != "" {
+		dev, err := openSSD(cc.SSD, sizes.SSDSize, log)
+		if err != nil {
+			return nil, fmt.Errorf("cache.ssd: %w", err)
+		}
+		if cfg.SSD.Size == 0 {
+			cfg.SSD.Size = dev.Size() / sizes.Line * sizes.Line
+		}
+		dir := cc.MetaDir()
+		if strings.HasPrefix(filepath.Clean(dir), "/dev/") {
+			dev.Close()
+			return nil, fmt.Errorf("cache.meta: %s is a block device's path; give a metadata directory on a file system", dir)
+		}
+		store, err := meta.OpenBadger(dir, log)
+		if err != nil {
+			dev.Close()
+			return nil, fmt.Errorf("cache.meta: %w", err)
+		}
+		cfg.SSDDevice, cfg.Meta = dev, store
+	}
+	c, err := cache.New(b, cfg)
+	if errors.Is(err, cache.ErrMismatch) {
+		err = fmt.Errorf("cache: %w. Start with the settings it was made with, or delete %s to start with an empty SSD tier", err, cc.MetaDir())
+	}
+	if err != nil {
+		if cfg.SSDDevice != nil {
+			err = errors.Join(err, cfg.SSDDevice.Close(), cfg.Meta.Close())
+		}
+		return nil, err
+	}
+	log.Info("cache", "export", e.Name, "mode", mode, "line", units.FormatSize(sizes.Line),
+		"ram", units.FormatSize(sizes.RAM), "ssd", cc.SSD, "ssd_size", units.FormatSize(cfg.SSD.Size),
+		"meta", cc.MetaDir())
+	return c, nil
+}
+
+// openSSD opens the SSD tier's file or device for direct I/O, creating a missing file at size.
+// A file system without O_DIRECT (tmpfs) gets buffered I/O and a warning: the cache stays correct,
+// only the page cache holds a second copy.
+func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
+		if size == 0 {
+			return nil, fmt.Errorf("%s does not exist; give its size (--ssd-size, ssd_size) to create it", path)
+		}
+		q.Set("size", fmt.Sprint(size))
+	}
+	u := url.URL{Scheme: "file", Path: abs}
+	q.Set("direct", "true")
+	u.RawQuery = q.Encode()
+	dev, err := file.Open(&u, backend.Options{})
+	if err != nil && strings.Contains(err.Error(), "direct I/O") {
+		log.Warn("the SSD tier's file system has no direct I/O; using buffered I/O", "ssd", path)
+		q.Del("direct")
+		u.RawQuery = q.Encode()
+		dev, err = file.Open(&u, backend.Options{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ro, ok := dev.(backend.ReadOnlyReporter); ok && ro.ReadOnly() {
+		dev.Close()
+		return nil, fmt.Errorf("%s is read-only", path)
+	}
+	return dev, nil
+}
