@@ -5,8 +5,8 @@ package policy
 // Why not container/list and pointers: a policy holds millions of entries and the simulator replays
 // millions of accesses a second. Nodes live in one slice and link to each other by int32 index, so
 // the garbage collector sees one pointer-free slice instead of millions of objects, a node costs
-// 16 bytes plus its payload (rounded up to 8 bytes), and a freed node is reused from a free list: after warm-up no access
-// allocates. One hash index finds a key's node; a policy with ghost entries (ARC, S3-FIFO) keeps them
+// 16 bytes plus its payload (rounded up to 8 bytes), and a freed node is reused from a free list:
+// after warm-up no access allocates. One hash index finds a key's node; a policy with ghost entries (ARC, S3-FIFO) keeps them
 // in the same arena and index, told apart by its payload.
 
 // none is the index that means "no node" (the end of a list, an empty free list).
