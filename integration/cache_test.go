@@ -1,0 +1,544 @@
+package integration
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/nbd"
+)
+
+// The tests here drive the tiered cache of `tierblk serve` (--ram, --ssd, --mode ...) through real
+// clients, over an nbdkit backend that stays up while tierblk is stopped, restarted and killed.
+
+// cacheOpts are the cache flags of one `tierblk serve`. The SSD image, its metadata and the admin
+// socket live in dir, so that a restart with the same opts finds the same SSD tier.
+type cacheOpts struct {
+	backend string
+	dir     string
+	ram     string
+	ssdSize string
+	line    string
+	mode    string
+}
+
+func (o cacheOpts) admin() string { return "unix:" + filepath.Join(o.dir, "admin.sock") }
+func (o cacheOpts) ssd() string   { return filepath.Join(o.dir, "ssd.img") }
+func (o cacheOpts) meta() string  { return filepath.Join(o.dir, "meta") }
+
+func (o cacheOpts) args() []string {
+	return []string{"--backend", o.backend, "--ram", o.ram, "--ssd", o.ssd(), "--ssd-size", o.ssdSize,
+		"--meta", o.meta(), "--line", o.line, "--mode", o.mode, "--admin", o.admin()}
+}
+
+// startNbdkit runs nbdkit with args (filters, plugin, parameters) on a new unix socket and returns
+// the socket's path. It keeps running while the test restarts tierblk in front of it.
+func startNbdkit(t *testing.T, args ...string) string {
+	t.Helper()
+	sock := filepath.Join(shortTempDir(t), "nbdkit.sock")
+	startDaemon(t, "nbdkit", append([]string{"-f", "-U", sock}, args...), "unix:"+sock)
+	return sock
+}
+
+// slowDisk is an nbdkit RAM disk of size that serves one request at a time with a delay, like a
+// small NAS, only faster so that the tests stay short.
+func slowDisk(size string) []string {
+	return []string{"--filter=noparallel", "--filter=delay", "memory", size, "delay-read=1ms", "delay-write=1ms"}
+}
+
+// cacheStats are the parts of `tierblk stats --json` the tests check, decoded from the JSON the
+// stats command documents rather than with tierblk's own types.
+type cacheStats struct {
+	Mode     string      `json:"mode"`
+	LineSize int64       `json:"line_size"`
+	Tiers    []tierStats `json:"tiers"`
+	Backend  struct {
+		Reads      uint64 `json:"reads"`
+		Writes     uint64 `json:"writes"`
+		ReadBytes  uint64 `json:"read_bytes"`
+		WriteBytes uint64 `json:"write_bytes"`
+		Errors     uint64 `json:"errors"`
+	} `json:"backend"`
+}
+
+type tierStats struct {
+	Name      string `json:"name"`
+	Hits      uint64 `json:"hits"`
+	Misses    uint64 `json:"misses"`
+	Lines     uint64 `json:"lines"`
+	Capacity  uint64 `json:"capacity"`
+	Evictions uint64 `json:"evictions"`
+	Errors    uint64 `json:"errors"`
+	Failed    bool   `json:"failed"`
+}
+
+// tier returns the named tier's counters and fails the test when the cache has no such tier.
+func (s cacheStats) tier(t *testing.T, name string) tierStats {
+	t.Helper()
+	for _, ts := range s.Tiers {
+		if ts.Name == name {
+			return ts
+		}
+	}
+	t.Fatalf("the stats have no %s tier: %+v", name, s.Tiers)
+	return tierStats{}
+}
+
+// adminStats runs `tierblk stats --admin ADDR --json` and returns the one export's statistics.
+func adminStats(t *testing.T, admin string) cacheStats {
+	t.Helper()
+	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
+	require.Zero(t, code, "tierblk stats --admin %s --json:\n%s", admin, out)
+	var resp struct {
+		Exports []struct {
+			Name  string     `json:"name"`
+			Stats cacheStats `json:"stats"`
+		} `json:"exports"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	require.Len(t, resp.Exports, 1, "tierblk stats --json:\n%s", out)
+	return resp.Exports[0].Stats
+}
+
+// sameImage requires the two NBD exports to hold the same bytes, read whole with nbdcopy.
+func sameImage(t *testing.T, uriA, uriB string) {
+	t.Helper()
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")
+	mustRunTool(t, "nbdcopy", uriA, a)
+	mustRunTool(t, "nbdcopy", uriB, b)
+	require.Equal(t, fileSHA256(t, b), fileSHA256(t, a), "%s and %s hold different data", uriA, uriB)
+}
+
+var cacheModes = []string{"writethrough", "writearound", "passthrough"}
+
+func TestCacheClients(t *testing.T) {
+	requireTools(t, "nbdkit", "fio", "qemu-io", "nbdcopy")
+	for _, mode := range cacheModes {
+		t.Run(mode, func(t *testing.T) {
+			sock := startNbdkit(t, slowDisk("48M")...)
+			o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "4MiB", ssdSize: "16MiB", line: "64KiB", mode: mode}
+			d := startServe(t, o.args()...)
+
+			// fio over TCP: four connections write and then verify 6 MiB each, 24 MiB in all, more
+			// than both tiers hold, so lines are evicted while the data is still being checked.
+			// Block sizes of 6k and 20k make writes that end inside a 4 KiB block.
+			const jobs = 4
+			report := filepath.Join(t.TempDir(), "fio.json")
+			out := mustRunTool(t, "fio", "--name=cache", "--ioengine=nbd", "--uri="+tcpURI(d.TCP, ""),
+				"--rw=randwrite", "--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15", "--iodepth=16",
+				fmt.Sprintf("--numjobs=%d", jobs), "--size=6m", "--offset_increment=6m",
+				"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
+				"--output-format=json", "--output="+report)
+			js, err := os.ReadFile(report)
+			require.NoError(t, err)
+			var res fioResult
+			require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
+			require.Len(t, res.Jobs, jobs)
+			var written int64
+			for _, j := range res.Jobs {
+				require.Zero(t, j.Error, "fio job error:\n%s", out)
+				require.Positive(t, j.Write.Bytes)
+				require.Equal(t, j.Write.Bytes, j.Read.Bytes, "every written byte must be read back and verified")
+				written += j.Write.Bytes
+			}
+
+			// qemu-io over the unix socket, in the region fio left alone (32M..48M).
+			mustQemuIO(t, unixURI(d.Unix, ""),
+				"write -P 0xa1 32M 1M",
+				"read -P 0xa1 32M 1M",
+				// Across a line boundary, part of two lines that are cached.
+				"write -P 0xa2 32828k 8k",
+				"read -P 0xa1 32M 60k",
+				"read -P 0xa2 32828k 8k",
+				"read -P 0xa1 32836k 956k",
+				// Zeroing and discarding cached lines must drop the cached copies.
+				"write -P 0xa3 33M 256k",
+				"read -P 0xa3 33M 256k",
+				"write -z 33856k 64k",
+				"read -P 0xa3 33M 64k",
+				"read -P 0 33856k 64k",
+				"read -P 0xa3 33920k 128k",
+				"write -P 0xa4 34M 256k",
+				"read -P 0xa4 34M 256k",
+				"discard 34M 256k",
+				"read -P 0 34M 256k",
+				// Ten bytes into a cached line, inside one 4 KiB block.
+				"read -P 0 35M 64k",
+				fmt.Sprintf("write -P 0x11 %d 10", 35<<20+100),
+				fmt.Sprintf("read -P 0x11 %d 10", 35<<20+100),
+				"read -P 0 35M 100",
+				fmt.Sprintf("read -P 0 %d %d", 35<<20+110, 64<<10-110),
+				// FUA and flush.
+				"write -f -P 0xa5 36M 128k",
+				"flush",
+				"read -P 0xa5 36M 128k",
+				// Reading fio's 24 MiB evicts everything above; it must come back from the backend.
+				"read 0 24M",
+				"read -P 0xa1 32M 60k",
+				"read -P 0xa2 32828k 8k",
+				"read -P 0xa5 36M 128k",
+				// The last block of the device.
+				fmt.Sprintf("write -P 0x77 %d 4k", 48<<20-4096),
+				fmt.Sprintf("read -P 0x77 %d 4k", 48<<20-4096),
+			)
+
+			st := adminStats(t, o.admin())
+			require.Equal(t, mode, st.Mode)
+			require.EqualValues(t, 64<<10, st.LineSize)
+			// No mode keeps a write only in the cache.
+			require.GreaterOrEqual(t, st.Backend.WriteBytes, uint64(written), "backend write bytes vs fio's writes")
+			require.Zero(t, st.Backend.Errors)
+			for _, name := range []string{"ram", "ssd"} {
+				ts := st.tier(t, name)
+				require.False(t, ts.Failed, "%s tier failed: %+v", name, ts)
+				require.Zero(t, ts.Errors, "%s tier errors", name)
+				if mode == "passthrough" {
+					require.Zero(t, ts.Lines, "%s tier holds lines in passthrough mode", name)
+					require.Zero(t, ts.Hits, "%s tier hits in passthrough mode", name)
+				} else {
+					require.Positive(t, ts.Hits, "%s tier hits", name)
+					require.Positive(t, ts.Evictions, "%s tier evictions: the data set is larger than the tier", name)
+				}
+			}
+
+			// What a client sees through the cache is what the backend holds, before and after stop.
+			sameImage(t, unixURI(d.Unix, ""), unixURI(sock, ""))
+			d.requireStop(syscall.SIGTERM)
+			mustQemuIO(t, unixURI(sock, ""), "read -P 0xa1 32M 60k", "read -P 0xa5 36M 128k", "read -P 0 34M 256k")
+		})
+	}
+}
+
+func TestCacheRestartWarm(t *testing.T) {
+	requireTools(t, "nbdkit", "qemu-io")
+	sock := startNbdkit(t, slowDisk("32M")...)
+	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "4MiB", ssdSize: "16MiB", line: "64KiB", mode: "writethrough"}
+	const dataSet = 8 << 20 // fits the SSD tier, not the RAM tier
+	const lines = dataSet / (64 << 10)
+
+	d := startServe(t, o.args()...)
+	mustQemuIO(t, unixURI(d.Unix, ""), "write -P 0x5c 0 8M", "read -P 0x5c 0 8M")
+	d.requireStop(syscall.SIGTERM)
+
+	// warmStart starts tierblk again on the same SSD tier and requires it warm: the data set is
+	// on the SSD before any read, and reading it costs (almost) no backend reads.
+	warmStart := func() {
+		t.Helper()
+		d := startServe(t, o.args()...)
+		before := adminStats(t, o.admin())
+		ssd := before.tier(t, "ssd")
+		require.GreaterOrEqual(t, ssd.Lines, uint64(lines), "SSD lines right after a restart: the data set was written whole")
+		mustQemuIO(t, unixURI(d.Unix, ""), "read -P 0x5c 0 8M")
+		after := adminStats(t, o.admin())
+		require.LessOrEqual(t, after.Backend.ReadBytes-before.Backend.ReadBytes, uint64(dataSet/16),
+			"backend bytes read for an 8 MiB data set that the warm SSD tier holds")
+		require.GreaterOrEqual(t, after.tier(t, "ssd").Hits-ssd.Hits, uint64(lines), "SSD hits reading the data set")
+		d.requireStop(syscall.SIGTERM)
+	}
+	warmStart()
+
+	// Another setup must not reuse the SSD tier, nor change it, nor write to the other backend.
+	other := startNbdkit(t, "memory", "32M")
+	ssdSum := fileSHA256(t, o.ssd())
+	mismatches := []struct {
+		name string
+		opts cacheOpts
+		msg  []*regexp.Regexp // the error must name what differs: the setting, the old and new values
+	}{
+		{"another backend", func() cacheOpts { c := o; c.backend = unixURI(other, ""); return c }(), []*regexp.Regexp{
+			regexp.MustCompile(`(?i)backend`), regexp.MustCompile(regexp.QuoteMeta(sock)), regexp.MustCompile(regexp.QuoteMeta(other))}},
+		{"another line size", func() cacheOpts { c := o; c.line = "32KiB"; return c }(), []*regexp.Regexp{
+			regexp.MustCompile(`(?i)line size`), regexp.MustCompile(`65536|64 ?KiB`), regexp.MustCompile(`32768|32 ?KiB`)}},
+	}
+	for _, m := range mismatches {
+		t.Run(m.name, func(t *testing.T) {
+			sockDir := shortTempDir(t)
+			args := append(append([]string{"serve"}, m.opts.args()...), "--nbd", "unix:"+filepath.Join(sockDir, "s.sock"))
+			code, out := runTierblk(t, args...)
+			require.NotZero(t, code, "tierblk serve on an SSD tier made for another setup:\n%s", out)
+			for _, re := range m.msg {
+				require.Regexp(t, re, out)
+			}
+			require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
+			require.Equal(t, ssdSum, fileSHA256(t, o.ssd()), "the refused start changed the SSD image")
+		})
+	}
+	mustQemuIO(t, unixURI(other, ""), "read -P 0 0 32M")
+	// The SSD tier is still warm for its own setup.
+	warmStart()
+}
+
+// TestCacheKill9 kills tierblk with SIGKILL at seeded random moments while workers write and
+// check data through it, restarts it on the same SSD tier each time, and requires every block
+// to hold the last write acknowledged before the kill (a write cut off by the kill may read as
+// the old data or the new). Each cycle runs in another mode, so a restart also changes the mode.
+func TestCacheKill9(t *testing.T) {
+	requireTools(t, "nbdkit")
+	const (
+		seed    = 9
+		cycles  = 10
+		region  = 8 << 20 // the blocks the workers use, twice the SSD tier
+		workers = 4
+	)
+	sock := startNbdkit(t, "memory", "16M")
+	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: "4MiB", line: "64KiB"}
+	m := newBlockModel(region / blockBytes)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	var acked atomic.Int64
+	for cycle := range cycles {
+		o.mode = cacheModes[cycle%len(cacheModes)]
+		d := startServe(t, o.args()...)
+		c := dialNBD(t, d.Unix)
+		m.verify(t, c, fmt.Sprintf("cycle %d (%s), after restart", cycle, o.mode))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		errs := make([]error, workers)
+		for w := range workers {
+			wrng := rand.New(rand.NewPCG(seed, uint64(cycle*workers+w+1)))
+			wg.Go(func() { errs[w] = m.work(ctx, c, wrng, w, workers, &acked) })
+		}
+		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		d.stop(syscall.SIGKILL)
+		wg.Wait()
+		cancel()
+		c.Close()
+		for w, err := range errs {
+			// A worker stops at the first failed request, which the kill causes; a wrong read is
+			// not a failed request but a test failure.
+			var bad *badBlockError
+			require.NotErrorAs(t, err, &bad, "cycle %d (%s), worker %d", cycle, o.mode, w)
+		}
+	}
+	require.Positive(t, acked.Load(), "no write was acknowledged in %d cycles", cycles)
+	t.Logf("%d writes acknowledged in %d cycles", acked.Load(), cycles)
+
+	// A last clean start and stop: the data is right through the cache, read partly from the SSD
+	// tier, and on the backend itself.
+	o.mode = "writethrough"
+	d := startServe(t, o.args()...)
+	c := dialNBD(t, d.Unix)
+	m.verify(t, c, "after the last restart")
+	require.Positive(t, adminStats(t, o.admin()).tier(t, "ssd").Hits, "reads after a restart must find lines on the SSD tier")
+	require.NoError(t, c.Close())
+	d.requireStop(syscall.SIGTERM)
+	direct := dialNBD(t, sock)
+	m.verify(t, direct, "on the backend")
+	require.NoError(t, direct.Close())
+}
+
+func dialNBD(t *testing.T, sock string) *nbd.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// A short reconnect wait: after a kill, requests fail at once rather than wait for the restart.
+	c, err := nbd.Dial(ctx, nbd.ClientConfig{Network: "unix", Address: sock, MaxReconnectWait: 50 * time.Millisecond,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	return c
+}
+
+// blockBytes is the unit of the kill test's model: each 4 KiB block holds one write's pattern.
+const blockBytes = 4096
+
+// blockModel is what each block of the kill test must hold: the id of the last acknowledged write
+// (0: zeros), and a write that failed when tierblk was killed, which may or may not have happened.
+// Workers own disjoint chunks and issue one request at a time, so each block has one writer and
+// the model needs no lock.
+type blockModel struct {
+	blocks []blockState
+	ids    atomic.Uint64
+}
+
+type blockState struct {
+	acked   uint64
+	pending uint64 // the write in doubt, when doubt is set
+	doubt   bool
+}
+
+func newBlockModel(blocks int) *blockModel { return &blockModel{blocks: make([]blockState, blocks)} }
+
+// chunkBlocks is the ownership unit: chunk i belongs to worker i%workers. Requests stay inside one
+// chunk, and a chunk spans several lines so that requests cross line boundaries.
+const chunkBlocks = 64
+
+// fillBlock writes write id's pattern for block b into p (4 KiB); id 0 is zeros.
+func fillBlock(p []byte, b int, id uint64) {
+	if id == 0 {
+		clear(p)
+		return
+	}
+	x := uint64(b)<<40 ^ id
+	for i := 0; i < len(p); i += 8 {
+		// splitmix64: every word depends on the block and the write.
+		x += 0x9e3779b97f4a7c15
+		z := (x ^ x>>30) * 0xbf58476d1ce4e5b9
+		z = (z ^ z>>27) * 0x94d049bb133111eb
+		binary.LittleEndian.PutUint64(p[i:], z^z>>31)
+	}
+	binary.LittleEndian.PutUint64(p, id) // the first word names the write, for the error message
+}
+
+// badBlockError is a block that holds neither the acknowledged data nor the write in doubt.
+type badBlockError struct {
+	block int
+	state blockState
+	got   string
+}
+
+func (e *badBlockError) Error() string {
+	doubt := ""
+	if e.state.doubt {
+		doubt = fmt.Sprintf(" or write %d, cut off by a kill", e.state.pending)
+	}
+	return fmt.Sprintf("block %d (offset %d) holds %s, want write %d%s (write 0 is zeros)",
+		e.block, e.block*blockBytes, e.got, e.state.acked, doubt)
+}
+
+// check compares block b's data with the model and settles a write in doubt to what was read.
+func (m *blockModel) check(b int, data []byte) error {
+	s := &m.blocks[b]
+	want := make([]byte, blockBytes)
+	fillBlock(want, b, s.acked)
+	if string(want) == string(data) {
+		s.doubt = false
+		return nil
+	}
+	if s.doubt {
+		fillBlock(want, b, s.pending)
+		if string(want) == string(data) {
+			s.acked, s.doubt = s.pending, false
+			return nil
+		}
+	}
+	got := fmt.Sprintf("data starting with word %d", binary.LittleEndian.Uint64(data))
+	if string(data) == string(make([]byte, blockBytes)) {
+		got = "zeros"
+	}
+	return &badBlockError{block: b, state: *s, got: got}
+}
+
+// verify reads the whole region through c and requires every block to match the model.
+func (m *blockModel) verify(t *testing.T, c io.ReaderAt, when string) {
+	t.Helper()
+	buf := make([]byte, 256<<10)
+	per := len(buf) / blockBytes
+	for first := 0; first < len(m.blocks); first += per {
+		_, err := c.ReadAt(buf, int64(first)*blockBytes)
+		require.NoError(t, err, "%s: reading at %d", when, first*blockBytes)
+		for i := range per {
+			require.NoError(t, m.check(first+i, buf[i*blockBytes:(i+1)*blockBytes]), when)
+		}
+	}
+}
+
+// pend marks n blocks from start as being written with id.
+func (m *blockModel) pend(start, n int, id uint64) {
+	for i := range n {
+		m.blocks[start+i].pending, m.blocks[start+i].doubt = id, true
+	}
+}
+
+// work runs worker w's requests on its own chunks until ctx ends or a request fails: writes,
+// zeroings and checked reads of 1 to 32 blocks. It returns the first failure.
+func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w, workers int, acked *atomic.Int64) error {
+	chunks := len(m.blocks) / chunkBlocks / workers
+	buf := make([]byte, 32*blockBytes)
+	for ctx.Err() == nil {
+		chunk := (rng.IntN(chunks)*workers + w) * chunkBlocks
+		start := chunk + rng.IntN(chunkBlocks)
+		n := 1 + rng.IntN(min(32, chunk+chunkBlocks-start))
+		p := buf[:n*blockBytes]
+		off := int64(start) * blockBytes
+		var err error
+		switch op := rng.IntN(10); {
+		case op < 3:
+			if _, err = c.ReadAt(p, off); err != nil {
+				return err
+			}
+			for i := range n {
+				if err := m.check(start+i, p[i*blockBytes:(i+1)*blockBytes]); err != nil {
+					return err
+				}
+			}
+			continue
+		case op < 4:
+			m.pend(start, n, 0)
+			err = c.WriteZeroes(off, int64(len(p)), false)
+		default:
+			id := m.ids.Add(1)
+			for i := range n {
+				fillBlock(p[i*blockBytes:(i+1)*blockBytes], start+i, id)
+			}
+			m.pend(start, n, id)
+			_, err = c.WriteAt(p, off)
+		}
+		if err != nil {
+			return err // the blocks stay in doubt until the next verify
+		}
+		for i := range n {
+			s := &m.blocks[start+i]
+			s.acked, s.doubt = s.pending, false
+		}
+		acked.Add(1)
+	}
+	return nil
+}
+
+func TestCacheAdmin(t *testing.T) {
+	requireTools(t, "qemu-io")
+	dir := shortTempDir(t)
+	o := cacheOpts{backend: "mem://32MiB", dir: dir, ram: "1MiB", ssdSize: "4MiB", line: "64KiB", mode: "writethrough"}
+	d := startServe(t, o.args()...)
+	mustQemuIO(t, unixURI(d.Unix, ""), "write -P 0x42 0 2M", "read -P 0x42 0 2M")
+
+	code, out := runTierblk(t, "stats", "--admin", o.admin())
+	require.Zero(t, code, "tierblk stats:\n%s", out)
+	require.Regexp(t, `(?m)^tier\s+policy\s+hits\s+misses`, out, "the table's header")
+	for _, tier := range []string{"ram", "ssd"} {
+		require.Regexp(t, `(?m)^`+tier+`\s+lru\s+\d+\s+\d+`, out, "a row for the %s tier", tier)
+	}
+	require.Regexp(t, `(?m)^backend: \d+ reads`, out)
+	require.Contains(t, out, "mode writethrough, line size 64KiB")
+
+	// Usage errors: exit status 2 and a message naming the flag.
+	sock := "unix:" + filepath.Join(dir, "bad.sock")
+	bad := []struct {
+		name string
+		args []string
+		msg  []string
+	}{
+		{"admin not on loopback", []string{"--admin", "0.0.0.0:9000"}, []string{"--admin", "0.0.0.0:9000", "loopback"}},
+		{"unknown mode", []string{"--mode", "writeback"}, []string{"--mode", "writeback"}},
+		{"line not a power of two", []string{"--line", "48KiB"}, []string{"--line"}},
+		{"line too large", []string{"--line", "2MiB"}, []string{"--line"}},
+		{"bad RAM size", []string{"--ram", "lots"}, []string{"--ram", "lots"}},
+		{"unknown policy", []string{"--policy", "nosuch"}, []string{"--policy", "nosuch"}},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"serve", "--backend", "mem://16MiB", "--ram", "1MiB", "--nbd", sock}
+			code, out := runTierblk(t, append(args, tt.args...)...)
+			require.Equal(t, 2, code, "exit status of tierblk %s:\n%s", strings.Join(tt.args, " "), out)
+			for _, m := range tt.msg {
+				require.Contains(t, out, m)
+			}
+		})
+	}
+}
