@@ -314,7 +314,8 @@ func TestCacheKill9(t *testing.T) {
 			wrng := rand.New(rand.NewPCG(seed, uint64(cycle*workers+w+1)))
 			wg.Go(func() { errs[w] = m.work(ctx, c, wrng, w, workers, &acked) })
 		}
-		time.Sleep(time.Duration(100+rng.IntN(900)) * time.Millisecond)
+		// Up to 1.5 s: the index is checkpointed every second, and on flushes and slot shortages.
+		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
 		d.stop(syscall.SIGKILL)
 		wg.Wait()
 		cancel()
@@ -456,7 +457,7 @@ func (m *blockModel) pend(start, n int, id uint64) {
 }
 
 // work runs worker w's requests on its own chunks until ctx ends or a request fails: writes,
-// zeroings and checked reads of 1 to 32 blocks. It returns the first failure.
+// some FUA; zeroings; checked reads of 1 to 32 blocks; and flushes. It returns the first failure.
 func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w, workers int, acked *atomic.Int64) error {
 	chunks := len(m.blocks) / chunkBlocks / workers
 	buf := make([]byte, 32*blockBytes)
@@ -467,8 +468,8 @@ func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w,
 		p := buf[:n*blockBytes]
 		off := int64(start) * blockBytes
 		var err error
-		switch op := rng.IntN(10); {
-		case op < 3:
+		switch op := rng.IntN(20); {
+		case op < 6:
 			if _, err = c.ReadAt(p, off); err != nil {
 				return err
 			}
@@ -478,7 +479,13 @@ func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w,
 				}
 			}
 			continue
-		case op < 4:
+		case op < 7:
+			// A flush makes tierblk checkpoint the SSD tier's index: kills land around those too.
+			if err = c.Flush(); err != nil {
+				return err
+			}
+			continue
+		case op < 9:
 			m.pend(start, n, 0)
 			err = c.WriteZeroes(off, int64(len(p)), false)
 		default:
@@ -487,7 +494,11 @@ func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w,
 				fillBlock(p[i*blockBytes:(i+1)*blockBytes], start+i, id)
 			}
 			m.pend(start, n, id)
-			_, err = c.WriteAt(p, off)
+			if op < 11 {
+				_, err = c.WriteAtFUA(p, off)
+			} else {
+				_, err = c.WriteAt(p, off)
+			}
 		}
 		if err != nil {
 			return err // the blocks stay in doubt until the next verify
