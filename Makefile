@@ -52,6 +52,7 @@ integration: deps
 # CACHESIM=/path/to/cachesim (libCacheSim, built outside this project) adds the comparison with it.
 bench: deps build
 	$(BIN) bench nbd
+	$(BIN) bench cache --work $(CURDIR)/.cache/bench-cache
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 
 fmt-check:

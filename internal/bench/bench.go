@@ -80,33 +80,58 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 		socks[i] = sock
 		fmt.Fprintf(o.Log, "prefilling %s (%s)\n", t.Name, o.Size)
 		// Fill the region first so that reads touch written data on every target, not a sparse fast path.
-		if _, err := fio(ctx, sock, o.Size, 0, []string{"--rw=write", "--bs=1M", "--iodepth=8"}); err != nil {
+		if _, err := fio(ctx, sock, o.Size, 0, 0, []string{"--rw=write", "--bs=1M", "--iodepth=8"}); err != nil {
 			return nil, fmt.Errorf("prefill %s: %w", t.Name, err)
 		}
 	}
+	probes := make([]probe, len(targets))
+	for i, t := range targets {
+		probes[i] = probe{name: t.Name, sock: socks[i], runtime: o.Runtime, ramp: time.Second}
+	}
 	var results []Result
 	for _, row := range o.Rows {
-		r := Result{Row: row.Name, Unit: row.Unit, Medians: map[string]float64{}, Samples: map[string][]float64{}}
-		for round := 0; round < o.Rounds; round++ {
-			for _, i := range roundOrder(len(targets), round) {
-				t := targets[i]
-				v, err := fio(ctx, socks[i], o.Size, o.Runtime, row.FioArgs)
-				if err != nil {
-					return nil, fmt.Errorf("%s on %s: %w", row.Name, t.Name, err)
-				}
-				if row.Unit == "MiB/s" {
-					v.value = v.bytesPerSec / (1 << 20)
-				}
-				fmt.Fprintf(o.Log, "%-26s round %d %-8s %10.0f %s\n", row.Name, round+1, t.Name, v.value, row.Unit)
-				r.Samples[t.Name] = append(r.Samples[t.Name], v.value)
-			}
-		}
-		for name, s := range r.Samples {
-			r.Medians[name] = median(s)
+		r, err := measure(ctx, row, probes, o.Rounds, o.Size, o.Log, nil)
+		if err != nil {
+			return nil, err
 		}
 		results = append(results, r)
 	}
 	return results, nil
+}
+
+// probe is how one row is measured on one running server.
+type probe struct {
+	name, sock    string
+	runtime, ramp time.Duration
+}
+
+// measure runs row on every probe for the given rounds, alternating as Run describes, and returns
+// the medians. beforeRound, if not nil, runs before each round (to restart servers, say).
+func measure(ctx context.Context, row Row, probes []probe, rounds int, size string, log io.Writer, beforeRound func() error) (Result, error) {
+	r := Result{Row: row.Name, Unit: row.Unit, Medians: map[string]float64{}, Samples: map[string][]float64{}}
+	for round := 0; round < rounds; round++ {
+		if beforeRound != nil {
+			if err := beforeRound(); err != nil {
+				return Result{}, fmt.Errorf("%s: %w", row.Name, err)
+			}
+		}
+		for _, i := range roundOrder(len(probes), round) {
+			p := probes[i]
+			v, err := fio(ctx, p.sock, size, p.runtime, p.ramp, row.FioArgs)
+			if err != nil {
+				return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
+			}
+			if row.Unit == "MiB/s" {
+				v.value = v.bytesPerSec / (1 << 20)
+			}
+			fmt.Fprintf(log, "%-26s round %d %-12s %10.0f %s\n", row.Name, round+1, p.name, v.value, row.Unit)
+			r.Samples[p.name] = append(r.Samples[p.name], v.value)
+		}
+	}
+	for name, s := range r.Samples {
+		r.Medians[name] = median(s)
+	}
+	return r, nil
 }
 
 // roundOrder rotates which target goes first each round, so that neither always runs right after
@@ -119,13 +144,27 @@ func roundOrder(n, round int) []int {
 	return order
 }
 
-// Table renders results as a Markdown table with the ratio of the first target to the second.
+// Table renders results as a Markdown table with the ratio of the first target to each other one.
 func Table(results []Result, targets []Target) string {
 	var b strings.Builder
-	a, p := targets[0].Name, targets[1].Name
-	fmt.Fprintf(&b, "| workload | %s | %s | ratio %s/%s |\n|---|---:|---:|---:|\n", a, p, a, p)
+	a := targets[0].Name
+	b.WriteString("| workload |")
+	for _, t := range targets {
+		fmt.Fprintf(&b, " %s |", t.Name)
+	}
+	for _, t := range targets[1:] {
+		fmt.Fprintf(&b, " ratio %s/%s |", a, t.Name)
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", 2*len(targets)-1) + "\n")
 	for _, r := range results {
-		fmt.Fprintf(&b, "| %s | %.0f %s | %.0f %s | %.2f |\n", r.Row, r.Medians[a], r.Unit, r.Medians[p], r.Unit, r.Medians[a]/r.Medians[p])
+		fmt.Fprintf(&b, "| %s |", r.Row)
+		for _, t := range targets {
+			fmt.Fprintf(&b, " %.0f %s |", r.Medians[t.Name], r.Unit)
+		}
+		for _, t := range targets[1:] {
+			fmt.Fprintf(&b, " %.2f |", r.Medians[a]/r.Medians[t.Name])
+		}
+		b.WriteString("\n")
 	}
 	return b.String()
 }
@@ -162,16 +201,9 @@ func start(ctx context.Context, t Target, sock string) (stop func(), err error) 
 
 type fioResult struct{ value, bytesPerSec float64 }
 
-// fio runs one job against the socket; runtime 0 means "once over the size".
-func fio(ctx context.Context, sock, size string, runtime time.Duration, args []string) (fioResult, error) {
-	full := append([]string{
-		"--name=bench", "--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock,
-		"--size=" + size, "--numjobs=1", "--output-format=json", "--random_generator=tausworthe64",
-	}, args...)
-	if runtime > 0 {
-		full = append(full, "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--ramp_time=1s")
-	}
-	out, err := exec.CommandContext(ctx, "fio", full...).Output()
+// fio runs one job against the socket (see fioArgs).
+func fio(ctx context.Context, sock, size string, runtime, ramp time.Duration, args []string) (fioResult, error) {
+	out, err := exec.CommandContext(ctx, "fio", fioArgs(sock, size, runtime, ramp, args)...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -180,6 +212,22 @@ func fio(ctx context.Context, sock, size string, runtime time.Duration, args []s
 		return fioResult{}, fmt.Errorf("fio: %w", err)
 	}
 	return parseFio(out)
+}
+
+// fioArgs are fio's arguments for one job with args against the socket; runtime 0 means "once over
+// the size". The first ramp of a timed run is not counted.
+func fioArgs(sock, size string, runtime, ramp time.Duration, args []string) []string {
+	full := append([]string{
+		"--name=bench", "--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock,
+		"--size=" + size, "--numjobs=1", "--output-format=json", "--random_generator=tausworthe64",
+	}, args...)
+	if runtime > 0 {
+		full = append(full, "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())))
+		if ramp > 0 {
+			full = append(full, fmt.Sprintf("--ramp_time=%ds", int(ramp.Seconds())))
+		}
+	}
+	return full
 }
 
 func parseFio(out []byte) (fioResult, error) {

@@ -14,6 +14,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "sim", "--rounds", "0"},
 		{"bench", "sim", "--policy", "lru,nope"},
 		{"bench", "nbd", "--rounds", "0"},
+		{"bench", "cache", "--rounds", "0"},
+		{"bench", "cache", "--slow-runtime", "500ms"},
 	} {
 		root := NewRoot("test")
 		var out bytes.Buffer
