@@ -511,7 +511,9 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	}
 	segs := c.segments(off, int64(len(p)))
 	defer c.lockSegs(segs)()
-	c.invalidate(segs, fua)
+	if err := c.invalidate(segs, fua); err != nil {
+		return err
+	}
 	if c.mode != WriteThrough {
 		return c.backendWrite(p, off, fua)
 	}
@@ -586,22 +588,26 @@ func (c *Cache) writeTier(t *tier, s seg, p []byte) (uint32, lineBits, bool) {
 
 // invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a
 // metadata commit, so that no crash can leave a record calling the old data valid.
-func (c *Cache) invalidate(segs []seg, sync bool) {
+func (c *Cache) invalidate(segs []seg, sync bool) error {
 	for _, s := range segs {
 		if c.ram != nil {
 			c.ram.invalidate(s.line, s.touched())
 		}
 	}
 	if c.ssd == nil {
-		return
+		return nil
 	}
 	spans := make([]span, len(segs))
 	for i, s := range segs {
 		spans[i] = span{s.line, s.touched()}
 	}
 	if err := c.ssd.j.invalidateDurably(spans, sync); err != nil {
+		// The store may still call the old data valid, and a restart would trust it: the change
+		// must not reach the backend.
 		c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
+		return fmt.Errorf("cache metadata: cannot invalidate the SSD tier's copy before the change: %w", err)
 	}
+	return nil
 }
 
 func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
@@ -645,7 +651,9 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	}
 	segs := c.segments(off, length)
 	defer c.lockSegs(segs)()
-	c.invalidate(segs, false)
+	if err := c.invalidate(segs, false); err != nil {
+		return err
+	}
 	return op()
 }
 

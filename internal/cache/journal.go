@@ -180,7 +180,12 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	return j.store.Commit(ops, sync)
+	// These records left the queue: if the commit fails, only a retry can still land them.
+	err := j.store.Commit(ops, sync)
+	if err != nil {
+		err = j.store.Commit(ops, sync)
+	}
+	return err
 }
 
 // load rebuilds the tier's index from the store after a restart.

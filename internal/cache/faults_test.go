@@ -1,0 +1,251 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+)
+
+// The tests here fail the cache's own storage on purpose, in the manner of Open CAS' functional
+// tests: the N-th write to the SSD for each N, a dead SSD, the N-th metadata commit. Reads must stay
+// correct (the backend has everything), a failing SSD must end up bypassed, and a restart must find
+// nothing stale.
+
+// faultLayout is the cache the fault tests run: a small write-through cache with both tiers.
+var faultLayout = layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteThrough}
+
+const faultDevSize = 64 << 10
+
+// sectorSets is a single client's model of the device: the ids each sector may hold. A failed
+// write leaves both its old and new ids possible; a read narrows the set to what it returned.
+type sectorSets [][]int64
+
+func newSectorSets() sectorSets {
+	m := make(sectorSets, faultDevSize/sector)
+	for s := range m {
+		m[s] = []int64{0}
+	}
+	return m
+}
+
+// check compares a read of sectors from first with the model and narrows the model.
+func (m sectorSets) check(p []byte, first int) error {
+	for i, id := range stamps(p, first) {
+		if !slices.Contains(m[first+i], id) {
+			return fmt.Errorf("sector %d reads write %d; the model allows %v", first+i, id, m[first+i])
+		}
+		m[first+i] = []int64{id}
+	}
+	return nil
+}
+
+// drive runs ops random sequential requests on c, checking every read against m. Write errors are
+// allowed only if errOK; stop, if not nil, ends the run early when it reports true.
+func drive(c *Cache, rng *rand.Rand, m sectorSets, ops int, errOK bool, stop func() bool) error {
+	const perBlk = blockSize / sector
+	for k := range ops {
+		if stop != nil && stop() {
+			return nil
+		}
+		n := perBlk * (1 + rng.IntN(2))
+		first := perBlk * rng.IntN(len(m)/perBlk-1)
+		if rng.IntN(3) == 0 {
+			n = 1 + rng.IntN(12)
+			first = rng.IntN(len(m) - n)
+		}
+		off, buf := int64(first)*sector, make([]byte, n*sector)
+		id := rng.Int64N(1<<40) + 1
+		var err error
+		switch r := rng.IntN(100); {
+		case r < 45:
+			if _, err := c.ReadAt(buf, off); err != nil {
+				return fmt.Errorf("op %d: read [%d,%d): %w", k, first, first+n, err)
+			}
+			if err := m.check(buf, first); err != nil {
+				return fmt.Errorf("op %d: %w", k, err)
+			}
+			continue
+		case r < 80:
+			stamp(buf, first, id)
+			_, err = c.WriteAt(buf, off)
+		case r < 90:
+			stamp(buf, first, id)
+			_, err = c.WriteAtFUA(buf, off)
+		case r < 96:
+			id = 0
+			err = c.WriteZeroes(off, int64(len(buf)), false)
+		default:
+			if err := c.Flush(); err != nil && !errOK {
+				return fmt.Errorf("op %d: flush: %w", k, err)
+			}
+			continue
+		}
+		for s := first; s < first+n; s++ {
+			if err == nil {
+				m[s] = []int64{id}
+			} else if !slices.Contains(m[s], id) {
+				m[s] = append(m[s], id)
+			}
+		}
+		if err != nil && !errOK {
+			return fmt.Errorf("op %d: write [%d,%d): %w", k, first, first+n, err)
+		}
+	}
+	return nil
+}
+
+// verifyAll reads the whole device through c and checks it against m.
+func verifyAll(c *Cache, m sectorSets) error {
+	all := make([]byte, faultDevSize)
+	if _, err := c.ReadAt(all, 0); err != nil {
+		return fmt.Errorf("read of the whole device: %w", err)
+	}
+	return m.check(all, 0)
+}
+
+// restartAfterKill crashes the engine on g (kill -9: what was written stays) and starts a new one
+// on the same backend, SSD and store, without faults.
+func restartAfterKill(t *testing.T, g *gate, old *Cache, back, ssd *crashDev, store meta.Store) *Cache {
+	t.Helper()
+	g.crash()
+	old.Close()
+	ng := &gate{}
+	return newCache(t, gatedDev{ng, back}, faultLayout, gatedStore{ng, store}, gatedDev{ng, ssd})
+}
+
+// TestFailNthSSDWrite fails the N-th write to the SSD, tearing it, for every N the workload
+// reaches: reads stay correct, and so does the cache after a restart.
+func TestFailNthSSDWrite(t *testing.T) {
+	seed := testSeed(t)
+	maxN := 60
+	if testing.Short() {
+		maxN = 20
+	}
+	for n := int64(1); n <= int64(maxN); n++ {
+		rng := rand.New(rand.NewPCG(seed, uint64(n)))
+		back, ssdDev, store := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()
+		g := &gate{}
+		ssd := fault.New(gatedDev{g, ssdDev}, fault.Options{Seed: int64(seed) + n, TornWrites: true,
+			Rules: []fault.Rule{{Op: fault.Write, Nth: n}}})
+		c := newCache(t, gatedDev{g, back}, faultLayout, gatedStore{g, store}, ssd)
+		m := newSectorSets()
+		if err := drive(c, rng, m, 120, false, nil); err != nil {
+			t.Fatalf("seed %d, SSD write %d failed: %v", seed, n, err)
+		}
+		if ssd.Faults()[fault.Write] == 0 {
+			c.Close()
+			break // the workload makes fewer SSD writes: every N has been tried
+		}
+		if st := c.Stats(); st.Tiers[1].Errors == 0 {
+			t.Errorf("seed %d, SSD write %d failed: the SSD tier counted no error: %+v", seed, n, st.Tiers[1])
+		}
+		c = restartAfterKill(t, g, c, back, ssdDev, store)
+		if err := verifyAll(c, m); err != nil {
+			t.Fatalf("seed %d, SSD write %d failed: after restart: %v", seed, n, err)
+		}
+		c.Close()
+	}
+}
+
+// TestDeadSSD makes every call to the SSD fail halfway through a workload: reads stay correct, the
+// tier is bypassed, and a restart on the revived SSD finds nothing stale.
+func TestDeadSSD(t *testing.T) {
+	seed := testSeed(t)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	back, ssdDev, store := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()
+	g := &gate{}
+	ssd := fault.New(gatedDev{g, ssdDev}, fault.Options{Seed: int64(seed)})
+	c := newCache(t, gatedDev{g, back}, faultLayout, gatedStore{g, store}, ssd)
+	m := newSectorSets()
+	if err := drive(c, rng, m, 80, false, nil); err != nil {
+		t.Fatalf("seed %d: before the SSD died: %v", seed, err)
+	}
+	ssd.SetFailing(true)
+	// Flushes may fail once the SSD is dead (its checkpoint fails); writes and reads may not.
+	if err := drive(c, rng, m, 200, false, nil); err != nil && !errors.Is(err, fault.ErrInjected) {
+		t.Fatalf("seed %d: with the SSD dead: %v", seed, err)
+	}
+	if err := verifyAll(c, m); err != nil {
+		t.Fatalf("seed %d: with the SSD dead: %v", seed, err)
+	}
+	st := c.Stats().Tiers[1]
+	if !st.Failed || st.Reason == "" {
+		t.Fatalf("seed %d: the dead SSD tier is still in use: %+v", seed, st)
+	}
+	ssd.SetFailing(false)
+	c = restartAfterKill(t, g, c, back, ssdDev, store)
+	defer c.Close()
+	if err := verifyAll(c, m); err != nil {
+		t.Fatalf("seed %d: after restart: %v", seed, err)
+	}
+}
+
+// failStore fails the nth Commit (counting from 1), and every later one if sticky.
+type failStore struct {
+	meta.Store
+	nth    int
+	sticky bool
+
+	mu    sync.Mutex
+	calls int
+	fired bool
+}
+
+var errCommit = errors.New("injected metadata commit failure")
+
+func (f *failStore) Commit(ops []meta.Op, sync bool) error {
+	f.mu.Lock()
+	f.calls++
+	fail := f.calls == f.nth || (f.sticky && f.calls > f.nth)
+	f.fired = f.fired || fail
+	f.mu.Unlock()
+	if fail {
+		return errCommit
+	}
+	return f.Store.Commit(ops, sync)
+}
+
+func (f *failStore) hasFired() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fired
+}
+
+// TestFailNthCommit fails the N-th metadata commit (only that one, or every one from it on), stops
+// the workload right after and kills the engine: a restart must find nothing stale.
+func TestFailNthCommit(t *testing.T) {
+	seed := testSeed(t)
+	maxN := 40
+	if testing.Short() {
+		maxN = 12
+	}
+	for _, sticky := range []bool{false, true} {
+		for n := 1; n <= maxN; n++ {
+			rng := rand.New(rand.NewPCG(seed, uint64(n)))
+			back, ssdDev, mem := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()
+			g := &gate{}
+			store := &failStore{Store: gatedStore{g, mem}, nth: n, sticky: sticky}
+			c := newCache(t, gatedDev{g, back}, faultLayout, store, gatedDev{g, ssdDev})
+			m := newSectorSets()
+			// Writes may fail once the metadata does: the model then allows old and new data.
+			if err := drive(c, rng, m, 150, true, store.hasFired); err != nil {
+				t.Fatalf("seed %d, commit %d failed (sticky %v): %v", seed, n, sticky, err)
+			}
+			fired := store.hasFired()
+			c = restartAfterKill(t, g, c, back, ssdDev, mem)
+			if err := verifyAll(c, m); err != nil {
+				t.Fatalf("seed %d, commit %d failed (sticky %v): after restart: %v", seed, n, sticky, err)
+			}
+			c.Close()
+			if !fired {
+				break
+			}
+		}
+	}
+}
