@@ -158,8 +158,8 @@ func (cfg *Config) validate() error {
 			return fmt.Errorf("SSD tier size %d: use at least two lines (%d) and at most the SSD's size (%d)",
 				cfg.SSD.Size, 2*l, cfg.SSDDevice.Size())
 		}
-		if cfg.SSD.Size/l > 1<<32-1 {
-			return fmt.Errorf("SSD tier size %d needs more than 2^32 lines; use a larger line size", cfg.SSD.Size)
+		if cfg.SSD.Size/l > 1<<31-1 {
+			return fmt.Errorf("SSD tier size %d needs more than 2^31 lines; use a larger line size", cfg.SSD.Size)
 		}
 	}
 	return nil
@@ -206,7 +206,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		if err := j.load(); err != nil {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
-		c.log.Info("SSD tier warm", "lines", len(t.index), "slots", slots)
+		c.log.Info("SSD tier warm", "lines", t.index.Len(), "slots", slots)
 	}
 	c.ssd = t
 	go j.loop()

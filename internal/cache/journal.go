@@ -203,14 +203,14 @@ func (j *journal) load() error {
 			return fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
 		}
 		used[r.Slot] = true
-		t.index[r.Line] = r.Slot
+		t.index.Put(r.Line, int32(r.Slot))
 		t.valid.set(r.Slot, v)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("metadata is corrupt: %w", err)
 	}
-	t.free = t.free[:0]
+	t.free, t.fresh = t.free[:0], t.slots
 	for s := t.slots - 1; s >= 0; s-- {
 		if !used[s] {
 			t.free = append(t.free, uint32(s))
@@ -218,8 +218,8 @@ func (j *journal) load() error {
 	}
 	// Rebuild the policy in line order. Should the tier hold more lines than the policy's capacity
 	// (a larger reserve than the last run's), the policy evicts the excess as usual.
-	lines := make([]uint64, 0, len(t.index))
-	for line := range t.index {
+	lines := make([]uint64, 0, t.index.Len())
+	for line := range t.index.All() {
 		lines = append(lines, line)
 	}
 	slices.Sort(lines)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tierblk/tierblk/internal/keyindex"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -31,9 +32,10 @@ type tier struct {
 	log      *slog.Logger
 
 	mu      sync.Mutex
-	index   map[uint64]uint32 // line -> slot
+	index   keyindex.Index // line -> slot
 	valid   bitTable
-	free    []uint32
+	free    []uint32         // released slots
+	fresh   int              // slots [fresh, slots) were never used: no free-list entry needed for them
 	pins    map[uint32]int32 // slots with I/O in flight
 	zombies map[uint32]bool  // slots evicted while pinned, released at the last unpin
 	evict   policy.Eviction
@@ -70,22 +72,18 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		blocks:        int(s.lineSize / blockSize),
 		slots:         s.slots,
 		log:           log,
-		index:         make(map[uint64]uint32, s.slots),
+		index:         keyindex.New(s.slots, true),
 		valid:         newBitTable(s.slots, int(s.lineSize/blockSize)),
-		free:          make([]uint32, s.slots),
 		pins:          map[uint32]int32{},
 		zombies:       map[uint32]bool{},
 		policyName:    s.policy,
 		admissionName: s.admission,
 	}
-	// Slots are handed out from the end of the free list: start with slot 0.
-	for i := range t.free {
-		t.free[i] = uint32(s.slots - 1 - i)
-	}
 	var err error
 	t.evict, err = policy.NewEviction(s.policy, policy.Config{
-		Capacity: s.slots - s.reserve,
-		OnEvict:  func(k policy.Key) { t.victims = append(t.victims, uint64(k)) },
+		Capacity:    s.slots - s.reserve,
+		Preallocate: true,
+		OnEvict:     func(k policy.Key) { t.victims = append(t.victims, uint64(k)) },
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s tier: %w", s.name, err)
@@ -104,7 +102,8 @@ func (t *tier) usable() bool { return t != nil && !t.failed.Load() }
 func (t *tier) lookup(line uint64, need lineBits) (slot uint32, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	slot, ok = t.index[line]
+	s, ok := t.index.Get(line)
+	slot = uint32(s)
 	if !ok || !t.valid.get(slot).covers(need) {
 		t.misses.Add(1)
 		return 0, false
@@ -119,7 +118,7 @@ func (t *tier) lookup(line uint64, need lineBits) (slot uint32, ok bool) {
 func (t *tier) validBits(line uint64) lineBits {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if slot, ok := t.index[line]; ok {
+	if slot, ok := t.slotOf(line); ok {
 		return t.valid.get(slot)
 	}
 	return lineBits{}
@@ -138,11 +137,12 @@ func (t *tier) admits(a policy.Access) bool {
 func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if slot, ok := t.index[line]; ok {
+	if slot, ok := t.slotOf(line); ok {
 		t.pins[slot]++
 		return slot, t.valid.get(slot), true
 	}
-	if len(t.free) == 0 {
+	if t.freeSlots() == 0 && t.evict.Len() < t.evict.Capacity() {
+		// Nothing to evict: the free slots wait for a checkpoint.
 		if t.j != nil {
 			t.j.kick()
 		}
@@ -154,31 +154,45 @@ func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 		t.evictions.Add(1)
 		t.dropLocked(v)
 	}
-	if len(t.free) == 0 {
-		// Every evicted slot is still pinned by I/O: do not cache the line this time.
+	if t.freeSlots() == 0 {
+		// The evicted slots are pinned by I/O or wait for a checkpoint: do not cache the line now.
 		t.evict.Remove(policy.Key(line))
+		if t.j != nil {
+			t.j.kick()
+		}
 		return 0, lineBits{}, false
 	}
-	slot = t.free[len(t.free)-1]
-	t.free = t.free[:len(t.free)-1]
-	t.index[line] = slot
+	if n := len(t.free); n > 0 {
+		slot, t.free = t.free[n-1], t.free[:n-1]
+	} else {
+		slot = uint32(t.fresh)
+		t.fresh++
+	}
+	t.index.Put(line, int32(slot))
 	t.valid.set(slot, lineBits{})
 	t.pins[slot]++
 	t.promotions.Add(1)
-	if t.j != nil && len(t.free) < t.j.reserve/2 {
+	if t.j != nil && t.freeSlots() < t.j.reserve/2 {
 		t.j.kick()
 	}
 	return slot, lineBits{}, true
 }
 
+func (t *tier) slotOf(line uint64) (uint32, bool) {
+	s, ok := t.index.Get(line)
+	return uint32(s), ok
+}
+
+func (t *tier) freeSlots() int { return len(t.free) + t.slots - t.fresh }
+
 // dropLocked forgets line (evicted or invalidated) and releases its slot. The policy has already
 // let go of it.
 func (t *tier) dropLocked(line uint64) {
-	slot, ok := t.index[line]
+	slot, ok := t.slotOf(line)
 	if !ok {
 		return
 	}
-	delete(t.index, line)
+	t.index.Delete(line)
 	t.valid.set(slot, lineBits{})
 	if t.j != nil {
 		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}})
@@ -223,7 +237,7 @@ func (t *tier) unpinLocked(slot uint32) {
 func (t *tier) validate(line uint64, slot uint32, bits lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.index[line]; ok && s == slot {
+	if s, ok := t.slotOf(line); ok && s == slot {
 		v := t.valid.get(slot).or(bits)
 		t.valid.set(slot, v)
 		if t.j != nil {
@@ -235,7 +249,7 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits) {
 
 // invalidateLocked clears bits of line; a line left with no valid block is dropped.
 func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed bool) {
-	slot, ok := t.index[line]
+	slot, ok := t.slotOf(line)
 	if !ok {
 		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, false
 	}
@@ -271,7 +285,7 @@ func (t *tier) ioError(line uint64, slot uint32, err error) {
 	n := t.errs.Add(1)
 	t.log.Warn("cache tier I/O error; line dropped", "tier", t.name, "line", line, "err", err)
 	t.mu.Lock()
-	if s, ok := t.index[line]; ok && s == slot {
+	if s, ok := t.slotOf(line); ok && s == slot {
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
 	}
@@ -290,7 +304,11 @@ func (t *tier) fail(reason string) {
 	t.reason.Store(&reason)
 	t.log.Error("cache tier bypassed", "tier", t.name, "reason", reason)
 	t.mu.Lock()
-	for line := range t.index {
+	var lines []uint64
+	for line := range t.index.All() {
+		lines = append(lines, line)
+	}
+	for _, line := range lines {
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
 	}
@@ -323,7 +341,7 @@ func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 
 func (t *tier) stats() TierStats {
 	t.mu.Lock()
-	lines := len(t.index)
+	lines := t.index.Len()
 	t.mu.Unlock()
 	s := TierStats{
 		Name:          t.name,

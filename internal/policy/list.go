@@ -1,5 +1,7 @@
 package policy
 
+import "github.com/tierblk/tierblk/internal/keyindex"
+
 // An index-based node arena with intrusive doubly-linked lists, shared by the policies.
 //
 // Why not container/list and pointers: a policy holds millions of entries and the simulator replays
@@ -26,7 +28,7 @@ type node[M any] struct {
 type arena[M any] struct {
 	nodes []node[M]
 	free  int32 // first free node, chained through next
-	index index
+	index keyindex.Index
 }
 
 // arenaHintMax bounds the up-front allocation of a lazy arena, so building a policy for a huge
@@ -44,12 +46,12 @@ func newArena[M any](hint int, prealloc bool) arena[M] {
 	return arena[M]{
 		nodes: make([]node[M], 0, hint),
 		free:  none,
-		index: newIndex(hint, prealloc),
+		index: keyindex.New(hint, prealloc),
 	}
 }
 
 // lookup returns the node of k.
-func (a *arena[M]) lookup(k Key) (int32, bool) { return a.index.get(k) }
+func (a *arena[M]) lookup(k Key) (int32, bool) { return a.index.Get(uint64(k)) }
 
 // at returns the node at index i, to read or update in place.
 func (a *arena[M]) at(i int32) *node[M] { return &a.nodes[i] }
@@ -65,139 +67,15 @@ func (a *arena[M]) alloc(k Key) int32 {
 		i = int32(len(a.nodes))
 		a.nodes = append(a.nodes, node[M]{key: k, prev: none, next: none})
 	}
-	a.index.put(k, i)
+	a.index.Put(uint64(k), i)
 	return i
 }
 
 // release unindexes node i (already unlinked) and returns it to the free list.
 func (a *arena[M]) release(i int32) {
-	a.index.delete(a.nodes[i].key)
+	a.index.Delete(uint64(a.nodes[i].key))
 	a.nodes[i].next = a.free
 	a.free = i
-}
-
-// index maps keys to node indexes. It is an open-addressing hash table with linear probing and
-// backward-shift deletion (no tombstones, so a replay of millions of inserts and deletes never
-// degrades it). Against a Go map it saves a third of the time of an access (BenchmarkEviction): a
-// lookup mostly reads one cache line, which holds the key, so a hit need not read the node.
-//
-// A slot is 12 bytes: the key, as two 32-bit halves so that the slot is aligned to 4 bytes, and the
-// node's index. A lazy table is a power of two, kept at most half full; a preallocated one is sized
-// to be at most four fifths full at the hint, any length. The home slot is the top 32 bits of the
-// key's Fibonacci hash scaled to the length (Lemire's fastrange), which for a power of two is the
-// hash's top bits, as Fibonacci hashing takes them.
-type index struct {
-	slots []slot
-	n     int
-	limit int  // the most entries before the table grows
-	dense bool // preallocated: four fifths full at most, else half
-}
-
-type slot struct {
-	lo, hi uint32 // the key
-	node   uint32 // the node's index + 1; 0 marks an empty slot
-}
-
-func (s *slot) key() Key { return Key(s.hi)<<32 | Key(s.lo) }
-
-// minSlots keeps the smallest table with room to probe.
-const minSlots = 8
-
-func newIndex(hint int, prealloc bool) index {
-	if prealloc {
-		// ceil(5 hint / 4) slots hold hint entries at four fifths full.
-		return makeIndex(max((5*hint+3)/4, minSlots), true)
-	}
-	size := minSlots
-	for size < 2*hint {
-		size *= 2
-	}
-	return makeIndex(size, false)
-}
-
-func makeIndex(size int, dense bool) index {
-	limit := size / 2
-	if dense {
-		limit = size * 4 / 5
-	}
-	return index{slots: make([]slot, size), limit: limit, dense: dense}
-}
-
-// home is k's preferred slot: the top half of k times 2^64/φ, which spreads the runs of consecutive
-// block numbers that traces are made of, scaled to the table's length.
-func (x *index) home(k Key) int {
-	h := uint64(k) * 0x9E3779B97F4A7C15 >> 32
-	return int(h * uint64(len(x.slots)) >> 32)
-}
-
-// next is the slot after i, wrapping at the end of the table.
-func (x *index) next(i int) int {
-	if i++; i == len(x.slots) {
-		return 0
-	}
-	return i
-}
-
-func (x *index) get(k Key) (int32, bool) {
-	for i := x.home(k); ; i = x.next(i) {
-		s := &x.slots[i]
-		if s.node == 0 {
-			return none, false
-		}
-		if s.key() == k {
-			return int32(s.node - 1), true
-		}
-	}
-}
-
-// put adds k, which must be absent.
-func (x *index) put(k Key, node int32) {
-	if x.n >= x.limit {
-		x.grow()
-	}
-	i := x.home(k)
-	for x.slots[i].node != 0 {
-		i = x.next(i)
-	}
-	x.slots[i] = slot{lo: uint32(k), hi: uint32(k >> 32), node: uint32(node) + 1}
-	x.n++
-}
-
-// grow doubles the table, keeping its maximum load.
-func (x *index) grow() {
-	old := x.slots
-	*x = makeIndex(2*len(old), x.dense)
-	for i := range old {
-		if s := &old[i]; s.node != 0 {
-			x.put(s.key(), int32(s.node-1))
-		}
-	}
-}
-
-// delete removes k, which must be present, and shifts back the entries of its probe run that
-// the empty slot would otherwise cut off from their home.
-func (x *index) delete(k Key) {
-	i := x.home(k)
-	for x.slots[i].node == 0 || x.slots[i].key() != k {
-		i = x.next(i)
-	}
-	for j := x.next(i); x.slots[j].node != 0; j = x.next(j) {
-		// The entry at j may fill the hole at i unless its home lies cyclically in (i, j].
-		if x.distance(x.home(x.slots[j].key()), j) >= x.distance(i, j) {
-			x.slots[i] = x.slots[j]
-			i = j
-		}
-	}
-	x.slots[i] = slot{}
-	x.n--
-}
-
-// distance is how many steps of next lead from slot from to slot to.
-func (x *index) distance(from, to int) int {
-	if d := to - from; d >= 0 {
-		return d
-	}
-	return to - from + len(x.slots)
 }
 
 // list is one queue of nodes in an arena: head is the newest entry, tail the oldest.

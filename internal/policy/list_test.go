@@ -29,7 +29,7 @@ func TestIndexAgainstMap(t *testing.T) {
 			} else {
 				model[k] = a.alloc(k)
 			}
-			require.Equal(t, len(model), a.index.n)
+			require.Equal(t, len(model), a.index.Len())
 			for _, k := range append(keys, 42) {
 				node, ok := a.lookup(k)
 				want, present := model[k]

@@ -44,7 +44,7 @@ func TestNHit(t *testing.T) {
 			h, err := NewNHit(tt.n, tt.w)
 			require.NoError(t, err)
 			runAdmission(t, h, tt.steps)
-			require.Equal(t, tt.inRing, h.counts.index.n)
+			require.Equal(t, tt.inRing, h.counts.index.Len())
 		})
 	}
 }
@@ -69,7 +69,7 @@ func TestNHitModel(t *testing.T) {
 				}
 			}
 			require.Equal(t, count >= n, h.Admit(Access{Key: k}), "key %d, last %d misses %v", k, w, seen[max(0, len(seen)-w):])
-			require.LessOrEqual(t, h.counts.index.n, w, "distinct keys counted")
+			require.LessOrEqual(t, h.counts.index.Len(), w, "distinct keys counted")
 		}
 	})
 }
@@ -87,7 +87,7 @@ func TestNHitBounded(t *testing.T) {
 	for range 10 * w {
 		admitNew()
 	}
-	require.Equal(t, w, h.counts.index.n)
+	require.Equal(t, w, h.counts.index.Len())
 	require.LessOrEqual(t, len(h.counts.nodes), w+1)
 	require.Zero(t, testing.AllocsPerRun(10*w, admitNew))
 }

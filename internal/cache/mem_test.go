@@ -1,0 +1,52 @@
+package cache
+
+import (
+	"log/slog"
+	"runtime"
+	"testing"
+)
+
+// maxIndexBytesPerLine is the budget the README states: a 1 TiB SSD tier of 64 KiB lines (2^24
+// lines) must fit in 1 GiB of index RAM.
+const maxIndexBytesPerLine = 64
+
+// TestIndexBytesPerLine measures the RAM the SSD tier's index takes per cached line with the default
+// policy: the line map, the valid bits, the free list and the eviction policy, full.
+func TestIndexBytesPerLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates a large index")
+	}
+	const slots = 1 << 20
+	for _, pol := range []string{"lru", "s3fifo", "arc"} {
+		before := heapInUse()
+		tr, err := newTier(tierSpec{name: "ssd", slots: slots, lineSize: 64 << 10, policy: pol,
+			admission: "always"}, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Insert twice the capacity so that policies with ghost entries fill those too.
+		for line := range uint64(2 * slots) {
+			slot, _, ok := tr.acquire(line * 7)
+			if !ok {
+				t.Fatalf("no slot for line %d", line)
+			}
+			tr.validate(line*7, slot, rangeBits(0, tr.blocks))
+		}
+		after := heapInUse()
+		perLine := float64(after-before) / slots
+		t.Logf("%s: %.1f bytes of index per line; a 1 TiB SSD tier of 64 KiB lines needs %.0f MiB",
+			pol, perLine, perLine*(1<<24)/(1<<20))
+		if pol == "lru" && perLine > maxIndexBytesPerLine {
+			t.Errorf("lru: %.1f bytes per line, over the budget of %d", perLine, maxIndexBytesPerLine)
+		}
+		runtime.KeepAlive(tr)
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
