@@ -35,11 +35,18 @@ type cacheOpts struct {
 	ssdSize string
 	line    string
 	mode    string
+	// adminAddr is the admin endpoint; default a unix socket in dir.
+	adminAddr string
 }
 
-func (o cacheOpts) admin() string { return "unix:" + filepath.Join(o.dir, "admin.sock") }
-func (o cacheOpts) ssd() string   { return filepath.Join(o.dir, "ssd.img") }
-func (o cacheOpts) meta() string  { return filepath.Join(o.dir, "meta") }
+func (o cacheOpts) admin() string {
+	if o.adminAddr != "" {
+		return o.adminAddr
+	}
+	return "unix:" + filepath.Join(o.dir, "admin.sock")
+}
+func (o cacheOpts) ssd() string  { return filepath.Join(o.dir, "ssd.img") }
+func (o cacheOpts) meta() string { return filepath.Join(o.dir, "meta") }
 
 func (o cacheOpts) args() []string {
 	return []string{"--backend", o.backend, "--ram", o.ram, "--ssd", o.ssd(), "--ssd-size", o.ssdSize,
@@ -515,18 +522,30 @@ func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w,
 func TestCacheAdmin(t *testing.T) {
 	requireTools(t, "qemu-io")
 	dir := shortTempDir(t)
-	o := cacheOpts{backend: "mem://32MiB", dir: dir, ram: "1MiB", ssdSize: "4MiB", line: "64KiB", mode: "writethrough"}
-	d := startServe(t, o.args()...)
-	mustQemuIO(t, unixURI(d.Unix, ""), "write -P 0x42 0 2M", "read -P 0x42 0 2M")
-
-	code, out := runTierblk(t, "stats", "--admin", o.admin())
-	require.Zero(t, code, "tierblk stats:\n%s", out)
-	require.Regexp(t, `(?m)^tier\s+policy\s+hits\s+misses`, out, "the table's header")
-	for _, tier := range []string{"ram", "ssd"} {
-		require.Regexp(t, `(?m)^`+tier+`\s+lru\s+\d+\s+\d+`, out, "a row for the %s tier", tier)
+	admins := []struct {
+		name string
+		addr string
+	}{
+		{"unix", "unix:" + filepath.Join(dir, "admin.sock")},
+		{"tcp", freeTCPAddr(t)},
 	}
-	require.Regexp(t, `(?m)^backend: \d+ reads`, out)
-	require.Contains(t, out, "mode writethrough, line size 64KiB")
+	for _, a := range admins {
+		t.Run(a.name, func(t *testing.T) {
+			o := cacheOpts{backend: "mem://32MiB", dir: shortTempDir(t), ram: "1MiB", ssdSize: "4MiB", line: "64KiB",
+				mode: "writethrough", adminAddr: a.addr}
+			d := startServe(t, append(o.args(), "--export", "disk0")...)
+			// 2 MiB: 32 lines, more than the RAM tier's 16, fewer than the SSD tier's.
+			mustQemuIO(t, unixURI(d.Unix, "disk0"), "write -P 0x42 0 2M", "read -P 0x42 0 2M")
+
+			code, out := runTierblk(t, "stats", "--admin", a.addr)
+			require.Zero(t, code, "tierblk stats:\n%s", out)
+			require.Contains(t, out, "export disk0: mode writethrough, line size 64KiB")
+			require.Regexp(t, `(?m)^tier\s+policy\s+hits\s+misses\s+hit ratio\s+lines/capacity`, out, "the table's header")
+			require.Regexp(t, `(?m)^ram\s+lru\s+\d+\s+\d+\s+\S+\s+16/16\s`, out, "the RAM tier's row: full")
+			require.Regexp(t, `(?m)^ssd\s+lru\s+\d+\s+\d+\s+\S+\s+32/\d+\s`, out, "the SSD tier's row: the 32 lines written")
+			require.Regexp(t, `(?m)^backend: \d+ reads .*, \d+ writes \(2MiB\)`, out)
+		})
+	}
 
 	// Usage errors: exit status 2 and a message naming the flag.
 	sock := "unix:" + filepath.Join(dir, "bad.sock")
