@@ -362,8 +362,9 @@ func dialNBD(t *testing.T, sock string) *nbd.Client {
 	return c
 }
 
-// blockBytes is the unit of the kill test's model: each 4 KiB block holds one write's pattern.
-const blockBytes = 4096
+// blockBytes is the unit of the kill test's model: each such block holds one write's pattern.
+// It is an eighth of the cache's 4 KiB blocks, so that requests also begin and end inside those.
+const blockBytes = 512
 
 // blockModel is what each block of the kill test must hold: the id of the last acknowledged write
 // (0: zeros), and a write that failed when tierblk was killed, which may or may not have happened.
@@ -382,11 +383,11 @@ type blockState struct {
 
 func newBlockModel(blocks int) *blockModel { return &blockModel{blocks: make([]blockState, blocks)} }
 
-// chunkBlocks is the ownership unit: chunk i belongs to worker i%workers. Requests stay inside one
-// chunk, and a chunk spans several lines so that requests cross line boundaries.
-const chunkBlocks = 64
+// chunkBlocks is the ownership unit (256 KiB): chunk i belongs to worker i%workers. Requests stay
+// inside one chunk, and a chunk spans several lines so that requests cross line boundaries.
+const chunkBlocks = 512
 
-// fillBlock writes write id's pattern for block b into p (4 KiB); id 0 is zeros.
+// fillBlock writes write id's pattern for block b into p (blockBytes); id 0 is zeros.
 func fillBlock(p []byte, b int, id uint64) {
 	if id == 0 {
 		clear(p)
@@ -464,14 +465,17 @@ func (m *blockModel) pend(start, n int, id uint64) {
 }
 
 // work runs worker w's requests on its own chunks until ctx ends or a request fails: writes,
-// some FUA; zeroings; checked reads of 1 to 32 blocks; and flushes. It returns the first failure.
+// some FUA; zeroings; checked reads of 512 bytes to 128 KiB; and flushes. It returns the first
+// failure.
 func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w, workers int, acked *atomic.Int64) error {
 	chunks := len(m.blocks) / chunkBlocks / workers
-	buf := make([]byte, 32*blockBytes)
+	const maxBlocks = 256
+	buf := make([]byte, maxBlocks*blockBytes)
 	for ctx.Err() == nil {
 		chunk := (rng.IntN(chunks)*workers + w) * chunkBlocks
 		start := chunk + rng.IntN(chunkBlocks)
-		n := 1 + rng.IntN(min(32, chunk+chunkBlocks-start))
+		// Mostly short requests, inside one cache block or across a few.
+		n := 1 + rng.IntN(min([]int{8, 64, maxBlocks}[rng.IntN(3)], chunk+chunkBlocks-start))
 		p := buf[:n*blockBytes]
 		off := int64(start) * blockBytes
 		var err error
