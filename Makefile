@@ -9,6 +9,8 @@ DATA := $(CURDIR)/data
 SOCK := $(DATA)/tierblk.sock
 PORT ?= 10809
 SIZE ?= 1GiB
+RAM ?= 64MiB
+SSD_SIZE ?= 256MiB
 # Debian packages the tests and benchmarks use: real NBD peers and a kernel under qemu.
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
 	xz-utils e2fsprogs kmod
@@ -25,13 +27,16 @@ build: deps-go
 # The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
 run: build
 	@mkdir -p $(DATA)
-	@echo "tierblk: serving $(DATA)/disk.img ($(SIZE), sparse) on unix:$(SOCK) and 127.0.0.1:$(PORT)"
+	@echo "tierblk: serving $(DATA)/disk.img ($(SIZE), sparse) through a cache: $(RAM) of RAM, then $(SSD_SIZE) on $(DATA)/ssd.img"
+	@echo "  on unix:$(SOCK) and 127.0.0.1:$(PORT); the cache stays warm across restarts"
 	@echo "  inspect:  nbdinfo 'nbd+unix:///?socket=$(SOCK)'"
 	@echo "  qemu:     qemu-io -f raw 'nbd+unix:///?socket=$(SOCK)' -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k'"
 	@echo "  fio:      fio --name=t --ioengine=nbd --uri='nbd+unix:///?socket=$(SOCK)' --rw=randread --bs=4k --iodepth=32 --size=256m --runtime=10 --time_based"
 	@echo "  kernel:   modprobe nbd && nbd-client -unix $(SOCK) /dev/nbd0   (or: nbd-client 127.0.0.1 $(PORT) /dev/nbd0)"
-	@echo "  stop:     Ctrl-C (finishes in-flight requests and flushes)"
-	exec $(BIN) serve --backend 'file://$(DATA)/disk.img?size=$(SIZE)' --nbd unix:$(SOCK) --nbd 127.0.0.1:$(PORT)
+	@echo "  stats:    $(BIN) stats --admin unix:$(DATA)/admin.sock"
+	@echo "  stop:     Ctrl-C (finishes in-flight requests, flushes, keeps the cache's index)"
+	exec $(BIN) serve --backend 'file://$(DATA)/disk.img?size=$(SIZE)' --nbd unix:$(SOCK) --nbd 127.0.0.1:$(PORT) \
+	  --ram $(RAM) --ssd $(DATA)/ssd.img --ssd-size $(SSD_SIZE) --admin unix:$(DATA)/admin.sock
 
 # -count=1: the integration tests build the binary themselves, which go test's cache cannot see.
 test: deps fmt-check

@@ -188,7 +188,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		return err
 	}
 	t.dev = cfg.SSDDevice
-	j := newJournal(t, cfg.Meta, ssdReserve(slots))
+	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
 		BackendSize: c.size, Slots: uint32(slots)}
 	sb, ok, err := cfg.Meta.Superblock()
@@ -657,23 +657,23 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	return op()
 }
 
-// Flush implements backend.Backend: the backend flushes, and so does the SSD tier with its metadata
+// Flush implements backend.Backend: the backend flushes, and with an SSD tier a checkpoint does it
 // (write-through data on the SSD must not be older than what a FLUSH made durable).
 func (c *Cache) Flush() error {
 	if c.closed.Load() {
 		return backend.ErrClosed
 	}
-	var ssdErr error
-	var wg sync.WaitGroup
-	if c.ssd.usable() {
-		wg.Go(func() { ssdErr = c.ssd.j.checkpoint() })
+	if !c.ssd.usable() {
+		return c.b.Flush()
 	}
-	err := c.b.Flush()
-	wg.Wait()
-	if ssdErr != nil {
-		c.ssd.fail(ssdErr.Error())
+	backendErr, tierErr := c.ssd.j.checkpoint()
+	if tierErr != nil {
+		c.ssd.fail(tierErr.Error())
+		if backendErr == nil {
+			backendErr = c.b.Flush()
+		}
 	}
-	return err
+	return backendErr
 }
 
 // Close writes the SSD tier's index and closes the SSD, the metadata and the backend.
@@ -687,7 +687,8 @@ func (c *Cache) Close() error {
 			close(c.ssd.j.stop)
 			<-c.ssd.j.done
 			if !c.ssd.failed.Load() {
-				errs = append(errs, c.ssd.j.checkpoint())
+				backendErr, tierErr := c.ssd.j.checkpoint()
+				errs = append(errs, backendErr, tierErr)
 			}
 			errs = append(errs, c.ssd.j.store.Close(), c.ssd.dev.Close())
 		}

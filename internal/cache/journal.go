@@ -29,9 +29,10 @@ const checkpointEvery = time.Second
 // Changes between checkpoints wait in queue, one op per line (the latest wins). All fields but the
 // store are guarded by the tier's mutex.
 type journal struct {
-	t       *tier
-	store   meta.Store
-	reserve int // slots kept free so that evictions can wait for a checkpoint
+	t            *tier
+	store        meta.Store
+	flushBackend func() error
+	reserve      int // slots kept free so that evictions can wait for a checkpoint
 
 	queue      map[uint64]meta.Op // changes since the last checkpoint
 	committing map[uint64]meta.Op // the changes a checkpoint is committing now
@@ -47,9 +48,9 @@ type journal struct {
 	done     chan struct{}
 }
 
-func newJournal(t *tier, store meta.Store, reserve int) *journal {
+func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error) *journal {
 	j := &journal{
-		t: t, store: store, reserve: reserve,
+		t: t, store: store, reserve: reserve, flushBackend: flushBackend,
 		queue:  map[uint64]meta.Op{},
 		influx: map[uint64]bool{},
 		kickCh: make(chan struct{}, 1),
@@ -96,16 +97,23 @@ func (j *journal) loop() {
 		idle := len(j.queue) == 0 && len(j.pending) == 0
 		j.t.mu.Unlock()
 		if !idle {
-			if err := j.checkpoint(); err != nil {
-				j.t.fail(err.Error())
+			backendErr, tierErr := j.checkpoint()
+			if tierErr != nil {
+				j.t.fail(tierErr.Error())
+			}
+			if backendErr != nil {
+				j.t.log.Warn("checkpoint: backend flush failed; will retry", "err", backendErr)
 			}
 		}
 	}
 }
 
-// checkpoint flushes the SSD, then commits every queued change with a sync, then frees the slots
-// whose deletions it committed.
-func (j *journal) checkpoint() error {
+// checkpoint flushes the SSD and the backend, then commits every queued change with a sync, then
+// frees the slots whose deletions it committed. Flushing the backend first means a record never
+// calls SSD data valid that the backend could still lose: after a power cut the two agree.
+// backendErr is the backend's flush failing (the changes wait for the next checkpoint); tierErr is
+// the SSD or the metadata failing, and the tier must be bypassed.
+func (j *journal) checkpoint() (backendErr, tierErr error) {
 	j.ckMu.Lock()
 	defer j.ckMu.Unlock()
 	t := j.t
@@ -115,10 +123,13 @@ func (j *journal) checkpoint() error {
 	clear(j.influx)
 	t.mu.Unlock()
 
-	err := t.dev.Flush()
-	if err != nil {
-		err = fmt.Errorf("flush of the SSD tier: %w", err)
-	} else {
+	var wg sync.WaitGroup
+	wg.Go(func() { backendErr = j.flushBackend() })
+	if err := t.dev.Flush(); err != nil {
+		tierErr = fmt.Errorf("flush of the SSD tier: %w", err)
+	}
+	wg.Wait()
+	if tierErr == nil && backendErr == nil {
 		j.commitMu.Lock()
 		t.mu.Lock()
 		ops := make([]meta.Op, 0, len(snap))
@@ -129,8 +140,8 @@ func (j *journal) checkpoint() error {
 		}
 		t.mu.Unlock()
 		slices.SortFunc(ops, func(a, b meta.Op) int { return cmp.Compare(a.Rec.Line, b.Rec.Line) })
-		if err = j.store.Commit(ops, true); err != nil {
-			err = fmt.Errorf("metadata commit: %w", err)
+		if err := j.store.Commit(ops, true); err != nil {
+			tierErr = fmt.Errorf("metadata commit: %w", err)
 		}
 		j.commitMu.Unlock()
 	}
@@ -138,18 +149,18 @@ func (j *journal) checkpoint() error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	j.committing = nil
-	if err != nil {
-		// Keep the changes (newer ones win) and the slots: the tier is about to be bypassed.
+	if tierErr != nil || backendErr != nil {
+		// Keep the changes (newer ones win) and the slots for the next checkpoint.
 		for line, op := range snap {
 			if _, newer := j.queue[line]; !newer {
 				j.queue[line] = op
 			}
 		}
 		j.pending = append(j.pending, pend...)
-		return err
+		return backendErr, tierErr
 	}
 	t.free = append(t.free, pend...)
-	return nil
+	return nil, nil
 }
 
 // span is the part of a line a request touches, as blocks.

@@ -141,6 +141,9 @@ func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 		t.pins[slot]++
 		return slot, t.valid.get(slot), true
 	}
+	if t.failed.Load() {
+		return 0, lineBits{}, false // bypassed: a write in flight when it failed must not refill it
+	}
 	if t.freeSlots() == 0 && t.evict.Len() < t.evict.Capacity() {
 		// Nothing to evict: the free slots wait for a checkpoint.
 		if t.j != nil {
