@@ -323,6 +323,11 @@ func TestCacheKill9(t *testing.T) {
 		}
 		// Up to 1.5 s: the index is checkpointed every second, and on flushes and slot shortages.
 		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
+		select {
+		case <-d.exited:
+			t.Fatalf("cycle %d (%s): tierblk exited before the kill (%v); was it sent a signal?\n%s", cycle, o.mode, d.err, d.output.String())
+		default:
+		}
 		d.stop(syscall.SIGKILL)
 		wg.Wait()
 		cancel()
