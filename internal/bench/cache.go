@@ -17,9 +17,9 @@ import (
 // (about 190 IOPS, a 7,200 rpm disk or a small NAS), and two caches over it of that disk's kind.
 const (
 	slowDelay = "5ms"
-	// CacheRAM and CacheSSD are tierblk's tiers: the RAM tier holds half the default working set,
-	// so warm reads are served from both tiers.
-	CacheRAM = "64MiB"
+	// CacheRAM and CacheSSD are tierblk's tiers: the RAM tier holds the default working set, as
+	// the page cache holds nbdkit's cache file; the SSD tier is what is warm after a restart.
+	CacheRAM = "256MiB"
 	CacheSSD = "512MiB"
 )
 

@@ -296,8 +296,9 @@ func (c *Cache) Prefetch(off, length int64) error {
 
 // source says where a segment's data comes from.
 type source struct {
-	t    *tier // nil: the backend
-	slot uint32
+	t     *tier // nil: the backend
+	slot  uint32
+	valid lineBits // the slot's valid blocks at lookup
 }
 
 // check refuses a request on a closed cache or outside the device.
@@ -324,14 +325,14 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	for i, s := range segs {
 		need := s.touched()
 		if c.ram.usable() {
-			if slot, ok := c.ram.lookup(s.line, need); ok {
-				src[i] = source{c.ram, slot}
+			if slot, valid, ok := c.ram.lookup(s.line, need); ok {
+				src[i] = source{c.ram, slot, valid}
 				continue
 			}
 		}
 		if c.ssd.usable() {
-			if slot, ok := c.ssd.lookup(s.line, need); ok {
-				src[i] = source{c.ssd, slot}
+			if slot, valid, ok := c.ssd.lookup(s.line, need); ok {
+				src[i] = source{c.ssd, slot, valid}
 			}
 		}
 	}
@@ -367,7 +368,7 @@ func (c *Cache) readHit(s seg, src source, p []byte, force bool) bool {
 	t := src.t
 	defer t.unpin(src.slot)
 	if t == c.ssd && c.ram.usable() && (force || c.ram.admits(c.access(s, false))) {
-		if ok, done := c.promote(s, src.slot, dst); done {
+		if ok, done := c.promote(s, src, dst); done {
 			if ok {
 				t.hitBytes.Add(uint64(len(dst)))
 			}
@@ -382,15 +383,16 @@ func (c *Cache) readHit(s seg, src source, p []byte, force bool) bool {
 	return true
 }
 
-// promote copies the blocks of s from the SSD slot into the RAM tier, then serves dst from there.
-// done is false if RAM had no slot to spare (the caller reads the SSD directly).
-func (c *Cache) promote(s seg, ssdSlot uint32, dst []byte) (ok, done bool) {
+// promote copies the line from the SSD slot into the RAM tier (every block the SSD holds and RAM
+// does not: the next read of the line is likely elsewhere in it), then serves dst from there. done
+// is false if RAM had no slot to spare (the caller reads the SSD directly).
+func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 	slot, valid, got := c.ram.acquire(s.line)
 	if !got {
 		return false, false
 	}
-	touched := s.touched()
-	missing := touched.andNot(valid)
+	ssdSlot := src.slot
+	missing := src.valid.andNot(valid)
 	var err error
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		if err != nil {

@@ -98,20 +98,23 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 func (t *tier) usable() bool { return t != nil && !t.failed.Load() }
 
 // lookup returns the slot of line and its valid bits, pinning the slot, if the line is cached and
-// valid over need. A hit updates the eviction policy.
-func (t *tier) lookup(line uint64, need lineBits) (slot uint32, ok bool) {
+// valid over need. A hit updates the eviction policy. The pinned slot keeps those blocks' data even
+// if the line is evicted meanwhile.
+func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	s, ok := t.index.Get(line)
-	slot = uint32(s)
-	if !ok || !t.valid.get(slot).covers(need) {
+	slot, ok = t.slotOf(line)
+	if ok {
+		valid = t.valid.get(slot)
+	}
+	if !ok || !valid.covers(need) {
 		t.misses.Add(1)
-		return 0, false
+		return 0, lineBits{}, false
 	}
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
-	return slot, true
+	return slot, valid, true
 }
 
 // validBits returns the valid bits of line, zero if it is not cached.

@@ -63,6 +63,21 @@ log_level: debug
 		require.Equal(t, []string{"127.0.0.1:1"}, c.Listen)
 		require.Equal(t, "warn", c.LogLevel)
 	})
+	t.Run("cache flags set the first export's cache", func(t *testing.T) {
+		o := serveOpts{configFile: cfgFile, admin: "127.0.0.1:9810",
+			cache: config.Cache{RAM: "64MiB", SSD: "/srv/ssd.img", SSDSize: "1GiB", Line: "128KiB", Mode: "writearound",
+				Policy: "s3fifo", Admission: "nhit:2", Meta: "/srv/meta"}}
+		c, err := buildConfig(optsWith(o, "ram", "ssd", "ssd-size", "line", "mode", "policy", "admission", "meta", "admin"), testSchemes)
+		require.NoError(t, err)
+		require.Equal(t, &o.cache, c.Exports[0].Cache)
+		require.Nil(t, c.Exports[1].Cache)
+		require.Equal(t, "127.0.0.1:9810", c.Admin)
+	})
+	t.Run("no cache flag, no cache", func(t *testing.T) {
+		c, err := buildConfig(optsWith(serveOpts{backend: "mem://1GiB", cache: config.Cache{RAM: "1GiB"}}, "backend"), testSchemes)
+		require.NoError(t, err)
+		require.Nil(t, c.Exports[0].Cache)
+	})
 }
 
 func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
@@ -77,6 +92,13 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad level", optsWith(serveOpts{backend: "mem://1MiB", logLevel: "chatty"}, "backend", "log-level"), "--log-level"},
 		{"export without backend", optsWith(serveOpts{export: "x"}, "export"), "--export"},
 		{"missing config file", optsWith(serveOpts{configFile: "/nonexistent/c.yaml"}), "/nonexistent/c.yaml"},
+		{"bad mode", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Mode: "fast"}}, "backend", "ram", "mode"), "--mode: unknown cache mode"},
+		{"bad ram", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1KiB"}}, "backend", "ram"), "--ram: "},
+		{"bad line", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Line: "3KiB"}}, "backend", "ram", "line"), "--line: "},
+		{"ssd size alone", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{SSDSize: "1GiB"}}, "backend", "ssd-size"), "--ssd-size: "},
+		{"bad policy", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Policy: "mru"}}, "backend", "ram", "policy"), "--policy: unknown eviction policy"},
+		{"bad admission", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Admission: "maybe"}}, "backend", "ram", "admission"), "--admission: "},
+		{"public admin", optsWith(serveOpts{backend: "mem://1MiB", admin: "0.0.0.0:9000"}, "backend", "admin"), "--admin: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := buildConfig(tc.o, testSchemes)

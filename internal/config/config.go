@@ -264,6 +264,9 @@ func (c *Config) Validate(schemes []string) error {
 				}
 				errs = append(errs, err)
 			}
+			if e.Cache.SSD != "" && strings.HasPrefix(e.Backend, "mem:") {
+				errs = append(errs, fieldErr(f+".cache.ssd", "the backend %q loses its data on exit, so an SSD tier kept across restarts would serve data it no longer has; use a RAM-only cache", e.Backend))
+			}
 			if e.Cache.SSD != "" {
 				if j, dup := ssds[e.Cache.SSD]; dup {
 					errs = append(errs, fieldErr(f+".cache.ssd", "%q is also the SSD of exports[%d]; each export needs its own", e.Cache.SSD, j))

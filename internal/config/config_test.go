@@ -57,6 +57,24 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"duplicate listen", func(c *Config) { c.Listen = []string{"unix:/a", "unix:/a"} }, "listen[1]"},
 		{"bad level", func(c *Config) { c.LogLevel = "loud" }, "log_level"},
 		{"in flight", func(c *Config) { c.MaxInFlight = 0 }, "max_in_flight"},
+		{"admin on the LAN", func(c *Config) { c.Admin = "0.0.0.0:9000" }, "admin: "},
+		{"cache without tiers", func(c *Config) { c.Exports[0].Cache = &Cache{} }, "exports[0].cache.ram: a cache needs"},
+		{"cache mode", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Mode: "writeback2"} }, "exports[0].cache.mode: unknown cache mode"},
+		{"cache line not a power of two", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Line: "48KiB"} }, "exports[0].cache.line"},
+		{"cache line too big", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Line: "2MiB"} }, "exports[0].cache.line"},
+		{"cache ram below a line", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "4KiB"} }, "exports[0].cache.ram"},
+		{"cache ram not a size", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "lots"} }, "exports[0].cache.ram"},
+		{"ssd_size without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDSize: "1GiB"} }, "exports[0].cache.ssd_size"},
+		{"ssd_size below two lines", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", SSDSize: "64KiB"} }, "exports[0].cache.ssd_size: \"64KiB\" is less than two lines"},
+		{"policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Policy: "mru"} }, "exports[0].cache.policy: unknown eviction policy"},
+		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
+		{"admission", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", RAMAdmission: "nhit:zero"} }, "exports[0].cache.ram_admission"},
+		{"ssd over mem", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/ssd"} }, "exports[0].cache.ssd: the backend \"mem://1GiB\" loses its data"},
+		{"shared ssd", func(c *Config) {
+			c.Exports[0].Backend = "file:///a"
+			c.Exports[0].Cache = &Cache{SSD: "/ssd"}
+			c.Exports = append(c.Exports, Export{Name: "b", Backend: "file:///b", Cache: &Cache{SSD: "/ssd"}})
+		}, "exports[1].cache.ssd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good()
@@ -90,4 +108,14 @@ func TestEmptyFileGivesDefaults(t *testing.T) {
 	c, err := Parse(nil, "empty.yaml")
 	require.NoError(t, err)
 	require.Equal(t, Defaults(), c)
+}
+
+func TestCacheDefaults(t *testing.T) {
+	c := Cache{SSD: "/srv/ssd.img", Policy: "s3fifo", RAMPolicy: "lru", Admission: "nhit:2"}
+	s, err := c.Sizes()
+	require.NoError(t, err)
+	require.Equal(t, CacheSizes{Line: 64 << 10}, s)
+	require.Equal(t, "/srv/ssd.img.meta", c.MetaDir())
+	rp, ra, sp, sa := c.TierPolicies()
+	require.Equal(t, [4]string{"lru", "nhit:2", "s3fifo", "nhit:2"}, [4]string{rp, ra, sp, sa})
 }
