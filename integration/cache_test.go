@@ -540,8 +540,9 @@ func TestCacheAdmin(t *testing.T) {
 	}
 	for _, a := range admins {
 		t.Run(a.name, func(t *testing.T) {
-			o := cacheOpts{backend: "mem://32MiB", dir: shortTempDir(t), ram: "1MiB", ssdSize: "4MiB", line: "64KiB",
-				mode: "writethrough", adminAddr: a.addr}
+			dir := shortTempDir(t)
+			o := cacheOpts{backend: "file://" + filepath.Join(dir, "disk.img") + "?size=32MiB", dir: dir, ram: "1MiB",
+				ssdSize: "4MiB", line: "64KiB", mode: "writethrough", adminAddr: a.addr}
 			d := startServe(t, append(o.args(), "--export", "disk0")...)
 			// 2 MiB: 32 lines, more than the RAM tier's 16, fewer than the SSD tier's.
 			mustQemuIO(t, unixURI(d.Unix, "disk0"), "write -P 0x42 0 2M", "read -P 0x42 0 2M")
@@ -569,6 +570,8 @@ func TestCacheAdmin(t *testing.T) {
 		{"line too large", []string{"--line", "2MiB"}, []string{"--line"}},
 		{"bad RAM size", []string{"--ram", "lots"}, []string{"--ram", "lots"}},
 		{"unknown policy", []string{"--policy", "nosuch"}, []string{"--policy", "nosuch"}},
+		// mem:// forgets its data on exit; an SSD tier kept across restarts would then be stale.
+		{"SSD tier over mem://", []string{"--ssd", filepath.Join(dir, "ssd.img"), "--ssd-size", "4MiB"}, []string{"--ssd", "mem://"}},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
@@ -578,6 +581,7 @@ func TestCacheAdmin(t *testing.T) {
 			for _, m := range tt.msg {
 				require.Contains(t, out, m)
 			}
+			require.NoFileExists(t, filepath.Join(dir, "ssd.img"), "a refused start created the SSD image")
 		})
 	}
 }
