@@ -246,9 +246,10 @@ func (s seg) full() lineBits {
 	return rangeBits(int((s.lo+blockSize-1)/blockSize), int(end))
 }
 
-func (c *Cache) segments(off, length int64) []seg {
+// segments splits a request by line, appending to segs (a caller's small array keeps the common
+// one-line request from allocating).
+func (c *Cache) segments(segs []seg, off, length int64) []seg {
 	first, last := off/c.line, (off+length-1)/c.line
-	segs := make([]seg, 0, last-first+1)
 	for line := first; line <= last; line++ {
 		start := line * c.line
 		s := seg{line: uint64(line), start: start, n: min(c.line, c.size-start)}
@@ -260,10 +261,12 @@ func (c *Cache) segments(off, length int64) []seg {
 	return segs
 }
 
-func (c *Cache) lockSegs(segs []seg) func() {
-	first, last := segs[0].line, segs[len(segs)-1].line
-	c.locks.lock(first, last)
-	return func() { c.locks.unlock(first, last) }
+func (c *Cache) lockSegs(segs []seg) {
+	c.locks.lock(segs[0].line, segs[len(segs)-1].line)
+}
+
+func (c *Cache) unlockSegs(segs []seg) {
+	c.locks.unlock(segs[0].line, segs[len(segs)-1].line)
 }
 
 // ReadAt implements backend.Backend.
@@ -296,9 +299,10 @@ func (c *Cache) Prefetch(off, length int64) error {
 
 // source says where a segment's data comes from.
 type source struct {
-	t     *tier // nil: the backend
-	slot  uint32
-	valid lineBits // the slot's valid blocks at lookup
+	t      *tier // nil: the backend
+	slot   uint32
+	valid  lineBits // the slot's valid blocks at lookup
+	served bool     // by the RAM tier, during the lookup
 }
 
 // check refuses a request on a closed cache or outside the device.
@@ -319,24 +323,30 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	if c.mode == PassThrough {
 		return c.backendRead(p, off)
 	}
-	segs := c.segments(off, int64(len(p)))
-	defer c.lockSegs(segs)()
-	src := make([]source, len(segs))
+	var segBuf [2]seg
+	var srcBuf [2]source
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
+	src := srcBuf[:0]
 	for i, s := range segs {
+		src = append(src, source{})
 		need := s.touched()
-		if c.ram.usable() {
-			if slot, valid, ok := c.ram.lookup(s.line, need); ok {
-				src[i] = source{c.ram, slot, valid}
-				continue
-			}
+		if c.ram.usable() && c.ram.readHit(s.line, need, p[s.pOff:s.pOff+s.hi-s.lo], s.lo) {
+			src[i].served = true
+			continue
 		}
 		if c.ssd.usable() {
 			if slot, valid, ok := c.ssd.lookup(s.line, need); ok {
-				src[i] = source{c.ssd, slot, valid}
+				src[i] = source{t: c.ssd, slot: slot, valid: valid}
 			}
 		}
 	}
 	for i := 0; i < len(segs); {
+		if src[i].served {
+			i++
+			continue
+		}
 		if src[i].t != nil {
 			if c.readHit(segs[i], src[i], p, force) {
 				i++
@@ -345,7 +355,7 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 			src[i].t = nil // the SSD failed this read: fetch the line from the backend
 		}
 		j := i + 1
-		for j < len(segs) && src[j].t == nil {
+		for j < len(segs) && src[j].t == nil && !src[j].served {
 			j++
 		}
 		if err := c.readMiss(segs[i:j], p, force); err != nil {
@@ -361,8 +371,8 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	return nil
 }
 
-// readHit serves a segment from a tier, promoting SSD hits to RAM. It reports false if the SSD
-// failed the read (the line is dropped and the caller goes to the backend).
+// readHit serves a segment from the SSD tier, promoting the line to RAM. It reports false if the
+// SSD failed the read (the line is dropped and the caller goes to the backend).
 func (c *Cache) readHit(s seg, src source, p []byte, force bool) bool {
 	dst := p[s.pOff : s.pOff+s.hi-s.lo]
 	t := src.t
@@ -511,8 +521,10 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	if len(p) == 0 {
 		return nil
 	}
-	segs := c.segments(off, int64(len(p)))
-	defer c.lockSegs(segs)()
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
 	if err := c.invalidate(segs, fua); err != nil {
 		return err
 	}
@@ -651,8 +663,10 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	if length == 0 {
 		return op()
 	}
-	segs := c.segments(off, length)
-	defer c.lockSegs(segs)()
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, length)
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
 	if err := c.invalidate(segs, false); err != nil {
 		return err
 	}

@@ -117,6 +117,23 @@ func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, 
 	return slot, valid, true
 }
 
+// readHit copies a RAM tier hit into dst (the line's bytes from off) under the tier's mutex: for a
+// RAM copy, pinning the slot would cost more than the copy.
+func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	slot, ok := t.slotOf(line)
+	if !ok || !t.valid.get(slot).covers(need) {
+		t.misses.Add(1)
+		return false
+	}
+	t.evict.Get(policy.Key(line))
+	copy(dst, t.ram[int64(slot)*t.lineSize+off:])
+	t.hits.Add(1)
+	t.hitBytes.Add(uint64(len(dst)))
+	return true
+}
+
 // validBits returns the valid bits of line, zero if it is not cached.
 func (t *tier) validBits(line uint64) lineBits {
 	t.mu.Lock()
