@@ -132,7 +132,11 @@ func fetchStats(ctx context.Context, network, address string) (metrics.StatsResp
 
 func writeExportStats(w io.Writer, e metrics.ExportStats) {
 	s := e.Stats
-	fmt.Fprintf(w, "export %s: mode %s, line size %s\n", e.Name, s.Mode, units.FormatSize(int64(s.LineSize)))
+	name := e.Name
+	if name == "" {
+		name = `"" (the default export)`
+	}
+	fmt.Fprintf(w, "export %s: mode %s, line size %s\n", name, s.Mode, units.FormatSize(int64(s.LineSize)))
 	writeTiers(w, s.Tiers)
 	b := s.Backend
 	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",

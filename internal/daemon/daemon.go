@@ -13,12 +13,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/listen"
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd"
 	"github.com/tierblk/tierblk/internal/trace"
@@ -211,7 +211,7 @@ func openRecorder(e config.Export, log *slog.Logger) (*trace.FioLogWriter, func(
 func listenAll(addrs []string) ([]net.Listener, error) {
 	var ls []net.Listener
 	for _, a := range addrs {
-		l, err := listen(a)
+		l, err := listenOn(a)
 		if err != nil {
 			for _, l := range ls {
 				l.Close()
@@ -223,44 +223,16 @@ func listenAll(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
-func listen(a string) (net.Listener, error) {
+func listenOn(a string) (net.Listener, error) {
 	network, address, err := config.ParseListenAddr(a)
 	if err != nil {
 		return nil, err
 	}
-	if network == "unix" {
-		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
-			return nil, fmt.Errorf("listen %s: %w", a, err)
-		}
-		if err := removeStaleSocket(address); err != nil {
-			return nil, fmt.Errorf("listen %s: %w", a, err)
-		}
-	}
-	l, err := net.Listen(network, address)
+	l, err := listen.Listen(network, address)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", a, err)
 	}
 	return l, nil
-}
-
-// removeStaleSocket deletes a socket file left by a process that died, but refuses to touch one
-// that still answers or a path that is not a socket.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%s exists and is not a socket; remove it or choose another path", path)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return fmt.Errorf("%s is in use by another server", path)
-	}
-	return os.Remove(path)
 }
 
 // minProcs is the fewest Ps (GOMAXPROCS) the daemon runs with. File and block-device I/O are

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tierblk/tierblk/internal/listen"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 )
@@ -26,17 +24,9 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 	if err != nil {
 		return "", nil, err
 	}
-	if network == "unix" {
-		if err := os.MkdirAll(filepath.Dir(address), 0o755); err != nil {
-			return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
-		}
-		if err := removeStaleSocket(address); err != nil {
-			return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
-		}
-	}
-	l, err := net.Listen(network, address)
+	l, err := listen.Listen(network, address)
 	if err != nil {
-		return "", nil, fmt.Errorf("admin endpoint: %w", err)
+		return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
 	}
 	bound = "unix:" + address
 	if network == "tcp" {
@@ -72,24 +62,4 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 	}()
 	log.Info("admin endpoint listening", "addr", bound)
 	return bound, sync.OnceValue(func() error { return <-done }), nil
-}
-
-// removeStaleSocket deletes a socket file left by a process that died, but refuses to touch one
-// that still answers or a path that is not a socket.
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%s exists and is not a socket; remove it or choose another path", path)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return fmt.Errorf("%s is in use by another server", path)
-	}
-	return os.Remove(path)
 }
