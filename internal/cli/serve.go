@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"regexp"
 
 	"github.com/spf13/cobra"
@@ -166,6 +167,9 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
+	// Backends opened from URLs (the NBD client) log through the default logger: give them the
+	// daemon's, so that --log-level applies to them too.
+	slog.SetDefault(log)
 	err = daemon.Run(ctx, cfg, reg, log, o.ready)
 	if err == nil {
 		return nil

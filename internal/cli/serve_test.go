@@ -34,7 +34,7 @@ func TestBuildConfig(t *testing.T) {
 	require.NoError(t, os.WriteFile(cfgFile, []byte(`
 exports:
   - name: a
-    backend: mem://1MiB
+    backend: file:///srv/a.img
   - name: b
     backend: mem://2MiB
 listen: [unix:/tmp/x.sock]
