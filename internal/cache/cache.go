@@ -427,20 +427,39 @@ func (c *Cache) access(s seg, write bool) policy.Access {
 }
 
 // readMiss fetches a run of adjacent missed segments with one backend read: whole lines for those a
-// tier admits, only the requested bytes otherwise. Then it fills the tiers.
+// tier admits or already partly holds, only the requested bytes otherwise. Blocks the SSD tier
+// holds are served from it, not from the backend, so that every path gives one answer per block:
+// they are never older than the backend, and after a power cut they may differ from a backend
+// write that was never flushed. Then it fills the tiers.
 func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
-	type fill struct{ ram, ssd bool }
+	type fill struct {
+		ram, ssd bool
+		held     source // the SSD tier's partial copy of the line, pinned
+	}
 	fills := make([]fill, len(segs))
+	whole := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
 	for i, s := range segs {
 		fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(c.access(s, false)))
 		fills[i].ram = c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
+		if c.ssd.usable() {
+			if slot, valid, ok := c.ssd.pin(s.line); ok {
+				fills[i].held = source{t: c.ssd, slot: slot, valid: valid}
+			}
+		}
 	}
+	defer func() {
+		for _, f := range fills {
+			if f.held.t != nil {
+				f.held.t.unpin(f.held.slot)
+			}
+		}
+	}()
 	first, last := segs[0], segs[len(segs)-1]
 	from, to := first.start+first.lo, last.start+last.hi
-	if fills[0].ram || fills[0].ssd {
+	if whole(fills[0]) {
 		from = first.start
 	}
-	if f := fills[len(fills)-1]; f.ram || f.ssd {
+	if whole(fills[len(fills)-1]) {
 		to = last.start + last.n
 	}
 	buf := c.bufs.get(int(to - from))
@@ -450,11 +469,14 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	}
 	for i, s := range segs {
 		dst := p[s.pOff : s.pOff+s.hi-s.lo]
-		if !fills[i].ram && !fills[i].ssd {
+		if !whole(fills[i]) {
 			copy(dst, buf[s.start+s.lo-from:])
 			continue
 		}
 		line := buf[s.start-from : s.start-from+s.n]
+		if h := fills[i].held; h.t != nil {
+			c.overlay(s, h, line)
+		}
 		copy(dst, line[s.lo:])
 		all := rangeBits(0, s.blocks())
 		if fills[i].ssd {
@@ -465,6 +487,21 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		}
 	}
 	return nil
+}
+
+// overlay replaces the blocks of line (read from the backend) that the SSD slot holds with the
+// SSD's copy. If the SSD fails, the backend's data stays and the line is dropped from the tier.
+func (c *Cache) overlay(s seg, h source, line []byte) {
+	h.valid.runs(s.blocks(), func(b0, b1 int) {
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+		tmp := c.bufs.get(int(hi - lo))
+		defer c.bufs.put(tmp)
+		if err := h.t.readSlot(h.slot, tmp, lo); err != nil {
+			h.t.ioError(s.line, h.slot, err)
+			return
+		}
+		copy(line[lo:hi], tmp)
+	})
 }
 
 // fillTier stores the blocks bits of line data (which holds the whole line) in tier t, skipping

@@ -22,7 +22,8 @@ const checkpointEvery = time.Second
 //     flushed, so the data it points to is on the SSD before the record is (also across power loss).
 //   - Before a write, trim or zeroing changes a line on the backend, the line's record is committed
 //     with those blocks invalid (invalidateDurably), so a crash in the middle never leaves a record
-//     that calls old SSD data valid.
+//     that calls old SSD data valid. A line changed since the last checkpoint has its record
+//     deleted instead: its valid bits in memory may cover data not yet flushed to the SSD.
 //   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
 //     record can point at a slot that now holds another line's data.
 //
@@ -180,15 +181,28 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	for _, s := range spans {
 		known := j.knownLocked(s.line)
 		op, changed := t.invalidateLocked(s.line, s.bits)
-		if !changed && !known {
+		switch {
+		case !known && !changed:
 			continue // the store's record, if any, already has these blocks invalid
+		case known:
+			// The line changed since the last checkpoint: its record in memory may call blocks
+			// valid whose data is not on the SSD for sure yet (not flushed), so it cannot be
+			// committed now. Delete the stored record instead; the next checkpoint, after a flush,
+			// stores the line again.
+			j.queue[s.line] = op
+			op = meta.Op{Delete: true, Rec: meta.Line{Line: s.line}}
 		}
-		delete(j.queue, s.line)
+		// A checkpoint under way must not commit its older record of the line after this one.
 		j.influx[s.line] = true
 		ops = append(ops, op)
 	}
 	t.mu.Unlock()
 	if len(ops) == 0 {
+		if sync {
+			// Nothing new to commit, but an earlier invalidation of these blocks may have been
+			// committed without a sync: a FUA write must not rely on it surviving power loss.
+			return j.store.Sync()
+		}
 		return nil
 	}
 	// These records left the queue: if the commit fails, only a retry can still land them.

@@ -117,21 +117,46 @@ func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, 
 	return slot, valid, true
 }
 
-// readHit copies a RAM tier hit into dst (the line's bytes from off) under the tier's mutex: for a
-// RAM copy, pinning the slot would cost more than the copy.
+// readHit copies a RAM tier hit into dst (the line's bytes from off). A small copy is made under
+// the tier's mutex, which costs less than pinning the slot; a large one outside it, with the slot
+// pinned, so that concurrent large reads copy on every core at once.
 func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	slot, ok := t.slotOf(line)
 	if !ok || !t.valid.get(slot).covers(need) {
+		t.mu.Unlock()
 		t.misses.Add(1)
 		return false
 	}
 	t.evict.Get(policy.Key(line))
-	copy(dst, t.ram[int64(slot)*t.lineSize+off:])
 	t.hits.Add(1)
 	t.hitBytes.Add(uint64(len(dst)))
+	src := t.ram[int64(slot)*t.lineSize+off:]
+	if len(dst) <= copyUnderLock {
+		copy(dst, src)
+		t.mu.Unlock()
+		return true
+	}
+	t.pins[slot]++
+	t.mu.Unlock()
+	copy(dst, src)
+	t.unpin(slot)
 	return true
+}
+
+// copyUnderLock is the largest RAM hit copied while holding the tier's mutex.
+const copyUnderLock = 16 << 10
+
+// pin returns the slot of line and its valid bits, pinning the slot, if the line is cached (even
+// partly). It does not count as an access.
+func (t *tier) pin(line uint64) (slot uint32, valid lineBits, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok = t.slotOf(line); !ok {
+		return 0, lineBits{}, false
+	}
+	t.pins[slot]++
+	return slot, t.valid.get(slot), true
 }
 
 // validBits returns the valid bits of line, zero if it is not cached.
