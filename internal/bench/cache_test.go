@@ -40,7 +40,7 @@ func TestCacheTargets(t *testing.T) {
 	names := []string{nameTierblk, nameNbdkit, nameSlow}
 	slow := "--filter=noparallel --filter=delay memory 1G delay-read=5ms delay-write=5ms"
 	want := []string{
-		"/bin/tierblk serve --backend nbd+unix:///?socket=/work/s0.sock --nbd unix:/t.sock --ram 64MiB --ssd /work/ssd.img --ssd-size 512MiB --mode writethrough --log-level warn",
+		"/bin/tierblk serve --backend nbd+unix:///?socket=/work/s0.sock --nbd unix:/t.sock --ram 256MiB --ssd /work/ssd.img --ssd-size 512MiB --mode writethrough --log-level warn",
 		// The cache filter first: hits never wait behind noparallel and delay.
 		"nbdkit -f -U /t.sock --filter=cache " + slow + " cache-on-read=true cache=writethrough",
 		"nbdkit -f -U /t.sock " + slow,
