@@ -45,9 +45,14 @@ Backends are URLs:
   nbd://HOST[:PORT]/EXPORT                           another NBD server over TCP
   nbd+unix:///EXPORT?socket=PATH                     another NBD server over a unix socket
 
+A tiered cache goes in front of the backend with --ram and/or --ssd: reads look in RAM, then on
+the SSD, then go to the backend; --mode says what writes do. The SSD tier's index is kept in --meta,
+so the cache is warm after a restart. --admin serves /metrics and /stats ('tierblk stats').
+
 SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
 backend and exits 0.`,
 		Example: `  tierblk serve --backend 'file:///srv/disk.img?size=8GiB' --nbd unix:/run/tierblk.sock --nbd 127.0.0.1:10809
+  tierblk serve --backend nbd://nas:10809/lun0 --ram 2GiB --ssd /dev/nvme0n1p3 --meta /var/lib/tierblk/lun0.meta --admin 127.0.0.1:9810
   tierblk serve --config configs/tierblk.example.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
