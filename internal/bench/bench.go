@@ -11,13 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/tierblk/tierblk/internal/nbd"
 )
 
 // Target is one NBD server under test.
@@ -189,7 +191,12 @@ func start(ctx context.Context, t Target, sock string) (stop func(), err error) 
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		if c, err := net.Dial("unix", sock); err == nil {
+		// A whole handshake, then a polite disconnect: a bare connect and hang-up makes nbdkit
+		// log an error.
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := nbd.Dial(dctx, nbd.ClientConfig{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
+		cancel()
+		if err == nil {
 			c.Close()
 			return stop, nil
 		}
