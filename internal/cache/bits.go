@@ -124,3 +124,51 @@ func (t *bitTable) set(slot uint32, m lineBits) {
 	mask := (uint64(1)<<t.blocks - 1) << (bit % 64)
 	t.words[bit/64] = t.words[bit/64]&^mask | m[0]<<(bit%64)&mask
 }
+
+// lineSet is a set of line numbers below a bound, as a bitmap with a summary level, so that the
+// destager finds the next dirty line after a position in address order quickly: one bit per line
+// of the backend (a 16 TiB backend of 64 KiB lines takes 32 MiB), one summary bit per 64 lines.
+type lineSet struct {
+	bits, summary []uint64
+}
+
+func newLineSet(n uint64) lineSet {
+	words := (n + 63) / 64
+	return lineSet{bits: make([]uint64, words), summary: make([]uint64, (words+63)/64)}
+}
+
+func (s *lineSet) add(line uint64) {
+	s.bits[line/64] |= 1 << (line % 64)
+	s.summary[line/4096] |= 1 << (line / 64 % 64)
+}
+
+func (s *lineSet) remove(line uint64) {
+	w := line / 64
+	if s.bits[w] &^= 1 << (line % 64); s.bits[w] == 0 {
+		s.summary[w/64] &^= 1 << (w % 64)
+	}
+}
+
+// next returns the first line in the set at or after from.
+func (s *lineSet) next(from uint64) (uint64, bool) {
+	w := from / 64
+	if w >= uint64(len(s.bits)) {
+		return 0, false
+	}
+	if b := s.bits[w] >> (from % 64); b != 0 {
+		return from + uint64(bits.TrailingZeros64(b)), true
+	}
+	// The next non-empty word, through the summary.
+	w++
+	for sw := w / 64; sw < uint64(len(s.summary)); sw++ {
+		m := s.summary[sw]
+		if sw == w/64 {
+			m &^= 1<<(w%64) - 1
+		}
+		if m != 0 {
+			word := sw*64 + uint64(bits.TrailingZeros64(m))
+			return word*64 + uint64(bits.TrailingZeros64(s.bits[word])), true
+		}
+	}
+	return 0, false
+}

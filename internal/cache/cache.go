@@ -37,9 +37,12 @@ const (
 	// PassThrough sends everything to the backend; writes still drop cached copies, so that the
 	// cache is not stale when another mode is used again.
 	PassThrough
+	// WriteBack writes to the SSD tier only; the destager writes dirty data back to the backend
+	// later. A FLUSH or FUA makes it durable on the SSD with the metadata that finds it.
+	WriteBack
 )
 
-var modeNames = []string{"writethrough", "writearound", "passthrough"}
+var modeNames = []string{"writethrough", "writearound", "passthrough", "writeback"}
 
 func (m Mode) String() string { return modeNames[m] }
 
@@ -50,7 +53,7 @@ func ParseMode(s string) (Mode, error) {
 			return Mode(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown cache mode %q; use writethrough, writearound or passthrough", s)
+	return 0, fmt.Errorf("unknown cache mode %q; use writethrough, writearound, passthrough or writeback", s)
 }
 
 // Line sizes.
@@ -80,6 +83,8 @@ type Config struct {
 	// BackendID identifies the backend in the superblock (its URL), so that an SSD tier is never
 	// used in front of another backend.
 	BackendID string
+	// WriteBack tunes write-back (zero: DefaultWriteBack).
+	WriteBack WriteBackConfig
 	Log       *slog.Logger
 }
 
@@ -92,7 +97,8 @@ type Cache struct {
 	b      backend.Backend
 	size   int64
 	line   int64
-	mode   Mode
+	mode   atomic.Int32 // a Mode; SetMode changes it while requests run
+	wb     *writeBack   // with an SSD tier
 	ram    *tier
 	ssd    *tier
 	locks  lineLocks
@@ -120,7 +126,8 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Cache{b: b, size: b.Size(), line: cfg.LineSize, mode: cfg.Mode, log: cfg.Log}
+	c := &Cache{b: b, size: b.Size(), line: cfg.LineSize, log: cfg.Log}
+	c.mode.Store(int32(cfg.Mode))
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)
 	c.fua, _ = b.(backend.FUAWriter)
@@ -146,6 +153,9 @@ func (cfg *Config) validate() error {
 	}
 	if cfg.RAM.Size != 0 && cfg.RAM.Size < l {
 		return fmt.Errorf("RAM tier size %d is smaller than one line (%d); use 0 for no RAM tier", cfg.RAM.Size, l)
+	}
+	if cfg.Mode == WriteBack && cfg.SSDDevice == nil {
+		return errors.New("write-back needs an SSD tier: the RAM tier may never hold the only copy of written data")
 	}
 	if cfg.SSDDevice != nil {
 		if cfg.Meta == nil {
@@ -183,8 +193,13 @@ func ssdReserve(slots int) int { return max(1, min(slots/64, 4096)) }
 
 func (c *Cache) openSSD(cfg Config) error {
 	slots := int(cfg.SSD.Size / c.line)
-	t, err := newTier(c.spec("ssd", cfg.SSD, ssdReserve(slots)), c.log)
+	spec := c.spec("ssd", cfg.SSD, ssdReserve(slots))
+	spec.lines = uint64((c.size + c.line - 1) / c.line)
+	t, err := newTier(spec, c.log)
 	if err != nil {
+		return err
+	}
+	if c.wb, err = newWriteBack(cfg.WriteBack, slots); err != nil {
 		return err
 	}
 	t.dev = cfg.SSDDevice
@@ -210,6 +225,11 @@ func (c *Cache) openSSD(cfg Config) error {
 	}
 	c.ssd = t
 	go j.loop()
+	go c.destager()
+	if t.dirtyLines > 0 {
+		c.log.Info("SSD tier holds dirty data from the last run; it will be written back",
+			"lines", t.dirtyLines, "mode", c.Mode())
+	}
 	return nil
 }
 
@@ -320,7 +340,10 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	if len(p) == 0 {
 		return nil
 	}
-	if c.mode == PassThrough {
+	if c.wb != nil {
+		c.wb.lastIO.Store(time.Now().UnixNano())
+	}
+	if c.Mode() == PassThrough && (c.ssd == nil || c.ssd.dirtyCount.Load() == 0) {
 		return c.backendRead(p, off)
 	}
 	var segBuf [2]seg
@@ -336,7 +359,7 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 			src[i].served = true
 			continue
 		}
-		if c.ssd.usable() {
+		if c.ssd != nil { // even bypassed: it may hold dirty data
 			if slot, valid, ok := c.ssd.lookup(s.line, need); ok {
 				src[i] = source{t: c.ssd, slot: slot, valid: valid}
 			}
@@ -418,7 +441,7 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 		return false, true
 	}
 	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
-	c.ram.validate(s.line, slot, missing)
+	c.ram.validate(s.line, slot, missing, false)
 	return true, true
 }
 
@@ -441,7 +464,7 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	for i, s := range segs {
 		fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(c.access(s, false)))
 		fills[i].ram = c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
-		if c.ssd.usable() {
+		if c.ssd != nil {
 			if slot, valid, ok := c.ssd.pin(s.line); ok {
 				fills[i].held = source{t: c.ssd, slot: slot, valid: valid}
 			}
@@ -524,7 +547,7 @@ func (c *Cache) fillTier(t *tier, s seg, data []byte, bits lineBits) {
 		t.ioError(s.line, slot, err)
 		return
 	}
-	t.validate(s.line, slot, missing)
+	t.validate(s.line, slot, missing, false)
 }
 
 func (c *Cache) backendRead(p []byte, off int64) error {
@@ -560,12 +583,30 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	}
 	var segBuf [2]seg
 	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	mode := c.Mode()
+	if c.wb != nil {
+		c.wb.lastIO.Store(time.Now().UnixNano())
+	}
+	if mode == WriteBack && c.ssd.usable() {
+		// Throttled before the line locks are taken: the destager needs them to make room.
+		release, err := c.admitDirty(len(segs))
+		if err != nil {
+			return err
+		}
+		defer release()
+		c.lockSegs(segs)
+		defer c.unlockSegs(segs)
+		return c.writeBackSegs(segs, p, fua)
+	}
 	c.lockSegs(segs)
 	defer c.unlockSegs(segs)
+	if err := c.destageTouched(segs); err != nil {
+		return err
+	}
 	if err := c.invalidate(segs, fua); err != nil {
 		return err
 	}
-	if c.mode != WriteThrough {
+	if mode != WriteThrough && mode != WriteBack {
 		return c.backendWrite(p, off, fua)
 	}
 
@@ -603,7 +644,7 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 			f.t.unpin(f.slot)
 			continue
 		}
-		f.t.validate(f.line, f.slot, f.bits)
+		f.t.validate(f.line, f.slot, f.bits, false)
 	}
 	return err
 }
@@ -704,6 +745,9 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	segs := c.segments(segBuf[:0], off, length)
 	c.lockSegs(segs)
 	defer c.unlockSegs(segs)
+	if err := c.destageTouched(segs); err != nil {
+		return err
+	}
 	if err := c.invalidate(segs, false); err != nil {
 		return err
 	}
@@ -737,6 +781,13 @@ func (c *Cache) Close() error {
 	var errs []error
 	{
 		if c.ssd != nil {
+			// Dirty data stays on the SSD for the next start: no destage here.
+			c.wb.mu.Lock()
+			c.wb.closed = true
+			c.wb.mu.Unlock()
+			c.wb.cond.Broadcast()
+			close(c.wb.stop)
+			<-c.wb.done
 			close(c.ssd.j.stop)
 			<-c.ssd.j.done
 			if !c.ssd.failed.Load() {
@@ -752,8 +803,8 @@ func (c *Cache) Close() error {
 
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
-	s := Stats{Mode: c.mode.String(), LineSize: int(c.line), Backend: c.backendStats.snapshot(),
-		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot()}
+	s := Stats{Mode: c.Mode().String(), LineSize: int(c.line), Backend: c.backendStats.snapshot(),
+		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot(), Dirty: c.dirtyStats()}
 	for _, t := range []*tier{c.ram, c.ssd} {
 		if t != nil {
 			s.Tiers = append(s.Tiers, t.stats())

@@ -27,12 +27,17 @@ var layouts = []layout{
 	{name: "ram+ssd-1m-lines", line: 1 << 20, ram: 2, ssd: 4, policy: "arc"},
 	{name: "writearound", line: 64 << 10, ram: 4, ssd: 16, mode: WriteAround},
 	{name: "passthrough", line: 64 << 10, ram: 4, ssd: 16, mode: PassThrough},
+	{name: "writeback", line: 64 << 10, ram: 4, ssd: 16, mode: WriteBack},
+	{name: "writeback-4k-lines", line: 4 << 10, ram: 8, ssd: 64, mode: WriteBack, policy: "s3fifo"},
+	{name: "writeback-ssd-only", line: 64 << 10, ssd: 8, mode: WriteBack},
 }
 
 // newCache builds a cache of layout l over b, with an SSD on RAM and metadata in memory.
 func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDev backend.Backend) *Cache {
 	t.Helper()
-	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test",
+	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
+	// the delays would only slow the tests (writes still wait at the maximum).
+	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"},
 		RAM: TierConfig{Size: l.ram * l.line, Policy: l.policy},
 		SSD: TierConfig{Size: l.ssd * l.line, Policy: l.policy}}
 	if l.ssd > 0 {
@@ -96,11 +101,12 @@ func TestHitsAfterMiss(t *testing.T) {
 }
 
 func ExampleMode() {
-	for _, s := range []string{"writethrough", "writeback"} {
+	for _, s := range []string{"writethrough", "writeback", "write-back"} {
 		m, err := ParseMode(s)
 		fmt.Println(m, err)
 	}
 	// Output:
 	// writethrough <nil>
-	// writethrough unknown cache mode "writeback"; use writethrough, writearound or passthrough
+	// writeback <nil>
+	// writethrough unknown cache mode "write-back"; use writethrough, writearound, passthrough or writeback
 }

@@ -2,9 +2,11 @@ package cache
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/meta"
@@ -44,6 +46,10 @@ type journal struct {
 	// checkpoint never commits a line's older record after a newer invalidation.
 	commitMu sync.RWMutex
 	ckMu     sync.Mutex // one checkpoint at a time
+	// Group commit of durable(): asked counts the calls; covered is the last call number that a
+	// completed checkpoint began after.
+	asked   atomic.Uint64
+	covered uint64 // guarded by ckMu
 	kickCh   chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -117,7 +123,30 @@ func (j *journal) loop() {
 func (j *journal) checkpoint() (backendErr, tierErr error) {
 	j.ckMu.Lock()
 	defer j.ckMu.Unlock()
+	return j.checkpointLocked()
+}
+
+// durable makes every write that completed before the call durable on the SSD tier with the
+// metadata that finds it (a FUA write in write-back). Concurrent callers share checkpoints: a
+// caller waiting for the one under way is covered by the next, which starts after its call.
+func (j *journal) durable() error {
+	want := j.asked.Add(1)
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	if j.covered >= want {
+		return nil
+	}
+	backendErr, tierErr := j.checkpointLocked()
+	if tierErr != nil {
+		j.t.fail(tierErr.Error())
+		return tierErr
+	}
+	return backendErr
+}
+
+func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t := j.t
+	covers := j.asked.Load()
 	t.mu.Lock()
 	snap, pend := j.queue, j.pending
 	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, snap, nil
@@ -161,6 +190,7 @@ func (j *journal) checkpoint() (backendErr, tierErr error) {
 		return backendErr, tierErr
 	}
 	t.free = append(t.free, pend...)
+	j.covered = covers
 	return nil, nil
 }
 
@@ -173,6 +203,23 @@ type span struct {
 // invalidateDurably clears the given blocks and commits that before returning (with sync, also
 // across power loss). Lines with nothing cached and nothing pending need no commit.
 func (j *journal) invalidateDurably(spans []span, sync bool) error {
+	// A line changed since the last checkpoint gets its stored record deleted below, which must
+	// not happen to a line with dirty data (the record is what finds it): checkpoint first.
+	t0 := j.t
+	t0.mu.Lock()
+	need := false
+	for _, s := range spans {
+		if slot, ok := t0.slotOf(s.line); ok && j.knownLocked(s.line) && !t0.dirtyAt(slot).isZero() {
+			need = true
+			break
+		}
+	}
+	t0.mu.Unlock()
+	if need {
+		if backendErr, tierErr := j.checkpoint(); tierErr != nil || backendErr != nil {
+			return errors.Join(tierErr, backendErr)
+		}
+	}
 	j.commitMu.RLock()
 	defer j.commitMu.RUnlock()
 	t := j.t
@@ -227,9 +274,16 @@ func (j *journal) load() error {
 		if v.andNot(rangeBits(0, t.blocks)) != (lineBits{}) || v.isZero() {
 			return fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
 		}
+		d := bitsFromWords(r.Dirty)
+		if d.andNot(v) != (lineBits{}) {
+			return fmt.Errorf("line %d: dirty bits %x outside the valid bits %x", r.Line, r.Dirty, r.Valid)
+		}
+		if !d.isZero() && t.dirty.words == nil {
+			return fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
+		}
 		used[r.Slot] = true
 		t.index.Put(r.Line, int32(r.Slot))
-		t.valid.set(r.Slot, v)
+		t.setLocked(r.Line, r.Slot, v, d)
 		return nil
 	})
 	if err != nil {
@@ -251,9 +305,7 @@ func (j *journal) load() error {
 	for _, line := range lines {
 		t.victims = t.victims[:0]
 		t.evict.Insert(policy.Key(line))
-		for _, v := range t.victims {
-			t.dropLocked(v)
-		}
+		t.dropVictimsLocked()
 	}
 	return nil
 }

@@ -165,6 +165,9 @@ func TestLinearizable(t *testing.T) {
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
+		{name: "wb-4k-lru", line: 4 << 10, ram: 2, ssd: 6, mode: WriteBack},
+		{name: "wb-16k-s3fifo", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, policy: "s3fifo"},
+		{name: "wb-8k-ssd-only", line: 8 << 10, ssd: 5, mode: WriteBack, policy: "sieve"},
 	}
 	seed := testSeed(t)
 	for i, lc := range cases {

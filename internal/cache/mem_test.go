@@ -30,7 +30,7 @@ func TestIndexBytesPerLine(t *testing.T) {
 			if !ok {
 				t.Fatalf("no slot for line %d", line)
 			}
-			tr.validate(line*7, slot, rangeBits(0, tr.blocks))
+			tr.validate(line*7, slot, rangeBits(0, tr.blocks), false)
 		}
 		after := heapInUse()
 		perLine := float64(after-before) / slots

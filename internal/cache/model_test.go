@@ -21,11 +21,11 @@ func TestModel(t *testing.T) {
 			line:   line,
 			ram:    rapid.Int64Range(0, 3).Draw(rt, "ram lines"),
 			ssd:    rapid.Int64Range(0, min(4, lines)).Draw(rt, "ssd lines"),
-			mode:   Mode(rapid.IntRange(0, 2).Draw(rt, "mode")),
+			mode:   Mode(rapid.IntRange(0, 3).Draw(rt, "mode")),
 			policy: rapid.SampledFrom([]string{"lru", "s3fifo", "arc", "clock", "lirs"}).Draw(rt, "policy"),
 		}
-		if l.ssd == 1 {
-			l.ssd = 2 // the SSD tier needs two lines
+		if l.ssd == 1 || (l.ssd == 0 && l.mode == WriteBack) {
+			l.ssd = 2 // the SSD tier needs two lines, and write-back an SSD tier
 		}
 		c := newCache(t, mem.New(size), l, nil, nil) // rapid.T is no testing.TB; a failure to build is no case to shrink
 		defer c.Close()

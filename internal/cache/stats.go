@@ -13,6 +13,8 @@ type Stats struct {
 	LineSize int         `json:"line_size"`
 	Tiers    []TierStats `json:"tiers"` // in lookup order: ram, then ssd
 	Backend  IOStats     `json:"backend"`
+	// Dirty describes write-back: data on the SSD tier that the backend does not have yet.
+	Dirty DirtyStats `json:"dirty"`
 	// ReadLatency and WriteLatency time whole client requests through the cache.
 	ReadLatency  Histogram `json:"read_latency"`
 	WriteLatency Histogram `json:"write_latency"`
@@ -37,6 +39,26 @@ type TierStats struct {
 	// Failed is set once the tier has been bypassed after I/O errors; Reason says why.
 	Failed bool   `json:"failed"`
 	Reason string `json:"reason,omitempty"`
+}
+
+// DirtyStats are the write-back figures of a cache (zero in the other modes, but for dirty data
+// left by an earlier write-back run).
+type DirtyStats struct {
+	Lines uint64  `json:"lines"` // lines holding dirty blocks
+	Bytes uint64  `json:"bytes"` // dirty bytes (4 KiB blocks)
+	Ratio float64 `json:"ratio"` // dirty lines / SSD tier lines
+	// The watermarks: destage starts above High and stops below Low; writes wait at Max.
+	High float64 `json:"high"`
+	Low  float64 `json:"low"`
+	Max  float64 `json:"max"`
+	// Destaging is set while the destager is writing back.
+	Destaging     bool   `json:"destaging"`
+	DestagedBytes uint64 `json:"destaged_bytes"`
+	DestageWrites uint64 `json:"destage_writes"` // backend writes the destager made (after coalescing)
+	DestageErrors uint64 `json:"destage_errors"`
+	// Throttling: writes slowed down because dirty data neared Max, and the delay they were given.
+	ThrottledWrites uint64  `json:"throttled_writes"`
+	ThrottleSeconds float64 `json:"throttle_seconds"`
 }
 
 // IOStats count requests to the backend.

@@ -42,6 +42,15 @@ type tier struct {
 	admit   policy.Admission
 	victims []uint64 // lines the current Insert evicted
 
+	// Write-back (SSD tier): which blocks hold data the backend does not have. A dirty line is
+	// never dropped: when the policy evicts one it is doomed, and leaves once destaged.
+	dirty       bitTable
+	dirtyLines  int
+	dirtyBlocks int
+	dset        lineSet
+	doomed      map[uint64]bool
+	dirtyCount  atomic.Int64 // dirtyLines, readable without the mutex
+
 	policyName, admissionName string
 
 	failed     atomic.Bool
@@ -63,6 +72,9 @@ type tierSpec struct {
 	policy    string
 	admission string
 	reserve   int // slots kept out of the policy's capacity, see journal
+	// lines is the backend's size in lines: a tier that can hold dirty data (the SSD) tracks
+	// dirty lines by number, to write them back in address order. 0 for a tier without.
+	lines uint64
 }
 
 func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
@@ -78,6 +90,11 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		zombies:       map[uint32]bool{},
 		policyName:    s.policy,
 		admissionName: s.admission,
+	}
+	if s.lines > 0 {
+		t.dirty = newBitTable(s.slots, t.blocks)
+		t.dset = newLineSet(s.lines)
+		t.doomed = map[uint64]bool{}
 	}
 	var err error
 	t.evict, err = policy.NewEviction(s.policy, policy.Config{
@@ -198,10 +215,7 @@ func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 	}
 	t.victims = t.victims[:0]
 	t.evict.Insert(policy.Key(line))
-	for _, v := range t.victims {
-		t.evictions.Add(1)
-		t.dropLocked(v)
-	}
+	t.dropVictimsLocked()
 	if t.freeSlots() == 0 {
 		// The evicted slots are pinned by I/O or wait for a checkpoint: do not cache the line now.
 		t.evict.Remove(policy.Key(line))
@@ -217,7 +231,7 @@ func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 		t.fresh++
 	}
 	t.index.Put(line, int32(slot))
-	t.valid.set(slot, lineBits{})
+	t.setLocked(line, slot, lineBits{}, lineBits{})
 	t.pins[slot]++
 	t.promotions.Add(1)
 	if t.j != nil && t.freeSlots() < t.j.reserve/2 {
@@ -233,6 +247,48 @@ func (t *tier) slotOf(line uint64) (uint32, bool) {
 
 func (t *tier) freeSlots() int { return len(t.free) + t.slots - t.fresh }
 
+// dropVictimsLocked drops the lines the policy just evicted, but for dirty ones: those are doomed,
+// and leave when the destager has written them back.
+func (t *tier) dropVictimsLocked() {
+	for _, v := range t.victims {
+		if slot, ok := t.slotOf(v); ok && !t.dirtyAt(slot).isZero() {
+			t.doomed[v] = true
+			continue
+		}
+		t.evictions.Add(1)
+		t.dropLocked(v)
+	}
+}
+
+// dirtyAt returns the dirty bits of slot (none on a tier without write-back).
+func (t *tier) dirtyAt(slot uint32) lineBits {
+	if t.dirty.words == nil {
+		return lineBits{}
+	}
+	return t.dirty.get(slot)
+}
+
+// setLocked sets the valid and dirty bits of line's slot, keeping the dirty counts and the set of
+// dirty lines.
+func (t *tier) setLocked(line uint64, slot uint32, valid, dirty lineBits) {
+	t.valid.set(slot, valid)
+	if t.dirty.words == nil {
+		return
+	}
+	old := t.dirty.get(slot)
+	t.dirty.set(slot, dirty)
+	t.dirtyBlocks += dirty.count() - old.count()
+	switch {
+	case old.isZero() && !dirty.isZero():
+		t.dirtyLines++
+		t.dset.add(line)
+	case !old.isZero() && dirty.isZero():
+		t.dirtyLines--
+		t.dset.remove(line)
+	}
+	t.dirtyCount.Store(int64(t.dirtyLines))
+}
+
 // dropLocked forgets line (evicted or invalidated) and releases its slot. The policy has already
 // let go of it.
 func (t *tier) dropLocked(line uint64) {
@@ -241,7 +297,10 @@ func (t *tier) dropLocked(line uint64) {
 		return
 	}
 	t.index.Delete(line)
-	t.valid.set(slot, lineBits{})
+	t.setLocked(line, slot, lineBits{}, lineBits{})
+	if t.doomed != nil {
+		delete(t.doomed, line)
+	}
 	if t.j != nil {
 		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}})
 	}
@@ -280,19 +339,66 @@ func (t *tier) unpinLocked(slot uint32) {
 	}
 }
 
-// validate marks bits of line valid after its data was written to slot, and unpins the slot. If
-// the line was evicted meanwhile, nothing is marked.
-func (t *tier) validate(line uint64, slot uint32, bits lineBits) {
+// validate marks bits of line valid (and dirty, for a write-back write) after its data was
+// written to slot, and unpins the slot. If the line was evicted meanwhile (it was clean: a dirty
+// line is never evicted), nothing is marked and validate reports false.
+func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (marked bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.unpinLocked(slot)
+	if s, ok := t.slotOf(line); ok && s == slot {
+		marked = true
+		d := t.dirtyAt(slot)
+		if dirty {
+			d = d.or(bits)
+		}
+		t.setLocked(line, slot, t.valid.get(slot).or(bits), d)
+		if t.j != nil {
+			t.j.record(t.recordLocked(line, slot))
+		}
+	}
+	return marked
+}
+
+// clean marks bits of line clean after the destager wrote them to the backend (and flushed it),
+// and unpins the slot. A doomed line left with nothing dirty goes.
+func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
-		v := t.valid.get(slot).or(bits)
-		t.valid.set(slot, v)
-		if t.j != nil {
-			t.j.record(t.recordLocked(line, slot, v))
+		d := t.dirtyAt(slot).andNot(bits)
+		t.setLocked(line, slot, t.valid.get(slot), d)
+		t.j.record(t.recordLocked(line, slot))
+		if d.isZero() && t.doomed[line] {
+			t.evictions.Add(1)
+			t.dropLocked(line)
 		}
 	}
 	t.unpinLocked(slot)
+}
+
+// pinDirty returns line's slot, pinned, and its dirty bits, if it has any.
+func (t *tier) pinDirty(line uint64) (slot uint32, dirty lineBits, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok = t.slotOf(line); !ok {
+		return 0, lineBits{}, false
+	}
+	if dirty = t.dirtyAt(slot); dirty.isZero() {
+		return 0, lineBits{}, false
+	}
+	t.pins[slot]++
+	return slot, dirty, true
+}
+
+// dirtyBits returns the dirty bits of line.
+func (t *tier) dirtyBits(line uint64) lineBits {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok := t.slotOf(line); ok {
+		return t.dirtyAt(slot)
+	}
+	return lineBits{}
 }
 
 // invalidateLocked clears bits of line; a line left with no valid block is dropped.
@@ -304,7 +410,7 @@ func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed
 	old := t.valid.get(slot)
 	v := old.andNot(bits)
 	if v == old {
-		return t.recordLocked(line, slot, v), false
+		return t.recordLocked(line, slot), false
 	}
 	t.invalids.Add(1)
 	if v.isZero() {
@@ -312,8 +418,8 @@ func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed
 		t.dropLocked(line)
 		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, true
 	}
-	t.valid.set(slot, v)
-	return t.recordLocked(line, slot, v), true
+	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits))
+	return t.recordLocked(line, slot), true
 }
 
 // invalidate clears bits of line in a tier without persistence (RAM).
@@ -323,19 +429,28 @@ func (t *tier) invalidate(line uint64, bits lineBits) {
 	t.invalidateLocked(line, bits)
 }
 
-func (t *tier) recordLocked(line uint64, slot uint32, v lineBits) meta.Op {
-	return meta.Op{Rec: meta.Line{Line: line, Slot: slot, Valid: v.words(t.blocks)}}
+func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
+	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.get(slot).words(t.blocks)}
+	if d := t.dirtyAt(slot); !d.isZero() {
+		r.Dirty = d.words(t.blocks)
+	}
+	return meta.Op{Rec: r}
 }
 
 // ioError counts an error of the tier's storage on line, drops the line (its slot's content is now
 // unknown) and bypasses the tier after maxTierErrors.
 func (t *tier) ioError(line uint64, slot uint32, err error) {
 	n := t.errs.Add(1)
-	t.log.Warn("cache tier I/O error; line dropped", "tier", t.name, "line", line, "err", err)
 	t.mu.Lock()
 	if s, ok := t.slotOf(line); ok && s == slot {
-		t.evict.Remove(policy.Key(line))
-		t.dropLocked(line)
+		if t.dirtyAt(slot).isZero() {
+			t.log.Warn("cache tier I/O error; line dropped", "tier", t.name, "line", line, "err", err)
+			t.evict.Remove(policy.Key(line))
+			t.dropLocked(line)
+		} else {
+			// The only copy of acknowledged writes: kept, for the destager to try again.
+			t.log.Error("cache tier I/O error on a line with dirty data; kept", "tier", t.name, "line", line, "err", err)
+		}
 	}
 	t.mu.Unlock()
 	if n >= maxTierErrors {
@@ -343,8 +458,10 @@ func (t *tier) ioError(line uint64, slot uint32, err error) {
 	}
 }
 
-// fail bypasses the tier for good: every line is forgotten (and, on the SSD tier, deleted from the
-// metadata), so neither this run nor a restart trusts data the failing device returns.
+// fail bypasses the tier for good: every clean line is forgotten (and, on the SSD tier, deleted
+// from the metadata), so neither this run nor a restart trusts data the failing device returns.
+// Dirty lines stay: they hold the only copy of acknowledged writes, and the destager keeps trying
+// to write them back.
 func (t *tier) fail(reason string) {
 	if t.failed.Swap(true) {
 		return
@@ -357,6 +474,9 @@ func (t *tier) fail(reason string) {
 		lines = append(lines, line)
 	}
 	for _, line := range lines {
+		if slot, _ := t.slotOf(line); !t.dirtyAt(slot).isZero() {
+			continue
+		}
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
 	}

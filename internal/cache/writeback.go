@@ -1,0 +1,615 @@
+package cache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// WriteBackConfig tunes write-back. Ratios are of the SSD tier's lines.
+type WriteBackConfig struct {
+	// Destage starts above High and stops below Low; it also runs when the backend has been idle
+	// for a second. Writes wait rather than let dirty lines pass Max.
+	High, Low, Max float64
+	// Destage and Throttle name the policies (see DestagePolicies, ThrottlePolicies).
+	Destage, Throttle string
+}
+
+// DefaultWriteBack is the write-back tuning unless configured otherwise.
+var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional"}
+
+func (w *WriteBackConfig) fill() {
+	d := DefaultWriteBack
+	if w.High == 0 {
+		w.High = d.High
+	}
+	if w.Low == 0 {
+		w.Low = d.Low
+	}
+	if w.Max == 0 {
+		w.Max = d.Max
+	}
+	if w.Destage == "" {
+		w.Destage = d.Destage
+	}
+	if w.Throttle == "" {
+		w.Throttle = d.Throttle
+	}
+}
+
+func (w WriteBackConfig) validate() error {
+	if !(0 <= w.Low && w.Low < w.High && w.High <= w.Max && w.Max <= 1) {
+		return fmt.Errorf("write-back watermarks low %.2f, high %.2f, max %.2f: need 0 <= low < high <= max <= 1", w.Low, w.High, w.Max)
+	}
+	if _, ok := destagePolicies[w.Destage]; !ok {
+		return fmt.Errorf("unknown destage policy %q; use one of %s", w.Destage, strings.Join(DestagePolicies(), ", "))
+	}
+	if _, ok := throttlePolicies[w.Throttle]; !ok {
+		return fmt.Errorf("unknown throttle policy %q; use one of %s", w.Throttle, strings.Join(ThrottlePolicies(), ", "))
+	}
+	return nil
+}
+
+// DestageState is what a destage policy decides on.
+type DestageState struct {
+	Ratio    float64       // dirty lines / SSD tier lines
+	Running  bool          // the destager is writing back now
+	Idle     time.Duration // since the last client request
+	Draining bool          // everything must go (a flush command, a mode switch, another mode)
+	Waiting  bool          // writes are waiting for room below the maximum
+	Config   WriteBackConfig
+}
+
+// DestagePolicy decides when dirty data is written back. Like the eviction policies it sees
+// figures, never data.
+type DestagePolicy interface {
+	// Run reports whether the destager should write back (more).
+	Run(s DestageState) bool
+	// Urgent reports whether it should go at full speed rather than leave the backend to clients
+	// half of the time.
+	Urgent(s DestageState) bool
+}
+
+// ThrottleState is what a throttle policy decides on.
+type ThrottleState struct {
+	Ratio float64
+	// BlockTime is how long the destager takes per 4 KiB block written back (a moving average):
+	// the rate writes must come down to for dirty data to stop growing.
+	BlockTime time.Duration
+	Blocks    int // the blocks the write dirties
+	Config    WriteBackConfig
+}
+
+// ThrottlePolicy slows writers down as dirty data fills the SSD tier.
+type ThrottlePolicy interface {
+	Delay(s ThrottleState) time.Duration
+}
+
+var destagePolicies = map[string]func() DestagePolicy{
+	"watermark": func() DestagePolicy { return watermark{} },
+}
+
+var throttlePolicies = map[string]func() ThrottlePolicy{
+	"proportional": func() ThrottlePolicy { return proportional{} },
+	"none":         func() ThrottlePolicy { return noThrottle{} },
+}
+
+// DestagePolicies and ThrottlePolicies list the registered names.
+func DestagePolicies() []string { return names(destagePolicies) }
+
+// ThrottlePolicies lists the registered throttle policies.
+func ThrottlePolicies() []string { return names(throttlePolicies) }
+
+func names[V any](m map[string]V) []string {
+	var s []string
+	for k := range m {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// watermark destages above High until Low, when idle, and when draining, as bcache and Open CAS do.
+type watermark struct{}
+
+func (watermark) Run(s DestageState) bool {
+	switch {
+	case s.Ratio == 0:
+		return false
+	case s.Draining, s.Waiting, s.Idle >= time.Second:
+		return true
+	case s.Running:
+		return s.Ratio > s.Config.Low
+	default:
+		return s.Ratio > s.Config.High
+	}
+}
+
+func (watermark) Urgent(s DestageState) bool { return s.Draining || s.Waiting || s.Ratio > s.Config.High }
+
+// proportional delays a write, from nothing at High to the destager's own time for the blocks it
+// dirties at Max: there ingress meets the destage rate, as PernixData FVP's flow control does.
+type proportional struct{}
+
+func (proportional) Delay(s ThrottleState) time.Duration {
+	c := s.Config
+	if s.Ratio <= c.High || c.Max <= c.High {
+		return 0
+	}
+	f := min((s.Ratio-c.High)/(c.Max-c.High), 1)
+	return time.Duration(f * float64(s.BlockTime) * float64(s.Blocks))
+}
+
+// noThrottle never delays: writes only wait at Max.
+type noThrottle struct{}
+
+func (noThrottle) Delay(ThrottleState) time.Duration { return 0 }
+
+// writeBack is the write-back machinery of a cache with an SSD tier.
+type writeBack struct {
+	cfg      WriteBackConfig
+	destage  DestagePolicy
+	throttle ThrottlePolicy
+	maxLines int
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	reserved int // lines that writes in flight may dirty, counted against maxLines
+	waiting  atomic.Int32
+	closed   bool
+
+	lastIO    atomic.Int64 // unix nanoseconds of the last client request
+	draining  atomic.Int32 // flush commands and mode switches under way
+	running   atomic.Bool
+	blockTime atomic.Int64 // nanoseconds per block destaged, moving average
+	kickCh    chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+
+	destagedBytes, destageWrites, destageErrors atomic.Uint64
+	throttled                                   atomic.Uint64
+	throttleNs                                  atomic.Int64
+}
+
+func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
+	cfg.fill()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := &writeBack{cfg: cfg, destage: destagePolicies[cfg.Destage](), throttle: throttlePolicies[cfg.Throttle](),
+		maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	w.cond = sync.NewCond(&w.mu)
+	w.blockTime.Store(int64(100 * time.Microsecond))
+	return w, nil
+}
+
+func (w *writeBack) kick() {
+	select {
+	case w.kickCh <- struct{}{}:
+	default:
+	}
+}
+
+// Mode returns the cache's mode.
+func (c *Cache) Mode() Mode { return Mode(c.mode.Load()) }
+
+func (c *Cache) ratio() float64 {
+	return float64(c.ssd.dirtyCount.Load()) / float64(c.ssd.slots)
+}
+
+// admitDirty throttles a write-back write that may dirty n lines, then reserves room for them
+// below the maximum, waiting for the destager if there is none: writes never fail for lack of
+// space, and dirty lines never pass the maximum. release gives the reservation back.
+func (c *Cache) admitDirty(n int) (release func(), err error) {
+	w := c.wb
+	if d := w.throttle.Delay(ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
+		Blocks: n * c.ssd.blocks, Config: w.cfg}); d > 0 {
+		w.throttled.Add(1)
+		w.throttleNs.Add(int64(d))
+		time.Sleep(d)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines && !w.closed {
+		if w.reserved == 0 && n > w.maxLines {
+			break // one request larger than the whole allowance: let it through alone
+		}
+		w.waiting.Add(1)
+		w.kick()
+		w.cond.Wait()
+		w.waiting.Add(-1)
+	}
+	if w.closed {
+		return nil, errors.New("cache: closed while waiting for room for dirty data")
+	}
+	w.reserved += n
+	return func() {
+		w.mu.Lock()
+		w.reserved -= n
+		w.mu.Unlock()
+		w.cond.Broadcast()
+	}, nil
+}
+
+// writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
+// caller holds the line locks. A line the SSD tier cannot take now goes to the backend.
+func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
+	// Clean cached blocks about to be overwritten are invalidated durably first: a crash in the
+	// middle must not leave a record calling a half-new block clean (the backend has the old one).
+	spans := make([]span, 0, len(segs))
+	for _, s := range segs {
+		v, d := c.ssd.validBits(s.line), c.ssd.dirtyBits(s.line)
+		if b := s.touched().and(v).andNot(d); !b.isZero() {
+			spans = append(spans, span{s.line, b})
+		}
+		if c.ram != nil {
+			c.ram.invalidate(s.line, s.touched())
+		}
+	}
+	if len(spans) > 0 {
+		if err := c.ssd.j.invalidateDurably(spans, false); err != nil {
+			return fmt.Errorf("cache metadata: %w", err)
+		}
+	}
+	for _, s := range segs {
+		if err := c.writeBackSeg(s, p); err != nil {
+			return err
+		}
+	}
+	if fua {
+		return c.ssd.j.durable()
+	}
+	return nil
+}
+
+func (c *Cache) writeBackSeg(s seg, p []byte) error {
+	data := p[s.pOff : s.pOff+s.hi-s.lo]
+	slot, valid, ok := c.ssd.acquire(s.line)
+	if !ok {
+		// No slot now (evicted ones wait for a checkpoint): write through.
+		return c.backendWrite(data, s.start+s.lo, false)
+	}
+	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
+	// them (the file's direct I/O merges in place), else from the backend.
+	lo, hi := s.lo, s.hi
+	touched, full := s.touched(), s.full()
+	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)-1
+	headRMW := !full.has(b0) && !valid.has(b0)
+	tailRMW := !full.has(b1) && !valid.has(b1)
+	if headRMW {
+		lo = int64(b0) * blockSize
+	}
+	if tailRMW {
+		hi = min(int64(b1+1)*blockSize, s.n)
+	}
+	buf := data
+	if headRMW || tailRMW {
+		buf = c.bufs.get(int(hi - lo))
+		defer c.bufs.put(buf)
+		for _, b := range []struct {
+			rmw bool
+			blk int
+		}{{headRMW, b0}, {tailRMW, b1}} {
+			if !b.rmw {
+				continue
+			}
+			bl, bh := int64(b.blk)*blockSize, min(int64(b.blk+1)*blockSize, s.n)
+			if err := c.backendRead(buf[bl-lo:bh-lo], s.start+bl); err != nil {
+				c.ssd.unpin(slot)
+				return err
+			}
+		}
+		copy(buf[s.lo-lo:], data)
+	}
+	if err := c.ssd.writeSlot(slot, buf, lo); err != nil {
+		c.ssd.unpin(slot)
+		c.ssd.ioError(s.line, slot, err)
+		return fmt.Errorf("cache: SSD tier write failed: %w", err)
+	}
+	if !c.ssd.validate(s.line, slot, touched, true) {
+		// The line was evicted while its data was written: the backend takes the write instead.
+		return c.backendWrite(data, s.start+s.lo, false)
+	}
+	if c.ram.usable() {
+		if rslot, bits, ok := c.writeTier(c.ram, s, p); ok {
+			c.ram.validate(s.line, rslot, bits, false)
+		}
+	}
+	return nil
+}
+
+// destageRun is a stretch of dirty blocks that are adjacent on the backend: one backend write.
+type destageRun struct {
+	off    int64
+	pieces []destagePiece
+}
+
+type destagePiece struct {
+	line   uint64
+	slot   uint32
+	lo, hi int64 // bytes within the line
+}
+
+// destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
+// back to the backend, coalescing adjacent blocks into large writes, flushes the backend, and only
+// then marks them clean: a line that gets a new write meanwhile is locked out, so it can never be
+// marked clean with old data.
+func (c *Cache) destageLocked(lines []uint64) (bytes int64, err error) {
+	type held struct {
+		line  uint64
+		slot  uint32
+		dirty lineBits
+	}
+	var hs []held
+	for _, line := range lines {
+		if slot, d, ok := c.ssd.pinDirty(line); ok {
+			hs = append(hs, held{line, slot, d})
+		}
+	}
+	if len(hs) == 0 {
+		return 0, nil
+	}
+	defer func() {
+		for _, h := range hs {
+			if err != nil {
+				c.ssd.unpin(h.slot)
+			} else {
+				c.ssd.clean(h.line, h.slot, h.dirty)
+			}
+		}
+	}()
+	var runs []destageRun
+	for _, h := range hs {
+		start := int64(h.line) * c.line
+		n := min(c.line, c.size-start)
+		h.dirty.runs(int((n+blockSize-1)/blockSize), func(b0, b1 int) {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
+			p := destagePiece{h.line, h.slot, lo, hi}
+			if k := len(runs) - 1; k >= 0 && runs[k].end() == start+lo && runs[k].len()+(hi-lo) <= maxDestageWrite {
+				runs[k].pieces = append(runs[k].pieces, p)
+				return
+			}
+			runs = append(runs, destageRun{off: start + lo, pieces: []destagePiece{p}})
+		})
+	}
+	t0 := time.Now()
+	for _, r := range runs {
+		buf := c.bufs.get(int(r.len()))
+		pos := int64(0)
+		for _, p := range r.pieces {
+			if err = c.ssd.readSlot(p.slot, buf[pos:pos+p.hi-p.lo], p.lo); err != nil {
+				c.ssd.errs.Add(1)
+				break
+			}
+			pos += p.hi - p.lo
+		}
+		if err == nil {
+			_, err = c.b.WriteAt(buf, r.off)
+			c.backendStats.write(len(buf), err)
+		}
+		c.bufs.put(buf)
+		if err != nil {
+			c.wb.destageErrors.Add(1)
+			return 0, fmt.Errorf("destage at offset %d: %w", r.off, err)
+		}
+		bytes += r.len()
+		c.wb.destageWrites.Add(1)
+	}
+	if err = c.b.Flush(); err != nil {
+		c.wb.destageErrors.Add(1)
+		return 0, fmt.Errorf("destage: backend flush: %w", err)
+	}
+	if blocks := bytes / blockSize; blocks > 0 {
+		per := int64(time.Since(t0)) / blocks
+		old := c.wb.blockTime.Load()
+		c.wb.blockTime.Store(old + (per-old)/8)
+	}
+	c.wb.destagedBytes.Add(uint64(bytes))
+	return bytes, nil
+}
+
+// maxDestageWrite bounds one coalesced backend write.
+const maxDestageWrite = 1 << 20
+
+func (r destageRun) len() int64 {
+	var n int64
+	for _, p := range r.pieces {
+		n += p.hi - p.lo
+	}
+	return n
+}
+
+func (r destageRun) end() int64 { return r.off + r.len() }
+
+// destageBatchLines is how many lines one destage batch spans: a window of adjacent line
+// numbers, locked together.
+const destageBatchLines = 16
+
+// destageNext writes back the dirty lines in the window at or after *cursor, moving the cursor
+// past it (back to 0 at the end). It reports the bytes written and whether there was anything.
+func (c *Cache) destageNext(cursor *uint64) (int64, bool, error) {
+	c.ssd.mu.Lock()
+	first, ok := c.ssd.dset.next(*cursor)
+	if !ok && *cursor > 0 {
+		first, ok = c.ssd.dset.next(0)
+	}
+	var lines []uint64
+	for l := first; ok && l < first+destageBatchLines; {
+		lines = append(lines, l)
+		l, ok = c.ssd.dset.next(l + 1)
+	}
+	c.ssd.mu.Unlock()
+	if len(lines) == 0 {
+		return 0, false, nil
+	}
+	lo, hi := lines[0], lines[len(lines)-1]
+	*cursor = hi + 1
+	c.locks.lock(lo, hi)
+	defer c.locks.unlock(lo, hi)
+	n, err := c.destageLocked(lines)
+	return n, true, err
+}
+
+// destageTouched writes back the dirty blocks of the lines a non-write-back change touches (the
+// caller holds their locks), so that the change never loses the part of a dirty block it does not
+// cover, and the backend's copy is whole before the cache lets go of it.
+func (c *Cache) destageTouched(segs []seg) error {
+	if c.ssd == nil || c.ssd.dirtyCount.Load() == 0 {
+		return nil
+	}
+	var lines []uint64
+	for _, s := range segs {
+		if !c.ssd.dirtyBits(s.line).isZero() {
+			lines = append(lines, s.line)
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	_, err := c.destageLocked(lines)
+	return err
+}
+
+// destager writes dirty data back in the background, as its policy says, with backoff while the
+// backend fails.
+func (c *Cache) destager() {
+	w := c.wb
+	defer close(w.done)
+	var cursor uint64
+	backoff := time.Duration(0)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-tick.C:
+		case <-w.kickCh:
+		}
+		for {
+			st := c.destageState()
+			if !w.destage.Run(st) {
+				break
+			}
+			w.running.Store(true)
+			t0 := time.Now()
+			_, any, err := c.destageNext(&cursor)
+			w.cond.Broadcast()
+			if err != nil {
+				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+				c.log.Warn("destage failed; retrying", "in", backoff, "err", err)
+				if !sleepOrStop(w.stop, backoff) {
+					return
+				}
+				continue
+			}
+			backoff = 0
+			if !any {
+				break
+			}
+			if !w.destage.Urgent(st) && !sleepOrStop(w.stop, time.Since(t0)) {
+				return // leave the backend to clients half of the time
+			}
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+		}
+		w.running.Store(false)
+	}
+}
+
+func sleepOrStop(stop chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (c *Cache) destageState() DestageState {
+	w := c.wb
+	return DestageState{
+		Ratio:    c.ratio(),
+		Running:  w.running.Load(),
+		Idle:     time.Duration(time.Now().UnixNano() - w.lastIO.Load()),
+		Draining: w.draining.Load() > 0 || c.Mode() != WriteBack,
+		Waiting:  w.waiting.Load() > 0,
+		Config:   w.cfg,
+	}
+}
+
+// FlushAll writes every dirty line back and flushes the backend; when it returns nil the backend
+// holds everything the cache has acknowledged. progress, if not nil, is told the dirty bytes
+// written back so far and the dirty bytes there were at the start.
+func (c *Cache) FlushAll(ctx context.Context, progress func(done, total int64)) error {
+	if c.closed.Load() {
+		return errors.New("cache: closed")
+	}
+	if c.ssd != nil && c.wb != nil {
+		w := c.wb
+		w.draining.Add(1)
+		defer w.draining.Add(-1)
+		c.ssd.mu.Lock()
+		total := int64(c.ssd.dirtyBlocks) * blockSize
+		c.ssd.mu.Unlock()
+		var done int64
+		var cursor uint64
+		for c.ssd.dirtyCount.Load() > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, _, err := c.destageNext(&cursor)
+			w.cond.Broadcast()
+			if err != nil {
+				return err
+			}
+			done += n
+			if progress != nil {
+				progress(min(done, total), total)
+			}
+		}
+	}
+	return c.Flush()
+}
+
+// SetMode switches the cache's mode. Leaving write-back, new writes stop being absorbed at once
+// and every dirty line is written back before SetMode returns.
+func (c *Cache) SetMode(ctx context.Context, m Mode, progress func(done, total int64)) error {
+	if m == WriteBack && c.wb == nil {
+		return errors.New("cache: write-back needs an SSD tier")
+	}
+	old := Mode(c.mode.Swap(int32(m)))
+	c.log.Info("cache mode", "from", old, "to", m)
+	if m == WriteBack || c.wb == nil {
+		return nil
+	}
+	return c.FlushAll(ctx, progress)
+}
+
+func (c *Cache) dirtyStats() DirtyStats {
+	if c.wb == nil {
+		return DirtyStats{}
+	}
+	w := c.wb
+	c.ssd.mu.Lock()
+	lines, blocks := c.ssd.dirtyLines, c.ssd.dirtyBlocks
+	c.ssd.mu.Unlock()
+	return DirtyStats{
+		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(c.ssd.slots),
+		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
+		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
+		DestageErrors: w.destageErrors.Load(), ThrottledWrites: w.throttled.Load(),
+		ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
+	}
+}
