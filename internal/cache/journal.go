@@ -50,9 +50,9 @@ type journal struct {
 	// completed checkpoint began after.
 	asked   atomic.Uint64
 	covered uint64 // guarded by ckMu
-	kickCh   chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
+	kickCh  chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 }
 
 func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error) *journal {

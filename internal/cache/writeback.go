@@ -130,7 +130,9 @@ func (watermark) Run(s DestageState) bool {
 	}
 }
 
-func (watermark) Urgent(s DestageState) bool { return s.Draining || s.Waiting || s.Ratio > s.Config.High }
+func (watermark) Urgent(s DestageState) bool {
+	return s.Draining || s.Waiting || s.Ratio > s.Config.High
+}
 
 // proportional delays a write, from nothing at High to the destager's own time for the blocks it
 // dirties at Max: there ingress meets the destage rate, as PernixData FVP's flow control does.
