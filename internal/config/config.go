@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -54,7 +55,7 @@ type Export struct {
 
 // Cache configures the tiered cache of one export. Sizes are written like 64KiB, 1GiB or 2TiB.
 type Cache struct {
-	// Mode is writethrough (the default), writearound or passthrough.
+	// Mode is writethrough (the default), writearound, passthrough or writeback (which needs ssd).
 	Mode string `yaml:"mode"`
 	// Line is the unit of caching: a power of two from 4KiB to 1MiB, 64KiB by default.
 	Line string `yaml:"line"`
@@ -75,6 +76,73 @@ type Cache struct {
 	RAMAdmission string `yaml:"ram_admission"`
 	SSDPolicy    string `yaml:"ssd_policy"`
 	SSDAdmission string `yaml:"ssd_admission"`
+	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
+	// after a switch at run time (`tierblk mode`).
+	WriteBack WriteBack `yaml:"write_back"`
+}
+
+// WriteBack tunes write-back. Ratios are of the SSD tier's lines; 0 or absent takes the default
+// (cache.DefaultWriteBack), as it does in cache.Config.
+type WriteBack struct {
+	High     float64 `yaml:"high"`
+	Low      float64 `yaml:"low"`
+	Max      float64 `yaml:"max"`
+	Destage  string  `yaml:"destage"`
+	Throttle string  `yaml:"throttle"`
+}
+
+// Engine returns the cache's write-back configuration.
+func (w WriteBack) Engine() cache.WriteBackConfig {
+	return cache.WriteBackConfig{High: w.High, Low: w.Low, Max: w.Max, Destage: w.Destage, Throttle: w.Throttle}
+}
+
+// validate checks the write-back fields with the defaults filled in, so that an error about the
+// order of the watermarks names the field the user set rather than the default it collides with.
+func (w WriteBack) validate() []error {
+	d := cache.DefaultWriteBack
+	or := func(v, def float64) float64 {
+		if v == 0 {
+			return def
+		}
+		return v
+	}
+	hi, lo, mx := or(w.High, d.High), or(w.Low, d.Low), or(w.Max, d.Max)
+	var errs []error
+	ranged := true
+	for _, f := range []struct {
+		name string
+		v    float64
+		def  float64
+	}{{"high", w.High, d.High}, {"low", w.Low, d.Low}, {"max", w.Max, d.Max}} {
+		if f.v < 0 || f.v > 1 {
+			errs = append(errs, fieldErr("write_back."+f.name, "%g is out of range; use a ratio of the SSD tier's lines from 0 to 1 (default %g)", f.v, f.def))
+			ranged = false
+		}
+	}
+	if ranged {
+		// Blame the field that was set: of a pair, the one that is not the default.
+		switch {
+		case lo >= hi && w.Low == 0:
+			errs = append(errs, fieldErr("write_back.high", "%g must be above low (%g, the default)", hi, lo))
+		case lo >= hi:
+			errs = append(errs, fieldErr("write_back.low", "%g must be below high (%g)", lo, hi))
+		}
+		switch {
+		case hi > mx && w.High == 0:
+			errs = append(errs, fieldErr("write_back.max", "%g must be at least high (%g, the default)", mx, hi))
+		case hi > mx:
+			errs = append(errs, fieldErr("write_back.high", "%g must be at most max (%g)", hi, mx))
+		}
+	}
+	for _, f := range []struct {
+		name, v string
+		valid   []string
+	}{{"destage", w.Destage, cache.DestagePolicies()}, {"throttle", w.Throttle, cache.ThrottlePolicies()}} {
+		if f.v != "" && !slices.Contains(f.valid, f.v) {
+			errs = append(errs, fieldErr("write_back."+f.name, "unknown policy %q; use one of %s", f.v, strings.Join(f.valid, ", ")))
+		}
+	}
+	return errs
 }
 
 // CacheSizes are a Cache's sizes in bytes (0 where not given).
@@ -128,10 +196,13 @@ func (c *Cache) MetaDir() string {
 func (c *Cache) validate() []error {
 	var errs []error
 	if c.Mode != "" {
-		if _, err := cache.ParseMode(c.Mode); err != nil {
+		if m, err := cache.ParseMode(c.Mode); err != nil {
 			errs = append(errs, fieldErr("mode", "%v", err))
+		} else if m == cache.WriteBack && c.SSD == "" {
+			errs = append(errs, fieldErr("mode", "writeback needs an SSD tier: the RAM tier may never hold the only copy of written data; give ssd too"))
 		}
 	}
+	errs = append(errs, c.WriteBack.validate()...)
 	s, err := c.Sizes()
 	if err != nil {
 		errs = append(errs, err)
