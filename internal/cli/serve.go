@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/daemon"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -47,7 +48,9 @@ Backends are URLs:
 
 A tiered cache goes in front of the backend with --ram and/or --ssd: reads look in RAM, then on
 the SSD, then go to the backend; --mode says what writes do. The SSD tier's index is kept in --meta,
-so the cache is warm after a restart. --admin serves /metrics and /stats ('tierblk stats').
+so the cache is warm after a restart. --mode writeback completes writes once they are on the SSD
+and writes them back later (--dirty-high, --dirty-low, --dirty-max); 'tierblk flush' writes them
+all back and 'tierblk mode' switches a running cache's mode. --admin serves /metrics and /stats ('tierblk stats').
 
 SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
 backend and exits 0.`,
@@ -76,9 +79,13 @@ backend and exits 0.`,
 	f.StringVar(&o.cache.SSDSize, "ssd-size", "", "how much of --ssd the cache uses (default: all of it)")
 	f.StringVar(&o.cache.Meta, "meta", "", "directory of the SSD tier's metadata (default: the --ssd path + .meta)")
 	f.StringVar(&o.cache.Line, "line", "", "cache line size, a power of two from 4KiB to 1MiB (default 64KiB)")
-	f.StringVar(&o.cache.Mode, "mode", "", "cache mode: writethrough (default), writearound or passthrough")
+	f.StringVar(&o.cache.Mode, "mode", "", "cache mode: writethrough (default), writearound, passthrough or writeback (needs --ssd)")
 	f.StringVar(&o.cache.Policy, "policy", "", "eviction policy of the cache tiers (default lru; see 'tierblk sim --help')")
 	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of the cache tiers (default always; e.g. nhit:2, seqcutoff)")
+	wb := cache.DefaultWriteBack
+	f.Float64Var(&o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
+	f.Float64Var(&o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
+	f.Float64Var(&o.cache.WriteBack.Max, "dirty-max", wb.Max, "write-back: writes wait rather than let dirty lines pass this ratio")
 	f.StringVar(&o.admin, "admin", "", "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only")
 	return cmd
 }
@@ -129,19 +136,23 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 	return cfg, nil
 }
 
-// cacheFlags maps the cache flags to the fields they set.
+// cacheFlags maps the cache flags to the fields they set: copy copies the field from the flags'
+// values (src) to the export's cache (dst).
 var cacheFlags = []struct {
-	flag  string
-	field func(*config.Cache) *string
+	flag string
+	copy func(dst, src *config.Cache)
 }{
-	{"ram", func(c *config.Cache) *string { return &c.RAM }},
-	{"ssd", func(c *config.Cache) *string { return &c.SSD }},
-	{"ssd-size", func(c *config.Cache) *string { return &c.SSDSize }},
-	{"meta", func(c *config.Cache) *string { return &c.Meta }},
-	{"line", func(c *config.Cache) *string { return &c.Line }},
-	{"mode", func(c *config.Cache) *string { return &c.Mode }},
-	{"policy", func(c *config.Cache) *string { return &c.Policy }},
-	{"admission", func(c *config.Cache) *string { return &c.Admission }},
+	{"ram", func(d, s *config.Cache) { d.RAM = s.RAM }},
+	{"ssd", func(d, s *config.Cache) { d.SSD = s.SSD }},
+	{"ssd-size", func(d, s *config.Cache) { d.SSDSize = s.SSDSize }},
+	{"meta", func(d, s *config.Cache) { d.Meta = s.Meta }},
+	{"line", func(d, s *config.Cache) { d.Line = s.Line }},
+	{"mode", func(d, s *config.Cache) { d.Mode = s.Mode }},
+	{"policy", func(d, s *config.Cache) { d.Policy = s.Policy }},
+	{"admission", func(d, s *config.Cache) { d.Admission = s.Admission }},
+	{"dirty-high", func(d, s *config.Cache) { d.WriteBack.High = s.WriteBack.High }},
+	{"dirty-low", func(d, s *config.Cache) { d.WriteBack.Low = s.WriteBack.Low }},
+	{"dirty-max", func(d, s *config.Cache) { d.WriteBack.Max = s.WriteBack.Max }},
 }
 
 // applyCacheFlags lets the cache flags that were given override the first export's cache.
@@ -157,8 +168,7 @@ func applyCacheFlags(cfg *config.Config, o serveOpts) {
 		if e.Cache == nil {
 			e.Cache = &config.Cache{}
 		}
-		flagCache := o.cache
-		*f.field(e.Cache) = *f.field(&flagCache)
+		f.copy(e.Cache, &o.cache)
 	}
 }
 
@@ -204,6 +214,7 @@ var fieldToFlag = []struct {
 	{regexp.MustCompile(`\bmax_in_flight\b`), "--max-in-flight"},
 	{regexp.MustCompile(`exports\[0\]\.cache: `), ""},
 	{regexp.MustCompile(`exports\[0\]\.cache\.ssd_size`), "--ssd-size"},
+	{regexp.MustCompile(`exports\[0\]\.cache\.write_back\.(high|low|max)\b`), "--dirty-$1"},
 	{regexp.MustCompile(`exports\[0\]\.cache\.(ssd|ram|meta|line|mode|policy|admission)\b`), "--$1"},
 	{regexp.MustCompile(`exports\[0\]\.cache\.(ram|ssd)_(policy|admission)\b`), "--$2"},
 	{regexp.MustCompile(`(?m)^admin\b`), "--admin"},

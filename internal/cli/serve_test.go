@@ -73,6 +73,26 @@ log_level: debug
 		require.Nil(t, c.Exports[1].Cache)
 		require.Equal(t, "127.0.0.1:9810", c.Admin)
 	})
+	t.Run("dirty flags set the first export's write-back", func(t *testing.T) {
+		o := serveOpts{backend: "file:///srv/a.img", cache: config.Cache{SSD: "/srv/ssd.img", Mode: "writeback",
+			WriteBack: config.WriteBack{High: 0.6, Low: 0.3, Max: 0.8}}}
+		c, err := buildConfig(optsWith(o, "backend", "ssd", "mode", "dirty-high", "dirty-low", "dirty-max"), testSchemes)
+		require.NoError(t, err)
+		require.Equal(t, config.WriteBack{High: 0.6, Low: 0.3, Max: 0.8}, c.Exports[0].Cache.WriteBack)
+		require.Equal(t, "writeback", c.Exports[0].Cache.Mode)
+	})
+	t.Run("dirty flags override the file's write_back", func(t *testing.T) {
+		f := filepath.Join(dir, "wb.yaml")
+		require.NoError(t, os.WriteFile(f, []byte(`
+exports:
+  - backend: file:///srv/a.img
+    cache: {ssd: /srv/ssd.img, mode: writeback, write_back: {high: 0.7, low: 0.2, max: 0.95, throttle: none}}
+`), 0o644))
+		o := serveOpts{configFile: f, cache: config.Cache{WriteBack: config.WriteBack{Max: 0.8}}}
+		c, err := buildConfig(optsWith(o, "dirty-max"), testSchemes)
+		require.NoError(t, err)
+		require.Equal(t, config.WriteBack{High: 0.7, Low: 0.2, Max: 0.8, Throttle: "none"}, c.Exports[0].Cache.WriteBack)
+	})
 	t.Run("no cache flag, no cache", func(t *testing.T) {
 		c, err := buildConfig(optsWith(serveOpts{backend: "mem://1GiB", cache: config.Cache{RAM: "1GiB"}}, "backend"), testSchemes)
 		require.NoError(t, err)
@@ -98,6 +118,10 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"ssd size alone", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{SSDSize: "1GiB"}}, "backend", "ssd-size"), "--ssd-size: "},
 		{"bad policy", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Policy: "mru"}}, "backend", "ram", "policy"), "--policy: unknown eviction policy"},
 		{"bad admission", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Admission: "maybe"}}, "backend", "ram", "admission"), "--admission: "},
+		{"writeback without ssd", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Mode: "writeback"}}, "backend", "ram", "mode"), "--mode: writeback needs an SSD tier"},
+		{"dirty max", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: 2}}}, "backend", "ram", "dirty-max"), "--dirty-max: 2 is out of range"},
+		{"dirty low", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Low: 0.7}}}, "backend", "ram", "dirty-low"), "--dirty-low: 0.7 must be below high"},
+		{"dirty high", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{High: 0.95}}}, "backend", "ram", "dirty-high"), "--dirty-high: 0.95 must be at most max"},
 		{"public admin", optsWith(serveOpts{backend: "mem://1MiB", admin: "0.0.0.0:9000"}, "backend", "admin"), "--admin: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
