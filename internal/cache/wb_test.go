@@ -1,0 +1,399 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+)
+
+// The tests here check the write-back engine's own promises: the destager never marks a line clean
+// with old data, writes wait (never fail) while the backend is down and dirty data is at its
+// maximum, dirty lines never pass the maximum, and dirty data outlives a clean stop.
+
+// waitFor polls cond until it holds, failing the test after a generous limit: the limit only stops
+// a hung test, it asserts no speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+	}
+}
+
+// checkBackend compares the backend's raw content with want, naming the first sector that differs.
+func checkBackend(t *testing.T, back *crashDev, want []byte) {
+	t.Helper()
+	raw := make([]byte, len(want))
+	back.ReadAt(raw, 0)
+	if bytes.Equal(raw, want) {
+		return
+	}
+	got, exp := stamps(raw, 0), stamps(want, 0)
+	for s := range got {
+		if got[s] != exp[s] {
+			t.Fatalf("the backend's sector %d holds write %d, want %d", s, got[s], exp[s])
+		}
+	}
+	t.Fatal("the backend differs from what it should hold")
+}
+
+// TestDestageRace has writers hammer a few lines (whole and partial blocks) while FlushAll runs in
+// a loop and the background destager runs too: a line being destaged that receives a new write
+// must never be marked clean with old data, so after a last FlushAll the backend equals the model.
+func TestDestageRace(t *testing.T) {
+	const (
+		line    = 16 << 10
+		devSize = 4 * line // the writers' lines, all held by the tier
+		writers = 4
+		perBlk  = blockSize / sector
+	)
+	seed := testSeed(t)
+	ops := 400
+	if testing.Short() {
+		ops = 150
+	}
+	back := newCrashDev(devSize)
+	b := fault.New(back, fault.Options{Seed: int64(seed), MaxDelay: 50 * time.Microsecond})
+	c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteBack}, nil, nil)
+	defer c.Close()
+
+	model := make([]byte, devSize)
+	stop := make(chan struct{})
+	flushErr := make(chan error, 1)
+	go func() {
+		defer close(flushErr)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := c.FlushAll(context.Background(), nil); err != nil {
+				flushErr <- err
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range writers {
+		rng := rand.New(rand.NewPCG(seed, uint64(w)))
+		wg.Go(func() {
+			for k := range ops {
+				// Writer w owns the blocks b with b%writers == w: the model knows each sector's
+				// last write, and every line is shared by all writers.
+				blk := rng.IntN(devSize/blockSize/writers)*writers + w
+				first, n := blk*perBlk, perBlk
+				if rng.IntN(2) == 0 {
+					n = 1 + rng.IntN(perBlk)
+					first += rng.IntN(perBlk - n + 1)
+				}
+				buf := make([]byte, n*sector)
+				off := int64(first) * sector
+				if rng.IntN(4) == 0 {
+					if _, err := c.ReadAt(buf, off); err != nil {
+						t.Errorf("writer %d: read: %v", w, err)
+						return
+					}
+					if !bytes.Equal(buf, model[off:off+int64(len(buf))]) {
+						t.Errorf("seed %d: writer %d: read of sectors [%d,%d) returned %v, not its last writes",
+							seed, w, first, first+n, stamps(buf, first))
+						return
+					}
+					continue
+				}
+				stamp(buf, first, int64(w+1)<<32|int64(k+1))
+				if _, err := c.WriteAt(buf, off); err != nil {
+					t.Errorf("writer %d: write: %v", w, err)
+					return
+				}
+				copy(model[off:], buf) // only this writer touches these bytes
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	if err := <-flushErr; err != nil {
+		t.Fatalf("FlushAll while writing: %v", err)
+	}
+	if t.Failed() {
+		return
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		t.Fatalf("final FlushAll: %v", err)
+	}
+	if d := c.Stats().Dirty; d.Lines != 0 || d.DestagedBytes == 0 {
+		t.Fatalf("after FlushAll: %+v; want no dirty line, and bytes destaged", d)
+	}
+	checkBackend(t, back, model)
+}
+
+// TestBackendOutage fails the backend: write-back writes are absorbed until dirty lines reach the
+// maximum, then a write waits (it must not complete, nor fail, while the backend is down) and the
+// destager retries. Once the backend is back the write completes and FlushAll writes everything.
+func TestBackendOutage(t *testing.T) {
+	const (
+		line = 4 << 10
+		ssd  = 8
+	)
+	l := layout{line: line, ssd: ssd, mode: WriteBack}
+	maxLines := int(DefaultWriteBack.Max * ssd)
+	devSize := int64(4*ssd) * line
+	back := newCrashDev(devSize)
+	b := fault.New(back, fault.Options{Seed: 1})
+	c := newCache(t, b, l, nil, nil)
+	defer c.Close()
+	b.SetFailing(true)
+
+	model := make([]byte, devSize)
+	write := func(ln int) error {
+		buf := make([]byte, line)
+		first := ln * line / sector
+		stamp(buf, first, int64(ln+1))
+		_, err := c.WriteAt(buf, int64(ln)*line)
+		if err == nil {
+			copy(model[int64(ln)*line:], buf)
+		}
+		return err
+	}
+	for ln := range maxLines {
+		if err := write(ln); err != nil {
+			t.Fatalf("write-back write to line %d with the backend down and %d of %d lines dirty: %v",
+				ln, ln, maxLines, err)
+		}
+	}
+	if d := c.Stats().Dirty; int(d.Lines) != maxLines {
+		t.Fatalf("dirty lines %d, want %d: %+v", d.Lines, maxLines, d)
+	}
+	done := make(chan error, 1)
+	go func() { done <- write(maxLines) }()
+	// The write needs room, the destager tries to make it and fails: wait for two failures (with
+	// backoff between them), then the write must still be waiting.
+	errs0 := c.Stats().Dirty.DestageErrors
+	waitFor(t, "destage retries", func() bool { return c.Stats().Dirty.DestageErrors >= errs0+2 })
+	select {
+	case err := <-done:
+		t.Fatalf("a write past the dirty maximum completed while the backend was down (err %v): %+v", err, c.Stats().Dirty)
+	default:
+	}
+	if d := c.Stats().Dirty; int(d.Lines) > maxLines {
+		t.Fatalf("dirty lines %d passed the maximum %d", d.Lines, maxLines)
+	}
+	b.SetFailing(false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("the waiting write failed once the backend came back: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the waiting write never completed after the backend came back")
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		t.Fatalf("FlushAll after the outage: %v", err)
+	}
+	checkBackend(t, back, model)
+	got := make([]byte, devSize)
+	if _, err := c.ReadAt(got, 0); err != nil || !bytes.Equal(got, model) {
+		t.Fatalf("the cache does not serve what was written (err %v)", err)
+	}
+}
+
+// TestDirtyNeverPastMax has many writers dirty more lines than the SSD tier holds while a sampler
+// watches the dirty line count: it must never pass floor(Max * slots).
+func TestDirtyNeverPastMax(t *testing.T) {
+	const (
+		line    = 4 << 10
+		ssd     = 16
+		devSize = 64 * line
+		writers = 6
+	)
+	seed := testSeed(t)
+	ops := 300
+	if testing.Short() {
+		ops = 100
+	}
+	c := newCache(t, newCrashDev(devSize), layout{line: line, ram: 2, ssd: ssd, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	limit := uint64(math.Floor(c.Stats().Dirty.Max * ssd))
+	var worst atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if n := c.Stats().Dirty.Lines; n > worst.Load() {
+				worst.Store(n)
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range writers {
+		rng := rand.New(rand.NewPCG(seed, uint64(w)))
+		wg.Go(func() {
+			for k := range ops {
+				// Up to two lines per write, anywhere on the device.
+				n := 1 + rng.IntN(2*line/sector)
+				first := rng.IntN(devSize/sector - n)
+				buf := make([]byte, n*sector)
+				stamp(buf, first, int64(w+1)<<32|int64(k+1))
+				if _, err := c.WriteAt(buf, int64(first)*sector); err != nil {
+					t.Errorf("writer %d: %v", w, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	if worst.Load() > limit {
+		t.Fatalf("seed %d: dirty lines reached %d; the maximum is %d", seed, worst.Load(), limit)
+	}
+	if worst.Load() == 0 {
+		t.Fatal("the sampler never saw a dirty line: the test tests nothing")
+	}
+}
+
+// TestRestartWithDirtyData stops a write-back cache cleanly (as on SIGTERM) with dirty data on the
+// SSD: restarted in write-back it still serves that data and still holds it dirty; restarted in
+// write-through it writes it back by itself, with no request.
+func TestRestartWithDirtyData(t *testing.T) {
+	const (
+		line  = 8 << 10
+		ssd   = 16
+		dirty = 4 // lines, below the high watermark: no destage before the stop
+	)
+	devSize := int64(32 * line)
+	back, ssdDev, store := newCrashDev(devSize), newCrashDev(ssd*line), meta.NewMem()
+	// Each start gets the same devices and store through a new gate (Close leaves them for the
+	// next start) and a backend that can be cut: while the data must stay dirty the backend is
+	// down, so that no idle destage writes it back behind the test's back.
+	start := func(mode Mode) (*Cache, *fault.Backend) {
+		g := &gate{}
+		b := fault.New(gatedDev{g, back}, fault.Options{Seed: 1})
+		b.SetFailing(mode == WriteBack)
+		return newCache(t, b, layout{line: line, ram: 2, ssd: ssd, mode: mode},
+			gatedStore{g, store}, gatedDev{g, ssdDev}), b
+	}
+	c, b := start(WriteBack)
+	want := make([]byte, devSize)
+	for i := range dirty {
+		off := int64(3*i+1) * line
+		buf := want[off : off+line]
+		stamp(buf, int(off/sector), int64(i+1))
+		if _, err := c.WriteAt(buf, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := c.Stats().Dirty; d.Lines != dirty {
+		t.Fatalf("before the stop: %d dirty lines, want %d", d.Lines, dirty)
+	}
+	// Close checkpoints the index with the dirty lines, which flushes the backend: up for that.
+	b.SetFailing(false)
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+
+	c, b = start(WriteBack)
+	if d := c.Stats().Dirty; d.Lines != dirty {
+		t.Fatalf("restarted in write-back: %d dirty lines, want %d", d.Lines, dirty)
+	}
+	for i := range dirty { // only the dirty lines: the rest would need the backend
+		off := int64(3*i+1) * line
+		got := make([]byte, line)
+		if _, err := c.ReadAt(got, off); err != nil || !bytes.Equal(got, want[off:off+line]) {
+			t.Fatalf("restarted in write-back, the cache does not serve the dirty line at %d (err %v)", off, err)
+		}
+	}
+	if d := c.Stats().Dirty; d.Lines != dirty {
+		t.Fatalf("restarted in write-back, after a read: %d dirty lines, want %d", d.Lines, dirty)
+	}
+	b.SetFailing(false)
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+
+	c, _ = start(WriteThrough)
+	defer c.Close()
+	waitFor(t, "the write-through restart to write the dirty data back", func() bool { return c.Stats().Dirty.Lines == 0 })
+	checkBackend(t, back, want)
+}
+
+// TestLineSet checks the dirty line set against a map: across words and summary words, with
+// fixed edge cases and seeded random operations.
+func TestLineSet(t *testing.T) {
+	const n = 3*4096 + 100 // three full summary words and part of a fourth
+	s := newLineSet(n)
+	in := map[uint64]bool{}
+	check := func(step string) {
+		t.Helper()
+		for _, from := range []uint64{0, 1, 63, 64, 65, 4095, 4096, 4097, 8191, 8192, n - 1, n, n + 64} {
+			var want uint64
+			found := false
+			for l := from; l < n; l++ {
+				if in[l] {
+					want, found = l, true
+					break
+				}
+			}
+			got, ok := s.next(from)
+			if ok != found || (ok && got != want) {
+				t.Fatalf("%s: next(%d) = %d, %v; want %d, %v", step, from, got, ok, want, found)
+			}
+		}
+	}
+	check("empty")
+	edges := []uint64{0, 63, 64, 127, 4095, 4096, 4160, 8191, 12287, 12288, n - 1}
+	for _, l := range edges {
+		s.add(l)
+		in[l] = true
+		check(fmt.Sprintf("add %d", l))
+	}
+	// Walk the whole set with next: every member once, in order.
+	var walked []uint64
+	for l, ok := s.next(0); ok; l, ok = s.next(l + 1) {
+		walked = append(walked, l)
+	}
+	if !slices.Equal(walked, edges) {
+		t.Fatalf("walk = %v, want %v", walked, edges)
+	}
+	for _, l := range []uint64{64, 4095, 0, 12288, 127} {
+		s.remove(l)
+		delete(in, l)
+		check(fmt.Sprintf("remove %d", l))
+	}
+	rng := rand.New(rand.NewPCG(testSeed(t), 7))
+	for i := range 2000 {
+		// Cluster around word and summary boundaries half of the time.
+		l := rng.Uint64N(n)
+		if rng.IntN(2) == 0 {
+			l = min(n-1, uint64(rng.IntN(4))*4096+uint64(rng.IntN(3))*64+uint64(rng.IntN(3))-1+64)
+		}
+		if rng.IntN(2) == 0 {
+			s.add(l)
+			in[l] = true
+		} else {
+			s.remove(l)
+			delete(in, l)
+		}
+		if i%50 == 0 {
+			check(fmt.Sprintf("random op %d", i))
+		}
+	}
+	check("random ops")
+}
