@@ -58,6 +58,7 @@ integration: deps
 bench: deps build
 	$(BIN) bench nbd
 	$(BIN) bench cache --work $(CURDIR)/.cache/bench-cache
+	$(BIN) bench writeback --work $(CURDIR)/.cache/bench-writeback
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 
 fmt-check:

@@ -65,19 +65,36 @@ func RestartRow() Row {
 
 // cacheTargets are the three servers, in the table's order. tierblk's backend is its own slow disk
 // at slowSock, so that the writes measured on the slow disk alone never change data behind
-// tierblk's cache.
+// tierblk's cache. Both caches write through, so that the 80/20 row compares the same promise
+// (nbdkit's default, writeback, acknowledges writes the slow disk has not seen).
 func cacheTargets(tierblk, workDir, slowSock string) []Target {
+	return cacheTargetsFor(tierblk, workDir, slowSock, cacheSetup{mode: "writethrough", ssdSize: CacheSSD})
+}
+
+// cacheSetup is what differs between the cache benchmarks' servers.
+type cacheSetup struct {
+	// mode is tierblk's --mode and nbdkit's cache= (they name their modes alike).
+	mode    string
+	ssdSize string
+	// admin is tierblk's admin endpoint, if it needs one.
+	admin string
+}
+
+// cacheTargetsFor are cacheTargets set up as s says.
+func cacheTargetsFor(tierblk, workDir, slowSock string, s cacheSetup) []Target {
 	return []Target{
 		{Name: nameTierblk, Command: func(sock string) *exec.Cmd {
-			return exec.Command(tierblk, "serve", "--backend", "nbd+unix:///?socket="+slowSock, "--nbd", "unix:"+sock,
-				"--ram", CacheRAM, "--ssd", filepath.Join(workDir, "ssd.img"), "--ssd-size", CacheSSD,
-				"--mode", "writethrough", "--log-level", "warn")
+			args := []string{"serve", "--backend", "nbd+unix:///?socket=" + slowSock, "--nbd", "unix:" + sock,
+				"--ram", CacheRAM, "--ssd", filepath.Join(workDir, "ssd.img"), "--ssd-size", s.ssdSize,
+				"--mode", s.mode, "--log-level", "warn"}
+			if s.admin != "" {
+				args = append(args, "--admin", "unix:"+s.admin)
+			}
+			return exec.Command(tierblk, args...)
 		}},
 		{Name: nameNbdkit, Command: func(sock string) *exec.Cmd {
-			// cache=writethrough: tierblk writes through too, so that the 80/20 row compares the same
-			// promise (nbdkit's default, writeback, acknowledges writes the slow disk has not seen).
 			cmd := exec.Command("nbdkit", append([]string{"-f", "-U", sock, "--filter=cache"},
-				append(slowDiskArgs(), "cache-on-read=true", "cache=writethrough")...)...)
+				append(slowDiskArgs(), "cache-on-read=true", "cache="+s.mode)...)...)
 			// Its cache file goes where tierblk's SSD tier is, not to /var/tmp.
 			cmd.Env = append(os.Environ(), "TMPDIR="+workDir)
 			return cmd

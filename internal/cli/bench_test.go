@@ -16,6 +16,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "nbd", "--rounds", "0"},
 		{"bench", "cache", "--rounds", "0"},
 		{"bench", "cache", "--slow-runtime", "500ms"},
+		{"bench", "writeback", "--rounds", "0"},
+		{"bench", "writeback", "--runtime", "0s"},
+		{"bench", "writeback", "--burst", ""},
 	} {
 		root := NewRoot("test")
 		var out bytes.Buffer
