@@ -6,29 +6,25 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// tierMetric is one per-tier series, read from a TierStats.
-type tierMetric struct {
+// statMetric is one series read from a part S of a snapshot: a TierStats per tier, the backend's
+// IOStats or the DirtyStats per export.
+type statMetric[S any] struct {
 	desc  *prometheus.Desc
 	typ   prometheus.ValueType
-	value func(cache.TierStats) float64
-}
-
-// backendMetric is one per-export backend series, read from an IOStats.
-type backendMetric struct {
-	desc  *prometheus.Desc
-	value func(cache.IOStats) float64
+	value func(S) float64
 }
 
 func tierDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, []string{"export", "tier"}, nil)
 }
 
-func backendDesc(name, help string) *prometheus.Desc {
+// exportDesc is a per-export series.
+func exportDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, []string{"export"}, nil)
 }
 
 var (
-	tierMetrics = []tierMetric{
+	tierMetrics = []statMetric[cache.TierStats]{
 		{tierDesc("tierblk_cache_hits_total", "Line lookups answered by this tier."), prometheus.CounterValue,
 			func(t cache.TierStats) float64 { return float64(t.Hits) }},
 		{tierDesc("tierblk_cache_misses_total", "Line lookups this tier could not answer."), prometheus.CounterValue,
@@ -57,17 +53,33 @@ var (
 				return 0
 			}},
 	}
-	backendMetrics = []backendMetric{
-		{backendDesc("tierblk_backend_reads_total", "Read requests sent to the backend."),
+	backendMetrics = []statMetric[cache.IOStats]{
+		{exportDesc("tierblk_backend_reads_total", "Read requests sent to the backend."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.Reads) }},
-		{backendDesc("tierblk_backend_writes_total", "Write requests sent to the backend."),
+		{exportDesc("tierblk_backend_writes_total", "Write requests sent to the backend."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.Writes) }},
-		{backendDesc("tierblk_backend_read_bytes_total", "Bytes read from the backend."),
+		{exportDesc("tierblk_backend_read_bytes_total", "Bytes read from the backend."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.ReadBytes) }},
-		{backendDesc("tierblk_backend_write_bytes_total", "Bytes written to the backend."),
+		{exportDesc("tierblk_backend_write_bytes_total", "Bytes written to the backend."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.WriteBytes) }},
-		{backendDesc("tierblk_backend_errors_total", "Backend requests that failed."),
+		{exportDesc("tierblk_backend_errors_total", "Backend requests that failed."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.Errors) }},
+	}
+	dirtyMetrics = []statMetric[cache.DirtyStats]{
+		{exportDesc("tierblk_cache_dirty_lines", "Lines of the SSD tier holding data the backend does not have yet (write-back)."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.Lines) }},
+		{exportDesc("tierblk_cache_dirty_bytes", "Bytes on the SSD tier the backend does not have yet (write-back)."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.Bytes) }},
+		{exportDesc("tierblk_cache_dirty_ratio", "Dirty lines over the SSD tier's lines (write-back)."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return d.Ratio }},
+		{exportDesc("tierblk_cache_destaged_bytes_total", "Dirty bytes written back to the backend."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.DestagedBytes) }},
+		{exportDesc("tierblk_cache_destage_errors_total", "Write-backs to the backend that failed (and are retried)."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.DestageErrors) }},
+		{exportDesc("tierblk_cache_throttled_writes_total", "Writes slowed down because dirty data neared its maximum."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.ThrottledWrites) }},
+		{exportDesc("tierblk_cache_throttle_seconds_total", "Delay given to throttled writes."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return d.ThrottleSeconds }},
 	}
 	requestDuration = prometheus.NewDesc("tierblk_request_duration_seconds",
 		"Time to complete a client request through the cache.", []string{"export", "op"}, nil)
@@ -86,11 +98,17 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range backendMetrics {
 		ch <- m.desc
 	}
+	for _, m := range dirtyMetrics {
+		ch <- m.desc
+	}
 	ch <- requestDuration
 }
 
 func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, src := range c.sources() {
+		if src.Stats == nil {
+			continue
+		}
 		s := src.Stats()
 		for _, t := range s.Tiers {
 			for _, m := range tierMetrics {
@@ -98,7 +116,10 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		for _, m := range backendMetrics {
-			ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, m.value(s.Backend), src.Export)
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Backend), src.Export)
+		}
+		for _, m := range dirtyMetrics {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Dirty), src.Export)
 		}
 		ch <- constHistogram(s.ReadLatency, src.Export, "read")
 		ch <- constHistogram(s.WriteLatency, src.Export, "write")

@@ -1,12 +1,14 @@
 // Package metrics is tierblk's admin HTTP endpoint: Prometheus metrics at /metrics and a JSON
 // snapshot of every export's cache at /stats, both built from cache.Stats snapshots taken at request
-// time.
+// time, and the admin actions POST /flush and POST /mode (see actions.go).
 //
 // The endpoint has no authentication, so it must never listen anywhere but on loopback or a unix
-// socket, and it must never change the cache: it only reads snapshots.
+// socket. It must never change a cache but through those two actions, which the cache makes safe
+// at any time, and never on a GET.
 package metrics
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -21,11 +23,15 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// Source is one export whose cache the endpoint reports. Stats is called on every request and
-// must be safe to call concurrently.
+// Source is one export. Its funcs are called on every request and must be safe to call
+// concurrently. Stats is nil for an export without a cache: such an export is left out of /metrics
+// and /stats, and its admin actions answer that it has no cache.
 type Source struct {
 	Export string
 	Stats  func() cache.Stats
+	// FlushAll and SetMode are the cache's (see cache.Cache); the admin actions call them.
+	FlushAll func(ctx context.Context, progress func(done, total int64)) error
+	SetMode  func(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
 }
 
 // StatsResponse is the body of GET /stats.
@@ -77,6 +83,9 @@ func NewHandler(sources func() []Source) http.Handler {
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
 		resp := StatsResponse{Exports: []ExportStats{}}
 		for _, s := range sources() {
+			if s.Stats == nil {
+				continue
+			}
 			resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -86,7 +95,10 @@ func NewHandler(sources func() []Source) http.Handler {
 	})
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprint(w, "tierblk admin endpoint\n\n/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n")
+		fmt.Fprint(w, "tierblk admin endpoint\n\n/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n"+
+			"POST /flush?export=NAME         write every dirty line back and flush the backend (tierblk flush)\n"+
+			"POST /mode?export=NAME&mode=M   switch the cache's mode (tierblk mode)\n")
 	})
+	handleActions(mux, sources)
 	return mux
 }

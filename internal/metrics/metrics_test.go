@@ -36,6 +36,8 @@ func fakeStats() cache.Stats {
 				Errors: 2, Failed: true, Reason: "write: input/output error"},
 		},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20 * 4096, Errors: 1},
+		Dirty: cache.DirtyStats{Lines: 300, Bytes: 300 * 65536, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9,
+			Destaging: true, DestagedBytes: 7 << 20, DestageWrites: 21, DestageErrors: 4, ThrottledWrites: 33, ThrottleSeconds: 2.5},
 		ReadLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{5, 3, 0, 2},
 			Count: 10, Sum: 1.5},
 		WriteLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{0, 0, 4, 0},
@@ -130,6 +132,15 @@ func TestHandlerStatsJSONRoundTrip(t *testing.T) {
 		{Name: "disk0", Stats: fakeStats()},
 		{Name: "empty", Stats: cache.Stats{Mode: "write-through"}},
 	}}, got)
+}
+
+func TestHandlerLeavesOutExportsWithoutCache(t *testing.T) {
+	h := NewHandler(func() []Source { return []Source{{Export: "plain"}, {Export: "disk0", Stats: fakeStats}} })
+	var got StatsResponse
+	require.NoError(t, json.Unmarshal(get(t, h, "GET", "/stats").Body.Bytes(), &got))
+	require.Len(t, got.Exports, 1)
+	require.Equal(t, "disk0", got.Exports[0].Name)
+	require.NotContains(t, get(t, h, "GET", "/metrics").Body.String(), `export="plain"`)
 }
 
 func TestHandlerStatsNoExports(t *testing.T) {
@@ -249,6 +260,13 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 		`tierblk_request_duration_seconds_bucket{export="disk0",op="read",le="0.01"} 8`,
 		`tierblk_request_duration_seconds_bucket{export="disk0",op="read",le="+Inf"} 10`,
 		`tierblk_request_duration_seconds_count{export="disk0",op="read"} 10`,
+		`tierblk_cache_dirty_lines{export="disk0"} 300`,
+		`tierblk_cache_dirty_bytes{export="disk0"} 1.96608e+07`,
+		`tierblk_cache_dirty_ratio{export="disk0"} 0.125`,
+		`tierblk_cache_destaged_bytes_total{export="disk0"} 7.340032e+06`,
+		`tierblk_cache_destage_errors_total{export="disk0"} 4`,
+		`tierblk_cache_throttled_writes_total{export="disk0"} 33`,
+		`tierblk_cache_throttle_seconds_total{export="disk0"} 2.5`,
 	} {
 		require.Contains(t, body, line+"\n")
 	}

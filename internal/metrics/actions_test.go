@@ -1,0 +1,136 @@
+package metrics
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+const testLine = 4 << 10
+
+// writeBackCache is a write-back cache of 64 lines over a mem backend, holding lines dirty lines
+// of seeded random data; it returns the backend and the data, written at offset 0.
+func writeBackCache(t *testing.T, lines int) (*cache.Cache, *mem.Mem, []byte) {
+	t.Helper()
+	b := mem.New(1 << 20)
+	c, err := cache.New(b, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 64 * testLine}, SSDDevice: mem.New(64 * testLine), Meta: meta.NewMem(),
+		WriteBack: cache.WriteBackConfig{Throttle: "none"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	data := make([]byte, lines*testLine)
+	rand.NewChaCha8([32]byte{1}).Read(data) // seeded: the same data every run
+	_, err = c.WriteAt(data, 0)
+	require.NoError(t, err)
+	return c, b, data
+}
+
+// post runs a request and splits a 200 answer into its lines.
+func post(t *testing.T, h http.Handler, method, target string) (*httptest.ResponseRecorder, []ActionLine) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	if rec.Code != http.StatusOK {
+		return rec, nil
+	}
+	require.Equal(t, "application/jsonl", rec.Header().Get("Content-Type"))
+	var lines []ActionLine
+	sc := bufio.NewScanner(bytes.NewReader(rec.Body.Bytes()))
+	for sc.Scan() {
+		var l ActionLine
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &l), sc.Text())
+		lines = append(lines, l)
+	}
+	require.NotEmpty(t, lines)
+	return rec, lines
+}
+
+func TestFlushWritesBack(t *testing.T) {
+	c, b, data := writeBackCache(t, 8)
+	h := NewHandler(func() []Source { return []Source{CacheSource("disk0", c)} })
+	_, lines := post(t, h, "POST", "/flush?export=disk0")
+	require.Equal(t, ActionLine{OK: true}, lines[len(lines)-1])
+	for _, l := range lines[:len(lines)-1] {
+		require.False(t, l.Final(), "a final line before the end: %+v", l)
+		require.LessOrEqual(t, l.Done, l.Total)
+	}
+	require.Zero(t, c.Stats().Dirty.Lines)
+	got := make([]byte, len(data))
+	_, err := b.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, data, got, "the backend does not hold what was written")
+}
+
+func TestModeDrainsWhenLeavingWriteBack(t *testing.T) {
+	c, b, data := writeBackCache(t, 8)
+	h := NewHandler(func() []Source { return []Source{CacheSource("disk0", c)} })
+	// No export named: the default export, the first.
+	_, lines := post(t, h, "POST", "/mode?mode=writethrough")
+	require.Equal(t, ActionLine{OK: true}, lines[len(lines)-1])
+	require.Equal(t, cache.WriteThrough, c.Mode())
+	require.Zero(t, c.Stats().Dirty.Lines)
+	got := make([]byte, len(data))
+	_, err := b.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, data, got)
+
+	_, lines = post(t, h, "POST", "/mode?export=disk0&mode=writeback")
+	require.Equal(t, []ActionLine{{OK: true}}, lines)
+	require.Equal(t, cache.WriteBack, c.Mode())
+}
+
+func TestActionErrorsAfterStartAreTheFinalLine(t *testing.T) {
+	// A RAM-only cache has no room for write-back: SetMode refuses once the answer has started.
+	c, err := cache.New(mem.New(1<<20), cache.Config{LineSize: testLine, BackendID: "test", RAM: cache.TierConfig{Size: 8 * testLine}})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	h := NewHandler(func() []Source { return []Source{CacheSource("ram", c)} })
+	_, lines := post(t, h, "POST", "/mode?export=ram&mode=writeback")
+	require.Len(t, lines, 1)
+	require.Contains(t, lines[0].Error, "write-back needs an SSD tier")
+	require.Equal(t, cache.WriteThrough, c.Mode())
+}
+
+func TestActionHTTPErrors(t *testing.T) {
+	c, _, _ := writeBackCache(t, 1)
+	h := NewHandler(func() []Source {
+		return []Source{CacheSource("disk0", c), {Export: "plain"}}
+	})
+	for _, tc := range []struct {
+		method, target string
+		code           int
+		want           string
+	}{
+		{"POST", "/flush?export=nope", http.StatusNotFound, `no export "nope"; the daemon serves "disk0", "plain"`},
+		{"POST", "/flush?export=plain", http.StatusConflict, `export "plain" has no cache`},
+		{"POST", "/mode?export=plain&mode=writethrough", http.StatusConflict, `export "plain" has no cache`},
+		{"POST", "/mode?export=disk0&mode=fast", http.StatusBadRequest, "unknown cache mode"},
+		{"POST", "/mode?export=disk0", http.StatusBadRequest, "no mode given"},
+		{"GET", "/flush?export=disk0", http.StatusMethodNotAllowed, "takes POST only"},
+		{"GET", "/mode?export=disk0&mode=writethrough", http.StatusMethodNotAllowed, "takes POST only"},
+	} {
+		t.Run(tc.method+" "+tc.target, func(t *testing.T) {
+			rec, _ := post(t, h, tc.method, tc.target)
+			require.Equal(t, tc.code, rec.Code, rec.Body.String())
+			require.Contains(t, rec.Body.String(), tc.want)
+		})
+	}
+	// None of the refused requests touched the cache.
+	require.Equal(t, cache.WriteBack, c.Mode())
+}
+
+func TestActionNoExports(t *testing.T) {
+	rec, _ := post(t, NewHandler(func() []Source { return nil }), "POST", "/flush")
+	require.Equal(t, http.StatusNotFound, rec.Code)
+	require.Contains(t, rec.Body.String(), "serves no exports")
+}
