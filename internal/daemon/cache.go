@@ -38,6 +38,7 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 		RAM:       cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
 		SSD:       cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
 		BackendID: e.Backend,
+		WriteBack: cc.WriteBack.Engine(),
 		Log:       log.With("export", e.Name),
 	}
 	if cc.SSD != "" {

@@ -49,7 +49,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 			stopAdmin()
 			return fmt.Errorf("admin: %w", err)
 		}
-		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats")
+		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats /flush /mode")
 		// The admin endpoint outlives the NBD server, so the last stats can be read while stopping.
 		defer func() {
 			stopAdmin()
@@ -138,8 +138,11 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 				b.Close()
 				return nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].cache: %w", i, err), closeAll())
 			}
-			sources = append(sources, metrics.Source{Export: e.Name, Stats: c.Stats})
+			sources = append(sources, metrics.CacheSource(e.Name, c))
 			b = c
+		} else {
+			// Listed without a cache so that an admin action on it says so rather than "no export".
+			sources = append(sources, metrics.Source{Export: e.Name})
 		}
 		closers = append(closers, b.Close)
 		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true})

@@ -3,18 +3,22 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
@@ -202,4 +206,75 @@ func TestBackendFailureClosesOthers(t *testing.T) {
 	cancelled, stop := context.WithCancel(context.Background())
 	stop()
 	require.NoError(t, Run(cancelled, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil))
+}
+
+// adminClient talks to the admin endpoint on the unix socket sock.
+func adminClient(t *testing.T, sock string) *http.Client {
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}
+
+// adminPost POSTs to the admin endpoint on a unix socket and returns the status and body.
+func adminPost(t *testing.T, sock, target string) (int, string) {
+	t.Helper()
+	resp, err := adminClient(t, sock).Post("http://admin"+target, "", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func TestWriteBackFlushAndMode(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.img")
+	sock := filepath.Join(dir, "t.sock")
+	admin := filepath.Join(dir, "admin.sock")
+	cfg := config.Defaults()
+	cfg.Exports = []config.Export{
+		{Name: "disk", Backend: "file://" + img + "?size=8MiB", Cache: &config.Cache{
+			Mode: "writeback", Line: "4KiB", SSD: filepath.Join(dir, "ssd.img"), SSDSize: "1MiB",
+			WriteBack: config.WriteBack{High: 0.6, Low: 0.3, Max: 0.95, Throttle: "none"}}},
+		{Name: "plain", Backend: "mem://1MiB"},
+	}
+	cfg.Listen = []string{"unix:" + sock}
+	cfg.Admin = "unix:" + admin
+	d := start(t, cfg)
+
+	c := dial(t, sock, "disk")
+	data := bytes.Repeat([]byte("dirty..."), 4096)
+	_, err := c.WriteAt(data, 64<<10)
+	require.NoError(t, err)
+
+	code, body := adminPost(t, admin, "/flush?export=disk")
+	require.Equal(t, http.StatusOK, code, body)
+	require.True(t, strings.HasSuffix(body, `{"ok":true}`+"\n"), body)
+	onDisk, err := os.ReadFile(img)
+	require.NoError(t, err)
+	require.Equal(t, data, onDisk[64<<10:64<<10+len(data)], "after /flush the backend holds what was written")
+
+	code, body = adminPost(t, admin, "/flush?export=plain")
+	require.Equal(t, http.StatusConflict, code)
+	require.Contains(t, body, `export "plain" has no cache`)
+
+	code, body = adminPost(t, admin, "/mode?export=disk&mode=writethrough")
+	require.Equal(t, http.StatusOK, code, body)
+	require.True(t, strings.HasSuffix(body, `{"ok":true}`+"\n"), body)
+
+	// The watermarks came from the configuration.
+	resp, err := adminClient(t, admin).Get("http://admin/stats")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var stats metrics.StatsResponse
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&stats))
+	require.Len(t, stats.Exports, 1)
+	dirty := stats.Exports[0].Stats.Dirty
+	require.Equal(t, [3]float64{0.6, 0.3, 0.95}, [3]float64{dirty.High, dirty.Low, dirty.Max})
+	require.Zero(t, dirty.Lines)
+	c.Close()
+	require.NoError(t, d.stop())
 }
