@@ -37,8 +37,9 @@ func newStatsCmd() *cobra.Command {
 		Use:   "stats",
 		Short: "Print the cache statistics of a running daemon",
 		Long: `Asks a running daemon's admin endpoint for a snapshot of every export's cache and prints, per
-tier, hits, misses, occupancy, promotions, evictions and errors; the backend's traffic; and the
-request latency quantiles, estimated from the latency histograms as Prometheus does.`,
+tier, hits, misses, occupancy, promotions, evictions and errors; the backend's traffic; dirty data
+(write-back: dirty lines and bytes, what was destaged, throttled writes); and the request latency
+quantiles, estimated from the latency histograms as Prometheus does.`,
 		Example: `  tierblk stats --admin unix:/run/tierblk-admin.sock
   tierblk stats --admin 127.0.0.1:9180 --export disk0 --json`,
 		Args: cobra.NoArgs,
@@ -94,36 +95,61 @@ func runStats(ctx context.Context, o statsOpts) error {
 	return nil
 }
 
-// fetchStats gets /stats from the admin endpoint. It dials network/address whatever the URL's host
-// says, so one client serves both TCP and unix sockets.
-func fetchStats(ctx context.Context, network, address string) (metrics.StatsResponse, error) {
-	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
-	defer cancel()
-	client := &http.Client{Transport: &http.Transport{
+// adminClient dials network/address whatever a request URL's host says, so one client serves
+// both TCP and unix sockets.
+func adminClient(network, address string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
+			d := net.Dialer{Timeout: statsTimeout}
 			return d.DialContext(ctx, network, address)
 		},
 	}}
+}
+
+// statusError is an answer of the admin endpoint other than 200; Body is its explanation.
+type statusError struct {
+	Method, Path, Status, Body string
+}
+
+func (e *statusError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %s", e.Method, e.Path, e.Status, e.Body)
+}
+
+// adminDo sends req to the admin endpoint and returns the response if its status is 200, else a
+// *statusError.
+func adminDo(client *http.Client, req *http.Request) (*http.Response, error) {
+	resp, err := client.Do(req)
+	if ue, ok := err.(*url.Error); ok {
+		// The URL is made up (see adminClient); the dial error names the real address.
+		return nil, ue.Err
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, &statusError{Method: req.Method, Path: req.URL.Path, Status: resp.Status, Body: strings.TrimSpace(string(body))}
+	}
+	return resp, nil
+}
+
+// fetchStats gets /stats from the admin endpoint.
+func fetchStats(ctx context.Context, network, address string) (metrics.StatsResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	defer cancel()
+	client := adminClient(network, address)
 	defer client.CloseIdleConnections()
 	var out metrics.StatsResponse
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tierblk-admin/stats", nil)
 	if err != nil {
 		return out, err
 	}
-	resp, err := client.Do(req)
-	if ue, ok := err.(*url.Error); ok {
-		// The URL is made up (see above); the dial error names the real address.
-		return out, ue.Err
-	}
+	resp, err := adminDo(client, req)
 	if err != nil {
 		return out, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return out, fmt.Errorf("GET /stats: %s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return out, fmt.Errorf("GET /stats: the answer is not tierblk stats: %w", err)
 	}
@@ -141,7 +167,24 @@ func writeExportStats(w io.Writer, e metrics.ExportStats) {
 	b := s.Backend
 	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",
 		b.Reads, humanBytes(b.ReadBytes), b.Writes, humanBytes(b.WriteBytes), b.Errors)
+	writeDirty(w, s.Dirty)
 	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
+}
+
+// writeDirty prints the write-back figures of a cache with an SSD tier (a cache without one has no
+// watermarks, and never dirty data).
+func writeDirty(w io.Writer, d cache.DirtyStats) {
+	if d.Max == 0 {
+		return
+	}
+	state := "idle"
+	if d.Destaging {
+		state = "destaging"
+	}
+	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s, %s destaged, %d destage errors; %d throttled writes (%s)\n",
+		d.Lines, 100*d.Ratio, 100*d.High, 100*d.Low, 100*d.Max, humanBytes(d.Bytes), state,
+		humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
+		time.Duration(d.ThrottleSeconds*float64(time.Second)).Round(time.Millisecond))
 }
 
 func writeTiers(w io.Writer, tiers []cache.TierStats) {

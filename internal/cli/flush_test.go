@@ -1,0 +1,154 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+// actionDaemon is an admin endpoint over exports "disk0", a write-back cache holding dirty data
+// over backend; "plain", without a cache; and "fake", whose flush reports fixed progress and whose
+// mode switches fail.
+type actionDaemon struct {
+	admin   string
+	cache   *cache.Cache
+	backend *mem.Mem
+	data    []byte // written at offset 0 of disk0
+}
+
+func serveActions(t *testing.T) actionDaemon {
+	t.Helper()
+	const line = 4 << 10
+	d := actionDaemon{backend: mem.New(1 << 20)}
+	var err error
+	d.cache, err = cache.New(d.backend, cache.Config{LineSize: line, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 64 * line}, SSDDevice: mem.New(64 * line), Meta: meta.NewMem(),
+		WriteBack: cache.WriteBackConfig{Throttle: "none"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { d.cache.Close() })
+	d.data = make([]byte, 8*line)
+	rand.NewChaCha8([32]byte{7}).Read(d.data) // seeded: the same data every run
+	_, err = d.cache.WriteAt(d.data, 0)
+	require.NoError(t, err)
+
+	fake := metrics.Source{Export: "fake", Stats: func() cache.Stats { return cache.Stats{} },
+		FlushAll: func(_ context.Context, progress func(done, total int64)) error {
+			for _, done := range []int64{1 << 20, 2 << 20, 4 << 20} {
+				progress(done, 4<<20)
+			}
+			return nil
+		},
+		SetMode: func(context.Context, cache.Mode, func(done, total int64)) error {
+			return errors.New("backend unreachable")
+		},
+	}
+	sources := []metrics.Source{metrics.CacheSource("disk0", d.cache), {Export: "plain"}, fake}
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
+		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, wait())
+	})
+	d.admin = bound
+	return d
+}
+
+func (d actionDaemon) backendHoldsData(t *testing.T) {
+	t.Helper()
+	got := make([]byte, len(d.data))
+	_, err := d.backend.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, d.data, got, "the backend does not hold what was written")
+}
+
+func flushCmd(o actionOpts) (string, error) {
+	var out bytes.Buffer
+	o.stdout = &out
+	err := runFlush(context.Background(), o)
+	return out.String(), err
+}
+
+func TestFlushWritesEverythingBack(t *testing.T) {
+	d := serveActions(t)
+	out, err := flushCmd(actionOpts{admin: d.admin, export: "disk0"})
+	require.NoError(t, err)
+	require.Contains(t, out, `export "disk0": every dirty line written back`)
+	require.Zero(t, d.cache.Stats().Dirty.Lines)
+	d.backendHoldsData(t)
+}
+
+func TestFlushDefaultExport(t *testing.T) {
+	d := serveActions(t)
+	out, err := flushCmd(actionOpts{admin: d.admin})
+	require.NoError(t, err)
+	require.Contains(t, out, "the default export: every dirty line written back")
+	d.backendHoldsData(t)
+}
+
+func TestFlushProgress(t *testing.T) {
+	d := serveActions(t)
+	t.Run("lines", func(t *testing.T) {
+		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake"})
+		require.NoError(t, err)
+		require.Equal(t, "written back 1MiB of 4MiB (25%)\nwritten back 2MiB of 4MiB (50%)\nwritten back 4MiB of 4MiB (100%)\n"+
+			`export "fake": every dirty line written back; the backend holds everything written`+"\n", out)
+	})
+	t.Run("bar", func(t *testing.T) {
+		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake", bar: true})
+		require.NoError(t, err)
+		require.Contains(t, out, "\r[##########                              ]  25% 1MiB of 4MiB")
+		require.Contains(t, out, "\r[########################################] 100% 4MiB of 4MiB\n"+`export "fake": every`)
+	})
+}
+
+func TestActionErrors(t *testing.T) {
+	d := serveActions(t)
+	for _, tc := range []struct {
+		name string
+		run  func() error
+		want string
+		code int
+	}{
+		{"flush: no admin", func() error { _, err := flushCmd(actionOpts{}); return err }, "--admin is required", 2},
+		{"flush: public admin", func() error { _, err := flushCmd(actionOpts{admin: "0.0.0.0:1"}); return err }, "--admin: ", 2},
+		{"flush: nobody there", func() error {
+			_, err := flushCmd(actionOpts{admin: "unix:" + filepath.Join(t.TempDir(), "none.sock")})
+			return err
+		}, "no tierblk admin endpoint at unix:", 1},
+		{"flush: unknown export", func() error { _, err := flushCmd(actionOpts{admin: d.admin, export: "nope"}); return err },
+			`flush: no export "nope"; the daemon serves "disk0", "plain", "fake"`, 1},
+		{"flush: no cache", func() error { _, err := flushCmd(actionOpts{admin: d.admin, export: "plain"}); return err },
+			`flush: export "plain" has no cache`, 1},
+		{"mode: bad mode", func() error { _, err := modeCmd(actionOpts{admin: d.admin}, "fast"); return err }, `unknown cache mode "fast"`, 2},
+		{"mode: no cache", func() error {
+			_, err := modeCmd(actionOpts{admin: d.admin, export: "plain"}, "writethrough")
+			return err
+		},
+			`mode: export "plain" has no cache`, 1},
+		{"mode: fails", func() error {
+			_, err := modeCmd(actionOpts{admin: d.admin, export: "fake"}, "writethrough")
+			return err
+		},
+			`export "fake": mode failed: backend unreachable`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.run()
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, tc.code, ExitCode(err))
+		})
+	}
+	require.Equal(t, cache.WriteBack, d.cache.Mode(), "a refused request changed the cache")
+}
