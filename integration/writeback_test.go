@@ -1,13 +1,18 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -366,5 +371,160 @@ func (m *durableModel) issue(start, n int, id uint64) {
 	for i := range n {
 		s := &m.blocks[start+i]
 		s.since = append(s.since, id)
+	}
+}
+
+// TestWriteBackPowerCut cuts the power of a VM (kills qemu) while the kernel's NBD client writes
+// through tierblk in write-back mode, with the SSD tier, its metadata and the backend on virtual
+// disks; then boots the VM again on the same disk images and requires every write the guest
+// had made durable (fsync on /dev/nbd0) to read back, and to reach the backend on `tierblk flush`.
+func TestWriteBackPowerCut(t *testing.T) {
+	requireTools(t, "qemu-system-x86_64")
+	const seed = 5
+	rng := rand.New(rand.NewPCG(seed, 0))
+	// The power goes after this many records: the guest writes a few per second under emulation.
+	cutAfter := 40 + rng.IntN(60)
+	dir := t.TempDir()
+	var disks []string
+	for _, d := range []struct {
+		name string
+		size int64
+	}{{"ssd", 32 << 20}, {"backend", 64 << 20}, {"meta", 64 << 20}} {
+		path := filepath.Join(dir, d.name+".img")
+		f, err := os.Create(path)
+		require.NoError(t, err)
+		require.NoError(t, f.Truncate(d.size))
+		require.NoError(t, f.Close())
+		disks = append(disks, path)
+	}
+	script, err := os.ReadFile("vm/guest/writeback-powercut.sh")
+	require.NoError(t, err)
+
+	console := bootVM(t, "phase=write\n"+string(script), disks, cutAfter)
+	expect, durable := durableWrites(t, console)
+	require.Positive(t, durable, "the guest made no write durable before the power cut:\n%s", console)
+	t.Logf("power cut after %d records: %d durable writes on %d blocks", cutAfter, durable, len(expect))
+
+	var list strings.Builder
+	for blk, seq := range expect {
+		fmt.Fprintf(&list, "%d %d\n", blk, seq)
+	}
+	check := "phase=check\ncat >/tmp/expect <<'EOF'\n" + list.String() + "EOF\n" + string(script)
+	out := bootVM(t, check, disks, 0)
+	require.Contains(t, out, "\n"+vmPassMarker, "the second boot did not pass:\n%s", out)
+	if m := regexp.MustCompile(`msg="SSD tier holds dirty data.*`).FindString(out); m != "" {
+		t.Logf("second boot: %s", m)
+	}
+}
+
+// wbRecord is one line the power-cut guest prints: "TIERBLK-WB: written|durable BLOCK SEQ" or
+// "TIERBLK-WB: flushed SEQ".
+var wbRecord = regexp.MustCompile(`(?m)^TIERBLK-WB: (written|durable|flushed) (\d+)(?: (\d+))?\r?$`)
+
+// durableWrites returns, for each block, the seq of its last durable write in the guest's
+// console: one written with fsync, or written before a completed flush of the whole device.
+func durableWrites(t *testing.T, console string) (map[int]int, int) {
+	t.Helper()
+	type write struct{ blk, seq int }
+	var written []write
+	expect := map[int]int{}
+	durable := 0
+	for _, m := range wbRecord.FindAllStringSubmatch(console, -1) {
+		a, err := strconv.Atoi(m[2])
+		require.NoError(t, err)
+		switch m[1] {
+		case "flushed":
+			for _, w := range written {
+				expect[w.blk] = max(expect[w.blk], w.seq)
+				durable++
+			}
+			written = written[:0]
+		case "written", "durable":
+			seq, err := strconv.Atoi(m[3])
+			require.NoError(t, err)
+			if m[1] == "written" {
+				written = append(written, write{a, seq})
+				continue
+			}
+			expect[a] = max(expect[a], seq)
+			durable++
+		}
+	}
+	return expect, durable
+}
+
+// bootVM boots the test VM (vm/run.sh) with the guest script text on the raw disk images and
+// returns its console. With cutAfter > 0 it kills qemu (a power cut for the guest) once the
+// guest has printed cutAfter TIERBLK-WB records, and fails the test if the guest ended first.
+func bootVM(t *testing.T, script string, disks []string, cutAfter int) string {
+	t.Helper()
+	work := t.TempDir()
+	scriptPath := filepath.Join(work, "guest.sh")
+	require.NoError(t, os.WriteFile(scriptPath, []byte(script), 0o644))
+	args := []string{"--script", scriptPath, "--tierblk", tierblkPath, "--timeout", "300"}
+	for _, d := range disks {
+		args = append(args, "--disk-file", d)
+	}
+	cmd := exec.Command("vm/run.sh", args...)
+	// run.sh's work directory, which a killed run.sh cannot remove, goes under the test's own.
+	cmd.Env = append(os.Environ(), "TMPDIR="+work)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = cmd.Stdout
+	require.NoError(t, cmd.Start())
+	timer := time.AfterFunc(7*time.Minute, func() { killTree(cmd.Process.Pid) })
+	defer timer.Stop()
+
+	var console strings.Builder
+	records, cut := 0, false
+	scan := bufio.NewScanner(stdout)
+	for scan.Scan() {
+		line := strings.TrimRight(scan.Text(), "\r")
+		console.WriteString(line + "\n")
+		if cutAfter > 0 && !cut && wbRecord.MatchString(line) {
+			if records++; records == cutAfter {
+				killTree(cmd.Process.Pid)
+				cut = true
+			}
+		}
+	}
+	err = cmd.Wait()
+	if cutAfter > 0 {
+		require.True(t, cut, "the guest ended before the power cut (%v):\n%s", err, console.String())
+	}
+	return console.String()
+}
+
+// killTree kills process pid and every process under it with SIGKILL, by id: run.sh and its
+// children, among them qemu, which timeout(1) has moved to a process group of its own.
+func killTree(pid int) {
+	children := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue // the process has exited
+		}
+		// "PID (COMM) STATE PPID ...": COMM may hold spaces, so parse after its last ')'.
+		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		if len(fields) < 2 {
+			continue
+		}
+		self, _ := strconv.Atoi(filepath.Base(filepath.Dir(path)))
+		parent, _ := strconv.Atoi(fields[1])
+		children[parent] = append(children[parent], self)
+	}
+	var tree []int
+	var walk func(int)
+	walk = func(p int) {
+		tree = append(tree, p)
+		for _, c := range children[p] {
+			walk(c)
+		}
+	}
+	walk(pid)
+	// Children first: qemu goes before the shell that would notice it gone.
+	for i := len(tree) - 1; i >= 0; i-- {
+		_ = syscall.Kill(tree[i], syscall.SIGKILL)
 	}
 }

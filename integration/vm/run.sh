@@ -4,8 +4,10 @@
 # archive appended to the initramfs, the tierblk binary at /bin/tierblk and the guest
 # script at /test.sh, and attaches any number of blank raw disks (/dev/vda, /dev/vdb, ...).
 #
-# Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE]... [--timeout SECONDS]
+# Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE | --disk-file IMG]... [--timeout SECONDS]
 #   SIZE is anything truncate(1) takes (64M). Disks are sparse temporary files.
+#   IMG is an existing raw image, attached as it is and kept: a second boot on the same
+#   disks (after a power cut: killing qemu) passes the same images again.
 # Exit:  0 when the guest printed "TIERBLK-VM-RESULT: PASS", 1 otherwise.
 set -euo pipefail
 
@@ -16,7 +18,8 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--script) script=$2; shift 2 ;;
 	--tierblk) tierblk=$2; shift 2 ;;
-	--disk) disks+=("$2"); shift 2 ;;
+	--disk) disks+=("size:$2"); shift 2 ;;
+	--disk-file) disks+=("file:$2"); shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -39,8 +42,12 @@ cat "$work/overlay.cpio" "$base/base.cpio.gz" >"$work/initrd"
 
 drives=()
 for i in "${!disks[@]}"; do
-	truncate -s "${disks[$i]}" "$work/disk$i.img"
-	drives+=(-drive "file=$work/disk$i.img,if=virtio,format=raw")
+	img=${disks[$i]#file:}
+	if [ "${disks[$i]}" != "file:$img" ]; then
+		img=$work/disk$i.img
+		truncate -s "${disks[$i]#size:}" "$img"
+	fi
+	drives+=(-drive "file=$img,if=virtio,format=raw")
 done
 
 # No KVM here: TCG emulation. The guest powers itself off; the timeout is only
