@@ -74,12 +74,16 @@ func actionHandler(sources func() []Source, parse func(*http.Request) (action, e
 		}
 		w.Header().Set("Content-Type", "application/jsonl")
 		w.WriteHeader(http.StatusOK)
-		enc := json.NewEncoder(w)
-		send := func(l ActionLine) {
-			enc.Encode(l) // an error here is the client going away, which cancels r.Context()
+		flush := func() {
 			if f, ok := w.(http.Flusher); ok {
 				f.Flush()
 			}
+		}
+		flush() // the client learns at once that the action has started
+		enc := json.NewEncoder(w)
+		send := func(l ActionLine) {
+			enc.Encode(l) // an error here is the client going away, which cancels r.Context()
+			flush()
 		}
 		// A line per whole percent: enough for a progress bar, and a bounded answer however many
 		// lines are written back.

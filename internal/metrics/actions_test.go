@@ -3,10 +3,14 @@ package metrics
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -133,4 +137,34 @@ func TestActionNoExports(t *testing.T) {
 	rec, _ := post(t, NewHandler(func() []Source { return nil }), "POST", "/flush")
 	require.Equal(t, http.StatusNotFound, rec.Code)
 	require.Contains(t, rec.Body.String(), "serves no exports")
+}
+
+func TestStoppingCancelsActions(t *testing.T) {
+	started := make(chan struct{})
+	src := Source{Export: "disk0", Stats: func() cache.Stats { return cache.Stats{} },
+		FlushAll: func(ctx context.Context, _ func(done, total int64)) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		},
+		SetMode: func(context.Context, cache.Mode, func(done, total int64)) error { return nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	bound, wait, err := Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "a.sock"), NewHandler(func() []Source { return []Source{src} }), quietLog())
+	require.NoError(t, err)
+	_, address, err := ParseAdminAddr(bound)
+	require.NoError(t, err)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", address)
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Post("http://admin/flush", "", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	<-started
+	cancel()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, `{"error":"context canceled"}`+"\n", string(body))
+	require.NoError(t, wait())
 }

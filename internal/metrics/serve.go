@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/tierblk/tierblk/internal/listen"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -18,7 +19,8 @@ const ShutdownTimeout = 5 * time.Second
 // server down and removes its unix socket. bound is the address actually listened on, in the form
 // ParseAdminAddr accepts (with the real port if addr asked for port 0). wait blocks until the
 // server has stopped and returns why it stopped early, or the shutdown's error; nil after a clean
-// stop. A stale unix socket left by a dead process is replaced; a live one is refused.
+// stop. Requests in flight see their context cancelled with ctx. A stale unix socket left by a
+// dead process is replaced; a live one is refused.
 func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (bound string, wait func() error, err error) {
 	network, address, err := ParseAdminAddr(addr)
 	if err != nil {
@@ -36,7 +38,10 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// Requests see ctx cancelled when the endpoint stops, so a long flush or mode switch gives
+		// up at once rather than hold the shutdown, and never runs on into a cache being closed.
+		BaseContext: func(net.Listener) context.Context { return ctx },
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
