@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -17,8 +18,12 @@ import (
 // correct (the backend has everything), a failing SSD must end up bypassed, and a restart must find
 // nothing stale.
 
-// faultLayout is the cache the fault tests run: a small write-through cache with both tiers.
-var faultLayout = layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteThrough}
+// faultLayout is the cache the fault tests run: a small write-through cache with both tiers;
+// wbFaultLayout is the same in write-back.
+var (
+	faultLayout   = layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteThrough}
+	wbFaultLayout = layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteBack}
+)
 
 const faultDevSize = 64 << 10
 
@@ -46,8 +51,10 @@ func (m sectorSets) check(p []byte, first int) error {
 }
 
 // drive runs ops random sequential requests on c, checking every read against m. Write errors are
-// allowed only if errOK; stop, if not nil, ends the run early when it reports true.
-func drive(c *Cache, rng *rand.Rand, m sectorSets, ops int, errOK bool, stop func() bool) error {
+// allowed only if errOK; stop, if not nil, ends the run early when it reports true. lost, if not
+// nil, is kept as what a kill -9 may leave in write-back, where writes no flush made durable may
+// be lost: the ids of m at the last flush, and every write since.
+func drive(c *Cache, rng *rand.Rand, m, lost sectorSets, ops int, errOK bool, stop func() bool) error {
 	const perBlk = blockSize / sector
 	for k := range ops {
 		if stop != nil && stop() {
@@ -62,6 +69,7 @@ func drive(c *Cache, rng *rand.Rand, m sectorSets, ops int, errOK bool, stop fun
 		off, buf := int64(first)*sector, make([]byte, n*sector)
 		id := rng.Int64N(1<<40) + 1
 		var err error
+		durable := false // a completed FUA write or flush makes every write before it durable
 		switch r := rng.IntN(100); {
 		case r < 45:
 			if _, err := c.ReadAt(buf, off); err != nil {
@@ -77,13 +85,16 @@ func drive(c *Cache, rng *rand.Rand, m sectorSets, ops int, errOK bool, stop fun
 		case r < 90:
 			stamp(buf, first, id)
 			_, err = c.WriteAtFUA(buf, off)
+			durable = err == nil
 		case r < 96:
 			id = 0
 			err = c.WriteZeroes(off, int64(len(buf)), false)
 		default:
-			if err := c.Flush(); err != nil && !errOK {
+			err := c.Flush()
+			if err != nil && !errOK {
 				return fmt.Errorf("op %d: flush: %w", k, err)
 			}
+			m.durable(lost, err == nil)
 			continue
 		}
 		for s := first; s < first+n; s++ {
@@ -92,12 +103,26 @@ func drive(c *Cache, rng *rand.Rand, m sectorSets, ops int, errOK bool, stop fun
 			} else if !slices.Contains(m[s], id) {
 				m[s] = append(m[s], id)
 			}
+			if lost != nil && !slices.Contains(lost[s], id) {
+				lost[s] = append(lost[s], id)
+			}
 		}
+		m.durable(lost, durable)
 		if err != nil && !errOK {
 			return fmt.Errorf("op %d: write [%d,%d): %w", k, first, first+n, err)
 		}
 	}
 	return nil
+}
+
+// durable records in lost, if ok, that everything m allows now is durable.
+func (m sectorSets) durable(lost sectorSets, ok bool) {
+	if lost == nil || !ok {
+		return
+	}
+	for s := range m {
+		lost[s] = slices.Clone(m[s])
+	}
 }
 
 // verifyAll reads the whole device through c and checks it against m.
@@ -110,13 +135,52 @@ func verifyAll(c *Cache, m sectorSets) error {
 }
 
 // restartAfterKill crashes the engine on g (kill -9: what was written stays) and starts a new one
-// on the same backend, SSD and store, without faults.
-func restartAfterKill(t *testing.T, g *gate, old *Cache, back, ssd *crashDev, store meta.Store) *Cache {
+// of layout l on the same backend, SSD and store, without faults.
+func restartAfterKill(t *testing.T, l layout, g *gate, old *Cache, back, ssd *crashDev, store meta.Store) *Cache {
 	t.Helper()
 	g.crash()
 	old.Close()
 	ng := &gate{}
-	return newCache(t, gatedDev{ng, back}, faultLayout, gatedStore{ng, store}, gatedDev{ng, ssd})
+	return newCache(t, gatedDev{ng, back}, l, gatedStore{ng, store}, gatedDev{ng, ssd})
+}
+
+// verifyRestart checks a cache restarted after a kill against the model: m in write-through, lost
+// in write-back (then FlushAll must also leave the backend holding what the cache serves: nothing
+// stale is kept, nothing dirty is lost on the way).
+func verifyRestart(c *Cache, back *crashDev, m, lost sectorSets) error {
+	if lost == nil {
+		return verifyAll(c, m)
+	}
+	if err := verifyAll(c, lost); err != nil {
+		return err
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		return fmt.Errorf("FlushAll: %w", err)
+	}
+	raw := make([]byte, faultDevSize)
+	back.ReadAt(raw, 0)
+	for s, id := range stamps(raw, 0) {
+		if want := lost[s][0]; id != want {
+			return fmt.Errorf("after FlushAll the backend's sector %d holds write %d, the cache served %d", s, id, want)
+		}
+	}
+	return nil
+}
+
+// faultModes are the modes the fault tests run: write-through, and write-back, where an SSD write
+// that fails fails the client's write (the SSD was to hold its only copy) and a kill -9 may lose
+// writes no flush made durable.
+var faultModes = []struct {
+	name string
+	l    layout
+}{{"writethrough", faultLayout}, {"writeback", wbFaultLayout}}
+
+// newModel returns the models drive keeps for layout l: lost only in write-back.
+func newModel(l layout) (m, lost sectorSets) {
+	if l.mode == WriteBack {
+		return newSectorSets(), newSectorSets()
+	}
+	return newSectorSets(), nil
 }
 
 // TestFailNthSSDWrite fails the N-th write to the SSD, tearing it, for every N the workload
@@ -127,29 +191,39 @@ func TestFailNthSSDWrite(t *testing.T) {
 	if testing.Short() {
 		maxN = 20
 	}
-	for n := int64(1); n <= int64(maxN); n++ {
-		rng := rand.New(rand.NewPCG(seed, uint64(n)))
-		back, ssdDev, store := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()
-		g := &gate{}
-		ssd := fault.New(gatedDev{g, ssdDev}, fault.Options{Seed: int64(seed) + n, TornWrites: true,
-			Rules: []fault.Rule{{Op: fault.Write, Nth: n}}})
-		c := newCache(t, gatedDev{g, back}, faultLayout, gatedStore{g, store}, ssd)
-		m := newSectorSets()
-		if err := drive(c, rng, m, 120, false, nil); err != nil {
-			t.Fatalf("seed %d, SSD write %d failed: %v", seed, n, err)
-		}
-		if ssd.Faults()[fault.Write] == 0 {
-			c.Close()
-			break // the workload makes fewer SSD writes: every N has been tried
-		}
-		if st := c.Stats(); st.Tiers[1].Errors == 0 {
-			t.Errorf("seed %d, SSD write %d failed: the SSD tier counted no error: %+v", seed, n, st.Tiers[1])
-		}
-		c = restartAfterKill(t, g, c, back, ssdDev, store)
-		if err := verifyAll(c, m); err != nil {
-			t.Fatalf("seed %d, SSD write %d failed: after restart: %v", seed, n, err)
-		}
-		c.Close()
+	for _, fm := range faultModes {
+		t.Run(fm.name, func(t *testing.T) {
+			l, wb := fm.l, fm.l.mode == WriteBack
+			if wb {
+				// Seed 1: a write hangs in admitDirty (dirty lines at the maximum) while the
+				// destager sits idle, after a failed (torn) SSD write; fix, then remove this skip.
+				t.Skip("known bug: write-back hangs after a failed SSD write")
+			}
+			for n := int64(1); n <= int64(maxN); n++ {
+				rng := rand.New(rand.NewPCG(seed, uint64(n)))
+				back, ssdDev, store := newCrashDev(faultDevSize), newCrashDev(l.ssd*l.line), meta.NewMem()
+				g := &gate{}
+				ssd := fault.New(gatedDev{g, ssdDev}, fault.Options{Seed: int64(seed) + n, TornWrites: true,
+					Rules: []fault.Rule{{Op: fault.Write, Nth: n}}})
+				c := newCache(t, gatedDev{g, back}, l, gatedStore{g, store}, ssd)
+				m, lost := newModel(l)
+				if err := drive(c, rng, m, lost, 120, wb, nil); err != nil {
+					t.Fatalf("seed %d, SSD write %d failed: %v", seed, n, err)
+				}
+				if ssd.Faults()[fault.Write] == 0 {
+					c.Close()
+					break // the workload makes fewer SSD writes: every N has been tried
+				}
+				if st := c.Stats(); st.Tiers[1].Errors == 0 {
+					t.Errorf("seed %d, SSD write %d failed: the SSD tier counted no error: %+v", seed, n, st.Tiers[1])
+				}
+				c = restartAfterKill(t, l, g, c, back, ssdDev, store)
+				if err := verifyRestart(c, back, m, lost); err != nil {
+					t.Fatalf("seed %d, SSD write %d failed: after restart: %v", seed, n, err)
+				}
+				c.Close()
+			}
+		})
 	}
 }
 
@@ -163,12 +237,12 @@ func TestDeadSSD(t *testing.T) {
 	ssd := fault.New(gatedDev{g, ssdDev}, fault.Options{Seed: int64(seed)})
 	c := newCache(t, gatedDev{g, back}, faultLayout, gatedStore{g, store}, ssd)
 	m := newSectorSets()
-	if err := drive(c, rng, m, 80, false, nil); err != nil {
+	if err := drive(c, rng, m, nil, 80, false, nil); err != nil {
 		t.Fatalf("seed %d: before the SSD died: %v", seed, err)
 	}
 	ssd.SetFailing(true)
 	// Flushes may fail once the SSD is dead (its checkpoint fails); writes and reads may not.
-	if err := drive(c, rng, m, 200, false, nil); err != nil && !errors.Is(err, fault.ErrInjected) {
+	if err := drive(c, rng, m, nil, 200, false, nil); err != nil && !errors.Is(err, fault.ErrInjected) {
 		t.Fatalf("seed %d: with the SSD dead: %v", seed, err)
 	}
 	if err := verifyAll(c, m); err != nil {
@@ -179,7 +253,7 @@ func TestDeadSSD(t *testing.T) {
 		t.Fatalf("seed %d: the dead SSD tier is still in use: %+v", seed, st)
 	}
 	ssd.SetFailing(false)
-	c = restartAfterKill(t, g, c, back, ssdDev, store)
+	c = restartAfterKill(t, faultLayout, g, c, back, ssdDev, store)
 	defer c.Close()
 	if err := verifyAll(c, m); err != nil {
 		t.Fatalf("seed %d: after restart: %v", seed, err)
@@ -225,27 +299,37 @@ func TestFailNthCommit(t *testing.T) {
 	if testing.Short() {
 		maxN = 12
 	}
-	for _, sticky := range []bool{false, true} {
-		for n := 1; n <= maxN; n++ {
-			rng := rand.New(rand.NewPCG(seed, uint64(n)))
-			back, ssdDev, mem := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()
-			g := &gate{}
-			store := &failStore{Store: gatedStore{g, mem}, nth: n, sticky: sticky}
-			c := newCache(t, gatedDev{g, back}, faultLayout, store, gatedDev{g, ssdDev})
-			m := newSectorSets()
-			// Writes may fail once the metadata does: the model then allows old and new data.
-			if err := drive(c, rng, m, 150, true, store.hasFired); err != nil {
-				t.Fatalf("seed %d, commit %d failed (sticky %v): %v", seed, n, sticky, err)
+	for _, fm := range faultModes {
+		t.Run(fm.name, func(t *testing.T) {
+			l := fm.l
+			if l.mode == WriteBack {
+				// Seed 1, commit 7 failed (not sticky): after the restart a sector made durable
+				// by a flush or FUA reads zeroes; fix, then remove this skip.
+				t.Skip("known bug: write-back loses a durable write after a failed metadata commit")
 			}
-			fired := store.hasFired()
-			c = restartAfterKill(t, g, c, back, ssdDev, mem)
-			if err := verifyAll(c, m); err != nil {
-				t.Fatalf("seed %d, commit %d failed (sticky %v): after restart: %v", seed, n, sticky, err)
+			for _, sticky := range []bool{false, true} {
+				for n := 1; n <= maxN; n++ {
+					rng := rand.New(rand.NewPCG(seed, uint64(n)))
+					back, ssdDev, mem := newCrashDev(faultDevSize), newCrashDev(l.ssd*l.line), meta.NewMem()
+					g := &gate{}
+					store := &failStore{Store: gatedStore{g, mem}, nth: n, sticky: sticky}
+					c := newCache(t, gatedDev{g, back}, l, store, gatedDev{g, ssdDev})
+					m, lost := newModel(l)
+					// Writes may fail once the metadata does: the model then allows old and new data.
+					if err := drive(c, rng, m, lost, 150, true, store.hasFired); err != nil {
+						t.Fatalf("seed %d, commit %d failed (sticky %v): %v", seed, n, sticky, err)
+					}
+					fired := store.hasFired()
+					c = restartAfterKill(t, l, g, c, back, ssdDev, mem)
+					if err := verifyRestart(c, back, m, lost); err != nil {
+						t.Fatalf("seed %d, commit %d failed (sticky %v): after restart: %v", seed, n, sticky, err)
+					}
+					c.Close()
+					if !fired {
+						break
+					}
+				}
 			}
-			c.Close()
-			if !fired {
-				break
-			}
-		}
+		})
 	}
 }
