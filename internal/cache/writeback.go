@@ -191,6 +191,15 @@ func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
 	return w, nil
 }
 
+// wake tells writes waiting for room to look again. Dirty lines drop without w.mu, so it takes
+// w.mu first: a write that found no room is then inside cond.Wait, never between its check and
+// Wait, where a bare Broadcast would be lost and it would wait for good.
+func (w *writeBack) wake() {
+	w.mu.Lock()
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}
+
 func (w *writeBack) kick() {
 	select {
 	case w.kickCh <- struct{}{}:
@@ -494,6 +503,11 @@ func (c *Cache) destager() {
 		case <-tick.C:
 		case <-w.kickCh:
 		}
+		if w.waiting.Load() > 0 {
+			// Dirty lines also go without the destager (a write or trim through another mode
+			// writes them back first): waiting writes must see that even with nothing to destage.
+			w.wake()
+		}
 		for {
 			st := c.destageState()
 			if !w.destage.Run(st) {
@@ -502,7 +516,7 @@ func (c *Cache) destager() {
 			w.running.Store(true)
 			t0 := time.Now()
 			_, any, err := c.destageNext(&cursor)
-			w.cond.Broadcast()
+			w.wake()
 			if err != nil {
 				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 				c.log.Warn("destage failed; retrying", "in", backoff, "err", err)
@@ -572,7 +586,7 @@ func (c *Cache) FlushAll(ctx context.Context, progress func(done, total int64)) 
 				return err
 			}
 			n, _, err := c.destageNext(&cursor)
-			w.cond.Broadcast()
+			w.wake()
 			if err != nil {
 				return err
 			}
