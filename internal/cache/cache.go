@@ -12,6 +12,7 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -761,13 +762,18 @@ func (c *Cache) Flush() error {
 		return backend.ErrClosed
 	}
 	if !c.ssd.usable() {
+		if c.ssd != nil && c.ssd.dirtyCount.Load() > 0 {
+			// A bypassed tier's records of dirty data may never be committed: that data is
+			// durable only once written back to the backend.
+			return c.FlushAll(context.Background(), nil)
+		}
 		return c.b.Flush()
 	}
 	backendErr, tierErr := c.ssd.j.checkpoint()
 	if tierErr != nil {
 		c.ssd.fail(tierErr.Error())
 		if backendErr == nil {
-			backendErr = c.b.Flush()
+			backendErr = c.Flush() // the bypassed tier's way, above
 		}
 	}
 	return backendErr
