@@ -284,7 +284,7 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 	slot, valid, ok := c.ssd.acquire(s.line)
 	if !ok {
 		// No slot now (evicted ones wait for a checkpoint): write through.
-		return c.backendWrite(data, s.start+s.lo, false)
+		return c.writeAroundSeg(s, data)
 	}
 	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
 	// them (the file's direct I/O merges in place), else from the backend.
@@ -325,7 +325,7 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 	}
 	if !c.ssd.validate(s.line, slot, touched, true) {
 		// The line was evicted while its data was written: the backend takes the write instead.
-		return c.backendWrite(data, s.start+s.lo, false)
+		return c.writeAroundSeg(s, data)
 	}
 	if c.ram.usable() {
 		if rslot, bits, ok := c.writeTier(c.ram, s, p); ok {
@@ -333,6 +333,17 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 		}
 	}
 	return nil
+}
+
+// writeAroundSeg sends a write-back segment the SSD tier could not take to the backend. The line
+// is not cached, but the store may still hold a record of it whose deletion has not landed yet
+// (an eviction waiting for a checkpoint): that record is deleted first, or a crash would bring the
+// old data back.
+func (c *Cache) writeAroundSeg(s seg, data []byte) error {
+	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
+		return fmt.Errorf("cache metadata: %w", err)
+	}
+	return c.backendWrite(data, s.start+s.lo, false)
 }
 
 // destageRun is a stretch of dirty blocks that are adjacent on the backend: one backend write.
