@@ -19,8 +19,10 @@ func TestIndexBytesPerLine(t *testing.T) {
 	const slots = 1 << 20
 	for _, pol := range []string{"lru", "s3fifo", "arc"} {
 		before := heapInUse()
+		// With the write-back state too: the dirty bits per line, and the set of dirty lines, here
+		// over a backend of the tier's size (it costs one bit per backend line beside).
 		tr, err := newTier(tierSpec{name: "ssd", slots: slots, lineSize: 64 << 10, policy: pol,
-			admission: "always"}, slog.New(slog.DiscardHandler))
+			admission: "always", lines: slots}, slog.New(slog.DiscardHandler))
 		if err != nil {
 			t.Fatal(err)
 		}
