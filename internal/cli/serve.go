@@ -28,6 +28,10 @@ type serveOpts struct {
 	recordTrace string
 	cache       config.Cache // the cache flags, applied to the first export
 	admin       string
+	ublk        bool
+	ublkConf    config.UBLK
+	ublkID      int
+	nbdDevice   string
 	set         func(name string) bool // reports whether a flag was given
 	stderr      io.Writer
 	ready       func(addrs []string)
@@ -52,10 +56,15 @@ so the cache is warm after a restart. --mode writeback completes writes once the
 and writes them back later (--dirty-high, --dirty-low, --dirty-max); 'tierblk flush' writes them
 all back and 'tierblk mode' switches a running cache's mode. --admin serves /metrics and /stats ('tierblk stats').
 
+--ublk also serves the (first) export as a ublk block device, /dev/ublkbN (Linux 6.0+, module
+ublk_drv); --nbd-device /dev/nbdN attaches the kernel's NBD client to it (module nbd). Without
+--nbd, a command line with either of them opens no NBD listener. A stop removes the devices.
+
 SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
 backend and exits 0.`,
 		Example: `  tierblk serve --backend 'file:///srv/disk.img?size=8GiB' --nbd unix:/run/tierblk.sock --nbd 127.0.0.1:10809
   tierblk serve --backend nbd://nas:10809/lun0 --ram 2GiB --ssd /dev/nvme0n1p3 --meta /var/lib/tierblk/lun0.meta --admin 127.0.0.1:9810
+  tierblk serve --backend file:///srv/nas.img --ssd /var/cache/tierblk/ssd.img --ssd-size 32GiB --mode writeback --ublk
   tierblk serve --config configs/tierblk.example.yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -86,6 +95,11 @@ backend and exits 0.`,
 	f.Float64Var(&o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
 	f.Float64Var(&o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
 	f.Float64Var(&o.cache.WriteBack.Max, "dirty-max", wb.Max, "write-back: writes wait rather than let dirty lines pass this ratio")
+	f.BoolVar(&o.ublk, "ublk", false, "also serve the export as a ublk block device /dev/ublkbN")
+	f.IntVar(&o.ublkID, "ublk-id", -1, "ublk device number N (-1: the kernel chooses); a restart with the same N takes back a device left by a killed daemon")
+	f.IntVar(&o.ublkConf.Queues, "ublk-queues", 0, "ublk hardware queues, each with its own io_uring (0: one per CPU)")
+	f.IntVar(&o.ublkConf.Depth, "ublk-depth", 0, "requests in flight per ublk queue (0: 128)")
+	f.StringVar(&o.nbdDevice, "nbd-device", "", "attach the kernel's NBD client to the export as this device, e.g. /dev/nbd0 (no nbd-client needed)")
 	f.StringVar(&o.admin, "admin", "", "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only")
 	return cmd
 }
@@ -106,6 +120,12 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 	}
 	if o.set("nbd") {
 		cfg.Listen = o.nbd
+	} else if o.configFile == "" && (o.ublk || o.nbdDevice != "") {
+		// The device is what was asked for; a TCP listener nobody wanted would only be exposure.
+		cfg.Listen = nil
+	}
+	if err := applyDeviceFlags(&cfg, o); err != nil {
+		return cfg, err
 	}
 	if o.readOnly {
 		for i := range cfg.Exports {
@@ -153,6 +173,30 @@ var cacheFlags = []struct {
 	{"dirty-high", func(d, s *config.Cache) { d.WriteBack.High = s.WriteBack.High }},
 	{"dirty-low", func(d, s *config.Cache) { d.WriteBack.Low = s.WriteBack.Low }},
 	{"dirty-max", func(d, s *config.Cache) { d.WriteBack.Max = s.WriteBack.Max }},
+}
+
+// applyDeviceFlags lets --ublk* and --nbd-device override the first export's devices.
+func applyDeviceFlags(cfg *config.Config, o serveOpts) error {
+	ublkTuned := o.set("ublk-id") || o.set("ublk-queues") || o.set("ublk-depth")
+	if ublkTuned && !o.ublk {
+		return usageErrorf("--ublk-id, --ublk-queues and --ublk-depth tune the device of --ublk; give --ublk too")
+	}
+	if len(cfg.Exports) == 0 {
+		return nil
+	}
+	e := &cfg.Exports[0]
+	if o.ublk {
+		u := o.ublkConf
+		if o.set("ublk-id") {
+			id := o.ublkID
+			u.ID = &id
+		}
+		e.UBLK = &u
+	}
+	if o.set("nbd-device") {
+		e.NBDDevice = o.nbdDevice
+	}
+	return nil
 }
 
 // applyCacheFlags lets the cache flags that were given override the first export's cache.
@@ -218,6 +262,9 @@ var fieldToFlag = []struct {
 	{regexp.MustCompile(`exports\[0\]\.cache\.(ssd|ram|meta|line|mode|policy|admission)\b`), "--$1"},
 	{regexp.MustCompile(`exports\[0\]\.cache\.(ram|ssd)_(policy|admission)\b`), "--$2"},
 	{regexp.MustCompile(`(?m)^admin\b`), "--admin"},
+	{regexp.MustCompile(`exports\[0\]\.ublk\.(id|queues|depth)\b`), "--ublk-$1"},
+	{regexp.MustCompile(`exports\[0\]\.nbd_device\b`), "--nbd-device"},
+	{regexp.MustCompile(`(?m)^listen: no listen address`), "no listen address"},
 }
 
 func flagNames(msg string) string {

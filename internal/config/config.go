@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -51,7 +52,53 @@ type Export struct {
 	RecordTrace string `yaml:"record_trace"`
 	// Cache puts a tiered cache in front of the backend; without it the backend is served directly.
 	Cache *Cache `yaml:"cache"`
+	// UBLK, if set, also serves the export as a ublk block device (/dev/ublkbN, Linux 6.0+).
+	UBLK *UBLK `yaml:"ublk"`
+	// NBDDevice, if set, attaches the kernel's NBD client (/dev/nbdN) to the export through netlink.
+	NBDDevice string `yaml:"nbd_device"`
 }
+
+// UBLK configures an export's ublk device. The zero value asks for a new device with the defaults.
+type UBLK struct {
+	// ID is the device number N of /dev/ublkbN; -1 (the default) lets the kernel choose. With a
+	// fixed ID a restarted daemon takes back a device its killed predecessor left waiting.
+	ID *int `yaml:"id"`
+	// Queues is the number of hardware queues, each with its own io_uring (default: one per CPU).
+	Queues int `yaml:"queues"`
+	// Depth is the number of requests each queue holds at once (default 128).
+	Depth int `yaml:"depth"`
+}
+
+// DeviceID is the configured device number, or -1 for any.
+func (u *UBLK) DeviceID() int {
+	if u == nil || u.ID == nil {
+		return -1
+	}
+	return *u.ID
+}
+
+// UBLKMaxQueues and UBLKMaxDepth are the kernel's limits (UBLK_MAX_NR_QUEUES, UBLK_MAX_QUEUE_DEPTH).
+const (
+	UBLKMaxQueues = 4096
+	UBLKMaxDepth  = 4096
+)
+
+func (u *UBLK) validate() []error {
+	var errs []error
+	if id := u.DeviceID(); id < -1 || id > 1<<20 {
+		errs = append(errs, fieldErr("id", "%d is out of range; use -1 (any) or a device number from 0", id))
+	}
+	if u.Queues < 0 || u.Queues > UBLKMaxQueues {
+		errs = append(errs, fieldErr("queues", "%d is out of range; use 1 to %d, or 0 for one per CPU", u.Queues, UBLKMaxQueues))
+	}
+	if u.Depth < 0 || u.Depth > UBLKMaxDepth {
+		errs = append(errs, fieldErr("depth", "%d is out of range; use 1 to %d, or 0 for 128", u.Depth, UBLKMaxDepth))
+	}
+	return errs
+}
+
+// nbdDeviceRe is what a kernel NBD device path looks like.
+var nbdDeviceRe = regexp.MustCompile(`^/dev/nbd[0-9]+$`)
 
 // Cache configures the tiered cache of one export. Sizes are written like 64KiB, 1GiB or 2TiB.
 type Cache struct {
@@ -315,6 +362,8 @@ func (c *Config) Validate(schemes []string) error {
 	}
 	names := map[string]int{}
 	ssds := map[string]int{}
+	nbdDevs := map[string]int{}
+	devices := false
 	for i, e := range c.Exports {
 		f := fmt.Sprintf("exports[%d]", i)
 		if j, dup := names[e.Name]; dup {
@@ -345,14 +394,43 @@ func (c *Config) Validate(schemes []string) error {
 				ssds[e.Cache.SSD] = i
 			}
 		}
+		if e.UBLK != nil {
+			devices = true
+			for _, err := range e.UBLK.validate() {
+				var fe *Error
+				if errors.As(err, &fe) {
+					err = fieldErr(f+".ublk."+fe.Field, "%s", fe.Msg)
+				}
+				errs = append(errs, err)
+			}
+		}
+		if e.NBDDevice != "" {
+			devices = true
+			if !nbdDeviceRe.MatchString(e.NBDDevice) {
+				errs = append(errs, fieldErr(f+".nbd_device", "%q is not a kernel NBD device; use /dev/nbdN, e.g. /dev/nbd0", e.NBDDevice))
+			} else if j, dup := nbdDevs[e.NBDDevice]; dup {
+				errs = append(errs, fieldErr(f+".nbd_device", "%q is also the device of exports[%d]; each export needs its own", e.NBDDevice, j))
+			}
+			nbdDevs[e.NBDDevice] = i
+		}
+	}
+	// IDs must differ too; -1 (any) may repeat.
+	ublkIDs := map[int]int{}
+	for i, e := range c.Exports {
+		if id := e.UBLK.DeviceID(); e.UBLK != nil && id >= 0 {
+			if j, dup := ublkIDs[id]; dup {
+				errs = append(errs, fieldErr(fmt.Sprintf("exports[%d].ublk.id", i), "%d is also the ublk device of exports[%d]", id, j))
+			}
+			ublkIDs[id] = i
+		}
 	}
 	if c.Admin != "" {
 		if _, _, err := metrics.ParseAdminAddr(c.Admin); err != nil {
 			errs = append(errs, fieldErr("admin", "%v", err))
 		}
 	}
-	if len(c.Listen) == 0 {
-		errs = append(errs, fieldErr("listen", "no listen address; give --nbd unix:/path/to.sock or --nbd HOST:PORT"))
+	if len(c.Listen) == 0 && !devices {
+		errs = append(errs, fieldErr("listen", "no listen address and no block device; give --nbd unix:/path/to.sock, --nbd HOST:PORT, --ublk or --nbd-device /dev/nbdN"))
 	}
 	seen := map[string]bool{}
 	for i, a := range c.Listen {

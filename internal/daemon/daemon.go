@@ -76,6 +76,15 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		addrs[i] = l.Addr().String()
 		go func() { serveErr <- srv.Serve(l) }()
 	}
+	stopDevices, err := attachDevices(cfg, devs, srv, log)
+	if err != nil {
+		for _, l := range listeners {
+			l.Close()
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		return errors.Join(err, srv.Shutdown(sctx))
+	}
 	log.Info("serving", "exports", len(exports), "listen", addrs)
 	if ready != nil {
 		ready(addrs)
@@ -87,6 +96,11 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		log.Info("stopping: finishing in-flight requests")
 	case runErr = <-serveErr:
 		log.Error("listener failed; stopping", "err", runErr)
+	}
+	// The devices go first: their last requests (the page cache's writes, the flush of a
+	// clean removal) still need the server and the volumes.
+	if err := stopDevices(); err != nil {
+		runErr = errors.Join(runErr, fmt.Errorf("remove devices: %w", err))
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
