@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -17,6 +18,16 @@ const vmPassMarker = "TIERBLK-VM-RESULT: PASS"
 // recovery) add a script under vm/guest/ and call this.
 func runVM(t *testing.T, guestScript string, disks ...string) {
 	t.Helper()
+	runVMWith(t, vmOptions{}, guestScript, disks...)
+}
+
+// vmOptions change the guest image.
+type vmOptions struct {
+	fio bool // put fio in the image (a separate, larger cached image: VM_WITH_FIO=1)
+}
+
+func runVMWith(t *testing.T, o vmOptions, guestScript string, disks ...string) {
+	t.Helper()
 	requireTools(t, "qemu-system-x86_64")
 	// Software emulation: a boot takes seconds, a test in the guest up to minutes.
 	const guestTimeout = 5 * time.Minute
@@ -27,7 +38,11 @@ func runVM(t *testing.T, guestScript string, disks ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout+2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	out, err := exec.CommandContext(ctx, "vm/run.sh", args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "vm/run.sh", args...)
+	if o.fio {
+		cmd.Env = append(os.Environ(), "VM_WITH_FIO=1")
+	}
+	out, err := cmd.CombinedOutput()
 	console := strings.ReplaceAll(string(out), "\r", "")
 	if err != nil || !strings.Contains(console, "\n"+vmPassMarker) {
 		t.Fatalf("guest script %s did not pass (%v):\n%s", guestScript, err, console)
