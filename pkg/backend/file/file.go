@@ -1,6 +1,8 @@
 // Package file is the backend for a local regular file or block device: file:///srv/disk.img,
 // file:///dev/sdb. Query parameters: size=SIZE creates a missing regular file, sparse, at that size;
-// direct=true bypasses the page cache with O_DIRECT.
+// direct=true bypasses the page cache with O_DIRECT; direct=reads bypasses it for reads only, so
+// that writes are absorbed by the page cache and reach the disk at the next flush (a cache's SSD
+// tier: its checkpoints flush before they commit, and its reads must not keep a second copy).
 //
 // The file is locked (flock) while open, exclusively when writable and shared when read-only, so two
 // tierblk processes never serve one image. This package must never change the size of an existing
@@ -36,9 +38,18 @@ import (
 // config is what a file: URL says.
 type config struct {
 	path   string
-	direct bool
+	direct directMode
 	size   int64 // 0: not given
 }
+
+// directMode says which requests bypass the page cache.
+type directMode uint8
+
+const (
+	directNone  directMode = iota
+	directAll              // direct=true
+	directReads            // direct=reads: a second descriptor, opened O_DIRECT, serves reads
+)
 
 var validParams = []string{"direct", "size"}
 
@@ -74,12 +85,16 @@ func parseURL(u *url.URL) (config, error) {
 		return c, fmt.Errorf("file backend: unknown parameter %s; valid: %s",
 			strings.Join(unknown, ", "), strings.Join(validParams, ", "))
 	}
-	if q.Has("direct") {
-		d, err := strconv.ParseBool(q.Get("direct"))
+	if v := q.Get("direct"); v == "reads" {
+		c.direct = directReads
+	} else if q.Has("direct") {
+		d, err := strconv.ParseBool(v)
 		if err != nil {
-			return c, fmt.Errorf("file backend: direct=%q: want true or false", q.Get("direct"))
+			return c, fmt.Errorf("file backend: direct=%q: want true, false or reads", v)
 		}
-		c.direct = d
+		if d {
+			c.direct = directAll
+		}
 	}
 	if q.Has("size") {
 		s, err := units.ParseSize(q.Get("size"))
@@ -97,13 +112,16 @@ func parseURL(u *url.URL) (config, error) {
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
 // backend.FUAWriter and backend.ReadOnlyReporter.
 type File struct {
-	f        *os.File
-	rc       syscall.RawConn // to run syscalls on f's descriptor without racing Close
+	f  *os.File
+	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
+	// r serves reads: f itself, or with direct=reads a second descriptor opened with O_DIRECT.
+	r        *os.File
 	path     string
 	size     int64
 	readOnly bool
-	direct   bool
-	blockDev bool
+	// directRead and directWrite say which requests need O_DIRECT's alignment.
+	directRead, directWrite bool
+	blockDev                bool
 	// sector is the alignment the kernel needs for discard and fallocate: the logical block size
 	// of a block device, 1 for a regular file.
 	sector int64
@@ -145,7 +163,7 @@ func open(c config, readOnly bool) (*File, error) {
 	if readOnly {
 		flag = os.O_RDONLY
 	}
-	if c.direct {
+	if c.direct == directAll {
 		flag |= syscall.O_DIRECT
 	}
 	if create {
@@ -162,6 +180,9 @@ func open(c config, readOnly bool) (*File, error) {
 		return nil, explainOpenError(c, readOnly, err)
 	}
 	f, err := setup(osf, c, readOnly, create)
+	if err == nil && c.direct == directReads {
+		err = f.openDirectReader(c)
+	}
 	if err != nil {
 		_ = osf.Close()
 		if create {
@@ -172,6 +193,20 @@ func open(c config, readOnly bool) (*File, error) {
 	return f, nil
 }
 
+// openDirectReader opens the second, O_DIRECT descriptor of direct=reads. It is opened through
+// /proc/self/fd so that it is the same file even if the path was replaced meanwhile.
+func (f *File) openDirectReader(c config) error {
+	r, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.f.Fd()), os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		if errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=reads", c.path, err)
+		}
+		return err
+	}
+	f.r = r
+	return nil
+}
+
 // checkCreate says why a missing file cannot be created, if it cannot.
 func checkCreate(c config, readOnly bool) error {
 	switch {
@@ -180,8 +215,8 @@ func checkCreate(c config, readOnly bool) error {
 			c.path, c.path))
 	case readOnly:
 		return fmt.Errorf("%s does not exist, and a read-only backend does not create it", c.path)
-	case c.direct && c.size%dioAlign != 0:
-		return fmt.Errorf("size=%d: direct=true needs a size that is a multiple of %d", c.size, dioAlign)
+	case c.direct != directNone && c.size%dioAlign != 0:
+		return fmt.Errorf("size=%d: direct I/O needs a size that is a multiple of %d", c.size, dioAlign)
 	}
 	dir := filepath.Dir(c.path)
 	di, err := os.Stat(dir)
@@ -219,7 +254,7 @@ func explainOpenError(c config, readOnly bool, err error) error {
 	switch {
 	case !readOnly && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EROFS)):
 		return fmt.Errorf("%s cannot be opened for writing (%w); fix its permissions, or open it read-only", c.path, err)
-	case c.direct && errors.Is(err, unix.EINVAL):
+	case c.direct == directAll && errors.Is(err, unix.EINVAL):
 		return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=true", c.path, err)
 	case errors.Is(err, unix.EBUSY):
 		return fmt.Errorf("%s is in use (mounted, or held by another program): %w", c.path, err)
@@ -233,7 +268,8 @@ func setup(osf *os.File, c config, readOnly, created bool) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &File{f: osf, rc: rc, path: c.path, readOnly: readOnly, direct: c.direct, sector: 1}
+	f := &File{f: osf, r: osf, rc: rc, path: c.path, readOnly: readOnly, sector: 1,
+		directRead: c.direct != directNone, directWrite: c.direct == directAll}
 	how := unix.LOCK_EX
 	if readOnly {
 		how = unix.LOCK_SH
@@ -270,8 +306,8 @@ func setup(osf *os.File, c config, readOnly, created bool) (*File, error) {
 	case c.size != 0 && c.size != f.size:
 		return nil, fmt.Errorf("%s is %s (%d bytes) but size=%s (%d bytes) was asked; it is not resized",
 			c.path, units.FormatSize(f.size), f.size, units.FormatSize(c.size), c.size)
-	case c.direct && !f.blockDev && f.size%dioAlign != 0:
-		return nil, fmt.Errorf("%s is %d bytes; direct=true needs a size that is a multiple of %d",
+	case c.direct != directNone && !f.blockDev && f.size%dioAlign != 0:
+		return nil, fmt.Errorf("%s is %d bytes; direct I/O needs a size that is a multiple of %d",
 			c.path, f.size, dioAlign)
 	}
 	return f, nil
@@ -352,7 +388,7 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	var err error
-	if f.direct && !aligned(p, off) {
+	if f.directRead && !aligned(p, off) {
 		err = f.bounceRead(p, off)
 	} else {
 		err = f.pread(p, off)
@@ -385,7 +421,7 @@ func (f *File) write(p []byte, off int64, dsync bool) (int, error) {
 
 // writeData writes p at off, through the bounce buffer when direct I/O needs it.
 func (f *File) writeData(p []byte, off int64, dsync bool) error {
-	if f.direct && !aligned(p, off) {
+	if f.directWrite && !aligned(p, off) {
 		return f.bounceWrite(p, off, dsync)
 	}
 	return f.pwrite(p, off, dsync)
@@ -393,7 +429,7 @@ func (f *File) writeData(p []byte, off int64, dsync bool) error {
 
 // pread reads all of p at off. os.File retries EINTR and short reads.
 func (f *File) pread(p []byte, off int64) error {
-	_, err := f.f.ReadAt(p, off)
+	_, err := f.r.ReadAt(p, off)
 	if errors.Is(err, io.EOF) {
 		return fmt.Errorf("read %s at %d: the file ends early (truncated by someone else?): %w",
 			f.path, off, io.ErrUnexpectedEOF)
@@ -531,5 +567,9 @@ func (f *File) Close() error {
 	if f.closed.Swap(true) {
 		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
 	}
-	return f.f.Close()
+	var err error
+	if f.r != f.f {
+		err = f.r.Close()
+	}
+	return errors.Join(f.f.Close(), err)
 }

@@ -111,8 +111,10 @@ func TestConformance(t *testing.T) {
 		{"created sparse", sized((*testing.T).TempDir, "")},
 		{"tmpfs", sized(tmpfsDir, "")}, // refuses FALLOC_FL_ZERO_RANGE: the fallback runs
 		{"direct", sized(directDir, "direct=true&")},
+		{"direct reads", sized(directDir, "direct=reads&")},
 		{"block device", device("")},
 		{"block device direct", device("direct=true")},
+		{"block device direct reads", device("direct=reads")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { backendtest.Run(t, c.open) })
@@ -135,7 +137,8 @@ func TestParseURL(t *testing.T) {
 	}{
 		{"file:///srv/disk.img", config{path: "/srv/disk.img"}, ""},
 		{"file://localhost/srv/disk.img", config{path: "/srv/disk.img"}, ""},
-		{"file:///srv/../srv/disk.img?direct=true&size=1GiB", config{path: "/srv/disk.img", direct: true, size: 1 << 30}, ""},
+		{"file:///srv/../srv/disk.img?direct=true&size=1GiB", config{path: "/srv/disk.img", direct: directAll, size: 1 << 30}, ""},
+		{"file:///srv/disk.img?direct=reads", config{path: "/srv/disk.img", direct: directReads}, ""},
 		{"file:///srv/disk%20one.img?direct=0", config{path: "/srv/disk one.img"}, ""},
 		{"file://nas/srv/disk.img", config{}, `host "nas": only local files`},
 		{"file:disk.img", config{}, "absolute path"},
@@ -143,7 +146,7 @@ func TestParseURL(t *testing.T) {
 		{"file://user@/srv/disk.img", config{}, "no user name"},
 		{"file:///srv/disk#1.img", config{}, "%23"},
 		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: direct, size"},
-		{"file:///srv/disk.img?direct=yes", config{}, `direct="yes": want true or false`},
+		{"file:///srv/disk.img?direct=yes", config{}, `direct="yes": want true, false or reads`},
 		{"file:///srv/disk.img?direct=true&direct=false", config{}, "direct given 2 times"},
 		{"file:///srv/disk.img?size=12X", config{}, "size: size \"12X\" is not a number"},
 		{"file:///srv/disk.img?size=0", config{}, "at least one byte"},
@@ -339,17 +342,25 @@ func TestBlockDeviceInUse(t *testing.T) {
 	}
 }
 
+// TestDirectFlag checks which descriptor has O_DIRECT: direct=reads reads through a second one.
 func TestDirectFlag(t *testing.T) {
 	dir := directDir(t)
-	for _, direct := range []bool{false, true} {
-		f := mustOpen(t, fileURL(filepath.Join(dir, "disk"+strconv.FormatBool(direct)+".img"),
-			"size=1MiB&direct="+strconv.FormatBool(direct)), backend.Options{})
-		var flags int
-		require.NoError(t, f.control("fcntl", func(fd int) (err error) {
-			flags, err = unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
-			return err
-		}))
-		require.Equal(t, direct, flags&unix.O_DIRECT != 0, "direct=%v", direct)
+	direct := func(f *os.File) bool {
+		flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+		require.NoError(t, err)
+		return flags&unix.O_DIRECT != 0
+	}
+	for _, c := range []struct {
+		param         string
+		writes, reads bool
+	}{
+		{"false", false, false},
+		{"true", true, true},
+		{"reads", false, true},
+	} {
+		f := mustOpen(t, fileURL(filepath.Join(dir, "disk-"+c.param+".img"), "size=1MiB&direct="+c.param), backend.Options{})
+		require.Equal(t, c.writes, direct(f.f), "direct=%s: the descriptor that writes", c.param)
+		require.Equal(t, c.reads, direct(f.r), "direct=%s: the descriptor that reads", c.param)
 		require.NoError(t, f.Close())
 	}
 }
