@@ -38,7 +38,7 @@ func (c *Client) connect(ctx context.Context) (*clientSession, error) {
 	}
 	// The handshake does blocking reads; a deadline in the past makes them return at once.
 	interrupt := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	s, err := clientHandshake(nc, c.cfg.Export)
+	s, err := clientHandshake(nc, c.cfg.Export, true)
 	if !interrupt() {
 		err = errors.Join(ctx.Err(), err)
 	}
@@ -52,9 +52,11 @@ func (c *Client) connect(ctx context.Context) (*clientSession, error) {
 	return s, nil
 }
 
-// clientHandshake runs the fixed newstyle negotiation: structured replies if the server has them,
-// then NBD_OPT_GO asking for block sizes, or NBD_OPT_EXPORT_NAME for servers too old for GO.
-func clientHandshake(nc net.Conn, export string) (*clientSession, error) {
+// clientHandshake runs the fixed newstyle negotiation: structured replies if structured asks for
+// them and the server has them, then NBD_OPT_GO asking for block sizes, or NBD_OPT_EXPORT_NAME for
+// servers too old for GO. The kernel's client, which takes over some sessions, knows only simple
+// replies.
+func clientHandshake(nc net.Conn, export string, structured bool) (*clientSession, error) {
 	if len(export) > maxExportNameLen {
 		return nil, fmt.Errorf("export name is %d bytes; the protocol allows %d", len(export), maxExportNameLen)
 	}
@@ -90,9 +92,11 @@ func clientHandshake(nc net.Conn, export string) (*clientSession, error) {
 		return s, s.exportName(export, noZeroes)
 	}
 
-	var err error
-	if s.structured, err = s.optStructuredReply(); err != nil {
-		return nil, err
+	if structured {
+		var err error
+		if s.structured, err = s.optStructuredReply(); err != nil {
+			return nil, err
+		}
 	}
 	gone, err := s.optGo(export)
 	if err != nil {

@@ -611,7 +611,7 @@ func FuzzClientHandshake(f *testing.F) {
 		a, b := net.Pipe()
 		go func() { _, _ = io.Copy(io.Discard, b) }()
 		go func() { _, _ = b.Write(in); b.Close() }()
-		s, err := clientHandshake(a, "disk")
+		s, err := clientHandshake(a, "disk", true)
 		a.Close()
 		if err != nil {
 			return

@@ -36,7 +36,7 @@ func fuzzConn(t *testing.T, s *Server, in []byte) {
 	client, server := net.Pipe()
 	done := make(chan struct{})
 	go func() {
-		s.serveConn(server)
+		s.serveConn(server, "fuzz")
 		close(done)
 	}()
 	go io.Copy(io.Discard, client)

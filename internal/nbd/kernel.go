@@ -1,18 +1,330 @@
 package nbd
 
-import "errors"
+// The kernel's NBD client attached to one of this server's exports, without nbd-client: each
+// connection is a unix socketpair whose one end this server serves and whose other end, once our
+// client has negotiated the export on it, goes to the kernel in NBD_CMD_CONNECT (genl.go).
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Timeouts of the kernel's client. When tierblk dies (kill -9), the kernel reads EOF on every
+// socket and marks the connections dead; from then on:
+//   - a new request finds no live connection and, as no one will ever reconnect (deadConnTimeout
+//     0), fails at once with EIO;
+//   - a request that was in flight fails when its timeout (kernelRequestTimeout) expires: the
+//     kernel does not fail those on EOF.
+//
+// The request timeout also applies while tierblk is alive, and there expiring kills the
+// connection (the kernel shuts the socket and resends the request on another one), so it must
+// exceed the slowest legitimate request: 30 s, the block layer's default, is far beyond a cache
+// hit or miss on a healthy backend and bounds the wait after a crash.
+const (
+	kernelRequestTimeout    = 30 * time.Second
+	kernelDeadConnTimeout   = 0
+	kernelHandshakeTimeout  = 10 * time.Second
+	kernelReleaseTimeout    = 10 * time.Second
+	kernelReleasePollPeriod = 20 * time.Millisecond
+	// sysBlock is where the kernel shows block devices; tests do not change it.
+	sysBlock = "/sys/block"
+)
 
 // KernelDevice is the kernel's NBD client attached to an export of this server.
-type KernelDevice struct{}
+type KernelDevice struct {
+	path  string
+	index uint32
+	// conns counts the server's goroutines serving the device's sockets.
+	conns sync.WaitGroup
+
+	detachOnce sync.Once
+	detachErr  error
+}
 
 // AttachKernel connects the kernel NBD device at path (/dev/nbdN) to export over conns
-// connections that this server serves.
+// connections that this server serves (one if the export does not allow several). The server
+// needs no listener.
 func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, error) {
-	return nil, errors.New("nbd: kernel attach not implemented yet")
+	index, err := nbdIndex(path)
+	if err != nil {
+		return nil, err
+	}
+	g, family, err := dialNBDFamily()
+	if err != nil {
+		return nil, err
+	}
+	defer g.Close()
+
+	k := &KernelDevice{path: path, index: index}
+	if err := s.releaseStale(g, family, k); err != nil {
+		return nil, err
+	}
+	files, ex, err := s.kernelSockets(k, export, max(conns, 1))
+	if err != nil {
+		k.conns.Wait()
+		return nil, fmt.Errorf("nbd: %s: %w", path, err)
+	}
+	cfg, err := kernelConfigFor(index, ex, files)
+	if err == nil {
+		_, err = g.request(family, nbdCmdConnect, nbdGenlVersion, connectAttrs(cfg))
+		err = connectError(path, err)
+	}
+	// The kernel holds its own references to the sockets it took.
+	for _, f := range files {
+		f.Close()
+	}
+	if err != nil {
+		k.conns.Wait()
+		return nil, err
+	}
+	s.log.Info("nbd: kernel device attached", "device", path, "export", export,
+		"size", ex.size, "block_size", cfg.blockSize, "connections", len(files))
+	return k, nil
 }
 
 // Path is the device's path.
-func (k *KernelDevice) Path() string { return "" }
+func (k *KernelDevice) Path() string { return k.path }
 
-// Detach disconnects the kernel client.
-func (k *KernelDevice) Detach() error { return nil }
+// Detach disconnects the kernel client: the device's dirty pages are written and flushed, the
+// kernel sends NBD_CMD_DISC on every connection, the server finishes the requests it had read,
+// and Detach returns once the kernel has released the device (size 0). If the device stays open
+// (a mounted file system), the kernel fails its I/O and Detach says so after a while.
+func (k *KernelDevice) Detach() error {
+	k.detachOnce.Do(func() { k.detachErr = k.detach() })
+	return k.detachErr
+}
+
+func (k *KernelDevice) detach() error {
+	syncErr := syncBlockDevice(k.path)
+	g, family, err := dialNBDFamily()
+	if err != nil {
+		return errors.Join(syncErr, err)
+	}
+	defer g.Close()
+	if _, err := g.request(family, nbdCmdDisconnect, nbdGenlVersion, disconnectAttrs(k.index)); err != nil {
+		return errors.Join(syncErr, fmt.Errorf("nbd: disconnect %s: %w", k.path, err))
+	}
+	// The kernel shut its sockets down: each connection ends once its requests are answered.
+	k.conns.Wait()
+	return errors.Join(syncErr, waitReleased(k.path, k.index, kernelReleaseTimeout))
+}
+
+// nbdIndex is the index of an NBD device, N in /dev/nbdN (the path may be a symbolic link to it).
+func nbdIndex(path string) (uint32, error) {
+	name := path
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		name = real
+	}
+	digits, ok := strings.CutPrefix(filepath.Base(name), "nbd")
+	n, err := strconv.ParseUint(digits, 10, 20)
+	if !ok || err != nil {
+		return 0, fmt.Errorf("nbd: %q is not an NBD device (/dev/nbdN)", path)
+	}
+	return uint32(n), nil
+}
+
+func dialNBDFamily() (*genlConn, uint16, error) {
+	g, err := dialGenl()
+	if err != nil {
+		return nil, 0, fmt.Errorf("nbd: %w", err)
+	}
+	family, err := g.family(nbdGenlFamily)
+	if err != nil {
+		g.Close()
+		if errors.Is(err, errFamilyNotFound) {
+			return nil, 0, errors.New("nbd: the kernel's nbd module is not loaded (modprobe nbd)")
+		}
+		return nil, 0, fmt.Errorf("nbd: %w", err)
+	}
+	return g, family, nil
+}
+
+// connectError turns the kernel's refusal of NBD_CMD_CONNECT into a message an operator can act on.
+func connectError(path string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, unix.EBUSY):
+		return fmt.Errorf("nbd: %s is in use (connected by another process; nbd-client -d %s releases it)", path, path)
+	case errors.Is(err, unix.EPERM):
+		return fmt.Errorf("nbd: connecting %s needs CAP_SYS_ADMIN (run as root): %w", path, err)
+	case errors.Is(err, unix.EINVAL):
+		return fmt.Errorf("nbd: the kernel refused the configuration of %s (its log, dmesg, says why): %w", path, err)
+	}
+	return fmt.Errorf("nbd: connect %s: %w", path, err)
+}
+
+// releaseStale disconnects the device when the process that connected it no longer exists (a
+// tierblk killed with -9): its connections are dead and nothing else will ever release it.
+func (s *Server) releaseStale(g *genlConn, family uint16, k *KernelDevice) error {
+	b, err := os.ReadFile(filepath.Join(sysBlock, fmt.Sprintf("nbd%d", k.index), "pid"))
+	if err != nil {
+		return nil // not connected, or no such device yet (the kernel creates it on connect)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return nil
+	}
+	// The kernel records the connecting thread's id; /proc/ID exists for threads too.
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	s.log.Warn("nbd: device left connected by a process that is gone; disconnecting it", "device", k.path, "pid", pid)
+	if _, err := g.request(family, nbdCmdDisconnect, nbdGenlVersion, disconnectAttrs(k.index)); err != nil {
+		return fmt.Errorf("nbd: disconnect stale %s (connected by the dead process %d): %w", k.path, pid, err)
+	}
+	return waitReleased(k.path, k.index, kernelReleaseTimeout)
+}
+
+// kernelSockets makes n connections to export (one if the export cannot take several) and
+// returns the client ends, negotiated, with what the first negotiation learnt.
+func (s *Server) kernelSockets(k *KernelDevice, export string, n int) ([]*os.File, clientExport, error) {
+	var files []*os.File
+	var first clientExport
+	for i := 0; i < n; i++ {
+		f, ex, err := s.kernelSocket(k, export, i)
+		if err != nil {
+			for _, f := range files {
+				f.Close()
+			}
+			return nil, clientExport{}, err
+		}
+		files = append(files, f)
+		if i == 0 {
+			first = ex
+			if n > 1 && ex.flags&tflagCanMultiConn == 0 {
+				s.log.Info("nbd: export does not allow several connections; the kernel gets one", "export", export, "asked", n)
+				n = 1
+			}
+		}
+	}
+	return files, first, nil
+}
+
+// kernelSocket makes one socketpair, serves one end and negotiates export on the other, which it
+// returns in blocking mode, ready for the kernel.
+func (s *Server) kernelSocket(k *KernelDevice, export string, i int) (*os.File, clientExport, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, clientExport{}, fmt.Errorf("socketpair: %w", err)
+	}
+	server, err := fileConn(fds[0], "nbd-server")
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, clientExport{}, err
+	}
+	k.conns.Add(1)
+	go func() {
+		defer k.conns.Done()
+		s.serveConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
+	}()
+
+	f := os.NewFile(uintptr(fds[1]), "nbd-kernel")
+	ex, err := negotiate(f, export)
+	if err != nil {
+		f.Close()
+		return nil, clientExport{}, err
+	}
+	// net.FileConn made the socket non-blocking; the kernel's client expects it blocking.
+	if err := unix.SetNonblock(fds[1], false); err != nil {
+		f.Close()
+		return nil, clientExport{}, fmt.Errorf("socket: %w", err)
+	}
+	return f, ex, nil
+}
+
+// fileConn wraps a socket descriptor in a net.Conn, which takes it over.
+func fileConn(fd int, name string) (net.Conn, error) {
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", name, err)
+	}
+	return nc, nil
+}
+
+// negotiate runs our client's handshake for export on the socket f, without structured replies
+// (the kernel knows none), through a duplicate that it closes: f stays open.
+func negotiate(f *os.File, export string) (clientExport, error) {
+	nc, err := net.FileConn(f)
+	if err != nil {
+		return clientExport{}, fmt.Errorf("socket: %w", err)
+	}
+	defer nc.Close()
+	if err := nc.SetDeadline(time.Now().Add(kernelHandshakeTimeout)); err != nil {
+		return clientExport{}, err
+	}
+	sess, err := clientHandshake(nc, export, false)
+	if err != nil {
+		return clientExport{}, fmt.Errorf("handshake for export %q: %w", export, err)
+	}
+	if n := sess.br.Buffered(); n > 0 {
+		// The server sends nothing after NBD_OPT_GO until asked: these bytes would be lost.
+		return clientExport{}, fmt.Errorf("%w: %d bytes after the handshake", ErrProtocol, n)
+	}
+	return sess.export, nil
+}
+
+// kernelConfigFor is the kernel's view of the negotiated export. The kernel's logical block size
+// must be a power of two from 512 bytes to a page, and no smaller than the export's minimum.
+func kernelConfigFor(index uint32, ex clientExport, files []*os.File) (kernelConfig, error) {
+	bs := max(uint64(ex.minBlock), 512)
+	if bs > uint64(os.Getpagesize()) {
+		return kernelConfig{}, fmt.Errorf("nbd: the export's minimum block size %d is more than the kernel's client allows (%d)", bs, os.Getpagesize())
+	}
+	cfg := kernelConfig{
+		index:           index,
+		size:            uint64(ex.size),
+		blockSize:       bs,
+		flags:           ex.flags,
+		timeout:         uint64(kernelRequestTimeout / time.Second),
+		deadConnTimeout: kernelDeadConnTimeout,
+	}
+	for _, f := range files {
+		cfg.fds = append(cfg.fds, int(f.Fd()))
+	}
+	return cfg, nil
+}
+
+// syncBlockDevice writes the device's dirty pages and flushes its cache, so that nothing buffered
+// in the kernel is lost when it lets go of the device.
+func syncBlockDevice(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
+	}
+	return nil
+}
+
+// waitReleased waits until the kernel shows device index with size 0: it has dropped its
+// configuration, which it keeps while anyone has the device open.
+func waitReleased(path string, index uint32, timeout time.Duration) error {
+	sizeFile := filepath.Join(sysBlock, fmt.Sprintf("nbd%d", index), "size")
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(sizeFile)
+		if err != nil || strings.TrimSpace(string(b)) == "0" {
+			return nil // gone, or released
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nbd: %s still has %s sectors %v after the disconnect: something keeps it open (a mounted file system?); its I/O fails until it is closed",
+				path, strings.TrimSpace(string(b)), timeout)
+		}
+		time.Sleep(kernelReleasePollPeriod)
+	}
+}

@@ -140,7 +140,7 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		backoff = 0
-		go s.serveConn(nc)
+		go s.serveConn(nc, remoteName(nc))
 	}
 }
 
@@ -220,14 +220,14 @@ func (s *Server) watchdog() {
 	}
 }
 
-// serveConn runs one connection to its end.
-func (s *Server) serveConn(nc net.Conn) {
+// serveConn runs one connection to its end; remote names the peer in the logs.
+func (s *Server) serveConn(nc net.Conn, remote string) {
 	c := &conn{
 		s:   s,
 		nc:  nc,
 		br:  bufio.NewReaderSize(nc, connBufSize),
 		bw:  bufio.NewWriterSize(nc, connBufSize),
-		log: s.log.With("remote", remoteName(nc)),
+		log: s.log.With("remote", remote),
 	}
 	s.mu.Lock()
 	if s.closing {

@@ -1,0 +1,188 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// kernelSide speaks to the server, on a socket made for the kernel, as the kernel's client does:
+// simple replies only, the handshake already done.
+func kernelSide(t *testing.T, f *os.File) *rawClient {
+	t.Helper()
+	nc, err := net.FileConn(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, nc.SetDeadline(time.Now().Add(20*time.Second)))
+	t.Cleanup(func() { nc.Close() })
+	return &rawClient{t: t, nc: nc, reads: map[uint64]uint32{}}
+}
+
+// TestKernelSockets runs the kernel's half of AttachKernel without a kernel: socketpairs served
+// by the server and negotiated by our client, then used as the kernel would use them.
+func TestKernelSockets(t *testing.T) {
+	tests := []struct {
+		name      string
+		multiConn bool
+		ask       int
+		wantConns int
+	}{
+		{"one connection", true, 1, 1},
+		{"several connections on a multi-conn export", true, 3, 3},
+		{"an export without multi-conn gets one", false, 3, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dev, mem := newVolume(1<<20, 0, volume.Options{MultiConn: tt.multiConn})
+			s, err := NewServer(ServerConfig{Exports: []Export{{Name: "disk", Device: dev}}, Logger: testLogger(t)})
+			require.NoError(t, err)
+			k := &KernelDevice{path: "/dev/nbd0"}
+			files, ex, err := s.kernelSockets(k, "disk", tt.ask)
+			require.NoError(t, err)
+			require.Len(t, files, tt.wantConns)
+			require.Equal(t, int64(1<<20), ex.size)
+			require.NotZero(t, ex.flags&tflagSendFlush)
+			require.Zero(t, ex.flags&tflagSendDF, "DF means structured replies, which the kernel does not speak")
+
+			for i, f := range files {
+				flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+				require.NoError(t, err)
+				require.Zero(t, flags&unix.O_NONBLOCK, "the kernel's socket must be blocking")
+
+				c := kernelSide(t, f)
+				data := bytes.Repeat([]byte{byte(i + 1)}, 4096)
+				off := uint64(i) * 4096
+				c.request(request{typ: cmdWrite, cookie: 1, offset: off, length: 4096}, data)
+				c.request(request{typ: cmdFlush, cookie: 2}, nil)
+				c.request(request{typ: cmdRead, cookie: 3, offset: off, length: 4096}, nil)
+				for range 3 {
+					r := c.reply() // a structured reply would fail here
+					require.Zero(t, r.errno)
+					if r.cookie == 3 {
+						require.Equal(t, data, r.data)
+					}
+				}
+				c.request(request{typ: cmdDisc}, nil)
+				c.expectClosed()
+				require.Equal(t, data, mem.snapshot()[off:off+4096])
+			}
+			k.conns.Wait() // every served connection ended with its client's disconnect
+			require.NoError(t, s.Shutdown(context.Background()))
+		})
+	}
+}
+
+func TestKernelSocketsRefused(t *testing.T) {
+	dev, _ := newVolume(1<<20, 0, volume.Options{})
+	tests := []struct {
+		name    string
+		export  string
+		prepare func(s *Server)
+		wantErr error
+	}{
+		{"unknown export", "nope", func(*Server) {}, ErrExportNotFound},
+		{"server shut down", "disk", func(s *Server) { require.NoError(t, s.Shutdown(context.Background())) }, ErrNotNBDServer},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := NewServer(ServerConfig{Exports: []Export{{Name: "disk", Device: dev}}, Logger: testLogger(t)})
+			require.NoError(t, err)
+			tt.prepare(s)
+			k := &KernelDevice{path: "/dev/nbd0"}
+			_, _, err = s.kernelSockets(k, tt.export, 2)
+			require.ErrorIs(t, err, tt.wantErr)
+			k.conns.Wait() // no connection left behind
+		})
+	}
+}
+
+func TestKernelConfigFor(t *testing.T) {
+	f, err := os.Open(os.DevNull)
+	require.NoError(t, err)
+	defer f.Close()
+	tests := []struct {
+		name          string
+		minBlock      uint32
+		wantBlockSize uint64
+		wantErr       bool
+	}{
+		{"byte-addressable export: the kernel's smallest", 1, 512, false},
+		{"4 KiB sectors", 4096, 4096, false},
+		{"more than a page", 1 << 16, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ex := clientExport{size: 1 << 30, flags: tflagHasFlags | tflagSendFlush, minBlock: tt.minBlock}
+			cfg, err := kernelConfigFor(4, ex, []*os.File{f})
+			if tt.wantErr {
+				require.ErrorContains(t, err, "minimum block size")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, kernelConfig{
+				index: 4, size: 1 << 30, blockSize: tt.wantBlockSize, flags: tflagHasFlags | tflagSendFlush,
+				timeout: 30, deadConnTimeout: 0, fds: []int{int(f.Fd())},
+			}, cfg)
+		})
+	}
+}
+
+func TestNBDIndex(t *testing.T) {
+	dir := t.TempDir()
+	link := filepath.Join(dir, "disk")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nbd7"), nil, 0o600))
+	require.NoError(t, os.Symlink(filepath.Join(dir, "nbd7"), link))
+	tests := []struct {
+		path    string
+		want    uint32
+		wantErr bool
+	}{
+		{"/dev/nbd0", 0, false},
+		{"/dev/nbd15", 15, false},
+		{link, 7, false},
+		{"/dev/nbd", 0, true},
+		{"/dev/nbd0p1", 0, true},
+		{"/dev/nbd-1", 0, true},
+		{"/dev/sda", 0, true},
+		{"/dev/nbd99999999", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			got, err := nbdIndex(tt.path)
+			if tt.wantErr {
+				require.ErrorContains(t, err, "is not an NBD device")
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestConnectError(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{&genlError{errno: syscall.EBUSY}, "/dev/nbd0 is in use"},
+		{&genlError{errno: syscall.EPERM}, "needs CAP_SYS_ADMIN"},
+		{&genlError{errno: syscall.EINVAL}, "the kernel refused the configuration of /dev/nbd0"},
+		{&genlError{errno: syscall.ENOMEM}, "connect /dev/nbd0: cannot allocate memory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			require.ErrorContains(t, connectError("/dev/nbd0", tt.err), tt.want)
+		})
+	}
+	require.NoError(t, connectError("/dev/nbd0", nil))
+}
