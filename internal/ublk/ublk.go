@@ -1,10 +1,37 @@
 // Package ublk is tierblk's ublk server: it creates /dev/ublkbN through /dev/ublk-control and
-// serves its requests from a volume.Device over one io_uring per queue.
+// serves its requests from a volume.Device over one io_uring per queue, using raw system calls
+// (io_uring_setup, io_uring_enter, mmap) and nothing but golang.org/x/sys/unix.
+//
+// Device lifetime:
+//   - Start with Options.ID -1 creates a device with the first free number. If the daemon is
+//     killed, the kernel fails the requests in flight and every later one, and removes
+//     /dev/ublkbN; the stopped device's number stays taken until someone deletes it.
+//   - Start with a fixed ID creates the device with user recovery (UBLK_F_USER_RECOVERY, and
+//     UBLK_F_USER_RECOVERY_FAIL_IO where the kernel has it). If the daemon is killed, the
+//     requests in flight fail but /dev/ublkbN stays, so a mounted file system survives. With
+//     FAIL_IO, requests fail until a daemon takes the device back; without it (Linux 6.12)
+//     they wait for one. A later Start with the same ID takes the device back (recovery) when
+//     its size matches; a stopped device of that number whose daemon is gone is deleted and
+//     created anew; a device with a live daemon is an error.
+//   - Stop removes the device (STOP_DEV, then DEL_DEV) after the kernel's last requests.
+//
+// The package must never hand the kernel Go heap memory to keep (request buffers, descriptor
+// arrays and control payloads are all mmapped), and must never issue a queue's commands from
+// any thread but that queue's own.
 package ublk
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"math/bits"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tierblk/tierblk/internal/volume"
 )
@@ -17,16 +44,324 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Defaults and limits of a device.
+const (
+	defaultDepth = 128
+	// maxIOBytes is the largest request the kernel sends (each tag has a buffer this big).
+	maxIOBytes = 512 << 10
+	// settleTimeout bounds the wait for a killed daemon's device to reach a state Start can
+	// act on (the kernel quiesces or stops it asynchronously after the daemon's exit).
+	settleTimeout = 30 * time.Second
+)
+
 // Device is a running ublk device.
-type Device struct{}
+type Device struct {
+	id     uint32
+	vol    volume.Device
+	log    *slog.Logger
+	ctrl   *control
+	charFD int
+	queues []*queue
+	wg     sync.WaitGroup // queue loops
+
+	stopOnce sync.Once
+	stopErr  error
+}
 
 // Start creates (or takes back) the device and serves dev on it.
 func Start(dev volume.Device, o Options) (*Device, error) {
-	return nil, errors.New("ublk: not implemented yet")
+	if o.Queues <= 0 {
+		o.Queues = runtime.NumCPU()
+	}
+	if o.Depth <= 0 {
+		o.Depth = defaultDepth
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	c, err := openControl()
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1}
+	if err := d.start(o); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // Path is the block device's path, /dev/ublkbN.
-func (d *Device) Path() string { return "" }
+func (d *Device) Path() string { return fmt.Sprintf("/dev/ublkb%d", d.id) }
 
-// Stop removes the device.
-func (d *Device) Stop() error { return nil }
+// Stop removes the device: the kernel finishes the requests in flight, fails every fetch, and
+// /dev/ublkbN and /dev/ublkcN go away.
+func (d *Device) Stop() error {
+	d.stopOnce.Do(func() {
+		d.stopErr = d.teardown(d.ctrl.stopDev(d.id))
+		d.stopErr = errors.Join(d.stopErr, d.ctrl.Close())
+		d.log.Info("ublk device removed", "path", d.Path())
+	})
+	return d.stopErr
+}
+
+// teardown waits for the queue loops (stopErr being the result of what made them end), closes
+// the character device and deletes the device.
+func (d *Device) teardown(stopErr error) error {
+	if stopErr != nil {
+		// The queues may still wait for the kernel: make them leave.
+		d.abandon()
+	}
+	d.wg.Wait()
+	d.closeQueues()
+	return errors.Join(stopErr, d.ctrl.delDev(d.id))
+}
+
+func (d *Device) closeQueues() {
+	for _, q := range d.queues {
+		q.unmap()
+	}
+	d.queues = nil
+	if d.charFD >= 0 {
+		unix.Close(d.charFD)
+		d.charFD = -1
+	}
+}
+
+func (d *Device) start(o Options) error {
+	features := d.ctrl.features()
+	if o.ID >= 0 {
+		recovered, err := d.takeBack(uint32(o.ID))
+		if recovered || err != nil {
+			return err
+		}
+	}
+	info := devInfo{
+		NrHWQueues:    uint16(o.Queues),
+		QueueDepth:    uint16(o.Depth),
+		MaxIOBufBytes: uint32(maxIO(d.vol.Info())),
+		DevID:         anyDevice,
+		UblksrvPID:    int32(os.Getpid()),
+		Flags:         flagCmdIoctlEncode,
+	}
+	if o.ID >= 0 {
+		info.DevID = uint32(o.ID)
+		info.Flags |= flagUserRecovery | features&flagUserRecoveryFailIO
+	}
+	if err := d.ctrl.addDev(&info); err != nil {
+		return err
+	}
+	d.id = info.DevID
+	d.log.Info("ublk device added", "id", d.id, "queues", info.NrHWQueues, "depth", info.QueueDepth,
+		"max_io", info.MaxIOBufBytes, "flags", fmt.Sprintf("%#x", info.Flags), "kernel_features", fmt.Sprintf("%#x", features))
+	p := deviceParams(d.vol.Info(), info.MaxIOBufBytes)
+	err := d.ctrl.setParams(d.id, &p)
+	if err == nil {
+		err = d.startQueues(info)
+	}
+	if err == nil {
+		err = d.ctrl.startDev(d.id, os.Getpid())
+	}
+	if err != nil {
+		// STOP_DEV fails every fetch, which ends the queue loops; DEL_DEV then frees the number.
+		return errors.Join(err, d.teardown(d.ctrl.stopDev(d.id)))
+	}
+	return nil
+}
+
+// maxIO is the largest request to ask of the kernel: maxIOBytes, or less if the volume takes
+// less, in whole pages.
+func maxIO(info volume.Info) int {
+	n := maxIOBytes
+	if info.MaxBlock > 0 {
+		n = min(n, int(info.MaxBlock))
+	}
+	return max(n/unix.Getpagesize()*unix.Getpagesize(), unix.Getpagesize())
+}
+
+// Discard and write-zeroes requests are split by the kernel at these sizes (in sectors), which
+// bounds how long one request holds the volume.
+const (
+	maxDiscardSectors     = 1 << 17 // 64 MiB
+	maxWriteZeroesSectors = 1 << 17
+	discardGranularity    = 4096
+)
+
+// deviceParams describes the volume to the kernel: 512-byte logical blocks, a volatile write
+// cache (so that the kernel sends flushes) with FUA, and discard and write-zeroes when the
+// volume has them.
+func deviceParams(info volume.Info, maxIO uint32) params {
+	p := params{Len: sizeofParams, Types: paramTypeBasic}
+	phys := uint8(12)
+	if pb := info.PreferredBlock; pb >= 512 && pb <= 4096 && pb&(pb-1) == 0 {
+		phys = uint8(bits.TrailingZeros32(pb))
+	}
+	p.Basic = paramBasic{
+		LogicalBSShift:  sectorShift,
+		PhysicalBSShift: phys,
+		IOOptShift:      phys,
+		IOMinShift:      sectorShift,
+		MaxSectors:      maxIO >> sectorShift,
+		DevSectors:      uint64(info.Size) >> sectorShift,
+	}
+	if info.ReadOnly {
+		p.Basic.Attrs = attrReadOnly
+		return p
+	}
+	p.Basic.Attrs = attrVolatileCache
+	if info.CanFUA {
+		p.Basic.Attrs |= attrFUA
+	}
+	// The kernel (6.12) takes the write-zeroes limit from the discard parameters only.
+	if info.CanTrim || info.CanZero {
+		p.Types |= paramTypeDiscard
+		p.Discard = paramDiscard{DiscardGranularity: discardGranularity, MaxDiscardSegments: 1}
+		if info.CanTrim {
+			p.Discard.MaxDiscardSectors = maxDiscardSectors
+		}
+		if info.CanZero {
+			p.Discard.MaxWriteZeroesSectors = maxWriteZeroesSectors
+		}
+	}
+	return p
+}
+
+// startQueues opens /dev/ublkcN and starts a loop per queue; it returns once every queue has
+// fetched all its tags.
+func (d *Device) startQueues(info devInfo) error {
+	fd, err := openRetry(fmt.Sprintf("/dev/ublkc%d", d.id))
+	if err != nil {
+		return err
+	}
+	d.charFD = fd
+	ready := make(chan error, info.NrHWQueues)
+	for i := range info.NrHWQueues {
+		q, err := newQueue(fd, i, int(info.QueueDepth), int(info.MaxIOBufBytes), d.vol, d.log)
+		if err != nil {
+			return err
+		}
+		d.queues = append(d.queues, q)
+		d.wg.Go(func() { q.run(ready) })
+		if err := <-ready; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openRetry opens a device node that devtmpfs may not have created yet, or that a killed
+// predecessor's exit has not released yet.
+func openRetry(path string) (int, error) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err == nil {
+			return fd, nil
+		}
+		if (err != unix.ENOENT && err != unix.EBUSY) || time.Now().After(deadline) {
+			return -1, fmt.Errorf("open %s: %w", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// takeBack deals with an existing device numbered id: it recovers one left quiesced by a killed
+// daemon (true), deletes one that is stopped with no daemon (false: create it anew), and
+// refuses one that a live process serves.
+func (d *Device) takeBack(id uint32) (bool, error) {
+	info, err := d.settle(id)
+	if errors.Is(err, unix.ENODEV) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case info.State == stateQuiesced || info.State == stateFailIO:
+		return true, d.recover(info)
+	case info.State == stateDead && !alive(int(info.UblksrvPID)):
+		d.log.Info("deleting a stopped ublk device left by a previous daemon", "id", id)
+		return false, d.ctrl.delDev(id)
+	default:
+		return false, fmt.Errorf("ublk device %d exists and is served by process %d", id, info.UblksrvPID)
+	}
+}
+
+// settle returns device id's state once it is no longer live with a dead daemon: the kernel
+// quiesces (recovery) or stops the device of a killed daemon shortly after it exits.
+func (d *Device) settle(id uint32) (devInfo, error) {
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		info, err := d.ctrl.devInfo(id)
+		if err != nil || info.State != stateLive || alive(int(info.UblksrvPID)) || time.Now().After(deadline) {
+			return info, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// alive tells whether process pid exists and is not a zombie (a killed daemon that its parent
+// has not reaped yet is gone for the kernel's purposes).
+func alive(pid int) bool {
+	if pid <= 0 || pid == os.Getpid() {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses and may hold anything.
+	s := string(stat)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+// recover takes back a device whose daemon was killed: START_USER_RECOVERY (once the old
+// daemon's files are closed), fetch on new queues, END_USER_RECOVERY, which lets the requests
+// that waited go.
+func (d *Device) recover(info devInfo) error {
+	d.id = info.DevID
+	p, err := d.ctrl.params(d.id)
+	if err != nil {
+		return err
+	}
+	size := d.vol.Info().Size
+	if p.Basic.DevSectors != uint64(size)>>sectorShift || p.Basic.LogicalBSShift != sectorShift {
+		return fmt.Errorf("ublk device %d has %d sectors of %d bytes, not the export's %d bytes: delete it or use another --ublk-id",
+			d.id, p.Basic.DevSectors, 1<<p.Basic.LogicalBSShift, size)
+	}
+	deadline := time.Now().Add(settleTimeout)
+	for {
+		err = d.ctrl.startRecovery(d.id)
+		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		return err
+	}
+	err = d.startQueues(info)
+	if err == nil {
+		err = d.ctrl.endRecovery(d.id, os.Getpid())
+	}
+	if err != nil {
+		d.abandon()
+		return err
+	}
+	d.log.Info("ublk device taken back from a previous daemon", "id", d.id, "queues", info.NrHWQueues,
+		"depth", info.QueueDepth, "flags", fmt.Sprintf("%#x", info.Flags))
+	return nil
+}
+
+// abandon leaves a device being recovered as it was, for another attempt: the queue loops exit
+// and their threads' exit makes the kernel cancel their fetches.
+func (d *Device) abandon() {
+	for _, q := range d.queues {
+		q.abandon()
+	}
+	d.wg.Wait()
+	d.closeQueues()
+}

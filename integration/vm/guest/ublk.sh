@@ -1,0 +1,98 @@
+# Guest test: tierblk's ublk device, /dev/ublkb0, serving the write-back cache (backend /dev/vda,
+# SSD tier /dev/vdb, metadata in /tmp/meta).
+#   1. ext4 made and filled through /dev/ublkb0 reads back identically after an unmount and a
+#      dropped page cache;
+#   2. fio writes random blocks of mixed sizes (iodepth 32) and verifies them (crc32c);
+#   3. SIGTERM: tierblk exits 0 and /dev/ublkb0 and /dev/ublkc0 are gone;
+#   4. kill -9 while fio runs: fio's I/O fails (within a timeout, no hang) and the kernel
+#      removes /dev/ublkb0.
+log=/tmp/tierblk.log
+
+die() {
+	echo "--- tierblk log"
+	cat $log
+	fail "$@"
+}
+
+start_tierblk() {
+	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback --ublk "$@" 2>>$log &
+	pid=$!
+	wait_for /dev/ublkb0 60
+}
+
+# gone PATH: wait up to 20 seconds for a device node to disappear.
+gone() {
+	i=0
+	while [ -e "$1" ]; do
+		i=$((i + 1))
+		[ $i -le 200 ] || die "$1 still exists"
+		sleep 0.1
+	done
+}
+
+step "starting tierblk --ublk"
+start_tierblk
+[ "$(blockdev --getsize64 /dev/ublkb0)" = "$(blockdev --getsize64 /dev/vda)" ] ||
+	die "/dev/ublkb0 has $(blockdev --getsize64 /dev/ublkb0) bytes, /dev/vda $(blockdev --getsize64 /dev/vda)"
+# Without a volatile write cache the kernel never sends a flush, and fsync proves nothing.
+[ "$(cat /sys/block/ublkb0/queue/write_cache)" = "write back" ] ||
+	die "/dev/ublkb0 write_cache is '$(cat /sys/block/ublkb0/queue/write_cache)', want 'write back'"
+[ "$(cat /sys/block/ublkb0/queue/fua)" = 1 ] || die "/dev/ublkb0 does not take FUA writes"
+step "queues: $(ls /sys/block/ublkb0/mq | wc -l), max_sectors_kb $(cat /sys/block/ublkb0/queue/max_sectors_kb)," \
+	"discard_max_bytes $(cat /sys/block/ublkb0/queue/discard_max_bytes)," \
+	"write_zeroes_max_bytes $(cat /sys/block/ublkb0/queue/write_zeroes_max_bytes)"
+
+step "mkfs.ext4 and writing files"
+mkfs.ext4 -q -F /dev/ublkb0 || die "mkfs.ext4"
+mount -t ext4 /dev/ublkb0 /mnt || die "mount"
+dd if=/dev/urandom of=/mnt/big bs=1M count=16 2>/dev/null || die "write big"
+for i in 1 2 3 4 5 6 7 8; do
+	dd if=/dev/urandom of=/mnt/small$i bs=4k count=$i 2>/dev/null || die "write small$i"
+done
+(cd /mnt && md5sum big small*) >/tmp/sums
+rm /mnt/small8 && fstrim -v /mnt 2>&1 || step "fstrim not available or not supported"
+umount /mnt || die "umount"
+
+step "dropping caches, mounting again"
+echo 3 >/proc/sys/vm/drop_caches
+mount -t ext4 /dev/ublkb0 /mnt || die "mount again"
+(cd /mnt && grep -v small8 /tmp/sums | md5sum -c) || die "checksums differ after remount"
+umount /mnt || die "umount again"
+
+step "fio randwrite + verify (crc32c, iodepth 32)"
+fio --name=verify --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --iodepth=32 \
+	--rw=randwrite --bssplit=4k/50:16k/20:64k/15:1m/15 --size=48M --offset=64M \
+	--verify=crc32c --verify_fatal=1 --do_verify=1 --verify_state_save=0 \
+	--output=/tmp/fio.out || { cat /tmp/fio.out; die "fio verify failed"; }
+grep -E 'write:|read:|err=' /tmp/fio.out
+grep -q 'err= 0' /tmp/fio.out || { cat /tmp/fio.out; die "fio reported an error"; }
+
+step "SIGTERM"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || die "tierblk exited $rc after SIGTERM"
+[ ! -e /dev/ublkb0 ] || die "/dev/ublkb0 still exists after tierblk exited"
+[ ! -e /dev/ublkc0 ] || die "/dev/ublkc0 still exists after tierblk exited"
+
+step "kill -9 while fio runs"
+start_tierblk
+timeout 60 fio --name=killed --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --iodepth=32 \
+	--rw=randrw --bs=4k --size=32M --time_based --runtime=600 --output=/tmp/fio-killed.out &
+fio_pid=$!
+sleep 5
+kill -9 $pid
+wait $pid
+wait $fio_pid
+rc=$?
+cat /tmp/fio-killed.out
+[ $rc -ne 124 ] || die "fio still ran 60 seconds after tierblk was killed: I/O hangs"
+[ $rc -ne 0 ] || die "fio succeeded although tierblk was killed"
+step "fio exited $rc after the kill"
+gone /dev/ublkb0
+timeout 20 dd if=/dev/ublkb0 of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null
+rc=$?
+[ $rc -ne 124 ] || die "a read of /dev/ublkb0 hangs after tierblk was killed"
+[ $rc -ne 0 ] || die "a read of /dev/ublkb0 succeeded after tierblk was killed"
+cat $log
+step "all checks passed"

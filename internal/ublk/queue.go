@@ -1,0 +1,311 @@
+package ublk
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// queue serves one hardware queue of a device. Its loop owns the queue's io_uring and runs
+// locked to one OS thread, because the kernel takes the task that fetched a queue's tags as that
+// queue's daemon and accepts its commands from that task only. Each request is served on its
+// own goroutine, so that a slow backend read never holds up the others; finished requests come
+// back to the loop through a list and an eventfd that the ring polls.
+type queue struct {
+	id    uint16
+	depth int
+	maxIO int
+	dev   volume.Device
+	log   *slog.Logger
+
+	charFD int
+	iods   []byte // the kernel's request descriptors, mmapped read-only from /dev/ublkcN
+	bufs   []byte // maxIO bytes of data per tag; the kernel copies request data to and from them
+	efd    int    // an eventfd, written when done gets its first entry
+
+	mu      sync.Mutex
+	done    []completion
+	quit    bool           // abandon asked the loop to leave
+	workers sync.WaitGroup // requests being served
+}
+
+type completion struct {
+	tag uint16
+	res int32
+}
+
+// pollTag is the user data of the eventfd poll; tags are below 65536.
+const pollTag = 1 << 32
+
+// maxCmdBufSize is the stride of the queues' descriptor arrays in /dev/ublkcN's mmap offsets.
+func maxCmdBufSize() int { return roundUp(maxQueueDepth*sizeofIODesc, unix.Getpagesize()) }
+
+func roundUp(n, to int) int { return (n + to - 1) / to * to }
+
+func newQueue(charFD int, id uint16, depth, maxIO int, dev volume.Device, log *slog.Logger) (*queue, error) {
+	q := &queue{id: id, depth: depth, maxIO: maxIO, dev: dev, log: log, charFD: charFD, efd: -1}
+	var err error
+	q.iods, err = unix.Mmap(charFD, int64(id)*int64(maxCmdBufSize()), roundUp(depth*sizeofIODesc, unix.Getpagesize()),
+		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap the descriptors of queue %d: %w", id, err)
+	}
+	q.bufs, err = unix.Mmap(-1, 0, depth*maxIO, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		q.unmap()
+		return nil, fmt.Errorf("mmap the buffers of queue %d: %w", id, err)
+	}
+	if q.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		q.unmap()
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	return q, nil
+}
+
+// unmap releases the queue's memory and eventfd once its loop has returned.
+func (q *queue) unmap() {
+	for _, m := range [][]byte{q.iods, q.bufs} {
+		if m != nil {
+			_ = unix.Munmap(m)
+		}
+	}
+	q.iods, q.bufs = nil, nil
+	if q.efd >= 0 {
+		unix.Close(q.efd)
+		q.efd = -1
+	}
+}
+
+func (q *queue) buf(tag uint16) []byte {
+	return q.bufs[int(tag)*q.maxIO : int(tag+1)*q.maxIO]
+}
+
+// run fetches every tag, reports on ready whether that worked, then serves requests until the
+// kernel aborts every tag (the device stopped) or abandon is called. The thread stays locked and
+// exits with the goroutine: once a ring's thread is gone, the kernel fails what it still held.
+func (q *queue) run(ready chan<- error) {
+	runtime.LockOSThread()
+	r, err := q.fetchAll()
+	ready <- err
+	if err != nil {
+		return
+	}
+	if err := q.serve(r); err != nil {
+		q.log.Error("ublk queue stopped", "queue", q.id, "err", err)
+	}
+	r.Close()
+	q.workers.Wait()
+}
+
+// fetchAll sets up the ring and submits FETCH_REQ for every tag, which makes the queue ready.
+func (q *queue) fetchAll() (*ring, error) {
+	r, err := newRing(uint32(q.depth+1), 0)
+	if err != nil {
+		return nil, err
+	}
+	for tag := range q.depth {
+		if err == nil {
+			err = q.prepIO(r, ioFetchReq, completion{tag: uint16(tag)})
+		}
+	}
+	if err == nil {
+		err = q.armPoll(r)
+	}
+	if err == nil {
+		err = r.submit(0)
+	}
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("queue %d: %w", q.id, err)
+	}
+	return r, nil
+}
+
+func (q *queue) prepIO(r *ring, op uint32, c completion) error {
+	s, cmd, err := r.get()
+	if err != nil {
+		return err
+	}
+	s.Opcode = opURingCmd
+	s.FD = int32(q.charFD)
+	s.Off = uint64(op)
+	s.UserData = uint64(c.tag)
+	*(*ioCmd)(unsafe.Pointer(&cmd[0])) = ioCmd{
+		QID: q.id, Tag: c.tag, Result: c.res, Addr: uint64(uintptr(unsafe.Pointer(&q.buf(c.tag)[0]))),
+	}
+	return nil
+}
+
+// armPoll asks the ring for one completion when the eventfd becomes readable.
+func (q *queue) armPoll(r *ring) error {
+	s, _, err := r.get()
+	if err != nil {
+		return err
+	}
+	s.Opcode = opPollAdd
+	s.FD = int32(q.efd)
+	s.OpFlags = unix.POLLIN
+	s.UserData = pollTag
+	return nil
+}
+
+func (q *queue) serve(r *ring) error {
+	live := q.depth // tags not aborted: with the kernel, or with a worker
+	for live > 0 {
+		if err := r.submit(1); err != nil {
+			return err
+		}
+		woken := false
+		r.reap(func(e cqe) {
+			switch {
+			case e.UserData == pollTag:
+				woken = true
+			case e.Res == ioResOK:
+				q.dispatch(uint16(e.UserData))
+			case e.Res == ioResAbort:
+				live--
+			default:
+				q.log.Error("ublk command failed", "queue", q.id, "tag", e.UserData, "err", unix.Errno(-e.Res))
+				live--
+			}
+		})
+		if !woken {
+			continue
+		}
+		done, quit := q.takeDone()
+		if quit {
+			return errors.New("abandoned")
+		}
+		for _, c := range done {
+			if err := q.prepIO(r, ioCommitAndFetchRq, c); err != nil {
+				return err
+			}
+		}
+		if err := q.armPoll(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// takeDone empties the list of finished requests. The eventfd is read first: a completion
+// added after the read writes it again, so none is left waiting without a wake-up.
+func (q *queue) takeDone() ([]completion, bool) {
+	var b [8]byte
+	_, _ = unix.Read(q.efd, b[:])
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	done := q.done
+	q.done = nil
+	return done, q.quit
+}
+
+func (q *queue) wake() {
+	one := [8]byte{1}
+	_, _ = unix.Write(q.efd, one[:])
+}
+
+// complete hands a finished request back to the loop.
+func (q *queue) complete(c completion) {
+	q.mu.Lock()
+	first := len(q.done) == 0
+	q.done = append(q.done, c)
+	q.mu.Unlock()
+	if first {
+		q.wake()
+	}
+}
+
+// abandon makes the loop return without waiting for the kernel; its thread's exit then makes
+// the kernel fail the queue's requests. For a start that failed half-way.
+func (q *queue) abandon() {
+	q.mu.Lock()
+	q.quit = true
+	q.mu.Unlock()
+	q.wake()
+}
+
+// dispatch serves the request of tag on a new goroutine. The descriptor is copied now: the
+// kernel rewrites it only for the tag's next request, after our commit.
+func (q *queue) dispatch(tag uint16) {
+	d := *(*ioDesc)(unsafe.Pointer(&q.iods[int(tag)*sizeofIODesc]))
+	q.workers.Add(1)
+	go func() {
+		defer q.workers.Done()
+		res, err := handle(q.dev, d, q.buf(tag))
+		if err != nil {
+			q.log.Warn("ublk request failed", "queue", q.id, "op", opName(d.OpFlags),
+				"offset", int64(d.StartSector)<<sectorShift, "length", int64(d.NrSectors)<<sectorShift, "err", err)
+		}
+		q.complete(completion{tag: tag, res: res})
+	}()
+}
+
+// handle runs one request on the volume and returns the result the kernel expects: the byte
+// count for reads and writes (the kernel fails a read that returns 0), 0 for the others, or a
+// negative errno.
+func handle(dev volume.Device, d ioDesc, buf []byte) (int32, error) {
+	off := int64(d.StartSector) << sectorShift
+	n := int64(d.NrSectors) << sectorShift
+	fua := d.OpFlags&ioFlagFUA != 0
+	var err error
+	switch d.OpFlags & 0xff {
+	case opRead, opWrite:
+		if n > int64(len(buf)) {
+			return -int32(unix.EINVAL), fmt.Errorf("%d bytes, more than the %d-byte buffer", n, len(buf))
+		}
+		if d.OpFlags&0xff == opRead {
+			err = dev.ReadAt(buf[:n], off)
+		} else {
+			err = dev.WriteAt(buf[:n], off, fua)
+		}
+		if err == nil {
+			return int32(n), nil
+		}
+	case opFlush:
+		err = dev.Flush()
+	case opDiscard:
+		err = dev.Trim(off, n, fua)
+	case opWriteZeroes:
+		err = dev.WriteZeroes(off, n, volume.ZeroFlags{NoHole: d.OpFlags&ioFlagNoUnmap != 0, FUA: fua})
+	default:
+		return -int32(unix.EOPNOTSUPP), nil
+	}
+	return errnoOf(err), err
+}
+
+// errnoOf is the negative errno the kernel turns into a block status: EOPNOTSUPP for what the
+// volume cannot do, EIO for every other failure.
+func errnoOf(err error) int32 {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, volume.ErrNotSupported):
+		return -int32(unix.EOPNOTSUPP)
+	default:
+		return -int32(unix.EIO)
+	}
+}
+
+func opName(opFlags uint32) string {
+	switch opFlags & 0xff {
+	case opRead:
+		return "read"
+	case opWrite:
+		return "write"
+	case opFlush:
+		return "flush"
+	case opDiscard:
+		return "discard"
+	case opWriteZeroes:
+		return "write-zeroes"
+	}
+	return fmt.Sprintf("op %d", opFlags&0xff)
+}

@@ -1,0 +1,223 @@
+package ublk
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// A minimal io_uring (include/uapi/linux/io_uring.h): just what ublk needs, URING_CMD, POLL_ADD
+// and NOP, over the raw io_uring_setup and io_uring_enter system calls. A ring is not safe for
+// concurrent use: one goroutine prepares, submits and reaps.
+
+// io_uring opcodes, setup flags and mmap offsets.
+const (
+	opNop      = 0
+	opPollAdd  = 6
+	opURingCmd = 46
+
+	setupSQE128 = 1 << 10
+
+	featSingleMmap = 1 << 0
+	enterGetEvents = 1 << 0
+
+	offSQRing = 0
+	offCQRing = 0x8000000
+	offSQEs   = 0x10000000
+)
+
+// uringParams is struct io_uring_params.
+type uringParams struct {
+	SQEntries    uint32
+	CQEntries    uint32
+	Flags        uint32
+	SQThreadCPU  uint32
+	SQThreadIdle uint32
+	Features     uint32
+	WQFd         uint32
+	Resv         [3]uint32
+	SQOff        sqRingOffsets
+	CQOff        cqRingOffsets
+}
+
+// sqRingOffsets is struct io_sqring_offsets.
+type sqRingOffsets struct {
+	Head, Tail, RingMask, RingEntries, Flags, Dropped, Array, Resv1 uint32
+	UserAddr                                                       uint64
+}
+
+// cqRingOffsets is struct io_cqring_offsets.
+type cqRingOffsets struct {
+	Head, Tail, RingMask, RingEntries, Overflow, CQEs, Flags, Resv1 uint32
+	UserAddr                                                        uint64
+}
+
+// sqe is the first 64 bytes of struct io_uring_sqe; the command area of URING_CMD starts at
+// Addr3 (offset 48) and runs to the end of the entry (16 bytes, or 80 with IORING_SETUP_SQE128).
+type sqe struct {
+	Opcode      uint8
+	Flags       uint8
+	IOPrio      uint16
+	FD          int32
+	Off         uint64 // for URING_CMD: cmd_op in the low 32 bits
+	Addr        uint64
+	Len         uint32
+	OpFlags     uint32 // poll32_events for POLL_ADD
+	UserData    uint64
+	BufIndex    uint16
+	Personality uint16
+	SpliceFDIn  int32
+	Addr3       uint64
+	Pad2        uint64
+}
+
+const sqeCmdOffset = 48
+
+// cqe is struct io_uring_cqe (without IORING_SETUP_CQE32).
+type cqe struct {
+	UserData uint64
+	Res      int32
+	Flags    uint32
+}
+
+type ring struct {
+	fd      int
+	sqeSize int
+	mems    [][]byte // every mapping, for Close
+
+	sqHead, sqTail *uint32
+	sqMask         uint32
+	sqEntries      uint32
+	sqArray        []uint32
+	sqes           []byte
+	tail           uint32 // SQEs prepared; the kernel sees them at the next submit
+
+	cqHead, cqTail *uint32
+	cqMask         uint32
+	cqes           []cqe
+}
+
+// newRing sets up an io_uring with at least entries submission entries; flags are
+// IORING_SETUP_* (setupSQE128 for ublk's control commands).
+func newRing(entries uint32, flags uint32) (*ring, error) {
+	var p uringParams
+	p.Flags = flags
+	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("io_uring_setup: %w", errno)
+	}
+	r := &ring{fd: int(fd), sqeSize: 64}
+	if flags&setupSQE128 != 0 {
+		r.sqeSize = 128
+	}
+	if err := r.mapRings(&p); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *ring) mmap(off int64, size int) ([]byte, error) {
+	b, err := unix.Mmap(r.fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap io_uring at %#x: %w", off, err)
+	}
+	r.mems = append(r.mems, b)
+	return b, nil
+}
+
+func (r *ring) mapRings(p *uringParams) error {
+	sqSize := int(p.SQOff.Array + p.SQEntries*4)
+	cqSize := int(p.CQOff.CQEs + p.CQEntries*uint32(unsafe.Sizeof(cqe{})))
+	if p.Features&featSingleMmap != 0 {
+		sqSize = max(sqSize, cqSize)
+	}
+	sq, err := r.mmap(offSQRing, sqSize)
+	if err != nil {
+		return err
+	}
+	cq := sq
+	if p.Features&featSingleMmap == 0 {
+		if cq, err = r.mmap(offCQRing, cqSize); err != nil {
+			return err
+		}
+	}
+	if r.sqes, err = r.mmap(offSQEs, int(p.SQEntries)*r.sqeSize); err != nil {
+		return err
+	}
+	r.sqHead = (*uint32)(unsafe.Pointer(&sq[p.SQOff.Head]))
+	r.sqTail = (*uint32)(unsafe.Pointer(&sq[p.SQOff.Tail]))
+	r.sqMask = *(*uint32)(unsafe.Pointer(&sq[p.SQOff.RingMask]))
+	r.sqEntries = p.SQEntries
+	r.sqArray = unsafe.Slice((*uint32)(unsafe.Pointer(&sq[p.SQOff.Array])), p.SQEntries)
+	r.tail = *r.sqTail
+	r.cqHead = (*uint32)(unsafe.Pointer(&cq[p.CQOff.Head]))
+	r.cqTail = (*uint32)(unsafe.Pointer(&cq[p.CQOff.Tail]))
+	r.cqMask = *(*uint32)(unsafe.Pointer(&cq[p.CQOff.RingMask]))
+	r.cqes = unsafe.Slice((*cqe)(unsafe.Pointer(&cq[p.CQOff.CQEs])), p.CQEntries)
+	return nil
+}
+
+// errRingFull: every submission entry is taken by SQEs not yet submitted.
+var errRingFull = errors.New("io_uring submission queue full")
+
+// get returns a zeroed SQE and its command area; the kernel sees it at the next submit.
+func (r *ring) get() (*sqe, []byte, error) {
+	if r.tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries {
+		return nil, nil, errRingFull
+	}
+	idx := r.tail & r.sqMask
+	b := r.sqes[int(idx)*r.sqeSize : int(idx+1)*r.sqeSize]
+	clear(b)
+	r.sqArray[idx] = idx
+	r.tail++
+	return (*sqe)(unsafe.Pointer(&b[0])), b[sqeCmdOffset:], nil
+}
+
+// submit hands the prepared SQEs to the kernel and, with wait > 0, blocks until at least
+// wait completions are in the completion queue. A signal (the Go runtime's preemption) only
+// makes it try again.
+func (r *ring) submit(wait uint32) error {
+	atomic.StoreUint32(r.sqTail, r.tail)
+	for {
+		toSubmit := r.tail - atomic.LoadUint32(r.sqHead)
+		if toSubmit == 0 && (wait == 0 || r.ready() >= wait) {
+			return nil
+		}
+		var flags uintptr
+		if wait > 0 {
+			flags = enterGetEvents
+		}
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags, 0, 0)
+		if errno != 0 && errno != unix.EINTR {
+			return fmt.Errorf("io_uring_enter: %w", errno)
+		}
+	}
+}
+
+// ready is the number of completions waiting to be reaped.
+func (r *ring) ready() uint32 {
+	return atomic.LoadUint32(r.cqTail) - *r.cqHead
+}
+
+// reap calls fn on every waiting completion, oldest first, and frees their slots.
+func (r *ring) reap(fn func(c cqe)) {
+	head := *r.cqHead
+	tail := atomic.LoadUint32(r.cqTail)
+	for ; head != tail; head++ {
+		fn(r.cqes[head&r.cqMask])
+	}
+	atomic.StoreUint32(r.cqHead, head)
+}
+
+// Close unmaps the ring and closes it; the kernel cancels what is still pending.
+func (r *ring) Close() error {
+	for _, m := range r.mems {
+		_ = unix.Munmap(m)
+	}
+	r.mems = nil
+	return unix.Close(r.fd)
+}
