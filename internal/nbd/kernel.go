@@ -35,8 +35,9 @@ const (
 	kernelDeadConnTimeout   = 0
 	kernelHandshakeTimeout  = 10 * time.Second
 	kernelReleaseTimeout    = 10 * time.Second
+	kernelDrainTimeout      = 5 * time.Second
 	kernelReleasePollPeriod = 20 * time.Millisecond
-	// sysBlock is where the kernel shows block devices; tests do not change it.
+	// sysBlock is where the kernel shows block devices.
 	sysBlock = "/sys/block"
 )
 
@@ -96,8 +97,9 @@ func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, er
 func (k *KernelDevice) Path() string { return k.path }
 
 // Detach disconnects the kernel client: the device's dirty pages are written and flushed, the
-// kernel sends NBD_CMD_DISC on every connection, the server finishes the requests it had read,
-// and Detach returns once the kernel has released the device (size 0). If the device stays open
+// requests in flight finish (Detach waits a few seconds for the device to be idle), the kernel
+// sends NBD_CMD_DISC on every connection, the server finishes the requests it had read, and
+// Detach returns once the kernel has released the device (size 0). If the device stays open
 // (a mounted file system), the kernel fails its I/O and Detach says so after a while.
 func (k *KernelDevice) Detach() error {
 	k.detachOnce.Do(func() { k.detachErr = k.detach() })
@@ -106,6 +108,8 @@ func (k *KernelDevice) Detach() error {
 
 func (k *KernelDevice) detach() error {
 	syncErr := syncBlockDevice(k.path)
+	// The kernel fails the requests still queued when it disconnects: let those in flight finish.
+	waitIdle(k.index, kernelDrainTimeout)
 	g, family, err := dialNBDFamily()
 	if err != nil {
 		return errors.Join(syncErr, err)
@@ -167,7 +171,7 @@ func connectError(path string, err error) error {
 // releaseStale disconnects the device when the process that connected it no longer exists (a
 // tierblk killed with -9): its connections are dead and nothing else will ever release it.
 func (s *Server) releaseStale(g *genlConn, family uint16, k *KernelDevice) error {
-	b, err := os.ReadFile(filepath.Join(sysBlock, fmt.Sprintf("nbd%d", k.index), "pid"))
+	b, err := os.ReadFile(sysBlockFile(k.index, "pid"))
 	if err != nil {
 		return nil // not connected, or no such device yet (the kernel creates it on connect)
 	}
@@ -314,16 +318,38 @@ func syncBlockDevice(path string) error {
 // waitReleased waits until the kernel shows device index with size 0: it has dropped its
 // configuration, which it keeps while anyone has the device open.
 func waitReleased(path string, index uint32, timeout time.Duration) error {
-	sizeFile := filepath.Join(sysBlock, fmt.Sprintf("nbd%d", index), "size")
+	size, done := waitSysBlock(sysBlockFile(index, "size"), timeout, func(v string) bool { return v == "0" })
+	if !done {
+		return fmt.Errorf("nbd: %s still has %s sectors %v after the disconnect: something keeps it open (a mounted file system?); its I/O fails until it is closed",
+			path, size, timeout)
+	}
+	return nil
+}
+
+// waitIdle waits until the kernel has no request of device index in flight, or timeout passes.
+func waitIdle(index uint32, timeout time.Duration) {
+	// The file holds the reads and the writes in flight.
+	waitSysBlock(sysBlockFile(index, "inflight"), timeout, func(v string) bool { return strings.Join(strings.Fields(v), " ") == "0 0" })
+}
+
+// sysBlockFile is the path of an attribute of NBD device index.
+func sysBlockFile(index uint32, attr string) string {
+	return filepath.Join(sysBlock, fmt.Sprintf("nbd%d", index), attr)
+}
+
+// waitSysBlock polls the attribute file name until ok accepts its value (spaces trimmed) or
+// timeout passes. It returns the last value, and done true when ok accepted it or the file is
+// gone (the device with it).
+func waitSysBlock(name string, timeout time.Duration, ok func(string) bool) (value string, done bool) {
 	deadline := time.Now().Add(timeout)
 	for {
-		b, err := os.ReadFile(sizeFile)
-		if err != nil || strings.TrimSpace(string(b)) == "0" {
-			return nil // gone, or released
+		b, err := os.ReadFile(name)
+		value = strings.TrimSpace(string(b))
+		if err != nil || ok(value) {
+			return value, true
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("nbd: %s still has %s sectors %v after the disconnect: something keeps it open (a mounted file system?); its I/O fails until it is closed",
-				path, strings.TrimSpace(string(b)), timeout)
+			return value, false
 		}
 		time.Sleep(kernelReleasePollPeriod)
 	}

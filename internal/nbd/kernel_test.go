@@ -186,3 +186,30 @@ func TestConnectError(t *testing.T) {
 	}
 	require.NoError(t, connectError("/dev/nbd0", nil))
 }
+
+func TestWaitSysBlock(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, v string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(v), 0o600))
+		return p
+	}
+	isZero := func(v string) bool { return v == "0" }
+	tests := []struct {
+		name      string
+		file      string
+		wantValue string
+		wantDone  bool
+	}{
+		{"accepted", write("released", "0\n"), "0", true},
+		{"gone with its device", filepath.Join(dir, "missing"), "", true},
+		{"never accepted", write("busy", "2048\n"), "2048", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, done := waitSysBlock(tt.file, 50*time.Millisecond, isZero)
+			require.Equal(t, tt.wantValue, v)
+			require.Equal(t, tt.wantDone, done)
+		})
+	}
+}

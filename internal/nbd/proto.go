@@ -1,9 +1,12 @@
 // Package nbd implements the Network Block Device protocol (doc/proto.md of NetworkBlockDevice/nbd):
 // the fixed-newstyle handshake, the transmission phase with simple and structured replies, a
-// concurrent server that serves a volume.Device, and a pipelined client.
+// concurrent server that serves a volume.Device, a pipelined client, and the attachment of the
+// Linux kernel's NBD client (/dev/nbdN) to an export over generic netlink (kernel.go, genl.go).
 //
 // The server must never let one connection's bad input harm another connection or write anything
-// a client did not ask for: malformed requests get an error reply or a closed connection.
+// a client did not ask for: malformed requests get an error reply or a closed connection. A
+// kernel device must never be left attached to connections nobody serves while the server lives:
+// Detach releases it, and a device left by a dead process is released before it is taken again.
 package nbd
 
 // Magic numbers.

@@ -1,0 +1,103 @@
+# Guest test: `tierblk serve --nbd-device /dev/nbd0` attaches the kernel's NBD client itself
+# (generic netlink, no nbd-client), in write-back mode with /dev/vda as the backend and /dev/vdb as
+# the SSD tier.
+#   1. ext4 on /dev/nbd0: files read back identically after unmount, drop_caches and mount.
+#   2. SIGTERM: tierblk exits 0 and the kernel has released /dev/nbd0 (size 0); a new tierblk
+#      attaches again and the files are still there.
+#   3. fio writes 4 KiB blocks at random, 32 in flight, then verifies them (crc32c).
+#   4. kill -9: I/O on /dev/nbd0 fails instead of hanging, both the I/O in flight at the kill and
+#      new I/O; a new tierblk takes the device back from the dead one and the last durable write
+#      is there.
+starts=0
+
+# start_tierblk starts tierblk and waits until it has attached /dev/nbd0. (The device's size
+# alone does not tell: after a kill -9 the kernel keeps the dead configuration and its size.)
+start_tierblk() {
+	starts=$((starts + 1))
+	serve_log=/tmp/tierblk.$starts.log
+	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
+		--nbd-device /dev/nbd0 2>$serve_log &
+	pid=$!
+	i=0
+	until grep -q 'kernel device attached' $serve_log; do
+		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd0"; }
+		i=$((i + 1))
+		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd0 within 60 s"; }
+		sleep 0.1
+	done
+	[ "$(blockdev --getsize64 /dev/nbd0)" = "$(blockdev --getsize64 /dev/vda)" ] ||
+		fail "/dev/nbd0 size $(blockdev --getsize64 /dev/nbd0) != /dev/vda size $(blockdev --getsize64 /dev/vda)"
+}
+
+# stop_tierblk: SIGTERM must detach the device and exit 0.
+stop_tierblk() {
+	kill -TERM $pid
+	wait $pid
+	rc=$?
+	[ $rc -eq 0 ] || { cat $serve_log; fail "tierblk exited $rc after SIGTERM"; }
+	[ "$(cat /sys/block/nbd0/size)" = 0 ] ||
+		fail "/dev/nbd0 still has $(cat /sys/block/nbd0/size) sectors after tierblk stopped"
+}
+
+mkdir -p /tmp/meta
+
+step "starting tierblk --nbd-device /dev/nbd0 (write-back)"
+start_tierblk
+[ "$(cat /sys/block/nbd0/queue/write_cache)" = "write back" ] ||
+	fail "/dev/nbd0 write_cache is '$(cat /sys/block/nbd0/queue/write_cache)': the kernel did not get the FLUSH flag"
+
+step "mkfs.ext4, writing files, remounting after drop_caches"
+mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
+mount -t ext4 /dev/nbd0 /mnt || fail "mount"
+dd if=/dev/urandom of=/mnt/big bs=1M count=8 2>/dev/null || fail "write big"
+for i in 1 2 3 4 5 6 7 8; do
+	dd if=/dev/urandom of=/mnt/small$i bs=4k count=$i 2>/dev/null || fail "write small$i"
+done
+(cd /mnt && md5sum big small*) >/tmp/sums
+umount /mnt || fail "umount"
+echo 3 >/proc/sys/vm/drop_caches
+mount -t ext4 /dev/nbd0 /mnt || fail "mount again"
+(cd /mnt && md5sum -c /tmp/sums) || fail "checksums differ after remount"
+umount /mnt || fail "umount after remount"
+
+step "SIGTERM: device released, exit 0; attaching again"
+stop_tierblk
+start_tierblk
+mount -t ext4 /dev/nbd0 /mnt || fail "mount after restart"
+(cd /mnt && md5sum -c /tmp/sums) || fail "checksums differ after a restart of tierblk"
+umount /mnt || fail "umount after restart"
+
+step "fio: random 4 KiB writes, iodepth 32, then crc32c verify"
+fio --name=nbd-device --filename=/dev/nbd0 --direct=1 --ioengine=libaio --iodepth=32 \
+	--rw=randwrite --bs=4k --size=32M --verify=crc32c --do_verify=1 --verify_fatal=1 \
+	--eta=never --output=/tmp/fio.out || { cat /tmp/fio.out; fail "fio verify failed"; }
+grep -E 'IOPS|err=' /tmp/fio.out
+
+step "kill -9 with I/O in flight: I/O fails, no hang"
+yes durable | head -c 4096 >/tmp/durable
+dd if=/tmp/durable of=/dev/nbd0 bs=4096 seek=1000 count=1 oflag=direct conv=notrunc,fsync 2>/dev/null ||
+	fail "durable write before the kill"
+timeout 120 dd if=/dev/urandom of=/dev/nbd0 bs=64k seek=1024 count=100000 oflag=direct 2>/tmp/bg.err &
+bg=$!
+sleep 2
+kill -0 $bg 2>/dev/null || { cat /tmp/bg.err; fail "the background writer ended before the kill"; }
+kill -9 $pid
+wait $pid
+wait $bg
+rc=$?
+[ $rc -ne 124 ] || fail "writes in flight at the kill hung for 120 s"
+[ $rc -ne 0 ] || fail "the background writer succeeded although tierblk was killed"
+echo "background writer: exit $rc: $(tail -n 3 /tmp/bg.err | tr '\n' ' ')"
+timeout 60 dd if=/dev/nbd0 of=/dev/null bs=4096 count=1 skip=5000 iflag=direct 2>/dev/null
+rc=$?
+[ $rc -ne 124 ] || fail "a read after the kill hung for 60 s"
+[ $rc -ne 0 ] || fail "a read after the kill succeeded"
+echo "read after the kill: exit $rc"
+
+step "a new tierblk takes /dev/nbd0 back from the killed one"
+start_tierblk
+[ "$(dd if=/dev/nbd0 bs=4096 skip=1000 count=1 iflag=direct 2>/dev/null | md5sum)" = "$(md5sum </tmp/durable)" ] ||
+	fail "the durable write before the kill is lost"
+grep 'disconnecting it' $serve_log || fail "tierblk did not say it released the killed tierblk's device"
+stop_tierblk
+step "all checks passed"
