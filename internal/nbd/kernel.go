@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,6 +48,9 @@ type KernelDevice struct {
 	index uint32
 	// conns counts the server's goroutines serving the device's sockets.
 	conns sync.WaitGroup
+	// A connection that ends while the kernel has the device, before it is asked to let go,
+	// is worth a warning.
+	attached, detaching atomic.Bool
 
 	detachOnce sync.Once
 	detachErr  error
@@ -88,6 +92,7 @@ func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, er
 		k.conns.Wait()
 		return nil, err
 	}
+	k.attached.Store(true)
 	s.log.Info("nbd: kernel device attached", "device", path, "export", export,
 		"size", ex.size, "block_size", cfg.blockSize, "connections", len(files))
 	return k, nil
@@ -107,6 +112,7 @@ func (k *KernelDevice) Detach() error {
 }
 
 func (k *KernelDevice) detach() error {
+	k.detaching.Store(true)
 	syncErr := syncBlockDevice(k.path)
 	// The kernel fails the requests still queued when it disconnects: let those in flight finish.
 	waitIdle(k.index, kernelDrainTimeout)
@@ -231,6 +237,12 @@ func (s *Server) kernelSocket(k *KernelDevice, export string, i int) (*os.File, 
 	go func() {
 		defer k.conns.Done()
 		s.serveConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
+		if k.attached.Load() && !k.detaching.Load() && !s.isClosing() {
+			// The kernel gave up on the connection: a request took longer than its timeout, or
+			// someone disconnected the device. Its requests go to the other connections, if any.
+			s.log.Warn("nbd: the kernel closed a connection of its device", "device", k.path, "connection", i,
+				"request_timeout", kernelRequestTimeout)
+		}
 	}()
 
 	f := os.NewFile(uintptr(fds[1]), "nbd-kernel")

@@ -1,6 +1,7 @@
 # Guest test: `tierblk serve --nbd-device /dev/nbd0` attaches the kernel's NBD client itself
 # (generic netlink, no nbd-client), in write-back mode with /dev/vda as the backend and /dev/vdb as
 # the SSD tier.
+#   0. A second tierblk asking for the same device is refused: it is in use.
 #   1. ext4 on /dev/nbd0: files read back identically after unmount, drop_caches and mount.
 #   2. SIGTERM: tierblk exits 0 and the kernel has released /dev/nbd0 (size 0); a new tierblk
 #      attaches again and the files are still there.
@@ -45,6 +46,12 @@ step "starting tierblk --nbd-device /dev/nbd0 (write-back)"
 start_tierblk
 [ "$(cat /sys/block/nbd0/queue/write_cache)" = "write back" ] ||
 	fail "/dev/nbd0 write_cache is '$(cat /sys/block/nbd0/queue/write_cache)': the kernel did not get the FLUSH flag"
+
+step "a second tierblk cannot take /dev/nbd0 while the first serves it"
+timeout 60 tierblk serve --backend mem://64MiB --nbd-device /dev/nbd0 2>/tmp/second.log
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat /tmp/second.log; fail "the second tierblk exited $rc, want an error"; }
+grep -q '/dev/nbd0 is in use' /tmp/second.log || { cat /tmp/second.log; fail "the second tierblk did not say /dev/nbd0 is in use"; }
 
 step "mkfs.ext4, writing files, remounting after drop_caches"
 mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
