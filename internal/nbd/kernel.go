@@ -143,6 +143,7 @@ func nbdIndex(path string) (uint32, error) {
 	return uint32(n), nil
 }
 
+// dialNBDFamily opens a generic netlink socket and finds the nbd family on it.
 func dialNBDFamily() (*genlConn, uint16, error) {
 	g, err := dialGenl()
 	if err != nil {
@@ -151,12 +152,17 @@ func dialNBDFamily() (*genlConn, uint16, error) {
 	family, err := g.family(nbdGenlFamily)
 	if err != nil {
 		g.Close()
-		if errors.Is(err, errFamilyNotFound) {
-			return nil, 0, errors.New("nbd: the kernel's nbd module is not loaded (modprobe nbd)")
-		}
-		return nil, 0, fmt.Errorf("nbd: %w", err)
+		return nil, 0, familyError(err)
 	}
 	return g, family, nil
+}
+
+// familyError explains a failure to find the nbd family.
+func familyError(err error) error {
+	if errors.Is(err, errFamilyNotFound) {
+		return errors.New("nbd: the kernel's nbd module is not loaded (modprobe nbd)")
+	}
+	return fmt.Errorf("nbd: %w", err)
 }
 
 // connectError turns the kernel's refusal of NBD_CMD_CONNECT into a message an operator can act on.

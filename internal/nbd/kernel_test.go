@@ -3,6 +3,7 @@ package nbd
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -169,19 +170,22 @@ func TestNBDIndex(t *testing.T) {
 	}
 }
 
-func TestConnectError(t *testing.T) {
+func TestKernelErrors(t *testing.T) {
+	connect := func(errno syscall.Errno) error { return connectError("/dev/nbd0", &genlError{errno: errno}) }
 	tests := []struct {
 		err  error
 		want string
 	}{
-		{&genlError{errno: syscall.EBUSY}, "/dev/nbd0 is in use"},
-		{&genlError{errno: syscall.EPERM}, "needs CAP_SYS_ADMIN"},
-		{&genlError{errno: syscall.EINVAL}, "the kernel refused the configuration of /dev/nbd0"},
-		{&genlError{errno: syscall.ENOMEM}, "connect /dev/nbd0: cannot allocate memory"},
+		{familyError(fmt.Errorf("%w: %q", errFamilyNotFound, "nbd")), "nbd module is not loaded (modprobe nbd)"},
+		{familyError(&genlError{errno: syscall.EACCES}), "nbd: permission denied"},
+		{connect(syscall.EBUSY), "/dev/nbd0 is in use"},
+		{connect(syscall.EPERM), "needs CAP_SYS_ADMIN"},
+		{connect(syscall.EINVAL), "the kernel refused the configuration of /dev/nbd0"},
+		{connect(syscall.ENOMEM), "connect /dev/nbd0: cannot allocate memory"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want, func(t *testing.T) {
-			require.ErrorContains(t, connectError("/dev/nbd0", tt.err), tt.want)
+			require.ErrorContains(t, tt.err, tt.want)
 		})
 	}
 	require.NoError(t, connectError("/dev/nbd0", nil))
