@@ -111,6 +111,9 @@ type Cache struct {
 	closed atomic.Bool
 
 	backendStats ioCounters
+	// backendChanges counts the foreground changes sent to the backend (writes, trims, zeroing,
+	// failed or not): a checkpoint flushes the backend only when it has some it has not flushed.
+	backendChanges atomic.Uint64
 	readLat      histogram
 	writeLat     histogram
 }
@@ -204,7 +207,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		return err
 	}
 	t.dev = cfg.SSDDevice
-	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush)
+	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush, c.backendChanges.Load)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
 		BackendSize: c.size, Slots: uint32(slots)}
 	sb, ok, err := cfg.Meta.Superblock()
@@ -714,6 +717,7 @@ func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
 			err = c.b.Flush()
 		}
 	}
+	c.backendChanges.Add(1)
 	c.backendStats.write(len(p), err)
 	return err
 }
@@ -752,6 +756,7 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	if err := c.invalidate(segs, false); err != nil {
 		return err
 	}
+	defer c.backendChanges.Add(1)
 	return op()
 }
 

@@ -34,7 +34,11 @@ type journal struct {
 	t            *tier
 	store        meta.Store
 	flushBackend func() error
-	reserve      int // slots kept free so that evictions can wait for a checkpoint
+	// backendChanges counts the foreground changes sent to the backend so far; backendFlushed is
+	// its value when the backend's last flush began (guarded by ckMu).
+	backendChanges func() uint64
+	backendFlushed uint64
+	reserve        int // slots kept free so that evictions can wait for a checkpoint
 
 	queue      map[uint64]meta.Op // changes since the last checkpoint
 	committing map[uint64]meta.Op // the changes a checkpoint is committing now
@@ -54,9 +58,9 @@ type journal struct {
 	done    chan struct{}
 }
 
-func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error) *journal {
+func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error, backendChanges func() uint64) *journal {
 	j := &journal{
-		t: t, store: store, reserve: reserve, flushBackend: flushBackend,
+		t: t, store: store, reserve: reserve, flushBackend: flushBackend, backendChanges: backendChanges,
 		queue:  map[uint64]meta.Op{},
 		influx: map[uint64]bool{},
 		kickCh: make(chan struct{}, 1),
@@ -116,7 +120,10 @@ func (j *journal) loop() {
 
 // checkpoint flushes the SSD and the backend, then commits every queued change with a sync, then
 // frees the slots whose deletions it committed. Flushing the backend first means a record never
-// calls SSD data valid that the backend could still lose: after a power cut the two agree.
+// calls SSD data valid that the backend could still lose: after a power cut the two agree. The
+// backend is flushed only when foreground changes reached it since its last flush: clean data
+// otherwise came from it already durable (a destage flushes before it marks anything clean). So in
+// write-back a FLUSH costs the backend nothing, and keeps working while the backend is down.
 // backendErr is the backend's flush failing (the changes wait for the next checkpoint); tierErr is
 // the SSD or the metadata failing, and the tier must be bypassed.
 func (j *journal) checkpoint() (backendErr, tierErr error) {
@@ -153,7 +160,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t.mu.Unlock()
 
 	var wg sync.WaitGroup
-	wg.Go(func() { backendErr = j.flushBackend() })
+	wg.Go(func() { backendErr = j.flushBackendIfChanged() })
 	if err := t.dev.Flush(); err != nil {
 		tierErr = fmt.Errorf("flush of the SSD tier: %w", err)
 	}
@@ -191,6 +198,20 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t.free = append(t.free, pend...)
 	j.covered = covers
 	return nil, nil
+}
+
+// flushBackendIfChanged flushes the backend if foreground changes reached it since its last flush.
+// The caller holds ckMu.
+func (j *journal) flushBackendIfChanged() error {
+	n := j.backendChanges()
+	if n == j.backendFlushed {
+		return nil
+	}
+	if err := j.flushBackend(); err != nil {
+		return err
+	}
+	j.backendFlushed = n
+	return nil
 }
 
 // span is the part of a line a request touches, as blocks.
