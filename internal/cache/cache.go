@@ -114,8 +114,8 @@ type Cache struct {
 	// backendChanges counts the foreground changes sent to the backend (writes, trims, zeroing,
 	// failed or not): a checkpoint flushes the backend only when it has some it has not flushed.
 	backendChanges atomic.Uint64
-	readLat      histogram
-	writeLat     histogram
+	readLat        histogram
+	writeLat       histogram
 }
 
 // New builds a cache in front of b, which it owns from then on (Close closes it). With an SSD tier
