@@ -46,7 +46,7 @@ type uringParams struct {
 // sqRingOffsets is struct io_sqring_offsets.
 type sqRingOffsets struct {
 	Head, Tail, RingMask, RingEntries, Flags, Dropped, Array, Resv1 uint32
-	UserAddr                                                       uint64
+	UserAddr                                                        uint64
 }
 
 // cqRingOffsets is struct io_cqring_offsets.

@@ -1,0 +1,21 @@
+package integration
+
+import "testing"
+
+// The ublk tests boot the test kernel (Linux 6.12, ublk_drv loaded) and run tierblk --ublk over
+// the write-back cache: backend /dev/vda (256M), SSD tier /dev/vdb (64M), metadata on the
+// guest's tmpfs. See the guest scripts for what each checks.
+
+// TestUBLK: ext4 through /dev/ublkb0 across a remount, fio randwrite with crc32c verify at
+// iodepth 32, a clean SIGTERM that removes the device, and a kill -9 under fio that fails its
+// I/O instead of hanging it.
+func TestUBLK(t *testing.T) {
+	runVMWith(t, vmOptions{fio: true}, "vm/guest/ublk.sh", "256M", "64M")
+}
+
+// TestUBLKRecovery: with --ublk-id 0, a restarted daemon replaces the stopped device a killed
+// daemon left, and takes back (user recovery) the device of a daemon killed with ext4 mounted,
+// which then keeps working without an unmount.
+func TestUBLKRecovery(t *testing.T) {
+	runVMWith(t, vmOptions{fio: true}, "vm/guest/ublk-recovery.sh", "256M", "64M")
+}
