@@ -1,0 +1,173 @@
+package ublk
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// fakeVolume records the last call made to it and fails with err.
+type fakeVolume struct {
+	call string
+	data []byte
+	err  error
+}
+
+func (f *fakeVolume) Info() volume.Info { return volume.Info{} }
+
+func (f *fakeVolume) ReadAt(p []byte, off int64) error {
+	f.call = fmt.Sprintf("read %d+%d", off, len(p))
+	copy(p, f.data)
+	return f.err
+}
+
+func (f *fakeVolume) WriteAt(p []byte, off int64, fua bool) error {
+	f.call = fmt.Sprintf("write %d+%d fua=%v", off, len(p), fua)
+	f.data = append([]byte(nil), p...)
+	return f.err
+}
+
+func (f *fakeVolume) Flush() error {
+	f.call = "flush"
+	return f.err
+}
+
+func (f *fakeVolume) Trim(off, length int64, fua bool) error {
+	f.call = fmt.Sprintf("trim %d+%d fua=%v", off, length, fua)
+	return f.err
+}
+
+func (f *fakeVolume) WriteZeroes(off, length int64, z volume.ZeroFlags) error {
+	f.call = fmt.Sprintf("zero %d+%d nohole=%v fast=%v fua=%v", off, length, z.NoHole, z.Fast, z.FUA)
+	return f.err
+}
+
+func (f *fakeVolume) Cache(off, length int64) error {
+	f.call = "cache"
+	return f.err
+}
+
+func TestHandle(t *testing.T) {
+	failed := errors.New("backend failed")
+	for _, tc := range []struct {
+		name     string
+		d        ioDesc
+		err      error
+		wantCall string
+		wantRes  int32
+	}{
+		{"read", ioDesc{OpFlags: opRead, NrSectors: 8, StartSector: 2}, nil, "read 1024+4096", 4096},
+		{"write", ioDesc{OpFlags: opWrite, NrSectors: 1, StartSector: 3}, nil, "write 1536+512 fua=false", 512},
+		{"write FUA", ioDesc{OpFlags: opWrite | ioFlagFUA, NrSectors: 2}, nil, "write 0+1024 fua=true", 1024},
+		{"flush", ioDesc{OpFlags: opFlush}, nil, "flush", 0},
+		{"discard", ioDesc{OpFlags: opDiscard, NrSectors: 1 << 20, StartSector: 8}, nil, "trim 4096+536870912 fua=false", 0},
+		{"write zeroes", ioDesc{OpFlags: opWriteZeroes, NrSectors: 16, StartSector: 16}, nil, "zero 8192+8192 nohole=false fast=false fua=false", 0},
+		{"write zeroes, no unmap, FUA", ioDesc{OpFlags: opWriteZeroes | ioFlagNoUnmap | ioFlagFUA, NrSectors: 16}, nil, "zero 0+8192 nohole=true fast=false fua=true", 0},
+		{"read error", ioDesc{OpFlags: opRead, NrSectors: 1}, failed, "read 0+512", -int32(unix.EIO)},
+		{"write error", ioDesc{OpFlags: opWrite, NrSectors: 1}, failed, "write 0+512 fua=false", -int32(unix.EIO)},
+		{"flush error", ioDesc{OpFlags: opFlush}, failed, "flush", -int32(unix.EIO)},
+		{"zeroes not supported", ioDesc{OpFlags: opWriteZeroes, NrSectors: 1}, volume.ErrNotSupported, "zero 0+512 nohole=false fast=false fua=false", -int32(unix.EOPNOTSUPP)},
+		{"larger than the buffer", ioDesc{OpFlags: opRead, NrSectors: 9}, nil, "", -int32(unix.EINVAL)},
+		{"unknown operation", ioDesc{OpFlags: 4}, nil, "", -int32(unix.EOPNOTSUPP)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeVolume{err: tc.err, data: bytes.Repeat([]byte{0xab}, 4096)}
+			buf := make([]byte, 4096)
+			res, err := handle(f, tc.d, buf)
+			require.Equal(t, tc.wantRes, res)
+			require.Equal(t, tc.wantCall, f.call)
+			// Failures worth a log line come with an error; an unknown operation does not.
+			require.Equal(t, tc.err != nil || tc.wantRes == -int32(unix.EINVAL), err != nil, "error: %v", err)
+		})
+	}
+}
+
+// A read fills the request's buffer; a write hands the volume what the buffer holds.
+func TestHandleData(t *testing.T) {
+	f := &fakeVolume{data: []byte("from the volume")}
+	buf := make([]byte, 4096)
+	res, err := handle(f, ioDesc{OpFlags: opRead, NrSectors: 1}, buf)
+	require.NoError(t, err)
+	require.Equal(t, int32(512), res)
+	require.Equal(t, "from the volume", string(buf[:15]))
+
+	copy(buf, "to the volume")
+	_, err = handle(f, ioDesc{OpFlags: opWrite, NrSectors: 1}, buf)
+	require.NoError(t, err)
+	require.Equal(t, buf[:512], f.data)
+}
+
+func TestDeviceParams(t *testing.T) {
+	const size = 1<<30 + 4096
+	for _, tc := range []struct {
+		name        string
+		info        volume.Info
+		wantAttrs   uint32
+		wantTypes   uint32
+		wantDiscard paramDiscard
+		wantPhys    uint8
+	}{
+		{"read-only", volume.Info{Size: size, ReadOnly: true, PreferredBlock: 4096}, attrReadOnly, paramTypeBasic, paramDiscard{}, 12},
+		{"everything", volume.Info{Size: size, CanTrim: true, CanZero: true, CanFUA: true, PreferredBlock: 4096},
+			attrVolatileCache | attrFUA, paramTypeBasic | paramTypeDiscard,
+			paramDiscard{DiscardGranularity: 4096, MaxDiscardSectors: maxDiscardSectors, MaxWriteZeroesSectors: maxWriteZeroesSectors, MaxDiscardSegments: 1}, 12},
+		{"zeroes without trim", volume.Info{Size: size, CanZero: true, PreferredBlock: 512},
+			attrVolatileCache, paramTypeBasic | paramTypeDiscard,
+			paramDiscard{DiscardGranularity: 4096, MaxWriteZeroesSectors: maxWriteZeroesSectors, MaxDiscardSegments: 1}, 9},
+		{"neither, odd preferred block", volume.Info{Size: size, CanFUA: true, PreferredBlock: 3000},
+			attrVolatileCache | attrFUA, paramTypeBasic, paramDiscard{}, 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := deviceParams(tc.info, 512<<10)
+			require.Equal(t, uint32(sizeofParams), p.Len)
+			require.Equal(t, tc.wantTypes, p.Types)
+			require.Equal(t, tc.wantAttrs, p.Basic.Attrs)
+			require.Equal(t, tc.wantDiscard, p.Discard)
+			require.Equal(t, uint8(sectorShift), p.Basic.LogicalBSShift)
+			require.Equal(t, tc.wantPhys, p.Basic.PhysicalBSShift)
+			require.Equal(t, uint32(1024), p.Basic.MaxSectors)
+			require.Equal(t, uint64(size/512), p.Basic.DevSectors)
+		})
+	}
+}
+
+func TestMaxIO(t *testing.T) {
+	page := unix.Getpagesize()
+	for _, tc := range []struct {
+		maxBlock uint32
+		want     int
+	}{
+		{0, maxIOBytes},
+		{volume.DefaultMaxBlock, maxIOBytes},
+		{64 << 10, 64 << 10},
+		{uint32(page) + 100, page},
+		{100, page},
+	} {
+		require.Equal(t, tc.want, maxIO(volume.Info{MaxBlock: tc.maxBlock}), "MaxBlock %d", tc.maxBlock)
+	}
+}
+
+func TestAlive(t *testing.T) {
+	require.False(t, alive(os.Getpid()), "this process is not another daemon")
+	require.False(t, alive(-1))
+	require.False(t, alive(0))
+
+	cmd := exec.Command("sleep", "60")
+	require.NoError(t, cmd.Start())
+	require.True(t, alive(cmd.Process.Pid))
+	require.NoError(t, cmd.Process.Kill())
+	// Killed but not reaped (WNOWAIT): a zombie, gone for the kernel's purposes.
+	var info unix.Siginfo
+	require.NoError(t, unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil))
+	require.False(t, alive(cmd.Process.Pid))
+	_ = cmd.Wait()
+	require.False(t, alive(cmd.Process.Pid))
+}

@@ -1,0 +1,78 @@
+package ublk
+
+import (
+	"reflect"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The layouts of include/uapi/linux/ublk_cmd.h (Linux 6.12) and include/uapi/linux/io_uring.h:
+// each field's offset and each struct's size, as the C compiler lays them out on amd64.
+func TestStructLayouts(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		v       any
+		size    uintptr
+		offsets []uintptr // of the fields, in order
+	}{
+		{"ublksrv_ctrl_cmd", ctrlCmd{}, 32, []uintptr{0, 4, 6, 8, 16, 24, 26, 28}},
+		{"ublksrv_ctrl_dev_info", devInfo{}, 64, []uintptr{0, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 44, 48, 56}},
+		{"ublksrv_io_desc", ioDesc{}, 24, []uintptr{0, 4, 8, 16}},
+		{"ublksrv_io_cmd", ioCmd{}, 16, []uintptr{0, 2, 4, 8}},
+		{"ublk_param_basic", paramBasic{}, 32, []uintptr{0, 4, 5, 6, 7, 8, 12, 16, 24}},
+		{"ublk_param_discard", paramDiscard{}, 20, []uintptr{0, 4, 8, 12, 16, 18}},
+		{"ublk_param_devt", paramDevt{}, 16, []uintptr{0, 4, 8, 12}},
+		{"ublk_param_zoned", paramZoned{}, 32, []uintptr{0, 4, 8, 12}},
+		{"ublk_params", params{}, 112, []uintptr{0, 4, 8, 40, 60, 76}},
+		{"io_uring_sqe", sqe{}, 64, []uintptr{0, 1, 2, 4, 8, 16, 24, 28, 32, 40, 42, 44, 48, 56}},
+		{"io_uring_cqe", cqe{}, 16, []uintptr{0, 8, 12}},
+		{"io_sqring_offsets", sqRingOffsets{}, 40, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}},
+		{"io_cqring_offsets", cqRingOffsets{}, 40, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}},
+		{"io_uring_params", uringParams{}, 120, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 40, 80}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			typ := reflect.TypeOf(tc.v)
+			require.Equal(t, tc.size, typ.Size(), "size")
+			var got []uintptr
+			for i := range typ.NumField() {
+				got = append(got, typ.Field(i).Offset)
+			}
+			require.Equal(t, tc.offsets, got, "field offsets")
+		})
+	}
+	require.Equal(t, uintptr(sizeofCtrlCmd), unsafe.Sizeof(ctrlCmd{}))
+	require.Equal(t, uintptr(sizeofIOCmd), unsafe.Sizeof(ioCmd{}))
+	require.Equal(t, uintptr(sizeofIODesc), unsafe.Sizeof(ioDesc{}))
+	require.Equal(t, uintptr(sizeofParams), unsafe.Sizeof(params{}))
+	require.Equal(t, sqeCmdOffset, int(unsafe.Offsetof(sqe{}.Addr3)))
+}
+
+// The ioctl-encoded opcodes, as the header's _IOR/_IOWR macros compute them.
+func TestOpcodes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		got  uint32
+		want uint32
+	}{
+		{"UBLK_U_CMD_GET_DEV_INFO", cmdGetDevInfo, 0x80207502},
+		{"UBLK_U_CMD_ADD_DEV", cmdAddDev, 0xc0207504},
+		{"UBLK_U_CMD_DEL_DEV", cmdDelDev, 0xc0207505},
+		{"UBLK_U_CMD_START_DEV", cmdStartDev, 0xc0207506},
+		{"UBLK_U_CMD_STOP_DEV", cmdStopDev, 0xc0207507},
+		{"UBLK_U_CMD_SET_PARAMS", cmdSetParams, 0xc0207508},
+		{"UBLK_U_CMD_GET_PARAMS", cmdGetParams, 0x80207509},
+		{"UBLK_U_CMD_START_USER_RECOVERY", cmdStartUserRecovery, 0xc0207510},
+		{"UBLK_U_CMD_END_USER_RECOVERY", cmdEndUserRecovery, 0xc0207511},
+		{"UBLK_U_CMD_GET_FEATURES", cmdGetFeatures, 0x80207513},
+		{"UBLK_U_IO_FETCH_REQ", ioFetchReq, 0xc0107520},
+		{"UBLK_U_IO_COMMIT_AND_FETCH_REQ", ioCommitAndFetchRq, 0xc0107521},
+	} {
+		require.Equal(t, tc.want, tc.got, "%s = %#x, want %#x", tc.name, tc.got, tc.want)
+	}
+	for op, name := range cmdNames {
+		require.NotEmpty(t, name, "%#x", op)
+	}
+	require.Len(t, cmdNames, 10, "every control command has a name")
+}
