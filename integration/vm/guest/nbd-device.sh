@@ -6,7 +6,8 @@
 #   2. SIGTERM: tierblk exits 0 and the kernel has released /dev/nbd0 (size 0); a new tierblk
 #      attaches again and the files are still there.
 #   3. fio writes 4 KiB blocks at random, 32 in flight, then verifies them (crc32c).
-#   4. kill -9: I/O on /dev/nbd0 fails instead of hanging, both the I/O in flight at the kill and
+#   4. A second daemon (RAM backend and tier) attaches /dev/nbd1 at the same time.
+#   5. kill -9: I/O on /dev/nbd0 fails instead of hanging, both the I/O in flight at the kill and
 #      new I/O; a new tierblk takes the device back from the dead one and the last durable write
 #      is there.
 starts=0
@@ -79,6 +80,26 @@ fio --name=nbd-device --filename=/dev/nbd0 --direct=1 --ioengine=libaio --iodept
 	--rw=randwrite --bs=4k --size=32M --verify=crc32c --do_verify=1 --verify_fatal=1 \
 	--eta=never --output=/tmp/fio.out || { cat /tmp/fio.out; fail "fio verify failed"; }
 grep -E 'IOPS|err=' /tmp/fio.out
+
+step "meanwhile a second daemon: RAM backend, write-through RAM tier, /dev/nbd1"
+tierblk serve --backend mem://64MiB --ram 16MiB --nbd-device /dev/nbd1 2>/tmp/nbd1.log &
+pid1=$!
+i=0
+until grep -q 'kernel device attached' /tmp/nbd1.log; do
+	kill -0 $pid1 2>/dev/null || { cat /tmp/nbd1.log; fail "the /dev/nbd1 tierblk exited before attaching"; }
+	i=$((i + 1))
+	[ $i -le 600 ] || { cat /tmp/nbd1.log; fail "/dev/nbd1 not attached within 60 s"; }
+	sleep 0.1
+done
+dd if=/dev/urandom of=/tmp/rand bs=1M count=4 2>/dev/null
+dd if=/tmp/rand of=/dev/nbd1 bs=1M seek=3 oflag=direct 2>/dev/null || fail "write /dev/nbd1"
+[ "$(dd if=/dev/nbd1 bs=1M skip=3 count=4 iflag=direct 2>/dev/null | md5sum)" = "$(md5sum </tmp/rand)" ] ||
+	fail "/dev/nbd1 reads back something else"
+kill -TERM $pid1
+wait $pid1
+rc=$?
+[ $rc -eq 0 ] || { cat /tmp/nbd1.log; fail "the /dev/nbd1 tierblk exited $rc after SIGTERM"; }
+[ "$(cat /sys/block/nbd1/size)" = 0 ] || fail "/dev/nbd1 not released"
 
 step "kill -9 with I/O in flight: I/O fails, no hang"
 yes durable | head -c 4096 >/tmp/durable
