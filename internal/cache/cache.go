@@ -767,12 +767,18 @@ func (c *Cache) Flush() error {
 		return backend.ErrClosed
 	}
 	if !c.ssd.usable() {
-		if c.ssd != nil && c.ssd.dirtyCount.Load() > 0 {
+		if c.ssd == nil {
+			return c.b.Flush()
+		}
+		if c.ssd.dirtyCount.Load() > 0 {
 			// A bypassed tier's records of dirty data may never be committed: that data is
-			// durable only once written back to the backend.
+			// durable only once written back to the backend (FlushAll ends here again).
 			return c.FlushAll(context.Background(), nil)
 		}
-		return c.b.Flush()
+		if err := c.b.Flush(); err != nil {
+			return err
+		}
+		return c.ssd.j.forget()
 	}
 	backendErr, tierErr := c.ssd.j.checkpoint()
 	if tierErr != nil {

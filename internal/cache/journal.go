@@ -214,6 +214,37 @@ func (j *journal) flushBackendIfChanged() error {
 	return nil
 }
 
+// forgetBatch bounds one commit of forget: its deletions need not land together.
+const forgetBatch = 4096
+
+// forget deletes every stored record of a bypassed tier that holds no dirty data any more, with a
+// sync. After the bypass, changes reach the backend that no record follows (the deletions the
+// bypass queued may never have landed), and a restart trusts the store again: a FLUSH that left a
+// stale record behind would let that restart serve older data than the FLUSH made durable.
+func (j *journal) forget() error {
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	j.commitMu.Lock()
+	defer j.commitMu.Unlock()
+	var ops []meta.Op
+	err := j.store.Lines(func(r meta.Line) error {
+		ops = append(ops, meta.Op{Delete: true, Rec: meta.Line{Line: r.Line}})
+		return nil
+	})
+	for len(ops) > 0 && err == nil {
+		n := min(len(ops), forgetBatch)
+		err = j.store.Commit(ops[:n], true)
+		ops = ops[n:]
+	}
+	if err != nil {
+		return fmt.Errorf("cache metadata: cannot delete the bypassed SSD tier's records, which a restart would trust: %w", err)
+	}
+	j.t.mu.Lock()
+	clear(j.queue) // nothing left to store: the tier is bypassed and clean
+	j.t.mu.Unlock()
+	return nil
+}
+
 // span is the part of a line a request touches, as blocks.
 type span struct {
 	line uint64
