@@ -120,7 +120,7 @@ func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
 	}
 	if o.set("nbd") {
 		cfg.Listen = o.nbd
-	} else if o.configFile == "" && (o.ublk || o.nbdDevice != "") {
+	} else if o.configFile == "" && (o.ublk || o.set("nbd-device")) {
 		// The device is what was asked for; a TCP listener nobody wanted would only be exposure.
 		cfg.Listen = nil
 	}

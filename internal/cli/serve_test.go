@@ -93,6 +93,20 @@ exports:
 		require.NoError(t, err)
 		require.Equal(t, config.WriteBack{High: 0.7, Low: 0.2, Max: 0.8, Throttle: "none"}, c.Exports[0].Cache.WriteBack)
 	})
+	t.Run("device flags, no listener unless --nbd", func(t *testing.T) {
+		o := serveOpts{backend: "mem://1GiB", ublk: true, ublkID: 4, nbdDevice: "/dev/nbd2"}
+		c, err := buildConfig(optsWith(o, "backend", "ublk", "ublk-id", "nbd-device"), testSchemes)
+		require.NoError(t, err)
+		require.Empty(t, c.Listen)
+		require.Equal(t, 4, c.Exports[0].UBLK.DeviceID())
+		require.Equal(t, "/dev/nbd2", c.Exports[0].NBDDevice)
+		o.nbd = []string{"unix:/s"}
+		c, err = buildConfig(optsWith(o, "backend", "ublk", "nbd"), testSchemes)
+		require.NoError(t, err)
+		require.Equal(t, []string{"unix:/s"}, c.Listen)
+		require.Equal(t, -1, c.Exports[0].UBLK.DeviceID())
+		require.Empty(t, c.Exports[0].NBDDevice)
+	})
 	t.Run("no cache flag, no cache", func(t *testing.T) {
 		c, err := buildConfig(optsWith(serveOpts{backend: "mem://1GiB", cache: config.Cache{RAM: "1GiB"}}, "backend"), testSchemes)
 		require.NoError(t, err)
@@ -122,6 +136,9 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"dirty max", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: 2}}}, "backend", "ram", "dirty-max"), "--dirty-max: 2 is out of range"},
 		{"dirty low", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Low: 0.7}}}, "backend", "ram", "dirty-low"), "--dirty-low: 0.7 must be below high"},
 		{"dirty high", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{High: 0.95}}}, "backend", "ram", "dirty-high"), "--dirty-high: 0.95 must be at most max"},
+		{"ublk tuning without --ublk", optsWith(serveOpts{backend: "mem://1MiB", ublkID: 1}, "backend", "ublk-id"), "give --ublk too"},
+		{"bad ublk depth", optsWith(serveOpts{backend: "mem://1MiB", ublk: true, ublkConf: config.UBLK{Depth: 9999}}, "backend", "ublk", "ublk-depth"), "--ublk-depth: 9999 is out of range"},
+		{"bad nbd device", optsWith(serveOpts{backend: "mem://1MiB", nbdDevice: "/dev/nbd"}, "backend", "nbd-device"), `--nbd-device: "/dev/nbd" is not a kernel NBD device`},
 		{"public admin", optsWith(serveOpts{backend: "mem://1MiB", admin: "0.0.0.0:9000"}, "backend", "admin"), "--admin: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

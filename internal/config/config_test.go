@@ -80,6 +80,19 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"write_back max below default high", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Max: 0.4}} }, "exports[0].cache.write_back.max: 0.4 must be at least high"},
 		{"write_back destage", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Destage: "lazy"}} }, `exports[0].cache.write_back.destage: unknown policy "lazy"`},
 		{"write_back throttle", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Throttle: "hard"}} }, `exports[0].cache.write_back.throttle: unknown policy "hard"`},
+		{"ublk id", func(c *Config) { id := -2; c.Exports[0].UBLK = &UBLK{ID: &id} }, "exports[0].ublk.id: -2 is out of range"},
+		{"ublk queues", func(c *Config) { c.Exports[0].UBLK = &UBLK{Queues: 5000} }, "exports[0].ublk.queues: 5000 is out of range"},
+		{"ublk depth", func(c *Config) { c.Exports[0].UBLK = &UBLK{Depth: -1} }, "exports[0].ublk.depth: -1 is out of range"},
+		{"shared ublk id", func(c *Config) {
+			id := 3
+			c.Exports[0].UBLK = &UBLK{ID: &id}
+			c.Exports = append(c.Exports, Export{Name: "b", Backend: "mem://1MiB", UBLK: &UBLK{ID: &id}})
+		}, "exports[1].ublk.id: 3 is also the ublk device of exports[0]"},
+		{"nbd device path", func(c *Config) { c.Exports[0].NBDDevice = "/dev/sda" }, `exports[0].nbd_device: "/dev/sda" is not a kernel NBD device`},
+		{"shared nbd device", func(c *Config) {
+			c.Exports[0].NBDDevice = "/dev/nbd1"
+			c.Exports = append(c.Exports, Export{Name: "b", Backend: "mem://1MiB", NBDDevice: "/dev/nbd1"})
+		}, "exports[1].nbd_device"},
 		{"ssd over mem", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/ssd"} }, "exports[0].cache.ssd: the backend \"mem://1GiB\" loses its data"},
 		{"shared ssd", func(c *Config) {
 			c.Exports[0].Backend = "file:///a"
@@ -94,6 +107,25 @@ func TestValidateNamesTheField(t *testing.T) {
 			require.ErrorContains(t, c.Validate(schemes), tc.want)
 		})
 	}
+}
+
+// TestDevicesWithoutListener: an export served as a block device needs no NBD listener.
+func TestDevicesWithoutListener(t *testing.T) {
+	for _, e := range []Export{
+		{Backend: "mem://1MiB", UBLK: &UBLK{}},
+		{Backend: "mem://1MiB", NBDDevice: "/dev/nbd0"},
+	} {
+		c := Defaults()
+		c.Listen = nil
+		c.Exports = []Export{e}
+		require.NoError(t, c.Validate(schemes))
+		require.Equal(t, -1, e.UBLK.DeviceID())
+	}
+	c, err := Parse([]byte("exports: [{backend: 'mem://1MiB', ublk: {id: 2, queues: 4}}]\nlisten: []\n"), "t.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	require.Equal(t, 2, c.Exports[0].UBLK.DeviceID())
+	require.Equal(t, 4, c.Exports[0].UBLK.Queues)
 }
 
 func TestWriteBackAccepted(t *testing.T) {
