@@ -15,6 +15,10 @@
 //     created anew; a device with a live daemon is an error.
 //   - Stop removes the device (STOP_DEV, then DEL_DEV) after the kernel's last requests.
 //
+// A known Linux 6.12 limit: a daemon killed while START_DEV is still scanning the new disk for
+// partitions (the first moments of Start, longer if reading sector 0 is a slow backend miss)
+// can hang in its exit, its START_DEV waiting for a read that the kernel never fails.
+//
 // The package must never hand the kernel Go heap memory to keep (request buffers, descriptor
 // arrays and control payloads are all mmapped), and must never issue a queue's commands from
 // any thread but that queue's own.
@@ -38,7 +42,7 @@ import (
 
 // Options configure a device.
 type Options struct {
-	ID     int // device number, -1 for any
+	ID     int // device number, -1 for any; a fixed ID also enables user recovery (see above)
 	Queues int // 0: one per CPU
 	Depth  int // 0: 128
 	Logger *slog.Logger
