@@ -158,6 +158,10 @@ func (d *Device) start(o Options) error {
 	d.id = info.DevID
 	d.log.Info("ublk device added", "id", d.id, "queues", info.NrHWQueues, "depth", info.QueueDepth,
 		"max_io", info.MaxIOBufBytes, "flags", fmt.Sprintf("%#x", info.Flags), "kernel_features", fmt.Sprintf("%#x", features))
+	if size := d.vol.Info().Size; size%(1<<sectorShift) != 0 {
+		d.log.Warn("the export's size is not a whole number of 512-byte sectors; the device leaves out the last bytes",
+			"size", size, "device_size", size>>sectorShift<<sectorShift)
+	}
 	p := deviceParams(d.vol.Info(), info.MaxIOBufBytes)
 	err := d.ctrl.setParams(d.id, &p)
 	if err == nil {
