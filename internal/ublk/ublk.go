@@ -104,7 +104,9 @@ func (d *Device) Stop() error {
 	d.stopOnce.Do(func() {
 		d.stopErr = d.teardown(d.ctrl.stopDev(d.id))
 		d.stopErr = errors.Join(d.stopErr, d.ctrl.Close())
-		d.log.Info("ublk device removed", "path", d.Path())
+		if d.stopErr == nil {
+			d.log.Info("ublk device removed", "path", d.Path())
+		}
 	})
 	return d.stopErr
 }
