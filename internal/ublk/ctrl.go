@@ -50,7 +50,7 @@ var cmdNames = map[uint32]string{
 	cmdGetDevInfo: "GET_DEV_INFO", cmdAddDev: "ADD_DEV", cmdDelDev: "DEL_DEV", cmdStartDev: "START_DEV",
 	cmdStopDev: "STOP_DEV", cmdSetParams: "SET_PARAMS", cmdGetParams: "GET_PARAMS",
 	cmdStartUserRecovery: "START_USER_RECOVERY", cmdEndUserRecovery: "END_USER_RECOVERY",
-	cmdGetFeatures: "GET_FEATURES",
+	cmdGetFeatures: "GET_FEATURES", cmdDelDevAsync: "DEL_DEV_ASYNC",
 }
 
 // do runs control command op on device id. payload, if any, is copied to the kernel and back
@@ -134,9 +134,12 @@ func (c *control) startDev(id uint32, pid int) error {
 // stopDev removes /dev/ublkbN once the requests in flight are done, and fails every fetch.
 func (c *control) stopDev(id uint32) error { return c.do(cmdStopDev, id, 0, nil) }
 
-// delDev removes /dev/ublkcN; it returns once the device number is free, so /dev/ublkcN must
-// be closed by then.
+// delDev removes /dev/ublkcN; it returns once the device number is free, which is when the
+// last opener of /dev/ublkcN and of the stopped /dev/ublkbN has closed it.
 func (c *control) delDev(id uint32) error { return c.do(cmdDelDev, id, 0, nil) }
+
+// delDevAsync removes /dev/ublkcN like delDev but returns at once; the number is freed later.
+func (c *control) delDevAsync(id uint32) error { return c.do(cmdDelDevAsync, id, 0, nil) }
 
 func (c *control) startRecovery(id uint32) error { return c.do(cmdStartUserRecovery, id, 0, nil) }
 

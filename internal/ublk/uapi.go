@@ -16,6 +16,7 @@ var (
 	cmdStartUserRecovery = ioc(iocRead|iocWrite, 0x10, sizeofCtrlCmd)
 	cmdEndUserRecovery   = ioc(iocRead|iocWrite, 0x11, sizeofCtrlCmd)
 	cmdGetFeatures       = ioc(iocRead, 0x13, sizeofCtrlCmd)
+	cmdDelDevAsync       = ioc(iocRead, 0x14, sizeofCtrlCmd)
 )
 
 // I/O commands, issued as URING_CMD on /dev/ublkcN by each queue's thread.

@@ -66,6 +66,7 @@ func TestOpcodes(t *testing.T) {
 		{"UBLK_U_CMD_START_USER_RECOVERY", cmdStartUserRecovery, 0xc0207510},
 		{"UBLK_U_CMD_END_USER_RECOVERY", cmdEndUserRecovery, 0xc0207511},
 		{"UBLK_U_CMD_GET_FEATURES", cmdGetFeatures, 0x80207513},
+		{"UBLK_U_CMD_DEL_DEV_ASYNC", cmdDelDevAsync, 0x80207514},
 		{"UBLK_U_IO_FETCH_REQ", ioFetchReq, 0xc0107520},
 		{"UBLK_U_IO_COMMIT_AND_FETCH_REQ", ioCommitAndFetchRq, 0xc0107521},
 	} {
@@ -74,5 +75,5 @@ func TestOpcodes(t *testing.T) {
 	for op, name := range cmdNames {
 		require.NotEmpty(t, name, "%#x", op)
 	}
-	require.Len(t, cmdNames, 10, "every control command has a name")
+	require.Len(t, cmdNames, 11, "every control command has a name")
 }

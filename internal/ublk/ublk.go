@@ -56,6 +56,8 @@ const (
 	// settleTimeout bounds the wait for a killed daemon's device to reach a state Start can
 	// act on (the kernel quiesces or stops it asynchronously after the daemon's exit).
 	settleTimeout = 30 * time.Second
+	// releaseTimeout bounds the wait for a deleted device's last opener to close it.
+	releaseTimeout = 5 * time.Second
 )
 
 // Device is a running ublk device.
@@ -100,10 +102,13 @@ func (d *Device) Path() string { return fmt.Sprintf("/dev/ublkb%d", d.id) }
 
 // Stop removes the device: the kernel finishes the requests in flight, fails every fetch, and
 // /dev/ublkbN and /dev/ublkcN go away.
+//
+// A device that something still holds open (a mounted file system) is removed all the same, so
+// that the daemon can exit; Stop then says so in its error: that file system's I/O fails from
+// then on, and the device number stays taken until it lets go.
 func (d *Device) Stop() error {
 	d.stopOnce.Do(func() {
-		d.stopErr = d.teardown(d.ctrl.stopDev(d.id))
-		d.stopErr = errors.Join(d.stopErr, d.ctrl.Close())
+		d.stopErr = errors.Join(d.teardown(d.ctrl.stopDev(d.id)), d.ctrl.Close())
 		if d.stopErr == nil {
 			d.log.Info("ublk device removed", "path", d.Path())
 		}
@@ -120,7 +125,35 @@ func (d *Device) teardown(stopErr error) error {
 	}
 	d.wg.Wait()
 	d.closeQueues()
-	return errors.Join(stopErr, d.ctrl.delDev(d.id))
+	return errors.Join(stopErr, d.deleteDev(d.id))
+}
+
+// deleteDev deletes device id and waits, at most releaseTimeout, for its number to be free.
+// DEL_DEV would wait for that as long as anything holds the stopped /dev/ublkbN open (a file
+// system still mounted on it), and a daemon must not hang on it.
+func (d *Device) deleteDev(id uint32) error {
+	err := d.ctrl.delDevAsync(id)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		// A kernel without DEL_DEV_ASYNC.
+		return d.ctrl.delDev(id)
+	}
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(releaseTimeout)
+	for {
+		_, err := d.ctrl.devInfo(id)
+		switch {
+		case errors.Is(err, unix.ENODEV):
+			return nil
+		case err != nil:
+			return err
+		case time.Now().After(deadline):
+			return fmt.Errorf("ublk device %d is removed, but something still holds /dev/ublkb%d open (a mounted file system?): "+
+				"its I/O fails, and the number stays taken until it is closed", id, id)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (d *Device) closeQueues() {
@@ -291,7 +324,7 @@ func (d *Device) takeBack(id uint32) (bool, error) {
 		return true, d.recover(info)
 	case info.State == stateDead && !alive(int(info.UblksrvPID)):
 		d.log.Info("deleting a stopped ublk device left by a previous daemon", "id", id)
-		return false, d.ctrl.delDev(id)
+		return false, d.deleteDev(id)
 	default:
 		return false, fmt.Errorf("ublk device %d exists and is served by process %d", id, info.UblksrvPID)
 	}

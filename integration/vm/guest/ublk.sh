@@ -5,7 +5,9 @@
 #   2. fio writes random blocks of mixed sizes (iodepth 32) and verifies them (crc32c);
 #   3. SIGTERM: tierblk exits 0 and /dev/ublkb0 and /dev/ublkc0 are gone;
 #   4. kill -9 while fio runs: fio's I/O fails (within a timeout, no hang) and the kernel
-#      removes /dev/ublkb0.
+#      removes /dev/ublkb0;
+#   5. SIGTERM with ext4 still mounted: the device is removed all the same and tierblk exits
+#      non-zero, saying why.
 log=/tmp/tierblk.log
 
 die() {
@@ -99,5 +101,21 @@ timeout 20 dd if=/dev/ublkb0 of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null
 rc=$?
 [ $rc -ne 124 ] || die "a read of /dev/ublkb0 hangs after tierblk was killed"
 [ $rc -ne 0 ] || die "a read of /dev/ublkb0 succeeded after tierblk was killed"
+
+step "SIGTERM with a file system mounted: the device goes, tierblk says so"
+# Device 0 is still taken by the stopped device the killed daemon left: this one gets 1.
+dev=/dev/ublkb1
+tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback --ublk 2>>$log &
+pid=$!
+wait_for $dev 60
+mkfs.ext4 -q -F $dev || die "mkfs.ext4 $dev"
+mount -t ext4 $dev /mnt || die "mount $dev"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -ne 0 ] || die "tierblk exited 0 although $dev was mounted when it removed it"
+grep -q "still holds $dev open (a mounted file system?)" $log || die "tierblk did not say that $dev was mounted"
+gone $dev
+umount /mnt 2>/dev/null || umount -l /mnt
 cat $log
 step "all checks passed"
