@@ -23,8 +23,9 @@ const checkpointEvery = time.Second
 //     flushed, so the data it points to is on the SSD before the record is (also across power loss).
 //   - Before a write, trim or zeroing changes a line on the backend, the line's record is committed
 //     with those blocks invalid (invalidateDurably), so a crash in the middle never leaves a record
-//     that calls old SSD data valid. A line changed since the last checkpoint has its record
-//     deleted instead: its valid bits in memory may cover data not yet flushed to the SSD.
+//     that calls old SSD data valid. A line changed since the last checkpoint cannot have its
+//     record in memory committed (its valid bits may cover data not yet flushed to the SSD): what
+//     is committed is its stored record without those blocks (base), which claims nothing new.
 //   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
 //     record can point at a slot that now holds another line's data.
 //
@@ -42,8 +43,14 @@ type journal struct {
 
 	queue      map[uint64]meta.Op // changes since the last checkpoint
 	committing map[uint64]meta.Op // the changes a checkpoint is committing now
-	influx     map[uint64]bool    // lines committed by invalidateDurably since the checkpoint began
-	pending    []uint32           // evicted slots free once the checkpoint commits their deletion
+	// base holds, for each line with a change not yet committed, what the store holds of it (or
+	// a record of the same slot with fewer blocks): all invalidateDurably may commit for such a
+	// line is base without the invalidated blocks.
+	base map[uint64]meta.Op
+	// influx holds the blocks of each line that were invalidated (and committed so) since the
+	// checkpoint under way took its snapshot: it must not commit them valid again.
+	influx  map[uint64]lineBits
+	pending []uint32 // evicted slots free once the checkpoint commits their deletion
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
 	// checkpoint never commits a line's older record after a newer invalidation.
@@ -62,7 +69,8 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 	j := &journal{
 		t: t, store: store, reserve: reserve, flushBackend: flushBackend, backendChanges: backendChanges,
 		queue:  map[uint64]meta.Op{},
-		influx: map[uint64]bool{},
+		base:   map[uint64]meta.Op{},
+		influx: map[uint64]lineBits{},
 		kickCh: make(chan struct{}, 1),
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
@@ -71,8 +79,57 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 	return j
 }
 
-// record queues a change; the caller holds the tier's mutex.
-func (j *journal) record(op meta.Op) { j.queue[op.Rec.Line] = op }
+// record queues a change; pre is the line's record before it. The caller holds the tier's mutex.
+func (j *journal) record(op, pre meta.Op) {
+	line := op.Rec.Line
+	if !j.knownLocked(line) {
+		j.base[line] = pre // unchanged since the last commit: what the store holds
+	}
+	j.queue[line] = op
+}
+
+// storedLocked returns what the store holds of line, as far as invalidateDurably may rely on it,
+// without the blocks bits, and the blocks it no longer claims (all of them for a deletion). A
+// record of another slot than the line's now is returned as a deletion: the line left that slot
+// when it was clean (a dirty line is never evicted), or with every block invalidated, so nothing
+// dirty of it is lost.
+func (j *journal) storedLocked(line uint64, bits lineBits) (meta.Op, lineBits) {
+	b, ok := j.base[line]
+	slot, cached := j.t.slotOf(line)
+	if !ok || b.Delete || !cached || b.Rec.Slot != slot {
+		return deleteOp(line), j.allBlocks()
+	}
+	return j.without(b, bits), bits
+}
+
+func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
+
+func (j *journal) allBlocks() lineBits { return rangeBits(0, j.t.blocks) }
+
+// without returns op with the blocks bits neither valid nor dirty: a deletion if none is left.
+func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
+	if op.Delete {
+		return op
+	}
+	v := bitsFromWords(op.Rec.Valid).andNot(bits)
+	if v.isZero() {
+		return deleteOp(op.Rec.Line)
+	}
+	r := meta.Line{Line: op.Rec.Line, Slot: op.Rec.Slot, Valid: v.words(j.t.blocks)}
+	if d := bitsFromWords(op.Rec.Dirty).andNot(bits); !d.isZero() {
+		r.Dirty = d.words(j.t.blocks)
+	}
+	return meta.Op{Rec: r}
+}
+
+// committedLocked notes that op is what the store now holds of its line.
+func (j *journal) committedLocked(op meta.Op) {
+	if _, again := j.queue[op.Rec.Line]; again {
+		j.base[op.Rec.Line] = op
+	} else {
+		delete(j.base, op.Rec.Line)
+	}
+}
 
 // knownLocked reports whether line has a change not yet committed, so that the store may still hold
 // an older record of it.
@@ -170,14 +227,31 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 		t.mu.Lock()
 		ops := make([]meta.Op, 0, len(snap))
 		for line, op := range snap {
-			if !j.influx[line] { // a newer invalidation was committed already
-				ops = append(ops, op)
+			if bits, ok := j.influx[line]; ok {
+				// Blocks invalidated since the snapshot were committed so already: the snapshot
+				// must not claim them again. What else it claims is on the SSD now (flushed
+				// above), dirty blocks included, which a FLUSH waiting for this checkpoint
+				// needs. A line that moved to another slot since was clean or wholly
+				// invalidated when it left: its old record goes.
+				if slot, cached := t.slotOf(line); !op.Delete && (!cached || slot != op.Rec.Slot) {
+					op = deleteOp(line)
+				} else {
+					op = j.without(op, bits)
+				}
 			}
+			ops = append(ops, op)
 		}
 		t.mu.Unlock()
 		slices.SortFunc(ops, func(a, b meta.Op) int { return cmp.Compare(a.Rec.Line, b.Rec.Line) })
 		if err := j.store.Commit(ops, true); err != nil {
 			tierErr = fmt.Errorf("metadata commit: %w", err)
+		} else {
+			t.mu.Lock()
+			for _, op := range ops {
+				j.committedLocked(op)
+			}
+			j.committing = nil
+			t.mu.Unlock()
 		}
 		j.commitMu.Unlock()
 	}
@@ -214,6 +288,43 @@ func (j *journal) flushBackendIfChanged() error {
 	return nil
 }
 
+// dropStale deletes, with a sync, the stored records of lines that moved to another slot since
+// they were stored, where those records call any of the given blocks valid: the destager is about
+// to write newer data for the blocks to the backend, and a restart must not serve the older data
+// such a record finds as clean. (A line moves only when it is clean or wholly invalidated, so the
+// deletion loses nothing dirty.)
+func (j *journal) dropStale(spans []span) error {
+	j.commitMu.RLock()
+	defer j.commitMu.RUnlock()
+	t := j.t
+	var ops []meta.Op
+	t.mu.Lock()
+	for _, s := range spans {
+		b, ok := j.base[s.line]
+		slot, cached := t.slotOf(s.line)
+		if !ok || b.Delete || (cached && b.Rec.Slot == slot) || bitsFromWords(b.Rec.Valid).and(s.bits).isZero() {
+			continue
+		}
+		del := deleteOp(s.line)
+		// The line stays queued, so that the next checkpoint stores it as it is now.
+		if cached {
+			j.queue[s.line] = t.recordLocked(s.line, slot)
+		} else {
+			j.queue[s.line] = del
+		}
+		if _, ok := j.influx[s.line]; !ok {
+			j.influx[s.line] = lineBits{} // present: the checkpoint under way must not store the old slot again
+		}
+		j.committedLocked(del)
+		ops = append(ops, del)
+	}
+	t.mu.Unlock()
+	if len(ops) == 0 {
+		return nil
+	}
+	return j.store.Commit(ops, true)
+}
+
 // forgetBatch bounds one commit of forget: its deletions need not land together.
 const forgetBatch = 4096
 
@@ -241,6 +352,7 @@ func (j *journal) forget() error {
 	}
 	j.t.mu.Lock()
 	clear(j.queue) // nothing left to store: the tier is bypassed and clean
+	clear(j.base)
 	j.t.mu.Unlock()
 	return nil
 }
@@ -254,25 +366,6 @@ type span struct {
 // invalidateDurably clears the given blocks and commits that before returning (with sync, also
 // across power loss). Lines with nothing cached and nothing pending need no commit.
 func (j *journal) invalidateDurably(spans []span, sync bool) error {
-	// A line changed since the last checkpoint gets its stored record deleted below, which must
-	// not happen to a line with dirty data (the record is what finds it): checkpoint first.
-	t0 := j.t
-	t0.mu.Lock()
-	need := false
-	for _, s := range spans {
-		if slot, ok := t0.slotOf(s.line); ok && j.knownLocked(s.line) && !t0.dirtyAt(slot).isZero() {
-			need = true
-			break
-		}
-	}
-	t0.mu.Unlock()
-	if need {
-		// Shared with the writers waiting alongside: one checkpoint that began after their lines
-		// last changed covers them all.
-		if err := j.durable(); err != nil {
-			return err
-		}
-	}
 	j.commitMu.RLock()
 	defer j.commitMu.RUnlock()
 	t := j.t
@@ -280,6 +373,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	t.mu.Lock()
 	for _, s := range spans {
 		known := j.knownLocked(s.line)
+		stored, gone := j.storedLocked(s.line, s.bits)
 		op, changed := t.invalidateLocked(s.line, s.bits)
 		switch {
 		case !known && !changed:
@@ -287,13 +381,15 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 		case known:
 			// The line changed since the last checkpoint: its record in memory may call blocks
 			// valid whose data is not on the SSD for sure yet (not flushed), so it cannot be
-			// committed now. Delete the stored record instead; the next checkpoint, after a flush,
-			// stores the line again.
+			// committed now. The stored record without these blocks can: it claims nothing the
+			// store did not, and keeps the dirty blocks it finds. The next checkpoint, after a
+			// flush, stores the line as it is.
 			j.queue[s.line] = op
-			op = meta.Op{Delete: true, Rec: meta.Line{Line: s.line}}
+			op = stored
 		}
-		// A checkpoint under way must not commit its older record of the line after this one.
-		j.influx[s.line] = true
+		// A checkpoint under way must not commit these blocks valid again after this.
+		j.influx[s.line] = j.influx[s.line].or(gone)
+		j.committedLocked(op)
 		ops = append(ops, op)
 	}
 	t.mu.Unlock()

@@ -296,13 +296,14 @@ func (t *tier) dropLocked(line uint64) {
 	if !ok {
 		return
 	}
+	pre := t.recordLocked(line, slot)
 	t.index.Delete(line)
 	t.setLocked(line, slot, lineBits{}, lineBits{})
 	if t.doomed != nil {
 		delete(t.doomed, line)
 	}
 	if t.j != nil {
-		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}})
+		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}}, pre)
 	}
 	if t.pins[slot] > 0 {
 		t.zombies[slot] = true
@@ -348,13 +349,14 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (ma
 	defer t.unpinLocked(slot)
 	if s, ok := t.slotOf(line); ok && s == slot {
 		marked = true
+		pre := t.recordLocked(line, slot)
 		d := t.dirtyAt(slot)
 		if dirty {
 			d = d.or(bits)
 		}
 		t.setLocked(line, slot, t.valid.get(slot).or(bits), d)
 		if t.j != nil {
-			t.j.record(t.recordLocked(line, slot))
+			t.j.record(t.recordLocked(line, slot), pre)
 		}
 	}
 	return marked
@@ -366,9 +368,10 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
+		pre := t.recordLocked(line, slot)
 		d := t.dirtyAt(slot).andNot(bits)
 		t.setLocked(line, slot, t.valid.get(slot), d)
-		t.j.record(t.recordLocked(line, slot))
+		t.j.record(t.recordLocked(line, slot), pre)
 		if d.isZero() && t.doomed[line] {
 			t.evictions.Add(1)
 			t.dropLocked(line)

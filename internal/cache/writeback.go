@@ -386,6 +386,13 @@ func (c *Cache) destageLocked(lines []uint64) (bytes int64, err error) {
 			}
 		}
 	}()
+	spans := make([]span, len(hs))
+	for i, h := range hs {
+		spans[i] = span{h.line, h.dirty}
+	}
+	if err = c.ssd.j.dropStale(spans); err != nil {
+		return 0, fmt.Errorf("destage: cache metadata: %w", err)
+	}
 	var runs []destageRun
 	for _, h := range hs {
 		start := int64(h.line) * c.line
