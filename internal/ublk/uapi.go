@@ -44,10 +44,11 @@ const (
 
 // Device feature flags (ublksrv_ctrl_dev_info.flags).
 const (
-	flagURingCmdCompInTask = 1 << 1
-	flagUserRecovery       = 1 << 3
-	flagCmdIoctlEncode     = 1 << 6
-	flagUserRecoveryFailIO = 1 << 9
+	flagURingCmdCompInTask  = 1 << 1
+	flagUserRecovery        = 1 << 3
+	flagUserRecoveryReissue = 1 << 4
+	flagCmdIoctlEncode      = 1 << 6
+	flagUserRecoveryFailIO  = 1 << 9
 )
 
 // Device states (ublksrv_ctrl_dev_info.state).

@@ -6,13 +6,14 @@
 //   - Start with Options.ID -1 creates a device with the first free number. If the daemon is
 //     killed, the kernel fails the requests in flight and every later one, and removes
 //     /dev/ublkbN; the stopped device's number stays taken until someone deletes it.
-//   - Start with a fixed ID creates the device with user recovery (UBLK_F_USER_RECOVERY, and
-//     UBLK_F_USER_RECOVERY_FAIL_IO where the kernel has it). If the daemon is killed, the
-//     requests in flight fail but /dev/ublkbN stays, so a mounted file system survives. With
-//     FAIL_IO, requests fail until a daemon takes the device back; without it (Linux 6.12)
-//     they wait for one. A later Start with the same ID takes the device back (recovery) when
-//     its size matches; a stopped device of that number whose daemon is gone is deleted and
-//     created anew; a device with a live daemon is an error.
+//   - Start with a fixed ID creates the device with user recovery: if the daemon is killed,
+//     /dev/ublkbN stays, so a mounted file system survives, and a later Start with the same ID
+//     takes the device back when its size matches. Meanwhile, where the kernel has
+//     UBLK_F_USER_RECOVERY_FAIL_IO, requests fail (those in flight at the kill too); without it
+//     (Linux 6.12) they wait for the next daemon, and those in flight at the kill are sent to
+//     it again (UBLK_F_USER_RECOVERY_REISSUE: a block request can run twice with the same
+//     result), so the file system sees no error at all. A stopped device of that number whose
+//     daemon is gone is deleted and created anew; a device with a live daemon is an error.
 //   - Stop removes the device (STOP_DEV, then DEL_DEV) after the kernel's last requests.
 //
 // A known Linux 6.12 limit: a daemon killed while START_DEV is still scanning the new disk for
@@ -185,7 +186,7 @@ func (d *Device) start(o Options) error {
 	}
 	if o.ID >= 0 {
 		info.DevID = uint32(o.ID)
-		info.Flags |= flagUserRecovery | features&flagUserRecoveryFailIO
+		info.Flags |= recoveryFlags(features)
 	}
 	if err := d.ctrl.addDev(&info); err != nil {
 		return err
@@ -210,6 +211,16 @@ func (d *Device) start(o Options) error {
 		return errors.Join(err, d.teardown(d.ctrl.stopDev(d.id)))
 	}
 	return nil
+}
+
+// recoveryFlags are the user recovery flags of a device with a fixed ID on a kernel with
+// features: fail requests while no daemon runs where the kernel can, else queue them and send
+// those in flight at the kill to the next daemon again.
+func recoveryFlags(features uint64) uint64 {
+	if features&flagUserRecoveryFailIO != 0 {
+		return flagUserRecovery | flagUserRecoveryFailIO
+	}
+	return flagUserRecovery | flagUserRecoveryReissue
 }
 
 // maxIO is the largest request to ask of the kernel: maxIOBytes, or less if the volume takes

@@ -2,11 +2,13 @@
 # cache (backend /dev/vda, SSD tier /dev/vdb, metadata in /tmp/meta).
 #   1. A daemon without --ublk-id is killed: the kernel removes /dev/ublkb0 but keeps the stopped
 #      device 0; tierblk --ublk-id 0 deletes it and creates device 0 anew.
-#   2. ext4 is mounted on /dev/ublkb0 and tierblk is killed with -9: /dev/ublkb0 stays. A read
-#      issued while no daemon runs waits (Linux 6.12) or fails (kernels with
-#      UBLK_F_USER_RECOVERY_FAIL_IO), but does not hang past the restart.
-#   3. tierblk --ublk-id 0 takes the device back; the still mounted file system reads its old
-#      files, takes new ones, and they survive an unmount and a dropped page cache.
+#   2. ext4 is mounted on /dev/ublkb0 and tierblk is killed with -9 while a writer fsyncs to it:
+#      /dev/ublkb0 stays. A read issued while no daemon runs waits (Linux 6.12) or fails
+#      (kernels with UBLK_F_USER_RECOVERY_FAIL_IO), but does not hang past the restart.
+#   3. tierblk --ublk-id 0 takes the device back; on Linux 6.12 (requests in flight at the kill
+#      are reissued) the writer saw no error and its file is whole; the still mounted file
+#      system reads its old files, takes new ones, and they survive an unmount and a dropped
+#      page cache.
 #   4. SIGTERM: tierblk exits 0 and the device is gone.
 # Each daemon logs to its own file, /tmp/tierblk.N.log.
 n=0
@@ -71,7 +73,19 @@ dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null || die "write /mnt/b
 sync
 (cd /mnt && md5sum before) >/tmp/sums
 
-step "kill -9 with the file system mounted"
+step "kill -9 with the file system mounted, while a writer fsyncs block after block"
+dd if=/dev/urandom of=/tmp/during bs=4k count=1000 2>/dev/null
+(
+	i=0
+	while [ $i -lt 1000 ]; do
+		dd if=/tmp/during of=/mnt/during bs=4k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null ||
+			{ echo "TIERBLK-VM: the writer's block $i failed"; exit 1; }
+		i=$((i + 1))
+	done
+) &
+writer=$!
+sleep 3
+kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
 kill9
 sleep 1
 [ -e /dev/ublkb0 ] || die "/dev/ublkb0 went away: the device was not left for recovery"
@@ -93,6 +107,14 @@ if [ $((flags & 0x200)) -ne 0 ]; then
 	[ $rc -ne 0 ] || die "with UBLK_F_USER_RECOVERY_FAIL_IO a read without a daemon should fail"
 else
 	[ $rc -eq 0 ] || die "a read queued while no daemon ran failed after the recovery (fio exited $rc)"
+fi
+
+wait $writer
+rc=$?
+if [ $((flags & 0x200)) -eq 0 ]; then
+	# UBLK_F_USER_RECOVERY_REISSUE: what was in flight at the kill ran again on the new daemon.
+	[ $rc -eq 0 ] || die "a write to the mounted file system failed across the kill and the recovery"
+	cmp /tmp/during /mnt/during || die "/mnt/during differs from what the writer wrote"
 fi
 
 step "the mounted file system works again"
