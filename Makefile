@@ -33,6 +33,7 @@ run: build
 	@echo "  qemu:     qemu-io -f raw 'nbd+unix:///?socket=$(SOCK)' -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k'"
 	@echo "  fio:      fio --name=t --ioengine=nbd --uri='nbd+unix:///?socket=$(SOCK)' --rw=randread --bs=4k --iodepth=32 --size=256m --runtime=10 --time_based"
 	@echo "  kernel:   modprobe nbd && nbd-client -unix $(SOCK) /dev/nbd0   (or: nbd-client 127.0.0.1 $(PORT) /dev/nbd0)"
+	@echo "  devices:  tierblk itself gives /dev/ublkbN with serve --ublk, or /dev/nbdN with --nbd-device /dev/nbdN (as root)"
 	@echo "  stats:    $(BIN) stats --admin unix:$(DATA)/admin.sock"
 	@echo "  stop:     Ctrl-C (finishes in-flight requests, flushes, keeps the cache's index)"
 	exec $(BIN) serve --backend 'file://$(DATA)/disk.img?size=$(SIZE)' --nbd unix:$(SOCK) --nbd 127.0.0.1:$(PORT) \
