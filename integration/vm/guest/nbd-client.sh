@@ -29,11 +29,7 @@ connect
 step "mkfs.ext4 and writing files"
 mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
 mount -t ext4 /dev/nbd0 /mnt || fail "mount"
-dd if=/dev/urandom of=/mnt/big bs=1M count=8 2>/dev/null || fail "write big"
-for i in 1 2 3 4 5 6 7 8; do
-	dd if=/dev/urandom of=/mnt/small$i bs=4k count=$i 2>/dev/null || fail "write small$i"
-done
-(cd /mnt && md5sum big small*) >/tmp/sums
+write_files /mnt
 umount /mnt || fail "umount"
 disconnect
 
@@ -42,7 +38,7 @@ sync
 echo 3 >/proc/sys/vm/drop_caches
 connect
 mount -t ext4 /dev/nbd0 /mnt || fail "mount after reconnect"
-(cd /mnt && md5sum -c /tmp/sums) || fail "checksums differ after reconnect"
+check_files /mnt "after reconnect"
 umount /mnt || fail "umount after reconnect"
 want=$(md5sum </dev/nbd0)
 disconnect

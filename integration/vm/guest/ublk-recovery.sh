@@ -13,14 +13,6 @@
 # Each daemon logs to its own file, /tmp/tierblk.N.log.
 n=0
 
-die() {
-	for f in /tmp/tierblk.*.log; do
-		echo "--- $f"
-		cat "$f"
-	done
-	fail "$@"
-}
-
 # start_tierblk [ARGS]: start a daemon and wait until its device is up. A kill -9 while the
 # kernel is still adding /dev/ublkb0 (START_DEV scans it for partitions, and holds the device's
 # lock meanwhile) can hang the daemon's exit on Linux 6.12, so the tests kill only after that.
@@ -37,17 +29,7 @@ wait_log() {
 	i=0
 	until grep -q "$1" $log; do
 		i=$((i + 1))
-		[ $i -le 600 ] || die "tierblk did not log '$1'"
-		sleep 0.1
-	done
-}
-
-# gone PATH: wait up to 20 seconds for a device node to disappear.
-gone() {
-	i=0
-	while [ -e "$1" ]; do
-		i=$((i + 1))
-		[ $i -le 200 ] || die "$1 still exists"
+		[ $i -le 600 ] || fail "tierblk did not log '$1'"
 		sleep 0.1
 	done
 }
@@ -61,15 +43,15 @@ step "a daemon without --ublk-id, killed, leaves a stopped device 0"
 start_tierblk
 kill9
 gone /dev/ublkb0
-[ -e /dev/ublkc0 ] || die "/dev/ublkc0 is gone too: nothing left for --ublk-id 0 to replace"
+[ -e /dev/ublkc0 ] || fail "/dev/ublkc0 is gone too: nothing left for --ublk-id 0 to replace"
 
 step "--ublk-id 0 replaces it"
 start_tierblk --ublk-id 0
-grep -q "deleting a stopped ublk device" $log || die "tierblk did not replace the stopped device 0"
+grep -q "deleting a stopped ublk device" $log || fail "tierblk did not replace the stopped device 0"
 # Inode tables and journal written now, so that no background write is in flight at the kill.
-mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ublkb0 || die "mkfs.ext4"
-mount -t ext4 /dev/ublkb0 /mnt || die "mount"
-dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null || die "write /mnt/before"
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ublkb0 || fail "mkfs.ext4"
+mount -t ext4 /dev/ublkb0 /mnt || fail "mount"
+dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null || fail "write /mnt/before"
 sync
 (cd /mnt && md5sum before) >/tmp/sums
 
@@ -88,7 +70,7 @@ sleep 3
 kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
 kill9
 sleep 1
-[ -e /dev/ublkb0 ] || die "/dev/ublkb0 went away: the device was not left for recovery"
+[ -e /dev/ublkb0 ] || fail "/dev/ublkb0 went away: the device was not left for recovery"
 flags=$(grep -o 'msg="ublk device added".*flags=0x[0-9a-f]*' $log | sed 's/.*flags=//')
 step "device flags $flags"
 timeout 120 fio --name=gap --filename=/dev/ublkb0 --direct=1 --rw=read --bs=4k --size=4k \
@@ -98,41 +80,41 @@ sleep 2
 
 step "restarting with --ublk-id 0"
 start_tierblk --ublk-id 0
-grep -q "ublk device taken back" $log || die "tierblk did not take the device back"
+grep -q "ublk device taken back" $log || fail "tierblk did not take the device back"
 wait $gap
 rc=$?
 cat /tmp/fio-gap.out
-[ $rc -ne 124 ] || die "a read issued while no daemon ran still hangs after the recovery"
+[ $rc -ne 124 ] || fail "a read issued while no daemon ran still hangs after the recovery"
 if [ $((flags & 0x200)) -ne 0 ]; then
-	[ $rc -ne 0 ] || die "with UBLK_F_USER_RECOVERY_FAIL_IO a read without a daemon should fail"
+	[ $rc -ne 0 ] || fail "with UBLK_F_USER_RECOVERY_FAIL_IO a read without a daemon should fail"
 else
-	[ $rc -eq 0 ] || die "a read queued while no daemon ran failed after the recovery (fio exited $rc)"
+	[ $rc -eq 0 ] || fail "a read queued while no daemon ran failed after the recovery (fio exited $rc)"
 fi
 
 wait $writer
 rc=$?
 if [ $((flags & 0x200)) -eq 0 ]; then
 	# UBLK_F_USER_RECOVERY_REISSUE: what was in flight at the kill ran again on the new daemon.
-	[ $rc -eq 0 ] || die "a write to the mounted file system failed across the kill and the recovery"
-	cmp /tmp/during /mnt/during || die "/mnt/during differs from what the writer wrote"
+	[ $rc -eq 0 ] || fail "a write to the mounted file system failed across the kill and the recovery"
+	cmp /tmp/during /mnt/during || fail "/mnt/during differs from what the writer wrote"
 fi
 
 step "the mounted file system works again"
-(cd /mnt && md5sum -c /tmp/sums) || die "/mnt/before differs after the recovery"
-dd if=/dev/urandom of=/mnt/after bs=1M count=8 2>/dev/null || die "write /mnt/after"
+(cd /mnt && md5sum -c /tmp/sums) || fail "/mnt/before differs after the recovery"
+dd if=/dev/urandom of=/mnt/after bs=1M count=8 2>/dev/null || fail "write /mnt/after"
 (cd /mnt && md5sum after) >>/tmp/sums
-umount /mnt || die "umount"
+umount /mnt || fail "umount"
 echo 3 >/proc/sys/vm/drop_caches
-mount -t ext4 /dev/ublkb0 /mnt || die "mount after the recovery"
-(cd /mnt && md5sum -c /tmp/sums) || die "checksums differ after the recovery and a remount"
-umount /mnt || die "umount after the recovery"
+mount -t ext4 /dev/ublkb0 /mnt || fail "mount after the recovery"
+(cd /mnt && md5sum -c /tmp/sums) || fail "checksums differ after the recovery and a remount"
+umount /mnt || fail "umount after the recovery"
 
 step "SIGTERM"
 kill -TERM $pid
 wait $pid
 rc=$?
-[ $rc -eq 0 ] || die "tierblk exited $rc after SIGTERM"
-[ ! -e /dev/ublkb0 ] || die "/dev/ublkb0 still exists after tierblk exited"
-[ ! -e /dev/ublkc0 ] || die "/dev/ublkc0 still exists after tierblk exited"
+[ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
+[ ! -e /dev/ublkb0 ] || fail "/dev/ublkb0 still exists after tierblk exited"
+[ ! -e /dev/ublkc0 ] || fail "/dev/ublkc0 still exists after tierblk exited"
 cat /tmp/tierblk.*.log
 step "all checks passed"

@@ -10,77 +10,58 @@
 #      non-zero, saying why.
 log=/tmp/tierblk.log
 
-die() {
-	echo "--- tierblk log"
-	cat $log
-	fail "$@"
-}
-
 start_tierblk() {
 	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback --ublk "$@" 2>>$log &
 	pid=$!
 	wait_for /dev/ublkb0 60
 }
 
-# gone PATH: wait up to 20 seconds for a device node to disappear.
-gone() {
-	i=0
-	while [ -e "$1" ]; do
-		i=$((i + 1))
-		[ $i -le 200 ] || die "$1 still exists"
-		sleep 0.1
-	done
-}
-
 step "starting tierblk --ublk"
 start_tierblk
 [ "$(blockdev --getsize64 /dev/ublkb0)" = "$(blockdev --getsize64 /dev/vda)" ] ||
-	die "/dev/ublkb0 has $(blockdev --getsize64 /dev/ublkb0) bytes, /dev/vda $(blockdev --getsize64 /dev/vda)"
+	fail "/dev/ublkb0 has $(blockdev --getsize64 /dev/ublkb0) bytes, /dev/vda $(blockdev --getsize64 /dev/vda)"
 # Without a volatile write cache the kernel never sends a flush, and fsync proves nothing.
 [ "$(cat /sys/block/ublkb0/queue/write_cache)" = "write back" ] ||
-	die "/dev/ublkb0 write_cache is '$(cat /sys/block/ublkb0/queue/write_cache)', want 'write back'"
-[ "$(cat /sys/block/ublkb0/queue/fua)" = 1 ] || die "/dev/ublkb0 does not take FUA writes"
+	fail "/dev/ublkb0 write_cache is '$(cat /sys/block/ublkb0/queue/write_cache)', want 'write back'"
+[ "$(cat /sys/block/ublkb0/queue/fua)" = 1 ] || fail "/dev/ublkb0 does not take FUA writes"
 step "queues: $(ls /sys/block/ublkb0/mq | wc -l), max_sectors_kb $(cat /sys/block/ublkb0/queue/max_sectors_kb)," \
 	"discard_max_bytes $(cat /sys/block/ublkb0/queue/discard_max_bytes)," \
 	"write_zeroes_max_bytes $(cat /sys/block/ublkb0/queue/write_zeroes_max_bytes)"
 
 step "mkfs.ext4 and writing files"
-mkfs.ext4 -q -F /dev/ublkb0 || die "mkfs.ext4"
-mount -t ext4 /dev/ublkb0 /mnt || die "mount"
-dd if=/dev/urandom of=/mnt/big bs=1M count=16 2>/dev/null || die "write big"
-for i in 1 2 3 4 5 6 7 8; do
-	dd if=/dev/urandom of=/mnt/small$i bs=4k count=$i 2>/dev/null || die "write small$i"
-done
-(cd /mnt && md5sum big small*) >/tmp/sums
-rm /mnt/small8 || die "rm small8"
+mkfs.ext4 -q -F /dev/ublkb0 || fail "mkfs.ext4"
+mount -t ext4 /dev/ublkb0 /mnt || fail "mount"
+write_files /mnt
+rm /mnt/small8 || fail "rm small8"
+sed -i /small8/d /tmp/sums
 if [ "$(cat /sys/block/ublkb0/queue/discard_max_bytes)" -gt 0 ]; then
-	fstrim -v /mnt || die "fstrim"
+	fstrim -v /mnt || fail "fstrim"
 	# Field 12 of the disk's stat: discard requests completed.
-	[ "$(awk '{print $12}' /sys/block/ublkb0/stat)" -gt 0 ] || die "fstrim sent no discard to /dev/ublkb0"
+	[ "$(awk '{print $12}' /sys/block/ublkb0/stat)" -gt 0 ] || fail "fstrim sent no discard to /dev/ublkb0"
 fi
-umount /mnt || die "umount"
+umount /mnt || fail "umount"
 
 step "dropping caches, mounting again"
 echo 3 >/proc/sys/vm/drop_caches
-mount -t ext4 /dev/ublkb0 /mnt || die "mount again"
-(cd /mnt && grep -v small8 /tmp/sums | md5sum -c) || die "checksums differ after remount"
-umount /mnt || die "umount again"
+mount -t ext4 /dev/ublkb0 /mnt || fail "mount again"
+check_files /mnt "after remount"
+umount /mnt || fail "umount again"
 
 step "fio randwrite + verify (crc32c, iodepth 32)"
 fio --name=verify --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --iodepth=32 \
 	--rw=randwrite --bssplit=4k/50:16k/20:64k/15:1m/15 --size=48M --offset=64M \
 	--verify=crc32c --verify_fatal=1 --do_verify=1 --verify_state_save=0 \
-	--output=/tmp/fio.out || { cat /tmp/fio.out; die "fio verify failed"; }
+	--output=/tmp/fio.out || { cat /tmp/fio.out; fail "fio verify failed"; }
 grep -E 'write:|read:|err=' /tmp/fio.out
-grep -q 'err= 0' /tmp/fio.out || { cat /tmp/fio.out; die "fio reported an error"; }
+grep -q 'err= 0' /tmp/fio.out || { cat /tmp/fio.out; fail "fio reported an error"; }
 
 step "SIGTERM"
 kill -TERM $pid
 wait $pid
 rc=$?
-[ $rc -eq 0 ] || die "tierblk exited $rc after SIGTERM"
-[ ! -e /dev/ublkb0 ] || die "/dev/ublkb0 still exists after tierblk exited"
-[ ! -e /dev/ublkc0 ] || die "/dev/ublkc0 still exists after tierblk exited"
+[ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
+[ ! -e /dev/ublkb0 ] || fail "/dev/ublkb0 still exists after tierblk exited"
+[ ! -e /dev/ublkc0 ] || fail "/dev/ublkc0 still exists after tierblk exited"
 
 step "kill -9 while fio runs"
 start_tierblk
@@ -93,14 +74,14 @@ wait $pid
 wait $fio_pid
 rc=$?
 cat /tmp/fio-killed.out
-[ $rc -ne 124 ] || die "fio still ran 60 seconds after tierblk was killed: I/O hangs"
-[ $rc -ne 0 ] || die "fio succeeded although tierblk was killed"
+[ $rc -ne 124 ] || fail "fio still ran 60 seconds after tierblk was killed: I/O hangs"
+[ $rc -ne 0 ] || fail "fio succeeded although tierblk was killed"
 step "fio exited $rc after the kill"
 gone /dev/ublkb0
 timeout 20 dd if=/dev/ublkb0 of=/dev/null bs=4k count=1 iflag=direct 2>/dev/null
 rc=$?
-[ $rc -ne 124 ] || die "a read of /dev/ublkb0 hangs after tierblk was killed"
-[ $rc -ne 0 ] || die "a read of /dev/ublkb0 succeeded after tierblk was killed"
+[ $rc -ne 124 ] || fail "a read of /dev/ublkb0 hangs after tierblk was killed"
+[ $rc -ne 0 ] || fail "a read of /dev/ublkb0 succeeded after tierblk was killed"
 
 step "SIGTERM with a file system mounted: the device goes, tierblk says so"
 # Device 0 is still taken by the stopped device the killed daemon left: this one gets 1.
@@ -108,13 +89,13 @@ dev=/dev/ublkb1
 tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback --ublk 2>>$log &
 pid=$!
 wait_for $dev 60
-mkfs.ext4 -q -F $dev || die "mkfs.ext4 $dev"
-mount -t ext4 $dev /mnt || die "mount $dev"
+mkfs.ext4 -q -F $dev || fail "mkfs.ext4 $dev"
+mount -t ext4 $dev /mnt || fail "mount $dev"
 kill -TERM $pid
 wait $pid
 rc=$?
-[ $rc -ne 0 ] || die "tierblk exited 0 although $dev was mounted when it removed it"
-grep -q "still holds $dev open (a mounted file system?)" $log || die "tierblk did not say that $dev was mounted"
+[ $rc -ne 0 ] || fail "tierblk exited 0 although $dev was mounted when it removed it"
+grep -q "still holds $dev open (a mounted file system?)" $log || fail "tierblk did not say that $dev was mounted"
 gone $dev
 umount /mnt 2>/dev/null || umount -l /mnt
 cat $log
