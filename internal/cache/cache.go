@@ -660,7 +660,7 @@ func (c *Cache) writeTier(t *tier, s seg, p []byte) (uint32, lineBits, bool) {
 	if full.isZero() {
 		return 0, full, false
 	}
-	if t.validBits(s.line).isZero() && !t.admits(c.access(s, true)) {
+	if v, _ := t.bits(s.line); v.isZero() && !t.admits(c.access(s, true)) {
 		return 0, full, false
 	}
 	slot, _, ok := t.acquire(s.line)

@@ -176,14 +176,14 @@ func (t *tier) pin(line uint64) (slot uint32, valid lineBits, ok bool) {
 	return slot, t.valid.get(slot), true
 }
 
-// validBits returns the valid bits of line, zero if it is not cached.
-func (t *tier) validBits(line uint64) lineBits {
+// bits returns the valid and dirty bits of line, zero if it is not cached.
+func (t *tier) bits(line uint64) (valid, dirty lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if slot, ok := t.slotOf(line); ok {
-		return t.valid.get(slot)
+		return t.valid.get(slot), t.dirtyAt(slot)
 	}
-	return lineBits{}
+	return lineBits{}, lineBits{}
 }
 
 // admits asks the admission policy about a missed line.
@@ -392,16 +392,6 @@ func (t *tier) pinDirty(line uint64) (slot uint32, dirty lineBits, ok bool) {
 	}
 	t.pins[slot]++
 	return slot, dirty, true
-}
-
-// dirtyBits returns the dirty bits of line.
-func (t *tier) dirtyBits(line uint64) lineBits {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if slot, ok := t.slotOf(line); ok {
-		return t.dirtyAt(slot)
-	}
-	return lineBits{}
 }
 
 // invalidateLocked clears bits of line; a line left with no valid block is dropped.

@@ -255,7 +255,7 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	// middle must not leave a record calling a half-new block clean (the backend has the old one).
 	spans := make([]span, 0, len(segs))
 	for _, s := range segs {
-		v, d := c.ssd.validBits(s.line), c.ssd.dirtyBits(s.line)
+		v, d := c.ssd.bits(s.line)
 		if b := s.touched().and(v).andNot(d); !b.isZero() {
 			spans = append(spans, span{s.line, b})
 		}
@@ -327,7 +327,9 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 		// The line was evicted while its data was written: the backend takes the write instead.
 		return c.writeAroundSeg(s, data)
 	}
-	if c.ram.usable() {
+	// A write of a whole line stays on the SSD tier only: streams (copies, backups, logs) would
+	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
+	if c.ram.usable() && full != rangeBits(0, s.blocks()) {
 		if rslot, bits, ok := c.writeTier(c.ram, s, p); ok {
 			c.ram.validate(s.line, rslot, bits, false)
 		}
@@ -494,7 +496,7 @@ func (c *Cache) destageTouched(segs []seg) error {
 	}
 	var lines []uint64
 	for _, s := range segs {
-		if !c.ssd.dirtyBits(s.line).isZero() {
+		if _, d := c.ssd.bits(s.line); !d.isZero() {
 			lines = append(lines, s.line)
 		}
 	}
