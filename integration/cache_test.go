@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -145,25 +144,8 @@ func TestCacheClients(t *testing.T) {
 			// fio over TCP: four connections write and then verify 6 MiB each, 24 MiB in all, more
 			// than both tiers hold, so lines are evicted while the data is still being checked.
 			// Block sizes of 6k and 20k make writes that end inside a 4 KiB block.
-			const jobs = 4
-			report := filepath.Join(t.TempDir(), "fio.json")
-			out := mustRunTool(t, "fio", "--name=cache", "--ioengine=nbd", "--uri="+tcpURI(d.TCP, ""),
-				"--rw=randwrite", "--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15", "--iodepth=16",
-				fmt.Sprintf("--numjobs=%d", jobs), "--size=6m", "--offset_increment=6m",
-				"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
-				"--output-format=json", "--output="+report)
-			js, err := os.ReadFile(report)
-			require.NoError(t, err)
-			var res fioResult
-			require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
-			require.Len(t, res.Jobs, jobs)
-			var written int64
-			for _, j := range res.Jobs {
-				require.Zero(t, j.Error, "fio job error:\n%s", out)
-				require.Positive(t, j.Write.Bytes)
-				require.Equal(t, j.Write.Bytes, j.Read.Bytes, "every written byte must be read back and verified")
-				written += j.Write.Bytes
-			}
+			written := fioVerify(t, tcpURI(d.TCP, ""), 4, "--name=cache", "--rw=randwrite",
+				"--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15", "--iodepth=16", "--size=6m", "--offset_increment=6m")
 
 			// qemu-io over the unix socket, in the region fio left alone (32M..48M).
 			mustQemuIO(t, unixURI(d.Unix, ""),

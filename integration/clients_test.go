@@ -186,25 +186,37 @@ func TestFioVerify(t *testing.T) {
 				t.Run(tr.name, func(t *testing.T) {
 					// Each job is its own NBD connection, writing and then verifying its own
 					// 8 MiB region at queue depth 32 with mixed block sizes.
-					report := filepath.Join(t.TempDir(), "fio.json")
-					out := mustRunTool(t, "fio", "--name=verify", "--ioengine=nbd", "--uri="+tr.uri(d, ""),
-						"--rw=randwrite", "--bsrange=4k-128k", "--iodepth=32", fmt.Sprintf("--numjobs=%d", jobs),
-						"--size=8m", "--offset_increment=8m", "--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
-						"--output-format=json", "--output="+report)
-					js, err := os.ReadFile(report)
-					require.NoError(t, err)
-					var res fioResult
-					require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
-					require.Len(t, res.Jobs, jobs)
-					for _, j := range res.Jobs {
-						require.Zero(t, j.Error, "fio job error:\n%s", out)
-						require.Positive(t, j.Write.Bytes)
-						require.Equal(t, j.Write.Bytes, j.Read.Bytes, "every written byte must be read back and verified")
-					}
+					fioVerify(t, tr.uri(d, ""), jobs, "--name=verify", "--rw=randwrite", "--bsrange=4k-128k",
+						"--iodepth=32", "--size=8m", "--offset_increment=8m")
 				})
 			}
 		})
 	}
+}
+
+// fioVerify runs fio's nbd engine against uri: jobs jobs, each its own connection, doing the
+// workload args give (--name first), then reading back and verifying (crc32c) all they wrote. It
+// checks from fio's JSON report that every job wrote data and verified every byte of it, and
+// returns the bytes written.
+func fioVerify(t *testing.T, uri string, jobs int, args ...string) (written int64) {
+	t.Helper()
+	report := filepath.Join(t.TempDir(), "fio.json")
+	args = append(args, "--ioengine=nbd", "--uri="+uri, fmt.Sprintf("--numjobs=%d", jobs),
+		"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
+		"--output-format=json", "--output="+report)
+	out := mustRunTool(t, "fio", args...)
+	js, err := os.ReadFile(report)
+	require.NoError(t, err)
+	var res fioResult
+	require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
+	require.Len(t, res.Jobs, jobs)
+	for _, j := range res.Jobs {
+		require.Zero(t, j.Error, "fio job error:\n%s", out)
+		require.Positive(t, j.Write.Bytes)
+		require.Equal(t, j.Write.Bytes, j.Read.Bytes, "every written byte must be read back and verified")
+		written += j.Write.Bytes
+	}
+	return written
 }
 
 // jsonPart drops the notes fio writes before its JSON object ("fio: connected to NBD server").

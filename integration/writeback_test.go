@@ -74,23 +74,8 @@ func TestWriteBackClients(t *testing.T) {
 
 	// fio over TCP: 24 MiB in all, more than the SSD tier, so that writes outrun the slow disk,
 	// dirty lines are destaged (and writes throttled) while fio still verifies its data.
-	const jobs = 4
-	report := filepath.Join(t.TempDir(), "fio.json")
-	out := mustRunTool(t, "fio", "--name=writeback", "--ioengine=nbd", "--uri="+tcpURI(d.TCP, ""),
-		"--rw=randwrite", "--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15", "--iodepth=16",
-		fmt.Sprintf("--numjobs=%d", jobs), "--size=6m", "--offset_increment=6m",
-		"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
-		"--output-format=json", "--output="+report)
-	js, err := os.ReadFile(report)
-	require.NoError(t, err)
-	var res fioResult
-	require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
-	require.Len(t, res.Jobs, jobs)
-	for _, j := range res.Jobs {
-		require.Zero(t, j.Error, "fio job error:\n%s", out)
-		require.Positive(t, j.Write.Bytes)
-		require.Equal(t, j.Write.Bytes, j.Read.Bytes, "every written byte must be read back and verified")
-	}
+	fioVerify(t, tcpURI(d.TCP, ""), 4, "--name=writeback", "--rw=randwrite",
+		"--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15", "--iodepth=16", "--size=6m", "--offset_increment=6m")
 
 	// qemu-io over the unix socket, in the region fio left alone (32M..48M): partial lines and
 	// blocks, zeroing and discarding dirty lines, FUA and flush.

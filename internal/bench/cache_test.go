@@ -111,9 +111,10 @@ func TestCheckDirectIO(t *testing.T) {
 	require.ErrorContains(t, checkDirectIO(dir), "in RAM")
 }
 
-// TestBenchCacheSmoke runs `tierblk bench cache` with a tiny working set and run times: it proves
-// the servers start, restart and answer, not how fast they are.
-func TestBenchCacheSmoke(t *testing.T) {
+// smokeSetup skips a smoke test where it cannot run, builds tierblk into a work directory on a
+// file system with O_DIRECT and returns the binary and the directory.
+func smokeSetup(t *testing.T) (bin, work string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts nbdkit, tierblk and fio for about a minute")
 	}
@@ -122,16 +123,23 @@ func TestBenchCacheSmoke(t *testing.T) {
 			t.Skipf("%s is not installed", tool)
 		}
 	}
-	work := t.TempDir()
+	work = t.TempDir()
 	if isTmpfs(t, work) {
 		t.Skip("the temporary directory is on tmpfs, which the SSD tier refuses")
 	}
-	bin := filepath.Join(work, "tierblk")
+	bin = filepath.Join(work, "tierblk")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/tierblk")
 	_, file, _, _ := runtime.Caller(0)
 	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
+	return bin, work
+}
+
+// TestBenchCacheSmoke runs `tierblk bench cache` with a tiny working set and run times: it proves
+// the servers start, restart and answer, not how fast they are.
+func TestBenchCacheSmoke(t *testing.T) {
+	bin, work := smokeSetup(t)
 
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(t.Context(), bin, "bench", "cache", "--rounds", "1", "--runtime", "1s",

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -197,24 +196,7 @@ func TestWriteBackOptionsRejected(t *testing.T) {
 // times: it proves the servers start, flush and answer and the burst is sampled, not how fast
 // anything is.
 func TestBenchWriteBackSmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts nbdkit, tierblk and fio for about a minute")
-	}
-	for _, tool := range []string{"fio", "nbdkit", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed", tool)
-		}
-	}
-	work := t.TempDir()
-	if isTmpfs(t, work) {
-		t.Skip("the temporary directory is on tmpfs, which the SSD tier refuses")
-	}
-	bin := filepath.Join(work, "tierblk")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/tierblk")
-	_, file, _, _ := runtime.Caller(0)
-	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin, work := smokeSetup(t)
 
 	var stdout, stderr bytes.Buffer
 	// The burst (96m) is larger than the burst tierblk's SSD tier (64MiB).

@@ -259,7 +259,6 @@ func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
 	const (
 		devSize = 128 << 10
 		clients = 4
-		perBlk  = blockSize / sector
 	)
 	cycles := 12
 	if testing.Short() {
@@ -338,14 +337,9 @@ func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
 			crng := rand.New(rand.NewPCG(seed, uint64(cycle*clients+client+1)))
 			wg.Go(func() {
 				for k := range ops {
-					// A client owns the 4 KiB blocks b with b%clients == client, so that the model
-					// knows the order of the writes to each sector; lines are shared.
-					blk := crng.IntN(devSize/blockSize/clients)*clients + client
-					first, n := blk*perBlk, perBlk
-					if crng.IntN(2) == 0 {
-						n = 1 + crng.IntN(perBlk)
-						first += crng.IntN(perBlk - n + 1)
-					}
+					// A client owns its share of the 4 KiB blocks, so that the model knows the
+					// order of the writes to each sector; lines are shared.
+					first, n := ownedSectors(crng, devSize, clients, client)
 					off, length := int64(first)*sector, int64(n)*sector
 					id := int64(cycle+1)<<32 | int64(client)<<16 | int64(k+1)
 					buf := make([]byte, length)
@@ -408,4 +402,18 @@ func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
 		}
 		c.Close() // stops the abandoned engine's checkpoint loop; every call it makes fails
 	}
+}
+
+// ownedSectors picks, for writer w of writers, sectors [first, first+n) within one 4 KiB block b
+// of a device of devSize bytes with b%writers == w: the whole block or, half of the time, part of
+// it. Writers never share a sector, so a model knows the order of the writes to each one.
+func ownedSectors(rng *rand.Rand, devSize, writers, w int) (first, n int) {
+	const perBlk = blockSize / sector
+	blk := rng.IntN(devSize/blockSize/writers)*writers + w
+	first, n = blk*perBlk, perBlk
+	if rng.IntN(2) == 0 {
+		n = 1 + rng.IntN(perBlk)
+		first += rng.IntN(perBlk - n + 1)
+	}
+	return first, n
 }

@@ -79,13 +79,16 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 	return j
 }
 
-// record queues a change; pre is the line's record before it. The caller holds the tier's mutex.
-func (j *journal) record(op, pre meta.Op) {
-	line := op.Rec.Line
+// record queues a change; the caller holds the tier's mutex, and called keepBaseLocked before it
+// changed the line.
+func (j *journal) record(op meta.Op) { j.queue[op.Rec.Line] = op }
+
+// keepBaseLocked keeps line's record as the tier holds it in slot, before a change to be recorded,
+// if nothing of it is queued: unchanged since the last commit, it is what the store holds.
+func (j *journal) keepBaseLocked(line uint64, slot uint32) {
 	if !j.knownLocked(line) {
-		j.base[line] = pre // unchanged since the last commit: what the store holds
+		j.base[line] = j.t.recordLocked(line, slot)
 	}
-	j.queue[line] = op
 }
 
 // storedLocked returns what the store holds of line, as far as invalidateDurably may rely on it,
@@ -97,14 +100,12 @@ func (j *journal) storedLocked(line uint64, bits lineBits) (meta.Op, lineBits) {
 	b, ok := j.base[line]
 	slot, cached := j.t.slotOf(line)
 	if !ok || b.Delete || !cached || b.Rec.Slot != slot {
-		return deleteOp(line), j.allBlocks()
+		return deleteOp(line), rangeBits(0, j.t.blocks)
 	}
 	return j.without(b, bits), bits
 }
 
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
-
-func (j *journal) allBlocks() lineBits { return rangeBits(0, j.t.blocks) }
 
 // without returns op with the blocks bits neither valid nor dirty: a deletion if none is left.
 func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
@@ -339,7 +340,7 @@ func (j *journal) forget() error {
 	defer j.commitMu.Unlock()
 	var ops []meta.Op
 	err := j.store.Lines(func(r meta.Line) error {
-		ops = append(ops, meta.Op{Delete: true, Rec: meta.Line{Line: r.Line}})
+		ops = append(ops, deleteOp(r.Line))
 		return nil
 	})
 	for len(ops) > 0 && err == nil {

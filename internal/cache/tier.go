@@ -296,14 +296,16 @@ func (t *tier) dropLocked(line uint64) {
 	if !ok {
 		return
 	}
-	pre := t.recordLocked(line, slot)
+	if t.j != nil {
+		t.j.keepBaseLocked(line, slot)
+	}
 	t.index.Delete(line)
 	t.setLocked(line, slot, lineBits{}, lineBits{})
 	if t.doomed != nil {
 		delete(t.doomed, line)
 	}
 	if t.j != nil {
-		t.j.record(meta.Op{Delete: true, Rec: meta.Line{Line: line}}, pre)
+		t.j.record(deleteOp(line))
 	}
 	if t.pins[slot] > 0 {
 		t.zombies[slot] = true
@@ -349,14 +351,16 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (ma
 	defer t.unpinLocked(slot)
 	if s, ok := t.slotOf(line); ok && s == slot {
 		marked = true
-		pre := t.recordLocked(line, slot)
+		if t.j != nil {
+			t.j.keepBaseLocked(line, slot)
+		}
 		d := t.dirtyAt(slot)
 		if dirty {
 			d = d.or(bits)
 		}
 		t.setLocked(line, slot, t.valid.get(slot).or(bits), d)
 		if t.j != nil {
-			t.j.record(t.recordLocked(line, slot), pre)
+			t.j.record(t.recordLocked(line, slot))
 		}
 	}
 	return marked
@@ -368,10 +372,10 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
-		pre := t.recordLocked(line, slot)
+		t.j.keepBaseLocked(line, slot)
 		d := t.dirtyAt(slot).andNot(bits)
 		t.setLocked(line, slot, t.valid.get(slot), d)
-		t.j.record(t.recordLocked(line, slot), pre)
+		t.j.record(t.recordLocked(line, slot))
 		if d.isZero() && t.doomed[line] {
 			t.evictions.Add(1)
 			t.dropLocked(line)
@@ -398,7 +402,7 @@ func (t *tier) pinDirty(line uint64) (slot uint32, dirty lineBits, ok bool) {
 func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed bool) {
 	slot, ok := t.slotOf(line)
 	if !ok {
-		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, false
+		return deleteOp(line), false
 	}
 	old := t.valid.get(slot)
 	v := old.andNot(bits)
@@ -409,7 +413,7 @@ func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed
 	if v.isZero() {
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
-		return meta.Op{Delete: true, Rec: meta.Line{Line: line}}, true
+		return deleteOp(line), true
 	}
 	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits))
 	return t.recordLocked(line, slot), true

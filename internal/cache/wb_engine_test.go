@@ -56,7 +56,6 @@ func TestDestageRace(t *testing.T) {
 		line    = 16 << 10
 		devSize = 4 * line // the writers' lines, all held by the tier
 		writers = 4
-		perBlk  = blockSize / sector
 	)
 	seed := testSeed(t)
 	ops := 400
@@ -90,14 +89,8 @@ func TestDestageRace(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, uint64(w)))
 		wg.Go(func() {
 			for k := range ops {
-				// Writer w owns the blocks b with b%writers == w: the model knows each sector's
-				// last write, and every line is shared by all writers.
-				blk := rng.IntN(devSize/blockSize/writers)*writers + w
-				first, n := blk*perBlk, perBlk
-				if rng.IntN(2) == 0 {
-					n = 1 + rng.IntN(perBlk)
-					first += rng.IntN(perBlk - n + 1)
-				}
+				// The model knows each sector's last write; every line is shared by all writers.
+				first, n := ownedSectors(rng, devSize, writers, w)
 				buf := make([]byte, n*sector)
 				off := int64(first) * sector
 				if rng.IntN(4) == 0 {
