@@ -222,11 +222,12 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
+	r, w := rawIO(nc)
 	c := &conn{
 		s:   s,
 		nc:  nc,
-		br:  bufio.NewReaderSize(nc, connBufSize),
-		bw:  bufio.NewWriterSize(nc, connBufSize),
+		br:  bufio.NewReaderSize(r, connBufSize),
+		bw:  bufio.NewWriterSize(w, connBufSize),
 		log: s.log.With("remote", remote),
 	}
 	s.mu.Lock()
