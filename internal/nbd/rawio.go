@@ -5,6 +5,8 @@ import (
 	"net"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Why the server reads and writes its sockets with raw system calls.
@@ -21,22 +23,51 @@ import (
 // poller waits for the socket as it would for conn.Read. Deadlines and Close work as on the
 // net.Conn.
 
-// rawIO returns a reader and a writer for nc that use raw system calls, or nc itself when it is
-// not a socket (net.Pipe in tests).
-func rawIO(nc net.Conn) (io.Reader, io.Writer) {
+// rawIO returns a reader and a writer for nc that use raw system calls, and pending, which
+// reports whether the socket has bytes to read now; or nc itself and nil when nc is not a socket
+// (net.Pipe in tests).
+func rawIO(nc net.Conn) (io.Reader, io.Writer, *pendingInput) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		return nc, nc
+		return nc, nc, nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nc, nc
+		return nc, nc, nil
 	}
 	r := &rawReader{rc: rc}
 	r.fn = r.read
 	w := &rawWriter{rc: rc}
 	w.fn = w.write
-	return r, w
+	p := &pendingInput{rc: rc}
+	p.fn = p.ask
+	return r, w, p
+}
+
+// pendingInput asks the kernel how many bytes wait in a socket's receive queue (SIOCINQ, which
+// unix and TCP sockets answer), without waiting. Only the reader calls it.
+type pendingInput struct {
+	rc syscall.RawConn
+	fn func(fd uintptr)
+	n  int32
+}
+
+// any reports whether bytes wait; false also when the question fails (the next read tells why).
+func (p *pendingInput) any() bool {
+	if p == nil {
+		return false
+	}
+	p.n = 0
+	if err := p.rc.Control(p.fn); err != nil {
+		return false
+	}
+	return p.n > 0
+}
+
+func (p *pendingInput) ask(fd uintptr) {
+	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, unix.SIOCINQ, uintptr(unsafe.Pointer(&p.n))); e != 0 {
+		p.n = 0
+	}
 }
 
 // rawReader reads a socket. One goroutine at a time may call Read. The callback is made once,

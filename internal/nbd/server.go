@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -222,13 +223,15 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
-	r, w := rawIO(nc)
+	r, w, pending := rawIO(nc)
 	c := &conn{
-		s:   s,
-		nc:  nc,
-		br:  bufio.NewReaderSize(r, connBufSize),
-		bw:  bufio.NewWriterSize(w, connBufSize),
-		log: s.log.With("remote", remote),
+		s:       s,
+		nc:      nc,
+		pending: pending,
+		raw:     r,
+		br:      bufio.NewReaderSize(r, connBufSize),
+		bw:      bufio.NewWriterSize(w, connBufSize),
+		log:     s.log.With("remote", remote),
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -288,7 +291,10 @@ type conn struct {
 	s   *Server
 	nc  net.Conn
 	br  *bufio.Reader // read only by the connection's own goroutine
-	log *slog.Logger
+	raw io.Reader     // what br reads: read directly only while br has nothing buffered
+	// pending tells whether the client has sent more than br holds; nil when nc is no socket.
+	pending *pendingInput
+	log     *slog.Logger
 
 	stopMu   sync.Mutex
 	stopping bool // Shutdown was called: no new deadline may be set
@@ -303,16 +309,18 @@ type conn struct {
 	maxBlock   uint32
 
 	// Transmission phase.
-	jobs     chan job
-	slots    chan struct{}  // one per request being served: at most MaxInFlight
-	nworkers int            // workers started; only the reader touches it
-	handOffs int            // requests the reader still hands to workers after a rescue
-	workers  sync.WaitGroup // workers, and readers started by the watchdog
-	readDone chan error     // the error reading ended with, when a reader started by the watchdog read last
-	inline   atomic.Uint64  // odd while the reader serves a request itself
-	latency  atomic.Int64   // moving average of the device's service time, in nanoseconds
-	seen     uint64         // inline at the watchdog's previous tick; only the watchdog touches it
-	order    writeOrder
+	bigWrites bool // the last WRITE's payload was read past br (see readPayload)
+	unflushed int  // requests read since the reader last flushed the replies
+	jobs      chan job
+	slots     chan struct{}  // one per request being served: at most MaxInFlight
+	nworkers  int            // workers started; only the reader touches it
+	handOffs  int            // requests the reader still hands to workers after a rescue
+	workers   sync.WaitGroup // workers, and readers started by the watchdog
+	readDone  chan error     // the error reading ended with, when a reader started by the watchdog read last
+	inline    atomic.Uint64  // odd while the reader serves a request itself
+	latency   atomic.Int64   // moving average of the device's service time, in nanoseconds
+	seen      uint64         // inline at the watchdog's previous tick; only the watchdog touches it
+	order     writeOrder
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).

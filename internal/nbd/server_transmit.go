@@ -58,18 +58,25 @@ const (
 	slowSpell     = 1024
 )
 
+// Replies wait in the buffer while the client has sent more requests: each flush wakes the client,
+// and on a busy machine a wakeup costs more than the reply. But the reader flushes at least every
+// maxUnflushed requests, so that a client streaming requests still gets its answers.
+const maxUnflushed = 32
+
 // readRequests is the reader: one goroutine at a time runs it. It returns when reading ends
 // (with the connection's error, nil after NBD_CMD_DISC), or with handedOver when a slow request
 // served inline made another goroutine take over the reading.
 func (c *conn) readRequests() (err error, handedOver bool) {
 	var hdr [requestSize]byte
 	for {
-		if c.br.Buffered() < requestSize {
+		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || !c.pending.any()) {
 			// The next read may block: send the replies held back for a batch first.
 			c.moreInput.Store(false)
 			c.flushReplies()
+			c.unflushed = 0
 		}
-		if _, err := io.ReadFull(c.br, hdr[:]); err != nil {
+		c.unflushed++
+		if err := c.readHeader(hdr[:]); err != nil {
 			return c.readErr(err), false
 		}
 		req, ok := parseRequest(hdr[:])
@@ -111,6 +118,36 @@ func (c *conn) takeOver() {
 	}
 }
 
+// A WRITE's payload of at least directRead bytes is read from the socket straight into its
+// buffer rather than through br, which would copy it a second time (a 64 KiB memmove per request
+// costs more than the system call it saves). After such a payload the next header is read
+// directly too, so that br does not prefetch, and then copy, the next large payload.
+const directRead = 16 << 10
+
+// readHeader reads a request header.
+func (c *conn) readHeader(hdr []byte) error {
+	if c.bigWrites && c.br.Buffered() == 0 {
+		_, err := io.ReadFull(c.raw, hdr)
+		return err
+	}
+	_, err := io.ReadFull(c.br, hdr)
+	return err
+}
+
+// readPayload reads a WRITE's payload into p: what br holds of it, then the rest directly when it
+// is large.
+func (c *conn) readPayload(p []byte) error {
+	n, _ := c.br.Read(p[:min(len(p), c.br.Buffered())])
+	c.bigWrites = len(p)-n >= directRead
+	var err error
+	if c.bigWrites {
+		_, err = io.ReadFull(c.raw, p[n:])
+	} else {
+		_, err = io.ReadFull(c.br, p[n:])
+	}
+	return err
+}
+
 // dispatch checks a request and reads its payload. It returns the job to serve, or ok false when
 // the request was answered with an error at once.
 func (c *conn) dispatch(req request) (j job, ok bool, err error) {
@@ -127,7 +164,7 @@ func (c *conn) dispatch(req request) (j job, ok bool, err error) {
 			}
 		} else {
 			buf = getBuf(int(req.length))
-			if _, err := io.ReadFull(c.br, *buf); err != nil {
+			if err := c.readPayload(*buf); err != nil {
 				putBuf(buf)
 				return job{}, false, c.readErr(err)
 			}
