@@ -351,14 +351,21 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (ma
 	defer t.unpinLocked(slot)
 	if s, ok := t.slotOf(line); ok && s == slot {
 		marked = true
+		v, d := t.valid.get(slot), t.dirtyAt(slot)
+		nv, nd := v.or(bits), d
+		if dirty {
+			nd = d.or(bits)
+		}
+		if nv == v && nd == d {
+			// Data rewritten in place under the same bits (a dirty block overwritten, say): the
+			// record is what it was. Not queuing it spares a checkpoint, whose SSD flush would write
+			// back a busy line's pages every second for nothing; a FLUSH still flushes the SSD.
+			return marked
+		}
 		if t.j != nil {
 			t.j.keepBaseLocked(line, slot)
 		}
-		d := t.dirtyAt(slot)
-		if dirty {
-			d = d.or(bits)
-		}
-		t.setLocked(line, slot, t.valid.get(slot).or(bits), d)
+		t.setLocked(line, slot, nv, nd)
 		if t.j != nil {
 			t.j.record(t.recordLocked(line, slot))
 		}
