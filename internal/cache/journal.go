@@ -190,6 +190,25 @@ func (j *journal) checkpoint() (backendErr, tierErr error) {
 	return j.checkpointLocked()
 }
 
+// freePending runs a checkpoint if evicted slots wait for one to be reused. Writers that found no
+// free slot share it: a later one finds the slots freed already.
+func (j *journal) freePending() error {
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	j.t.mu.Lock()
+	waiting := len(j.pending) > 0
+	j.t.mu.Unlock()
+	if !waiting {
+		return nil
+	}
+	backendErr, tierErr := j.checkpointLocked()
+	if tierErr != nil {
+		j.t.fail(tierErr.Error())
+		return tierErr
+	}
+	return backendErr
+}
+
 // durable makes every write that completed before the call durable on the SSD tier with the
 // metadata that finds it (a FUA write in write-back). Concurrent callers share checkpoints: a
 // caller waiting for the one under way is covered by the next, which starts after its call.

@@ -395,3 +395,42 @@ func TestLineSet(t *testing.T) {
 	}
 	check("random ops")
 }
+
+// TestBurstPastTheSSDTierStaysOnIt writes twice as much as the SSD tier holds, twice, with the
+// tier full of clean lines in between (after FlushAll): a line that finds no free slot waits for
+// the checkpoint that frees evicted ones rather than going to the backend itself. Every backend
+// write is then the destager's, coalesced, never a foreground write around the cache.
+func TestBurstPastTheSSDTierStaysOnIt(t *testing.T) {
+	const (
+		line  = 4 << 10
+		ssd   = 16
+		lines = 2 * ssd
+	)
+	back := newCrashDev(lines * line)
+	c := newCache(t, back, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	want := make([]byte, lines*line)
+	for pass := range 2 {
+		before := c.Stats()
+		for l := range lines {
+			p := want[l*line : (l+1)*line]
+			stamp(p, l*line/sector, int64(pass+1))
+			if _, err := c.WriteAt(p, int64(l*line)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.FlushAll(context.Background(), nil); err != nil {
+			t.Fatal(err)
+		}
+		after := c.Stats()
+		writes := after.Backend.Writes - before.Backend.Writes
+		destaged := after.Dirty.DestageWrites - before.Dirty.DestageWrites
+		if writes != destaged {
+			t.Fatalf("pass %d: %d backend writes, of which only %d by the destager: the rest went around the SSD tier", pass, writes, destaged)
+		}
+		if destaged == 0 {
+			t.Fatalf("pass %d: nothing destaged: the test tests nothing", pass)
+		}
+	}
+	checkBackend(t, back, want)
+}

@@ -281,9 +281,19 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 
 func (c *Cache) writeBackSeg(s seg, p []byte) error {
 	data := p[s.pOff : s.pOff+s.hi-s.lo]
+	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
+	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
+	// disk, one request after another (a burst past the SSD tier ran at the slow disk's 15 MiB/s
+	// instead of the destager's 100). Other writers may take the freed slots first: a few tries.
 	slot, valid, ok := c.ssd.acquire(s.line)
+	for try := 0; !ok && try < slotTries; try++ {
+		if err := c.ssd.j.freePending(); err != nil {
+			break
+		}
+		slot, valid, ok = c.ssd.acquire(s.line)
+	}
 	if !ok {
-		// No slot now (evicted ones wait for a checkpoint): write through.
+		// No slot still (the tier failed, or its evicted slots are busy): write through.
 		return c.writeAroundSeg(s, data)
 	}
 	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
@@ -336,6 +346,9 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 	}
 	return nil
 }
+
+// slotTries bounds how many checkpoints a write-back write waits for to get a slot.
+const slotTries = 4
 
 // writeAroundSeg sends a write-back segment the SSD tier could not take to the backend. The line
 // is not cached, but the store may still hold a record of it whose deletion has not landed yet
