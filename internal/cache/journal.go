@@ -201,12 +201,7 @@ func (j *journal) freePending() error {
 	if !waiting {
 		return nil
 	}
-	backendErr, tierErr := j.checkpointLocked()
-	if tierErr != nil {
-		j.t.fail(tierErr.Error())
-		return tierErr
-	}
-	return backendErr
+	return j.checkpointOrFail()
 }
 
 // durable makes every write that completed before the call durable on the SSD tier with the
@@ -219,6 +214,12 @@ func (j *journal) durable() error {
 	if j.covered >= want {
 		return nil
 	}
+	return j.checkpointOrFail()
+}
+
+// checkpointOrFail runs a checkpoint for a caller holding ckMu. The SSD or the metadata failing
+// bypasses the tier; either error is returned.
+func (j *journal) checkpointOrFail() error {
 	backendErr, tierErr := j.checkpointLocked()
 	if tierErr != nil {
 		j.t.fail(tierErr.Error())

@@ -35,10 +35,8 @@ func rawIO(nc net.Conn) (io.Reader, io.Writer, *pendingInput) {
 	if err != nil {
 		return nc, nc, nil
 	}
-	r := &rawReader{rc: rc}
-	r.fn = r.read
-	w := &rawWriter{rc: rc}
-	w.fn = w.write
+	r := rawReader{newRawCall(rc.Read, syscall.SYS_READ, false)}
+	w := rawWriter{newRawCall(rc.Write, syscall.SYS_WRITE, true)}
 	p := &pendingInput{rc: rc}
 	p.fn = p.ask
 	return r, w, p
@@ -70,90 +68,81 @@ func (p *pendingInput) ask(fd uintptr) {
 	}
 }
 
-// rawReader reads a socket. One goroutine at a time may call Read. The callback is made once,
-// and the call's arguments and results live in the struct, so that a read allocates nothing.
-type rawReader struct {
-	rc    syscall.RawConn
+// rawCall makes one kind of system call on a socket: reads (SYS_READ, done after one that moves
+// bytes) or writes (SYS_WRITE, done when all of p is written, as a net.Conn writes). One goroutine
+// at a time uses each. The callback is made once, and the call's arguments and results live in the
+// struct, so that a call allocates nothing.
+type rawCall struct {
+	// wait is the RawConn's Read or Write: it runs fn, waiting for the socket while fn says false.
+	wait  func(fn func(fd uintptr) bool) error
+	sysno uintptr
+	all   bool // go on until p is done
 	fn    func(fd uintptr) bool
 	p     []byte
 	n     int
 	errno syscall.Errno
 }
 
-func (r *rawReader) Read(p []byte) (int, error) {
+func newRawCall(wait func(func(uintptr) bool) error, sysno uintptr, all bool) *rawCall {
+	c := &rawCall{wait: wait, sysno: sysno, all: all}
+	c.fn = c.call
+	return c
+}
+
+// do runs the system call on p and returns how many bytes it moved.
+func (c *rawCall) do(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	r.p, r.n, r.errno = p, 0, 0
-	err := r.rc.Read(r.fn)
-	r.p = nil
+	c.p, c.n, c.errno = p, 0, 0
+	err := c.wait(c.fn)
+	c.p = nil
 	switch {
 	case err != nil:
-		return 0, err
-	case r.errno != 0:
-		return 0, r.errno
-	case r.n == 0:
-		return 0, io.EOF
+		return c.n, err
+	case c.errno != 0:
+		return c.n, c.errno
 	}
-	return r.n, nil
+	return c.n, nil
 }
 
-// read makes one read of the socket; false asks the poller to wait until it is readable.
-func (r *rawReader) read(fd uintptr) bool {
+// call makes system calls on the rest of p until the call is done; false asks the poller to wait
+// until the socket is ready again.
+func (c *rawCall) call(fd uintptr) bool {
 	for {
-		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&r.p[0])), uintptr(len(r.p)))
-		switch e {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			return false
-		}
-		r.n, r.errno = int(n), e
-		return true
-	}
-}
-
-// rawWriter writes a socket, all of p or until an error, like a net.Conn. One goroutine at a time
-// may call Write.
-type rawWriter struct {
-	rc    syscall.RawConn
-	fn    func(fd uintptr) bool
-	p     []byte
-	n     int
-	errno syscall.Errno
-}
-
-func (w *rawWriter) Write(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	w.p, w.n, w.errno = p, 0, 0
-	err := w.rc.Write(w.fn)
-	w.p = nil
-	switch {
-	case err != nil:
-		return w.n, err
-	case w.errno != 0:
-		return w.n, w.errno
-	}
-	return w.n, nil
-}
-
-// write writes what the socket takes of the rest of p; false asks the poller to wait until it is
-// writable again.
-func (w *rawWriter) write(fd uintptr) bool {
-	for w.n < len(w.p) {
-		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&w.p[w.n])), uintptr(len(w.p)-w.n))
+		n, _, e := syscall.RawSyscall(c.sysno, fd, uintptr(unsafe.Pointer(&c.p[c.n])), uintptr(len(c.p)-c.n))
 		switch e {
 		case 0:
-			w.n += int(n)
+			c.n += int(n)
+			if !c.all || n == 0 || c.n == len(c.p) {
+				return true
+			}
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false
 		default:
-			w.errno = e
+			c.errno = e
 			return true
 		}
 	}
-	return true
+}
+
+type rawReader struct{ *rawCall }
+
+func (r rawReader) Read(p []byte) (int, error) {
+	n, err := r.do(p)
+	if n == 0 && err == nil && len(p) > 0 {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+type rawWriter struct{ *rawCall }
+
+func (w rawWriter) Write(p []byte) (int, error) {
+	n, err := w.do(p)
+	if n < len(p) && err == nil {
+		err = io.ErrShortWrite
+	}
+	return n, err
 }

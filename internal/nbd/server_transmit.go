@@ -124,13 +124,18 @@ func (c *conn) takeOver() {
 // directly too, so that br does not prefetch, and then copy, the next large payload.
 const directRead = 16 << 10
 
+// from is where the reader's next bytes come from: the socket itself after a large payload while
+// br holds nothing, else br.
+func (c *conn) from() io.Reader {
+	if c.bigWrites && c.br.Buffered() == 0 {
+		return c.raw
+	}
+	return c.br
+}
+
 // readHeader reads a request header.
 func (c *conn) readHeader(hdr []byte) error {
-	if c.bigWrites && c.br.Buffered() == 0 {
-		_, err := io.ReadFull(c.raw, hdr)
-		return err
-	}
-	_, err := io.ReadFull(c.br, hdr)
+	_, err := io.ReadFull(c.from(), hdr)
 	return err
 }
 
@@ -139,12 +144,7 @@ func (c *conn) readHeader(hdr []byte) error {
 func (c *conn) readPayload(p []byte) error {
 	n, _ := c.br.Read(p[:min(len(p), c.br.Buffered())])
 	c.bigWrites = len(p)-n >= directRead
-	var err error
-	if c.bigWrites {
-		_, err = io.ReadFull(c.raw, p[n:])
-	} else {
-		_, err = io.ReadFull(c.br, p[n:])
-	}
+	_, err := io.ReadFull(c.from(), p[n:])
 	return err
 }
 
