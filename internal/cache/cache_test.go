@@ -100,6 +100,21 @@ func TestHitsAfterMiss(t *testing.T) {
 	}
 }
 
+func TestSSDReserve(t *testing.T) {
+	for _, c := range []struct{ slots, want int }{
+		{1, 1},          // never none: evictions need somewhere to wait
+		{8, 1},          // 1/8
+		{1024, 128},     // a 64 MiB tier of 64 KiB lines: 1/8
+		{16384, 256},    // 1 GiB: 1/8 reaches its cap, 1/64 meets it
+		{65536, 1024},   // 4 GiB: 1/64
+		{1 << 20, 4096}, // 64 GiB: capped
+	} {
+		if got := ssdReserve(c.slots); got != c.want {
+			t.Errorf("ssdReserve(%d) = %d, want %d", c.slots, got, c.want)
+		}
+	}
+}
+
 func ExampleMode() {
 	for _, s := range []string{"writethrough", "writeback", "write-back"} {
 		m, err := ParseMode(s)

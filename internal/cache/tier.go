@@ -501,6 +501,17 @@ func (t *tier) readSlot(slot uint32, p []byte, off int64) error {
 	return err
 }
 
+// readSlotCached is readSlot for data written a moment ago, the destager's: through the SSD's
+// page cache when its reads bypass it (backend.CachedReader).
+func (t *tier) readSlotCached(slot uint32, p []byte, off int64) error {
+	cr, ok := t.dev.(backend.CachedReader)
+	if t.ram != nil || !ok {
+		return t.readSlot(slot, p, off)
+	}
+	_, err := cr.ReadAtCached(p, int64(slot)*t.lineSize+off)
+	return err
+}
+
 func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 	base := int64(slot)*t.lineSize + off
 	if t.ram != nil {

@@ -434,3 +434,154 @@ func TestBurstPastTheSSDTierStaysOnIt(t *testing.T) {
 	}
 	checkBackend(t, back, want)
 }
+
+// writeRecorder is a backend that records the size of every write and how many were under way at
+// once; each write takes a little while, so that writes sent together overlap.
+type writeRecorder struct {
+	*crashDev
+	mu             sync.Mutex
+	sizes          []int
+	inFlight, most int
+}
+
+func (w *writeRecorder) WriteAt(p []byte, off int64) (int, error) {
+	w.mu.Lock()
+	w.sizes = append(w.sizes, len(p))
+	w.inFlight++
+	w.most = max(w.most, w.inFlight)
+	w.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+	defer func() {
+		w.mu.Lock()
+		w.inFlight--
+		w.mu.Unlock()
+	}()
+	return w.crashDev.WriteAt(p, off)
+}
+
+// TestUrgentDestageWritesLargeAndTogether writes a sequential stretch in write-back and drains it
+// with FlushAll: the destager writes it back in writes of maxDestageWrite, several under way at
+// once, and the backend then holds it all.
+func TestUrgentDestageWritesLargeAndTogether(t *testing.T) {
+	const (
+		line    = 64 << 10
+		ssd     = 512
+		written = 3 * maxDestageWrite / line
+	)
+	back := &writeRecorder{crashDev: newCrashDev(ssd * line)}
+	c := newCache(t, back, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	want := make([]byte, ssd*line)
+	for l := range written {
+		p := want[l*line : (l+1)*line]
+		stamp(p, l*line/sector, 1)
+		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.Stats().Dirty.DestagedBytes; n != 0 {
+		t.Fatalf("the destager wrote back %d bytes before FlushAll: the test would not see how FlushAll writes", n)
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	back.mu.Lock()
+	sizes, most := back.sizes, back.most
+	back.mu.Unlock()
+	if want := []int{maxDestageWrite, maxDestageWrite, maxDestageWrite}; !slices.Equal(sizes, want) {
+		t.Fatalf("backend writes of %v bytes, want %v", sizes, want)
+	}
+	if most < 2 {
+		t.Fatalf("at most %d backend write under way at once, want several", most)
+	}
+	checkBackend(t, back.crashDev, want)
+}
+
+// hangingDev is a backend whose writes and flushes, once hung, wait until it is closed, as an NBD
+// disk's requests wait for a server that went away.
+type hangingDev struct {
+	*crashDev
+	hung    atomic.Bool
+	waiting atomic.Int32
+	closed  chan struct{}
+}
+
+var errHungClosed = fmt.Errorf("hanging backend: closed while a call waited")
+
+func (h *hangingDev) wait() error {
+	if !h.hung.Load() {
+		return nil
+	}
+	h.waiting.Add(1)
+	<-h.closed
+	return errHungClosed
+}
+
+func (h *hangingDev) WriteAt(p []byte, off int64) (int, error) {
+	if err := h.wait(); err != nil {
+		return 0, err
+	}
+	return h.crashDev.WriteAt(p, off)
+}
+
+func (h *hangingDev) Flush() error {
+	if err := h.wait(); err != nil {
+		return err
+	}
+	return h.crashDev.Flush()
+}
+
+func (h *hangingDev) Close() error {
+	close(h.closed)
+	return nil
+}
+
+// TestCloseWhileTheBackendHangs stops a write-back cache while the destager waits for a backend
+// that does not answer: Close gives up on it after closeGrace, closes the backend under it, and
+// the dirty data is still there at the next start.
+func TestCloseWhileTheBackendHangs(t *testing.T) {
+	const (
+		line  = 8 << 10
+		ssd   = 16
+		dirty = 4
+	)
+	defer func(g time.Duration) { closeGrace = g }(closeGrace)
+	closeGrace = 50 * time.Millisecond
+	devSize := int64(32 * line)
+	back, ssdDev, store := newCrashDev(devSize), newCrashDev(ssd*line), meta.NewMem()
+	hang := &hangingDev{crashDev: back, closed: make(chan struct{})}
+	// Close leaves the SSD and the store, behind an open gate, for the next start.
+	g := &gate{}
+	c := newCache(t, hang, layout{line: line, ssd: ssd, mode: WriteBack}, gatedStore{g, store}, gatedDev{g, ssdDev})
+	want := make([]byte, devSize)
+	for i := range dirty {
+		off := int64(3*i+1) * line
+		stamp(want[off:off+line], int(off/sector), int64(i+1))
+		if _, err := c.WriteAt(want[off:off+line], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hang.hung.Store(true)
+	// Idle for a second, the destager writes the dirty lines back, and waits on the backend.
+	waitFor(t, "the destager to wait on the hung backend", func() bool { return hang.waiting.Load() > 0 })
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waits for the hung backend")
+	}
+
+	c = newCache(t, back, layout{line: line, ssd: ssd, mode: WriteBack}, gatedStore{g, store}, gatedDev{g, ssdDev})
+	defer c.Close()
+	if d := c.Stats().Dirty; d.Lines != dirty {
+		t.Fatalf("restarted: %d dirty lines, want %d", d.Lines, dirty)
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	checkBackend(t, back, want)
+}

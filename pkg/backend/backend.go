@@ -53,6 +53,14 @@ type FUAWriter interface {
 	WriteAtFUA(p []byte, off int64) (int, error)
 }
 
+// CachedReader is a backend whose reads normally bypass a cache in front of its storage (the page
+// cache, for a file opened with direct=reads) and that can also read through it. Data written a
+// moment ago is still in that cache: a read that bypasses it makes the kernel write the data out
+// to the disk first and then read it back, where a read through it is a copy.
+type CachedReader interface {
+	ReadAtCached(p []byte, off int64) (int, error)
+}
+
 // ReadOnlyReporter is a backend that knows it cannot be written (a read-only file or export).
 type ReadOnlyReporter interface {
 	ReadOnly() bool
