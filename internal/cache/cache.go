@@ -210,6 +210,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		return err
 	}
 	t.dev = cfg.SSDDevice
+	t.doomedWake = c.wb.kick
 	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush, c.backendChanges.Load)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
 		BackendSize: c.size, Slots: uint32(slots)}
@@ -230,13 +231,13 @@ func (c *Cache) openSSD(cfg Config) error {
 		}
 		c.log.Info("SSD tier warm", "lines", t.index.Len(), "slots", slots)
 	}
-	c.ssd = t
-	go j.loop()
-	go c.destager()
 	if t.dirtyLines > 0 {
 		c.log.Info("SSD tier holds dirty data from the last run; it will be written back",
 			"lines", t.dirtyLines, "mode", c.Mode())
 	}
+	c.ssd = t
+	go j.loop()
+	go c.destager()
 	return nil
 }
 

@@ -3,6 +3,7 @@ package cache
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -49,7 +50,9 @@ type tier struct {
 	dirtyBlocks int
 	dset        lineSet
 	doomed      map[uint64]bool
-	dirtyCount  atomic.Int64 // dirtyLines, readable without the mutex
+	// doomedWake tells the destager a line was doomed (called with mu held; must not block).
+	doomedWake func()
+	dirtyCount atomic.Int64 // dirtyLines, readable without the mutex
 
 	policyName, admissionName string
 
@@ -253,11 +256,36 @@ func (t *tier) dropVictimsLocked() {
 	for _, v := range t.victims {
 		if slot, ok := t.slotOf(v); ok && !t.dirtyAt(slot).isZero() {
 			t.doomed[v] = true
+			if t.doomedWake != nil {
+				t.doomedWake()
+			}
 			continue
 		}
 		t.evictions.Add(1)
 		t.dropLocked(v)
 	}
+}
+
+// doomedLines returns up to n doomed lines, in ascending order. A doomed line that became clean
+// without the destager (its dirty blocks trimmed or overwritten through another mode) goes now.
+func (t *tier) doomedLines(n int) []uint64 {
+	t.mu.Lock()
+	lines := make([]uint64, 0, min(n, len(t.doomed)))
+	for l := range t.doomed {
+		slot, ok := t.slotOf(l)
+		switch {
+		case !ok:
+			delete(t.doomed, l)
+		case t.dirtyAt(slot).isZero():
+			t.evictions.Add(1)
+			t.dropLocked(l)
+		default:
+			lines = append(lines, l)
+		}
+	}
+	t.mu.Unlock()
+	slices.Sort(lines)
+	return lines[:min(n, len(lines))]
 }
 
 // dirtyAt returns the dirty bits of slot (none on a tier without write-back).

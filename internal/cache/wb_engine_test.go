@@ -585,3 +585,54 @@ func TestCloseWhileTheBackendHangs(t *testing.T) {
 	}
 	checkBackend(t, back, want)
 }
+
+// TestDoomedLineDoesNotStopAdmission: when the eviction policy picks a dirty line, the line is
+// doomed and keeps its slot until it is written back. Below the high watermark, with clients busy,
+// nothing else would write it back, and once doomed lines hold more slots than the tier keeps in
+// reserve, the SSD tier (its slots full, its policy short of lines to evict) would admit no new
+// line at all. The destager writes doomed lines back first.
+func TestDoomedLineDoesNotStopAdmission(t *testing.T) {
+	const (
+		line  = 4 << 10
+		ssd   = 16
+		lines = 4 * ssd
+	)
+	c := newCache(t, newCrashDev(lines*line), layout{line: line, ssd: ssd, mode: WriteBack, policy: "lru"}, nil, nil)
+	defer c.Close()
+	p := make([]byte, line)
+	// Lines 0 to 6 dirty, the least recently used: below the high watermark (half the tier).
+	const dirty = ssd/2 - 1
+	for l := range dirty {
+		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(l int) {
+		if _, err := c.ReadAt(p, int64(l*line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cached := func(l int) bool {
+		c.ssd.mu.Lock()
+		defer c.ssd.mu.Unlock()
+		_, ok := c.ssd.slotOf(uint64(l))
+		return ok
+	}
+	// Clients stay busy (the destager's idle rule never applies) and dirty data stays far below
+	// the high watermark, for longer than the destager's tick and a checkpoint take.
+	deadline := time.Now().Add(2 * time.Second)
+	for l := dirty; time.Now().Before(deadline); l = dirty + (l+1-dirty)%(lines-dirty) {
+		read(l)
+		if l == lines-1 && cached(lines-1) {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if !cached(lines - 1) {
+		t.Fatalf("line %d, read again and again, never got into the SSD tier: admission stopped behind doomed lines %v",
+			lines-1, c.ssd.doomedLines(ssd))
+	}
+	if got := c.Stats().Dirty.DestagedBytes; got == 0 {
+		t.Fatal("the doomed lines were not written back")
+	}
+}

@@ -552,6 +552,23 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 	return n, true, err
 }
 
+// destageDoomed writes back lines (ascending) that the eviction policy chose while they were
+// dirty. Until then they keep their slots, out of the policy's reach: once they hold the slots the
+// tier keeps in reserve, its slots are full and its policy has nothing to evict, and the tier admits
+// no new line at all (below the high watermark, with clients busy, nothing else writes them back).
+func (c *Cache) destageDoomed(lines []uint64) error {
+	for _, l := range lines {
+		c.locks.lock(l, l)
+	}
+	defer func() {
+		for _, l := range lines {
+			c.locks.unlock(l, l)
+		}
+	}()
+	_, err := c.destageLocked(lines, destageInFlight)
+	return err
+}
+
 // destageTouched writes back the dirty blocks of the lines a non-write-back change touches (the
 // caller holds their locks), so that the change never loses the part of a dirty block it does not
 // cover, and the backend's copy is whole before the cache lets go of it.
@@ -595,12 +612,20 @@ func (c *Cache) destager() {
 		}
 		for {
 			st := c.destageState()
-			if !w.destage.Run(st) {
+			doomed := c.ssd.doomedLines(int(destageBatchUrgent / c.line))
+			if len(doomed) == 0 && !w.destage.Run(st) {
 				break
 			}
-			w.running.Store(true)
 			t0 := time.Now()
-			_, any, err := c.destageNext(&cursor, w.destage.Urgent(st))
+			var any bool
+			var err error
+			if len(doomed) > 0 {
+				// Not a policy's choice: doomed lines are written back whatever the watermarks.
+				any, err = true, c.destageDoomed(doomed)
+			} else {
+				w.running.Store(true)
+				_, any, err = c.destageNext(&cursor, w.destage.Urgent(st))
+			}
 			w.wake()
 			if err != nil {
 				select {
