@@ -106,7 +106,6 @@ type Cache struct {
 	log    *slog.Logger
 	trim   backend.Trimmer
 	zero   backend.ZeroWriter
-	fua    backend.FUAWriter
 	bufs   bufPool
 	closed atomic.Bool
 
@@ -134,7 +133,6 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	c.mode.Store(int32(cfg.Mode))
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)
-	c.fua, _ = b.(backend.FUAWriter)
 	var err error
 	if cfg.RAM.Size > 0 {
 		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
@@ -712,14 +710,10 @@ func (c *Cache) invalidate(segs []seg, sync bool) error {
 
 func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
 	var err error
-	switch {
-	case fua && c.fua != nil:
-		_, err = c.fua.WriteAtFUA(p, off)
-	default:
+	if fua {
+		_, err = backend.WriteFUA(c.b, p, off)
+	} else {
 		_, err = c.b.WriteAt(p, off)
-		if err == nil && fua {
-			err = c.b.Flush()
-		}
 	}
 	c.backendChanges.Add(1)
 	c.backendStats.write(len(p), err)

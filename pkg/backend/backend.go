@@ -53,6 +53,22 @@ type FUAWriter interface {
 	WriteAtFUA(p []byte, off int64) (int, error)
 }
 
+// WriteFUA writes p at off durably: with b's own FUA write where it has one, else a write and a
+// flush of everything. A failed flush reports 0 bytes written.
+func WriteFUA(b Backend, p []byte, off int64) (int, error) {
+	if w, ok := b.(FUAWriter); ok {
+		return w.WriteAtFUA(p, off)
+	}
+	n, err := b.WriteAt(p, off)
+	if err != nil {
+		return n, err
+	}
+	if err := b.Flush(); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
 // CachedReader is a backend whose reads normally bypass a cache in front of its storage (the page
 // cache, for a file opened with direct=reads) and that can also read through it. Data written a
 // moment ago is still in that cache: a read that bypasses it makes the kernel write the data out

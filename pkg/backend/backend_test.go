@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/file"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -131,4 +132,47 @@ func TestRegistryDuplicatePanics(t *testing.T) {
 	require.PanicsWithValue(t, "backend: scheme registered twice: mem", func() {
 		r.Register("mem", "mem://SIZE", mem.Open)
 	})
+}
+
+// plain hides every optional interface of the backend it wraps.
+type plain struct{ backend.Backend }
+
+func TestWriteFUA(t *testing.T) {
+	cases := []struct {
+		name       string
+		hideFUA    bool
+		failFlush  bool
+		wantN      int
+		wantErr    bool
+		wantWrites int64 // WriteAt and WriteAtFUA calls, both counted as writes
+		wantFlush  int64
+	}{
+		{name: "its own FUA write", wantN: 8, wantWrites: 1},
+		{name: "write and flush", hideFUA: true, wantN: 8, wantWrites: 1, wantFlush: 1},
+		{name: "flush fails", hideFUA: true, failFlush: true, wantN: 0, wantErr: true, wantWrites: 1, wantFlush: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := fault.New(mem.New(1<<20), fault.Options{Seed: 1})
+			if tc.failFlush {
+				f.AddRule(fault.Rule{Op: fault.Flush, Nth: 1})
+			}
+			var b backend.Backend = f
+			if tc.hideFUA {
+				b = plain{f}
+			}
+			n, err := backend.WriteFUA(b, []byte("durable!"), 4096)
+			require.Equal(t, tc.wantN, n)
+			require.Equal(t, tc.wantErr, err != nil, "err: %v", err)
+			got := f.Counts()
+			require.Equal(t, tc.wantWrites, got[fault.Write])
+			require.Equal(t, tc.wantFlush, got[fault.Flush], "a backend with its own FUA write needs no flush")
+			if err == nil {
+				back := make([]byte, 8)
+				_, err := f.ReadAt(back, 4096)
+				require.NoError(t, err)
+				require.Equal(t, "durable!", string(back))
+			}
+		})
+	}
 }

@@ -286,17 +286,7 @@ func (f *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err := f.inject(Write, off, int64(len(p)), p); err != nil {
 		return 0, err
 	}
-	if w, ok := f.inner.(backend.FUAWriter); ok {
-		return w.WriteAtFUA(p, off)
-	}
-	n, err := f.inner.WriteAt(p, off)
-	if err != nil {
-		return n, err
-	}
-	if err := f.inner.Flush(); err != nil {
-		return 0, err
-	}
-	return n, nil
+	return backend.WriteFUA(f.inner, p, off)
 }
 
 // Size implements backend.Backend.

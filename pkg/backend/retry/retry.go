@@ -164,15 +164,8 @@ func (r *Backend) WriteAt(p []byte, off int64) (n int, err error) {
 
 // WriteAtFUA implements backend.FUAWriter.
 func (r *Backend) WriteAtFUA(p []byte, off int64) (n int, err error) {
-	w, fua := r.inner.(backend.FUAWriter)
 	err = r.do(describe("FUA write", off, int64(len(p))), func() error {
-		if fua {
-			n, err = w.WriteAtFUA(p, off)
-			return err
-		}
-		if n, err = r.inner.WriteAt(p, off); err == nil {
-			err = r.inner.Flush()
-		}
+		n, err = backend.WriteFUA(r.inner, p, off)
 		return err
 	})
 	if err != nil {
