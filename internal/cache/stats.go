@@ -56,9 +56,14 @@ type DirtyStats struct {
 	DestagedBytes uint64 `json:"destaged_bytes"`
 	DestageWrites uint64 `json:"destage_writes"` // backend writes the destager made (after coalescing)
 	DestageErrors uint64 `json:"destage_errors"`
+	// DestageRate is how fast the destager wrote back over about the last second, in bytes per
+	// second.
+	DestageRate float64 `json:"destage_bytes_per_second"`
 	// Throttling: writes slowed down because dirty data neared Max, and the delay they were given.
 	ThrottledWrites uint64  `json:"throttled_writes"`
 	ThrottleSeconds float64 `json:"throttle_seconds"`
+	// ThrottleDelay is the delay a write of one line gets now, in seconds.
+	ThrottleDelay float64 `json:"throttle_delay_seconds"`
 }
 
 // IOStats count requests to the backend.

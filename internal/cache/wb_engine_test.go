@@ -636,3 +636,76 @@ func TestDoomedLineDoesNotStopAdmission(t *testing.T) {
 		t.Fatal("the doomed lines were not written back")
 	}
 }
+
+func TestRateMeter(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	type sample struct {
+		ms int
+		v  uint64
+	}
+	every := func(from, to, step int, perMs uint64) []sample {
+		var s []sample
+		for ms := from; ms <= to; ms += step {
+			s = append(s, sample{ms, uint64(ms) * perMs})
+		}
+		return s
+	}
+	cases := []struct {
+		name    string
+		samples []sample
+		nowMs   int
+		v       uint64
+		want    float64
+	}{
+		{"no samples", nil, 1000, 100, 0},
+		{"steady, over the last second", every(0, 2000, 100, 1000), 2000, 2_000_000, 1e6},
+		{"a sample too soon after another is not taken", []sample{{0, 0}, {50, 999_999}}, 100, 100_000, 1e6},
+		{"a stalled sampler: a wider window", []sample{{0, 0}}, 5000, 1_000_000, 2e5},
+		{"less than a window kept: from the oldest", []sample{{0, 0}, {400, 400}}, 500, 1000, 2000},
+		{"nothing written back", every(0, 1000, 100, 0), 1000, 0, 0},
+		{"the ring wraps", every(0, 2900, 100, 2000), 2900, 2900 * 2000, 2e6},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var m rateMeter
+			for _, s := range tc.samples {
+				m.sample(t0.Add(time.Duration(s.ms)*time.Millisecond), s.v)
+			}
+			got := m.rate(t0.Add(time.Duration(tc.nowMs)*time.Millisecond), tc.v)
+			if math.Abs(got-tc.want) > 1e-6*max(1, tc.want) {
+				t.Fatalf("rate %.1f, want %.1f", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestDestageRateAndThrottleDelayInStats: above the high watermark a write is delayed, and the
+// stats say by how much now; once the backend takes the dirty data, they say how fast it went.
+func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
+	const (
+		line = 64 << 10
+		ssd  = 16
+	)
+	b := fault.New(newCrashDev(4*ssd*line), fault.Options{Seed: 1})
+	c := newCache(t, b, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	c.wb.throttle = throttlePolicies["proportional"]() // newCache turns throttling off
+	b.SetFailing(true)                                 // nothing is written back yet
+	p := make([]byte, line)
+	for l := range 3 * ssd / 4 { // 75 %: above the high watermark (50 %), below the maximum
+		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := c.Stats().Dirty; d.ThrottleDelay <= 0 || d.DestageRate != 0 {
+		t.Fatalf("dirty ratio %.2f: throttle delay %gs (want > 0), destage rate %g B/s (want 0)", d.Ratio, d.ThrottleDelay, d.DestageRate)
+	}
+	b.SetFailing(false)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().Dirty.DestagedBytes == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if d := c.Stats().Dirty; d.DestagedBytes == 0 || d.DestageRate <= 0 {
+		t.Fatalf("%d bytes destaged, at %g B/s: want both > 0", d.DestagedBytes, d.DestageRate)
+	}
+}

@@ -174,6 +174,7 @@ type writeBack struct {
 	done      chan struct{}
 
 	destagedBytes, destageWrites, destageErrors atomic.Uint64
+	destaged                                    rateMeter // of destagedBytes
 	throttled                                   atomic.Uint64
 	throttleNs                                  atomic.Int64
 }
@@ -219,8 +220,7 @@ func (c *Cache) ratio() float64 {
 // space, and dirty lines never pass the maximum. release gives the reservation back.
 func (c *Cache) admitDirty(n int) (release func(), err error) {
 	w := c.wb
-	if d := w.throttle.Delay(ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
-		Blocks: n * c.ssd.blocks, Config: w.cfg}); d > 0 {
+	if d := c.throttleDelay(n); d > 0 {
 		w.throttled.Add(1)
 		w.throttleNs.Add(int64(d))
 		time.Sleep(d)
@@ -246,6 +246,64 @@ func (c *Cache) admitDirty(n int) (release func(), err error) {
 		w.mu.Unlock()
 		w.cond.Broadcast()
 	}, nil
+}
+
+// throttleDelay is the delay the throttle policy gives a write that may dirty n lines now.
+func (c *Cache) throttleDelay(n int) time.Duration {
+	w := c.wb
+	return w.throttle.Delay(ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
+		Blocks: n * c.ssd.blocks, Config: w.cfg})
+}
+
+// rateMeter measures how fast a counter grows, from samples the destager takes at least every
+// 100 ms (rateSample apart), over about the last second.
+type rateMeter struct {
+	mu      sync.Mutex
+	samples [rateSamples]rateSample
+	n       int // samples taken; the newest is samples[(n-1)%rateSamples]
+}
+
+type rateSample struct {
+	at time.Time
+	v  uint64
+}
+
+const (
+	rateSamples = 12
+	rateEvery   = 100 * time.Millisecond
+	rateWindow  = time.Second
+)
+
+// sample records v at now, unless the newest sample is less than rateEvery old.
+func (m *rateMeter) sample(now time.Time, v uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n > 0 && now.Sub(m.samples[(m.n-1)%rateSamples].at) < rateEvery {
+		return
+	}
+	m.samples[m.n%rateSamples] = rateSample{now, v}
+	m.n++
+}
+
+// rate is the growth per second to v at now from the newest sample at least rateWindow old, or
+// the oldest one kept if none is that old (a stalled sampler just widens the window).
+func (m *rateMeter) rate(now time.Time, v uint64) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == 0 {
+		return 0
+	}
+	var from rateSample
+	for i := m.n - 1; i >= max(0, m.n-rateSamples); i-- {
+		if from = m.samples[i%rateSamples]; now.Sub(from.at) >= rateWindow {
+			break
+		}
+	}
+	dt := now.Sub(from.at).Seconds()
+	if dt <= 0 || v < from.v {
+		return 0
+	}
+	return float64(v-from.v) / dt
 }
 
 // writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
@@ -605,6 +663,7 @@ func (c *Cache) destager() {
 		case <-tick.C:
 		case <-w.kickCh:
 		}
+		w.destaged.sample(time.Now(), w.destagedBytes.Load())
 		if w.waiting.Load() > 0 {
 			// Dirty lines also go without the destager (a write or trim through another mode
 			// writes them back first): waiting writes must see that even with nothing to destage.
@@ -612,21 +671,25 @@ func (c *Cache) destager() {
 		}
 		for {
 			st := c.destageState()
-			doomed := c.ssd.doomedLines(int(destageBatchUrgent / c.line))
-			if len(doomed) == 0 && !w.destage.Run(st) {
-				break
+			var doomed []uint64
+			if !w.destage.Run(st) {
+				// Not the policy's choice: doomed lines are written back whatever the watermarks.
+				// (When the policy runs, its large address-order batches take them along.)
+				if doomed = c.ssd.doomedLines(int(destageBatchUrgent / c.line)); len(doomed) == 0 {
+					break
+				}
 			}
 			t0 := time.Now()
 			var any bool
 			var err error
 			if len(doomed) > 0 {
-				// Not a policy's choice: doomed lines are written back whatever the watermarks.
 				any, err = true, c.destageDoomed(doomed)
 			} else {
 				w.running.Store(true)
 				_, any, err = c.destageNext(&cursor, w.destage.Urgent(st))
 			}
 			w.wake()
+			w.destaged.sample(time.Now(), w.destagedBytes.Load())
 			if err != nil {
 				select {
 				case <-w.stop:
@@ -740,7 +803,8 @@ func (c *Cache) dirtyStats() DirtyStats {
 		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(c.ssd.slots),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
-		DestageErrors: w.destageErrors.Load(), ThrottledWrites: w.throttled.Load(),
-		ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
+		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.rate(time.Now(), w.destagedBytes.Load()),
+		ThrottledWrites: w.throttled.Load(), ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
+		ThrottleDelay: c.throttleDelay(1).Seconds(),
 	}
 }

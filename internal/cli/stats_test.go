@@ -30,7 +30,8 @@ func statsFixture() cache.Stats {
 		},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20*4096 + 512, Errors: 1},
 		Dirty: cache.DirtyStats{Lines: 2048, Bytes: 96 << 20, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9, Destaging: true,
-			DestagedBytes: 3 << 30, DestageErrors: 2, ThrottledWrites: 17, ThrottleSeconds: 1.25},
+			DestagedBytes: 3 << 30, DestageErrors: 2, DestageRate: 12.5 * (1 << 20), ThrottledWrites: 17, ThrottleSeconds: 1.25,
+			ThrottleDelay: 0.0021},
 		// 100 reads: 50 at most 1ms, 40 more at most 10ms, 10 above 100ms.
 		ReadLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{50, 40, 0, 10},
 			Count: 100, Sum: 3},
@@ -68,7 +69,7 @@ tier  policy  hits  misses  hit ratio  lines/capacity  occupancy  bytes   promot
 ram   s3fifo  900   100     90.0%      512/1024        50.0%      32MiB   7           5          0       ok
 ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       FAILED: write: input/output error
 backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
-dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s)
+dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging at 12.5MiB/s, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s), delay now 2.1ms a line
 latency: read p50 1ms p99 >100ms (100 requests); write no requests
 `
 

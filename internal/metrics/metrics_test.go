@@ -37,7 +37,8 @@ func fakeStats() cache.Stats {
 		},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20 * 4096, Errors: 1},
 		Dirty: cache.DirtyStats{Lines: 300, Bytes: 300 * 65536, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9,
-			Destaging: true, DestagedBytes: 7 << 20, DestageWrites: 21, DestageErrors: 4, ThrottledWrites: 33, ThrottleSeconds: 2.5},
+			Destaging: true, DestagedBytes: 7 << 20, DestageWrites: 21, DestageErrors: 4, ThrottledWrites: 33, ThrottleSeconds: 2.5,
+			DestageRate: 1 << 20, ThrottleDelay: 0.003},
 		ReadLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{5, 3, 0, 2},
 			Count: 10, Sum: 1.5},
 		WriteLatency: cache.Histogram{Bounds: []float64{0.001, 0.01, 0.1}, Counts: []uint64{0, 0, 4, 0},
@@ -267,6 +268,8 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 		`tierblk_cache_destage_errors_total{export="disk0"} 4`,
 		`tierblk_cache_throttled_writes_total{export="disk0"} 33`,
 		`tierblk_cache_throttle_seconds_total{export="disk0"} 2.5`,
+		`tierblk_cache_destage_bytes_per_second{export="disk0"} 1.048576e+06`,
+		`tierblk_cache_throttle_delay_seconds{export="disk0"} 0.003`,
 	} {
 		require.Contains(t, body, line+"\n")
 	}
