@@ -181,12 +181,15 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 	if d.Destaging {
 		state = "destaging"
 	}
+	if d.Destaging || d.DestageRate > 0 {
+		state += " at " + humanBytes(uint64(d.DestageRate)) + "/s"
+	}
 	seconds := func(s float64) time.Duration {
 		return time.Duration(s * float64(time.Second)).Round(time.Microsecond)
 	}
-	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s at %s/s, %s destaged, %d destage errors; %d throttled writes (%s), delay now %s a line\n",
+	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s, %s destaged, %d destage errors; %d throttled writes (%s), delay now %s a line\n",
 		d.Lines, 100*d.Ratio, 100*d.High, 100*d.Low, 100*d.Max, humanBytes(d.Bytes), state,
-		humanBytes(uint64(d.DestageRate)), humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
+		humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
 		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay))
 }
 

@@ -175,3 +175,26 @@ func TestStatsHumanBytes(t *testing.T) {
 		require.Equal(t, want, humanBytes(n), "%d", n)
 	}
 }
+
+func TestWriteDirty(t *testing.T) {
+	marks := cache.DirtyStats{High: 0.5, Low: 0.25, Max: 0.9}
+	withRate := marks
+	withRate.DestageRate = 1 << 20
+	const tail = ", 0 destaged, 0 destage errors; 0 throttled writes (0s), delay now 0s a line\n"
+	cases := []struct {
+		name string
+		d    cache.DirtyStats
+		want string
+	}{
+		{"no SSD tier", cache.DirtyStats{}, ""},
+		{"idle", marks, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle" + tail},
+		{"idle, having destaged a moment ago", withRate, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle at 1MiB/s" + tail},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeDirty(&out, tc.d)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}
