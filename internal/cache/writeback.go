@@ -256,7 +256,7 @@ func (c *Cache) throttleDelay(n int) time.Duration {
 }
 
 // rateMeter measures how fast a counter grows, from samples the destager takes at least every
-// 100 ms (rateSample apart), over about the last second.
+// 100 ms (rateEvery apart), over about the last second.
 type rateMeter struct {
 	mu      sync.Mutex
 	samples [rateSamples]rateSample
