@@ -5,8 +5,6 @@ import (
 	"net"
 	"syscall"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 // Why the server reads and writes its sockets with raw system calls.
@@ -23,10 +21,9 @@ import (
 // poller waits for the socket as it would for conn.Read. Deadlines and Close work as on the
 // net.Conn.
 
-// rawIO returns a reader and a writer for nc that use raw system calls, and pending, which
-// reports whether the socket has bytes to read now; or nc itself and nil when nc is not a socket
-// (net.Pipe in tests).
-func rawIO(nc net.Conn) (io.Reader, io.Writer, *pendingInput) {
+// rawIO returns a reader and a writer for nc that use raw system calls; or nc itself and a nil
+// rawReader when nc is not a socket (net.Pipe in tests).
+func rawIO(nc net.Conn) (io.Reader, io.Writer, *rawReader) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nc, nc, nil
@@ -35,37 +32,9 @@ func rawIO(nc net.Conn) (io.Reader, io.Writer, *pendingInput) {
 	if err != nil {
 		return nc, nc, nil
 	}
-	r := rawReader{newRawCall(rc.Read, syscall.SYS_READ, false)}
+	r := &rawReader{newRawCall(rc.Read, syscall.SYS_READ, false)}
 	w := rawWriter{newRawCall(rc.Write, syscall.SYS_WRITE, true)}
-	p := &pendingInput{rc: rc}
-	p.fn = p.ask
-	return r, w, p
-}
-
-// pendingInput asks the kernel how many bytes wait in a socket's receive queue (SIOCINQ, which
-// unix and TCP sockets answer), without waiting. Only the reader calls it.
-type pendingInput struct {
-	rc syscall.RawConn
-	fn func(fd uintptr)
-	n  int32
-}
-
-// any reports whether bytes wait; false also when the question fails (the next read tells why).
-func (p *pendingInput) any() bool {
-	if p == nil {
-		return false
-	}
-	p.n = 0
-	if err := p.rc.Control(p.fn); err != nil {
-		return false
-	}
-	return p.n > 0
-}
-
-func (p *pendingInput) ask(fd uintptr) {
-	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, unix.SIOCINQ, uintptr(unsafe.Pointer(&p.n))); e != 0 {
-		p.n = 0
-	}
+	return r, w, r
 }
 
 // rawCall makes one kind of system call on a socket: reads (SYS_READ, done after one that moves
@@ -78,9 +47,14 @@ type rawCall struct {
 	sysno uintptr
 	all   bool // go on until p is done
 	fn    func(fd uintptr) bool
-	p     []byte
-	n     int
-	errno syscall.Errno
+	// beforeWait, if set, runs each time the call finds the socket not ready, before the poller
+	// waits: the server's reader sends the replies it held back for a batch there. Learning that
+	// the client has sent nothing more from the read itself saves asking the kernel first (an
+	// ioctl per request, a costly system call in a virtual machine).
+	beforeWait func()
+	p          []byte
+	n          int
+	errno      syscall.Errno
 }
 
 func newRawCall(wait func(func(uintptr) bool) error, sysno uintptr, all bool) *rawCall {
@@ -119,6 +93,9 @@ func (c *rawCall) call(fd uintptr) bool {
 			}
 		case syscall.EINTR:
 		case syscall.EAGAIN:
+			if c.beforeWait != nil {
+				c.beforeWait()
+			}
 			return false
 		default:
 			c.errno = e
@@ -129,7 +106,7 @@ func (c *rawCall) call(fd uintptr) bool {
 
 type rawReader struct{ *rawCall }
 
-func (r rawReader) Read(p []byte) (int, error) {
+func (r *rawReader) Read(p []byte) (int, error) {
 	n, err := r.do(p)
 	if n == 0 && err == nil && len(p) > 0 {
 		return 0, io.EOF

@@ -5,19 +5,18 @@ import (
 	"io"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
 // The raw reader and writer behave as the connection itself: whole writes, reads of what
-// arrived, io.EOF at the end; pending sees unread bytes without consuming them.
+// arrived, io.EOF at the end; beforeWait runs when a read finds nothing to read, and only then.
 func TestRawIO(t *testing.T) {
 	a, b := unixPair(t)
-	r, _, pending := rawIO(a)
+	r, _, rr := rawIO(a)
 	_, w, _ := rawIO(b)
-	require.NotNil(t, pending)
-	require.False(t, pending.any(), "nothing sent yet")
+	require.NotNil(t, rr)
+	require.Equal(t, rr, r)
 
 	// More than a unix socket's buffer: the writer must wait for the reader, not drop bytes.
 	msg := bytes.Repeat([]byte("tierblk!"), 1<<17)
@@ -37,23 +36,46 @@ func TestRawIO(t *testing.T) {
 
 	c, d := unixPair(t)
 	_, w2, _ := rawIO(d)
-	_, err = w2.Write([]byte("x"))
+	_, _, rr2 := rawIO(c)
+	waits := 0
+	wrote := make(chan error, 1)
+	rr2.beforeWait = func() {
+		waits++
+		if waits == 1 {
+			// The client answers only once the reader has said it waits, as a client waits
+			// for the replies the reader sends there.
+			go func() {
+				_, err := w2.Write([]byte("x"))
+				wrote <- err
+			}()
+		}
+	}
+	buf := make([]byte, 8)
+	n, err := rr2.Read(buf)
 	require.NoError(t, err)
-	_, _, pending2 := rawIO(c)
-	require.Eventually(t, pending2.any, 5*time.Second, time.Millisecond)
-	require.True(t, pending2.any(), "asking must not consume the byte")
+	require.Equal(t, "x", string(buf[:n]))
+	require.GreaterOrEqual(t, waits, 1, "the read found the socket empty")
+	require.NoError(t, <-wrote)
+
+	// A unix socket's write lands in the peer's queue before it returns.
+	_, err = w2.Write([]byte("yz"))
+	require.NoError(t, err)
+	before := waits
+	n, err = rr2.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "yz", string(buf[:n]))
+	require.Equal(t, before, waits, "bytes already there: no wait")
 }
 
-// Not a socket (net.Pipe): the connection itself, and no pending check.
+// Not a socket (net.Pipe): the connection itself, and no raw reader.
 func TestRawIOPipe(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	r, w, pending := rawIO(a)
+	r, w, rr := rawIO(a)
 	require.Equal(t, a, r)
 	require.Equal(t, a, w)
-	require.Nil(t, pending)
-	require.False(t, pending.any())
+	require.Nil(t, rr)
 }
 
 func unixPair(t *testing.T) (net.Conn, net.Conn) {

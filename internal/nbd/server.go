@@ -223,15 +223,15 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
-	r, w, pending := rawIO(nc)
+	r, w, rr := rawIO(nc)
 	c := &conn{
-		s:       s,
-		nc:      nc,
-		pending: pending,
-		raw:     r,
-		br:      bufio.NewReaderSize(r, connBufSize),
-		bw:      bufio.NewWriterSize(w, connBufSize),
-		log:     s.log.With("remote", remote),
+		s:    s,
+		nc:   nc,
+		rawR: rr,
+		raw:  r,
+		br:   bufio.NewReaderSize(r, connBufSize),
+		bw:   bufio.NewWriterSize(w, connBufSize),
+		log:  s.log.With("remote", remote),
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -292,9 +292,10 @@ type conn struct {
 	nc  net.Conn
 	br  *bufio.Reader // read only by the connection's own goroutine
 	raw io.Reader     // what br reads: read directly only while br has nothing buffered
-	// pending tells whether the client has sent more than br holds; nil when nc is no socket.
-	pending *pendingInput
-	log     *slog.Logger
+	// rawR is raw as a socket's raw reader, whose beforeWait the reader sets; nil when nc is no
+	// socket.
+	rawR *rawReader
+	log  *slog.Logger
 
 	stopMu   sync.Mutex
 	stopping bool // Shutdown was called: no new deadline may be set

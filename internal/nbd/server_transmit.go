@@ -33,6 +33,9 @@ func (c *conn) transmit() error {
 	c.jobs = make(chan job)
 	c.slots = make(chan struct{}, c.s.maxInFlight)
 	c.readDone = make(chan error, 1)
+	if c.rawR != nil {
+		c.rawR.beforeWait = c.beforeWait
+	}
 	c.s.watch()
 
 	err, handedOver := c.readRequests()
@@ -63,9 +66,18 @@ const (
 )
 
 // Replies wait in the buffer while the client has sent more requests: each flush wakes the client,
-// and on a busy machine a wakeup costs more than the reply. But the reader flushes at least every
-// maxUnflushed requests, so that a client streaming requests still gets its answers.
+// and on a busy machine a wakeup costs more than the reply. They go when the reader finds the
+// socket empty (beforeWait), and at least every maxUnflushed requests, so that a client streaming
+// requests still gets its answers.
 const maxUnflushed = 32
+
+// beforeWait runs on the reader when its next read finds nothing to read, before it waits for the
+// client: it sends the replies held back for a batch.
+func (c *conn) beforeWait() {
+	c.moreInput.Store(false)
+	c.flushReplies()
+	c.unflushed = 0
+}
 
 // readRequests is the reader: one goroutine at a time runs it. It returns when reading ends
 // (with the connection's error, nil after NBD_CMD_DISC), or with handedOver when a slow request
@@ -73,11 +85,10 @@ const maxUnflushed = 32
 func (c *conn) readRequests() (err error, handedOver bool) {
 	var hdr [requestSize]byte
 	for {
-		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || !c.pending.any()) {
-			// The next read may block: send the replies held back for a batch first.
-			c.moreInput.Store(false)
-			c.flushReplies()
-			c.unflushed = 0
+		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || c.rawR == nil) {
+			// The batch is long enough, or (not a socket) there is no telling whether the next
+			// read will wait: send the replies held back first.
+			c.beforeWait()
 		}
 		c.unflushed++
 		if err := c.readHeader(hdr[:]); err != nil {
