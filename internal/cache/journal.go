@@ -105,6 +105,22 @@ func (j *journal) storedLocked(line uint64, bits lineBits) (meta.Op, lineBits) {
 	return j.without(b, bits), bits
 }
 
+// storeClaimsLocked reports whether the store may hold a record of line, which has a change not
+// yet committed, that calls any of bits valid: unless its base says otherwise, it may.
+func (j *journal) storeClaimsLocked(line uint64, bits lineBits) bool {
+	b, ok := j.base[line]
+	switch {
+	case !ok:
+		return true
+	case b.Delete:
+		return false
+	}
+	if slot, cached := j.t.slotOf(line); !cached || b.Rec.Slot != slot {
+		return true // a record of another slot must go, whatever it claims
+	}
+	return !bitsFromWords(b.Rec.Valid).and(bits).isZero()
+}
+
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
 
 // without returns op with the blocks bits neither valid nor dirty: a deletion if none is left.
@@ -385,7 +401,15 @@ type span struct {
 }
 
 // invalidateDurably clears the given blocks and commits that before returning (with sync, also
-// across power loss). Lines with nothing cached and nothing pending need no commit.
+// across power loss). Lines with nothing cached and nothing pending need no commit, nor lines whose
+// stored record already claims none of the blocks.
+//
+// What it commits also leaves out the line's other clean blocks (in memory they stay valid): the
+// next write to any of them until the next checkpoint, which stores the line whole again, then
+// needs no commit. A clean block is on the backend too, so a restart only reads it from there
+// again. Writes spread over a clean cache (after a flush) cost a commit per line and checkpoint
+// rather than one per write: through NBD, 4K random writes ran 1-39 % faster and the 8K 80/20 mix
+// 4-13 % (3 paired rounds each, every one faster).
 func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	j.commitMu.RLock()
 	defer j.commitMu.RUnlock()
@@ -394,6 +418,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	t.mu.Lock()
 	for _, s := range spans {
 		known := j.knownLocked(s.line)
+		claims := !known || j.storeClaimsLocked(s.line, s.bits)
 		stored, gone := j.storedLocked(s.line, s.bits)
 		op, changed := t.invalidateLocked(s.line, s.bits)
 		switch {
@@ -407,9 +432,18 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			// flush, stores the line as it is.
 			j.queue[s.line] = op
 			op = stored
+		default:
+			// Committed without its clean blocks below, the stored record is no longer the one
+			// in memory: queued, the line keeps what the store holds as its base, and the next
+			// checkpoint stores it whole.
+			j.queue[s.line] = op
 		}
 		// A checkpoint under way must not commit these blocks valid again after this.
 		j.influx[s.line] = j.influx[s.line].or(gone)
+		if !claims {
+			continue
+		}
+		op = j.without(op, t.cleanLocked(s.line))
 		j.committedLocked(op)
 		ops = append(ops, op)
 	}

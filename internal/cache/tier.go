@@ -189,6 +189,15 @@ func (t *tier) bits(line uint64) (valid, dirty lineBits) {
 	return lineBits{}, lineBits{}
 }
 
+// cleanLocked returns the blocks of line that are valid and not dirty.
+func (t *tier) cleanLocked(line uint64) lineBits {
+	slot, ok := t.slotOf(line)
+	if !ok {
+		return lineBits{}
+	}
+	return t.valid.get(slot).andNot(t.dirtyAt(slot))
+}
+
 // admits asks the admission policy about a missed line.
 func (t *tier) admits(a policy.Access) bool {
 	t.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 )
 
@@ -707,5 +708,99 @@ func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
 	}
 	if d := c.Stats().Dirty; d.DestagedBytes == 0 || d.DestageRate <= 0 {
 		t.Fatalf("%d bytes destaged, at %g B/s: want both > 0", d.DestagedBytes, d.DestageRate)
+	}
+}
+
+// TestOneInvalidationPerLineAndCheckpoint checks that overwriting clean blocks costs one metadata
+// commit per line between two checkpoints, not one per write: the first write to a clean block
+// commits the line's record without any of its clean blocks. What was written still reads back
+// after a restart, dirty, and the clean rest comes from the backend.
+func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
+	const line = 64 << 10
+	back, ssdDev, stored := newCrashDev(16*line), newCrashDev(8*line), meta.NewMem()
+	want := backendtest.Pattern(1, 16*line)
+	if _, err := back.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	l := layout{line: line, ram: 2, ssd: 8, mode: WriteBack}
+	// Each start gets the same devices and store through a new gate (Close leaves them).
+	start := func(store meta.Store) *Cache {
+		g := &gate{}
+		return newCache(t, gatedDev{g, back}, l, gatedStore{g, store}, gatedDev{g, ssdDev})
+	}
+	store := &failStore{Store: stored}
+	c := start(store)
+	buf := make([]byte, 2*line)
+	for range 2 { // admitted by the first read at the latest
+		if _, err := c.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Flush(); err != nil { // a checkpoint stores both lines clean
+		t.Fatal(err)
+	}
+	for _, ln := range []uint64{0, 1} {
+		if v, d := c.ssd.bits(ln); v != rangeBits(0, c.ssd.blocks) || !d.isZero() {
+			t.Fatalf("line %d before the writes: valid %v dirty %v, want all clean", ln, v, d)
+		}
+	}
+	calls := func() int {
+		store.mu.Lock()
+		defer store.mu.Unlock()
+		return store.calls
+	}
+	write := func(off int64, seed uint64) {
+		t.Helper()
+		p := backendtest.Pattern(seed, 4096)
+		if _, err := c.WriteAt(p, off); err != nil {
+			t.Fatal(err)
+		}
+		copy(want[off:], p)
+	}
+	// Holding ckMu keeps the background checkpoint out: every commit counted is an invalidation.
+	for _, step := range []struct {
+		off     int64
+		commits int
+	}{
+		{0, 1},           // line 0's first clean block: its record goes without its clean blocks
+		{8 << 10, 0},     // another clean block of line 0: the store claims none of them
+		{line + 4096, 1}, // line 1's first
+		{line + 16<<10, 0},
+	} {
+		c.ssd.j.ckMu.Lock()
+		n := calls()
+		write(step.off, uint64(step.off)+2)
+		got := calls() - n
+		c.ssd.j.ckMu.Unlock()
+		if got != step.commits {
+			t.Fatalf("write at %d: %d metadata commits, want %d", step.off, got, step.commits)
+		}
+	}
+	// A checkpoint stores line 0 whole again: its next clean block costs a commit again.
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c.ssd.j.ckMu.Lock()
+	n := calls()
+	write(24<<10, 9)
+	got := calls() - n
+	c.ssd.j.ckMu.Unlock()
+	if got != 1 {
+		t.Fatalf("first write to a clean block after a checkpoint: %d metadata commits, want 1", got)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c = start(stored)
+	defer c.Close()
+	if d := c.Stats().Dirty; d.Lines != 2 {
+		t.Fatalf("after the restart: %d dirty lines, want 2", d.Lines)
+	}
+	if _, err := c.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf, want[:2*line]) {
+		t.Fatal("after the restart, the two lines do not read back as written")
 	}
 }
