@@ -123,3 +123,11 @@ func (w rawWriter) Write(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// setSendBuffer asks for a socket send buffer of n bytes where nc is a socket; the kernel may give
+// less (net.core.wmem_max), and a refusal only leaves the default.
+func setSendBuffer(nc net.Conn, n int) {
+	if s, ok := nc.(interface{ SetWriteBuffer(int) error }); ok {
+		_ = s.SetWriteBuffer(n)
+	}
+}

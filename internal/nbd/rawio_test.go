@@ -4,7 +4,13 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/stretchr/testify/require"
 )
@@ -76,6 +82,31 @@ func TestRawIOPipe(t *testing.T) {
 	require.Equal(t, a, r)
 	require.Equal(t, a, w)
 	require.Nil(t, rr)
+}
+
+// The server's sockets get a send buffer as large as the kernel allows, up to what it asks for.
+func TestSetSendBuffer(t *testing.T) {
+	raw, err := os.ReadFile("/proc/sys/net/core/wmem_max")
+	require.NoError(t, err)
+	limit, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	require.NoError(t, err)
+	a, _ := unixPair(t)
+	setSendBuffer(a, sendBufSize)
+	rc, err := a.(syscall.Conn).SyscallConn()
+	require.NoError(t, err)
+	var got int
+	var gerr error
+	require.NoError(t, rc.Control(func(fd uintptr) {
+		got, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+	}))
+	require.NoError(t, gerr)
+	// Linux doubles the value asked for, to leave room for its bookkeeping.
+	require.Equal(t, 2*min(sendBufSize, limit), got)
+
+	p, q := net.Pipe() // not a socket: nothing to set, nothing breaks
+	defer p.Close()
+	defer q.Close()
+	setSendBuffer(p, sendBufSize)
 }
 
 func unixPair(t *testing.T) (net.Conn, net.Conn) {

@@ -41,6 +41,12 @@ const (
 	// connBufSize sizes the buffered reader and writer of each connection: large enough to batch
 	// many small replies into one system call; large payloads bypass the buffers.
 	connBufSize = 64 << 10
+	// sendBufSize is the socket send buffer a connection asks for with its first large reply (the
+	// kernel caps it at net.core.wmem_max). With the default 208 KiB, a 1 MiB READ reply takes
+	// five writes, each ending in EAGAIN and a trip through the runtime's poller while the client
+	// drains the socket; in one, 1M sequential reads ran 67-91 % faster (8 of 8 paired rounds, from
+	// about 0.69 of nbdkit's speed to 1.14-1.37). Connections that never send one keep the default.
+	sendBufSize = 4 << 20
 )
 
 // Server serves exports over the NBD protocol (fixed newstyle handshake), one goroutine reading
@@ -332,7 +338,9 @@ type conn struct {
 	moreInput atomic.Bool
 	bw        *bufio.Writer
 	werr      error // first write error; nothing more is written after it
-	scratch   [structReplySize + 8 + 6]byte
+	// bigSendBuf is set once the socket's send buffer was enlarged for large replies.
+	bigSendBuf bool
+	scratch    [structReplySize + 8 + 6]byte
 }
 
 // run performs the handshake and, when the client picks an export, the transmission phase.

@@ -390,6 +390,10 @@ func (c *conn) replyData(r request, data []byte) {
 // writeLarge sends a large reply with one writev of its header and data, after what is buffered:
 // through the buffered writer it would take two system calls and a copy of the buffer's size.
 func (c *conn) writeLarge(hdr, data []byte) {
+	if !c.bigSendBuf {
+		c.bigSendBuf = true
+		setSendBuffer(c.nc, sendBufSize)
+	}
 	if c.bw.Buffered() > 0 {
 		if err := c.bw.Flush(); err != nil {
 			c.writeFailed(err)
