@@ -95,30 +95,15 @@ func (j *journal) keepBaseLocked(line uint64, slot uint32) {
 // without the blocks bits, and the blocks it no longer claims (all of them for a deletion). A
 // record of another slot than the line's now is returned as a deletion: the line left that slot
 // when it was clean (a dirty line is never evicted), or with every block invalidated, so nothing
-// dirty of it is lost.
-func (j *journal) storedLocked(line uint64, bits lineBits) (meta.Op, lineBits) {
+// dirty of it is lost. claims reports whether the store may call any of bits valid: unless the
+// base says otherwise, it may (a record of another slot must go, whatever it claims).
+func (j *journal) storedLocked(line uint64, bits lineBits) (op meta.Op, gone lineBits, claims bool) {
 	b, ok := j.base[line]
 	slot, cached := j.t.slotOf(line)
 	if !ok || b.Delete || !cached || b.Rec.Slot != slot {
-		return deleteOp(line), rangeBits(0, j.t.blocks)
+		return deleteOp(line), rangeBits(0, j.t.blocks), !(ok && b.Delete)
 	}
-	return j.without(b, bits), bits
-}
-
-// storeClaimsLocked reports whether the store may hold a record of line, which has a change not
-// yet committed, that calls any of bits valid: unless its base says otherwise, it may.
-func (j *journal) storeClaimsLocked(line uint64, bits lineBits) bool {
-	b, ok := j.base[line]
-	switch {
-	case !ok:
-		return true
-	case b.Delete:
-		return false
-	}
-	if slot, cached := j.t.slotOf(line); !cached || b.Rec.Slot != slot {
-		return true // a record of another slot must go, whatever it claims
-	}
-	return !bitsFromWords(b.Rec.Valid).and(bits).isZero()
+	return j.without(b, bits), bits, !bitsFromWords(b.Rec.Valid).and(bits).isZero()
 }
 
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
@@ -418,8 +403,8 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	t.mu.Lock()
 	for _, s := range spans {
 		known := j.knownLocked(s.line)
-		claims := !known || j.storeClaimsLocked(s.line, s.bits)
-		stored, gone := j.storedLocked(s.line, s.bits)
+		stored, gone, claims := j.storedLocked(s.line, s.bits)
+		claims = claims || !known
 		op, changed := t.invalidateLocked(s.line, s.bits)
 		switch {
 		case !known && !changed:

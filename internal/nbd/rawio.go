@@ -21,20 +21,20 @@ import (
 // poller waits for the socket as it would for conn.Read. Deadlines and Close work as on the
 // net.Conn.
 
-// rawIO returns a reader and a writer for nc that use raw system calls; or nc itself and a nil
-// rawReader when nc is not a socket (net.Pipe in tests).
-func rawIO(nc net.Conn) (io.Reader, io.Writer, *rawReader) {
+// rawIO returns a reader (a *rawReader) and a writer for nc that use raw system calls; or nc
+// itself when nc is not a socket (net.Pipe in tests).
+func rawIO(nc net.Conn) (io.Reader, io.Writer) {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		return nc, nc, nil
+		return nc, nc
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return nc, nc, nil
+		return nc, nc
 	}
 	r := &rawReader{newRawCall(rc.Read, syscall.SYS_READ, false)}
 	w := rawWriter{newRawCall(rc.Write, syscall.SYS_WRITE, true)}
-	return r, w, r
+	return r, w
 }
 
 // rawCall makes one kind of system call on a socket: reads (SYS_READ, done after one that moves

@@ -229,7 +229,8 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
-	r, w, rr := rawIO(nc)
+	r, w := rawIO(nc)
+	rr, _ := r.(*rawReader)
 	c := &conn{
 		s:    s,
 		nc:   nc,
@@ -298,8 +299,8 @@ type conn struct {
 	nc  net.Conn
 	br  *bufio.Reader // read only by the connection's own goroutine
 	raw io.Reader     // what br reads: read directly only while br has nothing buffered
-	// rawR is raw as a socket's raw reader, whose beforeWait the reader sets; nil when nc is no
-	// socket.
+	// rawR is raw when it is a socket's raw reader, whose beforeWait the reader sets; nil when nc
+	// is no socket.
 	rawR *rawReader
 	log  *slog.Logger
 

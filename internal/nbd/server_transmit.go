@@ -57,8 +57,8 @@ func (c *conn) transmit() error {
 // reading (takeOver); the next slowSpell requests then all go to workers. (A timer per request
 // would cost more than the handoff it saves.) The bound covers a 64 KiB write into the page cache
 // on a slow 2-core VM (20-40 µs): served by workers, those cost 48 µs of CPU a request against
-// 37 µs inline, the payload crossing cores and each handoff waking an idle one; at 20 µs the
-// 64K sequential write row ran 3-13 % slower (4 of 4 paired rounds). An O_DIRECT read of the SSD
+// 37 µs with every request served inline, the payload crossing cores and each handoff waking an
+// idle one; at 20 µs the 64K sequential write row ran 3-13 % slower (4 of 4 paired rounds). An O_DIRECT read of the SSD
 // tier (100 µs and more) still goes to a worker.
 const (
 	inlineLatency = 100 * time.Microsecond
