@@ -322,11 +322,10 @@ type conn struct {
 	jobs      chan job
 	slots     chan struct{}  // one per request being served: at most MaxInFlight
 	nworkers  int            // workers started; only the reader touches it
-	handOffs  int            // requests the reader still hands to workers after a rescue
 	workers   sync.WaitGroup // workers, and readers started by the watchdog
 	readDone  chan error     // the error reading ended with, when a reader started by the watchdog read last
 	inline    atomic.Uint64  // odd while the reader serves a request itself
-	latency   atomic.Int64   // moving average of the device's service time, in nanoseconds
+	plan      servePlan      // whether the reader serves a request itself
 	seen      uint64         // inline at the watchdog's previous tick; only the watchdog touches it
 	order     writeOrder
 

@@ -21,6 +21,7 @@ type job struct {
 	// seq is a write-type request's ticket in c.order; for a FLUSH, the ticket of the first
 	// write-type request received after it.
 	seq uint64
+	gen uint64 // the generation of c.plan its latency counts in
 }
 
 // transmit reads requests until the client disconnects, breaks the protocol or the server shuts
@@ -49,21 +50,6 @@ func (c *conn) transmit() error {
 	c.workers.Wait()
 	return err
 }
-
-// Handing a request to a worker goroutine costs more than serving it on a fast device (a RAM
-// tier, a page-cached file). So while the device's recent latency stays under inlineLatency, the
-// reader serves requests itself. A request that turns out slow must not hold back the ones behind
-// it: the server's watchdog sees the reader stuck and starts a new goroutine that takes over the
-// reading (takeOver); the next slowSpell requests then all go to workers. (A timer per request
-// would cost more than the handoff it saves.) The bound covers a 64 KiB write into the page cache
-// on a slow 2-core VM (20-40 µs): served by workers, those cost 48 µs of CPU a request against
-// 37 µs with every request served inline, the payload crossing cores and each handoff waking an
-// idle one; at 20 µs the 64K sequential write row ran 3-13 % slower (4 of 4 paired rounds). An O_DIRECT read of the SSD
-// tier (100 µs and more) still goes to a worker.
-const (
-	inlineLatency = 100 * time.Microsecond
-	slowSpell     = 1024
-)
 
 // Replies wait in the buffer while the client has sent more requests: each flush wakes the client,
 // and on a busy machine a wakeup costs more than the reply. They go when the reader finds the
@@ -110,13 +96,14 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		}
 		c.moreInput.Store(c.br.Buffered() >= requestSize)
 		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
-		if c.handOffs > 0 || c.latency.Load() > int64(inlineLatency) {
-			c.handOffs = max(c.handOffs-1, 0)
+		inline, probe, gen := c.plan.next()
+		j.gen = gen
+		if !inline {
 			c.submit(j)
 			continue
 		}
 		seq := c.inline.Add(1) // odd: serving inline
-		c.serve(j)
+		c.plan.observe(c.serve(j), gen, probe)
 		if !c.inline.CompareAndSwap(seq, seq+1) {
 			return nil, true // the watchdog gave the reading to takeOver
 		}
@@ -127,7 +114,7 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 // watchdog counted it in c.workers.
 func (c *conn) takeOver() {
 	defer c.workers.Done()
-	c.handOffs = slowSpell
+	c.plan.rescued(watchdogTick)
 	if err, handedOver := c.readRequests(); !handedOver {
 		c.readDone <- err
 	}
@@ -281,12 +268,13 @@ func (c *conn) submit(j job) {
 func (c *conn) work() {
 	defer c.workers.Done()
 	for j := range c.jobs {
-		c.serve(j)
+		c.plan.observe(c.serve(j), j.gen, false)
 	}
 }
 
-// serve performs one request on the device, answers it and frees its slot.
-func (c *conn) serve(j job) {
+// serve performs one request on the device, answers it and frees its slot. It returns how long
+// the device took.
+func (c *conn) serve(j job) time.Duration {
 	r := j.req
 	dev := c.export.Device
 	off, n := int64(r.offset), int64(r.length)
@@ -320,10 +308,7 @@ func (c *conn) serve(j job) {
 	case cmdCache:
 		err = dev.Cache(off, n)
 	}
-	// A moving average of the device's latency, over 8 requests (updates may race and be lost,
-	// which only makes it less exact).
-	avg := c.latency.Load()
-	c.latency.Store(avg + (int64(time.Since(start))-avg)/8)
+	took := time.Since(start)
 	switch {
 	case err != nil:
 		errno := errnoFor(err, r.typ)
@@ -335,6 +320,7 @@ func (c *conn) serve(j job) {
 		c.replyErrno(r, 0, "")
 	}
 	<-c.slots
+	return took
 }
 
 // errnoFor maps a device error onto the NBD error for a command.
