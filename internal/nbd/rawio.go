@@ -3,7 +3,9 @@ package nbd
 import (
 	"io"
 	"net"
+	"runtime"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -130,4 +132,13 @@ func setSendBuffer(nc net.Conn, n int) {
 	if s, ok := nc.(interface{ SetWriteBuffer(int) error }); ok {
 		_ = s.SetWriteBuffer(n)
 	}
+}
+
+// rawSleep sleeps for d in a raw system call: the goroutine keeps its P and the runtime counts it
+// as running (see Server.watchdog for why). It then yields, so that a stop of the world waits for
+// it no longer than the signal that interrupts the sleep (ppoll is never restarted after one).
+func rawSleep(d time.Duration) {
+	ts := syscall.NsecToTimespec(int64(d))
+	syscall.RawSyscall6(syscall.SYS_PPOLL, 0, 0, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	runtime.Gosched()
 }

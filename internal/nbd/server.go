@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -193,6 +194,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // goroutine takes over its reading.
 const watchdogTick = 5 * time.Millisecond
 
+// minProcsToHoldOne is the fewest Ps with which the watchdog keeps one busy while it sleeps; the
+// daemon runs with 32.
+const minProcsToHoldOne = 8
+
 // watch starts the watchdog unless it runs. It runs while there are connections.
 func (s *Server) watch() {
 	s.mu.Lock()
@@ -205,10 +210,26 @@ func (s *Server) watch() {
 
 // watchdog rescues connections whose reader has been serving a request itself for a whole tick:
 // it starts a new reader for them.
+//
+// It also keeps the runtime's monitor (sysmon) from polling. Sysmon sleeps deeply while every P is
+// idle, and when a goroutine then enters a system call (the SSD tier's pwrite, an O_DIRECT read:
+// the socket calls are raw for this reason, see rawio.go) it wakes and polls every 20 µs for a
+// millisecond and more. A server whose reader waits for the client between batches makes every P
+// idle thousands of times a second: in the 8K random 80/20 mix sysmon took 13 % of the server's
+// CPU, and its wake-ups took the core from the server and the client. So, while there are
+// connections and Ps to spare, the watchdog sleeps its ticks in a raw system call (rawSleep),
+// during which the runtime counts its P as busy: sysmon never sleeps deeply and keeps to its
+// normal backoff of up to 10 ms. In the 8K mix sysmon's share fell to 0.9 % and the server's CPU
+// a request from 22.4 to 15.0, 15.1 to 12.8 and 24 to 17 µs (3 paired runs); 4K random and 64K
+// sequential writes moved within the noise. With few Ps (GOMAXPROCS set low by hand) holding one would cost real
+// capacity, so the watchdog then sleeps as any goroutine does.
 func (s *Server) watchdog() {
-	t := time.NewTicker(watchdogTick)
-	defer t.Stop()
-	for range t.C {
+	sleep := time.Sleep
+	if runtime.GOMAXPROCS(0) >= minProcsToHoldOne {
+		sleep = rawSleep
+	}
+	for {
+		sleep(watchdogTick)
 		s.mu.Lock()
 		if len(s.conns) == 0 {
 			s.watching = false

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -804,6 +805,46 @@ func TestRepliesOutOfOrder(t *testing.T) {
 	require.Len(t, seen, 21)
 	require.True(t, seen[1])
 	require.LessOrEqual(t, peak.Load(), int32(maxInFlight))
+}
+
+// TestWatchdogHoldingAP: with Ps to spare the watchdog sleeps in a raw system call, holding its
+// P; it must still rescue a stuck reader, and a garbage collection (which stops the world, so
+// must stop the watchdog too) must still complete while it runs.
+func TestWatchdogHoldingAP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(minProcsToHoldOne))
+	vol, _ := newVolume(1<<20, 0x22, volume.Options{})
+	release := make(chan struct{})
+	stuck := make(chan struct{})
+	dev := &hookDevice{Device: vol, onRead: func(off int64) {
+		if off == 0 {
+			close(stuck)
+			<-release
+		}
+	}}
+	ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}})
+	c := dialRaw(t, "unix", ts.sock)
+	c.connect("", true)
+
+	c.request(request{typ: cmdRead, cookie: 1, offset: 0, length: 4096}, nil)
+	<-stuck
+	for i := range uint64(5) {
+		c.request(request{typ: cmdRead, cookie: 10 + i, offset: 4096 * (1 + i), length: 4096}, nil)
+		require.Equal(t, 10+i, c.reply().cookie, "the watchdog handed the reading on")
+	}
+	gcDone := make(chan struct{})
+	go func() {
+		for range 3 {
+			runtime.GC()
+		}
+		close(gcDone)
+	}()
+	select {
+	case <-gcDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("garbage collection blocked by the watchdog's sleep")
+	}
+	close(release)
+	require.Equal(t, uint64(1), c.reply().cookie)
 }
 
 // TestFlushWaitsForEarlierWrites: a FLUSH is answered only after the writes received before it
