@@ -183,7 +183,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-ctx.Done():
 		s.mu.Lock()
 		for c := range s.conns {
-			c.nc.Close()
+			c.hangUp()
 		}
 		s.mu.Unlock()
 		return ctx.Err()
@@ -250,16 +250,14 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
-	r, w := rawIO(nc)
-	rr, _ := r.(*rawReader)
+	src := &source{nc}
 	c := &conn{
-		s:    s,
-		nc:   nc,
-		rawR: rr,
-		raw:  r,
-		br:   bufio.NewReaderSize(r, connBufSize),
-		bw:   bufio.NewWriterSize(w, connBufSize),
-		log:  s.log.With("remote", remote),
+		s:   s,
+		nc:  nc,
+		src: src,
+		br:  bufio.NewReaderSize(src, connBufSize),
+		bw:  bufio.NewWriterSize(nc, connBufSize),
+		log: s.log.With("remote", remote),
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -272,6 +270,9 @@ func (s *Server) serveConn(nc net.Conn, remote string) {
 	s.mu.Unlock()
 	defer func() {
 		nc.Close()
+		if c.sock != nil {
+			c.sock.close()
+		}
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.mu.Unlock()
@@ -316,17 +317,20 @@ var errShuttingDown = errors.New("nbd: server shutting down")
 
 // conn is one client connection: the handshake, then the transmission phase.
 type conn struct {
-	s   *Server
-	nc  net.Conn
-	br  *bufio.Reader // read only by the connection's own goroutine
-	raw io.Reader     // what br reads: read directly only while br has nothing buffered
-	// rawR is raw when it is a socket's raw reader, whose beforeWait the reader sets; nil when nc
-	// is no socket.
-	rawR *rawReader
+	s  *Server
+	nc net.Conn
+	br *bufio.Reader // read only by the connection's own goroutine
+	// src is what br reads: nc during the handshake, then sock. It is read directly only while br
+	// has nothing buffered.
+	src *source
+	// sock is the socket detached from the runtime's poller for the transmission phase (see
+	// sock.go); nil while nc is no socket, which then serves the transmission itself. Set by the
+	// connection's goroutine under stopMu before any other goroutine uses it.
+	sock *sock
 	log  *slog.Logger
 
 	stopMu   sync.Mutex
-	stopping bool // Shutdown was called: no new deadline may be set
+	stopping bool // Shutdown was called: no new deadline may be set, no socket detached
 
 	// Negotiated in the handshake, read-only afterwards.
 	noZeroes   bool
@@ -390,8 +394,51 @@ func (c *conn) stop() {
 	c.stopMu.Lock()
 	defer c.stopMu.Unlock()
 	c.stopping = true
-	c.nc.SetReadDeadline(time.Now())
+	if c.sock != nil {
+		c.sock.stopReading()
+	} else {
+		c.nc.SetReadDeadline(time.Now())
+	}
 }
+
+// hangUp closes the connection for both sides at once: the reader stops, replies are dropped.
+func (c *conn) hangUp() {
+	c.stopMu.Lock()
+	sk := c.sock
+	c.stopMu.Unlock()
+	if sk != nil {
+		sk.hangUp()
+	} else {
+		c.nc.Close()
+	}
+}
+
+// detach moves the transmission phase onto the socket taken from the runtime's poller (see
+// sock.go), unless the server is shutting down. br keeps what it has read ahead.
+func (c *conn) detach() error {
+	c.stopMu.Lock()
+	defer c.stopMu.Unlock()
+	if c.stopping {
+		return errShuttingDown
+	}
+	if err := c.nc.SetDeadline(time.Time{}); err != nil {
+		return err
+	}
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	sk, err := detach(c.nc)
+	if err != nil || sk == nil {
+		return err
+	}
+	sk.beforeWait = c.beforeWait
+	c.sock, c.src.Reader = sk, sk
+	c.bw.Reset(sk)
+	return nil
+}
+
+// source is a reader whose underlying reader can change under a bufio.Reader.
+type source struct{ io.Reader }
 
 // readErr turns a failed read of the socket into the error the connection ends with.
 func (c *conn) readErr(err error) error {

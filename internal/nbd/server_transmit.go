@@ -27,16 +27,13 @@ type job struct {
 // transmit reads requests until the client disconnects, breaks the protocol or the server shuts
 // down, then waits for the requests in flight to be answered.
 func (c *conn) transmit() error {
-	if err := c.setDeadline(time.Time{}); err != nil {
+	if err := c.detach(); err != nil {
 		return err
 	}
 	c.order.cond.L = &c.order.mu
 	c.jobs = make(chan job)
 	c.slots = make(chan struct{}, c.s.maxInFlight)
 	c.readDone = make(chan error, 1)
-	if c.rawR != nil {
-		c.rawR.beforeWait = c.beforeWait
-	}
 	c.s.watch()
 
 	err, handedOver := c.readRequests()
@@ -71,13 +68,13 @@ func (c *conn) beforeWait() {
 func (c *conn) readRequests() (err error, handedOver bool) {
 	var hdr [requestSize]byte
 	for {
-		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || c.rawR == nil) {
+		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || c.sock == nil) {
 			// The batch is long enough, or (not a socket) there is no telling whether the next
 			// read will wait: send the replies held back first.
 			c.beforeWait()
 		}
 		c.unflushed++
-		if err := c.readHeader(hdr[:]); err != nil {
+		if err := c.readFull(hdr[:]); err != nil {
 			return c.readErr(err), false
 		}
 		req, ok := parseRequest(hdr[:])
@@ -126,18 +123,17 @@ func (c *conn) takeOver() {
 // directly too, so that br does not prefetch, and then copy, the next large payload.
 const directRead = 16 << 10
 
-// from is where the reader's next bytes come from: the socket itself after a large payload while
-// br holds nothing, else br.
-func (c *conn) from() io.Reader {
-	if c.bigWrites && c.br.Buffered() == 0 {
-		return c.raw
+// readFull fills p: from the socket itself after a large payload while br holds nothing (in one
+// system call on a detached socket), else through br.
+func (c *conn) readFull(p []byte) error {
+	if !c.bigWrites || c.br.Buffered() > 0 {
+		_, err := io.ReadFull(c.br, p)
+		return err
 	}
-	return c.br
-}
-
-// readHeader reads a request header.
-func (c *conn) readHeader(hdr []byte) error {
-	_, err := io.ReadFull(c.from(), hdr)
+	if c.sock != nil {
+		return c.sock.readFull(p)
+	}
+	_, err := io.ReadFull(c.src, p)
 	return err
 }
 
@@ -146,8 +142,7 @@ func (c *conn) readHeader(hdr []byte) error {
 func (c *conn) readPayload(p []byte) error {
 	n, _ := c.br.Read(p[:min(len(p), c.br.Buffered())])
 	c.bigWrites = len(p)-n >= directRead
-	_, err := io.ReadFull(c.from(), p[n:])
-	return err
+	return c.readFull(p[n:])
 }
 
 // dispatch checks a request and reads its payload. It returns the job to serve, or ok false when
@@ -376,18 +371,24 @@ func (c *conn) replyData(r request, data []byte) {
 // writeLarge sends a large reply with one writev of its header and data, after what is buffered:
 // through the buffered writer it would take two system calls and a copy of the buffer's size.
 func (c *conn) writeLarge(hdr, data []byte) {
-	if !c.bigSendBuf {
-		c.bigSendBuf = true
-		setSendBuffer(c.nc, sendBufSize)
-	}
 	if c.bw.Buffered() > 0 {
 		if err := c.bw.Flush(); err != nil {
 			c.writeFailed(err)
 			return
 		}
 	}
-	bufs := net.Buffers{hdr, data}
-	if _, err := bufs.WriteTo(c.nc); err != nil {
+	var err error
+	if c.sock != nil {
+		if !c.bigSendBuf {
+			c.bigSendBuf = true
+			c.sock.setSendBuffer(sendBufSize)
+		}
+		err = c.sock.writev(hdr, data)
+	} else {
+		bufs := net.Buffers{hdr, data}
+		_, err = bufs.WriteTo(c.nc)
+	}
+	if err != nil {
 		c.writeFailed(err)
 	}
 }
@@ -470,11 +471,11 @@ func (c *conn) writeString(s string) {
 }
 
 // writeFailed gives up on the connection: the client cannot be answered, so the reader is
-// stopped by closing the socket, and later replies are dropped.
+// stopped by hanging up, and later replies are dropped.
 func (c *conn) writeFailed(err error) {
 	c.werr = err
 	c.log.Debug("nbd: writing a reply failed, closing", "err", err)
-	c.nc.Close()
+	c.hangUp()
 }
 
 // writeOrder lets a FLUSH wait for the write-type requests (WRITE, TRIM, WRITE_ZEROES) received

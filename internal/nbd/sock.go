@@ -1,0 +1,259 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Why the server takes each connection's socket away from the runtime's poller.
+//
+// The runtime watches every socket of the net package with an edge-triggered epoll, and while
+// nothing else is runnable one of its threads sleeps in epoll_wait. Each arrival of data on a
+// watched socket wakes that thread, even while the reader is busy and will find the data itself:
+// in the 64K sequential write row, the thread woke, took the core from the reader, found nothing to
+// run and slept again, thousands of times a second. And a reader that does wait in the poller
+// parks its goroutine, which another thread picks up later.
+//
+// So after the handshake the server detaches the socket: it duplicates the descriptor, closes the
+// net.Conn (the runtime takes the socket out of its epoll set) and serves the duplicate in
+// blocking mode, as nbdkit's threads do. A read first tries the socket without waiting, in a raw
+// system call; finding nothing, it runs beforeWait (the reader sends the replies held back for a
+// batch), looks again a few times (spinTries), then sleeps in the kernel through the runtime's
+// system-call path, which lets the runtime give the thread's P to other goroutines. One thread a
+// connection sleeps there, and the kernel wakes it, and only it, when the client sends. A large
+// payload is read with MSG_WAITALL: one call, whatever pieces it arrives in. Replies are written
+// the same way: without waiting first, then, if the socket is full, waiting in the kernel. In
+// paired runs against the poller (3 rounds each, fio at queue depth 32 against the write-back
+// cache): the 8K 80/20 mix 15-30 % faster, 4K random reads 6-21 %, 4K random writes -1 to +35 %,
+// 64K sequential writes +1 to +26 %.
+//
+// Raw calls, where they cannot block, also keep the runtime's monitor (sysmon) asleep: every
+// call through the system-call path wakes it when every P has been idle (see Server.watchdog).
+//
+// Deadlines no longer reach a detached socket. Stopping the reader is shutdown(SHUT_RD), which
+// wakes a read sleeping in the kernel; hanging up is shutdown(SHUT_RDWR). The descriptor itself is
+// closed only once the connection's goroutines are done with it, so that its number cannot be
+// given to another file under them.
+type sock struct {
+	fd int
+	// beforeWait, if set, runs each time a read finds the socket empty, before it waits. Set
+	// before the socket is read; only the reader reads.
+	beforeWait func()
+	stopped    atomic.Bool // reads fail: the server is shutting down, or the connection hung up
+	mu         sync.Mutex  // orders shutdowns against close
+	closed     bool
+}
+
+// spinTries is how many more times a read that found the socket empty looks again, yielding to
+// other goroutines in between (a few tens of microseconds in all), before it sleeps in the kernel.
+// A server faster than its client otherwise sleeps after nearly every request and is woken by the
+// next, one context switch each, and its replies reach the client one at a time, which costs the
+// client more too: 4K random reads from the RAM tier ran 10-24 % slower than through the
+// runtime's poller (whose idle threads look for work a while before they sleep, which batched
+// the requests). Looking again 32 times: 6-21 % faster than the poller on those reads, and no
+// slower on writes (3 paired rounds each; 8 tries: 0-20 %).
+const spinTries = 32
+
+// errReadStopped is what reads return once reading was stopped.
+var errReadStopped = errors.New("nbd: reading stopped")
+
+// detach takes nc's socket from the runtime's poller, or returns nil when nc is no socket (a
+// net.Pipe in tests), which is then served through the net.Conn. On an error nc is closed.
+func detach(nc net.Conn) (*sock, error) {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nil, nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nil, nil
+	}
+	fd, derr := -1, error(nil)
+	if err := rc.Control(func(f uintptr) { fd, derr = unix.FcntlInt(f, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	// The original descriptor goes, and with it the poller's interest; the duplicate keeps the
+	// socket open.
+	nc.Close()
+	if derr != nil {
+		return nil, fmt.Errorf("socket: %w", derr)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	return &sock{fd: fd}, nil
+}
+
+// call makes one system call on p and returns how many bytes it moved: raw when flags hold
+// MSG_DONTWAIT (it cannot block), else through the runtime's system-call path.
+func (s *sock) call(trap uintptr, p []byte, flags uintptr) (int, syscall.Errno) {
+	for {
+		var n uintptr
+		var e syscall.Errno
+		if flags&unix.MSG_DONTWAIT != 0 {
+			n, _, e = syscall.RawSyscall6(trap, uintptr(s.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, 0, 0)
+		} else {
+			n, _, e = syscall.Syscall6(trap, uintptr(s.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, 0, 0)
+		}
+		switch e {
+		case 0:
+			return int(n), 0
+		case syscall.EINTR:
+		default:
+			return 0, e
+		}
+	}
+}
+
+// recv reads into p what the socket has, waiting for at least a byte (all of p with
+// MSG_WAITALL in wait, unless a signal cuts it short). 0 bytes and no error is the end.
+func (s *sock) recv(p []byte, wait uintptr) (int, error) {
+	if s.stopped.Load() {
+		return 0, errReadStopped
+	}
+	n, e := s.call(unix.SYS_RECVFROM, p, unix.MSG_DONTWAIT)
+	if e == syscall.EAGAIN {
+		if s.beforeWait != nil {
+			s.beforeWait()
+		}
+		for i := 0; i < spinTries && e == syscall.EAGAIN; i++ {
+			runtime.Gosched()
+			n, e = s.call(unix.SYS_RECVFROM, p, unix.MSG_DONTWAIT)
+		}
+		if e == syscall.EAGAIN {
+			n, e = s.call(unix.SYS_RECVFROM, p, wait)
+		}
+	}
+	if e != 0 {
+		return 0, e
+	}
+	if n == 0 && s.stopped.Load() {
+		return 0, errReadStopped // the end a shutdown makes, not the client's
+	}
+	return n, nil
+}
+
+// Read reads what the socket has, waiting for at least a byte; io.EOF at the end.
+func (s *sock) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	n, err := s.recv(p, 0)
+	if n == 0 && err == nil {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+// readFull reads all of p, as io.ReadFull does.
+func (s *sock) readFull(p []byte) error {
+	for done := 0; done < len(p); {
+		n, err := s.recv(p[done:], unix.MSG_WAITALL)
+		switch {
+		case err != nil:
+			return err
+		case n == 0 && done == 0:
+			return io.EOF
+		case n == 0:
+			return io.ErrUnexpectedEOF
+		}
+		done += n
+	}
+	return nil
+}
+
+// Write writes all of p, waiting while the socket is full.
+func (s *sock) Write(p []byte) (int, error) {
+	done := 0
+	for done < len(p) {
+		n, e := s.call(unix.SYS_SENDTO, p[done:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		if e == syscall.EAGAIN {
+			n, e = s.call(unix.SYS_SENDTO, p[done:], unix.MSG_NOSIGNAL)
+		}
+		if e != 0 {
+			return done, e
+		}
+		done += n
+	}
+	return done, nil
+}
+
+// writev writes bufs whole in as few system calls as the socket allows (a large reply: its
+// header and its data).
+func (s *sock) writev(bufs ...[]byte) error {
+	for len(bufs) > 0 {
+		n, err := unix.SendmsgBuffers(s.fd, bufs, nil, nil, unix.MSG_NOSIGNAL)
+		if errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		for len(bufs) > 0 && n >= len(bufs[0]) {
+			n -= len(bufs[0])
+			bufs = bufs[1:]
+		}
+		if len(bufs) > 0 {
+			bufs[0] = bufs[0][n:]
+		}
+	}
+	return nil
+}
+
+// setSendBuffer asks for a send buffer of n bytes; the kernel may give less (net.core.wmem_max),
+// and a refusal only leaves the default.
+func (s *sock) setSendBuffer(n int) {
+	_ = unix.SetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_SNDBUF, n)
+}
+
+// stopReading makes every read from now on fail, and wakes one waiting in the kernel; replies can
+// still be written.
+func (s *sock) stopReading() {
+	s.stopped.Store(true)
+	s.shutdown(unix.SHUT_RD)
+}
+
+// hangUp ends the connection for both sides: reads end, writes fail.
+func (s *sock) hangUp() {
+	s.stopped.Store(true)
+	s.shutdown(unix.SHUT_RDWR)
+}
+
+func (s *sock) shutdown(how int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		_ = unix.Shutdown(s.fd, how)
+	}
+}
+
+// close closes the descriptor, once nothing else will use it.
+func (s *sock) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		unix.Close(s.fd)
+	}
+}
+
+// rawSleep sleeps for d in a raw system call: the goroutine keeps its P and the runtime counts it
+// as running (see Server.watchdog for why). It then yields, so that a stop of the world waits for
+// it no longer than the signal that interrupts the sleep (ppoll is never restarted after one).
+func rawSleep(d time.Duration) {
+	ts := syscall.NsecToTimespec(int64(d))
+	syscall.RawSyscall6(syscall.SYS_PPOLL, 0, 0, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	runtime.Gosched()
+}
