@@ -174,11 +174,19 @@ func TestClientQemuNbd(t *testing.T) {
 	img, sock := filepath.Join(dir, "disk.img"), filepath.Join(dir, "q.sock")
 	require.NoError(t, os.WriteFile(img, nil, 0o600))
 	require.NoError(t, os.Truncate(img, 16<<20))
-	cmd := exec.Command("qemu-nbd", "-f", "raw", "-k", sock, "-x", "disk", "--shared=4", "--discard=unmap", img)
+	cmd := exec.Command("qemu-nbd", "-f", "raw", "-k", sock, "-x", "disk", "--shared=4", "--persistent", "--discard=unmap", img)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	require.Eventually(t, func() bool { _, err := os.Stat(sock); return err == nil }, 10*time.Second, 10*time.Millisecond)
+	// The socket's file appears at bind, before qemu-nbd listens: wait until it takes a connection
+	// (--persistent: that probe must not be the last client qemu-nbd waits for).
+	require.Eventually(t, func() bool {
+		nc, err := net.Dial("unix", sock)
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond)
 
 	cfg := ClientConfig{Network: "unix", Address: sock, Export: "disk", Logger: clientTestLogger(t)}
 	c := clientDial(t, cfg)
