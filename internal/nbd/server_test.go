@@ -783,12 +783,7 @@ func TestRepliesOutOfOrder(t *testing.T) {
 	c := dialRaw(t, "unix", ts.sock)
 	c.connect("", true)
 
-	c.request(request{typ: cmdRead, cookie: 1, offset: 0, length: 4096}, nil)
-	<-stuck
-	for i := range uint64(10) {
-		c.request(request{typ: cmdRead, cookie: 10 + i, offset: 4096 * (1 + i), length: 4096}, nil)
-		require.Equal(t, 10+i, c.reply().cookie, "fast reads are answered while the slow one waits")
-	}
+	readsPastStuck(t, c, stuck, 10, "fast reads are answered while the slow one waits")
 	// Flood the connection with reads that all block: the server must not run more than
 	// maxInFlight of them at once.
 	for i := range uint64(20) {
@@ -805,6 +800,19 @@ func TestRepliesOutOfOrder(t *testing.T) {
 	require.Len(t, seen, 21)
 	require.True(t, seen[1])
 	require.LessOrEqual(t, peak.Load(), int32(maxInFlight))
+}
+
+// readsPastStuck sends a read of offset 0 (cookie 1), which the device holds until the test
+// releases it, and once stuck is closed, n reads of other blocks, each of which must be answered
+// while the first still waits.
+func readsPastStuck(t *testing.T, c *rawClient, stuck <-chan struct{}, n uint64, msg string) {
+	t.Helper()
+	c.request(request{typ: cmdRead, cookie: 1, offset: 0, length: 4096}, nil)
+	<-stuck
+	for i := range n {
+		c.request(request{typ: cmdRead, cookie: 10 + i, offset: 4096 * (1 + i), length: 4096}, nil)
+		require.Equal(t, 10+i, c.reply().cookie, msg)
+	}
 }
 
 // TestWatchdogHoldingAP: with Ps to spare the watchdog sleeps in a raw system call, holding its
@@ -825,12 +833,7 @@ func TestWatchdogHoldingAP(t *testing.T) {
 	c := dialRaw(t, "unix", ts.sock)
 	c.connect("", true)
 
-	c.request(request{typ: cmdRead, cookie: 1, offset: 0, length: 4096}, nil)
-	<-stuck
-	for i := range uint64(5) {
-		c.request(request{typ: cmdRead, cookie: 10 + i, offset: 4096 * (1 + i), length: 4096}, nil)
-		require.Equal(t, 10+i, c.reply().cookie, "the watchdog handed the reading on")
-	}
+	readsPastStuck(t, c, stuck, 5, "the watchdog handed the reading on")
 	gcDone := make(chan struct{})
 	go func() {
 		for range 3 {
