@@ -250,7 +250,7 @@ func (s *Server) watchdog() {
 
 // serveConn runs one connection to its end; remote names the peer in the logs.
 func (s *Server) serveConn(nc net.Conn, remote string) {
-	src := &source{nc}
+	src := &source{r: nc}
 	c := &conn{
 		s:   s,
 		nc:  nc,
@@ -343,6 +343,7 @@ type conn struct {
 
 	// Transmission phase.
 	bigWrites bool // the last WRITE's payload was read past br (see readPayload)
+	bigLen    int  // that payload's length, which the next request is expected to carry too
 	unflushed int  // requests read since the reader last flushed the replies
 	jobs      chan job
 	slots     chan struct{}  // one per request being served: at most MaxInFlight
@@ -432,13 +433,33 @@ func (c *conn) detach() error {
 		return err
 	}
 	sk.beforeWait = c.beforeWait
-	c.sock, c.src.Reader = sk, sk
+	c.sock, c.src.r = sk, sk
 	c.bw.Reset(sk)
 	return nil
 }
 
-// source is a reader whose underlying reader can change under a bufio.Reader.
-type source struct{ io.Reader }
+// source is a reader whose underlying reader can change under a bufio.Reader, and which can be
+// handed back bytes read past br, to give them out again first.
+type source struct {
+	r       io.Reader
+	unread  []byte // given back, not yet read again
+	storage []byte // unread's memory, kept for the next time
+}
+
+func (s *source) Read(p []byte) (int, error) {
+	if len(s.unread) > 0 {
+		n := copy(p, s.unread)
+		s.unread = s.unread[n:]
+		return n, nil
+	}
+	return s.r.Read(p)
+}
+
+// giveBack makes p the next bytes read. Nothing may be unread already.
+func (s *source) giveBack(p []byte) {
+	s.storage = append(s.storage[:0], p...)
+	s.unread = s.storage
+}
 
 // readErr turns a failed read of the socket into the error the connection ends with.
 func (c *conn) readErr(err error) error {

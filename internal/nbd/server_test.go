@@ -1136,3 +1136,99 @@ func TestNbdcopyRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(in, out), "nbdcopy out differs")
 }
+
+// TestLargeWriteStreams pipelines large WRITEs of one length (which the reader reads ahead of
+// their headers, see readHeader) among requests that break the pattern: other lengths, a READ, a
+// refused WRITE whose payload must be skipped, a FLUSH, a header that arrives in pieces. Each must
+// be answered and each payload land where its header says, over both kinds of socket.
+func TestLargeWriteStreams(t *testing.T) {
+	const size = 5 << 20
+	for _, network := range []string{"unix", "tcp"} {
+		t.Run(network, func(t *testing.T) {
+			dev, mem := newVolume(size, 0, volume.Options{})
+			ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}})
+			addr := ts.sock
+			if network == "tcp" {
+				addr = ts.tcp
+			}
+			c := dialRaw(t, network, addr)
+			c.connect("", false)
+
+			rng := rand.New(rand.NewPCG(5, 7))
+			want := make([]byte, size)
+			type step struct {
+				r     request
+				errno uint32
+			}
+			var steps []step
+			var stream []byte
+			add := func(r request, errno uint32) {
+				r.cookie = uint64(len(steps) + 1)
+				var h [requestSize]byte
+				putRequest(h[:], r)
+				stream = append(stream, h[:]...)
+				if r.typ == cmdWrite {
+					p := make([]byte, r.length)
+					for i := range p {
+						p[i] = byte(rng.Uint32())
+					}
+					stream = append(stream, p...)
+					if errno == 0 {
+						copy(want[r.offset:], p)
+					}
+				}
+				if r.typ == cmdRead {
+					c.reads[r.cookie] = r.length
+				}
+				steps = append(steps, step{r, errno})
+			}
+			w := func(off uint64, n uint32) { add(request{typ: cmdWrite, offset: off, length: n}, 0) }
+			w(0, 64<<10)
+			w(64<<10, 64<<10)
+			w(128<<10, 64<<10)
+			add(request{typ: cmdRead, offset: 4 << 20, length: 64 << 10}, 0) // a read among the writes
+			w(192<<10, 64<<10)
+			w(256<<10, 32<<10)  // shorter than expected
+			w(288<<10, 128<<10) // longer
+			w(416<<10, 128<<10)
+			add(request{typ: cmdWrite, offset: size - 4096, length: 128 << 10}, errNoSpc) // refused: skip its payload
+			w(544<<10, 128<<10)
+			add(request{typ: cmdFlush}, 0)
+			w(672<<10, 4096) // small, through br
+			w(676<<10, 128<<10)
+			w(1<<20, 1<<20)
+			w(2<<20, 1<<20)
+			first := len(stream)
+			w(3<<20, 1<<20) // sent in pieces: its header split, then its payload
+			add(request{typ: cmdRead, offset: 4<<20 + 4096, length: 4096}, 0)
+
+			sent := make(chan error, 1)
+			go func() {
+				_, err := c.nc.Write(stream[:first])
+				for _, cut := range []int{first + 5, first + requestSize - 3, first + requestSize + 1000, len(stream)} {
+					if err != nil {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+					_, err = c.nc.Write(stream[first:cut])
+					first = cut
+				}
+				sent <- err
+			}()
+			for range steps {
+				got := c.reply()
+				require.NotZero(t, got.cookie)
+				require.LessOrEqual(t, got.cookie, uint64(len(steps)))
+				s := steps[got.cookie-1]
+				require.Equal(t, s.errno, got.errno, "request %d (%+v)", got.cookie, s.r)
+				if s.r.typ == cmdRead {
+					require.True(t, bytes.Equal(want[s.r.offset:s.r.offset+uint64(s.r.length)], got.data), "read %d", got.cookie)
+				}
+			}
+			require.NoError(t, <-sent)
+			require.True(t, bytes.Equal(want, mem.snapshot()), "device content")
+			c.request(request{typ: cmdDisc}, nil)
+			c.expectClosed()
+		})
+	}
+}

@@ -52,6 +52,9 @@ type sock struct {
 	stopped    atomic.Bool // reads fail: the server is shutting down, or the connection hung up
 	mu         sync.Mutex  // orders shutdowns against close
 	closed     bool
+	// The reader's recvmsg arguments, kept here so that a read allocates nothing.
+	msg unix.Msghdr
+	iov [2]unix.Iovec
 }
 
 // spinTries is how many more times a read that found the socket empty looks again, yielding to
@@ -96,16 +99,21 @@ func detach(nc net.Conn) (*sock, error) {
 	return &sock{fd: fd}, nil
 }
 
-// call makes one system call on p and returns how many bytes it moved: raw when flags hold
-// MSG_DONTWAIT (it cannot block), else through the runtime's system-call path.
+// call makes one system call on p and returns how many bytes it moved.
 func (s *sock) call(trap uintptr, p []byte, flags uintptr) (int, syscall.Errno) {
+	return s.syscall(trap, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, flags)
+}
+
+// syscall makes the system call trap(fd, a1, a2, a3), again after EINTR: raw when flags (the
+// call's) hold MSG_DONTWAIT, for then it cannot block, else through the runtime's system-call path.
+func (s *sock) syscall(trap, a1, a2, a3, flags uintptr) (int, syscall.Errno) {
 	for {
 		var n uintptr
 		var e syscall.Errno
 		if flags&unix.MSG_DONTWAIT != 0 {
-			n, _, e = syscall.RawSyscall6(trap, uintptr(s.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, 0, 0)
+			n, _, e = syscall.RawSyscall6(trap, uintptr(s.fd), a1, a2, a3, 0, 0)
 		} else {
-			n, _, e = syscall.Syscall6(trap, uintptr(s.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)), flags, 0, 0)
+			n, _, e = syscall.Syscall6(trap, uintptr(s.fd), a1, a2, a3, 0, 0)
 		}
 		switch e {
 		case 0:
@@ -120,20 +128,42 @@ func (s *sock) call(trap uintptr, p []byte, flags uintptr) (int, syscall.Errno) 
 // recv reads into p what the socket has, waiting for at least a byte (all of p with
 // MSG_WAITALL in wait, unless a signal cuts it short). 0 bytes and no error is the end.
 func (s *sock) recv(p []byte, wait uintptr) (int, error) {
+	return s.receive(wait, func(flags uintptr) (int, syscall.Errno) {
+		return s.call(unix.SYS_RECVFROM, p, flags)
+	})
+}
+
+// recv2 reads into a, then b, what the socket has, waiting for at least a byte: in one system
+// call, the next request's header and as much of the payload it is expected to carry.
+func (s *sock) recv2(a, b []byte) (int, error) {
+	s.iov[0] = unix.Iovec{Base: &a[0]}
+	s.iov[0].SetLen(len(a))
+	s.iov[1] = unix.Iovec{Base: &b[0]}
+	s.iov[1].SetLen(len(b))
+	s.msg = unix.Msghdr{Iov: &s.iov[0]}
+	s.msg.SetIovlen(len(s.iov))
+	return s.receive(0, func(flags uintptr) (int, syscall.Errno) {
+		return s.syscall(unix.SYS_RECVMSG, uintptr(unsafe.Pointer(&s.msg)), flags, 0, flags)
+	})
+}
+
+// receive makes a receiving call: at once if the socket has data; when it has none, after
+// beforeWait, looking again spinTries times, then waiting in the kernel with the wait flags.
+func (s *sock) receive(wait uintptr, call func(flags uintptr) (int, syscall.Errno)) (int, error) {
 	if s.stopped.Load() {
 		return 0, errReadStopped
 	}
-	n, e := s.call(unix.SYS_RECVFROM, p, unix.MSG_DONTWAIT)
+	n, e := call(unix.MSG_DONTWAIT)
 	if e == syscall.EAGAIN {
 		if s.beforeWait != nil {
 			s.beforeWait()
 		}
 		for i := 0; i < spinTries && e == syscall.EAGAIN; i++ {
 			runtime.Gosched()
-			n, e = s.call(unix.SYS_RECVFROM, p, unix.MSG_DONTWAIT)
+			n, e = call(unix.MSG_DONTWAIT)
 		}
 		if e == syscall.EAGAIN {
-			n, e = s.call(unix.SYS_RECVFROM, p, wait)
+			n, e = call(wait)
 		}
 	}
 	if e != 0 {

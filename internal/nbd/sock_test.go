@@ -76,6 +76,16 @@ func TestSock(t *testing.T) {
 	require.Equal(t, "hdr", string(full[:3]))
 	require.Equal(t, big, full[3:])
 
+	// recv2 fills its first buffer, then the second, in one call, with what has arrived.
+	_, err = d.Write([]byte("headpay"))
+	require.NoError(t, err)
+	head, pay := make([]byte, 4), make([]byte, 8)
+	n, err = c.recv2(head, pay)
+	require.NoError(t, err)
+	require.Equal(t, 7, n)
+	require.Equal(t, "head", string(head))
+	require.Equal(t, "pay", string(pay[:3]))
+
 	// The end in the middle of a readFull is unexpected; before it, plain EOF.
 	_, err = d.Write([]byte("ab"))
 	require.NoError(t, err)
