@@ -595,11 +595,10 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	}
 	if mode == WriteBack && c.ssd.usable() {
 		// Throttled before the line locks are taken: the destager needs them to make room.
-		release, err := c.admitDirty(len(segs))
-		if err != nil {
+		if err := c.admitDirty(len(segs)); err != nil {
 			return err
 		}
-		defer release()
+		defer c.releaseDirty(len(segs))
 		c.lockSegs(segs)
 		defer c.unlockSegs(segs)
 		return c.writeBackSegs(segs, p, fua)
@@ -615,9 +614,12 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	if mode != WriteThrough && mode != WriteBack {
 		return c.backendWrite(p, off, fua)
 	}
+	return c.writeThrough(segs, p, off, fua)
+}
 
-	// Write-through: the SSD in the background, RAM and the backend here; the cached blocks become
-	// valid only once the backend has the data.
+// writeThrough writes to the SSD in the background, RAM and the backend here; the cached blocks
+// become valid only once the backend has the data. The caller holds the line locks.
+func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	type filled struct {
 		t    *tier
 		line uint64
@@ -627,8 +629,10 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	var ssdFilled []filled
 	var wg sync.WaitGroup
 	if c.ssd.usable() {
+		// A copy for the goroutine: segs itself stays on the caller's stack.
+		ssdSegs := append([]seg(nil), segs...)
 		wg.Go(func() {
-			for _, s := range segs {
+			for _, s := range ssdSegs {
 				if slot, bits, ok := c.writeTier(c.ssd, s, p); ok {
 					ssdFilled = append(ssdFilled, filled{c.ssd, s.line, slot, bits})
 				}

@@ -5,7 +5,9 @@ import "sync"
 // lineLocks gives each line in use its own mutex. Every request locks the lines it touches, in
 // ascending order so that two requests can never deadlock; that makes a request atomic against any
 // other on the same lines, and makes concurrent misses on a line fetch it once (the second waits for
-// the first, then hits). Lines nobody touches hold no memory.
+// the first, then hits). A shard keeps up to keepLocks unused locks in its map, so that a line
+// written again and again (a log, a sequential stream) does not insert and delete its entry for
+// every request; past that, unused locks go.
 type lineLocks struct {
 	shards [64]lockShard
 }
@@ -19,6 +21,8 @@ type lineLock struct {
 	mu   sync.Mutex
 	refs int
 }
+
+const keepLocks = 32
 
 var lineLockPool = sync.Pool{New: func() any { return new(lineLock) }}
 
@@ -52,7 +56,7 @@ func (l *lineLocks) unlock(first, last uint64) {
 		s.mu.Lock()
 		e := s.m[line]
 		e.mu.Unlock()
-		if e.refs--; e.refs == 0 {
+		if e.refs--; e.refs == 0 && len(s.m) > keepLocks {
 			delete(s.m, line)
 			lineLockPool.Put(e)
 		}

@@ -35,10 +35,10 @@ type tier struct {
 	mu      sync.Mutex
 	index   keyindex.Index // line -> slot
 	valid   bitTable
-	free    []uint32         // released slots
-	fresh   int              // slots [fresh, slots) were never used: no free-list entry needed for them
-	pins    map[uint32]int32 // slots with I/O in flight
-	zombies map[uint32]bool  // slots evicted while pinned, released at the last unpin
+	free    []uint32        // released slots
+	fresh   int             // slots [fresh, slots) were never used: no free-list entry needed for them
+	pins    []int32         // by slot: I/O in flight (a slice: pinning is on every request's path)
+	zombies map[uint32]bool // slots evicted while pinned, released at the last unpin
 	evict   policy.Eviction
 	admit   policy.Admission
 	victims []uint64 // lines the current Insert evicted
@@ -89,7 +89,7 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		log:           log,
 		index:         keyindex.New(s.slots, true),
 		valid:         newBitTable(s.slots, int(s.lineSize/blockSize)),
-		pins:          map[uint32]int32{},
+		pins:          make([]int32, s.slots),
 		zombies:       map[uint32]bool{},
 		policyName:    s.policy,
 		admissionName: s.admission,
@@ -372,7 +372,6 @@ func (t *tier) unpinLocked(slot uint32) {
 	if t.pins[slot]--; t.pins[slot] > 0 {
 		return
 	}
-	delete(t.pins, slot)
 	if t.zombies[slot] {
 		delete(t.zombies, slot)
 		t.releaseLocked(slot)

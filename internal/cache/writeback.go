@@ -217,8 +217,8 @@ func (c *Cache) ratio() float64 {
 
 // admitDirty throttles a write-back write that may dirty n lines, then reserves room for them
 // below the maximum, waiting for the destager if there is none: writes never fail for lack of
-// space, and dirty lines never pass the maximum. release gives the reservation back.
-func (c *Cache) admitDirty(n int) (release func(), err error) {
+// space, and dirty lines never pass the maximum. releaseDirty(n) gives the reservation back.
+func (c *Cache) admitDirty(n int) error {
 	w := c.wb
 	if d := c.throttleDelay(n); d > 0 {
 		w.throttled.Add(1)
@@ -237,15 +237,19 @@ func (c *Cache) admitDirty(n int) (release func(), err error) {
 		w.waiting.Add(-1)
 	}
 	if w.closed {
-		return nil, errors.New("cache: closed while waiting for room for dirty data")
+		return errors.New("cache: closed while waiting for room for dirty data")
 	}
 	w.reserved += n
-	return func() {
-		w.mu.Lock()
-		w.reserved -= n
-		w.mu.Unlock()
-		w.cond.Broadcast()
-	}, nil
+	return nil
+}
+
+// releaseDirty gives back the room admitDirty(n) reserved.
+func (c *Cache) releaseDirty(n int) {
+	w := c.wb
+	w.mu.Lock()
+	w.reserved -= n
+	w.mu.Unlock()
+	w.cond.Broadcast()
 }
 
 // throttleDelay is the delay the throttle policy gives a write that may dirty n lines now.
@@ -311,7 +315,8 @@ func (m *rateMeter) rate(now time.Time, v uint64) float64 {
 func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	// Clean cached blocks about to be overwritten are invalidated durably first: a crash in the
 	// middle must not leave a record calling a half-new block clean (the backend has the old one).
-	spans := make([]span, 0, len(segs))
+	var spanBuf [2]span // most requests touch one or two lines: no allocation
+	spans := spanBuf[:0]
 	for _, s := range segs {
 		v, d := c.ssd.bits(s.line)
 		if b := s.touched().and(v).andNot(d); !b.isZero() {

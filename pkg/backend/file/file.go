@@ -461,7 +461,7 @@ func (f *File) preadFrom(d *os.File, p []byte, off int64) error {
 }
 
 // pwrite writes all of p at off; with dsync the data is durable when it returns. The loop goes on
-// after a short write; control retries after EINTR, from where the loop stopped.
+// after a short write or EINTR, from where it stopped.
 func (f *File) pwrite(p []byte, off int64, dsync bool) error {
 	if !dsync {
 		_, err := f.f.WriteAt(p, off) // retries EINTR and short writes
@@ -471,9 +471,14 @@ func (f *File) pwrite(p []byte, off int64, dsync bool) error {
 		return nil
 	}
 	return f.control("pwritev2", func(fd int) error {
+		// Copies: a closure that changed p and off themselves would put them on the heap for
+		// every write, dsync or not.
+		p, off := p, off
 		for len(p) > 0 {
 			n, err := unix.Pwritev2(fd, [][]byte{p}, off, unix.RWF_DSYNC)
 			switch {
+			case err == unix.EINTR:
+				continue
 			case err != nil:
 				return err
 			case n == 0:

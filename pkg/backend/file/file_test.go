@@ -386,3 +386,16 @@ func TestReadAtCached(t *testing.T) {
 		require.NoError(t, f.Close())
 	}
 }
+
+// A buffered write allocates nothing: the SSD tier makes one for every request it absorbs.
+func TestWriteAllocatesNothing(t *testing.T) {
+	f := mustOpen(t, fileURL(filepath.Join(t.TempDir(), "disk.img"), "size=1MiB"), backend.Options{})
+	defer f.Close()
+	p := make([]byte, 64<<10)
+	n := testing.AllocsPerRun(100, func() {
+		if _, err := f.WriteAt(p, 4096); err != nil {
+			t.Fatal(err)
+		}
+	})
+	require.Zero(t, n, "allocations a write")
+}

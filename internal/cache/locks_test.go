@@ -1,0 +1,55 @@
+package cache
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Locks exclude each other per line, and unused ones do not pile up: a shard keeps at most
+// keepLocks of them.
+func TestLineLocks(t *testing.T) {
+	var l lineLocks
+	entries := func() (n int) {
+		for i := range l.shards {
+			n += len(l.shards[i].m)
+		}
+		return n
+	}
+
+	// Many lines, each locked and unlocked once: the maps stay bounded.
+	for line := range uint64(100_000) {
+		l.lock(line, line+1)
+		l.unlock(line, line+1)
+	}
+	require.LessOrEqual(t, entries(), len(l.shards)*(keepLocks+1))
+
+	// Writers of overlapping ranges never run on a line at once.
+	var wg sync.WaitGroup
+	var busy [8]int
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				first := uint64((g + i) % 6)
+				l.lock(first, first+2)
+				for line := first; line <= first+2; line++ {
+					busy[line]++
+					assert.Equal(t, 1, busy[line], "line %d held twice", line)
+				}
+				for line := first; line <= first+2; line++ {
+					busy[line]--
+				}
+				l.unlock(first, first+2)
+			}
+		})
+	}
+	wg.Wait()
+	for line := range uint64(8) {
+		e := l.shard(line).m[line]
+		if e != nil {
+			require.Zero(t, e.refs, "line %d still referenced", line)
+		}
+	}
+}
