@@ -269,6 +269,8 @@ func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
 	lossy := power || wb
 	m := &machine{back: newCrashDev(devSize), ssd: newCrashDev(l.ssd * l.line), store: meta.NewMem(),
 		hist: make([][]ack, devSize/sector)}
+	// Every commit of more than two records lands in parts, so that a crash can fall between them.
+	m.store.SetMaxOps(2)
 	for s := range m.hist {
 		m.hist[s] = []ack{{}}
 	}

@@ -301,6 +301,7 @@ func TestFailNthCommit(t *testing.T) {
 				for n := 1; n <= maxN; n++ {
 					rng := rand.New(rand.NewPCG(seed, uint64(n)))
 					back, ssdDev, mem := newCrashDev(faultDevSize), newCrashDev(l.ssd*l.line), meta.NewMem()
+					mem.SetMaxOps(2) // commits land in parts: the n-th commit may be the middle of one
 					g := &gate{}
 					store := &failStore{Store: gatedStore{g, mem}, nth: n, sticky: sticky}
 					c := newCache(t, gatedDev{g, back}, l, store, gatedDev{g, ssdDev})

@@ -3,6 +3,7 @@ package cache
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,11 @@ import (
 // checkpointEvery is how often changes to the SSD tier's index are committed when nothing else
 // asks for it sooner (a FLUSH, or a shortage of free slots).
 const checkpointEvery = time.Second
+
+// checkpointOps is how many queued changes ask for a checkpoint before checkpointEvery: at the
+// rate a fast fill changes lines (tens of thousands a second with 4 KiB lines), a second's queue
+// would take several metadata transactions to commit.
+const checkpointOps = 16 * meta.PartOps
 
 // journal keeps the SSD tier's index in the metadata store so that a restart finds the tier warm,
 // without ever letting a record find data that is not what it says. Three rules do it:
@@ -31,6 +37,16 @@ const checkpointEvery = time.Second
 //
 // Changes between checkpoints wait in queue, one op per line (the latest wins). All fields but the
 // store are guarded by the tier's mutex.
+//
+// A checkpoint's commit may be larger than one metadata transaction (tens of thousands of lines
+// change in a second of a fast fill), so it is committed in parts (meta.CommitParts), in line order,
+// with one sync after the last. The rules hold for every prefix of it, which is all a crash can
+// leave: each record is complete in itself and its data was flushed to the SSD before the first
+// part; the invalidations it must not undo were committed before (influx, under commitMu, which the
+// commit holds from the first part to the last); and the slots it frees are released only after
+// the last part and its sync. A FLUSH or FUA write waiting for the checkpoint (durable) returns
+// only after that sync. A part that fails leaves the parts before it committed (they leave
+// committing and update base as they land) and the rest queued for the next checkpoint.
 type journal struct {
 	t            *tier
 	store        meta.Store
@@ -63,6 +79,10 @@ type journal struct {
 	kickCh  chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
+
+	// For the stats: checkpoints that committed, and the most records one of them committed.
+	checkpoints atomic.Uint64
+	largest     atomic.Uint64
 }
 
 func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error, backendChanges func() uint64) *journal {
@@ -80,8 +100,14 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 }
 
 // record queues a change; the caller holds the tier's mutex, and called keepBaseLocked before it
-// changed the line.
-func (j *journal) record(op meta.Op) { j.queue[op.Rec.Line] = op }
+// changed the line. A queue that reaches checkpointOps asks for a checkpoint at once, which bounds
+// both the queue's memory and how long a checkpoint's commit holds invalidations up.
+func (j *journal) record(op meta.Op) {
+	j.queue[op.Rec.Line] = op
+	if len(j.queue) == checkpointOps {
+		j.kick()
+	}
+}
 
 // keepBaseLocked keeps line's record as the tier holds it in slot, before a change to be recorded,
 // if nothing of it is queued: unchanged since the last commit, it is what the store holds.
@@ -234,7 +260,8 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	covers := j.asked.Load()
 	t.mu.Lock()
 	snap, pend := j.queue, j.pending
-	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, snap, nil
+	// committing starts as a copy: its lines leave it as their parts commit, snap stays whole.
+	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, maps.Clone(snap), nil
 	clear(j.influx)
 	t.mu.Unlock()
 
@@ -265,25 +292,28 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 		}
 		t.mu.Unlock()
 		slices.SortFunc(ops, func(a, b meta.Op) int { return cmp.Compare(a.Rec.Line, b.Rec.Line) })
-		if err := j.store.Commit(ops, true); err != nil {
-			tierErr = fmt.Errorf("metadata commit: %w", err)
-		} else {
+		// Each record stands alone (see the rules above), so the commit may land in parts.
+		err := meta.CommitParts(j.store, ops, true, func(part []meta.Op) {
 			t.mu.Lock()
-			for _, op := range ops {
+			for _, op := range part {
 				j.committedLocked(op)
+				delete(j.committing, op.Rec.Line)
 			}
-			j.committing = nil
 			t.mu.Unlock()
+		})
+		if err != nil {
+			tierErr = fmt.Errorf("metadata commit: %w", err)
 		}
 		j.commitMu.Unlock()
 	}
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	left := j.committing // what was not committed
 	j.committing = nil
 	if tierErr != nil || backendErr != nil {
-		// Keep the changes (newer ones win) and the slots for the next checkpoint.
-		for line, op := range snap {
+		// Keep the changes not committed (newer ones win) and the slots for the next checkpoint.
+		for line, op := range left {
 			if _, newer := j.queue[line]; !newer {
 				j.queue[line] = op
 			}
@@ -293,6 +323,10 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	}
 	t.free = append(t.free, pend...)
 	j.covered = covers
+	j.checkpoints.Add(1)
+	if n := uint64(len(snap)); n > j.largest.Load() {
+		j.largest.Store(n) // only checkpoints (under ckMu) store it
+	}
 	return nil, nil
 }
 
@@ -344,11 +378,8 @@ func (j *journal) dropStale(spans []span) error {
 	if len(ops) == 0 {
 		return nil
 	}
-	return j.store.Commit(ops, true)
+	return meta.CommitParts(j.store, ops, true, nil)
 }
-
-// forgetBatch bounds one commit of forget: its deletions need not land together.
-const forgetBatch = 4096
 
 // forget deletes every stored record of a bypassed tier that holds no dirty data any more, with a
 // sync. After the bypass, changes reach the backend that no record follows (the deletions the
@@ -364,10 +395,8 @@ func (j *journal) forget() error {
 		ops = append(ops, deleteOp(r.Line))
 		return nil
 	})
-	for len(ops) > 0 && err == nil {
-		n := min(len(ops), forgetBatch)
-		err = j.store.Commit(ops[:n], true)
-		ops = ops[n:]
+	if err == nil {
+		err = meta.CommitParts(j.store, ops, true, nil) // the deletions need not land together
 	}
 	if err != nil {
 		return fmt.Errorf("cache metadata: cannot delete the bypassed SSD tier's records, which a restart would trust: %w", err)
@@ -441,10 +470,11 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 		}
 		return nil
 	}
-	// These records left the queue: if the commit fails, only a retry can still land them.
-	err := j.store.Commit(ops, sync)
+	// These records left the queue: if the commit fails, only a retry can still land them. Each
+	// claims no more than the store did, so they may land in parts (a request over many lines).
+	err := meta.CommitParts(j.store, ops, sync, nil)
 	if err != nil {
-		err = j.store.Commit(ops, sync)
+		err = meta.CommitParts(j.store, ops, sync, nil)
 	}
 	return err
 }

@@ -39,6 +39,9 @@ type TierStats struct {
 	// Failed is set once the tier has been bypassed after I/O errors; Reason says why.
 	Failed bool   `json:"failed"`
 	Reason string `json:"reason,omitempty"`
+	// The SSD tier's index: checkpoints committed, and the most line records one committed.
+	Checkpoints       uint64 `json:"checkpoints,omitempty"`
+	LargestCheckpoint uint64 `json:"largest_checkpoint_records,omitempty"`
 }
 
 // DirtyStats are the write-back figures of a cache (zero in the other modes, but for dirty data

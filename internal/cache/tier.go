@@ -581,5 +581,8 @@ func (t *tier) stats() TierStats {
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r
 	}
+	if t.j != nil {
+		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largest.Load()
+	}
 	return s
 }

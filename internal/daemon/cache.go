@@ -50,7 +50,9 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 			cfg.SSD.Size = dev.Size() / sizes.Line * sizes.Line
 		}
 		dir := cc.MetaDir()
-		if strings.HasPrefix(filepath.Clean(dir), "/dev/") {
+		if clean := filepath.Clean(dir); strings.HasPrefix(clean, "/dev/") && !strings.HasPrefix(clean, "/dev/shm/") {
+			// The default next to a block device (/dev/sdb.meta) would land in devtmpfs and be lost
+			// at boot. /dev/shm is an ordinary tmpfs, which a user may choose.
 			dev.Close()
 			return nil, fmt.Errorf("cache.meta: %s is a block device's path; give a metadata directory on a file system", dir)
 		}

@@ -184,7 +184,7 @@ func (b *Badger) SetSuperblock(sb Superblock) error {
 }
 
 // Commit implements Store. A commit too large for one badger transaction (tens of thousands of
-// ops) fails alone, without affecting the others written with it.
+// ops) fails alone with ErrTooBig, without affecting the others written with it.
 func (b *Badger) Commit(ops []Op, sync bool) error {
 	if err := checkOps(ops); err != nil {
 		return err
@@ -301,8 +301,7 @@ func (b *Badger) write(group []*request) {
 		n, err := b.writeTxn(group[i:])
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			// Only this request is at fault; it was not written.
-			group[i].err = fmt.Errorf("meta: commit of %d ops is larger than one metadata transaction: %w",
-				len(group[i].ops), err)
+			group[i].err = fmt.Errorf("%w: %d ops: %w", ErrTooBig, len(group[i].ops), err)
 		} else if err != nil {
 			failed = fmt.Errorf("meta: writing metadata: %w", err)
 			for _, r := range group[i : i+n] {

@@ -2,13 +2,15 @@ package meta
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sync"
 )
 
 // Mem is an in-memory Store, for tests and for a cache that does not persist its SSD tier. It
 // models power loss: Crash forgets every commit that was not synced, as a machine that loses power
-// forgets what its disk had not flushed.
+// forgets what its disk had not flushed. Like Badger, it takes at most a bounded number of ops in one
+// commit (PartOps, or what SetMaxOps says), so that tests meet that limit as the daemon does.
 type Mem struct {
 	mu     sync.Mutex
 	closed bool
@@ -19,13 +21,22 @@ type Mem struct {
 	// the number of lines even when nothing ever syncs.
 	undo    map[uint64]*Line
 	commits int
+	maxOps  int
 }
 
 var _ Store = (*Mem)(nil)
 
 // NewMem returns an empty in-memory store.
 func NewMem() *Mem {
-	return &Mem{lines: make(map[uint64]Line), undo: make(map[uint64]*Line)}
+	return &Mem{lines: make(map[uint64]Line), undo: make(map[uint64]*Line), maxOps: PartOps}
+}
+
+// SetMaxOps sets the most ops one commit may hold (at least 1); a larger one fails with ErrTooBig.
+// A small limit lets a test split every commit its engine makes.
+func (m *Mem) SetMaxOps(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxOps = max(n, 1)
 }
 
 // Superblock implements Store.
@@ -62,6 +73,9 @@ func (m *Mem) Commit(ops []Op, sync bool) error {
 	defer m.mu.Unlock()
 	if m.closed {
 		return ErrClosed
+	}
+	if len(ops) > m.maxOps {
+		return fmt.Errorf("%w: %d ops, at most %d", ErrTooBig, len(ops), m.maxOps)
 	}
 	for _, op := range ops {
 		n := op.Rec.Line

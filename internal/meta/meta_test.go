@@ -394,7 +394,8 @@ func TestBadgerGroupSplit(t *testing.T) {
 	for i, r := range group {
 		err := <-r.done
 		if i == 2 {
-			require.ErrorContains(t, err, fmt.Sprintf("commit of %d ops is larger than one metadata transaction", maxCount+1))
+			require.ErrorIs(t, err, ErrTooBig)
+			require.ErrorContains(t, err, fmt.Sprintf("%d ops", maxCount+1))
 			continue
 		}
 		require.NoError(t, err, "request %d", i)

@@ -9,6 +9,10 @@ import (
 // ErrClosed is returned by every Store method called after Close.
 var ErrClosed = errors.New("meta: store is closed")
 
+// ErrTooBig is returned by Commit for a commit that holds more ops than the store writes in one
+// transaction; nothing of it was applied. CommitParts splits such a commit.
+var ErrTooBig = errors.New("meta: commit is larger than one metadata transaction")
+
 // checkOps rejects a commit that would store a record the engine must never read back: dirty bits
 // for blocks that are not valid would make a restart destage garbage.
 func checkOps(ops []Op) error {

@@ -1,0 +1,113 @@
+package integration
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// scratchDir is a directory for gigabytes of sparse images that the test fills: on tmpfs
+// (/dev/shm) where there is one with room, so that the fill runs at the CPU's speed rather than the
+// disk's; else a temporary directory.
+func scratchDir(t *testing.T, need int64) string {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs("/dev/shm", &st); err == nil && int64(st.Bavail)*int64(st.Bsize) > need {
+		dir, err := os.MkdirTemp("/dev/shm", "tb")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	return shortTempDir(t)
+}
+
+// ssdTierState is the SSD tier's part of `tierblk stats --json` that the scale test checks.
+type ssdTierState struct {
+	Lines             uint64 `json:"lines"`
+	Failed            bool   `json:"failed"`
+	Reason            string `json:"reason"`
+	Checkpoints       uint64 `json:"checkpoints"`
+	LargestCheckpoint uint64 `json:"largest_checkpoint_records"`
+}
+
+func ssdState(t *testing.T, admin string) ssdTierState {
+	t.Helper()
+	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
+	require.Zero(t, code, "tierblk stats:\n%s", out)
+	var resp struct {
+		Exports []struct {
+			Stats struct {
+				Tiers []struct {
+					Name string `json:"name"`
+					ssdTierState
+				} `json:"tiers"`
+			} `json:"stats"`
+		} `json:"exports"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	require.Len(t, resp.Exports, 1)
+	for _, tier := range resp.Exports[0].Stats.Tiers {
+		if tier.Name == "ssd" {
+			return tier.ssdTierState
+		}
+	}
+	t.Fatalf("no SSD tier in the stats:\n%s", out)
+	return ssdTierState{}
+}
+
+// TestCacheMillionLines fills an SSD tier of 4 KiB lines with more than a million lines as fast as
+// fio can: sequential 1 MiB reads in write-through (every read caches 256 new lines), 4 KiB random
+// writes in write-back. The checkpoints of the tier's index then hold tens of thousands of records
+// each, more than one metadata transaction takes. The tier must stay in service, and a restart
+// after kill -9 (once the index has been checkpointed) and after a clean stop must find every line.
+func TestCacheMillionLines(t *testing.T) {
+	requireTools(t, "fio")
+	const (
+		lines = 1 << 20
+		fill  = lines * 4096
+	)
+	for _, tc := range []struct {
+		mode string
+		fio  []string
+	}{
+		{"writethrough", []string{"--rw=read", "--bs=1m", "--iodepth=8"}},
+		{"writeback", []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			dir := scratchDir(t, 3*fill)
+			o := cacheOpts{backend: "file://" + filepath.Join(dir, "disk.img") + "?size=5GiB", dir: dir,
+				ram: "0", ssdSize: "4200MiB", line: "4KiB", mode: tc.mode}
+			d := startServe(t, o.args()...)
+			start := time.Now()
+			args := append([]string{"--name=fill", "--ioengine=nbd", "--uri=" + unixURI(d.Unix, ""),
+				"--size=4g"}, tc.fio...)
+			mustRunTool(t, "fio", args...)
+			took := time.Since(start)
+			s := ssdState(t, o.admin())
+			require.False(t, s.Failed, "the SSD tier failed during the fill: %s", s.Reason)
+			require.GreaterOrEqual(t, s.Lines, uint64(lines))
+			t.Logf("%s: %d lines in %v (%.0f lines/s); %d checkpoints, the largest %d records",
+				tc.mode, s.Lines, took.Round(time.Millisecond), float64(s.Lines)/took.Seconds(), s.Checkpoints, s.LargestCheckpoint)
+			require.Greater(t, s.LargestCheckpoint, uint64(4096), "no checkpoint needed more than one metadata transaction")
+
+			// The index is checkpointed every second: after that, kill -9 loses none of it.
+			time.Sleep(2500 * time.Millisecond)
+			d.stop(syscall.SIGKILL)
+			for _, how := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+				start := time.Now()
+				d = startServe(t, o.args()...)
+				ready := time.Since(start)
+				after := ssdState(t, o.admin())
+				require.False(t, after.Failed, after.Reason)
+				require.Equal(t, s.Lines, after.Lines, "lines found after a restart that followed %v", how)
+				t.Logf("restart after %v: serving %d lines after %v", how, after.Lines, ready.Round(time.Millisecond))
+				d.requireStop(syscall.SIGTERM)
+			}
+		})
+	}
+}
