@@ -123,64 +123,107 @@ func TestWriteBackClients(t *testing.T) {
 // A write that was never made durable may be lost, so after each restart every block must hold
 // its last durable write (acknowledged before a completed flush, or a FUA write) or a write
 // issued after it. At the end `tierblk flush` must leave exactly what clients saw on the backend.
+//
+// It runs on a small tier of 64 KiB lines, where dirty lines must be destaged to make room, and on
+// a tier of 131,072 lines of 4 KiB that a reader fills meanwhile with 1 MiB reads elsewhere on
+// the disk (256 new lines each), with few flushes: there the kills land among checkpoints of
+// thousands of records (at least two metadata transactions' worth), which commit in parts.
 func TestWriteBackKill9(t *testing.T) {
 	requireTools(t, "nbdkit")
 	const (
 		seed    = 5
 		cycles  = 8
-		region  = 8 << 20 // the blocks the workers use, twice the SSD tier: dirty lines must be destaged
+		region  = 8 << 20 // the blocks the workers use
 		workers = 4
 	)
-	sock := startNbdkit(t, "memory", "16M")
-	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: "4MiB", line: "64KiB", mode: "writeback"}
-	m := newDurableModel(region / blockBytes)
-	rng := rand.New(rand.NewPCG(seed, 0))
-	var acked, flushed atomic.Int64
-	for cycle := range cycles {
-		d := startServe(t, o.args()...)
-		c := dialNBD(t, d.Unix)
-		m.verify(t, c, fmt.Sprintf("cycle %d, after restart", cycle))
+	for _, tc := range []struct {
+		name, line, ssdSize, backend string
+		fill                         int64 // bytes after region that a reader keeps reading
+		durableOneIn                 int
+		run                          time.Duration // the least a cycle runs before its kill
+		minCheckpoint                uint64
+	}{
+		{"64KiB-lines", "64KiB", "4MiB", "16M", 0, 1, 100 * time.Millisecond, 0}, // the region is twice the SSD tier
+		{"4KiB-lines-131k", "4KiB", "512MiB", "1032M", 1 << 30, 100, 1500 * time.Millisecond, 8192},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := startNbdkit(t, "memory", tc.backend)
+			o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: tc.ssdSize, line: tc.line, mode: "writeback"}
+			m := newDurableModel(region / blockBytes)
+			m.durableOneIn = tc.durableOneIn
+			rng := rand.New(rand.NewPCG(seed, 0))
+			var acked, flushed atomic.Int64
+			var largest uint64
+			for cycle := range cycles {
+				d := startServe(t, o.args()...)
+				c := dialNBD(t, d.Unix)
+				m.verify(t, c, fmt.Sprintf("cycle %d, after restart", cycle))
 
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		errs := make([]error, workers)
-		for w := range workers {
-			wrng := rand.New(rand.NewPCG(seed, uint64(cycle*workers+w+1)))
-			wg.Go(func() { errs[w] = m.work(ctx, c, wrng, w, workers, &acked, &flushed) })
-		}
-		time.Sleep(time.Duration(100+rng.IntN(1400)) * time.Millisecond)
-		select {
-		case <-d.exited:
-			t.Fatalf("cycle %d: tierblk exited before the kill (%v)\n%s", cycle, d.err, d.output.String())
-		default:
-		}
-		d.stop(syscall.SIGKILL)
-		wg.Wait()
-		cancel()
-		c.Close()
-		for w, err := range errs {
-			// A worker stops at its first failed request, which the kill causes; a wrong read
-			// is a test failure.
-			var bad *durableBlockError
-			require.NotErrorAs(t, err, &bad, "cycle %d, worker %d", cycle, w)
-		}
+				ctx, cancel := context.WithCancel(context.Background())
+				var wg sync.WaitGroup
+				errs := make([]error, workers)
+				for w := range workers {
+					wrng := rand.New(rand.NewPCG(seed, uint64(cycle*workers+w+1)))
+					wg.Go(func() { errs[w] = m.work(ctx, c, wrng, w, workers, &acked, &flushed) })
+				}
+				if tc.fill > 0 {
+					fc := dialNBD(t, d.Unix)
+					from := rng.Int64N(tc.fill>>20) << 20 // lines the tier lacks, or has evicted
+					wg.Go(func() {
+						defer fc.Close()
+						buf := make([]byte, 1<<20)
+						for off := from; ctx.Err() == nil; off = (off + int64(len(buf))) % tc.fill {
+							if _, err := fc.ReadAt(buf, region+off); err != nil {
+								return // the kill
+							}
+						}
+					})
+				}
+				time.Sleep(tc.run + time.Duration(rng.IntN(1400))*time.Millisecond)
+				select {
+				case <-d.exited:
+					t.Fatalf("cycle %d: tierblk exited before the kill (%v)\n%s", cycle, d.err, d.output.String())
+				default:
+				}
+				if tc.fill > 0 {
+					s := ssdState(t, o.admin())
+					require.False(t, s.Failed, "cycle %d: the SSD tier failed: %s", cycle, s.Reason)
+					largest = max(largest, s.LargestCheckpoint)
+					t.Logf("cycle %d: %d lines, %d checkpoints, the largest %d records", cycle, s.Lines, s.Checkpoints, s.LargestCheckpoint)
+				}
+				d.stop(syscall.SIGKILL)
+				cancel()
+				wg.Wait()
+				c.Close()
+				for w, err := range errs {
+					// A worker stops at its first failed request, which the kill causes; a wrong read
+					// is a test failure.
+					var bad *durableBlockError
+					require.NotErrorAs(t, err, &bad, "cycle %d, worker %d", cycle, w)
+				}
+			}
+			require.Positive(t, acked.Load(), "no write was acknowledged in %d cycles", cycles)
+			require.Positive(t, flushed.Load(), "no flush completed in %d cycles", cycles)
+			require.GreaterOrEqual(t, largest, tc.minCheckpoint, "the largest checkpoint before a kill, in records")
+			t.Logf("%d writes acknowledged, %d flushes completed in %d cycles; %d times a block came back older than its last acknowledged write",
+				acked.Load(), flushed.Load(), cycles, m.lost)
+			if tc.fill > 0 {
+				t.Logf("the largest checkpoint before a kill: %d records", largest)
+			}
+
+			// A last start: the dirty data found on the SSD is checked, written back by `tierblk
+			// flush`, and then the backend itself holds exactly what the cache served.
+			d := startServe(t, o.args()...)
+			c := dialNBD(t, d.Unix)
+			m.verify(t, c, "after the last restart")
+			require.NoError(t, c.Close())
+			flushAdmin(t, o.admin())
+			direct := dialNBD(t, sock)
+			m.verifyExact(t, direct, "on the backend after tierblk flush")
+			require.NoError(t, direct.Close())
+			d.requireStop(syscall.SIGTERM)
+		})
 	}
-	require.Positive(t, acked.Load(), "no write was acknowledged in %d cycles", cycles)
-	require.Positive(t, flushed.Load(), "no flush completed in %d cycles", cycles)
-	t.Logf("%d writes acknowledged, %d flushes completed in %d cycles; %d times a block came back older than its last acknowledged write",
-		acked.Load(), flushed.Load(), cycles, m.lost)
-
-	// A last start: the dirty data found on the SSD is checked, written back by `tierblk flush`,
-	// and then the backend itself holds exactly what the cache served.
-	d := startServe(t, o.args()...)
-	c := dialNBD(t, d.Unix)
-	m.verify(t, c, "after the last restart")
-	require.NoError(t, c.Close())
-	flushAdmin(t, o.admin())
-	direct := dialNBD(t, sock)
-	m.verifyExact(t, direct, "on the backend after tierblk flush")
-	require.NoError(t, direct.Close())
-	d.requireStop(syscall.SIGTERM)
 }
 
 // durableModel is what each block of the write-back kill test may hold. Workers own disjoint
@@ -192,6 +235,9 @@ type durableModel struct {
 	// lost counts the blocks found after a restart holding a write older than their last
 	// acknowledged one: losses the contract allows, logged to show what a run exercised.
 	lost int
+	// durableOneIn, above 1, keeps only one flush or FUA write in that many (the others become
+	// plain writes), so that checkpoints come from the index's own schedule and grow large.
+	durableOneIn int
 }
 
 type durableBlock struct {
@@ -312,7 +358,11 @@ func (m *durableModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, 
 		var err error
 		fua := false
 		id := uint64(0)
-		switch op := rng.IntN(20); {
+		op := rng.IntN(20)
+		if (op == 6 || op == 9 || op == 10) && m.durableOneIn > 1 && rng.IntN(m.durableOneIn) != 0 {
+			op = 11 // a plain write instead of a flush or FUA write
+		}
+		switch {
 		case op < 6:
 			if _, err = c.ReadAt(p, off); err != nil {
 				return err

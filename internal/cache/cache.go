@@ -780,7 +780,9 @@ func (c *Cache) Flush() error {
 		if err := c.b.Flush(); err != nil {
 			return err
 		}
-		return c.ssd.j.forget()
+		// The bypass keeps the records of the lines it set aside; the writes since deleted the
+		// records of those they changed, without a sync: the sync makes that survive power loss.
+		return c.ssd.j.store.Sync()
 	}
 	backendErr, tierErr := c.ssd.j.checkpoint()
 	if tierErr != nil {
@@ -790,6 +792,19 @@ func (c *Cache) Flush() error {
 		}
 	}
 	return backendErr
+}
+
+// Heal tries at once to bring a bypassed SSD tier back into service (it is otherwise tried with
+// backoff); it returns why the tier stays bypassed, or nil if the tier is in service.
+func (c *Cache) Heal() error {
+	if c.ssd == nil {
+		return errors.New("this cache has no SSD tier")
+	}
+	if err := c.ssd.j.heal(); err != nil {
+		c.ssd.j.healFailed()
+		return fmt.Errorf("the SSD tier stays bypassed: %w", err)
+	}
+	return nil
 }
 
 // Close writes the SSD tier's index and closes the SSD, the metadata and the backend.

@@ -1,7 +1,9 @@
 package cache
 
 import (
+	"bytes"
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -83,17 +85,61 @@ type journal struct {
 	// For the stats: checkpoints that committed, and the most records one of them committed.
 	checkpoints atomic.Uint64
 	largest     atomic.Uint64
+
+	// The schedule of a bypassed tier's attempts to come back (heal): the next at nextHeal, each
+	// failed one doubling healDelay up to maxHealDelay. A tier that fails again soon after it came
+	// back keeps its delay, so that a flapping device is not hammered.
+	healMu    sync.Mutex
+	healFirst time.Duration
+	nextHeal  time.Time
+	healDelay time.Duration
+	healedAt  time.Time
+}
+
+// The backoff of heal attempts: firstHealDelay after a bypass (healFirst, which tests shorten),
+// doubling to maxHealDelay; a tier in service for stableAfter starts again from the first delay at
+// its next bypass.
+const (
+	firstHealDelay = 5 * time.Second
+	maxHealDelay   = 5 * time.Minute
+	stableAfter    = 10 * time.Minute
+)
+
+// scheduleHeal plans the first attempt to bring a just-bypassed tier back and returns its delay.
+func (j *journal) scheduleHeal() time.Duration {
+	j.healMu.Lock()
+	defer j.healMu.Unlock()
+	if j.healDelay == 0 || time.Since(j.healedAt) > stableAfter {
+		j.healDelay = j.healFirst
+	}
+	j.nextHeal = time.Now().Add(j.healDelay)
+	return j.healDelay
+}
+
+// healFailed plans the next attempt after a failed one.
+func (j *journal) healFailed() {
+	j.healMu.Lock()
+	defer j.healMu.Unlock()
+	j.healDelay = min(2*j.healDelay, maxHealDelay)
+	j.nextHeal = time.Now().Add(j.healDelay)
+}
+
+func (j *journal) healAt() time.Time {
+	j.healMu.Lock()
+	defer j.healMu.Unlock()
+	return j.nextHeal
 }
 
 func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() error, backendChanges func() uint64) *journal {
 	j := &journal{
 		t: t, store: store, reserve: reserve, flushBackend: flushBackend, backendChanges: backendChanges,
-		queue:  map[uint64]meta.Op{},
-		base:   map[uint64]meta.Op{},
-		influx: map[uint64]lineBits{},
-		kickCh: make(chan struct{}, 1),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		queue:     map[uint64]meta.Op{},
+		base:      map[uint64]meta.Op{},
+		influx:    map[uint64]lineBits{},
+		kickCh:    make(chan struct{}, 1),
+		healFirst: firstHealDelay,
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	t.j = j
 	return j
@@ -187,6 +233,12 @@ func (j *journal) loop() {
 			return
 		case <-tick.C:
 		case <-j.kickCh:
+		}
+		if j.t.failed.Load() && !time.Now().Before(j.healAt()) {
+			if err := j.heal(); err != nil {
+				j.healFailed()
+				j.t.log.Debug("cache tier still bypassed", "tier", j.t.name, "err", err, "retry_in", time.Until(j.healAt()).Round(time.Second))
+			}
 		}
 		j.t.mu.Lock()
 		idle := len(j.queue) == 0 && len(j.pending) == 0
@@ -381,30 +433,121 @@ func (j *journal) dropStale(spans []span) error {
 	return meta.CommitParts(j.store, ops, true, nil)
 }
 
-// forget deletes every stored record of a bypassed tier that holds no dirty data any more, with a
-// sync. After the bypass, changes reach the backend that no record follows (the deletions the
-// bypass queued may never have landed), and a restart trusts the store again: a FLUSH that left a
-// stale record behind would let that restart serve older data than the FLUSH made durable.
-func (j *journal) forget() error {
+// heal brings a bypassed tier back into service once its storage and metadata work again: a probe
+// of the SSD (a write read back, a flush), then a checkpoint, which commits what the bypass left
+// queued; then the lines set aside come back as their stored records have them. Those records are
+// what the tier held when it was bypassed: a change to a set-aside line deleted its record before
+// the change reached the backend (invalidateDurably), and while the checkpoint and this reading
+// hold ckMu and commitMu nothing else commits. A set-aside line whose record is gone is dropped.
+func (j *journal) heal() error {
+	t := j.t
 	j.ckMu.Lock()
 	defer j.ckMu.Unlock()
+	if !t.failed.Load() {
+		return nil
+	}
+	if err := j.probe(); err != nil {
+		return err
+	}
+	if backendErr, tierErr := j.checkpointLocked(); tierErr != nil || backendErr != nil {
+		return errors.Join(tierErr, backendErr)
+	}
 	j.commitMu.Lock()
 	defer j.commitMu.Unlock()
-	var ops []meta.Op
-	err := j.store.Lines(func(r meta.Line) error {
-		ops = append(ops, deleteOp(r.Line))
+	t.mu.Lock()
+	want := maps.Clone(t.setAside)
+	t.mu.Unlock()
+	found := make(map[uint64]meta.Line, len(want))
+	if err := j.store.Lines(func(r meta.Line) error {
+		if slot, ok := want[r.Line]; ok && slot == r.Slot {
+			found[r.Line] = r
+		}
 		return nil
-	})
-	if err == nil {
-		err = meta.CommitParts(j.store, ops, true, nil) // the deletions need not land together
+	}); err != nil {
+		return fmt.Errorf("reading the metadata: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("cache metadata: cannot delete the bypassed SSD tier's records, which a restart would trust: %w", err)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	lines := slices.Sorted(maps.Keys(t.setAside))
+	back := 0
+	for _, line := range lines {
+		slot := t.setAside[line]
+		delete(t.setAside, line)
+		r, ok := found[line]
+		v, d := bitsFromWords(r.Valid), bitsFromWords(r.Dirty)
+		if !ok || v.isZero() || d.andNot(v) != (lineBits{}) {
+			j.record(deleteOp(line))
+			t.releaseWhenUnpinnedLocked(slot)
+			continue
+		}
+		t.index.Put(line, int32(slot))
+		t.setLocked(line, slot, v, d)
+		t.victims = t.victims[:0]
+		t.evict.Insert(policy.Key(line))
+		t.dropVictimsLocked()
+		back++
 	}
-	j.t.mu.Lock()
-	clear(j.queue) // nothing left to store: the tier is bypassed and clean
-	clear(j.base)
-	j.t.mu.Unlock()
+	t.recentErrs.Store(0)
+	t.heals.Add(1)
+	t.failed.Store(false)
+	j.healMu.Lock()
+	j.healedAt = time.Now()
+	j.healMu.Unlock()
+	was := ""
+	if r := t.reason.Swap(nil); r != nil {
+		was = *r
+	}
+	t.log.Info("cache tier back in service", "tier", t.name, "lines", back, "bypassed_for", was)
+	return nil
+}
+
+// probe checks that the SSD takes a write (to a free slot, when there is one), reads it back and
+// flushes, and that the metadata store syncs.
+func (j *journal) probe() error {
+	t := j.t
+	t.mu.Lock()
+	slot, free := uint32(0), false
+	if n := len(t.free); n > 0 {
+		slot, t.free, free = t.free[n-1], t.free[:n-1], true
+	} else if t.fresh < t.slots {
+		slot, free = uint32(t.fresh), true
+		t.fresh++
+	}
+	t.mu.Unlock()
+	if free {
+		err := probeSlot(t, slot)
+		t.mu.Lock()
+		t.free = append(t.free, slot)
+		t.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	if err := t.dev.Flush(); err != nil {
+		return fmt.Errorf("flush of the SSD tier: %w", err)
+	}
+	if err := j.store.Sync(); err != nil {
+		return fmt.Errorf("metadata sync: %w", err)
+	}
+	return nil
+}
+
+// probeSlot writes a pattern to the first block of a slot nobody uses and reads it back.
+func probeSlot(t *tier, slot uint32) error {
+	buf := alignedAlloc(2 * blockSize)
+	w, r := buf[:blockSize], buf[blockSize:]
+	for i := range w {
+		w[i] = byte(i*7 + int(slot))
+	}
+	if err := t.writeSlot(slot, w, 0); err != nil {
+		return fmt.Errorf("probe write to the SSD tier: %w", err)
+	}
+	if err := t.readSlot(slot, r, 0); err != nil {
+		return fmt.Errorf("probe read from the SSD tier: %w", err)
+	}
+	if !bytes.Equal(w, r) {
+		return errors.New("probe of the SSD tier: a block read back differs from what was written")
+	}
 	return nil
 }
 
@@ -431,6 +574,18 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	var ops []meta.Op
 	t.mu.Lock()
 	for _, s := range spans {
+		if slot, ok := t.setAside[s.line]; ok {
+			// A line set aside by a bypass keeps its stored record for the tier's return: the
+			// record goes now, as the line does (a heal or restart must not find the old data).
+			delete(t.setAside, s.line)
+			t.releaseWhenUnpinnedLocked(slot)
+			del := deleteOp(s.line)
+			j.queue[s.line] = del
+			j.influx[s.line] = rangeBits(0, t.blocks)
+			j.committedLocked(del)
+			ops = append(ops, del)
+			continue
+		}
 		known := j.knownLocked(s.line)
 		stored, gone, claims := j.storedLocked(s.line, s.bits)
 		claims = claims || !known

@@ -36,9 +36,15 @@ type TierStats struct {
 	Capacity      uint64 `json:"capacity"` // lines the tier can hold
 	LineBytes     uint64 `json:"bytes"`    // bytes held now: Lines * line size
 	Errors        uint64 `json:"errors"`   // I/O errors of the tier's storage
-	// Failed is set once the tier has been bypassed after I/O errors; Reason says why.
-	Failed bool   `json:"failed"`
-	Reason string `json:"reason,omitempty"`
+	// Failed is set while the tier is bypassed (after I/O or metadata errors); Reason says why.
+	// A bypassed tier is tried again with backoff, in RetryIn seconds, and comes back into service
+	// when its storage and metadata work; SetAside lines wait for that, out of use.
+	Failed   bool    `json:"failed"`
+	Reason   string  `json:"reason,omitempty"`
+	RetryIn  float64 `json:"retry_in_seconds,omitempty"`
+	SetAside uint64  `json:"set_aside_lines,omitempty"`
+	Bypasses uint64  `json:"bypasses,omitempty"` // times the tier was bypassed
+	Heals    uint64  `json:"heals,omitempty"`    // times it came back into service
 	// The SSD tier's index: checkpoints committed, and the most line records one committed.
 	Checkpoints       uint64 `json:"checkpoints,omitempty"`
 	LargestCheckpoint uint64 `json:"largest_checkpoint_records,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tierblk/tierblk/internal/keyindex"
 	"github.com/tierblk/tierblk/internal/meta"
@@ -13,8 +14,9 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// maxTierErrors is how many I/O errors a tier's storage may return before the tier is bypassed:
-// each error already drops the line it hit, and a device that keeps failing is not trusted at all.
+// maxTierErrors is how many I/O errors a tier's storage may return (since it last came back into
+// service) before the tier is bypassed: each error already drops the line it hit, and a device that
+// keeps failing is not trusted until it passes a probe (journal.heal).
 const maxTierErrors = 8
 
 // tier is one level of the cache: a fixed number of slots, each holding one line, an index from line
@@ -56,8 +58,16 @@ type tier struct {
 
 	policyName, admissionName string
 
+	// While the tier is bypassed (failed), its clean lines are set aside rather than dropped: out
+	// of the index, their slots held and their records kept in the store, so that the tier comes
+	// back warm (journal.heal) and a restart finds them. A change to one deletes its record first.
+	setAside map[uint64]uint32 // line -> slot; SSD tier only
+
 	failed     atomic.Bool
 	reason     atomic.Pointer[string]
+	recentErrs atomic.Uint64 // I/O errors since the tier last came into service
+	bypasses   atomic.Uint64
+	heals      atomic.Uint64
 	errs       atomic.Uint64
 	hits       atomic.Uint64
 	misses     atomic.Uint64
@@ -98,6 +108,7 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		t.dirty = newBitTable(s.slots, t.blocks)
 		t.dset = newLineSet(s.lines)
 		t.doomed = map[uint64]bool{}
+		t.setAside = map[uint64]uint32{}
 	}
 	var err error
 	t.evict, err = policy.NewEviction(s.policy, policy.Config{
@@ -344,11 +355,29 @@ func (t *tier) dropLocked(line uint64) {
 	if t.j != nil {
 		t.j.record(deleteOp(line))
 	}
+	t.releaseWhenUnpinnedLocked(slot)
+}
+
+// releaseWhenUnpinnedLocked releases slot now, or at its last unpin if I/O is under way on it.
+func (t *tier) releaseWhenUnpinnedLocked(slot uint32) {
 	if t.pins[slot] > 0 {
 		t.zombies[slot] = true
 		return
 	}
 	t.releaseLocked(slot)
+}
+
+// setAsideLocked takes clean line out of the index of a bypassed SSD tier, keeping its slot and
+// its records (queued and stored) as they are. The policy has already let go of it.
+func (t *tier) setAsideLocked(line uint64) {
+	slot, ok := t.slotOf(line)
+	if !ok {
+		return
+	}
+	t.index.Delete(line)
+	t.setLocked(line, slot, lineBits{}, lineBits{})
+	delete(t.doomed, line)
+	t.setAside[line] = slot
 }
 
 // releaseLocked returns a slot nobody uses. A persistent tier cannot reuse it before the deletion
@@ -480,7 +509,8 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 // ioError counts an error of the tier's storage on line, drops the line (its slot's content is now
 // unknown) and bypasses the tier after maxTierErrors.
 func (t *tier) ioError(line uint64, slot uint32, err error) {
-	n := t.errs.Add(1)
+	t.errs.Add(1)
+	n := t.recentErrs.Add(1)
 	t.mu.Lock()
 	if s, ok := t.slotOf(line); ok && s == slot {
 		if t.dirtyAt(slot).isZero() {
@@ -498,16 +528,21 @@ func (t *tier) ioError(line uint64, slot uint32, err error) {
 	}
 }
 
-// fail bypasses the tier for good: every clean line is forgotten (and, on the SSD tier, deleted
-// from the metadata), so neither this run nor a restart trusts data the failing device returns.
-// Dirty lines stay: they hold the only copy of acknowledged writes, and the destager keeps trying
-// to write them back.
+// fail bypasses the tier: no read is served from its clean lines and nothing new is cached until
+// it comes back (journal.heal, tried with backoff). Its clean lines are set aside with their
+// records, so that it comes back warm. Dirty lines stay: they hold the only copy of acknowledged
+// writes, and the destager keeps trying to write them back.
 func (t *tier) fail(reason string) {
 	if t.failed.Swap(true) {
 		return
 	}
 	t.reason.Store(&reason)
-	t.log.Error("cache tier bypassed", "tier", t.name, "reason", reason)
+	t.bypasses.Add(1)
+	var retry time.Duration
+	if t.j != nil {
+		retry = t.j.scheduleHeal()
+	}
+	t.log.Error("cache tier bypassed", "tier", t.name, "reason", reason, "retry_in", retry)
 	t.mu.Lock()
 	var lines []uint64
 	for line := range t.index.All() {
@@ -518,12 +553,13 @@ func (t *tier) fail(reason string) {
 			continue
 		}
 		t.evict.Remove(policy.Key(line))
-		t.dropLocked(line)
+		if t.setAside != nil {
+			t.setAsideLocked(line)
+		} else {
+			t.dropLocked(line)
+		}
 	}
 	t.mu.Unlock()
-	if t.j != nil {
-		t.j.kick()
-	}
 }
 
 // readSlot and writeSlot move data of slot at byte offset off within the line.
@@ -560,7 +596,7 @@ func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 
 func (t *tier) stats() TierStats {
 	t.mu.Lock()
-	lines := t.index.Len()
+	lines, aside := t.index.Len(), len(t.setAside)
 	t.mu.Unlock()
 	s := TierStats{
 		Name:          t.name,
@@ -577,12 +613,17 @@ func (t *tier) stats() TierStats {
 		LineBytes:     uint64(lines) * uint64(t.lineSize),
 		Errors:        t.errs.Load(),
 		Failed:        t.failed.Load(),
+		SetAside:      uint64(aside),
 	}
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r
 	}
+	s.Bypasses, s.Heals = t.bypasses.Load(), t.heals.Load()
 	if t.j != nil {
 		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largest.Load()
+		if s.Failed {
+			s.RetryIn = max(0, time.Until(t.j.healAt()).Seconds())
+		}
 	}
 	return s
 }

@@ -52,6 +52,7 @@ func serveActions(t *testing.T) actionDaemon {
 		SetMode: func(context.Context, cache.Mode, func(done, total int64)) error {
 			return errors.New("backend unreachable")
 		},
+		Heal: func() error { return errors.New("the SSD tier stays bypassed: probe write: input/output error") },
 	}
 	sources := []metrics.Source{metrics.CacheSource("disk0", d.cache), {Export: "plain"}, fake}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -151,4 +152,25 @@ func TestActionErrors(t *testing.T) {
 		})
 	}
 	require.Equal(t, cache.WriteBack, d.cache.Mode(), "a refused request changed the cache")
+}
+
+// TestHeal: heal reports a tier in service, or the daemon's reason why it stays bypassed.
+func TestHeal(t *testing.T) {
+	d := serveActions(t)
+	for _, tc := range []struct {
+		export, want, err string
+	}{
+		{"disk0", `export "disk0": the SSD tier is in service` + "\n", ""},
+		{"fake", "", `export "fake": heal failed: the SSD tier stays bypassed: probe write: input/output error`},
+		{"plain", "", `export "plain" has no cache`},
+	} {
+		var out bytes.Buffer
+		err := runHeal(context.Background(), actionOpts{admin: d.admin, export: tc.export, stdout: &out})
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.want, out.String())
+	}
 }

@@ -58,7 +58,7 @@ Quick start:
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(newServeCmd(), newSimCmd(), newBenchCmd(), newVersionCmd(version))
-	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd())
+	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd())
 	return root
 }
 

@@ -184,9 +184,6 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 	if d.Destaging || d.DestageRate > 0 {
 		state += " at " + humanBytes(uint64(d.DestageRate)) + "/s"
 	}
-	seconds := func(s float64) time.Duration {
-		return time.Duration(s * float64(time.Second)).Round(time.Microsecond)
-	}
 	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s, %s destaged, %d destage errors; %d throttled writes (%s), delay now %s a line\n",
 		d.Lines, 100*d.Ratio, 100*d.High, 100*d.Low, 100*d.Max, humanBytes(d.Bytes), state,
 		humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
@@ -203,7 +200,8 @@ func writeTiers(w io.Writer, tiers []cache.TierStats) {
 	for _, t := range tiers {
 		state := "ok"
 		if t.Failed {
-			state = "FAILED"
+			state = fmt.Sprintf("BYPASSED (%d lines set aside; retry in %s)", t.SetAside,
+				seconds(t.RetryIn).Round(time.Second))
 			if t.Reason != "" {
 				state += ": " + t.Reason
 			}
@@ -217,6 +215,11 @@ func writeTiers(w io.Writer, tiers []cache.TierStats) {
 }
 
 // percent prints n/of with one decimal, or "-" when of is 0 (no lookups yet, no capacity).
+// seconds turns a figure of the stats, in seconds, into a duration to print.
+func seconds(s float64) time.Duration {
+	return time.Duration(s * float64(time.Second)).Round(time.Microsecond)
+}
+
 func percent(n, of uint64) string {
 	if of == 0 {
 		return "-"

@@ -26,7 +26,7 @@ func statsFixture() cache.Stats {
 				Promotions: 7, Evictions: 5, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536},
 			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
 				Promotions: 11, Evictions: 13, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
-				Errors: 2, Failed: true, Reason: "write: input/output error"},
+				Errors: 2, Failed: true, Reason: "write: input/output error", SetAside: 3990, RetryIn: 19.6},
 		},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20*4096 + 512, Errors: 1},
 		Dirty: cache.DirtyStats{Lines: 2048, Bytes: 96 << 20, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9, Destaging: true,
@@ -67,7 +67,7 @@ func statsCmd(o statsOpts) (string, error) {
 const disk0Table = `export disk0: mode write-back, line size 64KiB
 tier  policy  hits  misses  hit ratio  lines/capacity  occupancy  bytes   promotions  evictions  errors  state
 ram   s3fifo  900   100     90.0%      512/1024        50.0%      32MiB   7           5          0       ok
-ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       FAILED: write: input/output error
+ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       BYPASSED (3990 lines set aside; retry in 20s): write: input/output error
 backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
 dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging at 12.5MiB/s, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s), delay now 2.1ms a line
 latency: read p50 1ms p99 >100ms (100 requests); write no requests

@@ -49,7 +49,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 			stopAdmin()
 			return fmt.Errorf("admin: %w", err)
 		}
-		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats /flush /mode")
+		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats /flush /mode /heal")
 		// The admin endpoint outlives the NBD server, so the last stats can be read while stopping.
 		defer func() {
 			stopAdmin()

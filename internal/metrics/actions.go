@@ -11,7 +11,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// ActionLine is one line of the JSON-lines answer of POST /flush and POST /mode: progress lines
+// ActionLine is one line of the JSON-lines answer of POST /flush, POST /mode and POST /heal: progress lines
 // {"done":N,"total":N} (dirty bytes written back so far, and at the start), then one final line,
 // {"ok":true} or {"error":"..."}. An answer without a final line was cut short.
 type ActionLine struct {
@@ -46,9 +46,17 @@ func handleActions(mux *http.ServeMux, sources func() []Source) {
 			return s.SetMode(ctx, m, progress)
 		}, nil
 	}))
+	mux.Handle("POST /heal", actionHandler(sources, func(r *http.Request) (action, error) {
+		return func(_ context.Context, s Source, _ func(done, total int64)) error {
+			if s.Heal == nil {
+				return errors.New("this export's cache cannot be healed")
+			}
+			return s.Heal()
+		}, nil
+	}))
 	// The actions change the cache, so they are refused on any other method: a GET (a browser, a
-	// crawler, a prefetch) must never flush or switch modes.
-	for _, path := range []string{"/flush", "/mode"} {
+	// crawler, a prefetch) must never flush, switch modes or bring a tier back.
+	for _, path := range []string{"/flush", "/mode", "/heal"} {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", http.MethodPost)
 			http.Error(w, fmt.Sprintf("%s %s: %s changes the cache and takes POST only", r.Method, path, path), http.StatusMethodNotAllowed)
@@ -128,5 +136,5 @@ func findExport(sources []Source, r *http.Request) (Source, int, error) {
 
 // CacheSource is the Source of an export served through c.
 func CacheSource(export string, c *cache.Cache) Source {
-	return Source{Export: export, Stats: c.Stats, FlushAll: c.FlushAll, SetMode: c.SetMode}
+	return Source{Export: export, Stats: c.Stats, FlushAll: c.FlushAll, SetMode: c.SetMode, Heal: c.Heal}
 }

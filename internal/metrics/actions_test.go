@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -105,6 +106,39 @@ func TestActionErrorsAfterStartAreTheFinalLine(t *testing.T) {
 	require.Equal(t, cache.WriteThrough, c.Mode())
 }
 
+// TestHealAction bypasses an SSD tier by failing its device, and brings it back with POST /heal:
+// refused, with the reason, while the device fails; done once it works.
+func TestHealAction(t *testing.T) {
+	ssd := fault.New(mem.New(64*testLine), fault.Options{Seed: 1})
+	c, err := cache.New(mem.New(1<<20), cache.Config{LineSize: testLine, BackendID: "test",
+		SSD: cache.TierConfig{Size: 64 * testLine}, SSDDevice: ssd, Meta: meta.NewMem()})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	buf := make([]byte, 32*testLine)
+	_, err = c.ReadAt(buf, 0) // caches 32 lines
+	require.NoError(t, err)
+	ssd.SetFailing(true)
+	for i := range 32 {
+		_, err = c.ReadAt(buf[:testLine], int64(i)*testLine)
+		require.NoError(t, err, "reads go on from the backend")
+	}
+	require.True(t, c.Stats().Tiers[0].Failed)
+
+	h := NewHandler(func() []Source { return []Source{CacheSource("disk0", c)} })
+	_, lines := post(t, h, "POST", "/heal")
+	require.Len(t, lines, 1)
+	require.Contains(t, lines[0].Error, "the SSD tier stays bypassed")
+	require.True(t, c.Stats().Tiers[0].Failed)
+
+	ssd.SetFailing(false)
+	_, lines = post(t, h, "POST", "/heal?export=disk0")
+	require.Equal(t, []ActionLine{{OK: true}}, lines)
+	st := c.Stats().Tiers[0]
+	require.False(t, st.Failed)
+	require.Equal(t, uint64(1), st.Heals)
+	require.Positive(t, st.Lines, "the lines the errors did not drop are back")
+}
+
 func TestActionHTTPErrors(t *testing.T) {
 	c, _, _ := writeBackCache(t, 1)
 	h := NewHandler(func() []Source {
@@ -122,6 +156,8 @@ func TestActionHTTPErrors(t *testing.T) {
 		{"POST", "/mode?export=disk0", http.StatusBadRequest, "no mode given"},
 		{"GET", "/flush?export=disk0", http.StatusMethodNotAllowed, "takes POST only"},
 		{"GET", "/mode?export=disk0&mode=writethrough", http.StatusMethodNotAllowed, "takes POST only"},
+		{"GET", "/heal?export=disk0", http.StatusMethodNotAllowed, "takes POST only"},
+		{"POST", "/heal?export=plain", http.StatusConflict, `export "plain" has no cache`},
 	} {
 		t.Run(tc.method+" "+tc.target, func(t *testing.T) {
 			rec, _ := post(t, h, tc.method, tc.target)

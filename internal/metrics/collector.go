@@ -45,7 +45,15 @@ var (
 			func(t cache.TierStats) float64 { return float64(t.Capacity) }},
 		{tierDesc("tierblk_cache_bytes", "Bytes held by this tier now."), prometheus.GaugeValue,
 			func(t cache.TierStats) float64 { return float64(t.LineBytes) }},
-		{tierDesc("tierblk_cache_tier_failed", "1 once this tier is bypassed after I/O errors, else 0."), prometheus.GaugeValue,
+		{tierDesc("tierblk_cache_tier_bypasses_total", "Times this tier was bypassed after I/O or metadata errors."), prometheus.CounterValue,
+			func(t cache.TierStats) float64 { return float64(t.Bypasses) }},
+		{tierDesc("tierblk_cache_tier_heals_total", "Times this tier came back into service after a bypass."), prometheus.CounterValue,
+			func(t cache.TierStats) float64 { return float64(t.Heals) }},
+		{tierDesc("tierblk_cache_set_aside_lines", "Lines a bypassed tier keeps for its return, out of use."), prometheus.GaugeValue,
+			func(t cache.TierStats) float64 { return float64(t.SetAside) }},
+		{tierDesc("tierblk_cache_checkpoints_total", "Checkpoints that committed this tier's index."), prometheus.CounterValue,
+			func(t cache.TierStats) float64 { return float64(t.Checkpoints) }},
+		{tierDesc("tierblk_cache_tier_failed", "1 while this tier is bypassed after I/O or metadata errors (it is tried again with backoff), else 0."), prometheus.GaugeValue,
 			func(t cache.TierStats) float64 {
 				if t.Failed {
 					return 1

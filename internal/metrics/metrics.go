@@ -29,9 +29,10 @@ import (
 type Source struct {
 	Export string
 	Stats  func() cache.Stats
-	// FlushAll and SetMode are the cache's (see cache.Cache); the admin actions call them.
+	// FlushAll, SetMode and Heal are the cache's (see cache.Cache); the admin actions call them.
 	FlushAll func(ctx context.Context, progress func(done, total int64)) error
 	SetMode  func(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
+	Heal     func() error
 }
 
 // StatsResponse is the body of GET /stats.
