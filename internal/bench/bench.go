@@ -1,6 +1,8 @@
-// Package bench measures tierblk against a peer NBD server with fio, in the same run, alternating
-// between them, and reports medians and ratios. Figures from one noisy shared machine mean little
-// alone; the ratio against a peer measured seconds apart is what we report.
+// Package bench holds the measurements behind `tierblk bench`: tierblk against a peer NBD server
+// with fio, in the same run, alternating between them, reported as medians and ratios; the
+// simulator's speed; and the restart time and memory of a large SSD tier. Figures from one noisy
+// shared machine mean little alone; the ratio against a peer measured seconds apart (for the SSD
+// tier, an empty tier of the same size) is what we report.
 //
 // It must never be used as a test: nothing here asserts a speed.
 package bench

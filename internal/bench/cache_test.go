@@ -127,13 +127,19 @@ func smokeSetup(t *testing.T) (bin, work string) {
 	if isTmpfs(t, work) {
 		t.Skip("the temporary directory is on tmpfs, which the SSD tier refuses")
 	}
-	bin = filepath.Join(work, "tierblk")
+	return buildTierblk(t, work), work
+}
+
+// buildTierblk builds tierblk into dir and returns the binary.
+func buildTierblk(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "tierblk")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/tierblk")
 	_, file, _, _ := runtime.Caller(0)
 	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	return bin, work
+	return bin
 }
 
 // TestBenchCacheSmoke runs `tierblk bench cache` with a tiny working set and run times: it proves

@@ -19,6 +19,10 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "writeback", "--rounds", "0"},
 		{"bench", "writeback", "--runtime", "0s"},
 		{"bench", "writeback", "--burst", ""},
+		{"bench", "startup", "--rounds", "0"},
+		{"bench", "startup", "--lines", ""},
+		{"bench", "startup", "--lines", "1M,ten"},
+		{"bench", "startup", "--lines", "0"},
 	} {
 		root := NewRoot("test")
 		var out bytes.Buffer
