@@ -143,15 +143,21 @@ func prepareCache(o *bench.CacheOptions) (done func(), err error) {
 	if o.Tierblk, err = os.Executable(); err != nil {
 		return nil, err
 	}
-	if o.WorkDir != "" {
-		return func() {}, os.MkdirAll(o.WorkDir, 0o755)
+	o.WorkDir, done, err = workDir(o.WorkDir, "tierblk-bench-cache")
+	return done, err
+}
+
+// workDir returns dir, created if need be, or a new temporary directory (named from prefix) when
+// dir is empty; done removes the temporary one.
+func workDir(dir, prefix string) (string, func(), error) {
+	if dir != "" {
+		return dir, func() {}, os.MkdirAll(dir, 0o755)
 	}
-	tmp, err := os.MkdirTemp("", "tierblk-bench-cache")
+	tmp, err := os.MkdirTemp("", prefix)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	o.WorkDir = tmp
-	return func() { os.RemoveAll(tmp) }, nil
+	return tmp, func() { os.RemoveAll(tmp) }, nil
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
@@ -280,17 +286,11 @@ func runBenchSim(ctx context.Context, o benchSimOpts) error {
 			return usageErrorf("--policy: %v", err)
 		}
 	}
-	dir := o.work
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "tierblk-bench-sim")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		dir = tmp
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, done, err := workDir(o.work, "tierblk-bench-sim")
+	if err != nil {
 		return err
 	}
+	defer done()
 	t := bench.DefaultSimTrace()
 	t.Seed = o.seed
 	path, err := bench.EnsureSimTrace(dir, t, o.log)
@@ -357,17 +357,11 @@ func runBenchStartup(ctx context.Context, o benchStartupOpts) error {
 	if err != nil {
 		return err
 	}
-	dir := o.work
-	if dir == "" {
-		tmp, err := os.MkdirTemp("", "tierblk-bench-startup")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(tmp)
-		dir = tmp
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, done, err := workDir(o.work, "tierblk-bench-startup")
+	if err != nil {
 		return err
 	}
+	defer done()
 	res, err := bench.RunStartup(ctx, bench.StartupOptions{Tierblk: self, Lines: lines, Rounds: o.rounds, WorkDir: dir, Log: o.log})
 	if err != nil {
 		return err
