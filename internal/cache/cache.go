@@ -110,6 +110,11 @@ type Cache struct {
 	closed atomic.Bool
 
 	backendStats ioCounters
+	// streams follows sequential readers, whose misses fetch whole lines (missRange).
+	streams streams
+	// asked counts the bytes clients read; fetched the bytes read misses fetched from the backend
+	// (their ratio is the read amplification).
+	asked, fetched atomic.Uint64
 	// backendChanges counts the foreground changes sent to the backend (writes, trims, zeroing,
 	// failed or not): a checkpoint flushes the backend only when it has some it has not flushed.
 	backendChanges atomic.Uint64
@@ -302,6 +307,7 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 	if err := c.read(p, off, false); err != nil {
 		return 0, err
 	}
+	c.asked.Add(uint64(len(p)))
 	return len(p), nil
 }
 
@@ -455,18 +461,20 @@ func (c *Cache) access(s seg, write bool) policy.Access {
 	return policy.Access{Key: policy.Key(s.line), Offset: s.start + s.lo, Length: s.hi - s.lo, Write: write}
 }
 
-// readMiss fetches a run of adjacent missed segments with one backend read: whole lines for those a
-// tier admits or already partly holds, only the requested bytes otherwise. Blocks the SSD tier
-// holds are served from it, not from the backend, so that every path gives one answer per block:
-// they are never older than the backend, and after a power cut they may differ from a backend
-// write that was never flushed. Then it fills the tiers.
+// readMiss fetches a run of adjacent missed segments with one backend read: for a segment that a
+// tier admits or already partly holds, its touched blocks or its whole line (missRange); only the
+// requested bytes otherwise. Blocks the SSD tier holds are served from it, not from the backend, so
+// that every path gives one answer per block: they are never older than the backend, and after a
+// power cut they may differ from a backend write that was never flushed. Then it fills the tiers
+// with what it fetched.
 func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	type fill struct {
 		ram, ssd bool
 		held     source // the SSD tier's partial copy of the line, pinned
+		lo, hi   int64  // the bytes of the line fetched
 	}
 	fills := make([]fill, len(segs))
-	whole := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
+	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
 	for i, s := range segs {
 		fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(c.access(s, false)))
 		fills[i].ram = c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
@@ -484,44 +492,55 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		}
 	}()
 	first, last := segs[0], segs[len(segs)-1]
-	from, to := first.start+first.lo, last.start+last.hi
-	if whole(fills[0]) {
-		from = first.start
-	}
-	if whole(fills[len(fills)-1]) {
-		to = last.start + last.n
-	}
+	var from, to int64
+	c.streams.follow(first.start+first.lo, func(seq bool) int64 {
+		r := reachBlocks
+		switch {
+		case force:
+			r = reachLine
+		case seq:
+			r = reachAhead
+		}
+		for i, s := range segs {
+			// The segments between the first and the last are whole lines already.
+			fills[i].lo, fills[i].hi = missRange(s, cached(fills[i]), r)
+		}
+		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
+		return to
+	})
 	buf := c.bufs.get(int(to - from))
 	defer c.bufs.put(buf)
 	if err := c.backendRead(buf, from); err != nil {
 		return err
 	}
+	c.fetched.Add(uint64(to - from))
 	for i, s := range segs {
-		dst := p[s.pOff : s.pOff+s.hi-s.lo]
-		if !whole(fills[i]) {
-			copy(dst, buf[s.start+s.lo-from:])
+		f := fills[i]
+		data := buf[s.start+f.lo-from : s.start+f.hi-from] // the line's bytes [f.lo, f.hi)
+		if !cached(f) {
+			copy(p[s.pOff:s.pOff+s.hi-s.lo], data)
 			continue
 		}
-		line := buf[s.start-from : s.start-from+s.n]
-		if h := fills[i].held; h.t != nil {
-			c.overlay(s, h, line)
+		got := blocksIn(f.lo, f.hi)
+		if h := f.held; h.t != nil {
+			c.overlay(s, h, data, f.lo, got)
 		}
-		copy(dst, line[s.lo:])
-		all := rangeBits(0, s.blocks())
-		if fills[i].ssd {
-			c.fillTier(c.ssd, s, line, all)
+		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+		if f.ssd {
+			c.fillTier(c.ssd, s, data, f.lo, got)
 		}
-		if fills[i].ram {
-			c.fillTier(c.ram, s, line, all)
+		if f.ram {
+			c.fillTier(c.ram, s, data, f.lo, got)
 		}
 	}
 	return nil
 }
 
-// overlay replaces the blocks of line (read from the backend) that the SSD slot holds with the
-// SSD's copy. If the SSD fails, the backend's data stays and the line is dropped from the tier.
-func (c *Cache) overlay(s seg, h source, line []byte) {
-	h.valid.runs(s.blocks(), func(b0, b1 int) {
+// overlay replaces the blocks of data (the line's bytes from base, read from the backend; got are
+// its blocks) that the SSD slot holds with the SSD's copy. If the SSD fails, the backend's data
+// stays and the line is dropped from the tier.
+func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) {
+	h.valid.and(got).runs(s.blocks(), func(b0, b1 int) {
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 		tmp := c.bufs.get(int(hi - lo))
 		defer c.bufs.put(tmp)
@@ -529,13 +548,13 @@ func (c *Cache) overlay(s seg, h source, line []byte) {
 			h.t.ioError(s.line, h.slot, err)
 			return
 		}
-		copy(line[lo:hi], tmp)
+		copy(data[lo-base:hi-base], tmp)
 	})
 }
 
-// fillTier stores the blocks bits of line data (which holds the whole line) in tier t, skipping
-// blocks t already holds: those are never older than the backend.
-func (c *Cache) fillTier(t *tier, s seg, data []byte, bits lineBits) {
+// fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,
+// skipping blocks t already holds: those are never older than the backend.
+func (c *Cache) fillTier(t *tier, s seg, data []byte, base int64, bits lineBits) {
 	slot, valid, ok := t.acquire(s.line)
 	if !ok {
 		return
@@ -545,7 +564,7 @@ func (c *Cache) fillTier(t *tier, s seg, data []byte, bits lineBits) {
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-			err = t.writeSlot(slot, data[lo:hi], lo)
+			err = t.writeSlot(slot, data[lo-base:hi-base], lo)
 		}
 	})
 	if err != nil {
@@ -866,7 +885,8 @@ func waitClosed(d time.Duration, chans ...chan struct{}) bool {
 // Stats returns a snapshot of the counters.
 func (c *Cache) Stats() Stats {
 	s := Stats{Mode: c.Mode().String(), LineSize: int(c.line), Backend: c.backendStats.snapshot(),
-		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot(), Dirty: c.dirtyStats()}
+		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot(), Dirty: c.dirtyStats(),
+		ReadBytes: c.asked.Load(), FetchedBytes: c.fetched.Load()}
 	for _, t := range []*tier{c.ram, c.ssd} {
 		if t != nil {
 			s.Tiers = append(s.Tiers, t.stats())

@@ -13,6 +13,10 @@ type Stats struct {
 	LineSize int         `json:"line_size"`
 	Tiers    []TierStats `json:"tiers"` // in lookup order: ram, then ssd
 	Backend  IOStats     `json:"backend"`
+	// ReadBytes are the bytes clients read; FetchedBytes those that read misses fetched from the
+	// backend for them (and for prefetches). FetchedBytes/ReadBytes is the read amplification.
+	ReadBytes    uint64 `json:"read_bytes"`
+	FetchedBytes uint64 `json:"fetched_bytes"`
 	// Dirty describes write-back: data on the SSD tier that the backend does not have yet.
 	Dirty DirtyStats `json:"dirty"`
 	// ReadLatency and WriteLatency time whole client requests through the cache.
@@ -29,7 +33,10 @@ type TierStats struct {
 	Misses     uint64 `json:"misses"`    // line lookups this tier could not answer
 	HitBytes   uint64 `json:"hit_bytes"` // bytes served from this tier
 	Promotions uint64 `json:"promotions"`
-	Evictions  uint64 `json:"evictions"`
+	// Admitted and Rejected count the admission policy's answers about missed lines.
+	Admitted  uint64 `json:"admitted"`
+	Rejected  uint64 `json:"rejected"`
+	Evictions uint64 `json:"evictions"`
 	// Invalidations count lines dropped because a write made them stale (write-around, trim).
 	Invalidations uint64 `json:"invalidations"`
 	Lines         uint64 `json:"lines"`    // lines held now

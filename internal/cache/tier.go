@@ -73,6 +73,8 @@ type tier struct {
 	misses     atomic.Uint64
 	hitBytes   atomic.Uint64
 	promotions atomic.Uint64
+	admitted   atomic.Uint64
+	rejected   atomic.Uint64
 	evictions  atomic.Uint64
 	invalids   atomic.Uint64
 }
@@ -212,8 +214,14 @@ func (t *tier) cleanLocked(line uint64) lineBits {
 // admits asks the admission policy about a missed line.
 func (t *tier) admits(a policy.Access) bool {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.admit.Admit(a)
+	ok := t.admit.Admit(a)
+	t.mu.Unlock()
+	if ok {
+		t.admitted.Add(1)
+	} else {
+		t.rejected.Add(1)
+	}
+	return ok
 }
 
 // acquire returns the pinned slot of line, inserting the line (with no valid block) if it is not
@@ -606,6 +614,8 @@ func (t *tier) stats() TierStats {
 		Misses:        t.misses.Load(),
 		HitBytes:      t.hitBytes.Load(),
 		Promotions:    t.promotions.Load(),
+		Admitted:      t.admitted.Load(),
+		Rejected:      t.rejected.Load(),
 		Evictions:     t.evictions.Load(),
 		Invalidations: t.invalids.Load(),
 		Lines:         uint64(lines),

@@ -167,8 +167,26 @@ func writeExportStats(w io.Writer, e metrics.ExportStats) {
 	b := s.Backend
 	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",
 		b.Reads, humanBytes(b.ReadBytes), b.Writes, humanBytes(b.WriteBytes), b.Errors)
+	writeMisses(w, s)
 	writeDirty(w, s.Dirty)
 	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
+}
+
+// writeMisses prints what read misses cost the backend against what clients read (the read
+// amplification), and each tier's admission answers.
+func writeMisses(w io.Writer, s cache.Stats) {
+	if len(s.Tiers) == 0 {
+		return // every read goes to the backend as asked
+	}
+	amp := "-"
+	if s.ReadBytes > 0 {
+		amp = fmt.Sprintf("%.2f", float64(s.FetchedBytes)/float64(s.ReadBytes))
+	}
+	fmt.Fprintf(w, "reads: %s asked, %s fetched by misses (amplification %s)", humanBytes(s.ReadBytes), humanBytes(s.FetchedBytes), amp)
+	for _, t := range s.Tiers {
+		fmt.Fprintf(w, "; %s admission %s: %d admitted, %d rejected", t.Name, t.Admission, t.Admitted, t.Rejected)
+	}
+	fmt.Fprintln(w)
 }
 
 // writeDirty prints the write-back figures of a cache with an SSD tier (a cache without one has no

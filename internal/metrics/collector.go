@@ -45,6 +45,10 @@ var (
 			func(t cache.TierStats) float64 { return float64(t.Capacity) }},
 		{tierDesc("tierblk_cache_bytes", "Bytes held by this tier now."), prometheus.GaugeValue,
 			func(t cache.TierStats) float64 { return float64(t.LineBytes) }},
+		{tierDesc("tierblk_cache_admitted_total", "Missed lines this tier's admission policy took."), prometheus.CounterValue,
+			func(t cache.TierStats) float64 { return float64(t.Admitted) }},
+		{tierDesc("tierblk_cache_rejected_total", "Missed lines this tier's admission policy turned away."), prometheus.CounterValue,
+			func(t cache.TierStats) float64 { return float64(t.Rejected) }},
 		{tierDesc("tierblk_cache_tier_bypasses_total", "Times this tier was bypassed after I/O or metadata errors."), prometheus.CounterValue,
 			func(t cache.TierStats) float64 { return float64(t.Bypasses) }},
 		{tierDesc("tierblk_cache_tier_heals_total", "Times this tier came back into service after a bypass."), prometheus.CounterValue,
@@ -72,6 +76,13 @@ var (
 			func(s cache.IOStats) float64 { return float64(s.WriteBytes) }},
 		{exportDesc("tierblk_backend_errors_total", "Backend requests that failed."), prometheus.CounterValue,
 			func(s cache.IOStats) float64 { return float64(s.Errors) }},
+	}
+	// readMetrics are the read amplification's two sides.
+	readMetrics = []statMetric[cache.Stats]{
+		{exportDesc("tierblk_cache_read_bytes_total", "Bytes clients read through the cache."), prometheus.CounterValue,
+			func(s cache.Stats) float64 { return float64(s.ReadBytes) }},
+		{exportDesc("tierblk_cache_fetched_bytes_total", "Bytes read misses fetched from the backend (over read_bytes: the read amplification)."), prometheus.CounterValue,
+			func(s cache.Stats) float64 { return float64(s.FetchedBytes) }},
 	}
 	dirtyMetrics = []statMetric[cache.DirtyStats]{
 		{exportDesc("tierblk_cache_dirty_lines", "Lines of the SSD tier holding data the backend does not have yet (write-back)."), prometheus.GaugeValue,
@@ -110,6 +121,9 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range backendMetrics {
 		ch <- m.desc
 	}
+	for _, m := range readMetrics {
+		ch <- m.desc
+	}
 	for _, m := range dirtyMetrics {
 		ch <- m.desc
 	}
@@ -129,6 +143,9 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, m := range backendMetrics {
 			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Backend), src.Export)
+		}
+		for _, m := range readMetrics {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s), src.Export)
 		}
 		for _, m := range dirtyMetrics {
 			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Dirty), src.Export)
