@@ -544,8 +544,8 @@ func TestCacheAdmin(t *testing.T) {
 			require.Zero(t, code, "tierblk stats:\n%s", out)
 			require.Contains(t, out, "export disk0: mode writethrough, line size 64KiB")
 			require.Regexp(t, `(?m)^tier\s+policy\s+hits\s+misses\s+hit ratio\s+lines/capacity`, out, "the table's header")
-			require.Regexp(t, `(?m)^ram\s+lru\s+\d+\s+\d+\s+\S+\s+16/16\s`, out, "the RAM tier's row: full")
-			require.Regexp(t, `(?m)^ssd\s+lru\s+\d+\s+\d+\s+\S+\s+32/\d+\s`, out, "the SSD tier's row: the 32 lines written")
+			require.Regexp(t, `(?m)^ram\s+s3fifo\s+\d+\s+\d+\s+\S+\s+16/16\s`, out, "the RAM tier's row: full")
+			require.Regexp(t, `(?m)^ssd\s+s3fifo\s+\d+\s+\d+\s+\S+\s+32/\d+\s`, out, "the SSD tier's row: the 32 lines written")
 			require.Regexp(t, `(?m)^backend: \d+ reads .*, \d+ writes \(2MiB\)`, out)
 		})
 	}

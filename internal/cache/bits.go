@@ -1,10 +1,14 @@
 package cache
 
-import "math/bits"
+import (
+	"math/bits"
+
+	"github.com/tierblk/tierblk/internal/fetch"
+)
 
 // blockSize is the unit of the valid and dirty bits: a write that covers whole 4 KiB blocks never
 // needs a read from the backend.
-const blockSize = 4096
+const blockSize = fetch.BlockSize
 
 // maxBlocks is the most blocks a line has: 1 MiB lines.
 const maxBlocks = (1 << 20) / blockSize

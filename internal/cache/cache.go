@@ -22,6 +22,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -56,6 +57,13 @@ func ParseMode(s string) (Mode, error) {
 	}
 	return 0, fmt.Errorf("unknown cache mode %q; use writethrough, writearound, passthrough or writeback", s)
 }
+
+// DefaultPolicy is the tiers' eviction policy unless the config names one: S3-FIFO, whose small
+// FIFO queue lets a line read once (a random scan over the whole disk, a backup) leave without
+// pushing out the lines in its main queue. On the repository's real traces it misses less than LRU
+// at 10 % and 20 % of their lines, with 4 KiB and 64 KiB lines; n-hit admission, the other way to
+// keep such lines out, missed more on both (docs/cache-policy.md).
+const DefaultPolicy = "s3fifo"
 
 // Line sizes.
 const (
@@ -110,8 +118,8 @@ type Cache struct {
 	closed atomic.Bool
 
 	backendStats ioCounters
-	// streams follows sequential readers, whose misses fetch whole lines (missRange).
-	streams streams
+	// streams follows sequential readers, whose misses fetch on to their line's end.
+	streams fetch.Streams
 	// asked counts the bytes clients read; fetched the bytes read misses fetched from the backend
 	// (their ratio is the read amplification).
 	asked, fetched atomic.Uint64
@@ -186,7 +194,7 @@ func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
 	s := tierSpec{name: name, slots: int(tc.Size / c.line), lineSize: c.line, policy: tc.Policy,
 		admission: tc.Admission, reserve: reserve}
 	if s.policy == "" {
-		s.policy = "lru"
+		s.policy = DefaultPolicy
 	}
 	if s.admission == "" {
 		s.admission = "always"
@@ -462,8 +470,8 @@ func (c *Cache) access(s seg, write bool) policy.Access {
 }
 
 // readMiss fetches a run of adjacent missed segments with one backend read: for a segment that a
-// tier admits or already partly holds, its touched blocks or its whole line (missRange); only the
-// requested bytes otherwise. Blocks the SSD tier holds are served from it, not from the backend, so
+// tier admits or already partly holds, what package fetch's rule says; only the requested bytes
+// otherwise. Blocks the SSD tier holds are served from it, not from the backend, so
 // that every path gives one answer per block: they are never older than the backend, and after a
 // power cut they may differ from a backend write that was never flushed. Then it fills the tiers
 // with what it fetched.
@@ -493,17 +501,17 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	}()
 	first, last := segs[0], segs[len(segs)-1]
 	var from, to int64
-	c.streams.follow(first.start+first.lo, func(seq bool) int64 {
-		r := reachBlocks
+	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
+		r := fetch.Blocks
 		switch {
 		case force:
-			r = reachLine
+			r = fetch.Line
 		case seq:
-			r = reachAhead
+			r = fetch.Ahead
 		}
 		for i, s := range segs {
 			// The segments between the first and the last are whole lines already.
-			fills[i].lo, fills[i].hi = missRange(s, cached(fills[i]), r)
+			fills[i].lo, fills[i].hi = fetch.Range(s.lo, s.hi, s.n, cached(fills[i]), r)
 		}
 		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
 		return to
@@ -521,7 +529,7 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 			copy(p[s.pOff:s.pOff+s.hi-s.lo], data)
 			continue
 		}
-		got := blocksIn(f.lo, f.hi)
+		got := rangeBits(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
 		if h := f.held; h.t != nil {
 			c.overlay(s, h, data, f.lo, got)
 		}
@@ -589,10 +597,17 @@ func (c *Cache) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// WriteAtFUA implements backend.FUAWriter.
+// WriteAtFUA implements backend.FUAWriter. In write-back a FUA write makes every write acknowledged
+// before it durable too (a checkpoint does it); on a bypassed SSD tier, whose records of dirty data
+// may never be committed, writing that data back does.
 func (c *Cache) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err := c.write(p, off, true); err != nil {
 		return 0, err
+	}
+	if c.ssd != nil && !c.ssd.usable() && c.ssd.dirtyCount.Load() > 0 {
+		if err := c.FlushAll(context.Background(), nil); err != nil {
+			return 0, err
+		}
 	}
 	return len(p), nil
 }

@@ -25,6 +25,7 @@ type simOpts struct {
 	sizes      string
 	blockSize  string
 	ops        string
+	model      string
 	warmup     int
 	output     string
 	plot       string
@@ -44,10 +45,17 @@ reports each cache's miss ratio. The policies are the code the daemon's cache wi
 
 Sizes: a fraction below 1 is that share of the trace's distinct keys (floor, as libCacheSim counts);
 a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes divided by
---block-size.`,
+--block-size.
+
+With --model lines and --block-size set to the daemon's line size, each simulated line holds the
+4 KiB blocks fetched into it, and a read misses wherever its blocks are not held, as in the daemon;
+a miss fetches the blocks it touches, or on to the line's end for a sequential reader. The "fetched"
+column is the bytes read misses fetched from the backend over the bytes read: what a cache costs the
+link to the backend.`,
 		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
   tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
-  tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB`,
+  tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB
+  tierblk sim --trace cloudPhysicsIO.vscsi --block-size 64KiB --model lines --policy lru,s3fifo --size 0.01,0.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -62,6 +70,8 @@ a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes
 	f.StringVar(&o.sizes, "size", "0.01,0.05,0.1", "comma-separated cache sizes")
 	f.StringVar(&o.blockSize, "block-size", "0", "split requests into blocks of this size (512, 4KiB, 64KiB), one key each; 0: one key per request")
 	f.StringVar(&o.ops, "ops", "all", "which requests to simulate: all or read")
+	f.StringVar(&o.model, "model", "object", "object: a key is cached or not, and a miss fetches it whole (libCacheSim's model); "+
+		"lines: the daemon's cache lines (--block-size is the line size): 4 KiB valid blocks, misses fetch what the daemon fetches")
 	f.IntVar(&o.warmup, "warmup", 0, "requests replayed before counting starts")
 	f.StringVar(&o.output, "output", "table", "table, csv or json")
 	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
@@ -76,6 +86,9 @@ func runSim(ctx context.Context, o simOpts) error {
 	}
 	if o.ops != "all" && o.ops != "read" {
 		return usageErrorf("--ops %q: use all or read", o.ops)
+	}
+	if o.model != "object" && o.model != "lines" {
+		return usageErrorf("--model %q: use object or lines", o.model)
 	}
 	if o.output != "table" && o.output != "csv" && o.output != "json" {
 		return usageErrorf("--output %q: use table, csv or json", o.output)
@@ -136,8 +149,11 @@ func runSim(ctx context.Context, o simOpts) error {
 			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
 		}
 	}
-	res, err := sim.Run(ctx, w, jobs, sim.RunOptions{Warmup: o.warmup, Workers: o.workers, Progress: progress})
+	res, err := sim.Run(ctx, w, jobs, sim.RunOptions{Warmup: o.warmup, Workers: o.workers, Progress: progress, Blocks: o.model == "lines"})
 	if err != nil {
+		if o.model == "lines" {
+			return usageErrorf("--model lines: %v", err)
+		}
 		return err
 	}
 	switch o.output {

@@ -33,6 +33,9 @@ func simCmd(t *testing.T, o simOpts) (string, error) {
 	if o.output == "" {
 		o.output = "table"
 	}
+	if o.model == "" {
+		o.model = "object"
+	}
 	if o.workers == 0 {
 		o.workers = 2
 	}
@@ -50,7 +53,7 @@ func TestSimCSVMatchesLibCacheSim(t *testing.T) {
 	require.NoError(t, err)
 	rows, err := csv.NewReader(bytes.NewReader([]byte(out))).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps"}, rows[0])
+	require.Equal(t, []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps", "fetch_ratio"}, rows[0])
 	require.Len(t, rows, 5)
 	// libCacheSim's figures from ../shared/traces/README.md.
 	want := map[[2]string]float64{{"lru", "489"}: 0.8380, {"lru", "4897"}: 0.8049, {"fifo", "489"}: 0.8476, {"fifo", "4897"}: 0.8054}
@@ -84,6 +87,9 @@ func TestSimBadInput(t *testing.T) {
 		{"bad size", simOpts{tracePath: good, policies: "lru", sizes: "huge"}, "--size", true},
 		{"bad block size", simOpts{tracePath: good, policies: "lru", sizes: "10", blockSize: "big"}, "--block-size", true},
 		{"bad ops", simOpts{tracePath: good, policies: "lru", sizes: "10", ops: "writes"}, "--ops", true},
+		{"bad model", simOpts{tracePath: good, policies: "lru", sizes: "10", model: "bytes"}, "--model", true},
+		{"lines without a line size", simOpts{tracePath: good, policies: "lru", sizes: "10", model: "lines"}, "--model lines", true},
+		{"lines of 6KiB", simOpts{tracePath: good, policies: "lru", sizes: "10", model: "lines", blockSize: "6KiB"}, "multiple of 4KiB", true},
 		{"bad output", simOpts{tracePath: good, policies: "lru", sizes: "10", output: "xml"}, "--output", true},
 		{"bad plot", simOpts{tracePath: good, policies: "lru", sizes: "10", plot: "x.gif"}, "--plot", true},
 		{"bad admission", simOpts{tracePath: good, policies: "lru", sizes: "10", admission: "nhit:zero"}, "--admission", true},

@@ -10,7 +10,7 @@ import (
 )
 
 // CSVHeader is the exact header of --output csv; scripts depend on it.
-var CSVHeader = []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps"}
+var CSVHeader = []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps", "fetch_ratio"}
 
 // WriteCSV writes one row per result.
 func WriteCSV(w io.Writer, rs []Result) error {
@@ -20,7 +20,7 @@ func WriteCSV(w io.Writer, rs []Result) error {
 		cw.Write([]string{
 			policyLabel(r), strconv.Itoa(r.CacheSize), strconv.FormatInt(r.Requests, 10),
 			strconv.FormatFloat(r.MissRatio, 'f', 6, 64), strconv.FormatFloat(r.ByteMissRatio, 'f', 6, 64),
-			strconv.FormatFloat(r.ThroughputMQPS, 'f', 3, 64),
+			strconv.FormatFloat(r.ThroughputMQPS, 'f', 3, 64), strconv.FormatFloat(r.FetchRatio, 'f', 4, 64),
 		})
 	}
 	cw.Flush()
@@ -37,10 +37,10 @@ func WriteJSON(w io.Writer, rs []Result) error {
 // WriteTable writes a table for people.
 func WriteTable(w io.Writer, rs []Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tsize\tobjects\trequests\tmiss ratio\tbyte miss ratio\tMreq/s\t")
+	fmt.Fprintln(tw, "policy\tsize\tobjects\trequests\tmiss ratio\tbyte miss ratio\tfetched/read\tMreq/s\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.2f\t\n", policyLabel(r), r.SizeLabel, r.CacheSize, r.Requests,
-			r.MissRatio, r.ByteMissRatio, r.ThroughputMQPS)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.2f\t%.2f\t\n", policyLabel(r), r.SizeLabel, r.CacheSize, r.Requests,
+			r.MissRatio, r.ByteMissRatio, r.FetchRatio, r.ThroughputMQPS)
 	}
 	return tw.Flush()
 }

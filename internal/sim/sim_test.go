@@ -154,14 +154,14 @@ func TestSizes(t *testing.T) {
 
 func TestOutputs(t *testing.T) {
 	rs := []Result{
-		{Policy: "lru", CacheSize: 10, SizeLabel: "0.1", Requests: 100, Accesses: 100, MissRatio: 0.5, ByteMissRatio: 0.25, ThroughputMQPS: 12.5},
+		{Policy: "lru", CacheSize: 10, SizeLabel: "0.1", Requests: 100, Accesses: 100, MissRatio: 0.5, ByteMissRatio: 0.25, ThroughputMQPS: 12.5, FetchRatio: 1.25},
 		{Policy: "arc", Admission: "nhit:2", CacheSize: 20, SizeLabel: "0.2", Requests: 100, MissRatio: 0.4},
 	}
 	var b bytes.Buffer
 	require.NoError(t, WriteCSV(&b, rs))
-	require.Equal(t, "policy,cache_size,requests,miss_ratio,byte_miss_ratio,throughput_mqps\n"+
-		"lru,10,100,0.500000,0.250000,12.500\n"+
-		"arc+nhit:2,20,100,0.400000,0.000000,0.000\n", b.String())
+	require.Equal(t, "policy,cache_size,requests,miss_ratio,byte_miss_ratio,throughput_mqps,fetch_ratio\n"+
+		"lru,10,100,0.500000,0.250000,12.500,1.2500\n"+
+		"arc+nhit:2,20,100,0.400000,0.000000,0.000,0.0000\n", b.String())
 
 	b.Reset()
 	require.NoError(t, WriteJSON(&b, rs))
@@ -173,6 +173,7 @@ func TestOutputs(t *testing.T) {
 	require.NoError(t, WriteTable(&b, rs))
 	require.Contains(t, b.String(), "miss ratio")
 	require.Contains(t, b.String(), "0.5000")
+	require.Contains(t, b.String(), "fetched/read")
 
 	dir := t.TempDir()
 	for _, name := range []string{"mrc.png", "mrc.svg"} {
