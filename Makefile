@@ -62,6 +62,7 @@ bench: deps build
 	$(BIN) bench writeback --work $(CURDIR)/.cache/bench-writeback
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 	$(BIN) bench startup --work $(CURDIR)/.cache/bench-startup
+	$(BIN) bench cold --work $(CURDIR)/.cache/bench-cold
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi

@@ -1,8 +1,10 @@
 // Package bench holds the measurements behind `tierblk bench`: tierblk against a peer NBD server
-// with fio, in the same run, alternating between them, reported as medians and ratios; the
-// simulator's speed; and the restart time and memory of a large SSD tier. Figures from one noisy
-// shared machine mean little alone; the ratio against a peer measured seconds apart (for the SSD
-// tier, an empty tier of the same size) is what we report.
+// with fio, in the same run, alternating between them, reported as medians and ratios; tierblk
+// with its cache against tierblk without one where the cache starts cold, with fio and with real
+// block traces replayed through tierblk's NBD client; the simulator's speed; and the restart time
+// and memory of a large SSD tier. Figures from one noisy shared machine mean little alone; the
+// ratio against a peer measured seconds apart (for the SSD tier, an empty tier of the same size)
+// is what we report.
 //
 // It must never be used as a test: nothing here asserts a speed.
 package bench

@@ -271,38 +271,65 @@ func adminClient(sock string) *http.Client {
 
 // getDirty fetches /stats and returns its write-back figures.
 func getDirty(ctx context.Context, client *http.Client) (cache.DirtyStats, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tierblk-admin/stats", nil)
+	body, err := fetchStats(ctx, client)
 	if err != nil {
 		return cache.DirtyStats{}, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return cache.DirtyStats{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return cache.DirtyStats{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return cache.DirtyStats{}, fmt.Errorf("GET /stats: %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	return parseDirty(body)
 }
 
-// parseDirty picks the write-back figures out of a /stats answer for one export.
-func parseDirty(body []byte) (cache.DirtyStats, error) {
+// getStats fetches /stats and returns the figures of its one export.
+func getStats(ctx context.Context, client *http.Client) (cache.Stats, error) {
+	body, err := fetchStats(ctx, client)
+	if err != nil {
+		return cache.Stats{}, err
+	}
+	return parseStats(body)
+}
+
+// fetchStats returns the body of a GET /stats.
+func fetchStats(ctx context.Context, client *http.Client) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tierblk-admin/stats", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /stats: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	return body, nil
+}
+
+// parseStats picks the figures of the benchmark's one export out of a /stats answer.
+func parseStats(body []byte) (cache.Stats, error) {
 	var resp metrics.StatsResponse
 	if err := json.Unmarshal(body, &resp); err != nil {
-		return cache.DirtyStats{}, fmt.Errorf("GET /stats: the answer is not tierblk stats: %w", err)
+		return cache.Stats{}, fmt.Errorf("GET /stats: the answer is not tierblk stats: %w", err)
 	}
 	if len(resp.Exports) != 1 {
-		return cache.DirtyStats{}, fmt.Errorf("GET /stats: %d exports, want the benchmark's one", len(resp.Exports))
+		return cache.Stats{}, fmt.Errorf("GET /stats: %d exports, want the benchmark's one", len(resp.Exports))
 	}
-	if m := resp.Exports[0].Stats.Mode; m != cache.WriteBack.String() {
-		return cache.DirtyStats{}, fmt.Errorf("GET /stats: the export is in mode %q, want %q", m, cache.WriteBack.String())
+	return resp.Exports[0].Stats, nil
+}
+
+// parseDirty picks the write-back figures out of a /stats answer for one export in write-back.
+func parseDirty(body []byte) (cache.DirtyStats, error) {
+	st, err := parseStats(body)
+	if err != nil {
+		return cache.DirtyStats{}, err
 	}
-	return resp.Exports[0].Stats.Dirty, nil
+	if st.Mode != cache.WriteBack.String() {
+		return cache.DirtyStats{}, fmt.Errorf("GET /stats: the export is in mode %q, want %q", st.Mode, cache.WriteBack.String())
+	}
+	return st.Dirty, nil
 }
 
 // WriteBackTable renders RunWriteBack's report: the table with the ratios tierblk/nbdkit cache and

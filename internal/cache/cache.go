@@ -75,7 +75,7 @@ const (
 // TierConfig configures one tier.
 type TierConfig struct {
 	Size      int64  // bytes; 0: no such tier
-	Policy    string // eviction policy name (see package policy); default lru
+	Policy    string // eviction policy name (see package policy); default DefaultPolicy
 	Admission string // admission policy spec; default always
 }
 

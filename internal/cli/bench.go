@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -26,11 +28,11 @@ type benchOpts struct {
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmarks: 'bench nbd' (fio against nbdkit), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier)",
-		Args:  noSuchCommand("unknown benchmark %q; use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim' or 'tierblk bench startup'"),
+		Short: "Benchmarks: 'bench nbd' (fio against nbdkit), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier), 'bench cold' (the cache against no cache on cold workloads)",
+		Args:  noSuchCommand("unknown benchmark %q; use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup' or 'tierblk bench cold'"),
 		RunE:  showHelp,
 	}
-	cmd.AddCommand(newBenchNBDCmd(), newBenchCacheCmd(), newBenchWriteBackCmd(), newBenchSimCmd(), newBenchStartupCmd())
+	cmd.AddCommand(newBenchNBDCmd(), newBenchCacheCmd(), newBenchWriteBackCmd(), newBenchSimCmd(), newBenchStartupCmd(), newBenchColdCmd())
 	return cmd
 }
 
@@ -390,4 +392,94 @@ func parseLineCounts(s string) ([]int, error) {
 		return nil, usageErrorf("--lines is empty; give counts of lines, e.g. 1M,10M")
 	}
 	return out, nil
+}
+
+type benchColdOpts struct {
+	bench.ColdOptions
+	out io.Writer
+}
+
+// defaultColdTraces are the real traces the repository carries, relative to its root, where
+// `make bench` runs.
+var defaultColdTraces = []string{"testdata/traces/cloudPhysicsIO.vscsi.xz", "testdata/traces/oltp.arc.xz"}
+
+func newBenchColdCmd() *cobra.Command {
+	o := benchColdOpts{}
+	cmd := &cobra.Command{
+		Use:   "cold",
+		Short: "Measure tierblk with its cache against tierblk without one, on workloads where the cache starts cold (needs fio and nbdkit)",
+		Long: `Over two backends of 1 TiB (nbdkit's sparse memory plugin), started once:
+  NAS         --filter=rate rate=1G: an SSD NAS behind a 1 Gb/s link (32,768 4K transfers a second each way)
+  slow disk   --filter=noparallel --filter=delay, 5 ms a request: at most 200 IOPS
+measures, in the same run and alternating which goes first each round:
+  tierblk, cache      serve --backend (the backend) --ram ` + bench.ColdRAM + ` --ssd ROUND/ssd.img --ssd-size ` + bench.ColdSSD + ` (tierblk's defaults otherwise)
+  tierblk, no cache   serve --backend (the backend)
+Every measurement starts a fresh tierblk in a new directory, so the cache is empty at its start.
+The rows (--rows picks some by ID): nas-read, cold 4K random read at QD32 over --size of the NAS;
+nas-rw, cold 4K random 50/50 read/write, write-through (the default mode); slow-read, cold 4K
+random read over the slow disk; replay, each --trace replayed on the NAS in trace order with 32
+requests in flight through tierblk's NBD client, timed whole. The NAS alone is measured once per
+NAS row, in the first round, as the bound. nbdkit's rate filter lets an idle link burst for 2 s,
+so every measurement on the NAS starts after it was idle --settle. Prints each side's median, the
+median, lowest and highest of the per-round ratios cache/no cache (IOPS: above 1.0, the cache is
+faster; replay times: below 1.0, the cache is faster) and the command lines.
+
+--work must be on a file system with O_DIRECT (not tmpfs): the SSD tiers live there.`,
+		Example: `  tierblk bench cold --work .cache/bench-cold
+  tierblk bench cold --rows nas-read,replay --rounds 5`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			return runBenchCold(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.Rounds, "rounds", 3, "measurements per row and server (the median is reported)")
+	f.DurationVar(&o.Runtime, "runtime", 15*time.Second, "fio run time per measurement on the NAS")
+	f.DurationVar(&o.SlowRuntime, "slow-runtime", 5*time.Second, "fio run time per measurement on the slow disk (whose 5 ms per request hardly vary)")
+	f.StringVar(&o.Size, "size", "512g", "the region the fio rows work on, far larger than the cache (fio size syntax)")
+	f.DurationVar(&o.Settle, "settle", bench.ColdBurst, "how long the NAS idles before each measurement, so that each starts with the rate filter's full 2 s burst")
+	f.StringSliceVar(&o.Traces, "trace", defaultColdTraces, "traces to replay on the NAS, one row each (any format 'tierblk sim' reads)")
+	f.StringSliceVar(&o.Rows, "rows", nil, "rows to run, by ID: "+strings.Join(bench.ColdRowIDs(), ", ")+" (default: all)")
+	f.StringArrayVar(&o.CacheFlags, "cache-flag", nil, "a 'tierblk serve' flag for the cached tierblk, e.g. --cache-flag=--admission=nhit:2 (repeatable)")
+	f.StringVar(&o.Tierblk, "tierblk", "", "the tierblk binary to measure (default: this one), e.g. an older build to compare with")
+	f.StringVar(&o.WorkDir, "work", "", "directory for the SSD tiers and the sockets, on a file system with O_DIRECT (default: a temporary directory)")
+	return cmd
+}
+
+func runBenchCold(ctx context.Context, o benchColdOpts) error {
+	if o.Rounds < 1 || o.Runtime < time.Second || o.SlowRuntime < time.Second || o.Settle < 0 {
+		return usageErrorf("--rounds must be at least 1, --runtime and --slow-runtime at least 1s, --settle not negative")
+	}
+	if o.Size == "" {
+		return usageErrorf("--size is empty; give a region far larger than the cache, e.g. 512g")
+	}
+	for _, id := range o.Rows {
+		if !slices.Contains(bench.ColdRowIDs(), id) {
+			return usageErrorf("--rows: unknown row %q; rows: %s", id, strings.Join(bench.ColdRowIDs(), ", "))
+		}
+	}
+	var err error
+	if o.Tierblk == "" {
+		if o.Tierblk, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	var done func()
+	if o.WorkDir, done, err = workDir(o.WorkDir, "tierblk-bench-cold"); err != nil {
+		return err
+	}
+	defer done()
+	rep, err := bench.RunCold(ctx, o.ColdOptions)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.out, "\nfio (nbd engine, one job, unix socket) and trace replays against tierblk with and without a cache, "+
+		"a fresh server in a new directory for every measurement, %d rounds (%s a fio run on the NAS, %s on the slow disk):\n\n%s"+
+		"\ncommand lines (WORK is the run's directory, ROUND a measurement's own, removed after it):\n",
+		o.Rounds, o.Runtime, o.SlowRuntime, bench.ColdTable(rep.Results))
+	for _, c := range rep.Commands {
+		fmt.Fprintf(o.out, "  %s\n", c)
+	}
+	return nil
 }

@@ -23,6 +23,12 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "startup", "--lines", ""},
 		{"bench", "startup", "--lines", "1M,ten"},
 		{"bench", "startup", "--lines", "0"},
+		{"bench", "cold", "--rounds", "0"},
+		{"bench", "cold", "--runtime", "500ms"},
+		{"bench", "cold", "--slow-runtime", "0s"},
+		{"bench", "cold", "--settle", "-1s"},
+		{"bench", "cold", "--size", ""},
+		{"bench", "cold", "--rows", "nas-read,warm"},
 	} {
 		root := NewRoot("test")
 		var out bytes.Buffer
