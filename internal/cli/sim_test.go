@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/ulikunitz/xz"
 )
 
-const traces = "../../../shared/traces"
+// traces is the repository's directory of real traces (see its README).
+const traces = "../../testdata/traces"
 
 func simCmd(t *testing.T, o simOpts) (string, error) {
 	t.Helper()
@@ -44,9 +47,9 @@ func simCmd(t *testing.T, o simOpts) (string, error) {
 }
 
 func TestSimCSVMatchesLibCacheSim(t *testing.T) {
-	path := filepath.Join(traces, "cloudPhysicsIO.vscsi")
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
 	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("the shared traces are missing (%v): tests read them from ../shared/traces", err)
+		t.Fatalf("the trace is missing (%v): tests read it from testdata/traces", err)
 	}
 	plot := filepath.Join(t.TempDir(), "mrc.svg")
 	out, err := simCmd(t, simOpts{tracePath: path, policies: "lru,fifo", sizes: "489,0.1", output: "csv", plot: plot})
@@ -55,7 +58,7 @@ func TestSimCSVMatchesLibCacheSim(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps", "fetch_ratio"}, rows[0])
 	require.Len(t, rows, 5)
-	// libCacheSim's figures from ../shared/traces/README.md.
+	// libCacheSim's figures from testdata/traces/README.md.
 	want := map[[2]string]float64{{"lru", "489"}: 0.8380, {"lru", "4897"}: 0.8049, {"fifo", "489"}: 0.8476, {"fifo", "4897"}: 0.8054}
 	for _, r := range rows[1:] {
 		mr, err := strconv.ParseFloat(r[3], 64)
@@ -71,10 +74,16 @@ func TestSimCSVMatchesLibCacheSim(t *testing.T) {
 func TestSimBadInput(t *testing.T) {
 	dir := t.TempDir()
 	trunc := filepath.Join(dir, "cut.vscsi")
-	full, err := os.ReadFile(filepath.Join(traces, "cloudPhysicsIO.vscsi"))
+	f, err := os.Open(filepath.Join(traces, "cloudPhysicsIO.vscsi.xz"))
 	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(trunc, full[:32*10+17], 0o644))
-	good := filepath.Join(traces, "cloudPhysicsIO.vscsi")
+	defer f.Close()
+	xr, err := xz.NewReader(f)
+	require.NoError(t, err)
+	head := make([]byte, 32*10+17) // ten records and part of the eleventh
+	_, err = io.ReadFull(xr, head)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(trunc, head, 0o644))
+	good := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
 
 	for _, tc := range []struct {
 		name  string

@@ -11,16 +11,16 @@ import (
 	"github.com/tierblk/tierblk/internal/trace"
 )
 
-// The parity table: libCacheSim's miss ratios on the shared traces (../shared/traces/README.md, from
+// The parity table: libCacheSim's miss ratios on the real traces (testdata/traces/README.md, from
 // cachesim at git aa0fc40 with every object of size 1), which every policy of that README must
 // reproduce with always-admit (a miss inserts). These figures are the contract of the policies.
 
-// tracesDir is ../shared/traces seen from the project's root; TIERBLK_TRACES overrides it.
+// tracesDir is the repository's testdata/traces; TIERBLK_TRACES overrides it.
 func tracesDir() string {
 	if d := os.Getenv("TIERBLK_TRACES"); d != "" {
 		return d
 	}
-	return filepath.Join("..", "..", "..", "shared", "traces")
+	return filepath.Join("..", "..", "testdata", "traces")
 }
 
 type parityTrace struct {
@@ -37,7 +37,7 @@ type parityTrace struct {
 
 var parityTraces = []parityTrace{
 	{
-		file:   "cloudPhysicsIO.vscsi",
+		file:   "cloudPhysicsIO.vscsi.xz",
 		format: "vscsi",
 		sizes:  []int{48, 489, 2448, 4897, 9794},
 		want: map[string][]float64{
@@ -52,7 +52,7 @@ var parityTraces = []parityTrace{
 		},
 	},
 	{
-		file:     "oltp.arc.gz",
+		file:     "oltp.arc.xz",
 		format:   "arc",
 		pageSize: 512,
 		sizes:    []int{1868, 18688},
@@ -119,11 +119,11 @@ func missRatio(t testing.TB, name string, size int, keys []Key) float64 {
 	return float64(misses) / float64(len(keys))
 }
 
-// loadTrace reads a parity trace, or skips when the shared traces are absent.
+// loadTrace reads a parity trace, failing when it is absent: the repository carries them.
 func loadTrace(t testing.TB, tr parityTrace) []Key {
 	path := filepath.Join(tracesDir(), tr.file)
 	if _, err := os.Stat(path); err != nil {
-		t.Skipf("shared trace absent (%v); set TIERBLK_TRACES to the traces directory", err)
+		t.Fatalf("trace absent (%v): the repository carries it in testdata/traces", err)
 	}
 	keys, err := loadKeys(path, tr.format, tr.pageSize)
 	require.NoError(t, err)

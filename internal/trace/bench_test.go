@@ -2,7 +2,6 @@ package trace
 
 import (
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ulikunitz/xz"
 )
 
 // cpuTime is the process's user and system time: on a shared machine, requests per CPU second
@@ -56,8 +57,9 @@ func benchFormat(b *testing.B, data []byte, format string) {
 	reportRate(b, cpu0)
 }
 
-func readShared(b *testing.B, name string) []byte {
-	data, err := os.ReadFile(sharedTrace(b, name))
+// readTrace returns a real trace of testdata/traces as stored there (xz-compressed).
+func readTrace(b *testing.B, name string) []byte {
+	data, err := os.ReadFile(realTrace(b, name))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func readShared(b *testing.B, name string) []byte {
 
 // cloudRequests is the CloudPhysics trace, the source of the synthetic text traces.
 func cloudRequests(b *testing.B) []Request {
-	r, err := Open(sharedTrace(b, "cloudPhysicsIO.vscsi"), "vscsi")
+	r, err := Open(realTrace(b, "cloudPhysicsIO.vscsi"), "vscsi")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -85,7 +87,9 @@ func synth(b *testing.B, header string, line func(w io.Writer, q Request)) []byt
 
 func opWord(op Op) string { return [...]string{"Read", "Write", "Read"}[op] }
 
-func BenchmarkVscsi(b *testing.B) { benchFormat(b, readShared(b, "cloudPhysicsIO.vscsi"), "vscsi") }
+func BenchmarkVscsi(b *testing.B) {
+	benchFormat(b, unxz(b, readTrace(b, "cloudPhysicsIO.vscsi")), "vscsi")
+}
 
 func BenchmarkOracleGeneral(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -101,8 +105,8 @@ func BenchmarkOracleGeneral(b *testing.B) {
 	benchFormat(b, buf.Bytes(), "oraclegeneral")
 }
 
-func gunzip(b *testing.B, data []byte) []byte {
-	z, err := gzip.NewReader(bytes.NewReader(data))
+func unxz(b *testing.B, data []byte) []byte {
+	z, err := xz.NewReader(bytes.NewReader(data))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -113,13 +117,13 @@ func gunzip(b *testing.B, data []byte) []byte {
 	return out
 }
 
-func BenchmarkArc(b *testing.B) { benchFormat(b, gunzip(b, readShared(b, "oltp.arc.gz")), "arc") }
+func BenchmarkArc(b *testing.B) { benchFormat(b, unxz(b, readTrace(b, "oltp.arc")), "arc") }
 
-// BenchmarkArcGzip includes decompression, as a simulation of oltp.arc.gz pays it.
-func BenchmarkArcGzip(b *testing.B) { benchFormat(b, readShared(b, "oltp.arc.gz"), "arc") }
+// BenchmarkArcXz includes decompression, as a simulation of oltp.arc.xz pays it.
+func BenchmarkArcXz(b *testing.B) { benchFormat(b, readTrace(b, "oltp.arc"), "arc") }
 
 func BenchmarkCSV(b *testing.B) {
-	benchFormat(b, readShared(b, "cloudPhysicsIO.csv"), "csv:time=2,op=3,size=4,lbn=5,header=true")
+	benchFormat(b, unxz(b, readTrace(b, "cloudPhysicsIO.csv")), "csv:time=2,op=3,size=4,lbn=5,header=true")
 }
 
 func BenchmarkMSR(b *testing.B) {

@@ -14,13 +14,13 @@ import (
 	"github.com/ulikunitz/xz"
 )
 
-// sharedTrace returns the path of a real trace from the project's shared traces directory
-// (/work/shared/traces beside the repository), failing clearly when it is missing.
-func sharedTrace(t testing.TB, name string) string {
+// realTrace returns the path of a real trace in the repository's testdata/traces (xz-compressed;
+// see its README), failing clearly when it is missing.
+func realTrace(t testing.TB, name string) string {
 	t.Helper()
-	path := filepath.Join("..", "..", "..", "shared", "traces", name)
+	path := filepath.Join("..", "..", "testdata", "traces", name+".xz")
 	if _, err := os.Stat(path); err != nil {
-		t.Fatalf("shared trace %s is missing (%v): the tests read real traces from ../shared/traces beside the repository", name, err)
+		t.Fatalf("trace %s is missing (%v): the tests read real traces from testdata/traces", name, err)
 	}
 	return path
 }
@@ -49,7 +49,7 @@ func openAll(t testing.TB, path, format string) []Request {
 }
 
 func TestCloudPhysicsVscsi(t *testing.T) {
-	reqs := openAll(t, sharedTrace(t, "cloudPhysicsIO.vscsi"), "auto")
+	reqs := openAll(t, realTrace(t, "cloudPhysicsIO.vscsi"), "auto")
 	require.Len(t, reqs, 113872)
 	distinct := map[uint64]bool{}
 	ops := map[Op]int{}
@@ -64,8 +64,8 @@ func TestCloudPhysicsVscsi(t *testing.T) {
 
 // The CSV copy of the trace holds the same requests, with the time in seconds.
 func TestCloudPhysicsCSVMatchesVscsi(t *testing.T) {
-	bin := openAll(t, sharedTrace(t, "cloudPhysicsIO.vscsi"), "vscsi")
-	txt := openAll(t, sharedTrace(t, "cloudPhysicsIO.csv"), "csv:time=2,op=3,size=4,lbn=5,header=true,sep=,")
+	bin := openAll(t, realTrace(t, "cloudPhysicsIO.vscsi"), "vscsi")
+	txt := openAll(t, realTrace(t, "cloudPhysicsIO.csv"), "csv:time=2,op=3,size=4,lbn=5,header=true,sep=,")
 	require.Equal(t, len(bin), len(txt))
 	for i := range bin {
 		b, c := bin[i], txt[i]
@@ -76,7 +76,7 @@ func TestCloudPhysicsCSVMatchesVscsi(t *testing.T) {
 }
 
 func TestOLTPArc(t *testing.T) {
-	reqs := openAll(t, sharedTrace(t, "oltp.arc.gz"), "auto")
+	reqs := openAll(t, realTrace(t, "oltp.arc"), "auto")
 	require.Len(t, reqs, 914145)
 	for _, q := range reqs[:100] {
 		require.Equal(t, int64(q.ID)*512, q.Offset)
@@ -87,10 +87,15 @@ func TestOLTPArc(t *testing.T) {
 // Compressed files are recognized by their magic bytes, whatever their names.
 func TestDecompression(t *testing.T) {
 	const n = 20000 // requests: enough for many compressed blocks, quick to compress
-	raw, err := os.ReadFile(sharedTrace(t, "cloudPhysicsIO.vscsi"))
+	f, err := os.Open(realTrace(t, "cloudPhysicsIO.vscsi"))
 	require.NoError(t, err)
-	raw = raw[:n*vscsiV1Size]
-	want := openAll(t, sharedTrace(t, "cloudPhysicsIO.vscsi"), "vscsi")[:n]
+	defer f.Close()
+	xr, err := xz.NewReader(f)
+	require.NoError(t, err)
+	raw := make([]byte, n*vscsiV1Size)
+	_, err = io.ReadFull(xr, raw)
+	require.NoError(t, err)
+	want := openAll(t, realTrace(t, "cloudPhysicsIO.vscsi"), "vscsi")[:n]
 
 	compressors := map[string]func(io.Writer) (io.WriteCloser, error){
 		"gzip": func(w io.Writer) (io.WriteCloser, error) { return gzip.NewWriter(w), nil },
