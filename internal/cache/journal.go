@@ -312,8 +312,8 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	covers := j.asked.Load()
 	t.mu.Lock()
 	snap, pend := j.queue, j.pending
-	// committing starts as a copy: its lines leave it as their parts commit, snap stays whole.
-	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, maps.Clone(snap), nil
+	records := len(snap) // committing is snap, and its lines leave it as their parts commit
+	j.queue, j.committing, j.pending = map[uint64]meta.Op{}, snap, nil
 	clear(j.influx)
 	t.mu.Unlock()
 
@@ -326,7 +326,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	if tierErr == nil && backendErr == nil {
 		j.commitMu.Lock()
 		t.mu.Lock()
-		ops := make([]meta.Op, 0, len(snap))
+		ops := make([]meta.Op, 0, records)
 		for line, op := range snap {
 			if bits, ok := j.influx[line]; ok {
 				// Blocks invalidated since the snapshot were committed so already: the snapshot
@@ -376,7 +376,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t.free = append(t.free, pend...)
 	j.covered = covers
 	j.checkpoints.Add(1)
-	if n := uint64(len(snap)); n > j.largest.Load() {
+	if n := uint64(records); n > j.largest.Load() {
 		j.largest.Store(n) // only checkpoints (under ckMu) store it
 	}
 	return nil, nil
