@@ -137,18 +137,29 @@ func TestWriteBackKill9(t *testing.T) {
 		workers = 4
 	)
 	for _, tc := range []struct {
-		name, line, ssdSize, backend string
-		fill                         int64 // bytes after region that a reader keeps reading
-		durableOneIn                 int
-		run                          time.Duration // the least a cycle runs before its kill
-		minCheckpoint                uint64
+		name, line, ssdSize string
+		// backend is the size of an nbdkit memory disk, or empty for a sparse file of region+fill
+		// bytes: nbdkit 1.32 aborts (an assertion in raw_send_socket) when a client dies while it
+		// sends a large reply, which the kills in the middle of the reader's 1 MiB reads cause.
+		backend       string
+		fill          int64 // bytes after region that a reader keeps reading
+		durableOneIn  int
+		run           time.Duration // the least a cycle runs before its kill
+		minCheckpoint uint64
 	}{
 		{"64KiB-lines", "64KiB", "4MiB", "16M", 0, 1, 100 * time.Millisecond, 0}, // the region is twice the SSD tier
-		{"4KiB-lines-131k", "4KiB", "512MiB", "1032M", 1 << 30, 100, 1500 * time.Millisecond, 8192},
+		{"4KiB-lines-131k", "4KiB", "512MiB", "", 1 << 30, 100, 1500 * time.Millisecond, 8192},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			sock := startNbdkit(t, "memory", tc.backend)
-			o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: tc.ssdSize, line: tc.line, mode: "writeback"}
+			var sock, image, backend string
+			if tc.backend == "" {
+				image = filepath.Join(shortTempDir(t), "disk.img")
+				backend = fmt.Sprintf("file://%s?size=%d", image, region+tc.fill)
+			} else {
+				sock = startNbdkit(t, "memory", tc.backend)
+				backend = unixURI(sock, "")
+			}
+			o := cacheOpts{backend: backend, dir: shortTempDir(t), ram: "512KiB", ssdSize: tc.ssdSize, line: tc.line, mode: "writeback"}
 			m := newDurableModel(region / blockBytes)
 			m.durableOneIn = tc.durableOneIn
 			rng := rand.New(rand.NewPCG(seed, 0))
@@ -218,10 +229,16 @@ func TestWriteBackKill9(t *testing.T) {
 			m.verify(t, c, "after the last restart")
 			require.NoError(t, c.Close())
 			flushAdmin(t, o.admin())
+			if image != "" {
+				d.requireStop(syscall.SIGTERM)
+				sock = startNbdkit(t, "file", image)
+			}
 			direct := dialNBD(t, sock)
 			m.verifyExact(t, direct, "on the backend after tierblk flush")
 			require.NoError(t, direct.Close())
-			d.requireStop(syscall.SIGTERM)
+			if image == "" {
+				d.requireStop(syscall.SIGTERM)
+			}
 		})
 	}
 }
