@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -651,8 +650,9 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 	return c.writeThrough(segs, p, off, fua)
 }
 
-// writeThrough writes to the SSD in the background, RAM and the backend here; the cached blocks
-// become valid only once the backend has the data. The caller holds the line locks.
+// writeThrough writes RAM, the SSD and then the backend; the cached blocks become valid only once
+// the backend has the data. The SSD's writes go to the page cache (see daemon.openSSD), a memory
+// copy, cheaper than handing them to another goroutine. The caller holds the line locks.
 func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	type filled struct {
 		t    *tier
@@ -660,30 +660,20 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 		slot uint32
 		bits lineBits
 	}
-	var ssdFilled []filled
-	var wg sync.WaitGroup
-	if c.ssd.usable() {
-		// A copy for the goroutine: segs itself stays on the caller's stack.
-		ssdSegs := append([]seg(nil), segs...)
-		wg.Go(func() {
-			for _, s := range ssdSegs {
-				if slot, bits, ok := c.writeTier(c.ssd, s, p); ok {
-					ssdFilled = append(ssdFilled, filled{c.ssd, s.line, slot, bits})
-				}
-			}
-		})
-	}
-	var ramFilled []filled
-	if c.ram.usable() {
+	var buf [4]filled
+	done := buf[:0]
+	for _, t := range []*tier{c.ram, c.ssd} {
+		if !t.usable() {
+			continue
+		}
 		for _, s := range segs {
-			if slot, bits, ok := c.writeTier(c.ram, s, p); ok {
-				ramFilled = append(ramFilled, filled{c.ram, s.line, slot, bits})
+			if slot, bits, ok := c.writeTier(t, s, p); ok {
+				done = append(done, filled{t, s.line, slot, bits})
 			}
 		}
 	}
 	err := c.backendWrite(p, off, fua)
-	wg.Wait()
-	for _, f := range append(ramFilled, ssdFilled...) {
+	for _, f := range done {
 		if err != nil {
 			f.t.unpin(f.slot)
 			continue
