@@ -17,7 +17,7 @@ DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busy
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build run test unit integration bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build run test unit integration standalone bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
@@ -40,7 +40,7 @@ run: build
 	  --ram $(RAM) --ssd $(DATA)/ssd.img --ssd-size $(SSD_SIZE) --admin unix:$(DATA)/admin.sock
 
 # -count=1: the integration tests build the binary themselves, which go test's cache cannot see.
-test: deps fmt-check
+test: deps fmt-check standalone
 	$(GO) vet ./...
 	@mkdir -p $(dir $(TESTLOG))
 	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
@@ -48,6 +48,16 @@ test: deps fmt-check
 	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(TESTLOG) | head -n 300; fi; \
 	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
 	  exit $$status
+
+# The packages whose tests read testdata/ (traces, corpora), run in a copy of the working tree
+# (what git would commit: tracked and unignored files) under a fresh temporary directory, so that a
+# test reaching outside the repository (../shared, say) fails here as it would in a user's clone.
+STANDALONE_PKGS := ./internal/cli ./internal/policy ./internal/trace ./internal/sim
+standalone: deps-go
+	@dir=$$(mktemp -d /tmp/tierblk-standalone.XXXXXX) && trap 'rm -rf "$$dir"' EXIT && \
+	  git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - --ignore-failed-read 2>/dev/null | tar -xf - -C "$$dir" && \
+	  echo "standalone: testing a copy of the tree in $$dir" && \
+	  cd "$$dir" && $(GO) test -count=1 $(STANDALONE_PKGS)
 
 unit: deps-go
 	$(GO) test -race $$($(GO) list ./... | grep -v /integration)
