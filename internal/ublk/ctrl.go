@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/uring"
 )
 
 const controlPath = "/dev/ublk-control"
@@ -16,7 +18,7 @@ const controlPath = "/dev/ublk-control"
 type control struct {
 	mu   sync.Mutex
 	fd   int
-	ring *ring
+	ring *uring.Ring
 	// buf holds a command's payload. The kernel runs control commands from an io_uring worker
 	// thread while the caller waits, so the payload lives outside the Go heap.
 	buf []byte
@@ -28,7 +30,7 @@ func openControl() (*control, error) {
 		return nil, fmt.Errorf("open %s (is the ublk_drv module loaded?): %w", controlPath, err)
 	}
 	c := &control{fd: fd}
-	if c.ring, err = newRing(4, setupSQE128); err != nil {
+	if c.ring, err = uring.New(4, uring.SetupSQE128); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -62,11 +64,11 @@ func (c *control) do(op, id uint32, data uint64, payload []byte) error {
 	if len(payload) > len(c.buf) {
 		return fmt.Errorf("ublk %s: payload of %d bytes", cmdNames[op], len(payload))
 	}
-	s, cmd, err := c.ring.get()
+	s, cmd, err := c.ring.Get()
 	if err != nil {
 		return err
 	}
-	s.Opcode = opURingCmd
+	s.Opcode = uring.OpURingCmd
 	s.FD = int32(c.fd)
 	s.Off = uint64(op)
 	hdr := (*ctrlCmd)(unsafe.Pointer(&cmd[0]))
@@ -76,11 +78,11 @@ func (c *control) do(op, id uint32, data uint64, payload []byte) error {
 		hdr.Addr = uint64(uintptr(unsafe.Pointer(&c.buf[0])))
 		hdr.Len = uint16(len(payload))
 	}
-	if err := c.ring.submit(1); err != nil {
+	if err := c.ring.Submit(1); err != nil {
 		return fmt.Errorf("ublk %s: %w", cmdNames[op], err)
 	}
 	var res int32
-	c.ring.reap(func(e cqe) { res = e.Res })
+	c.ring.Reap(func(e uring.CQE) { res = e.Res })
 	copy(payload, c.buf)
 	if res < 0 {
 		return fmt.Errorf("ublk %s of device %d: %w", cmdNames[op], int32(id), unix.Errno(-res))

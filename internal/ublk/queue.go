@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
@@ -105,8 +106,8 @@ func (q *queue) run(ready chan<- error) {
 }
 
 // fetchAll sets up the ring and submits FETCH_REQ for every tag, which makes the queue ready.
-func (q *queue) fetchAll() (*ring, error) {
-	r, err := newRing(uint32(q.depth+1), 0)
+func (q *queue) fetchAll() (*uring.Ring, error) {
+	r, err := uring.New(uint32(q.depth+1), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +120,7 @@ func (q *queue) fetchAll() (*ring, error) {
 		err = q.armPoll(r)
 	}
 	if err == nil {
-		err = r.submit(0)
+		err = r.Submit(0)
 	}
 	if err != nil {
 		r.Close()
@@ -128,12 +129,12 @@ func (q *queue) fetchAll() (*ring, error) {
 	return r, nil
 }
 
-func (q *queue) prepIO(r *ring, op uint32, c completion) error {
-	s, cmd, err := r.get()
+func (q *queue) prepIO(r *uring.Ring, op uint32, c completion) error {
+	s, cmd, err := r.Get()
 	if err != nil {
 		return err
 	}
-	s.Opcode = opURingCmd
+	s.Opcode = uring.OpURingCmd
 	s.FD = int32(q.charFD)
 	s.Off = uint64(op)
 	s.UserData = uint64(c.tag)
@@ -144,26 +145,26 @@ func (q *queue) prepIO(r *ring, op uint32, c completion) error {
 }
 
 // armPoll asks the ring for one completion when the eventfd becomes readable.
-func (q *queue) armPoll(r *ring) error {
-	s, _, err := r.get()
+func (q *queue) armPoll(r *uring.Ring) error {
+	s, _, err := r.Get()
 	if err != nil {
 		return err
 	}
-	s.Opcode = opPollAdd
+	s.Opcode = uring.OpPollAdd
 	s.FD = int32(q.efd)
 	s.OpFlags = unix.POLLIN
 	s.UserData = pollTag
 	return nil
 }
 
-func (q *queue) serve(r *ring) error {
+func (q *queue) serve(r *uring.Ring) error {
 	live := q.depth // tags not aborted: with the kernel, or with a worker
 	for live > 0 {
-		if err := r.submit(1); err != nil {
+		if err := r.Submit(1); err != nil {
 			return err
 		}
 		woken := false
-		r.reap(func(e cqe) {
+		r.Reap(func(e uring.CQE) {
 			switch {
 			case e.UserData == pollTag:
 				woken = true

@@ -1,4 +1,9 @@
-package ublk
+// Package uring is tierblk's one io_uring (include/uapi/linux/io_uring.h), over the raw
+// io_uring_setup and io_uring_enter system calls: the ring itself, which ublk drives with URING_CMD
+// and POLL_ADD, and File, which reads and writes a file through a ring from many goroutines at
+// once. It must never be used where the kernel refuses io_uring without a fallback: callers keep
+// a path of plain system calls.
+package uring
 
 import (
 	"errors"
@@ -9,17 +14,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A minimal io_uring (include/uapi/linux/io_uring.h): just what ublk needs, URING_CMD, POLL_ADD
-// and NOP, over the raw io_uring_setup and io_uring_enter system calls. A ring is not safe for
-// concurrent use: one goroutine prepares, submits and reaps.
-
 // io_uring opcodes, setup flags and mmap offsets.
 const (
-	opNop      = 0
-	opPollAdd  = 6
-	opURingCmd = 46
+	OpNop      = 0
+	OpPollAdd  = 6
+	OpRead     = 22
+	OpWrite    = 23
+	OpURingCmd = 46
 
-	setupSQE128 = 1 << 10
+	SetupSQE128 = 1 << 10
 
 	featSingleMmap = 1 << 0
 	enterGetEvents = 1 << 0
@@ -29,8 +32,8 @@ const (
 	offSQEs   = 0x10000000
 )
 
-// uringParams is struct io_uring_params.
-type uringParams struct {
+// Params is struct io_uring_params.
+type Params struct {
 	SQEntries    uint32
 	CQEntries    uint32
 	Flags        uint32
@@ -39,25 +42,25 @@ type uringParams struct {
 	Features     uint32
 	WQFd         uint32
 	Resv         [3]uint32
-	SQOff        sqRingOffsets
-	CQOff        cqRingOffsets
+	SQOff        SQRingOffsets
+	CQOff        CQRingOffsets
 }
 
-// sqRingOffsets is struct io_sqring_offsets.
-type sqRingOffsets struct {
+// SQRingOffsets is struct io_sqring_offsets.
+type SQRingOffsets struct {
 	Head, Tail, RingMask, RingEntries, Flags, Dropped, Array, Resv1 uint32
 	UserAddr                                                        uint64
 }
 
-// cqRingOffsets is struct io_cqring_offsets.
-type cqRingOffsets struct {
+// CQRingOffsets is struct io_cqring_offsets.
+type CQRingOffsets struct {
 	Head, Tail, RingMask, RingEntries, Overflow, CQEs, Flags, Resv1 uint32
 	UserAddr                                                        uint64
 }
 
-// sqe is the first 64 bytes of struct io_uring_sqe; the command area of URING_CMD starts at
+// SQE is the first 64 bytes of struct io_uring_sqe; the command area of URING_CMD starts at
 // Addr3 (offset 48) and runs to the end of the entry (16 bytes, or 80 with IORING_SETUP_SQE128).
-type sqe struct {
+type SQE struct {
 	Opcode      uint8
 	Flags       uint8
 	IOPrio      uint16
@@ -74,16 +77,20 @@ type sqe struct {
 	Pad2        uint64
 }
 
-const sqeCmdOffset = 48
+// SQECmdOffset is where the command area of a URING_CMD entry starts.
+const SQECmdOffset = 48
 
-// cqe is struct io_uring_cqe (without IORING_SETUP_CQE32).
-type cqe struct {
+// CQE is struct io_uring_cqe (without IORING_SETUP_CQE32).
+type CQE struct {
 	UserData uint64
 	Res      int32
 	Flags    uint32
 }
 
-type ring struct {
+// Ring is an io_uring's submission and completion queues, mapped. It is not safe for concurrent
+// use: one goroutine prepares, submits and reaps, except that one goroutine may submit while
+// another only waits (WaitCQ) and reaps, the two sides the kernel keeps apart (File does so).
+type Ring struct {
 	fd      int
 	sqeSize int
 	mems    [][]byte // every mapping, for Close
@@ -97,20 +104,20 @@ type ring struct {
 
 	cqHead, cqTail *uint32
 	cqMask         uint32
-	cqes           []cqe
+	cqes           []CQE
 }
 
-// newRing sets up an io_uring with at least entries submission entries; flags are
-// IORING_SETUP_* (setupSQE128 for ublk's control commands).
-func newRing(entries uint32, flags uint32) (*ring, error) {
-	var p uringParams
+// New sets up an io_uring with at least entries submission entries; flags are
+// IORING_SETUP_* (SetupSQE128 for ublk's control commands).
+func New(entries uint32, flags uint32) (*Ring, error) {
+	var p Params
 	p.Flags = flags
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
 	if errno != 0 {
 		return nil, fmt.Errorf("io_uring_setup: %w", errno)
 	}
-	r := &ring{fd: int(fd), sqeSize: 64}
-	if flags&setupSQE128 != 0 {
+	r := &Ring{fd: int(fd), sqeSize: 64}
+	if flags&SetupSQE128 != 0 {
 		r.sqeSize = 128
 	}
 	if err := r.mapRings(&p); err != nil {
@@ -120,7 +127,7 @@ func newRing(entries uint32, flags uint32) (*ring, error) {
 	return r, nil
 }
 
-func (r *ring) mmap(off int64, size int) ([]byte, error) {
+func (r *Ring) mmap(off int64, size int) ([]byte, error) {
 	b, err := unix.Mmap(r.fd, off, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fmt.Errorf("mmap io_uring at %#x: %w", off, err)
@@ -129,9 +136,9 @@ func (r *ring) mmap(off int64, size int) ([]byte, error) {
 	return b, nil
 }
 
-func (r *ring) mapRings(p *uringParams) error {
+func (r *Ring) mapRings(p *Params) error {
 	sqSize := int(p.SQOff.Array + p.SQEntries*4)
-	cqSize := int(p.CQOff.CQEs + p.CQEntries*uint32(unsafe.Sizeof(cqe{})))
+	cqSize := int(p.CQOff.CQEs + p.CQEntries*uint32(unsafe.Sizeof(CQE{})))
 	if p.Features&featSingleMmap != 0 {
 		sqSize = max(sqSize, cqSize)
 	}
@@ -157,34 +164,34 @@ func (r *ring) mapRings(p *uringParams) error {
 	r.cqHead = (*uint32)(unsafe.Pointer(&cq[p.CQOff.Head]))
 	r.cqTail = (*uint32)(unsafe.Pointer(&cq[p.CQOff.Tail]))
 	r.cqMask = *(*uint32)(unsafe.Pointer(&cq[p.CQOff.RingMask]))
-	r.cqes = unsafe.Slice((*cqe)(unsafe.Pointer(&cq[p.CQOff.CQEs])), p.CQEntries)
+	r.cqes = unsafe.Slice((*CQE)(unsafe.Pointer(&cq[p.CQOff.CQEs])), p.CQEntries)
 	return nil
 }
 
-// errRingFull: every submission entry is taken by SQEs not yet submitted.
-var errRingFull = errors.New("io_uring submission queue full")
+// ErrRingFull: every submission entry is taken by SQEs not yet submitted.
+var ErrRingFull = errors.New("io_uring submission queue full")
 
-// get returns a zeroed SQE and its command area; the kernel sees it at the next submit.
-func (r *ring) get() (*sqe, []byte, error) {
+// Get returns a zeroed SQE and its command area; the kernel sees it at the next submit.
+func (r *Ring) Get() (*SQE, []byte, error) {
 	if r.tail-atomic.LoadUint32(r.sqHead) >= r.sqEntries {
-		return nil, nil, errRingFull
+		return nil, nil, ErrRingFull
 	}
 	idx := r.tail & r.sqMask
 	b := r.sqes[int(idx)*r.sqeSize : int(idx+1)*r.sqeSize]
 	clear(b)
 	r.sqArray[idx] = idx
 	r.tail++
-	return (*sqe)(unsafe.Pointer(&b[0])), b[sqeCmdOffset:], nil
+	return (*SQE)(unsafe.Pointer(&b[0])), b[SQECmdOffset:], nil
 }
 
-// submit hands the prepared SQEs to the kernel and, with wait > 0, blocks until at least
+// Submit hands the prepared SQEs to the kernel and, with wait > 0, blocks until at least
 // wait completions are in the completion queue. A signal (the Go runtime's preemption) only
 // makes it try again.
-func (r *ring) submit(wait uint32) error {
+func (r *Ring) Submit(wait uint32) error {
 	atomic.StoreUint32(r.sqTail, r.tail)
 	for {
 		toSubmit := r.tail - atomic.LoadUint32(r.sqHead)
-		if toSubmit == 0 && (wait == 0 || r.ready() >= wait) {
+		if toSubmit == 0 && (wait == 0 || r.Ready() >= wait) {
 			return nil
 		}
 		var flags uintptr
@@ -198,13 +205,24 @@ func (r *ring) submit(wait uint32) error {
 	}
 }
 
-// ready is the number of completions waiting to be reaped.
-func (r *ring) ready() uint32 {
+// WaitCQ blocks until at least n completions wait to be reaped, submitting nothing.
+func (r *Ring) WaitCQ(n uint32) error {
+	for r.Ready() < n {
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, uintptr(n), enterGetEvents, 0, 0)
+		if errno != 0 && errno != unix.EINTR {
+			return fmt.Errorf("io_uring_enter: %w", errno)
+		}
+	}
+	return nil
+}
+
+// Ready is the number of completions waiting to be reaped.
+func (r *Ring) Ready() uint32 {
 	return atomic.LoadUint32(r.cqTail) - *r.cqHead
 }
 
-// reap calls fn on every waiting completion, oldest first, and frees their slots.
-func (r *ring) reap(fn func(c cqe)) {
+// Reap calls fn on every waiting completion, oldest first, and frees their slots.
+func (r *Ring) Reap(fn func(c CQE)) {
 	head := *r.cqHead
 	tail := atomic.LoadUint32(r.cqTail)
 	for ; head != tail; head++ {
@@ -214,10 +232,17 @@ func (r *ring) reap(fn func(c cqe)) {
 }
 
 // Close unmaps the ring and closes it; the kernel cancels what is still pending.
-func (r *ring) Close() error {
+func (r *Ring) Close() error {
 	for _, m := range r.mems {
 		_ = unix.Munmap(m)
 	}
 	r.mems = nil
 	return unix.Close(r.fd)
+}
+
+// Unavailable reports whether err, from New, says that this kernel or its settings refuse
+// io_uring (kernel.io_uring_disabled, seccomp in containers, kernels before 5.1), where a caller
+// falls back to plain system calls.
+func Unavailable(err error) bool {
+	return errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES)
 }
