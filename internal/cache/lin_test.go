@@ -4,16 +4,21 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/file"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -150,6 +155,9 @@ type linCase struct {
 	mode     Mode
 	policy   string
 	ssdFault float64 // rate of failed reads and writes of the SSD
+	// ssdFile puts the SSD tier on a file as tierblk serve does (direct reads through io_uring)
+	// rather than in memory.
+	ssdFile bool
 }
 
 // TestLinearizable runs concurrent clients against caches with tiny tiers over delaying backends,
@@ -162,6 +170,8 @@ func TestLinearizable(t *testing.T) {
 		{name: "wt-64k-arc", line: 64 << 10, ram: 1, ssd: 2, mode: WriteThrough, policy: "arc"},
 		{name: "wt-8k-ssd-only", line: 8 << 10, ssd: 5, mode: WriteThrough, policy: "sieve"},
 		{name: "wt-4k-ssd-faults", line: 4 << 10, ram: 2, ssd: 6, mode: WriteThrough, ssdFault: 0.01},
+		{name: "wt-64k-ssd-file", line: 64 << 10, ram: 1, ssd: 2, mode: WriteThrough, ssdFile: true},
+		{name: "wb-16k-ssd-file", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, policy: "s3fifo", ssdFile: true},
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
@@ -176,6 +186,21 @@ func TestLinearizable(t *testing.T) {
 			runLinearizable(t, lc, seed, seed+uint64(i)*1000)
 		})
 	}
+}
+
+// fileSSD is an SSD tier of size bytes on a file, opened as the daemon opens one: writes through
+// the page cache, direct reads through io_uring where the kernel has it. It skips the test where
+// the temporary directory has no direct I/O.
+func fileSSD(t *testing.T, size int64) backend.Backend {
+	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"),
+		RawQuery: url.Values{"size": {strconv.FormatInt(size, 10)}, "direct": {"reads"}}.Encode()}
+	dev, err := file.Open(u, backend.Options{})
+	if err != nil && strings.Contains(err.Error(), "direct I/O") {
+		t.Skipf("no direct I/O in %s: %v", t.TempDir(), err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { dev.Close() })
+	return dev
 }
 
 // runLinearizable runs case lc with seed, derived from base (what CACHE_TEST_SEED replays).
@@ -194,7 +219,11 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	var ssd *fault.Backend
 	if lc.ssd > 0 {
 		rates := map[fault.Op]float64{fault.Read: lc.ssdFault, fault.Write: lc.ssdFault}
-		ssd = fault.New(mem.New(lc.ssd*lc.line), fault.Options{Seed: int64(seed) + 1, MaxDelay: delay, Rates: rates})
+		var dev backend.Backend = mem.New(lc.ssd * lc.line)
+		if lc.ssdFile {
+			dev = fileSSD(t, lc.ssd*lc.line)
+		}
+		ssd = fault.New(dev, fault.Options{Seed: int64(seed) + 1, MaxDelay: delay, Rates: rates})
 	}
 	c := newCache(t, b, l, nil, ssd)
 	defer c.Close()

@@ -94,7 +94,8 @@ func runBench(ctx context.Context, o benchOpts) error {
 
 type benchCacheOpts struct {
 	bench.CacheOptions
-	out io.Writer
+	parts []string
+	out   io.Writer
 }
 
 func newBenchCacheCmd() *cobra.Command {
@@ -113,16 +114,26 @@ then empty, its SSD tier warm; nbdkit's cache is empty); 8K random 80/20 read/wr
 read. Prints the medians and the ratios tierblk/nbdkit and tierblk/slow disk (above 1.0: tierblk
 is faster).
 
+Then the hit paths (--parts hits), where every read is a hit on a working set (--size) written and
+read once before the first round:
+  tierblk --ram 0     serve --backend (a file) --ram 0 --ssd WORK/ssd.img --ssd-size ` + bench.HitsSSD + `: every read an SSD-tier hit
+  tierblk --ram ` + bench.HitsRAM + ` the same with a RAM tier smaller than the working set
+  qemu-nbd            -t -f raw --cache=none --aio=native, a file on the same file system
+The rows: 4K random read at QD32, 1M random read at QD8. Prints the medians and the medians of the
+per-round ratios tierblk --ram 0/qemu-nbd and tierblk --ram ` + bench.HitsRAM + `/tierblk --ram 0.
+
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
-		Example: `  tierblk bench cache --work .cache/bench-cache`,
-		Args:    cobra.NoArgs,
+		Example: `  tierblk bench cache --work .cache/bench-cache
+  tierblk bench cache --parts hits --rounds 5`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchCache(cmd.Context(), o)
 		},
 	}
 	benchCacheFlags(cmd, &o.CacheOptions)
+	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd)")
 	return cmd
 }
 
@@ -163,18 +174,34 @@ func workDir(dir, prefix string) (string, func(), error) {
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
+	for _, p := range o.parts {
+		if p != "slow" && p != "hits" {
+			return usageErrorf("--parts: unknown part %q; parts: slow, hits", p)
+		}
+	}
 	done, err := prepareCache(&o.CacheOptions)
 	if err != nil {
 		return err
 	}
 	defer done()
-	res, err := bench.RunCache(ctx, o.CacheOptions)
-	if err != nil {
-		return err
+	if slices.Contains(o.parts, "slow") {
+		res, err := bench.RunCache(ctx, o.CacheOptions)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.out, "\nfio, nbd engine, one job, unix socket, a %s working set over a slow disk (nbdkit, one request at a time, "+
+			"5 ms each), median of %d runs of %s (%s on the slow disk alone):\n\n%s",
+			o.Size, o.Rounds, o.Runtime, o.SlowRuntime, bench.CacheTable(res))
 	}
-	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, unix socket, a %s working set over a slow disk (nbdkit, one request at a time, "+
-		"5 ms each), median of %d runs of %s (%s on the slow disk alone):\n\n%s",
-		o.Size, o.Rounds, o.Runtime, o.SlowRuntime, bench.CacheTable(res))
+	if slices.Contains(o.parts, "hits") {
+		res, err := bench.RunHits(ctx, o.CacheOptions)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.out, "\nHits: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
+			o.Size, o.Rounds, o.Runtime)
+		bench.HitTable(o.out, res)
+	}
 	return nil
 }
 

@@ -205,6 +205,18 @@ func (r *Ring) Submit(wait uint32) error {
 	}
 }
 
+// Drop takes back the entries prepared but not consumed by the kernel (after Submit failed),
+// calling fn on each, oldest first.
+func (r *Ring) Drop(fn func(*SQE)) {
+	head := atomic.LoadUint32(r.sqHead)
+	for i := head; i != r.tail; i++ {
+		idx := r.sqArray[i&r.sqMask]
+		fn((*SQE)(unsafe.Pointer(&r.sqes[int(idx)*r.sqeSize])))
+	}
+	r.tail = head
+	atomic.StoreUint32(r.sqTail, head)
+}
+
 // WaitCQ blocks until at least n completions wait to be reaped, submitting nothing.
 func (r *Ring) WaitCQ(n uint32) error {
 	for r.Ready() < n {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 )
@@ -110,12 +111,15 @@ func TestConformance(t *testing.T) {
 		open backendtest.Opener
 	}{
 		{"created sparse", sized((*testing.T).TempDir, "")},
-		{"tmpfs", sized(tmpfsDir, "")}, // refuses FALLOC_FL_ZERO_RANGE: the fallback runs
-		{"direct", sized(directDir, "direct=true&")},
+		{"tmpfs", sized(tmpfsDir, "")},               // refuses FALLOC_FL_ZERO_RANGE: the fallback runs
+		{"direct", sized(directDir, "direct=true&")}, // reads through io_uring
 		{"direct reads", sized(directDir, "direct=reads&")},
+		{"direct, pread", sized(directDir, "direct=true&uring=false&")},
+		{"direct reads, pread", sized(directDir, "direct=reads&uring=false&")},
 		{"block device", device("")},
 		{"block device direct", device("direct=true")},
 		{"block device direct reads", device("direct=reads")},
+		{"block device direct reads, pread", device("direct=reads&uring=false")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { backendtest.Run(t, c.open) })
@@ -146,7 +150,9 @@ func TestParseURL(t *testing.T) {
 		{"file://", config{}, "absolute path"},
 		{"file://user@/srv/disk.img", config{}, "no user name"},
 		{"file:///srv/disk#1.img", config{}, "%23"},
-		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: direct, size"},
+		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: direct, size, uring"},
+		{"file:///srv/disk.img?direct=reads&uring=false", config{path: "/srv/disk.img", direct: directReads, noRing: true}, ""},
+		{"file:///srv/disk.img?uring=maybe", config{}, `uring="maybe": want true or false`},
 		{"file:///srv/disk.img?direct=yes", config{}, `direct="yes": want true, false or reads`},
 		{"file:///srv/disk.img?direct=true&direct=false", config{}, "direct given 2 times"},
 		{"file:///srv/disk.img?size=12X", config{}, "size: size \"12X\" is not a number"},
@@ -362,6 +368,11 @@ func TestDirectFlag(t *testing.T) {
 		f := mustOpen(t, fileURL(filepath.Join(dir, "disk-"+c.param+".img"), "size=1MiB&direct="+c.param), backend.Options{})
 		require.Equal(t, c.writes, direct(f.f), "direct=%s: the descriptor that writes", c.param)
 		require.Equal(t, c.reads, direct(f.r), "direct=%s: the descriptor that reads", c.param)
+		// Direct reads go through io_uring, where the kernel allows it.
+		if r, err := uring.New(1, 0); err == nil {
+			require.NoError(t, r.Close())
+			require.Equal(t, c.reads, f.ring != nil, "direct=%s: reads through io_uring", c.param)
+		}
 		require.NoError(t, f.Close())
 	}
 }

@@ -1,0 +1,153 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// The hit benchmark's setup: what the cache's hit paths deliver against what the same disk gives
+// a plain NBD server. Every read is a hit: the working set is written through tierblk and read
+// once before the first measurement.
+const (
+	// HitsSSD is the SSD tier of both tierblks, larger than the default working set (128 MiB).
+	HitsSSD = "512MiB"
+	// HitsRAM is the second tierblk's RAM tier, a quarter of the default working set: most reads
+	// miss RAM and hit the SSD tier, and promotion must not make them slower.
+	HitsRAM = "32MiB"
+)
+
+// The hit benchmark's targets, as the table names them.
+const (
+	nameHitsSSD = "tierblk --ram 0"
+	nameHitsRAM = "tierblk --ram " + HitsRAM
+	nameQemuNBD = "qemu-nbd"
+)
+
+// HitRows are the rows of `tierblk bench cache --hits`.
+func HitRows() []Row {
+	return []Row{
+		{Name: "4K random read, QD32, hits", FioArgs: []string{"--rw=randread", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"},
+		{Name: "1M random read, QD8, hits", FioArgs: []string{"--rw=randread", "--bs=1M", "--iodepth=8"}, Unit: "MiB/s"},
+	}
+}
+
+// hitTargets are the servers: tierblk with every read an SSD-tier hit, tierblk with a RAM tier
+// smaller than the working set in front of the same SSD tier, and qemu-nbd serving a file on the
+// same file system with O_DIRECT and Linux AIO, the peer an NBD server gets from that disk. Each
+// tierblk has its own SSD tier and its own backend file in dir; the backend's speed does not
+// matter, as nothing is read from it once the working set is written.
+func hitTargets(tierblk, dir string) []Target {
+	tb := func(name, ram string) Target {
+		return Target{Name: name, Command: func(sock string) *exec.Cmd {
+			key := strings.TrimSuffix(filepath.Base(sock), ".sock")
+			return exec.Command(tierblk, "serve", "--backend", "file://"+filepath.Join(dir, key+"-backend.img")+"?size=1GiB",
+				"--nbd", "unix:"+sock, "--ram", ram, "--ssd", filepath.Join(dir, key+"-ssd.img"), "--ssd-size", HitsSSD,
+				"--log-level", "warn")
+		}}
+	}
+	return []Target{
+		tb(nameHitsSSD, "0"),
+		tb(nameHitsRAM, HitsRAM),
+		{Name: nameQemuNBD, Command: func(sock string) *exec.Cmd {
+			img := filepath.Join(dir, "qemu-nbd.img")
+			// -t: serve client after client; the image is made by RunHits.
+			return exec.Command("qemu-nbd", "-t", "-f", "raw", "--cache=none", "--aio=native", "-k", sock, img)
+		}},
+	}
+}
+
+// HitResult is one row: each target's samples, one per round, and the ratios paired by round.
+type HitResult struct {
+	Row, Unit string
+	Samples   map[string][]float64
+}
+
+// Ratio is the median of the per-round ratios a/b.
+func (r HitResult) Ratio(a, b string) (mid, lo, hi float64) {
+	var ratios []float64
+	for i := range r.Samples[a] {
+		ratios = append(ratios, r.Samples[a][i]/r.Samples[b][i])
+	}
+	lo, hi = ratios[0], ratios[0]
+	for _, v := range ratios {
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	return median(ratios), lo, hi
+}
+
+// RunHits measures the cache's hit paths: 4K and 1M random reads of a working set (o.Size) that
+// the SSD tier holds whole, on tierblk without a RAM tier, tierblk with a RAM tier a quarter of
+// the set, and qemu-nbd over a file of the set on the same file system, alternating which goes
+// first from round to round. o.SlowRuntime is not used.
+func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("qemu-nbd"); err != nil {
+		return nil, fmt.Errorf("qemu-nbd is not installed; run `make deps` (Debian package qemu-utils)")
+	}
+	dir, err := os.MkdirTemp(o.WorkDir, "hits")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	if dir, err = filepath.Abs(dir); err != nil { // file:// URLs take absolute paths
+		return nil, err
+	}
+	if err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "raw", filepath.Join(dir, "qemu-nbd.img"), "1G").Run(); err != nil {
+		return nil, fmt.Errorf("qemu-img create: %w", err)
+	}
+	var probes []probe
+	for i, t := range hitTargets(o.Tierblk, dir) {
+		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("h%d.sock", i))}
+		if err := s.start(ctx); err != nil {
+			return nil, err
+		}
+		defer s.close()
+		// Written, then read once: every block of the working set is in the SSD tier.
+		for _, pass := range []struct{ what, rw string }{{"prefilling", "--rw=write"}, {"warming up", "--rw=read"}} {
+			if err := o.pass(ctx, s, pass.what, pass.rw); err != nil {
+				return nil, err
+			}
+		}
+		probes = append(probes, probe{name: t.Name, sock: s.sock, runtime: o.Runtime, ramp: time.Second})
+	}
+	var results []HitResult
+	for _, row := range HitRows() {
+		r, err := measure(ctx, row, probes, o.Rounds, o.Size, o.Log, nil)
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, HitResult{Row: row.Name, Unit: row.Unit, Samples: r.Samples})
+	}
+	return results, nil
+}
+
+// HitTable renders the hit benchmark's results: each target's median, and the medians of the
+// per-round ratios that its goals name (tierblk without a RAM tier against qemu-nbd; with a small
+// RAM tier against without), with their lowest and highest.
+func HitTable(w io.Writer, results []HitResult) {
+	pairs := [][2]string{{nameHitsSSD, nameQemuNBD}, {nameHitsRAM, nameHitsSSD}}
+	fmt.Fprintf(w, "| workload | %s | %s | %s |", nameHitsSSD, nameHitsRAM, nameQemuNBD)
+	for _, p := range pairs {
+		fmt.Fprintf(w, " %s / %s (min-max) |", p[0], p[1])
+	}
+	fmt.Fprintf(w, "\n|---|---:|---:|---:|---:|---:|\n")
+	for _, r := range results {
+		fmt.Fprintf(w, "| %s |", r.Row)
+		for _, name := range []string{nameHitsSSD, nameHitsRAM, nameQemuNBD} {
+			fmt.Fprintf(w, " %.0f %s |", median(r.Samples[name]), r.Unit)
+		}
+		for _, p := range pairs {
+			m, lo, hi := r.Ratio(p[0], p[1])
+			fmt.Fprintf(w, " %.2f (%.2f-%.2f) |", m, lo, hi)
+		}
+		fmt.Fprintln(w)
+	}
+}

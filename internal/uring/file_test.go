@@ -1,0 +1,123 @@
+package uring
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// testFile opens path with flags through a File of depth entries, or skips where io_uring is
+// refused.
+func testFile(t *testing.T, path string, flags, depth int) (*File, *os.File) {
+	t.Helper()
+	osf, err := os.OpenFile(path, flags, 0o600)
+	require.NoError(t, err)
+	t.Cleanup(func() { osf.Close() })
+	f, err := NewFile(int(osf.Fd()), path, depth)
+	if Unavailable(err) {
+		t.Skipf("io_uring is not available on this host: %v", err)
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, f.Close()) })
+	return f, osf
+}
+
+// Many goroutines read and write disjoint blocks at once, more than the ring holds; every read
+// returns what was written there, and the file holds it afterwards.
+func TestFileConcurrent(t *testing.T) {
+	const blocks, bs = 256, 4096
+	path := filepath.Join(t.TempDir(), "f")
+	f, osf := testFile(t, path, os.O_RDWR|os.O_CREATE, 8)
+	want := make([]byte, blocks*bs)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	var wg sync.WaitGroup
+	for w := range 16 {
+		wg.Go(func() {
+			for b := w; b < blocks; b += 16 {
+				n, err := f.WriteAt(want[b*bs:(b+1)*bs], int64(b*bs))
+				if err != nil || n != bs {
+					t.Errorf("write block %d: %d, %v", b, n, err)
+					return
+				}
+				got := make([]byte, bs)
+				if n, err := f.ReadAt(got, int64(b*bs)); err != nil || n != bs || !bytes.Equal(got, want[b*bs:(b+1)*bs]) {
+					t.Errorf("read block %d: %d, %v, same data: %v", b, n, err, bytes.Equal(got, want[b*bs:(b+1)*bs]))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := make([]byte, len(want))
+	_, err := osf.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+}
+
+// Reads through O_DIRECT, the SSD tier's case, with aligned buffers.
+func TestFileDirect(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	data := bytes.Repeat([]byte("tierblk!"), 64<<10/8)
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	f, _ := testFile(t, path, os.O_RDONLY|unix.O_DIRECT, 4)
+	buf := alignedBuf(4096, 8192)
+	n, err := f.ReadAt(buf, 16384)
+	if n == 0 && err != nil {
+		t.Skipf("no O_DIRECT here: %v", err)
+	}
+	require.NoError(t, err)
+	require.Equal(t, data[16384:16384+8192], buf)
+}
+
+func alignedBuf(align, n int) []byte {
+	b := make([]byte, n+align)
+	off := 0
+	for uintptr(unsafe.Pointer(&b[off]))%uintptr(align) != 0 {
+		off++
+	}
+	return b[off : off+n]
+}
+
+// A read that runs past the end of the file returns what is there and io.EOF, as os.File does.
+func TestFileShortRead(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(path, []byte("0123456789"), 0o600))
+	f, _ := testFile(t, path, os.O_RDONLY, 2)
+	buf := make([]byte, 8)
+	n, err := f.ReadAt(buf, 6)
+	require.ErrorIs(t, err, io.EOF)
+	require.Equal(t, 4, n)
+	require.Equal(t, "6789", string(buf[:n]))
+}
+
+// An error the kernel returns for a request reaches its caller, named, and the File goes on.
+func TestFileError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(path, []byte("0123456789"), 0o600))
+	f, _ := testFile(t, path, os.O_WRONLY, 2)
+	_, err := f.ReadAt(make([]byte, 4), 0)
+	require.ErrorIs(t, err, unix.EBADF)
+	require.ErrorContains(t, err, path)
+	n, err := f.WriteAt([]byte("ab"), 0)
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+}
+
+func TestFileClosed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(path, []byte("0123"), 0o600))
+	f, _ := testFile(t, path, os.O_RDONLY, 2)
+	require.NoError(t, f.Close())
+	_, err := f.ReadAt(make([]byte, 2), 0)
+	require.ErrorIs(t, err, ErrClosed)
+}
