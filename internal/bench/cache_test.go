@@ -161,6 +161,14 @@ func TestBenchCacheSmoke(t *testing.T) {
 	}
 	want := []string{CacheRows()[0].Name, RestartRow().Name, CacheRows()[1].Name, CacheRows()[2].Name}
 	require.Equal(t, want, got, "stdout:\n%s", stdout.String())
+	// The hit rows: three servers, and two paired ratios with their spread.
+	fig, ratio := `([1-9]\d*) (IOPS|MiB/s)`, `\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)`
+	hitRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \| ` + ratio + ` \|$`)
+	got = nil
+	for _, m := range hitRow.FindAllStringSubmatch(stdout.String(), -1) {
+		got = append(got, m[1])
+	}
+	require.Equal(t, []string{HitRows()[0].Name, HitRows()[1].Name}, got, "stdout:\n%s", stdout.String())
 	entries, err := os.ReadDir(work)
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "only the binary is left in the work directory: %v", entries)
