@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -68,8 +70,9 @@ func ParseAdminAddr(s string) (network, address string, err error) {
 	return "tcp", s, nil
 }
 
-// NewHandler serves GET /metrics (Prometheus text format), GET /stats (StatsResponse as JSON) and a
-// short index at /. sources is called on every request, so exports may come and go.
+// NewHandler serves GET /metrics (Prometheus text format), GET /stats (StatsResponse as JSON), Go's
+// profiles under /debug/pprof/ and a short index at /. sources is called on every request, so
+// exports may come and go.
 func NewHandler(sources func() []Source) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -98,8 +101,27 @@ func NewHandler(sources func() []Source) http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprint(w, "tierblk admin endpoint\n\n/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n"+
 			"POST /flush?export=NAME         write every dirty line back and flush the backend (tierblk flush)\n"+
-			"POST /mode?export=NAME&mode=M   switch the cache's mode (tierblk mode)\n")
+			"POST /mode?export=NAME&mode=M   switch the cache's mode (tierblk mode)\n"+
+			"POST /heal?export=NAME          retry a bypassed SSD tier now (tierblk heal)\n"+
+			"/debug/pprof/                   Go profiles: CPU, heap, goroutines, mutex contention (go tool pprof)\n")
 	})
 	handleActions(mux, sources)
+	handleProfiles(mux)
 	return mux
+}
+
+// mutexFraction samples one in this many contended lock hand-offs for /debug/pprof/mutex: cheap
+// enough to leave on, enough to show which lock the hit path waits on.
+const mutexFraction = 100
+
+// handleProfiles serves Go's profiles (net/http/pprof) under /debug/pprof/, for finding where the
+// daemon spends its time and which locks it waits on; the endpoint is loopback or a unix socket
+// only (ListenAddr).
+func handleProfiles(mux *http.ServeMux) {
+	runtime.SetMutexProfileFraction(mutexFraction)
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }

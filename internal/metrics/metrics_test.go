@@ -109,6 +109,10 @@ func TestHandlerRoutes(t *testing.T) {
 		{"POST", "/stats", http.StatusMethodNotAllowed, ""},
 		{"DELETE", "/metrics", http.StatusMethodNotAllowed, ""},
 		{"PUT", "/", http.StatusMethodNotAllowed, ""},
+		{"GET", "/debug/pprof/", http.StatusOK, "text/html"},
+		{"GET", "/debug/pprof/goroutine?debug=1", http.StatusOK, "text/plain"},
+		{"GET", "/debug/pprof/mutex?debug=1", http.StatusOK, "text/plain"},
+		{"POST", "/debug/pprof/heap", http.StatusMethodNotAllowed, ""},
 	} {
 		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
 			rec := get(t, h, tc.method, tc.path)

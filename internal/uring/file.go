@@ -13,11 +13,12 @@ import (
 )
 
 // File reads and writes one file descriptor through a ring, for any number of goroutines at once.
-// A caller takes a request slot, hands it to the submitting goroutine and sleeps; the submitter
-// puts every request waiting at that moment into the ring with one io_uring_enter, and the reaping
+// A caller puts its request into the submission queue under a short lock; if no other caller is
+// submitting, it submits everything queued so far with one io_uring_enter, itself, and goes on
+// submitting what others queued meanwhile (the others only queue and sleep). One reaping
 // goroutine, asleep in the kernel until completions come, wakes each caller. With direct I/O this
-// keeps one OS thread per side instead of one blocked in pread per request, and the disk sees the
-// requests of a batch together (one doorbell for a virtual disk, not one each).
+// keeps no OS thread blocked per request, as pread does, and the disk sees the requests of a batch
+// together (one doorbell for a virtual disk, not one each).
 //
 // The buffers stay the caller's, as with pread: the kernel reads or fills them before the call
 // returns. Close waits for the calls in flight; calls after it fail with ErrClosed.
@@ -25,23 +26,16 @@ type File struct {
 	fd   int
 	name string // for errors
 	ring *Ring
-	// slots holds the free request slots; wakes[i] carries slot i's result to its caller. A
-	// request's data goes to the submitter by value: nothing of it is shared but through channels.
+	// slots holds the free request slots; wakes[i] carries slot i's result to its caller.
 	slots chan uint32
 	wakes []chan int32
-	queue chan submission
+
+	mu         sync.Mutex // the submission queue
+	submitting bool       // a caller is submitting the queue: the others leave it to that one
 
 	closed    atomic.Bool
 	closeOnce sync.Once
-	done      chan struct{} // closed when the submitter and reaper have left
-}
-
-// submission is one request on its way to the submitter.
-type submission struct {
-	slot uint32
-	op   uint8
-	buf  []byte
-	off  int64
+	done      chan struct{} // closed when the reaper has left
 }
 
 // closeTag marks the NOP that wakes the reaper at Close.
@@ -57,18 +51,15 @@ func NewFile(fd int, name string, depth int) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The kernel rounds the ring up to a power of two; the slots stay at depth, so the completion
-	// queue (twice the submission queue) never overflows.
+	// The kernel rounds the ring up to a power of two; the slots stay at depth (plus the close
+	// NOP), so the completion queue (twice the submission queue) never overflows.
 	f := &File{fd: fd, name: name, ring: r, slots: make(chan uint32, depth), wakes: make([]chan int32, depth),
-		queue: make(chan submission, depth), done: make(chan struct{})}
+		done: make(chan struct{})}
 	for i := range f.wakes {
 		f.wakes[i] = make(chan int32, 1)
 		f.slots <- uint32(i)
 	}
-	var wg sync.WaitGroup
-	wg.Go(f.submit)
-	wg.Go(f.reap)
-	go func() { wg.Wait(); close(f.done) }()
+	go func() { f.reap(); close(f.done) }()
 	return f, nil
 }
 
@@ -115,72 +106,63 @@ func (f *File) do(op uint8, buf []byte, off int64) (int32, error) {
 	case <-f.done: // Close took every slot and stopped
 		return 0, ErrClosed
 	}
-	f.queue <- submission{slot: slot, op: op, buf: buf, off: off}
+	f.queue(func(s *SQE) {
+		s.Opcode = op
+		s.FD = int32(f.fd)
+		s.Off = uint64(off)
+		s.Addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
+		s.Len = uint32(len(buf))
+		s.UserData = uint64(slot)
+	})
 	res := <-f.wakes[slot]
 	f.slots <- slot
 	return res, nil
 }
 
-// submit puts queued requests into the ring: all that wait when it wakes, with one system call.
-// The closed queue ends it, after a NOP that tells the reaper to leave.
-func (f *File) submit() {
-	for {
-		sub, ok := <-f.queue
-		if !ok {
-			f.put(func(s *SQE) { s.Opcode, s.UserData = OpNop, closeTag })
-			if err := f.ring.Submit(0); err != nil {
-				panic(fmt.Sprintf("io_uring %s: %v", f.name, err)) // the reaper would wait forever
-			}
-			return
-		}
-		f.prep(sub)
-	more:
-		for {
-			select {
-			case sub, ok := <-f.queue:
-				if !ok {
-					break more // the next round finds the queue closed at once
-				}
-				f.prep(sub)
-			default:
-				break more
-			}
-		}
-		if err := f.ring.Submit(0); err != nil {
-			f.failQueued(err)
-		}
-	}
-}
-
-// prep fills a submission entry for sub.
-func (f *File) prep(sub submission) {
-	f.put(func(s *SQE) {
-		s.Opcode = sub.op
-		s.FD = int32(f.fd)
-		s.Off = uint64(sub.off)
-		s.Addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(sub.buf))))
-		s.Len = uint32(len(sub.buf))
-		s.UserData = uint64(sub.slot)
-	})
-}
-
-// put fills the next submission entry. The ring has room: it has as many entries as there are
-// slots, and the submitter hands them to the kernel before it takes more.
-func (f *File) put(fill func(*SQE)) {
+// queue fills a submission entry, then submits the queue unless another caller is doing so. The
+// submitter lets go of the lock during the system call, so that others can queue meanwhile, and
+// submits again until nothing is left: whatever is queued is submitted without delay.
+func (f *File) queue(fill func(*SQE)) {
+	f.mu.Lock()
 	s, _, err := f.ring.Get()
 	if err != nil {
+		// The ring has an entry for every slot and the close NOP, and entries are submitted
+		// before their caller sleeps: it cannot be full.
 		panic(fmt.Sprintf("io_uring %s: %v", f.name, err))
 	}
 	fill(s)
+	if f.submitting {
+		f.mu.Unlock()
+		return
+	}
+	f.submitting = true
+	for {
+		n := f.ring.publish()
+		if n == 0 {
+			break
+		}
+		f.mu.Unlock()
+		err := f.ring.enter(n, 0, 0)
+		f.mu.Lock()
+		if err != nil {
+			f.failQueued(err)
+		}
+	}
+	f.submitting = false
+	f.mu.Unlock()
 }
 
-// failQueued ends, with err's errno, the requests prepared but not taken by the kernel.
+// failQueued ends, with err's errno, the requests queued but not taken by the kernel.
 func (f *File) failQueued(err error) {
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		errno = unix.EIO
 	}
-	f.ring.Drop(func(s *SQE) { f.wakes[s.UserData] <- -int32(errno) })
+	f.ring.Drop(func(s *SQE) {
+		if s.UserData != closeTag {
+			f.wakes[s.UserData] <- -int32(errno)
+		}
+	})
 }
 
 // reap wakes the caller of every completion until the close NOP completes.
@@ -203,8 +185,7 @@ func (f *File) reap() {
 	}
 }
 
-// Close waits for the calls in flight, stops the submitter and reaper and frees the ring; it does
-// not close fd.
+// Close waits for the calls in flight, stops the reaper and frees the ring; it does not close fd.
 func (f *File) Close() error {
 	var err error
 	f.closeOnce.Do(func() {
@@ -212,7 +193,7 @@ func (f *File) Close() error {
 		for range cap(f.slots) {
 			<-f.slots
 		}
-		close(f.queue)
+		f.queue(func(s *SQE) { s.Opcode, s.UserData = OpNop, closeTag })
 		<-f.done
 		err = f.ring.Close()
 	})

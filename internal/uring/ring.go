@@ -88,8 +88,9 @@ type CQE struct {
 }
 
 // Ring is an io_uring's submission and completion queues, mapped. It is not safe for concurrent
-// use: one goroutine prepares, submits and reaps, except that one goroutine may submit while
-// another only waits (WaitCQ) and reaps, the two sides the kernel keeps apart (File does so).
+// use: one goroutine prepares, submits and reaps, except that the submission side (under a lock
+// of the caller's) and the completion side (WaitCQ, Reap) may each have their own, the two sides
+// the kernel keeps apart (File does so).
 type Ring struct {
 	fd      int
 	sqeSize int
@@ -188,21 +189,35 @@ func (r *Ring) Get() (*SQE, []byte, error) {
 // wait completions are in the completion queue. A signal (the Go runtime's preemption) only
 // makes it try again.
 func (r *Ring) Submit(wait uint32) error {
-	atomic.StoreUint32(r.sqTail, r.tail)
 	for {
-		toSubmit := r.tail - atomic.LoadUint32(r.sqHead)
+		toSubmit := r.publish()
 		if toSubmit == 0 && (wait == 0 || r.Ready() >= wait) {
 			return nil
 		}
-		var flags uintptr
+		var flags uint32
 		if wait > 0 {
 			flags = enterGetEvents
 		}
-		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), flags, 0, 0)
-		if errno != 0 && errno != unix.EINTR {
-			return fmt.Errorf("io_uring_enter: %w", errno)
+		if err := r.enter(toSubmit, wait, flags); err != nil {
+			return err
 		}
 	}
+}
+
+// publish makes the prepared SQEs visible to the kernel and returns how many it has not taken.
+func (r *Ring) publish() uint32 {
+	atomic.StoreUint32(r.sqTail, r.tail)
+	return r.tail - atomic.LoadUint32(r.sqHead)
+}
+
+// enter is one io_uring_enter; EINTR (the Go runtime's preemption signal) is no error, the caller
+// looks at the queues again.
+func (r *Ring) enter(toSubmit, wait, flags uint32) error {
+	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), uintptr(toSubmit), uintptr(wait), uintptr(flags), 0, 0)
+	if errno != 0 && errno != unix.EINTR {
+		return fmt.Errorf("io_uring_enter: %w", errno)
+	}
+	return nil
 }
 
 // Drop takes back the entries prepared but not consumed by the kernel (after Submit failed),
@@ -220,9 +235,8 @@ func (r *Ring) Drop(fn func(*SQE)) {
 // WaitCQ blocks until at least n completions wait to be reaped, submitting nothing.
 func (r *Ring) WaitCQ(n uint32) error {
 	for r.Ready() < n {
-		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, uintptr(n), enterGetEvents, 0, 0)
-		if errno != 0 && errno != unix.EINTR {
-			return fmt.Errorf("io_uring_enter: %w", errno)
+		if err := r.enter(0, n, enterGetEvents); err != nil {
+			return err
 		}
 	}
 	return nil
