@@ -34,7 +34,11 @@ type tier struct {
 	j        *journal        // SSD tier: persistence of the index; nil for RAM
 	log      *slog.Logger
 
-	mu      sync.Mutex
+	// mu guards the tier's state. RAM-tier hits take it shared (readHit) and leave their accesses
+	// in recent for the next holder of it exclusively to give the eviction policy; everything else
+	// takes it exclusively.
+	mu      sync.RWMutex
+	recent  accessBuffer
 	index   keyindex.Index // line -> slot
 	valid   bitTable
 	free    []uint32        // released slots
@@ -150,35 +154,34 @@ func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, 
 	return slot, valid, true
 }
 
-// readHit copies a RAM tier hit into dst (the line's bytes from off). A small copy is made under
-// the tier's mutex, which costs less than pinning the slot; a large one outside it, with the slot
-// pinned, so that concurrent large reads copy on every core at once.
+// readHit copies a RAM tier hit into dst (the line's bytes from off). It holds the tier's mutex
+// shared, so that hits on every core copy at once; eviction, which needs it exclusively, waits for
+// the copy. The access reaches the eviction policy later (accessBuffer).
 func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
-	t.mu.Lock()
+	t.mu.RLock()
 	slot, ok := t.slotOf(line)
 	if !ok || !t.valid.get(slot).covers(need) {
-		t.mu.Unlock()
+		t.mu.RUnlock()
 		t.misses.Add(1)
 		return false
 	}
-	t.evict.Get(policy.Key(line))
+	copy(dst, t.ram[int64(slot)*t.lineSize+off:])
+	full := t.recent.record(line)
+	t.mu.RUnlock()
 	t.hits.Add(1)
 	t.hitBytes.Add(uint64(len(dst)))
-	src := t.ram[int64(slot)*t.lineSize+off:]
-	if len(dst) <= copyUnderLock {
-		copy(dst, src)
+	if full && t.mu.TryLock() {
+		t.applyHitsLocked()
 		t.mu.Unlock()
-		return true
 	}
-	t.pins[slot]++
-	t.mu.Unlock()
-	copy(dst, src)
-	t.unpin(slot)
 	return true
 }
 
-// copyUnderLock is the largest RAM hit copied while holding the tier's mutex.
-const copyUnderLock = 16 << 10
+// applyHitsLocked gives the eviction policy the hits recorded since the last call. A line evicted
+// meanwhile is no longer the policy's: its access is ignored.
+func (t *tier) applyHitsLocked() {
+	t.recent.drain(func(line uint64) { t.evict.Get(policy.Key(line)) })
+}
 
 // pin returns the slot of line and its valid bits, pinning the slot, if the line is cached (even
 // partly). It does not count as an access.
@@ -230,6 +233,7 @@ func (t *tier) admits(a policy.Access) bool {
 func (t *tier) acquire(line uint64) (slot uint32, valid lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.applyHitsLocked() // the policy chooses its victims knowing the latest hits
 	if slot, ok := t.slotOf(line); ok {
 		t.pins[slot]++
 		return slot, t.valid.get(slot), true
