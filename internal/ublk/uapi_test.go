@@ -1,42 +1,28 @@
 package ublk
 
 import (
-	"reflect"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/abitest"
 )
 
 // The layouts of include/uapi/linux/ublk_cmd.h (Linux 6.12):
 // each field's offset and each struct's size, as the C compiler lays them out on amd64.
 func TestStructLayouts(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		v       any
-		size    uintptr
-		offsets []uintptr // of the fields, in order
-	}{
-		{"ublksrv_ctrl_cmd", ctrlCmd{}, 32, []uintptr{0, 4, 6, 8, 16, 24, 26, 28}},
-		{"ublksrv_ctrl_dev_info", devInfo{}, 64, []uintptr{0, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 44, 48, 56}},
-		{"ublksrv_io_desc", ioDesc{}, 24, []uintptr{0, 4, 8, 16}},
-		{"ublksrv_io_cmd", ioCmd{}, 16, []uintptr{0, 2, 4, 8}},
-		{"ublk_param_basic", paramBasic{}, 32, []uintptr{0, 4, 5, 6, 7, 8, 12, 16, 24}},
-		{"ublk_param_discard", paramDiscard{}, 20, []uintptr{0, 4, 8, 12, 16, 18}},
-		{"ublk_param_devt", paramDevt{}, 16, []uintptr{0, 4, 8, 12}},
-		{"ublk_param_zoned", paramZoned{}, 32, []uintptr{0, 4, 8, 12}},
-		{"ublk_params", params{}, 112, []uintptr{0, 4, 8, 40, 60, 76}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			typ := reflect.TypeOf(tc.v)
-			require.Equal(t, tc.size, typ.Size(), "size")
-			var got []uintptr
-			for i := range typ.NumField() {
-				got = append(got, typ.Field(i).Offset)
-			}
-			require.Equal(t, tc.offsets, got, "field offsets")
-		})
-	}
+	abitest.Check(t, []abitest.Struct{
+		abitest.Of("ublksrv_ctrl_cmd", ctrlCmd{}, 32, 0, 4, 6, 8, 16, 24, 26, 28),
+		abitest.Of("ublksrv_ctrl_dev_info", devInfo{}, 64, 0, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 44, 48, 56),
+		abitest.Of("ublksrv_io_desc", ioDesc{}, 24, 0, 4, 8, 16),
+		abitest.Of("ublksrv_io_cmd", ioCmd{}, 16, 0, 2, 4, 8),
+		abitest.Of("ublk_param_basic", paramBasic{}, 32, 0, 4, 5, 6, 7, 8, 12, 16, 24),
+		abitest.Of("ublk_param_discard", paramDiscard{}, 20, 0, 4, 8, 12, 16, 18),
+		abitest.Of("ublk_param_devt", paramDevt{}, 16, 0, 4, 8, 12),
+		abitest.Of("ublk_param_zoned", paramZoned{}, 32, 0, 4, 8, 12),
+		abitest.Of("ublk_params", params{}, 112, 0, 4, 8, 40, 60, 76),
+	})
 	require.Equal(t, uintptr(sizeofCtrlCmd), unsafe.Sizeof(ctrlCmd{}))
 	require.Equal(t, uintptr(sizeofIOCmd), unsafe.Sizeof(ioCmd{}))
 	require.Equal(t, uintptr(sizeofIODesc), unsafe.Sizeof(ioDesc{}))

@@ -1,11 +1,12 @@
 package uring
 
 import (
-	"reflect"
 	"testing"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/abitest"
 )
 
 // testRing sets up a ring, or skips the test where the host kernel forbids io_uring.
@@ -23,28 +24,13 @@ func testRing(t *testing.T, entries, flags uint32) *Ring {
 // The layouts of include/uapi/linux/io_uring.h: each field's offset and each struct's size, as the
 // C compiler lays them out on amd64.
 func TestStructLayouts(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		v       any
-		size    uintptr
-		offsets []uintptr // of the fields, in order
-	}{
-		{"io_uring_sqe", SQE{}, 64, []uintptr{0, 1, 2, 4, 8, 16, 24, 28, 32, 40, 42, 44, 48, 56}},
-		{"io_uring_cqe", CQE{}, 16, []uintptr{0, 8, 12}},
-		{"io_sqring_offsets", SQRingOffsets{}, 40, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}},
-		{"io_cqring_offsets", CQRingOffsets{}, 40, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 32}},
-		{"io_uring_params", Params{}, 120, []uintptr{0, 4, 8, 12, 16, 20, 24, 28, 40, 80}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			typ := reflect.TypeOf(tc.v)
-			require.Equal(t, tc.size, typ.Size(), "size")
-			var got []uintptr
-			for i := range typ.NumField() {
-				got = append(got, typ.Field(i).Offset)
-			}
-			require.Equal(t, tc.offsets, got, "field offsets")
-		})
-	}
+	abitest.Check(t, []abitest.Struct{
+		abitest.Of("io_uring_sqe", SQE{}, 64, 0, 1, 2, 4, 8, 16, 24, 28, 32, 40, 42, 44, 48, 56),
+		abitest.Of("io_uring_cqe", CQE{}, 16, 0, 8, 12),
+		abitest.Of("io_sqring_offsets", SQRingOffsets{}, 40, 0, 4, 8, 12, 16, 20, 24, 28, 32),
+		abitest.Of("io_cqring_offsets", CQRingOffsets{}, 40, 0, 4, 8, 12, 16, 20, 24, 28, 32),
+		abitest.Of("io_uring_params", Params{}, 120, 0, 4, 8, 12, 16, 20, 24, 28, 40, 80),
+	})
 	require.Equal(t, SQECmdOffset, int(unsafe.Offsetof(SQE{}.Addr3)))
 }
 
