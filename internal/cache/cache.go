@@ -403,9 +403,11 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	return nil
 }
 
-// readHits serves the segments the SSD tier holds, all at once where there are several (the SSD
-// serves them in parallel: a 1 MiB read is 16 lines of the default size, bench cache --parts hits).
-// A segment the SSD fails is left to the backend: its source is cleared.
+// readHits serves the segments the SSD tier holds. Without a RAM tier it reads them all at once
+// where there are several (the SSD serves them in parallel: a 1 MiB read is 16 lines of the
+// default size, bench cache --parts hits); with one, one after the other, as each promotes its
+// blocks: promotions at once would pin each other's victims and leave RAM short of full
+// (TestCacheAdmin). A segment the SSD fails is left to the backend: its source is cleared.
 func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	hit := func(i int) {
 		if c.readHit(segs[i], src[i], p, force) {
@@ -419,7 +421,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			n++
 		}
 	}
-	if n < 2 {
+	if n < 2 || c.ram.usable() {
 		for i := range src {
 			if src[i].t != nil {
 				hit(i)
