@@ -403,48 +403,53 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	return nil
 }
 
-// readHits serves the segments the SSD tier holds. Without a RAM tier it reads them all at once
-// where there are several (the SSD serves them in parallel: a 1 MiB read is 16 lines of the
-// default size, bench cache --parts hits); with one, one after the other, as each promotes its
-// blocks: promotions at once would pin each other's victims and leave RAM short of full
-// (TestCacheAdmin). A segment the SSD fails is left to the backend: its source is cleared.
+// readHits serves the segments the SSD tier holds. Several are read from the SSD at once (it serves
+// them in parallel: a 1 MiB read is 16 lines of the default size, bench cache --parts hits) and
+// then, if RAM admits them, copied into RAM one after the other from what was read: promotions at
+// once would pin each other's victims and leave RAM short of full (TestCacheAdmin). A single one
+// promotes as readHit does. A segment the SSD fails is left to the backend: its source is cleared.
 func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
-	hit := func(i int) {
-		if c.readHit(segs[i], src[i], p, force) {
+	promotes := func(s seg) bool {
+		return c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
+	}
+	hit := func(i int, promote bool) {
+		if c.readHit(segs[i], src[i], p, promote) {
 			src[i].served = true
 		}
 		src[i].t = nil // read, or failed: the line goes to the backend
 	}
-	n := 0
+	var at []int
 	for i := range src {
 		if src[i].t != nil {
-			n++
+			at = append(at, i)
 		}
 	}
-	if n < 2 || c.ram.usable() {
-		for i := range src {
-			if src[i].t != nil {
-				hit(i)
-			}
+	if len(at) < 2 {
+		for _, i := range at {
+			hit(i, promotes(segs[i]))
 		}
 		return
 	}
 	var wg sync.WaitGroup
-	for i := range src {
-		if src[i].t != nil {
-			wg.Go(func() { hit(i) })
-		}
+	for _, i := range at {
+		wg.Go(func() { hit(i, false) })
 	}
 	wg.Wait()
+	for _, i := range at {
+		if s := segs[i]; src[i].served && promotes(s) {
+			c.fillTier(c.ram, s, p[s.pOff:s.pOff+s.hi-s.lo], s.lo, s.full())
+		}
+	}
 }
 
-// readHit serves a segment from the SSD tier, promoting the line to RAM. It reports false if the
-// SSD failed the read (the line is dropped and the caller goes to the backend).
-func (c *Cache) readHit(s seg, src source, p []byte, force bool) bool {
+// readHit serves a segment from the SSD tier, promoting the blocks it reads to RAM if promote is
+// set. It reports false if the SSD failed the read (the line is dropped and the caller goes to the
+// backend).
+func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
 	dst := p[s.pOff : s.pOff+s.hi-s.lo]
 	t := src.t
 	defer t.unpin(src.slot)
-	if t == c.ssd && c.ram.usable() && (force || c.ram.admits(c.access(s, false))) {
+	if promote {
 		if ok, done := c.promote(s, src, dst); done {
 			if ok {
 				t.hitBytes.Add(uint64(len(dst)))
