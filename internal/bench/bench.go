@@ -269,6 +269,15 @@ func parseFio(out []byte) (fioResult, error) {
 	return fioResult{value: j.Read.IOPS + j.Write.IOPS, bytesPerSec: j.Read.BwBytes + j.Write.BwBytes}, nil
 }
 
+// pairedRatios are a[i]/b[i], round by round: two servers measured back to back in each round.
+func pairedRatios(a, b []float64) []float64 {
+	out := make([]float64, len(a))
+	for i := range a {
+		out[i] = a[i] / b[i]
+	}
+	return out
+}
+
 func median(s []float64) float64 {
 	if len(s) == 0 {
 		return 0

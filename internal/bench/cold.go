@@ -131,13 +131,7 @@ type ColdResult struct {
 }
 
 // Ratios are cache/no cache per round, paired by round.
-func (r ColdResult) Ratios() []float64 {
-	out := make([]float64, len(r.Cache))
-	for i := range r.Cache {
-		out[i] = r.Cache[i] / r.NoCache[i]
-	}
-	return out
-}
+func (r ColdResult) Ratios() []float64 { return pairedRatios(r.Cache, r.NoCache) }
 
 // ColdReport is RunCold's outcome: the results and the command lines measured.
 type ColdReport struct {
@@ -221,22 +215,32 @@ func RunCold(ctx context.Context, o ColdOptions) (ColdReport, error) {
 	return rep, nil
 }
 
-func (o ColdOptions) check() error {
-	for _, tool := range []string{"fio", "nbdkit"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is not installed; run `make deps` (Debian package %s)", tool, tool)
-		}
-	}
+// Validate checks the options a user gives (`tierblk bench cold` reports its error as a usage
+// error, naming the flags).
+func (o ColdOptions) Validate() error {
 	if o.Rounds < 1 || o.Runtime < time.Second || o.SlowRuntime < time.Second || o.Settle < 0 {
-		return fmt.Errorf("rounds must be at least 1, run times at least 1s (fio counts whole seconds) and the settle time not negative, got %d, %s, %s, %s",
+		return fmt.Errorf("--rounds must be at least 1, --runtime and --slow-runtime at least 1s (fio counts whole seconds), --settle not negative; got %d, %s, %s, %s",
 			o.Rounds, o.Runtime, o.SlowRuntime, o.Settle)
 	}
 	if o.Size == "" {
-		return errors.New("the fio rows' region is empty; give a size far larger than the cache, e.g. 512g")
+		return errors.New("--size is empty; give a region far larger than the cache, e.g. 512g")
 	}
 	for _, id := range o.Rows {
 		if !slices.Contains(ColdRowIDs(), id) {
-			return fmt.Errorf("unknown row %q; rows: %s", id, strings.Join(ColdRowIDs(), ", "))
+			return fmt.Errorf("--rows: unknown row %q; rows: %s", id, strings.Join(ColdRowIDs(), ", "))
+		}
+	}
+	return nil
+}
+
+// check is Validate, and that the tools and the work directory's file system are fit to run.
+func (o ColdOptions) check() error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	for _, tool := range []string{"fio", "nbdkit"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is not installed; run `make deps` (Debian package %s)", tool, tool)
 		}
 	}
 	return checkDirectIO(o.WorkDir)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -29,7 +30,7 @@ const (
 	nameQemuNBD = "qemu-nbd"
 )
 
-// HitRows are the rows of `tierblk bench cache --hits`.
+// HitRows are the rows of `tierblk bench cache --parts hits`.
 func HitRows() []Row {
 	return []Row{
 		{Name: "4K random read, QD32, hits", FioArgs: []string{"--rw=randread", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"},
@@ -70,15 +71,8 @@ type HitResult struct {
 
 // Ratio is the median of the per-round ratios a/b.
 func (r HitResult) Ratio(a, b string) (mid, lo, hi float64) {
-	var ratios []float64
-	for i := range r.Samples[a] {
-		ratios = append(ratios, r.Samples[a][i]/r.Samples[b][i])
-	}
-	lo, hi = ratios[0], ratios[0]
-	for _, v := range ratios {
-		lo, hi = min(lo, v), max(hi, v)
-	}
-	return median(ratios), lo, hi
+	ratios := pairedRatios(r.Samples[a], r.Samples[b])
+	return median(ratios), slices.Min(ratios), slices.Max(ratios)
 }
 
 // RunHits measures the cache's hit paths: 4K and 1M random reads of a working set (o.Size) that

@@ -418,7 +418,8 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 		}
 		src[i].t = nil // read, or failed: the line goes to the backend
 	}
-	var at []int
+	var atBuf [2]int // most requests touch one or two lines
+	at := atBuf[:0]
 	for i := range src {
 		if src[i].t != nil {
 			at = append(at, i)

@@ -475,16 +475,8 @@ faster; replay times: below 1.0, the cache is faster) and the command lines.
 }
 
 func runBenchCold(ctx context.Context, o benchColdOpts) error {
-	if o.Rounds < 1 || o.Runtime < time.Second || o.SlowRuntime < time.Second || o.Settle < 0 {
-		return usageErrorf("--rounds must be at least 1, --runtime and --slow-runtime at least 1s, --settle not negative")
-	}
-	if o.Size == "" {
-		return usageErrorf("--size is empty; give a region far larger than the cache, e.g. 512g")
-	}
-	for _, id := range o.Rows {
-		if !slices.Contains(bench.ColdRowIDs(), id) {
-			return usageErrorf("--rows: unknown row %q; rows: %s", id, strings.Join(bench.ColdRowIDs(), ", "))
-		}
+	if err := o.Validate(); err != nil {
+		return usageErrorf("%v", err)
 	}
 	var err error
 	if o.Tierblk == "" {
