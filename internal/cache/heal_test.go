@@ -226,3 +226,36 @@ func TestHealsByItself(t *testing.T) {
 	}
 	r.verify("healed")
 }
+
+// TestBypassDuringFill: a line whose fill is under way when the tier is bypassed has no valid
+// block and no stored record: it is dropped, not set aside, and the heal brings back the others.
+func TestBypassDuringFill(t *testing.T) {
+	r := newHealRig(t, WriteThrough)
+	defer func() { r.c.Close() }()
+	last := int64(healDevSize - 4096)
+	if err := r.write(0, last, 1); err != nil {
+		t.Fatal(err)
+	}
+	for s := last / sector; s < healDevSize/sector; s++ {
+		r.m[s] = []int64{0} // never written: zeros
+	}
+	if err := r.c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	slot, valid, ok := r.c.ssd.acquire(uint64(last / 4096)) // the fill of the last line begins
+	if !ok || !valid.isZero() {
+		t.Fatalf("acquire of an uncached line: ok %v, valid %v", ok, valid)
+	}
+	r.c.ssd.fail("injected")
+	if st := r.ssdStats(); st.SetAside != uint64(last/4096) {
+		t.Fatalf("set aside %d lines, want the %d with data", st.SetAside, last/4096)
+	}
+	r.c.ssd.unpin(slot) // the fill ends
+	if err := r.c.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.ssdStats(); st.Lines != uint64(last/4096) {
+		t.Fatalf("after Heal: %d lines, want %d", st.Lines, last/4096)
+	}
+	r.verify("healed")
+}

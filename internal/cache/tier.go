@@ -561,11 +561,13 @@ func (t *tier) fail(reason string) {
 		lines = append(lines, line)
 	}
 	for _, line := range lines {
-		if slot, _ := t.slotOf(line); !t.dirtyAt(slot).isZero() {
+		slot, _ := t.slotOf(line)
+		if !t.dirtyAt(slot).isZero() {
 			continue
 		}
 		t.evict.Remove(policy.Key(line))
-		if t.setAside != nil {
+		// A line with no valid block is a fill under way: nothing of it is stored to come back.
+		if t.setAside != nil && !t.valid.get(slot).isZero() {
 			t.setAsideLocked(line)
 		} else {
 			t.dropLocked(line)
