@@ -255,6 +255,15 @@ func (c *Cache) openSSD(cfg Config) error {
 // Size implements backend.Backend.
 func (c *Cache) Size() int64 { return c.size }
 
+// Waits implements backend.Waiter: the backend's requests that waited and the SSD tier's.
+func (c *Cache) Waits() uint64 {
+	n := backend.WaitsOf(c.b)
+	if c.ssd != nil {
+		n += backend.WaitsOf(c.ssd.dev)
+	}
+	return n
+}
+
 // ReadOnly reports whether the backend is read-only.
 func (c *Cache) ReadOnly() bool {
 	r, ok := c.b.(backend.ReadOnlyReporter)

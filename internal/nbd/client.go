@@ -79,6 +79,7 @@ type Client struct {
 	// Writes acknowledged, and how many of them the last successful flush covered: a reconnect
 	// with writes not yet flushed is worth a warning, as a server that crashed may have lost them.
 	writesDone, writesFlushed atomic.Uint64
+	calls                     atomic.Uint64 // calls sent (Waits)
 
 	ctx       context.Context // cancelled by Close: stops reconnects and dials
 	cancel    context.CancelFunc
@@ -192,6 +193,9 @@ func (c *Client) BlockSizes() (minimum, preferred, maximum uint32) {
 
 // ReadOnly reports whether the server exports the device read-only.
 func (c *Client) ReadOnly() bool { return c.export.flags&tflagReadOnly != 0 }
+
+// Waits counts the calls sent to the server: each waits on the network (backend.Waiter).
+func (c *Client) Waits() uint64 { return c.calls.Load() }
 
 func (c *Client) has(flag uint16) bool { return c.export.flags&flag != 0 }
 
@@ -317,6 +321,7 @@ func (c *Client) run(cmd, flags uint16, off, length int64, buf []byte) (int64, e
 	if c.ctx.Err() != nil {
 		return 0, fmt.Errorf("nbd: %s: %w", clientCmdName(cmd), backend.ErrClosed)
 	}
+	c.calls.Add(1)
 	if cmd != cmdFlush {
 		if err := backend.CheckRange(off, length, c.export.size); err != nil {
 			return 0, err

@@ -329,6 +329,9 @@ func TestClientPipelined(t *testing.T) {
 			require.Len(t, c.conns, conns, "nbdkit memory offers multi-conn")
 			require.NotZero(t, c.Flags()&tflagCanMultiConn)
 			clientHammer(t, c, 256, 4, nil)
+			// Every call waited on the network (backend.Waiter): 256 workers' 4 rounds of
+			// writes (1 to 16 calls each) and a read.
+			require.GreaterOrEqual(t, c.Waits(), uint64(256*4*2))
 		})
 	}
 }

@@ -16,6 +16,14 @@ import (
 // waking an idle one; at 20 µs the 64K sequential write row ran 3-13 % slower (4 of 4 paired
 // rounds). An O_DIRECT read of the SSD tier (100 µs and more) still goes to a worker.
 //
+// Time alone cannot tell a request that keeps the CPU busy from one that waits: a remote NBD
+// server that answers in 30 µs looks as fast as a write to the page cache, and served one at a
+// time it carries 33,000 requests a second whatever its link (a cold 4K random 50/50 mix through
+// tierblk without a cache, over nbdkit behind a 1 Gb/s rate filter: half of what workers carry;
+// bench cold measures it). So a request during which the device waited on a disk or the network
+// (backend.Waiter) counts as taking at least waitedLatency: a device that waits goes to workers,
+// whose waits overlap, and one whose requests wait only now and then stays inline.
+//
 // Requests handed off look slower than they are when the device serves them one at a time:
 // buffered writes to one file each take its inode lock, so 32 workers each wait for the 31 others
 // and the average says 500 µs where one write alone takes 30. Left to the average, a connection
@@ -25,6 +33,7 @@ import (
 // before the probe no longer count.
 const (
 	inlineLatency = 100 * time.Microsecond
+	waitedLatency = 10 * inlineLatency
 	slowSpell     = 1024
 )
 

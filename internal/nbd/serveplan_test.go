@@ -1,10 +1,13 @@
 package nbd
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/volume"
 )
 
 // A plan driven by a device model: what each request takes inline and handed off. It returns
@@ -89,4 +92,50 @@ func TestServePlanStaleSamples(t *testing.T) {
 	in, probe, _ = p.next()
 	require.True(t, in, "the probe's latency stands")
 	require.False(t, probe)
+}
+
+// waitingDevice takes spin of CPU time a read and, with waits, reports each read as one that
+// waited (backend.Waiter), as a remote backend that answers fast would.
+type waitingDevice struct {
+	*hookDevice
+	waits atomic.Uint64
+}
+
+func (d *waitingDevice) Waits() uint64 { return d.waits.Load() }
+
+// TestWaitingDeviceGoesToWorkers: a device whose requests are fast but wait (on a network, a disk)
+// must have them served by workers, several at once, rather than one at a time by the reader,
+// which is what the same device gets when it does not say that it waits (served inline while
+// its requests take less than inlineLatency: TestServePlan).
+func TestWaitingDeviceGoesToWorkers(t *testing.T) {
+	vol, _ := newVolume(1<<20, 0x22, volume.Options{})
+	var active, peak atomic.Int32
+	d := &waitingDevice{}
+	d.hookDevice = &hookDevice{Device: vol, onRead: func(int64) {
+		n := active.Add(1)
+		defer active.Add(-1)
+		for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+		}
+		d.waits.Add(1)
+		for start := time.Now(); time.Since(start) < 10*time.Microsecond; {
+		}
+	}}
+	ts := startServer(t, ServerConfig{Exports: []Export{{Device: d}}})
+	c := dialRaw(t, "unix", ts.sock)
+	c.connect("", true)
+	const reads = 3000
+	for round := range 2 { // the first settles the plan (its first requests are slow: cold code)
+		peak.Store(0)
+		go func() {
+			for i := range uint64(reads) {
+				c.request(request{typ: cmdRead, cookie: i, offset: 4096 * (i % 256), length: 4096}, nil)
+			}
+		}()
+		for range reads {
+			require.Zero(t, c.reply().errno)
+		}
+		if round == 1 {
+			require.Greater(t, peak.Load(), int32(1), "reads in the device at once")
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // Export is one device the server offers under a name.
@@ -336,6 +337,7 @@ type conn struct {
 	noZeroes   bool
 	structured bool
 	export     *Export
+	waiter     backend.Waiter // the device's count of requests that waited, if it keeps one
 	info       volume.Info
 	tflags     uint16
 	minBlock   uint32

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // handshake runs the fixed newstyle negotiation. It returns true when the client chose an export
@@ -199,6 +200,7 @@ func (c *conn) enter(e *Export) { c.enterWith(e, e.Device.Info()) }
 
 func (c *conn) enterWith(e *Export, info volume.Info) {
 	c.export = e
+	c.waiter, _ = e.Device.(backend.Waiter)
 	c.info = info
 	c.tflags = transmissionFlags(info, c.structured)
 	c.minBlock, _, c.maxBlock = blockSizes(info)

@@ -321,13 +321,18 @@ func (c *conn) work() {
 }
 
 // serve performs one request on the device, answers it and frees its slot. It returns how long
-// the device took.
+// the device took, and at least waitedLatency when the device waited on a disk or the network
+// meanwhile (for this request or another: either way the device is not a memory copy now).
 func (c *conn) serve(j job) time.Duration {
 	r := j.req
 	dev := c.export.Device
 	off, n := int64(r.offset), int64(r.length)
 	fua := r.flags&cmdFlagFUA != 0
 	var err error
+	var waits uint64
+	if c.waiter != nil {
+		waits = c.waiter.Waits()
+	}
 	start := time.Now()
 	switch r.typ {
 	case cmdRead:
@@ -357,6 +362,9 @@ func (c *conn) serve(j job) time.Duration {
 		err = dev.Cache(off, n)
 	}
 	took := time.Since(start)
+	if c.waiter != nil && c.waiter.Waits() != waits {
+		took = max(took, waitedLatency)
+	}
 	switch {
 	case err != nil:
 		errno := errnoFor(err, r.typ)

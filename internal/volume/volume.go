@@ -117,6 +117,9 @@ func New(b backend.Backend, o Options) *Volume {
 // Info implements Device.
 func (v *Volume) Info() Info { return v.info }
 
+// Waits counts the requests that waited on the backend's storage or network (backend.Waiter).
+func (v *Volume) Waits() uint64 { return backend.WaitsOf(v.b) }
+
 func (v *Volume) check(off, length int64, write bool) error {
 	if write && v.info.ReadOnly {
 		return ErrReadOnly

@@ -292,6 +292,9 @@ func (f *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
 // Size implements backend.Backend.
 func (f *Backend) Size() int64 { return f.inner.Size() }
 
+// Waits implements backend.Waiter for the wrapped backend.
+func (f *Backend) Waits() uint64 { return backend.WaitsOf(f.inner) }
+
 // Flush implements backend.Backend.
 func (f *Backend) Flush() error {
 	if err := f.inject(Flush, 0, 0, nil); err != nil {

@@ -119,7 +119,7 @@ func parseURL(u *url.URL) (config, error) {
 }
 
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
-// backend.FUAWriter, backend.CachedReader and backend.ReadOnlyReporter.
+// backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter and backend.Waiter.
 type File struct {
 	f  *os.File
 	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
@@ -138,6 +138,7 @@ type File struct {
 	// of a block device, 1 for a regular file.
 	sector int64
 	closed atomic.Bool
+	waits  atomic.Uint64 // requests that waited on the disk (Waits)
 
 	// What the file system or device refused once is not asked again.
 	noTrim, noPunch, noZeroRange atomic.Bool
@@ -409,10 +410,17 @@ func (f *File) Size() int64 { return f.size }
 // ReadOnly implements backend.ReadOnlyReporter.
 func (f *File) ReadOnly() bool { return f.readOnly }
 
+// Waits implements backend.Waiter: direct reads and writes, FUA writes and flushes wait on the
+// disk; the rest are copies to and from the page cache.
+func (f *File) Waits() uint64 { return f.waits.Load() }
+
 // ReadAt implements backend.Backend.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	if err := f.check(off, int64(len(p)), false); err != nil {
 		return 0, err
+	}
+	if f.directRead {
+		f.waits.Add(1)
 	}
 	var err error
 	if f.directRead && !aligned(p, off) {
@@ -456,6 +464,9 @@ func (f *File) WriteAtFUA(p []byte, off int64) (int, error) {
 func (f *File) write(p []byte, off int64, dsync bool) (int, error) {
 	if err := f.check(off, int64(len(p)), true); err != nil {
 		return 0, err
+	}
+	if f.directWrite || dsync {
+		f.waits.Add(1)
 	}
 	if err := f.writeData(p, off, dsync); err != nil {
 		return 0, err
@@ -533,6 +544,7 @@ func (f *File) Flush() error {
 	if f.closed.Load() {
 		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
 	}
+	f.waits.Add(1)
 	return f.control("fdatasync", unix.Fdatasync)
 }
 

@@ -373,6 +373,16 @@ func TestDirectFlag(t *testing.T) {
 			require.NoError(t, r.Close())
 			require.Equal(t, c.reads, f.ring != nil, "direct=%s: reads through io_uring", c.param)
 		}
+		// What waits on the disk counts in Waits (backend.Waiter); copies through the page cache do not.
+		buf := make([]byte, 4096)
+		_, err := f.ReadAt(buf, 0)
+		require.NoError(t, err)
+		_, err = f.WriteAt(buf, 0)
+		require.NoError(t, err)
+		want := map[bool]uint64{false: 0, true: 1}
+		require.Equal(t, want[c.reads]+want[c.writes], f.Waits(), "direct=%s: a read and a write", c.param)
+		require.NoError(t, f.Flush())
+		require.Equal(t, want[c.reads]+want[c.writes]+1, f.Waits(), "direct=%s: and a flush", c.param)
 		require.NoError(t, f.Close())
 	}
 }

@@ -181,5 +181,8 @@ func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
 // ReadOnly implements backend.ReadOnlyReporter.
 func (b *Backend) ReadOnly() bool { return b.readOnly }
 
+// Waits implements backend.Waiter: every request goes over the network.
+func (b *Backend) Waits() uint64 { return b.c.Waits() }
+
 // Close disconnects from the server. It does not flush.
 func (b *Backend) Close() error { return b.c.Close() }

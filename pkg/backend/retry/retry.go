@@ -177,6 +177,9 @@ func (r *Backend) WriteAtFUA(p []byte, off int64) (n int, err error) {
 // Size implements backend.Backend.
 func (r *Backend) Size() int64 { return r.inner.Size() }
 
+// Waits implements backend.Waiter for the wrapped backend.
+func (r *Backend) Waits() uint64 { return backend.WaitsOf(r.inner) }
+
 // Flush implements backend.Backend.
 func (r *Backend) Flush() error {
 	return r.do(func() string { return "flush" }, r.inner.Flush)
