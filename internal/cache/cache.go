@@ -65,6 +65,16 @@ func ParseMode(s string) (Mode, error) {
 // keep such lines out, missed more on both (docs/cache-policy.md).
 const DefaultPolicy = "s3fifo"
 
+// The tiers' admission unless the config names one. The RAM tier admits every miss: storing a line
+// there is a copy. The SSD tier's auto admits every miss while its hits pay for that, and only
+// lines missed twice while they do not (policy.Auto): storing a line there costs a write, a record
+// and a flush, more CPU than forwarding the request, which a cold random workload paid for nothing
+// (docs/cache-policy.md).
+const (
+	DefaultRAMAdmission = "always"
+	DefaultSSDAdmission = "auto"
+)
+
 // Line sizes.
 const (
 	DefaultLineSize = 64 << 10
@@ -76,7 +86,7 @@ const (
 type TierConfig struct {
 	Size      int64  // bytes; 0: no such tier
 	Policy    string // eviction policy name (see package policy); default DefaultPolicy
-	Admission string // admission policy spec; default always
+	Admission string // admission policy spec; default DefaultRAMAdmission or DefaultSSDAdmission
 }
 
 // Config configures a cache.
@@ -197,7 +207,10 @@ func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
 		s.policy = DefaultPolicy
 	}
 	if s.admission == "" {
-		s.admission = "always"
+		s.admission = DefaultRAMAdmission
+		if name == "ssd" {
+			s.admission = DefaultSSDAdmission
+		}
 	}
 	return s
 }
@@ -524,8 +537,6 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	fills := make([]fill, len(segs))
 	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
 	for i, s := range segs {
-		fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(c.access(s, false)))
-		fills[i].ram = c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
 		if c.ssd != nil {
 			if slot, valid, ok := c.ssd.pin(s.line); ok {
 				fills[i].held = source{t: c.ssd, slot: slot, valid: valid}
@@ -542,6 +553,12 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	first, last := segs[0], segs[len(segs)-1]
 	var from, to int64
 	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
+		for i, s := range segs {
+			a := c.access(s, false)
+			a.Sequential = seq
+			fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
+			fills[i].ram = c.ram.usable() && (force || c.ram.admits(a))
+		}
 		r := fetch.Blocks
 		switch {
 		case force:

@@ -3,6 +3,7 @@ package cache
 import (
 	"testing"
 
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -48,5 +49,53 @@ func TestMissCounters(t *testing.T) {
 	}
 	if h := s.Tiers[0].Hits; h != 14 {
 		t.Fatalf("after a sequential line: %d hits, want 14", h)
+	}
+}
+
+// TestSSDAdmissionAuto runs the SSD tier's default admission (policy.Auto) through a cold random
+// workload and then a reused set, and checks its counters: the first epoch of misses is admitted
+// (a cache starts out paying), the rest of the cold misses are turned away, and lines missed a
+// second time are admitted and then hit.
+func TestSSDAdmissionAuto(t *testing.T) {
+	const line, lines = 4 << 10, 16384
+	c, err := New(mem.New(lines*line), Config{LineSize: line, BackendID: "test",
+		SSD: TierConfig{Size: 64 * line},
+		SSDDevice: mem.New(64 * line), Meta: meta.NewMem()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, line)
+	read := func(l int) {
+		t.Helper()
+		if _, err := c.ReadAt(buf, int64(l)*line); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const epoch, cold = 4096, 3 * 4096
+	scatter := func(i int) int { return i * 7919 % lines } // distinct lines, none next to the last
+	for i := range cold {
+		read(scatter(i))
+	}
+	ssd := c.Stats().Tiers[0]
+	if ssd.Admission != DefaultSSDAdmission {
+		t.Fatalf("SSD admission %q, want the default %q", ssd.Admission, DefaultSSDAdmission)
+	}
+	if ssd.Admitted != epoch || ssd.Rejected != cold-epoch {
+		t.Fatalf("cold reads: SSD admitted %d and rejected %d; want %d and %d", ssd.Admitted, ssd.Rejected, epoch, cold-epoch)
+	}
+	// A few of the lines turned away, read again: a second miss each, admitted; then hits.
+	const reused = 4
+	for i := range reused {
+		read(scatter(cold - 1 - i))
+	}
+	if ssd = c.Stats().Tiers[0]; ssd.Admitted != epoch+reused {
+		t.Fatalf("second misses: SSD admitted %d, want %d", ssd.Admitted, epoch+reused)
+	}
+	for i := range reused {
+		read(scatter(cold - 1 - i))
+	}
+	if ssd = c.Stats().Tiers[0]; ssd.Hits != reused {
+		t.Fatalf("third reads: %d SSD hits, want %d", ssd.Hits, reused)
 	}
 }

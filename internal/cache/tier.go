@@ -47,7 +47,9 @@ type tier struct {
 	zombies map[uint32]bool // slots evicted while pinned, released at the last unpin
 	evict   policy.Eviction
 	admit   policy.Admission
-	victims []uint64 // lines the current Insert evicted
+	// hitsTold is the count of hits the admission policy has heard of (policy.HitObserver).
+	hitsTold uint64
+	victims  []uint64 // lines the current Insert evicted
 
 	// Write-back (SSD tier): which blocks hold data the backend does not have. A dirty line is
 	// never dropped: when the policy evicts one it is doomed, and leaves once destaged.
@@ -214,9 +216,15 @@ func (t *tier) cleanLocked(line uint64) lineBits {
 	return t.valid.get(slot).andNot(t.dirtyAt(slot))
 }
 
-// admits asks the admission policy about a missed line.
+// admits asks the admission policy about a missed line, after telling it of the hits since it was
+// last asked if it wants to know (policy.HitObserver).
 func (t *tier) admits(a policy.Access) bool {
 	t.mu.Lock()
+	if o, ok := t.admit.(policy.HitObserver); ok {
+		hits := t.hits.Load()
+		o.ObserveHits(hits - t.hitsTold)
+		t.hitsTold = hits
+	}
 	ok := t.admit.Admit(a)
 	t.mu.Unlock()
 	if ok {

@@ -61,7 +61,9 @@ func TestNewAdmission(t *testing.T) {
 		{"seqcutoff:65536", &SeqCutoff{cutoff: 65536}, nil},
 		{"seqcutoff:0", nil, []string{"cutoff 0", "seqcutoff:SIZE"}},
 		{"seqcutoff:4Mx", nil, []string{"cutoff:", "seqcutoff:SIZE"}},
-		{"nosuch", nil, []string{`unknown admission policy "nosuch"`, "always, nhit, seqcutoff"}},
+		{"auto", NewAuto(), nil},
+		{"auto:2", nil, []string{"auto takes no parameters", "write auto"}},
+		{"nosuch", nil, []string{`unknown admission policy "nosuch"`, "always, auto, nhit, seqcutoff"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {

@@ -51,11 +51,20 @@ type Access struct {
 	Offset int64 // bytes
 	Length int64 // bytes
 	Write  bool
+	// Sequential says the access continues a sequential stream, as the cache follows them
+	// (package fetch); false where the caller does not follow streams.
+	Sequential bool
 }
 
 // Admission decides whether a missed key enters the cache.
 type Admission interface {
 	Admit(a Access) bool
+}
+
+// HitObserver is an admission policy that also wants to know how often the cache hits: the cache
+// reports the hits since its last report before each Admit (and the simulator each hit).
+type HitObserver interface {
+	ObserveHits(n uint64)
 }
 
 // EvictionFactory builds an eviction policy.

@@ -17,6 +17,7 @@ var (
 
 	admissions = map[string]AdmissionFactory{
 		"always":    newAlways,
+		"auto":      newAutoSpec,
 		"nhit":      newNHitSpec,
 		"seqcutoff": newSeqCutoffSpec,
 	}

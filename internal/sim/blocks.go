@@ -101,6 +101,7 @@ func replayBlocks(ctx context.Context, w *Workload, j Job, warmup int) (Result, 
 			hit := ok && (r.Write || have.covers(blockRange(from, to)))
 			if hit {
 				c.ev.Get(k)
+				c.hit()
 			} else {
 				missed = true
 			}
@@ -135,12 +136,6 @@ func replayBlocks(ctx context.Context, w *Workload, j Job, warmup int) (Result, 
 		if !missed {
 			continue
 		}
-		for x := range segs {
-			s := &segs[x]
-			if !s.hit && c.adm.Admit(policy.Access{Key: s.k, Offset: r.Offset, Length: r.Length}) {
-				s.cached = true
-			}
-		}
 		vol := keys[0] >> volumeShift
 		st := streams[vol]
 		if st == nil {
@@ -158,6 +153,12 @@ func replayBlocks(ctx context.Context, w *Workload, j Job, warmup int) (Result, 
 		}
 		lineStart := func(s seg) int64 { return keyBlock(s.k) * w.BlockSize }
 		st.Follow(lineStart(segs[first])+segs[first].from, func(seq bool) int64 {
+			for x := range segs {
+				s := &segs[x]
+				if !s.hit && c.adm.Admit(policy.Access{Key: s.k, Offset: r.Offset, Length: r.Length, Sequential: seq}) {
+					s.cached = true
+				}
+			}
 			reach := fetch.Blocks
 			if seq {
 				reach = fetch.Ahead

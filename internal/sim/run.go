@@ -115,8 +115,16 @@ func Run(ctx context.Context, w *Workload, jobs []Job, o RunOptions) ([]Result, 
 }
 
 type cache struct {
-	ev  policy.Eviction
-	adm policy.Admission
+	ev   policy.Eviction
+	adm  policy.Admission
+	seen policy.HitObserver // adm, if it wants to hear of hits
+}
+
+// hit tells the admission policy of a hit, if it wants to know.
+func (c *cache) hit() {
+	if c.seen != nil {
+		c.seen.ObserveHits(1)
+	}
 }
 
 func newCache(j Job) (cache, error) { return newCacheEvicting(j, nil) }
@@ -135,7 +143,8 @@ func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
 	if err != nil {
 		return cache{}, err
 	}
-	return cache{ev: ev, adm: adm}, nil
+	seen, _ := adm.(policy.HitObserver)
+	return cache{ev: ev, adm: adm, seen: seen}, nil
 }
 
 // replay runs one cache over the whole workload. This loop is the simulator's speed: keep it free
@@ -160,7 +169,9 @@ func replay(ctx context.Context, w *Workload, j Job, warmup int) (Result, error)
 		for _, k := range w.Keys[w.Starts[i]:w.Starts[i+1]] {
 			hit := c.ev.Get(k)
 			admitted := false
-			if !hit {
+			if hit {
+				c.hit()
+			} else {
 				if admitted = c.adm.Admit(policy.Access{Key: k, Offset: r.Offset, Length: r.Length, Write: r.Write}); admitted {
 					c.ev.Insert(k)
 				}
