@@ -59,7 +59,7 @@ func TestMissCounters(t *testing.T) {
 func TestSSDAdmissionAuto(t *testing.T) {
 	const line, lines = 4 << 10, 16384
 	c, err := New(mem.New(lines*line), Config{LineSize: line, BackendID: "test",
-		SSD: TierConfig{Size: 64 * line},
+		SSD:       TierConfig{Size: 64 * line},
 		SSDDevice: mem.New(64 * line), Meta: meta.NewMem()})
 	if err != nil {
 		t.Fatal(err)
