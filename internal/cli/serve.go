@@ -90,7 +90,7 @@ backend and exits 0.`,
 	f.StringVar(&o.cache.Line, "line", "", "cache line size, a power of two from 4KiB to 1MiB (default 64KiB)")
 	f.StringVar(&o.cache.Mode, "mode", "", "cache mode: writethrough (default), writearound, passthrough or writeback (needs --ssd)")
 	f.StringVar(&o.cache.Policy, "policy", "", "eviction policy of the cache tiers (default "+cache.DefaultPolicy+"; see 'tierblk sim --help')")
-	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of both cache tiers (default: always for RAM, auto for the SSD tier; e.g. nhit:2, seqcutoff)")
+	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of both cache tiers (default auto; e.g. always, nhit:2, seqcutoff)")
 	wb := cache.DefaultWriteBack
 	f.Float64Var(&o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
 	f.Float64Var(&o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
