@@ -17,6 +17,9 @@ type layout struct {
 	ram, ssd int64 // lines
 	mode     Mode
 	policy   string
+	// admission of both tiers; empty for the default (whose first epoch of lookups, longer than
+	// most tests, admits every miss)
+	admission string
 }
 
 var layouts = []layout{
@@ -38,8 +41,8 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
 	// the delays would only slow the tests (writes still wait at the maximum).
 	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"},
-		RAM: TierConfig{Size: l.ram * l.line, Policy: l.policy},
-		SSD: TierConfig{Size: l.ssd * l.line, Policy: l.policy}}
+		RAM: TierConfig{Size: l.ram * l.line, Policy: l.policy, Admission: l.admission},
+		SSD: TierConfig{Size: l.ssd * l.line, Policy: l.policy, Admission: l.admission}}
 	if l.ssd > 0 {
 		if ssdDev == nil {
 			ssdDev = mem.New(l.ssd * l.line)

@@ -154,7 +154,9 @@ type linCase struct {
 	ram, ssd int64 // lines
 	mode     Mode
 	policy   string
-	ssdFault float64 // rate of failed reads and writes of the SSD
+	// admission of both tiers: nhit:2 is what the default, auto, does while a tier does not pay
+	admission string
+	ssdFault  float64 // rate of failed reads and writes of the SSD
 	// ssdFile puts the SSD tier on a file as tierblk serve does (direct reads through io_uring)
 	// rather than in memory.
 	ssdFile bool
@@ -178,6 +180,8 @@ func TestLinearizable(t *testing.T) {
 		{name: "wb-4k-lru", line: 4 << 10, ram: 2, ssd: 6, mode: WriteBack},
 		{name: "wb-16k-s3fifo", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, policy: "s3fifo"},
 		{name: "wb-8k-ssd-only", line: 8 << 10, ssd: 5, mode: WriteBack, policy: "sieve"},
+		{name: "wt-4k-doorkeeper", line: 4 << 10, ram: 2, ssd: 4, mode: WriteThrough, admission: "nhit:2"},
+		{name: "wb-16k-doorkeeper", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, admission: "nhit:2"},
 	}
 	seed := testSeed(t)
 	for i, lc := range cases {
@@ -215,7 +219,7 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	}
 	delay := 150 * time.Microsecond
 	b := fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
-	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy}
+	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission}
 	var ssd *fault.Backend
 	if lc.ssd > 0 {
 		rates := map[fault.Op]float64{fault.Read: lc.ssdFault, fault.Write: lc.ssdFault}
