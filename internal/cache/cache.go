@@ -550,7 +550,7 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
 		for i, s := range segs {
 			a := c.access(s, false)
-			a.Sequential = seq
+			a.Sequential = seq || int64(len(p)) > c.line // a request of several lines is a sequential run
 			fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
 			fills[i].ram = c.ram.usable() && (force || c.ram.admits(a))
 		}

@@ -1,12 +1,9 @@
 package cache
 
 import (
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/tierblk/tierblk/internal/meta"
-	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -100,56 +97,5 @@ func TestSSDAdmissionAuto(t *testing.T) {
 	}
 	if ssd = c.Stats().Tiers[0]; ssd.Hits != reused {
 		t.Fatalf("third reads: %d SSD hits, want %d", ssd.Hits, reused)
-	}
-}
-
-// slowWrites delays every write by delay.
-type slowWrites struct {
-	backend.Backend
-	delay atomic.Int64 // ns
-}
-
-func (s *slowWrites) WriteAt(p []byte, off int64) (int, error) {
-	time.Sleep(time.Duration(s.delay.Load()))
-	return s.Backend.WriteAt(p, off)
-}
-
-// TestCongestedSSD: an SSD tier whose writes take longer than congestedLatency admits no missed
-// line (the reads are still served, from the backend) but probes, and admits again once its writes
-// are fast.
-func TestCongestedSSD(t *testing.T) {
-	const line, lines = 4 << 10, 16384
-	ssd := &slowWrites{Backend: mem.New(2048 * line)}
-	ssd.delay.Store(int64(3 * congestedLatency))
-	c, err := New(mem.New(lines*line), Config{LineSize: line, BackendID: "test",
-		SSD: TierConfig{Size: 2048 * line}, SSDDevice: ssd, Meta: meta.NewMem()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	buf := make([]byte, line)
-	next := 0
-	read := func(n int) {
-		t.Helper()
-		for range n {
-			if _, err := c.ReadAt(buf, int64(next*7919%lines)*line); err != nil { // never sequential
-				t.Fatal(err)
-			}
-			next++
-		}
-	}
-	read(40)
-	st := c.Stats().Tiers[0]
-	if st.Congested == 0 || st.Admitted >= 40 || st.Admitted+st.Rejected != 40 {
-		t.Fatalf("slow writes: %d admitted, %d rejected (%d for congestion) of 40 misses; want congestion", st.Admitted, st.Rejected, st.Congested)
-	}
-	ssd.delay.Store(0)
-	read(32 * congestedProbe) // the probes' fast writes bring the average down
-	before := c.Stats().Tiers[0]
-	read(10)
-	after := c.Stats().Tiers[0]
-	if after.Congested != before.Congested || after.Admitted != before.Admitted+10 {
-		t.Fatalf("fast writes again: %d more admitted, %d more refused for congestion; want 10 and 0",
-			after.Admitted-before.Admitted, after.Congested-before.Congested)
 	}
 }

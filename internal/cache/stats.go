@@ -34,11 +34,8 @@ type TierStats struct {
 	HitBytes   uint64 `json:"hit_bytes"` // bytes served from this tier
 	Promotions uint64 `json:"promotions"`
 	// Admitted and Rejected count the admission policy's answers about missed lines.
-	Admitted uint64 `json:"admitted"`
-	Rejected uint64 `json:"rejected"`
-	// Congested counts the misses refused (within Rejected) because the tier's storage was slow to
-	// write (SSD tier only).
-	Congested uint64 `json:"congested,omitempty"`
+	Admitted  uint64 `json:"admitted"`
+	Rejected  uint64 `json:"rejected"`
 	Evictions uint64 `json:"evictions"`
 	// Invalidations count lines dropped because a write made them stale (write-around, trim).
 	Invalidations uint64 `json:"invalidations"`

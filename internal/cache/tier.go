@@ -81,12 +81,8 @@ type tier struct {
 	promotions atomic.Uint64
 	admitted   atomic.Uint64
 	rejected   atomic.Uint64
-	// While the storage is congested (writeLat), misses are refused (congested) but for one in
-	// congestedProbe of the misses asked about (congestedAsks).
-	congested, congestedAsks atomic.Uint64
-	writeLat                 atomic.Int64 // moving average of the storage's write time, in ns
-	evictions                atomic.Uint64
-	invalids                 atomic.Uint64
+	evictions  atomic.Uint64
+	invalids   atomic.Uint64
 }
 
 // tierSpec says how to build a tier.
@@ -220,24 +216,9 @@ func (t *tier) cleanLocked(line uint64) lineBits {
 	return t.valid.get(slot).andNot(t.dirtyAt(slot))
 }
 
-// congestedLatency is the average write time (over the last few writes) above which a tier's
-// storage is congested, bcache's default congested_write_threshold_us: a congested tier admits no
-// missed line, whose write would only queue behind the others and slow the request that waits for
-// it, but one in congestedProbe, whose write time tells when the congestion is over. Writes of
-// dirty data in write-back are not refused; they update the average too.
-const (
-	congestedLatency = 2 * time.Millisecond
-	congestedProbe   = 64
-)
-
 // admits asks the admission policy about a missed line, after telling it of the hits since it was
-// last asked if it wants to know (policy.HitObserver); a congested tier refuses it first.
+// last asked if it wants to know (policy.HitObserver).
 func (t *tier) admits(a policy.Access) bool {
-	if t.ram == nil && time.Duration(t.writeLat.Load()) > congestedLatency && t.congestedAsks.Add(1)%congestedProbe != 0 {
-		t.congested.Add(1)
-		t.rejected.Add(1)
-		return false
-	}
 	t.mu.Lock()
 	if o, ok := t.admit.(policy.HitObserver); ok {
 		hits := t.hits.Load()
@@ -631,10 +612,7 @@ func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 		copy(t.ram[base:], p)
 		return nil
 	}
-	start := time.Now()
 	_, err := t.dev.WriteAt(p, base)
-	avg := t.writeLat.Load() // concurrent updates may race and lose a sample: it is an estimate
-	t.writeLat.Store(avg + (int64(time.Since(start))-avg)/8)
 	return err
 }
 
@@ -652,7 +630,6 @@ func (t *tier) stats() TierStats {
 		Promotions:    t.promotions.Load(),
 		Admitted:      t.admitted.Load(),
 		Rejected:      t.rejected.Load(),
-		Congested:     t.congested.Load(),
 		Evictions:     t.evictions.Load(),
 		Invalidations: t.invalids.Load(),
 		Lines:         uint64(lines),

@@ -185,9 +185,6 @@ func writeMisses(w io.Writer, s cache.Stats) {
 	fmt.Fprintf(w, "reads: %s asked, %s fetched by misses (amplification %s)", humanBytes(s.ReadBytes), humanBytes(s.FetchedBytes), amp)
 	for _, t := range s.Tiers {
 		fmt.Fprintf(w, "; %s admission %s: %d admitted, %d rejected", t.Name, t.Admission, t.Admitted, t.Rejected)
-		if t.Congested > 0 {
-			fmt.Fprintf(w, " (%d while the tier was congested)", t.Congested)
-		}
 	}
 	fmt.Fprintln(w)
 }

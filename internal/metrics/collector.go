@@ -49,8 +49,6 @@ var (
 			func(t cache.TierStats) float64 { return float64(t.Admitted) }},
 		{tierDesc("tierblk_cache_rejected_total", "Missed lines this tier's admission policy turned away."), prometheus.CounterValue,
 			func(t cache.TierStats) float64 { return float64(t.Rejected) }},
-		{tierDesc("tierblk_cache_congested_total", "Missed lines turned away because this tier's storage was slow to write (within rejected)."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Congested) }},
 		{tierDesc("tierblk_cache_tier_bypasses_total", "Times this tier was bypassed after I/O or metadata errors."), prometheus.CounterValue,
 			func(t cache.TierStats) float64 { return float64(t.Bypasses) }},
 		{tierDesc("tierblk_cache_tier_heals_total", "Times this tier came back into service after a bypass."), prometheus.CounterValue,

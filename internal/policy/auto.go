@@ -14,10 +14,10 @@ import "fmt"
 //
 // Whether the cache pays is judged per epoch of autoEpoch lookups (hits and misses): it pays while
 // at least one in autoMinHitShare of the last epoch's lookups hit. A cache starts out paying, so
-// that an empty cache fills from its first reads. Reads that continue a sequential stream
-// (Access.Sequential) are admitted at any time: they fill whole lines, at a sixteenth of the cost a
-// byte of random 4 KiB misses has with 64 KiB lines, and a data set read through once is the way
-// users warm a cache.
+// that an empty cache fills from its first reads. Sequential reads (Access.Sequential: a stream, or
+// a request spanning several lines) are admitted at any time: they fill whole lines, at a sixteenth
+// of the cost a byte of random 4 KiB misses has with 64 KiB lines, and a data set read through once
+// is the way users warm a cache.
 //
 // Auto needs to hear of the cache's hits (HitObserver); a cache that never reports them is judged
 // by its misses alone and stops paying after its first epoch.

@@ -52,7 +52,9 @@ type Access struct {
 	Length int64 // bytes
 	Write  bool
 	// Sequential says the access continues a sequential stream, as the cache follows them
-	// (package fetch); false where the caller does not follow streams.
+	// (package fetch), or belongs to one request that spans several lines, itself a sequential
+	// run (a sequential reader's requests at a queue depth above one reach the stream follower
+	// out of order); false where the caller does not follow streams.
 	Sequential bool
 }
 

@@ -155,7 +155,7 @@ func replayBlocks(ctx context.Context, w *Workload, j Job, warmup int) (Result, 
 		st.Follow(lineStart(segs[first])+segs[first].from, func(seq bool) int64 {
 			for x := range segs {
 				s := &segs[x]
-				if !s.hit && c.adm.Admit(policy.Access{Key: s.k, Offset: r.Offset, Length: r.Length, Sequential: seq}) {
+				if !s.hit && c.adm.Admit(policy.Access{Key: s.k, Offset: r.Offset, Length: r.Length, Sequential: seq || len(segs) > 1}) {
 					s.cached = true
 				}
 			}
