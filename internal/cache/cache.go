@@ -68,9 +68,8 @@ const DefaultPolicy = "s3fifo"
 // DefaultAdmission is the tiers' admission unless the config names one: every miss while the
 // tier's hits pay for storing lines, only lines missed twice while they do not (policy.Auto).
 // Storing a line costs CPU (on the SSD tier a write, a record and a flush; in RAM a copy and an
-// eviction) that a cold random workload pays for nothing: with every miss admitted, such a workload
-// ran at half the speed of no cache, and with the SSD tier alone on auto at 0.9 of it
-// (docs/cache-policy.md).
+// eviction) that a cold random workload pays for nothing (bench cold's 50/50 row measures it;
+// docs/cache-policy.md has the comparison).
 const DefaultAdmission = "auto"
 
 // Line sizes.

@@ -18,9 +18,8 @@ import (
 //
 // Time alone cannot tell a request that keeps the CPU busy from one that waits: a remote NBD
 // server that answers in 30 µs looks as fast as a write to the page cache, and served one at a
-// time it carries 33,000 requests a second whatever its link (a cold 4K random 50/50 mix through
-// tierblk without a cache, over nbdkit behind a 1 Gb/s rate filter: half of what workers carry;
-// bench cold measures it). So a request during which the device waited on a disk or the network
+// time it carries 33,000 requests a second whatever its link (bench cold's rows without a cache,
+// over nbdkit behind a rate filter, measure it). So a request during which the device waited on a disk or the network
 // (backend.Waiter) counts as taking at least waitedLatency: a device that waits goes to workers,
 // whose waits overlap, and one whose requests wait only now and then stays inline.
 //

@@ -6,11 +6,10 @@ import "fmt"
 // a window (as nhit:2) while it does not. Admitting costs a cache whatever it does to store a line
 // (on the SSD tier: a write, a record in the metadata store, a flush at the next checkpoint, and
 // later an eviction); that pays when lines are read again. Where they are not (a cold random
-// workload over a disk far larger than the cache), every admission is cost for nothing: through
-// tierblk on two cores, a cold 4K random read/write mix over a NAS ran at less than half the speed
-// of no cache with every miss admitted to the SSD tier (bench cold, the 50/50 row). A key read
-// twice within the window is admitted even then, so that a working set that starts being reused is
-// cached from its second pass, and the cache soon pays again.
+// workload over a disk far larger than the cache), every admission is cost for nothing (bench
+// cold's 50/50 row measures it against no cache). A key read twice within the window is admitted
+// even then, so that a working set that starts being reused is cached from its second pass, and
+// the cache soon pays again.
 //
 // Whether the cache pays is judged per epoch of autoEpoch lookups (hits and misses): it pays while
 // at least one in autoMinHitShare of the last epoch's lookups hit. A cache starts out paying, so
