@@ -578,3 +578,10 @@ func TestCacheAdmin(t *testing.T) {
 		})
 	}
 }
+
+// TestCongestedSSDDevice puts the SSD tier on a device that takes 20 ms a request (null_blk in the
+// test kernel) and checks that the tier turns missed lines away while the kernel's counters show
+// it congested, and that reads are still the backend's bytes (vm/guest/congestion.sh).
+func TestCongestedSSDDevice(t *testing.T) {
+	runVMWith(t, vmOptions{fio: true}, "vm/guest/congestion.sh", "128M")
+}

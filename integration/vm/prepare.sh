@@ -1,8 +1,9 @@
 #!/bin/bash
 # prepare.sh builds, once, the parts of a test VM that do not change between test runs:
 # a Debian cloud kernel and a gzipped base initramfs holding busybox, the kernel modules
-# the tests load (nbd, ublk_drv, virtio_blk) and the host tools the guest runs, each with
-# the shared libraries ldd lists. Everything is cached under CACHE (default
+# the tests load (nbd, ublk_drv, virtio_blk; null_blk and its configfs, which a test loads
+# with its own parameters) and the host tools the guest runs, each with the shared libraries
+# ldd lists. Everything is cached under CACHE (default
 # <repo>/.cache/vm); a second run only prints the directory.
 #
 # Usage: prepare.sh [CACHE]        prints the directory holding vmlinuz and base.cpio.gz
@@ -63,7 +64,7 @@ cp "$work"/kernel/boot/vmlinuz-* "$work/vmlinuz"
 
 root=$work/root
 mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,mnt,etc,lib/modules,run}
-for m in nbd ublk_drv virtio_blk; do
+for m in nbd ublk_drv virtio_blk configfs null_blk; do
 	f=$(find "$work/kernel/lib/modules" -name "$m.ko.xz" | head -n 1)
 	[ -n "$f" ] || { log "module $m not in $pkg"; exit 1; }
 	xz -dc "$f" >"$root/lib/modules/$m.ko"

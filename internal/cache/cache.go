@@ -96,6 +96,10 @@ type Config struct {
 	// cache owns it. Meta, required with it, holds the SSD tier's index; the cache owns it too.
 	SSDDevice backend.Backend
 	Meta      meta.Store
+	// Congestion is the SSD tier's congestion threshold: while its device's requests take longer
+	// than this on average, and longer than the backend's reads, it admits no missed line.
+	// 0: DefaultCongestion; negative: never congested.
+	Congestion time.Duration
 	// BackendID identifies the backend in the superblock (its URL), so that an SSD tier is never
 	// used in front of another backend.
 	BackendID string
@@ -228,6 +232,7 @@ func (c *Cache) openSSD(cfg Config) error {
 		return err
 	}
 	t.dev = cfg.SSDDevice
+	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
 	t.doomedWake = c.wb.kick
 	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush, c.backendChanges.Load)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
@@ -635,7 +640,14 @@ func (c *Cache) fillTier(t *tier, s seg, data []byte, base int64, bits lineBits)
 }
 
 func (c *Cache) backendRead(p []byte, off int64) error {
+	var start time.Time
+	if c.ssd != nil && c.ssd.cong != nil {
+		start = time.Now()
+	}
 	_, err := c.b.ReadAt(p, off)
+	if !start.IsZero() {
+		c.ssd.cong.backendReadTook(time.Since(start))
+	}
 	c.backendStats.read(len(p), err)
 	return err
 }

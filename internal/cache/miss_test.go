@@ -1,9 +1,14 @@
 package cache
 
 import (
+	"bytes"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -98,4 +103,147 @@ func TestSSDAdmissionAuto(t *testing.T) {
 	if ssd = c.Stats().Tiers[0]; ssd.Hits != reused {
 		t.Fatalf("third reads: %d SSD hits, want %d", ssd.Hits, reused)
 	}
+}
+
+// timedDevice stands in for a block device the kernel times (backend.DeviceTimer): each request
+// adds latency to its counters. Fault injection: a real congested device is in the VM test
+// (integration/vm/guest/congestion.sh).
+type timedDevice struct {
+	backend.Backend
+	latency atomic.Int64 // ns a request takes
+	mu      sync.Mutex
+	t       backend.DeviceTime
+}
+
+func (d *timedDevice) count(write bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if write {
+		d.t.Writes++
+		d.t.WriteTime += time.Duration(d.latency.Load())
+	} else {
+		d.t.Reads++
+		d.t.ReadTime += time.Duration(d.latency.Load())
+	}
+}
+
+func (d *timedDevice) ReadAt(p []byte, off int64) (int, error) {
+	d.count(false)
+	return d.Backend.ReadAt(p, off)
+}
+
+func (d *timedDevice) WriteAt(p []byte, off int64) (int, error) {
+	d.count(true)
+	return d.Backend.WriteAt(p, off)
+}
+
+func (d *timedDevice) DeviceTime() (backend.DeviceTime, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.t, nil
+}
+
+// slowReads delays every read of a backend.
+type slowReads struct {
+	backend.Backend
+	delay time.Duration
+}
+
+func (s *slowReads) ReadAt(p []byte, off int64) (int, error) {
+	time.Sleep(s.delay)
+	return s.Backend.ReadAt(p, off)
+}
+
+// TestCongestedSSD: an SSD tier whose device takes longer a request than the threshold and than
+// the backend's reads admits no missed line but for probes, serves every read all the same, and
+// admits again once its device is fast; a slower backend, or a threshold of -1, keeps it admitting.
+func TestCongestedSSD(t *testing.T) {
+	const line, lines = 4 << 10, 16384
+	want := make([]byte, lines*line)
+	for i := range want {
+		want[i] = byte(i*7 + i/line)
+	}
+	back := func() backend.Backend { // the cache owns its backend: each gets its own
+		b := mem.New(lines * line)
+		if _, err := b.WriteAt(want, 0); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	open := func(t *testing.T, b backend.Backend, threshold time.Duration, latency time.Duration) (*Cache, *timedDevice) {
+		t.Helper()
+		dev := &timedDevice{Backend: mem.New(2048 * line)}
+		dev.latency.Store(int64(latency))
+		c, err := New(b, Config{LineSize: line, BackendID: "test", SSD: TierConfig{Size: 2048 * line, Admission: "always"},
+			SSDDevice: dev, Meta: meta.NewMem(), Congestion: threshold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if c.ssd.cong != nil {
+			c.ssd.cong.interval = 0 // judge at every miss
+		}
+		return c, dev
+	}
+	next := 0
+	read := func(t *testing.T, c *Cache, n int) TierStats {
+		t.Helper()
+		before := c.Stats().Tiers[0]
+		buf := make([]byte, line)
+		for range n {
+			off := int64(next*7919%lines) * line // never sequential
+			next++
+			if _, err := c.ReadAt(buf, off); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(buf, want[off:off+line]) {
+				t.Fatalf("read at %d: wrong data", off)
+			}
+		}
+		after := c.Stats().Tiers[0]
+		after.Admitted -= before.Admitted
+		after.Rejected -= before.Rejected
+		after.Congested -= before.Congested
+		return after
+	}
+	t.Run("slow device", func(t *testing.T) {
+		c, dev := open(t, back(), 0, 30*time.Millisecond)
+		s := read(t, c, 200)
+		if !s.CongestedNow || s.Congested < 190 || s.Admitted+s.Rejected != 200 || s.Admitted > 10 {
+			t.Fatalf("a 30 ms device: %d admitted, %d rejected (%d for congestion), congested now %v; want nearly all refused",
+				s.Admitted, s.Rejected, s.Congested, s.CongestedNow)
+		}
+		if s.DeviceLatency != 0.03 {
+			t.Fatalf("device latency %g s, want 0.03", s.DeviceLatency)
+		}
+		// A write-through write of a new line is no miss: it is still stored.
+		held := c.Stats().Tiers[0].Lines
+		last := int64(lines-1) * line // no read above touched it
+		if _, err := c.WriteAt(want[last:last+line], last); err != nil {
+			t.Fatal(err)
+		}
+		if got := c.Stats().Tiers[0].Lines; got != held+1 {
+			t.Fatalf("a write while congested: %d lines, want %d", got, held+1)
+		}
+		dev.latency.Store(int64(100 * time.Microsecond))
+		read(t, c, 2*congestedProbe) // a probe's fill is timed fast
+		if s := read(t, c, 50); s.CongestedNow || s.Congested != 0 || s.Admitted != 50 {
+			t.Fatalf("a fast device again: %d admitted, %d refused for congestion, congested now %v; want all 50 admitted",
+				s.Admitted, s.Congested, s.CongestedNow)
+		}
+	})
+	t.Run("slower backend", func(t *testing.T) {
+		c, _ := open(t, &slowReads{Backend: back(), delay: 5 * time.Millisecond}, 0, 3*time.Millisecond)
+		if s := read(t, c, 30); s.Congested != 0 || s.Admitted != 30 || s.DeviceLatency != 0.003 {
+			t.Fatalf("a 3 ms device before a backend slower still: %d admitted, %d refused for congestion, device %g s; want all admitted",
+				s.Admitted, s.Congested, s.DeviceLatency)
+		}
+	})
+	t.Run("off", func(t *testing.T) {
+		c, _ := open(t, back(), -1, 30*time.Millisecond)
+		if s := read(t, c, 30); s.Congested != 0 || s.Admitted != 30 || s.DeviceLatency != 0 {
+			t.Fatalf("congestion off: %d admitted, %d refused for congestion, device %g s; want all admitted, no figure",
+				s.Admitted, s.Congested, s.DeviceLatency)
+		}
+	})
 }

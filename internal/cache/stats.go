@@ -34,9 +34,15 @@ type TierStats struct {
 	HitBytes   uint64 `json:"hit_bytes"` // bytes served from this tier
 	Promotions uint64 `json:"promotions"`
 	// Admitted and Rejected count the admission policy's answers about missed lines.
-	Admitted  uint64 `json:"admitted"`
-	Rejected  uint64 `json:"rejected"`
-	Evictions uint64 `json:"evictions"`
+	Admitted uint64 `json:"admitted"`
+	Rejected uint64 `json:"rejected"`
+	// Congested counts the misses refused (within Rejected) because the tier's device was
+	// congested; CongestedNow says it is; DeviceLatency is the device's time per request, as the
+	// kernel measured it, over the last interval with requests (SSD tier on a block device only).
+	Congested     uint64  `json:"congested,omitempty"`
+	CongestedNow  bool    `json:"congested_now,omitempty"`
+	DeviceLatency float64 `json:"device_latency_seconds,omitempty"`
+	Evictions     uint64  `json:"evictions"`
 	// Invalidations count lines dropped because a write made them stale (write-around, trim).
 	Invalidations uint64 `json:"invalidations"`
 	Lines         uint64 `json:"lines"`    // lines held now

@@ -32,6 +32,7 @@ type tier struct {
 	ram      []byte          // RAM tier: slot s is ram[s*lineSize:]
 	dev      backend.Backend // SSD tier: slot s is at s*lineSize
 	j        *journal        // SSD tier: persistence of the index; nil for RAM
+	cong     *congestion     // SSD tier on a device the kernel times; nil otherwise
 	log      *slog.Logger
 
 	// mu guards the tier's state. RAM-tier hits take it shared (readHit) and leave their accesses
@@ -217,8 +218,13 @@ func (t *tier) cleanLocked(line uint64) lineBits {
 }
 
 // admits asks the admission policy about a missed line, after telling it of the hits since it was
-// last asked if it wants to know (policy.HitObserver).
+// last asked if it wants to know (policy.HitObserver); a congested tier refuses a read's miss first
+// (a write-through write of a new line is no miss: what was just written is likely read soon).
 func (t *tier) admits(a policy.Access) bool {
+	if !a.Write && t.cong.refuse() {
+		t.rejected.Add(1)
+		return false
+	}
 	t.mu.Lock()
 	if o, ok := t.admit.(policy.HitObserver); ok {
 		hits := t.hits.Load()
@@ -643,6 +649,7 @@ func (t *tier) stats() TierStats {
 		s.Reason = *r
 	}
 	s.Bypasses, s.Heals = t.bypasses.Load(), t.heals.Load()
+	t.cong.stats(&s)
 	if t.j != nil {
 		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largest.Load()
 		if s.Failed {

@@ -91,6 +91,7 @@ backend and exits 0.`,
 	f.StringVar(&o.cache.Mode, "mode", "", "cache mode: writethrough (default), writearound, passthrough or writeback (needs --ssd)")
 	f.StringVar(&o.cache.Policy, "policy", "", "eviction policy of the cache tiers (default "+cache.DefaultPolicy+"; see 'tierblk sim --help')")
 	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of both cache tiers (default auto; e.g. always, nhit:2, seqcutoff)")
+	f.StringVar(&o.cache.Congestion, "congestion", "", "the SSD tier admits no missed line while its device's requests take longer than this and than the backend's reads (default "+cache.DefaultCongestion.String()+"; off: never)")
 	wb := cache.DefaultWriteBack
 	f.Float64Var(&o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
 	f.Float64Var(&o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
@@ -170,6 +171,7 @@ var cacheFlags = []struct {
 	{"mode", func(d, s *config.Cache) { d.Mode = s.Mode }},
 	{"policy", func(d, s *config.Cache) { d.Policy = s.Policy }},
 	{"admission", func(d, s *config.Cache) { d.Admission = s.Admission }},
+	{"congestion", func(d, s *config.Cache) { d.Congestion = s.Congestion }},
 	{"dirty-high", func(d, s *config.Cache) { d.WriteBack.High = s.WriteBack.High }},
 	{"dirty-low", func(d, s *config.Cache) { d.WriteBack.Low = s.WriteBack.Low }},
 	{"dirty-max", func(d, s *config.Cache) { d.WriteBack.Max = s.WriteBack.Max }},
@@ -259,7 +261,7 @@ var fieldToFlag = []struct {
 	{regexp.MustCompile(`exports\[0\]\.cache: `), ""},
 	{regexp.MustCompile(`exports\[0\]\.cache\.ssd_size`), "--ssd-size"},
 	{regexp.MustCompile(`exports\[0\]\.cache\.write_back\.(high|low|max)\b`), "--dirty-$1"},
-	{regexp.MustCompile(`exports\[0\]\.cache\.(ssd|ram|meta|line|mode|policy|admission)\b`), "--$1"},
+	{regexp.MustCompile(`exports\[0\]\.cache\.(ssd|ram|meta|line|mode|policy|admission|congestion)\b`), "--$1"},
 	{regexp.MustCompile(`exports\[0\]\.cache\.(ram|ssd)_(policy|admission)\b`), "--$2"},
 	{regexp.MustCompile(`(?m)^admin\b`), "--admin"},
 	{regexp.MustCompile(`exports\[0\]\.ublk\.(id|queues|depth)\b`), "--ublk-$1"},

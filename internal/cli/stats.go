@@ -185,6 +185,16 @@ func writeMisses(w io.Writer, s cache.Stats) {
 	fmt.Fprintf(w, "reads: %s asked, %s fetched by misses (amplification %s)", humanBytes(s.ReadBytes), humanBytes(s.FetchedBytes), amp)
 	for _, t := range s.Tiers {
 		fmt.Fprintf(w, "; %s admission %s: %d admitted, %d rejected", t.Name, t.Admission, t.Admitted, t.Rejected)
+		if t.Congested > 0 || t.CongestedNow {
+			fmt.Fprintf(w, " (%d while its device was congested)", t.Congested)
+		}
+		if t.DeviceLatency > 0 {
+			now := ""
+			if t.CongestedNow {
+				now = ", congested"
+			}
+			fmt.Fprintf(w, ", device %.2f ms a request%s", t.DeviceLatency*1e3, now)
+		}
 	}
 	fmt.Fprintln(w)
 }

@@ -27,7 +27,7 @@ func statsFixture() cache.Stats {
 			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
 				Promotions: 11, Evictions: 13, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
 				Errors: 2, Failed: true, Reason: "write: input/output error", SetAside: 3990, RetryIn: 19.6,
-				Admitted: 12, Rejected: 28},
+				Admitted: 12, Rejected: 28, Congested: 20, CongestedNow: true, DeviceLatency: 0.0125},
 		},
 		ReadBytes: 60 << 20, FetchedBytes: 40 * 65536,
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20*4096 + 512, Errors: 1},
@@ -71,7 +71,7 @@ tier  policy  hits  misses  hit ratio  lines/capacity  occupancy  bytes   promot
 ram   s3fifo  900   100     90.0%      512/1024        50.0%      32MiB   7           5          0       ok
 ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       BYPASSED (3990 lines set aside; retry in 20s): write: input/output error
 backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
-reads: 60MiB asked, 2.5MiB fetched by misses (amplification 0.04); ram admission always: 100 admitted, 0 rejected; ssd admission nhit:2: 12 admitted, 28 rejected
+reads: 60MiB asked, 2.5MiB fetched by misses (amplification 0.04); ram admission always: 100 admitted, 0 rejected; ssd admission nhit:2: 12 admitted, 28 rejected (20 while its device was congested), device 12.50 ms a request, congested
 dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging at 12.5MiB/s, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s), delay now 2.1ms a line
 latency: read p50 1ms p99 >100ms (100 requests); write no requests
 `

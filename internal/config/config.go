@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -123,6 +124,10 @@ type Cache struct {
 	RAMAdmission string `yaml:"ram_admission"`
 	SSDPolicy    string `yaml:"ssd_policy"`
 	SSDAdmission string `yaml:"ssd_admission"`
+	// Congestion is the SSD tier's congestion threshold, a duration (2ms by default): while the
+	// kernel measures its device's requests taking longer than this on average, and longer than
+	// the backend's reads, the tier admits no missed line. "off" turns it off.
+	Congestion string `yaml:"congestion"`
 	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
 	// after a switch at run time (`tierblk mode`).
 	WriteBack WriteBack `yaml:"write_back"`
@@ -232,6 +237,21 @@ func (c *Cache) TierPolicies() (ramPolicy, ramAdmission, ssdPolicy, ssdAdmission
 	return or(c.RAMPolicy, c.Policy), or(c.RAMAdmission, c.Admission), or(c.SSDPolicy, c.Policy), or(c.SSDAdmission, c.Admission)
 }
 
+// CongestionThreshold parses Congestion for cache.Config: 0 for the default, -1 for off.
+func (c *Cache) CongestionThreshold() (time.Duration, error) {
+	switch c.Congestion {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(c.Congestion)
+	if err != nil || d <= 0 {
+		return 0, fieldErr("congestion", "%q: use a duration such as 2ms or 500us (default %v), or off", c.Congestion, cache.DefaultCongestion)
+	}
+	return d, nil
+}
+
 // MetaDir returns the metadata directory of the SSD tier.
 func (c *Cache) MetaDir() string {
 	if c.Meta != "" || c.SSD == "" {
@@ -264,11 +284,17 @@ func (c *Cache) validate() []error {
 		if c.SSDSize != "" {
 			errs = append(errs, fieldErr("ssd_size", "is set but ssd is not; give the SSD tier's path too"))
 		}
+		if c.Congestion != "" {
+			errs = append(errs, fieldErr("congestion", "is set but ssd is not; it judges the SSD tier's device"))
+		}
 		if s.RAM == 0 {
 			errs = append(errs, fieldErr("ram", "a cache needs a RAM tier, an SSD tier or both; give ram (e.g. 1GiB), ssd (a path) or both"))
 		}
 	} else if s.SSDSize != 0 && s.SSDSize < 2*s.Line {
 		errs = append(errs, fieldErr("ssd_size", "%q is less than two lines (%s)", c.SSDSize, units.FormatSize(2*s.Line)))
+	}
+	if _, err := c.CongestionThreshold(); err != nil {
+		errs = append(errs, err)
 	}
 	rp, ra, sp, sa := c.TierPolicies()
 	seen := map[string]bool{} // the shared policy fields are reported once, not per tier

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -68,6 +69,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"cache ram not a size", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "lots"} }, "exports[0].cache.ram"},
 		{"ssd_size without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDSize: "1GiB"} }, "exports[0].cache.ssd_size"},
 		{"ssd_size below two lines", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", SSDSize: "64KiB"} }, "exports[0].cache.ssd_size: \"64KiB\" is less than two lines"},
+		{"congestion not a duration", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "2"} }, `exports[0].cache.congestion: "2": use a duration`},
+		{"congestion negative", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "-2ms"} }, `exports[0].cache.congestion: "-2ms"`},
+		{"congestion without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Congestion: "off"} }, "exports[0].cache.congestion: is set but ssd is not"},
 		{"policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Policy: "mru"} }, "exports[0].cache.policy: unknown eviction policy"},
 		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
 		{"admission", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", RAMAdmission: "nhit:zero"} }, "exports[0].cache.ram_admission"},
@@ -170,4 +174,15 @@ func TestCacheDefaults(t *testing.T) {
 	require.Equal(t, "/srv/ssd.img.meta", c.MetaDir())
 	rp, ra, sp, sa := c.TierPolicies()
 	require.Equal(t, [4]string{"lru", "nhit:2", "s3fifo", "nhit:2"}, [4]string{rp, ra, sp, sa})
+}
+
+func TestCongestionThreshold(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{{"", 0}, {"off", -1}, {"500us", 500 * time.Microsecond}, {"20ms", 20 * time.Millisecond}} {
+		d, err := (&Cache{Congestion: tc.in}).CongestionThreshold()
+		require.NoError(t, err, "congestion %q", tc.in)
+		require.Equal(t, tc.want, d, "congestion %q", tc.in)
+	}
 }

@@ -31,15 +31,20 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 			return nil, err
 		}
 	}
+	congestion, err := cc.CongestionThreshold()
+	if err != nil {
+		return nil, err
+	}
 	rp, ra, sp, sa := cc.TierPolicies()
 	cfg := cache.Config{
-		LineSize:  sizes.Line,
-		Mode:      mode,
-		RAM:       cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
-		SSD:       cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
-		BackendID: e.Backend,
-		WriteBack: cc.WriteBack.Engine(),
-		Log:       log.With("export", e.Name),
+		Congestion: congestion,
+		LineSize:   sizes.Line,
+		Mode:       mode,
+		RAM:        cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
+		SSD:        cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
+		BackendID:  e.Backend,
+		WriteBack:  cc.WriteBack.Engine(),
+		Log:        log.With("export", e.Name),
 	}
 	if cc.SSD != "" {
 		dev, err := openSSD(cc.SSD, sizes.SSDSize, log)

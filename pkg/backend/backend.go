@@ -19,6 +19,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Backend is the storage at the bottom of the stack.
@@ -92,6 +93,25 @@ func WaitsOf(b Backend) uint64 {
 		return w.Waits()
 	}
 	return 0
+}
+
+// DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
+// device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
+// counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's
+// count starts when the request reaches the block layer and ends when the device completes it, so
+// a congestion check (package cache) judges the device by it. DeviceTime fails, wrapping
+// ErrNotSupported, where no block device is under the backend (tmpfs, a network file system).
+type DeviceTimer interface {
+	DeviceTime() (DeviceTime, error)
+}
+
+// DeviceTime is what a device has done since it appeared: requests completed, the time they took
+// in all (to the millisecond), and the requests under way now. The device serves every user of
+// it, not only this backend.
+type DeviceTime struct {
+	Reads, Writes       uint64
+	ReadTime, WriteTime time.Duration
+	InFlight            uint64
 }
 
 // ReadOnlyReporter is a backend that knows it cannot be written (a read-only file or export).

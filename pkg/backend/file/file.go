@@ -119,7 +119,8 @@ func parseURL(u *url.URL) (config, error) {
 }
 
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
-// backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter and backend.Waiter.
+// backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter, backend.Waiter and
+// backend.DeviceTimer.
 type File struct {
 	f  *os.File
 	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
@@ -139,6 +140,9 @@ type File struct {
 	sector int64
 	closed atomic.Bool
 	waits  atomic.Uint64 // requests that waited on the disk (Waits)
+	// statPath is the kernel's statistics file of the block device under the file (DeviceTime),
+	// "" where there is none.
+	statPath string
 
 	// What the file system or device refused once is not asked again.
 	noTrim, noPunch, noZeroRange atomic.Bool
@@ -323,6 +327,7 @@ func setup(osf *os.File, c config, readOnly, created bool) (*File, error) {
 	}
 	f.blockDev = isBlockDevice(fi)
 	f.size = fi.Size()
+	f.statPath = statPath(fi)
 	if f.blockDev {
 		if err := f.blockDevGeometry(); err != nil {
 			return nil, err

@@ -1,0 +1,89 @@
+package file
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+func TestParseStat(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name, in string
+		want     backend.DeviceTime
+		err      string
+	}{
+		{"linux 6.x, 17 fields", " 75787949 11985509 4433185093 34369674 35457479 686032 722366104 37173554 28 4282668 73057812 23461584 28 560232448 1441671 979022 72912\n",
+			backend.DeviceTime{Reads: 75787949, ReadTime: 34369674 * ms, Writes: 35457479, WriteTime: 37173554 * ms, InFlight: 28}, ""},
+		{"linux 4.x, 11 fields", "10 0 80 7 3 1 24 50 0 57 57", backend.DeviceTime{Reads: 10, ReadTime: 7 * ms, Writes: 3, WriteTime: 50 * ms}, ""},
+		{"idle device", "0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0", backend.DeviceTime{}, ""},
+		{"empty", "", backend.DeviceTime{}, "0 fields, want at least 11"},
+		{"short", "1 2 3 4 5 6 7 8 9 10", backend.DeviceTime{}, "10 fields"},
+		{"not a number", "1 2 3 x 5 6 7 8 9 10 11", backend.DeviceTime{}, "field 4"},
+		{"negative", "1 2 3 4 -5 6 7 8 9 10 11", backend.DeviceTime{}, "field 5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseStat([]byte(tc.in))
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func FuzzParseStat(f *testing.F) {
+	f.Add([]byte("10 0 80 7 3 1 24 50 0 57 57"))
+	f.Add([]byte("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := parseStat(b)
+		if err != nil && d != (backend.DeviceTime{}) {
+			t.Fatalf("an error with a result: %+v", d)
+		}
+	})
+}
+
+// TestDeviceTime: a block device, and a file on one, report the requests their device completed;
+// a file on tmpfs, which has no device, says it cannot be timed.
+func TestDeviceTime(t *testing.T) {
+	timed := func(t *testing.T, f *File) {
+		t.Helper()
+		before, err := f.DeviceTime()
+		require.NoError(t, err)
+		buf := alignedAlloc(64 << 10)
+		for i := range 8 {
+			_, err := f.WriteAtFUA(buf, int64(i)*int64(len(buf)))
+			require.NoError(t, err)
+		}
+		after, err := f.DeviceTime()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, after.Writes-before.Writes, uint64(8), "writes the device completed for 8 FUA writes: %+v then %+v", before, after)
+	}
+	t.Run("block device", func(t *testing.T) {
+		f := mustOpen(t, fileURL(loopDevice(t, 4<<20), "direct=true"), backend.Options{})
+		defer f.Close()
+		timed(t, f)
+	})
+	t.Run("file", func(t *testing.T) {
+		path := filepath.Join(directDir(t), "f")
+		f := mustOpen(t, fileURL(path, "direct=true&size=1MiB"), backend.Options{})
+		defer f.Close()
+		if f.statPath == "" {
+			t.Skipf("no block device under %s", path)
+		}
+		timed(t, f)
+	})
+	t.Run("tmpfs", func(t *testing.T) {
+		f := mustOpen(t, fileURL(filepath.Join(tmpfsDir(t), "f"), "size=1MiB"), backend.Options{})
+		defer f.Close()
+		_, err := f.DeviceTime()
+		require.True(t, errors.Is(err, backend.ErrNotSupported), "DeviceTime on tmpfs: %v", err)
+	})
+}
