@@ -114,19 +114,21 @@ var ErrMismatch = errors.New("the SSD tier holds a cache made for another setup"
 
 // Cache is a backend.Backend that caches another. Concurrent calls are safe.
 type Cache struct {
-	b      backend.Backend
-	size   int64
-	line   int64
-	mode   atomic.Int32 // a Mode; SetMode changes it while requests run
-	wb     *writeBack   // with an SSD tier
-	ram    *tier
-	ssd    *tier
-	locks  lineLocks
-	log    *slog.Logger
-	trim   backend.Trimmer
-	zero   backend.ZeroWriter
-	bufs   bufPool
-	closed atomic.Bool
+	b     backend.Backend
+	size  int64
+	line  int64
+	mode  atomic.Int32 // a Mode; SetMode changes it while requests run
+	wb    *writeBack   // with an SSD tier
+	ram   *tier
+	ssd   *tier
+	locks lineLocks
+	log   *slog.Logger
+	trim  backend.Trimmer
+	zero  backend.ZeroWriter
+	// ssdAsync is the SSD tier's device when it reads asynchronously (ReadAtAsync).
+	ssdAsync backend.AsyncReader
+	bufs     bufPool
+	closed   atomic.Bool
 
 	backendStats ioCounters
 	// streams follows sequential readers, whose misses fetch on to their line's end.
@@ -233,6 +235,7 @@ func (c *Cache) openSSD(cfg Config) error {
 	}
 	t.dev = cfg.SSDDevice
 	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
+	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
 	t.doomedWake = c.wb.kick
 	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush, c.backendChanges.Load)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
@@ -340,6 +343,123 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// ReadAtAsync implements backend.AsyncReader for the reads the SSD tier serves alone: a request
+// within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
+// on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
+// SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
+// is left to ReadAt (false), as is a line another request holds: the caller must not wait for it.
+func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if c.ssdAsync == nil || len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
+		return false
+	}
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	if len(segs) != 1 {
+		return false
+	}
+	s := segs[0]
+	if !c.locks.tryLock(s.line) {
+		return false
+	}
+	need := s.touched()
+	if c.ram.usable() && c.ram.holds(s.line, need) {
+		c.unlockSegs(segs)
+		return false
+	}
+	slot, valid, ok := c.ssd.lookupHit(s.line, need)
+	if !ok {
+		c.unlockSegs(segs)
+		return false
+	}
+	// From here on the read is this call's: it counts as read does.
+	t0 := time.Now()
+	if c.wb != nil {
+		c.wb.lastIO.Store(t0.UnixNano())
+	}
+	if c.ram.usable() {
+		c.ram.misses.Add(1)
+	}
+	src := source{t: c.ssd, slot: slot, valid: valid}
+	finish := func(err error) {
+		c.unlockSegs(segs)
+		if err == nil {
+			c.asked.Add(uint64(len(p)))
+		}
+		c.readLat.observe(time.Since(t0))
+		done(err)
+	}
+	if c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
+		return true
+	}
+	if c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
+		if err != nil { // as readHit does, off the device's goroutine
+			go func() {
+				c.ssd.ioError(s.line, slot, err)
+				c.ssd.unpin(slot)
+				finish(c.readMiss(segs, p, false))
+			}()
+			return
+		}
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(slot)
+		finish(nil)
+	}) {
+		return true
+	}
+	// The device would not start it (an unaligned buffer): read's own way, on a goroutine.
+	go func() {
+		if c.readHit(s, src, p, false) {
+			finish(nil)
+			return
+		}
+		finish(c.readMiss(segs, p, false))
+	}()
+	return true
+}
+
+// promoteAsync is promote started on the SSD device: the blocks p touches are read into a RAM
+// slot, then copied to p, and finish is called. It reports false, having done nothing, where RAM
+// has no slot to spare, the blocks to read are not one run or the device will not start the read:
+// the caller then reads the SSD tier alone.
+func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bool {
+	slot, valid, got := c.ram.acquire(s.line)
+	if !got {
+		return false
+	}
+	missing := s.touched().andNot(valid)
+	runs, lo, hi := 0, int64(0), int64(0)
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		runs++
+		lo, hi = int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+	})
+	at := int64(slot) * c.line
+	ended := func(err error) {
+		if err != nil { // as promote does, off the device's goroutine
+			go func() {
+				c.ram.unpin(slot)
+				c.ssd.ioError(s.line, src.slot, err)
+				c.ssd.unpin(src.slot)
+				finish(c.readMiss([]seg{s}, p, false))
+			}()
+			return
+		}
+		copy(p, c.ram.ram[at+s.lo:])
+		c.ram.validate(s.line, slot, missing, false)
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(src.slot)
+		finish(nil)
+	}
+	switch {
+	case runs == 0: // another request promoted the blocks meanwhile
+		ended(nil)
+		return true
+	case runs == 1 && c.ssdAsync.ReadAtAsync(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
+		return true
+	}
+	c.ram.unpin(slot)
+	return false
+}
+
 // Prefetch brings a range into the cache, whatever the admission policies say (NBD_CMD_CACHE).
 func (c *Cache) Prefetch(off, length int64) error {
 	if err := c.check(off, length); err != nil {
@@ -431,7 +551,7 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 // promotes as readHit does. A segment the SSD fails is left to the backend: its source is cleared.
 func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	promotes := func(s seg) bool {
-		return c.ram.usable() && (force || c.ram.admits(c.access(s, false)))
+		return c.ram.usable() && (force || c.ram.admits(c.promotion(s)))
 	}
 	hit := func(i int, promote bool) {
 		if c.readHit(segs[i], src[i], p, promote) {
@@ -519,6 +639,13 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 
 func (c *Cache) access(s seg, write bool) policy.Access {
 	return policy.Access{Key: policy.Key(s.line), Offset: s.start + s.lo, Length: s.hi - s.lo, Write: write}
+}
+
+// promotion is the access of a read that the SSD tier serves, asking RAM to admit it.
+func (c *Cache) promotion(s seg) policy.Access {
+	a := c.access(s, false)
+	a.Promotion = true
+	return a
 }
 
 // readMiss fetches a run of adjacent missed segments with one backend read: for a segment that a

@@ -174,6 +174,8 @@ func TestLinearizable(t *testing.T) {
 		{name: "wt-4k-ssd-faults", line: 4 << 10, ram: 2, ssd: 6, mode: WriteThrough, ssdFault: 0.01},
 		{name: "wt-64k-ssd-file", line: 64 << 10, ram: 1, ssd: 2, mode: WriteThrough, ssdFile: true},
 		{name: "wb-16k-ssd-file", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, policy: "s3fifo", ssdFile: true},
+		{name: "wt-4k-ssd-file-faults", line: 4 << 10, ssd: 6, mode: WriteThrough, ssdFile: true, ssdFault: 0.02},
+		{name: "wb-8k-ssd-file-only", line: 8 << 10, ssd: 5, mode: WriteBack, ssdFile: true},
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
@@ -304,7 +306,15 @@ func linRequest(c *Cache, rng *rand.Rand, id int64, sectors int) (op linOp, call
 	case r < 40:
 		op.what = "read"
 		call = linNow()
-		if _, err = c.ReadAt(buf, off); err == nil {
+		// As the NBD server reads: asynchronously where the cache starts the read so (an SSD-tier
+		// hit on a file through io_uring), else with ReadAt.
+		ended := make(chan error, 1)
+		if c.ReadAtAsync(buf, off, func(err error) { ended <- err }) {
+			err = <-ended
+		} else {
+			_, err = c.ReadAt(buf, off)
+		}
+		if err == nil {
 			got = stamps(buf, op.first)
 		}
 	case r < 70, r < 80:

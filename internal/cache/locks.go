@@ -49,6 +49,28 @@ func (l *lineLocks) lock(first, last uint64) {
 	}
 }
 
+// tryLock locks line if no other request holds it, and reports whether it did.
+func (l *lineLocks) tryLock(line uint64) bool {
+	s := l.shard(line)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.m[line]; e != nil {
+		if e.refs > 0 || !e.mu.TryLock() {
+			return false
+		}
+		e.refs++
+		return true
+	}
+	if s.m == nil {
+		s.m = map[uint64]*lineLock{}
+	}
+	e := lineLockPool.Get().(*lineLock)
+	e.mu.Lock() // a pooled lock is unlocked
+	e.refs = 1
+	s.m[line] = e
+	return true
+}
+
 // unlock unlocks lines [first, last].
 func (l *lineLocks) unlock(first, last uint64) {
 	for line := first; line <= last; line++ {

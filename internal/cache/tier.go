@@ -141,6 +141,15 @@ func (t *tier) usable() bool { return t != nil && !t.failed.Load() }
 // valid over need. A hit updates the eviction policy. The pinned slot keeps those blocks' data even
 // if the line is evicted meanwhile.
 func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, ok bool) {
+	slot, valid, ok = t.lookupHit(line, need)
+	if !ok {
+		t.misses.Add(1)
+	}
+	return slot, valid, ok
+}
+
+// lookupHit is lookup for a caller that goes elsewhere on a miss without counting it.
+func (t *tier) lookupHit(line uint64, need lineBits) (slot uint32, valid lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	slot, ok = t.slotOf(line)
@@ -148,13 +157,20 @@ func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, 
 		valid = t.valid.get(slot)
 	}
 	if !ok || !valid.covers(need) {
-		t.misses.Add(1)
 		return 0, lineBits{}, false
 	}
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
 	return slot, valid, true
+}
+
+// holds reports whether the tier holds the blocks need of line, counting nothing.
+func (t *tier) holds(line uint64, need lineBits) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	slot, ok := t.slotOf(line)
+	return ok && t.valid.get(slot).covers(need)
 }
 
 // readHit copies a RAM tier hit into dst (the line's bytes from off). It holds the tier's mutex

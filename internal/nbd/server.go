@@ -337,7 +337,8 @@ type conn struct {
 	noZeroes   bool
 	structured bool
 	export     *Export
-	waiter     backend.Waiter // the device's count of requests that waited, if it keeps one
+	waiter     backend.Waiter      // the device's count of requests that waited, if it keeps one
+	async      backend.AsyncReader // the device, if it starts reads that end on their own
 	info       volume.Info
 	tflags     uint16
 	minBlock   uint32
@@ -356,6 +357,11 @@ type conn struct {
 	plan      servePlan      // whether the reader serves a request itself
 	seen      uint64         // inline at the watchdog's previous tick; only the watchdog touches it
 	order     writeOrder
+	// Reads the device started asynchronously wait in ended until a replier goroutine, one at
+	// a time (replying), answers them.
+	endedMu  sync.Mutex
+	ended    []endedRead
+	replying bool
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).

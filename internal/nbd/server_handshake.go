@@ -201,6 +201,7 @@ func (c *conn) enter(e *Export) { c.enterWith(e, e.Device.Info()) }
 func (c *conn) enterWith(e *Export, info volume.Info) {
 	c.export = e
 	c.waiter, _ = e.Device.(backend.Waiter)
+	c.async, _ = e.Device.(backend.AsyncReader)
 	c.info = info
 	c.tflags = transmissionFlags(info, c.structured)
 	c.minBlock, _, c.maxBlock = blockSizes(info)

@@ -1232,3 +1232,79 @@ func TestLargeWriteStreams(t *testing.T) {
 		})
 	}
 }
+
+// asyncDevice starts the reads of the upper half of a volume asynchronously, holding each until
+// the test releases it; the read at failAt fails. The other reads are left to ReadAt.
+type asyncDevice struct {
+	volume.Device
+	release      chan struct{}
+	failAt       int64
+	active, peak atomic.Int32
+	started      atomic.Int32
+}
+
+func (d *asyncDevice) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if off < 1<<19 {
+		return false
+	}
+	n := d.active.Add(1)
+	for p := d.peak.Load(); n > p && !d.peak.CompareAndSwap(p, n); p = d.peak.Load() {
+	}
+	d.started.Add(1)
+	go func() {
+		<-d.release
+		err := d.Device.ReadAt(p, off)
+		if off == d.failAt {
+			err = syscall.EIO
+		}
+		d.active.Add(-1)
+		done(err)
+	}()
+	return true
+}
+
+// TestAsyncReads: reads a device starts asynchronously (backend.AsyncReader, an SSD-tier hit on
+// io_uring) leave the reader free for the next requests, count against MaxInFlight until they
+// end, are answered with their data or their error, and are all answered before a connection
+// that sent NBD_CMD_DISC closes.
+func TestAsyncReads(t *testing.T) {
+	const maxInFlight = 4
+	vol, _ := newVolume(1<<20, 0x22, volume.Options{})
+	dev := &asyncDevice{Device: vol, release: make(chan struct{}), failAt: 1<<19 + 3*4096}
+	ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}, MaxInFlight: maxInFlight})
+	c := dialRaw(t, "unix", ts.sock)
+	c.connect("", true)
+
+	// Three held asynchronous reads, then synchronous ones: those are answered meanwhile.
+	for i := range uint64(3) {
+		c.request(request{typ: cmdRead, cookie: 100 + i, offset: 1<<19 + 4096*(i+1), length: 4096}, nil)
+	}
+	for i := range uint64(5) {
+		c.request(request{typ: cmdRead, cookie: 10 + i, offset: 4096 * i, length: 4096}, nil)
+		r := c.reply()
+		require.Equal(t, 10+i, r.cookie, "a read behind asynchronous ones that have not ended")
+		require.Equal(t, bytes.Repeat([]byte{0x22}, 4096), r.data)
+	}
+	// More than MaxInFlight in all: the reader waits for a slot rather than start them.
+	for i := range uint64(6) {
+		c.request(request{typ: cmdRead, cookie: 200 + i, offset: 1<<19 + 4096*(i+10), length: 4096}, nil)
+	}
+	c.request(request{typ: cmdDisc}, nil)
+	require.Eventually(t, func() bool { return dev.started.Load() == maxInFlight }, 5*time.Second, time.Millisecond)
+	close(dev.release)
+	seen := map[uint64]bool{}
+	for range 9 {
+		r := c.reply()
+		if r.cookie == 102 { // offset failAt
+			require.Equal(t, errIO, r.errno, "the failed asynchronous read")
+		} else {
+			require.Zero(t, r.errno, "cookie %d", r.cookie)
+			require.Equal(t, bytes.Repeat([]byte{0x22}, 4096), r.data)
+		}
+		seen[r.cookie] = true
+	}
+	require.Len(t, seen, 9, "every read answered before the connection closed")
+	c.expectClosed()
+	require.LessOrEqual(t, dev.peak.Load(), int32(maxInFlight))
+	require.Equal(t, int32(9), dev.started.Load())
+}

@@ -97,6 +97,9 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		}
 		c.moreInput.Store(c.br.Buffered() >= requestSize)
 		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
+		if req.typ == cmdRead && c.async != nil && c.readAsync(req) {
+			continue
+		}
 		inline, probe, gen := c.plan.next()
 		j.gen = gen
 		if !inline {
@@ -367,16 +370,88 @@ func (c *conn) serve(j job) time.Duration {
 	}
 	switch {
 	case err != nil:
-		errno := errnoFor(err, r.typ)
-		if errno == errIO {
-			c.log.Warn("nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
-		}
-		c.replyErrno(r, errno, err.Error())
+		c.replyFailed(r, err)
 	case r.typ != cmdRead:
 		c.replyErrno(r, 0, "")
 	}
 	<-c.slots
 	return took
+}
+
+// replyFailed answers a request the device failed.
+func (c *conn) replyFailed(r request, err error) {
+	errno := errnoFor(err, r.typ)
+	if errno == errIO {
+		c.log.Warn("nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+	}
+	c.replyErrno(r, errno, err.Error())
+}
+
+// endedRead is a read the device started asynchronously and ended: its request, its buffer and
+// the device's error.
+type endedRead struct {
+	req request
+	buf *[]byte
+	err error
+}
+
+// readAsync starts a READ on the device and reports true, or false where the device leaves it to
+// ReadAt. The reader goes on with the next request at once; the read's end is answered by a
+// replier goroutine, never by the device's own goroutine, whose other completions must not wait
+// for a client that is slow to take its replies.
+func (c *conn) readAsync(r request) bool {
+	buf := getBuf(int(r.length))
+	c.workers.Add(1)
+	if c.async.ReadAtAsync(*buf, int64(r.offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
+		return true
+	}
+	c.workers.Done()
+	putBuf(buf)
+	return false
+}
+
+// readEnded queues an ended read for the replier, starting one if none runs.
+func (c *conn) readEnded(e endedRead) {
+	c.endedMu.Lock()
+	c.ended = append(c.ended, e)
+	start := !c.replying
+	c.replying = true
+	c.endedMu.Unlock()
+	if start {
+		go c.replyEnded()
+	}
+}
+
+// replyEnded answers the ended reads, those queued meanwhile too, then leaves. The replies of a
+// batch are flushed together, as endReply flushes those of workers that finish together.
+func (c *conn) replyEnded() {
+	var batch []endedRead
+	for {
+		c.endedMu.Lock()
+		batch, c.ended = c.ended, batch[:0]
+		if len(batch) == 0 {
+			c.replying = false
+			c.endedMu.Unlock()
+			return
+		}
+		c.endedMu.Unlock()
+		c.queued.Add(1) // no reply of the batch flushes: the last step does
+		for _, e := range batch {
+			if e.err != nil {
+				c.replyFailed(e.req, e.err)
+			} else {
+				c.replyData(e.req, *e.buf)
+			}
+			putBuf(e.buf)
+		}
+		c.wmu.Lock()
+		c.endReply()
+		for i := range batch {
+			batch[i] = endedRead{}
+			<-c.slots
+			c.workers.Done()
+		}
+	}
 }
 
 // errnoFor maps a device error onto the NBD error for a command.

@@ -3,7 +3,8 @@ package policy
 import "fmt"
 
 // Auto admits every missed key while the cache pays for itself, and only keys missed twice within
-// a window (as nhit:2) while it does not. Admitting costs a cache whatever it does to store a line
+// a window (as nhit:2) while it does not, of which only one promotion in autoPromoteProbe
+// (Access.Promotion). Admitting costs a cache whatever it does to store a line
 // (on the SSD tier: a write, a record in the metadata store, a flush at the next checkpoint, and
 // later an eviction); that pays when lines are read again. Where they are not (a cold random
 // workload over a disk far larger than the cache), every admission is cost for nothing (bench
@@ -12,7 +13,8 @@ import "fmt"
 // the cache soon pays again.
 //
 // Whether the cache pays is judged per epoch of autoEpoch lookups (hits and misses): it pays while
-// at least one in autoMinHitShare of the last epoch's lookups hit. A cache starts out paying, so
+// at least one in autoMinHitShare of the last epoch's lookups hit, and, for a tier that promotes
+// from a lower one, while it had at least as many hits as promotions. A cache starts out paying, so
 // that an empty cache fills from its first reads. Sequential reads (Access.Sequential: a stream, or
 // a request spanning several lines) are admitted at any time: they fill whole lines, at a sixteenth
 // of the cost a byte of random 4 KiB misses has with 64 KiB lines, and a data set read through once
@@ -26,12 +28,23 @@ type Auto struct {
 	door          *NHit  // the doorkeeper: sees every miss, decides while the cache does not pay
 	lookups, hits uint64 // of the epoch under way
 	paying        bool
+	promoted      uint64 // promotions admitted in the epoch under way
+	promotions    probe  // promotions the doorkeeper admitted while the cache did not pay
 }
 
 const (
-	autoEpoch       = 4096
-	autoMinHitShare = 32
+	autoEpoch        = 4096
+	autoMinHitShare  = 32
+	autoPromoteProbe = 16
 )
+
+// probe counts and says yes to one in autoPromoteProbe.
+type probe uint64
+
+func (p *probe) next() bool {
+	*p++
+	return *p%autoPromoteProbe == 0
+}
 
 // NewAuto builds an Auto policy.
 func NewAuto() *Auto {
@@ -52,7 +65,19 @@ func newAutoSpec(params string) (Admission, error) {
 // Admit counts a miss and decides on a.Key. The doorkeeper counts every miss, also while the
 // cache pays, so that it knows which keys were missed before when the cache stops paying.
 func (p *Auto) Admit(a Access) bool {
-	ok := p.door.Admit(a) || p.paying || a.Sequential
+	door := p.door.Admit(a)
+	ok := p.paying || a.Sequential
+	if !ok && door {
+		// A promotion saves less than a fill, and a tier whose lines are read again does not
+		// pay with them: the blocks promoted from a random workload over a set several times the
+		// tier leave before they are read again, each at the price of an eviction (bench cache
+		// --parts hits, --ram 32MiB). One in autoPromoteProbe still goes in, so that a hot set
+		// that forms fills the tier and it pays again.
+		ok = !a.Promotion || p.promotions.next()
+	}
+	if ok && a.Promotion {
+		p.promoted++
+	}
 	p.count(1, 0)
 	return ok
 }
@@ -71,8 +96,10 @@ func (p *Auto) count(lookups, hits uint64) {
 	p.lookups += lookups
 	p.hits += hits
 	if p.lookups >= autoEpoch {
-		p.paying = p.hits*autoMinHitShare >= p.lookups
-		p.lookups, p.hits = 0, 0
+		// Promotions pay only with as many hits: a hit in RAM saves an SSD read, no more, and a
+		// promotion costs an eviction and a copy.
+		p.paying = p.hits*autoMinHitShare >= p.lookups && p.hits >= p.promoted
+		p.lookups, p.hits, p.promoted = 0, 0, 0
 	}
 }
 

@@ -68,3 +68,31 @@ func TestAutoEpochShare(t *testing.T) {
 	p.ObserveHits(10 * autoEpoch)
 	require.True(t, p.Paying())
 }
+
+// TestAutoPromotions: while the cache pays, every promotion is admitted; while it does not, one in
+// autoPromoteProbe of those the doorkeeper lets in (keys missed twice), and every sequential one.
+func TestAutoPromotions(t *testing.T) {
+	p := NewAuto()
+	require.True(t, p.Admit(Access{Key: 7, Promotion: true}), "a promotion while the cache pays")
+	// Every promotion admitted, and a hit for every 8 lookups: more than enough hits for the
+	// epoch's lookups, but fewer than its promotions.
+	for k := range autoEpoch {
+		if k%8 == 0 {
+			p.ObserveHits(1)
+		}
+		p.Admit(Access{Key: Key(1<<20 + k), Promotion: true})
+	}
+	require.False(t, p.Paying(), "fewer hits than promotions")
+	admitted := 0
+	for k := range 10 * autoPromoteProbe {
+		key := Key(1<<30 + k)
+		require.False(t, p.Admit(Access{Key: key, Promotion: true}), "a promotion of a key missed once")
+		if p.Admit(Access{Key: key, Promotion: true}) {
+			admitted++
+		}
+	}
+	require.Equal(t, 10, admitted, "promotions of keys missed twice: one in %d", autoPromoteProbe)
+	require.True(t, p.Admit(Access{Key: 1 << 40, Promotion: true, Sequential: true}), "a sequential promotion")
+	require.False(t, p.Admit(Access{Key: 1 << 41}), "a fill of a key missed once")
+	require.True(t, p.Admit(Access{Key: 1 << 41}), "a fill of a key missed twice")
+}

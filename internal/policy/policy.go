@@ -56,6 +56,9 @@ type Access struct {
 	// run (a sequential reader's requests at a queue depth above one reach the stream follower
 	// out of order); false where the caller does not follow streams.
 	Sequential bool
+	// Promotion says the key is held by a lower tier already (an SSD-tier hit asking to be copied
+	// into RAM): storing it here saves only that tier's latency, not a backend read.
+	Promotion bool
 }
 
 // Admission decides whether a missed key enters the cache.

@@ -26,9 +26,15 @@ type File struct {
 	fd   int
 	name string // for errors
 	ring *Ring
-	// slots holds the free request slots; wakes[i] carries slot i's result to its caller.
+	// slots holds the free request slots; wakes[i] carries slot i's result to its caller, or
+	// for a request made with ReadAtAsync, async[i] says what is left of it and whom to tell.
 	slots chan uint32
 	wakes []chan int32
+	async []asyncOp
+	// isAsync[i] is set after async[i] is filled and before the request is queued: its store
+	// and the reaper's load order the two, as the kernel's ring does but the race detector
+	// cannot see.
+	isAsync []atomic.Bool
 
 	mu         sync.Mutex // the submission queue
 	submitting bool       // a caller is submitting the queue: the others leave it to that one
@@ -36,6 +42,15 @@ type File struct {
 	closed    atomic.Bool
 	closeOnce sync.Once
 	done      chan struct{} // closed when the reaper has left
+}
+
+// asyncOp is a request made with ReadAtAsync: its buffer and offset, the bytes done so far, and
+// the function to call when it ends.
+type asyncOp struct {
+	buf  []byte
+	off  int64
+	n    int
+	done func(n int, err error)
 }
 
 // closeTag marks the NOP that wakes the reaper at Close.
@@ -54,7 +69,7 @@ func NewFile(fd int, name string, depth int) (*File, error) {
 	// The kernel rounds the ring up to a power of two; the slots stay at depth (plus the close
 	// NOP), so the completion queue (twice the submission queue) never overflows.
 	f := &File{fd: fd, name: name, ring: r, slots: make(chan uint32, depth), wakes: make([]chan int32, depth),
-		done: make(chan struct{})}
+		async: make([]asyncOp, depth), isAsync: make([]atomic.Bool, depth), done: make(chan struct{})}
 	for i := range f.wakes {
 		f.wakes[i] = make(chan int32, 1)
 		f.slots <- uint32(i)
@@ -66,57 +81,118 @@ func NewFile(fd int, name string, depth int) (*File, error) {
 // ReadAt reads len(p) bytes at off, as os.File.ReadAt does: short reads go on from where they
 // stopped; the end of the file gives io.EOF with the bytes read before it.
 func (f *File) ReadAt(p []byte, off int64) (int, error) {
-	return f.rw(OpRead, "read", p, off)
+	return f.rw(OpRead, p, off)
 }
 
 // WriteAt writes all of p at off, as os.File.WriteAt does.
 func (f *File) WriteAt(p []byte, off int64) (int, error) {
-	return f.rw(OpWrite, "write", p, off)
+	return f.rw(OpWrite, p, off)
 }
 
-func (f *File) rw(op uint8, name string, p []byte, off int64) (int, error) {
+func (f *File) rw(op uint8, p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
 		res, err := f.do(op, p[n:], off+int64(n))
-		switch {
-		case err != nil:
+		if err != nil {
 			return n, err
-		case res == -int32(unix.EINTR) || res == -int32(unix.EAGAIN):
-			continue
-		case res < 0:
-			return n, &os.PathError{Op: name, Path: f.name, Err: unix.Errno(-res)}
-		case res == 0 && op == OpRead:
-			return n, io.EOF
-		case res == 0:
-			return n, &os.PathError{Op: name, Path: f.name, Err: io.ErrShortWrite}
 		}
-		n += int(res)
+		var more bool
+		if n, more, err = f.result(op, res, n, len(p)); !more {
+			return n, err
+		}
 	}
 	return n, nil
 }
 
+// result interprets the kernel's answer res to a request of total bytes of which n were done
+// before it: more is set when the rest is to be asked for again (a short transfer, an EINTR), as
+// os.File's ReadAt and WriteAt do.
+func (f *File) result(op uint8, res int32, n, total int) (int, bool, error) {
+	name := "read"
+	if op == OpWrite {
+		name = "write"
+	}
+	switch {
+	case res == -int32(unix.EINTR) || res == -int32(unix.EAGAIN):
+		return n, true, nil
+	case res < 0:
+		return n, false, &os.PathError{Op: name, Path: f.name, Err: unix.Errno(-res)}
+	case res == 0 && op == OpRead:
+		return n, false, io.EOF
+	case res == 0:
+		return n, false, &os.PathError{Op: name, Path: f.name, Err: io.ErrShortWrite}
+	}
+	n += int(res)
+	return n, n < total, nil
+}
+
 // do runs one request and returns the kernel's result.
 func (f *File) do(op uint8, buf []byte, off int64) (int32, error) {
+	slot, err := f.slot()
+	if err != nil {
+		return 0, err
+	}
+	f.queue(f.fill(op, slot, buf, off))
+	res := <-f.wakes[slot]
+	f.slots <- slot
+	return res, nil
+}
+
+// slot takes a free request slot, waiting for one while the ring is full.
+func (f *File) slot() (uint32, error) {
 	if f.closed.Load() {
 		return 0, ErrClosed
 	}
-	var slot uint32
 	select {
-	case slot = <-f.slots:
+	case slot := <-f.slots:
+		return slot, nil
 	case <-f.done: // Close took every slot and stopped
 		return 0, ErrClosed
 	}
-	f.queue(func(s *SQE) {
+}
+
+// fill returns what queue puts in the submission entry of a read or write of buf at off.
+func (f *File) fill(op uint8, slot uint32, buf []byte, off int64) func(*SQE) {
+	return func(s *SQE) {
 		s.Opcode = op
 		s.FD = int32(f.fd)
 		s.Off = uint64(off)
 		s.Addr = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
 		s.Len = uint32(len(buf))
 		s.UserData = uint64(slot)
-	})
-	res := <-f.wakes[slot]
+	}
+}
+
+// ReadAtAsync starts reading len(p) bytes at off and returns at once; done is called, on the
+// goroutine that reaps completions, with what ReadAt would have returned. done must not block:
+// the completions of every other caller wait for it. p is the kernel's until then. The only error
+// ReadAtAsync returns itself is ErrClosed, and done is then never called.
+func (f *File) ReadAtAsync(p []byte, off int64, done func(n int, err error)) error {
+	slot, err := f.slot()
+	if err != nil {
+		return err
+	}
+	f.async[slot] = asyncOp{buf: p, off: off, done: done}
+	f.isAsync[slot].Store(true)
+	f.queue(f.fill(OpRead, slot, p, off))
+	return nil
+}
+
+// completeAsync carries on with the request of slot, made by ReadAtAsync, after the kernel
+// answered res: it asks for the rest, or ends the request and calls its done.
+func (f *File) completeAsync(slot uint32, res int32) {
+	a := &f.async[slot]
+	n, more, err := f.result(OpRead, res, a.n, len(a.buf))
+	if more {
+		a.n = n
+		f.queue(f.fill(OpRead, slot, a.buf[n:], a.off+int64(n)))
+		return
+	}
+	done := a.done
+	*a = asyncOp{}
+	f.isAsync[slot].Store(false)
 	f.slots <- slot
-	return res, nil
+	done(n, err)
 }
 
 // queue fills a submission entry, then submits the queue unless another caller is doing so. The
@@ -136,6 +212,7 @@ func (f *File) queue(fill func(*SQE)) {
 		return
 	}
 	f.submitting = true
+	var failed []failure
 	for {
 		n := f.ring.publish()
 		if n == 0 {
@@ -145,24 +222,37 @@ func (f *File) queue(fill func(*SQE)) {
 		err := f.ring.enter(n, 0, 0)
 		f.mu.Lock()
 		if err != nil {
-			f.failQueued(err)
+			failed = f.failQueued(err, failed)
 		}
 	}
 	f.submitting = false
 	f.mu.Unlock()
+	// Outside the lock: an asynchronous request may be submitted again (EAGAIN), and its done
+	// may start another.
+	for _, x := range failed {
+		f.wake(x.slot, x.res)
+	}
 }
 
-// failQueued ends, with err's errno, the requests queued but not taken by the kernel.
-func (f *File) failQueued(err error) {
+// failure is a request the kernel never took, and the result to end it with.
+type failure struct {
+	slot uint32
+	res  int32
+}
+
+// failQueued takes back the requests queued but not taken by the kernel, to be ended with err's
+// errno.
+func (f *File) failQueued(err error, failed []failure) []failure {
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		errno = unix.EIO
 	}
 	f.ring.Drop(func(s *SQE) {
 		if s.UserData != closeTag {
-			f.wakes[s.UserData] <- -int32(errno)
+			failed = append(failed, failure{uint32(s.UserData), -int32(errno)})
 		}
 	})
+	return failed
 }
 
 // reap wakes the caller of every completion until the close NOP completes.
@@ -177,12 +267,21 @@ func (f *File) reap() {
 				closed = true
 				return
 			}
-			f.wakes[c.UserData] <- c.Res
+			f.wake(uint32(c.UserData), c.Res)
 		})
 		if closed {
 			return
 		}
 	}
+}
+
+// wake hands the kernel's result for slot to its request.
+func (f *File) wake(slot uint32, res int32) {
+	if f.isAsync[slot].Load() {
+		f.completeAsync(slot, res)
+		return
+	}
+	f.wakes[slot] <- res
 }
 
 // Close waits for the calls in flight, stops the reaper and frees the ring; it does not close fd.

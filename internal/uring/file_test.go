@@ -121,3 +121,56 @@ func TestFileClosed(t *testing.T) {
 	_, err := f.ReadAt(make([]byte, 2), 0)
 	require.ErrorIs(t, err, ErrClosed)
 }
+
+// asyncResult is what ReadAtAsync's done was called with.
+type asyncResult struct {
+	n   int
+	err error
+}
+
+// readAsync reads p at off through ReadAtAsync and waits for its done.
+func readAsync(t *testing.T, f *File, p []byte, off int64) asyncResult {
+	t.Helper()
+	ch := make(chan asyncResult, 1)
+	require.NoError(t, f.ReadAtAsync(p, off, func(n int, err error) { ch <- asyncResult{n, err} }))
+	return <-ch
+}
+
+// ReadAtAsync: more reads at once than the ring holds each get their data, a read past the end
+// gets what is there and io.EOF, an error the kernel returns reaches done, and a closed File
+// refuses at once.
+func TestFileReadAsync(t *testing.T) {
+	const blocks, bs = 64, 4096
+	path := filepath.Join(t.TempDir(), "f")
+	want := make([]byte, blocks*bs)
+	for i := range want {
+		want[i] = byte(rand.Uint32())
+	}
+	require.NoError(t, os.WriteFile(path, want, 0o600))
+	f, _ := testFile(t, path, os.O_RDONLY, 4)
+	got := make([]byte, len(want))
+	var wg sync.WaitGroup
+	for b := range blocks {
+		wg.Add(1)
+		require.NoError(t, f.ReadAtAsync(got[b*bs:(b+1)*bs], int64(b*bs), func(n int, err error) {
+			defer wg.Done()
+			if n != bs || err != nil {
+				t.Errorf("block %d: %d, %v", b, n, err)
+			}
+		}))
+	}
+	wg.Wait()
+	require.Equal(t, want, got)
+
+	r := readAsync(t, f, make([]byte, 2*bs), int64(len(want)-bs))
+	require.ErrorIs(t, r.err, io.EOF)
+	require.Equal(t, bs, r.n)
+
+	w, _ := testFile(t, path, os.O_WRONLY, 2)
+	r = readAsync(t, w, make([]byte, 4), 0)
+	require.ErrorIs(t, r.err, unix.EBADF)
+	require.ErrorContains(t, r.err, path)
+
+	require.NoError(t, f.Close())
+	require.ErrorIs(t, f.ReadAtAsync(make([]byte, 4), 0, func(int, error) { t.Error("done called after Close") }), ErrClosed)
+}

@@ -139,6 +139,16 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 	return err
 }
 
+// ReadAtAsync implements backend.AsyncReader where the backend does (a cache whose SSD tier
+// reads through io_uring); it leaves a request it would refuse to ReadAt.
+func (v *Volume) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	a, ok := v.b.(backend.AsyncReader)
+	if !ok || v.check(off, int64(len(p)), false) != nil {
+		return false
+	}
+	return a.ReadAtAsync(p, off, done)
+}
+
 // WriteAt implements Device. With fua the write is durable when WriteAt returns.
 func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {

@@ -95,6 +95,16 @@ func WaitsOf(b Backend) uint64 {
 	return 0
 }
 
+// AsyncReader is a backend that can start a read and return before it completes (a file read
+// through io_uring), so that a server need not keep a goroutine waiting for each read.
+// ReadAtAsync reports false, having done nothing, where it cannot (the caller reads with ReadAt,
+// which also reports any error in the request); else done is called once the read ends, with
+// ReadAt's error, on a goroutine of the backend's: done must not block, since other completions
+// wait for it. p is the backend's until then.
+type AsyncReader interface {
+	ReadAtAsync(p []byte, off int64, done func(error)) bool
+}
+
 // DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
 // device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
 // counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's

@@ -273,6 +273,29 @@ func (f *Backend) ReadAt(p []byte, off int64) (int, error) {
 	return f.inner.ReadAt(p, off)
 }
 
+// ReadAtAsync implements backend.AsyncReader where the wrapped backend does; it counts, delays and
+// fails as a Read. The delay and the fault are served on a goroutine of its own, so that the call
+// returns at once as the wrapped one would, and a read the wrapped backend will not start is read
+// with its ReadAt there.
+func (f *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	a, ok := f.inner.(backend.AsyncReader)
+	if !ok {
+		return false
+	}
+	v := f.decide(Read, off, int64(len(p)))
+	go func() {
+		time.Sleep(v.delay)
+		switch {
+		case v.err != nil:
+			done(v.err)
+		case !a.ReadAtAsync(p, off, done):
+			_, err := f.inner.ReadAt(p, off)
+			done(err)
+		}
+	}()
+	return true
+}
+
 // WriteAt implements backend.Backend. A failed write reports 0 bytes written, even if torn.
 func (f *Backend) WriteAt(p []byte, off int64) (int, error) {
 	if err := f.inject(Write, off, int64(len(p)), p); err != nil {

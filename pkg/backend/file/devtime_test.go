@@ -1,7 +1,9 @@
 package file
 
 import (
+	"bytes"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -86,4 +88,31 @@ func TestDeviceTime(t *testing.T) {
 		_, err := f.DeviceTime()
 		require.True(t, errors.Is(err, backend.ErrNotSupported), "DeviceTime on tmpfs: %v", err)
 	})
+}
+
+// TestReadAtAsync: with direct reads through the ring, an aligned read starts and ends with the
+// file's data; an unaligned one, one out of range, or any read without the ring is left to ReadAt.
+func TestReadAtAsync(t *testing.T) {
+	dir := directDir(t)
+	want := bytes.Repeat([]byte("0123456789abcdef"), 64<<10/16)
+	path := filepath.Join(dir, "f")
+	require.NoError(t, os.WriteFile(path, want, 0o644))
+	f := mustOpen(t, fileURL(path, "direct=reads"), backend.Options{})
+	defer f.Close()
+	if f.ring == nil {
+		t.Skip("no io_uring here")
+	}
+	buf := alignedAlloc(8192)
+	done := make(chan error, 1)
+	require.True(t, f.ReadAtAsync(buf, 16384, func(err error) { done <- err }), "an aligned read")
+	require.NoError(t, <-done)
+	require.Equal(t, want[16384:16384+8192], buf)
+	require.Zero(t, f.Waits(), "an asynchronous read keeps no goroutine waiting")
+	never := func(error) { t.Error("done called for a read left to ReadAt") }
+	require.False(t, f.ReadAtAsync(buf[1:4097], 0, never), "an unaligned buffer")
+	require.False(t, f.ReadAtAsync(buf, 64<<10, never), "past the end")
+	require.NoError(t, f.Close())
+	p := mustOpen(t, fileURL(path, "direct=reads&uring=false"), backend.Options{})
+	defer p.Close()
+	require.False(t, p.ReadAtAsync(buf, 0, never), "without the ring")
 }

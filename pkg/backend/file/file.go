@@ -119,8 +119,8 @@ func parseURL(u *url.URL) (config, error) {
 }
 
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
-// backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter, backend.Waiter and
-// backend.DeviceTimer.
+// backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter, backend.Waiter,
+// backend.DeviceTimer and backend.AsyncReader.
 type File struct {
 	f  *os.File
 	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
@@ -437,6 +437,17 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// ReadAtAsync implements backend.AsyncReader: a direct read through the ring, when the request is
+// aligned for O_DIRECT as it is and the ring is there. It keeps no goroutine waiting, so it is not
+// counted in Waits.
+func (f *File) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if f.ring == nil || !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
+		return false
+	}
+	err := f.ring.ReadAtAsync(p, off, func(_ int, err error) { done(f.readResult(off, err)) })
+	return err == nil
 }
 
 // ReadAtCached implements backend.CachedReader. With direct=reads it reads through the page cache,

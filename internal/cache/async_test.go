@@ -1,0 +1,116 @@
+package cache
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+// readAsync reads p at off with ReadAtAsync and reports whether it started, and the read's error.
+func readAsync(c *Cache, p []byte, off int64) (started bool, err error) {
+	ended := make(chan error, 1)
+	if !c.ReadAtAsync(p, off, func(err error) { ended <- err }) {
+		return false, nil
+	}
+	return true, <-ended
+}
+
+// TestReadAtAsync: on an SSD tier on a file (direct reads through io_uring), a read within one line
+// that the SSD tier holds, and the RAM tier does not, is started asynchronously and counts as a hit;
+// a miss, a RAM-tier hit, a read across lines and a read of a line another request holds are left
+// to ReadAt and count nothing; an SSD read that fails is served from the backend.
+func TestReadAtAsync(t *testing.T) {
+	const line, lines = 64 << 10, 64
+	want := make([]byte, lines*line)
+	for i := range want {
+		want[i] = byte(i*13 + i/4096)
+	}
+	b := mem.New(lines * line)
+	_, err := b.WriteAt(want, 0)
+	require.NoError(t, err)
+	dev := fileSSD(t, 16*line)
+	if _, ok := dev.(backend.AsyncReader); !ok {
+		t.Skip("the SSD file reads synchronously here")
+	}
+	ssd := fault.New(dev, fault.Options{})
+	c := newCache(t, b, layout{line: line, ram: 2, ssd: 16, mode: WriteThrough, admission: "nhit:3"}, nil, ssd)
+	defer c.Close()
+	buf := make([]byte, 8192)
+	ssdStats := func() TierStats { return c.Stats().Tiers[1] }
+
+	started, _ := readAsync(c, buf, 3*line)
+	require.False(t, started, "a miss")
+	require.Zero(t, ssdStats().Misses, "a miss left to ReadAt is not counted")
+	require.NoError(t, c.Prefetch(3*line, line)) // the line on both tiers
+	started, _ = readAsync(c, buf, 3*line+4096)
+	require.False(t, started, "a RAM-tier hit")
+
+	require.NoError(t, c.Prefetch(4*line, 2*line))
+	for l := uint64(4); l < 6; l++ { // the lines on the SSD tier alone
+		c.ram.invalidate(l, rangeBits(0, line/blockSize))
+	}
+	before := ssdStats()
+	started, err = readAsync(c, buf, 4*line+8192)
+	require.True(t, started, "an SSD-tier hit")
+	require.NoError(t, err)
+	require.Equal(t, want[4*line+8192:4*line+16384], buf)
+	after := ssdStats()
+	require.Equal(t, before.Hits+1, after.Hits)
+	require.Equal(t, before.HitBytes+8192, after.HitBytes)
+
+	started, _ = readAsync(c, buf, 5*line-4096)
+	require.False(t, started, "a read across two lines")
+
+	c.locks.lock(4, 4)
+	started, _ = readAsync(c, buf, 4*line)
+	c.locks.unlock(4, 4)
+	require.False(t, started, "a line another request holds")
+
+	ssd.SetFailing(true)
+	started, err = readAsync(c, buf, 5*line)
+	require.True(t, started)
+	require.NoError(t, err, "a failed SSD read is served from the backend")
+	require.Equal(t, want[5*line:5*line+8192], buf)
+	require.Equal(t, before.Errors+1, ssdStats().Errors)
+	ssd.SetFailing(false)
+
+	// Every read that started asynchronously has ended and let go of its line.
+	require.True(t, c.locks.tryLock(4) && c.locks.tryLock(5))
+	c.locks.unlock(4, 5)
+}
+
+// TestReadAtAsyncPromotes: where the RAM tier admits the line, an asynchronous SSD-tier hit reads
+// the blocks it touches into RAM, which then holds them.
+func TestReadAtAsyncPromotes(t *testing.T) {
+	const line, lines = 16 << 10, 32
+	want := make([]byte, lines*line)
+	for i := range want {
+		want[i] = byte(i*7 + i/4096)
+	}
+	b := mem.New(lines * line)
+	_, err := b.WriteAt(want, 0)
+	require.NoError(t, err)
+	dev := fileSSD(t, 8*line)
+	if _, ok := dev.(backend.AsyncReader); !ok {
+		t.Skip("the SSD file reads synchronously here")
+	}
+	c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
+	defer c.Close()
+	require.NoError(t, c.Prefetch(2*line, line))
+	c.ram.invalidate(2, rangeBits(0, line/blockSize))
+	buf := make([]byte, 4096)
+	started, err := readAsync(c, buf, 2*line+8192)
+	require.True(t, started)
+	require.NoError(t, err)
+	require.Equal(t, want[2*line+8192:2*line+12288], buf)
+	require.True(t, c.ram.holds(2, rangeBits(2, 3)), "the block read is in RAM")
+	require.False(t, c.ram.holds(2, rangeBits(0, 1)), "a block not read is not")
+	st := c.Stats()
+	require.Equal(t, uint64(1), st.Tiers[1].Hits)
+	started, _ = readAsync(c, buf, 2*line+8192)
+	require.False(t, started, "the block is a RAM-tier hit now")
+}
