@@ -19,23 +19,31 @@ func readAsync(c *Cache, p []byte, off int64) (started bool, err error) {
 	return true, <-ended
 }
 
+// asyncSetup returns a backend of lines lines holding want, and an SSD file of ssdLines lines that
+// reads asynchronously (or skips the test where it cannot).
+func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd backend.Backend) {
+	t.Helper()
+	want = make([]byte, lines*line)
+	for i := range want {
+		want[i] = byte(i*13 + i/4096)
+	}
+	b = mem.New(lines * line)
+	_, err := b.WriteAt(want, 0)
+	require.NoError(t, err)
+	ssd = fileSSD(t, ssdLines*line)
+	if _, ok := ssd.(backend.AsyncReader); !ok {
+		t.Skip("the SSD file reads synchronously here")
+	}
+	return want, b, ssd
+}
+
 // TestReadAtAsync: on an SSD tier on a file (direct reads through io_uring), a read within one line
 // that the SSD tier holds, and the RAM tier does not, is started asynchronously and counts as a hit;
 // a miss, a RAM-tier hit, a read across lines and a read of a line another request holds are left
 // to ReadAt and count nothing; an SSD read that fails is served from the backend.
 func TestReadAtAsync(t *testing.T) {
-	const line, lines = 64 << 10, 64
-	want := make([]byte, lines*line)
-	for i := range want {
-		want[i] = byte(i*13 + i/4096)
-	}
-	b := mem.New(lines * line)
-	_, err := b.WriteAt(want, 0)
-	require.NoError(t, err)
-	dev := fileSSD(t, 16*line)
-	if _, ok := dev.(backend.AsyncReader); !ok {
-		t.Skip("the SSD file reads synchronously here")
-	}
+	const line = 64 << 10
+	want, b, dev := asyncSetup(t, line, 64, 16)
 	ssd := fault.New(dev, fault.Options{})
 	c := newCache(t, b, layout{line: line, ram: 2, ssd: 16, mode: WriteThrough, admission: "nhit:3"}, nil, ssd)
 	defer c.Close()
@@ -54,7 +62,7 @@ func TestReadAtAsync(t *testing.T) {
 		c.ram.invalidate(l, rangeBits(0, line/blockSize))
 	}
 	before := ssdStats()
-	started, err = readAsync(c, buf, 4*line+8192)
+	started, err := readAsync(c, buf, 4*line+8192)
 	require.True(t, started, "an SSD-tier hit")
 	require.NoError(t, err)
 	require.Equal(t, want[4*line+8192:4*line+16384], buf)
@@ -86,18 +94,8 @@ func TestReadAtAsync(t *testing.T) {
 // TestReadAtAsyncPromotes: where the RAM tier admits the line, an asynchronous SSD-tier hit reads
 // the blocks it touches into RAM, which then holds them.
 func TestReadAtAsyncPromotes(t *testing.T) {
-	const line, lines = 16 << 10, 32
-	want := make([]byte, lines*line)
-	for i := range want {
-		want[i] = byte(i*7 + i/4096)
-	}
-	b := mem.New(lines * line)
-	_, err := b.WriteAt(want, 0)
-	require.NoError(t, err)
-	dev := fileSSD(t, 8*line)
-	if _, ok := dev.(backend.AsyncReader); !ok {
-		t.Skip("the SSD file reads synchronously here")
-	}
+	const line = 16 << 10
+	want, b, dev := asyncSetup(t, line, 32, 8)
 	c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
 	defer c.Close()
 	require.NoError(t, c.Prefetch(2*line, line))
