@@ -358,12 +358,13 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		return false
 	}
 	s := segs[0]
-	if !c.locks.tryLock(s.line) {
+	need := s.touched()
+	// A RAM-tier hit, the cheapest read, is left to ReadAt before the line is locked: ReadAt locks
+	// it again. Should RAM take the line meanwhile, the SSD tier's copy is as current.
+	if c.ram.usable() && c.ram.holds(s.line, need) {
 		return false
 	}
-	need := s.touched()
-	if c.ram.usable() && c.ram.holds(s.line, need) {
-		c.unlockSegs(segs)
+	if !c.locks.tryLock(s.line) {
 		return false
 	}
 	slot, valid, ok := c.ssd.lookupHit(s.line, need)

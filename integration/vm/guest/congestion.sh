@@ -27,7 +27,8 @@ fio --name=cold --filename=/dev/ublkb0 --direct=1 --ioengine=libaio --iodepth=16
 	--bs=4k --size=64M --number_ios=3000 --output=/tmp/fio.out || { cat /tmp/fio.out; fail "fio"; }
 grep -E 'read:|err=' /tmp/fio.out
 tierblk stats --admin $admin
-tierblk stats --admin $admin --json | tr -d ' \n' >/tmp/stats.json || fail "tierblk stats --json"
+tierblk stats --admin $admin --json >/tmp/stats.raw || fail "tierblk stats --json"
+tr -d ' \n' </tmp/stats.raw >/tmp/stats.json
 congested=$(grep -o '"congested":[0-9]*' /tmp/stats.json | head -n 1 | cut -d: -f2)
 latency=$(grep -o '"device_latency_seconds":[0-9.e-]*' /tmp/stats.json | head -n 1 | cut -d: -f2)
 step "missed lines refused for congestion: ${congested:-none}; device latency: ${latency:-none} s"
