@@ -30,7 +30,7 @@ func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd 
 	b = mem.New(lines * line)
 	_, err := b.WriteAt(want, 0)
 	require.NoError(t, err)
-	ssd = fileSSD(t, ssdLines*line)
+	ssd = fileSSD(t, ssdLines*line, false)
 	if _, ok := ssd.(backend.AsyncReader); !ok {
 		t.Skip("the SSD file reads synchronously here")
 	}

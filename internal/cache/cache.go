@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -423,11 +424,11 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 // has no slot to spare, the blocks to read are not one run or the device will not start the read:
 // the caller then reads the SSD tier alone.
 func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bool {
-	slot, valid, got := c.ram.acquire(s.line)
-	if !got {
+	g := c.ram.acquire(s.line)
+	if !g.ok {
 		return false
 	}
-	missing := s.touched().andNot(valid)
+	slot, missing := g.slot, s.touched().andNot(g.valid)
 	runs, lo, hi := 0, int64(0), int64(0)
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		runs++
@@ -545,11 +546,14 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	return nil
 }
 
-// readHits serves the segments the SSD tier holds. Several are read from the SSD at once (it serves
-// them in parallel: a 1 MiB read is 16 lines of the default size, bench cache --parts hits) and
-// then, if RAM admits them, copied into RAM one after the other from what was read: promotions at
-// once would pin each other's victims and leave RAM short of full (TestCacheAdmin). A single one
-// promotes as readHit does. A segment the SSD fails is left to the backend: its source is cleared.
+// readHits serves the segments the SSD tier holds. Segments whose lines sit in adjacent slots are
+// read with one request (a sequential fill stores a run of lines so, see tier.acquireRun), and
+// several such runs at once: the device serves them in parallel (bench cache --parts hits, 1M
+// reads). Then, if RAM admits them, they are copied into RAM one after the other from what was
+// read: promotions at once would pin each other's victims and leave RAM short of full
+// (TestCacheAdmin). A single segment promotes as readHit does. A run the SSD fails is read again
+// line by line, so that only the lines that fail are dropped; a segment that fails is left to the
+// backend: its source is cleared.
 func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	promotes := func(s seg) bool {
 		return c.ram.usable() && (force || c.ram.admits(c.promotion(s)))
@@ -560,27 +564,59 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 		}
 		src[i].t = nil // read, or failed: the line goes to the backend
 	}
-	var atBuf [2]int // most requests touch one or two lines
-	at := atBuf[:0]
+	var runBuf [2][2]int // [first, last] indexes of segments; most requests touch one or two lines
+	runs := runBuf[:0]
+	hits := 0
 	for i := range src {
-		if src[i].t != nil {
-			at = append(at, i)
+		if src[i].t == nil {
+			continue
 		}
+		hits++
+		if n := len(runs); n > 0 && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 {
+			runs[n-1][1] = i
+			continue
+		}
+		runs = append(runs, [2]int{i, i})
 	}
-	if len(at) < 2 {
-		for _, i := range at {
-			hit(i, promotes(segs[i]))
-		}
+	switch hits {
+	case 0:
+		return
+	case 1:
+		i := runs[0][0]
+		hit(i, promotes(segs[i]))
 		return
 	}
-	var wg sync.WaitGroup
-	for _, i := range at {
-		wg.Go(func() { hit(i, false) })
+	readRun := func(r [2]int) {
+		if r[0] == r[1] {
+			hit(r[0], false)
+			return
+		}
+		a, b := segs[r[0]], segs[r[1]]
+		err := c.ssd.readSlot(src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo)
+		for i := r[0]; i <= r[1]; i++ {
+			if err != nil {
+				hit(i, false)
+				continue
+			}
+			c.ssd.unpin(src[i].slot)
+			c.ssd.hitBytes.Add(uint64(segs[i].hi - segs[i].lo))
+			src[i].served, src[i].t = true, nil
+		}
 	}
-	wg.Wait()
-	for _, i := range at {
-		if s := segs[i]; src[i].served && promotes(s) {
-			c.fillTier(c.ram, s, p[s.pOff:s.pOff+s.hi-s.lo], s.lo, s.full())
+	if len(runs) == 1 {
+		readRun(runs[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, r := range runs {
+			wg.Go(func() { readRun(r) })
+		}
+		wg.Wait()
+	}
+	for _, r := range runs {
+		for i := r[0]; i <= r[1]; i++ {
+			if s := segs[i]; src[i].served && promotes(s) {
+				c.fillTier(c.ram, s, c.ram.acquire(s.line), p[s.pOff:s.pOff+s.hi-s.lo], s.lo, s.full())
+			}
 		}
 	}
 }
@@ -613,12 +649,12 @@ func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
 // whole line from the SSD for every 4 KiB hit, and evict as much (bench cache --parts hits).
 // done is false if RAM had no slot to spare (the caller reads the SSD directly).
 func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
-	slot, valid, got := c.ram.acquire(s.line)
-	if !got {
+	g := c.ram.acquire(s.line)
+	if !g.ok {
 		return false, false
 	}
-	ssdSlot := src.slot
-	missing := s.touched().andNot(valid)
+	slot, ssdSlot := g.slot, src.slot
+	missing := s.touched().andNot(g.valid)
 	var err error
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		if err != nil {
@@ -706,6 +742,16 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		return err
 	}
 	c.fetched.Add(uint64(to - from))
+	// The SSD tier's lines are acquired as one run, in adjacent slots where it has them.
+	var whichBuf [2]int
+	which := whichBuf[:0]
+	for i, f := range fills {
+		if f.ssd {
+			which = append(which, i)
+		}
+	}
+	var grantBuf [2]grant
+	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
 	for i, s := range segs {
 		f := fills[i]
 		data := buf[s.start+f.lo-from : s.start+f.hi-from] // the line's bytes [f.lo, f.hi)
@@ -719,10 +765,11 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		}
 		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
 		if f.ssd {
-			c.fillTier(c.ssd, s, data, f.lo, got)
+			c.fillTier(c.ssd, s, grants[0], data, f.lo, got)
+			grants = grants[1:]
 		}
 		if f.ram {
-			c.fillTier(c.ram, s, data, f.lo, got)
+			c.fillTier(c.ram, s, c.ram.acquire(s.line), data, f.lo, got)
 		}
 	}
 	return nil
@@ -745,13 +792,13 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 }
 
 // fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,
-// skipping blocks t already holds: those are never older than the backend.
-func (c *Cache) fillTier(t *tier, s seg, data []byte, base int64, bits lineBits) {
-	slot, valid, ok := t.acquire(s.line)
-	if !ok {
+// skipping blocks t already holds: those are never older than the backend. g is the line's
+// acquired slot, if any.
+func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits lineBits) {
+	if !g.ok {
 		return
 	}
-	missing := bits.andNot(valid)
+	slot, missing := g.slot, bits.andNot(g.valid)
 	var err error
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
@@ -854,13 +901,22 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	}
 	var buf [4]filled
 	done := buf[:0]
+	var whichBuf [2]int
+	var grantBuf [2]grant
 	for _, t := range []*tier{c.ram, c.ssd} {
 		if !t.usable() {
 			continue
 		}
-		for _, s := range segs {
-			if slot, bits, ok := c.writeTier(t, s, p); ok {
-				done = append(done, filled{t, s.line, slot, bits})
+		which := whichBuf[:0]
+		for i, s := range segs {
+			if c.storesWrite(t, s) {
+				which = append(which, i)
+			}
+		}
+		for k, g := range c.acquireSegs(t, segs, which, grantBuf[:0]) {
+			s := segs[which[k]]
+			if bits, ok := c.writeTier(t, s, g, p); ok {
+				done = append(done, filled{t, s.line, g.slot, bits})
 			}
 		}
 	}
@@ -875,20 +931,40 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	return err
 }
 
-// writeTier stores the whole blocks a write covers in t, if t holds the line or admits it. The
-// caller validates them once the backend has the data.
-func (c *Cache) writeTier(t *tier, s seg, p []byte) (uint32, lineBits, bool) {
+// storesWrite reports whether t stores the write of s: the whole blocks it covers, if t holds the
+// line or admits it.
+func (c *Cache) storesWrite(t *tier, s seg) bool {
+	if s.full().isZero() {
+		return false
+	}
+	v, _ := t.bits(s.line)
+	return !v.isZero() || t.admits(c.access(s, true))
+}
+
+// acquireSegs acquires in t the lines of segs[i] for each i of which (ascending) as one run
+// (tier.acquireLines), appending their grants to grants.
+func (c *Cache) acquireSegs(t *tier, segs []seg, which []int, grants []grant) []grant {
+	if len(which) == 0 {
+		return grants
+	}
+	var lineBuf [2]uint64
+	lines := lineBuf[:0]
+	for _, i := range which {
+		lines = append(lines, segs[i].line)
+	}
+	grants = slices.Grow(grants, len(lines))[:len(grants)+len(lines)]
+	t.acquireLines(lines, grants[len(grants)-len(lines):])
+	return grants
+}
+
+// writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
+// any). The caller validates them once the backend has the data.
+func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (lineBits, bool) {
 	full := s.full()
-	if full.isZero() {
-		return 0, full, false
+	if !g.ok {
+		return full, false
 	}
-	if v, _ := t.bits(s.line); v.isZero() && !t.admits(c.access(s, true)) {
-		return 0, full, false
-	}
-	slot, _, ok := t.acquire(s.line)
-	if !ok {
-		return 0, full, false
-	}
+	slot := g.slot
 	var err error
 	full.runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
@@ -899,9 +975,9 @@ func (c *Cache) writeTier(t *tier, s seg, p []byte) (uint32, lineBits, bool) {
 	if err != nil {
 		t.unpin(slot)
 		t.ioError(s.line, slot, err)
-		return 0, full, false
+		return full, false
 	}
-	return slot, full, true
+	return full, true
 }
 
 // invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a

@@ -242,15 +242,15 @@ func TestBypassDuringFill(t *testing.T) {
 	if err := r.c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	slot, valid, ok := r.c.ssd.acquire(uint64(last / 4096)) // the fill of the last line begins
-	if !ok || !valid.isZero() {
-		t.Fatalf("acquire of an uncached line: ok %v, valid %v", ok, valid)
+	g := r.c.ssd.acquire(uint64(last / 4096)) // the fill of the last line begins
+	if !g.ok || !g.valid.isZero() {
+		t.Fatalf("acquire of an uncached line: ok %v, valid %v", g.ok, g.valid)
 	}
 	r.c.ssd.fail("injected")
 	if st := r.ssdStats(); st.SetAside != uint64(last/4096) {
 		t.Fatalf("set aside %d lines, want the %d with data", st.SetAside, last/4096)
 	}
-	r.c.ssd.unpin(slot) // the fill ends
+	r.c.ssd.unpin(g.slot) // the fill ends
 	if err := r.c.Heal(); err != nil {
 		t.Fatal(err)
 	}

@@ -506,12 +506,9 @@ func (j *journal) heal() error {
 func (j *journal) probe() error {
 	t := j.t
 	t.mu.Lock()
-	slot, free := uint32(0), false
-	if n := len(t.free); n > 0 {
-		slot, t.free, free = t.free[n-1], t.free[:n-1], true
-	} else if t.fresh < t.slots {
-		slot, free = uint32(t.fresh), true
-		t.fresh++
+	slot, free := uint32(0), t.freeSlots() > 0
+	if free {
+		slot = t.takeFreeLocked()
 	}
 	t.mu.Unlock()
 	if free {

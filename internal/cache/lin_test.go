@@ -158,8 +158,8 @@ type linCase struct {
 	admission string
 	ssdFault  float64 // rate of failed reads and writes of the SSD
 	// ssdFile puts the SSD tier on a file as tierblk serve does (direct reads through io_uring)
-	// rather than in memory.
-	ssdFile bool
+	// rather than in memory; pread reads it with pread, as where the kernel has no io_uring.
+	ssdFile, pread bool
 }
 
 // TestLinearizable runs concurrent clients against caches with tiny tiers over delaying backends,
@@ -176,6 +176,7 @@ func TestLinearizable(t *testing.T) {
 		{name: "wb-16k-ssd-file", line: 16 << 10, ram: 1, ssd: 4, mode: WriteBack, policy: "s3fifo", ssdFile: true},
 		{name: "wt-4k-ssd-file-faults", line: 4 << 10, ssd: 6, mode: WriteThrough, ssdFile: true, ssdFault: 0.02},
 		{name: "wb-8k-ssd-file-only", line: 8 << 10, ssd: 5, mode: WriteBack, ssdFile: true},
+		{name: "wt-16k-ssd-file-pread", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, pread: true},
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
@@ -195,11 +196,14 @@ func TestLinearizable(t *testing.T) {
 }
 
 // fileSSD is an SSD tier of size bytes on a file, opened as the daemon opens one: writes through
-// the page cache, direct reads through io_uring where the kernel has it. It skips the test where
-// the temporary directory has no direct I/O.
-func fileSSD(t *testing.T, size int64) backend.Backend {
-	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"),
-		RawQuery: url.Values{"size": {strconv.FormatInt(size, 10)}, "direct": {"reads"}}.Encode()}
+// the page cache, direct reads through io_uring where the kernel has it, or with pread if pread is
+// set (uring=false). It skips the test where the temporary directory has no direct I/O.
+func fileSSD(t *testing.T, size int64, pread bool) backend.Backend {
+	q := url.Values{"size": {strconv.FormatInt(size, 10)}, "direct": {"reads"}}
+	if pread {
+		q.Set("uring", "false")
+	}
+	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"), RawQuery: q.Encode()}
 	dev, err := file.Open(u, backend.Options{})
 	if err != nil && strings.Contains(err.Error(), "direct I/O") {
 		t.Skipf("no direct I/O in %s: %v", t.TempDir(), err)
@@ -227,7 +231,7 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 		rates := map[fault.Op]float64{fault.Read: lc.ssdFault, fault.Write: lc.ssdFault}
 		var dev backend.Backend = mem.New(lc.ssd * lc.line)
 		if lc.ssdFile {
-			dev = fileSSD(t, lc.ssd*lc.line)
+			dev = fileSSD(t, lc.ssd*lc.line, lc.pread)
 		}
 		ssd = fault.New(dev, fault.Options{Seed: int64(seed) + 1, MaxDelay: delay, Rates: rates})
 	}

@@ -28,11 +28,11 @@ func TestIndexBytesPerLine(t *testing.T) {
 		}
 		// Insert twice the capacity so that policies with ghost entries fill those too.
 		for line := range uint64(2 * slots) {
-			slot, _, ok := tr.acquire(line * 7)
-			if !ok {
+			g := tr.acquire(line * 7)
+			if !g.ok {
 				t.Fatalf("no slot for line %d", line)
 			}
-			tr.validate(line*7, slot, rangeBits(0, tr.blocks), false)
+			tr.validate(line*7, g.slot, rangeBits(0, tr.blocks), false)
 		}
 		after := heapInUse()
 		perLine := float64(after-before) / slots

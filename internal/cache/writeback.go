@@ -331,8 +331,20 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 			return fmt.Errorf("cache metadata: %w", err)
 		}
 	}
-	for _, s := range segs {
-		if err := c.writeBackSeg(s, p); err != nil {
+	var whichBuf [2]int
+	which := whichBuf[:0]
+	for i := range segs {
+		which = append(which, i)
+	}
+	var grantBuf [2]grant
+	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
+	for i, s := range segs {
+		if err := c.writeBackSeg(s, grants[i], p); err != nil {
+			for _, g := range grants[i+1:] {
+				if g.ok {
+					c.ssd.unpin(g.slot)
+				}
+			}
 			return err
 		}
 	}
@@ -342,20 +354,22 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	return nil
 }
 
-func (c *Cache) writeBackSeg(s seg, p []byte) error {
+// writeBackSeg writes a segment to the SSD tier as dirty data, in the slot g acquired for its line
+// if it got one.
+func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	data := p[s.pOff : s.pOff+s.hi-s.lo]
 	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
 	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
 	// disk, one request after another (a burst past the SSD tier ran at the slow disk's 15 MiB/s
 	// instead of the destager's 100). Other writers may take the freed slots first: a few tries.
-	slot, valid, ok := c.ssd.acquire(s.line)
-	for try := 0; !ok && try < slotTries; try++ {
+	for try := 0; !g.ok && try < slotTries; try++ {
 		if err := c.ssd.j.freePending(); err != nil {
 			break
 		}
-		slot, valid, ok = c.ssd.acquire(s.line)
+		g = c.ssd.acquire(s.line)
 	}
-	if !ok {
+	slot, valid := g.slot, g.valid
+	if !g.ok {
 		// No slot still (the tier failed, or its evicted slots are busy): write through.
 		return c.writeAroundSeg(s, data)
 	}
@@ -402,9 +416,10 @@ func (c *Cache) writeBackSeg(s seg, p []byte) error {
 	}
 	// A write of a whole line stays on the SSD tier only: streams (copies, backups, logs) would
 	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
-	if c.ram.usable() && full != rangeBits(0, s.blocks()) {
-		if rslot, bits, ok := c.writeTier(c.ram, s, p); ok {
-			c.ram.validate(s.line, rslot, bits, false)
+	if c.ram.usable() && full != rangeBits(0, s.blocks()) && c.storesWrite(c.ram, s) {
+		g := c.ram.acquire(s.line)
+		if bits, ok := c.writeTier(c.ram, s, g, p); ok {
+			c.ram.validate(s.line, g.slot, bits, false)
 		}
 	}
 	return nil
