@@ -358,10 +358,12 @@ type conn struct {
 	seen      uint64         // inline at the watchdog's previous tick; only the watchdog touches it
 	order     writeOrder
 	// Reads the device started asynchronously wait in ended until a replier goroutine, one at
-	// a time (replying), answers them.
-	endedMu  sync.Mutex
-	ended    []endedRead
-	replying bool
+	// a time (replying), answers them, or the reader does while it looks for work (readerLooking).
+	endedMu       sync.Mutex
+	ended         []endedRead
+	replying      bool
+	readerLooking bool
+	spare         []endedRead // the reader's batch, kept between its turns
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).
@@ -440,7 +442,7 @@ func (c *conn) detach() error {
 	if err != nil || sk == nil {
 		return err
 	}
-	sk.beforeWait = c.beforeWait
+	sk.beforeWait, sk.looking = c.beforeWait, c.looking
 	c.sock, c.src.r = sk, sk
 	c.bw.Reset(sk)
 	return nil

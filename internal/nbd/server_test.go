@@ -1263,6 +1263,38 @@ func (d *asyncDevice) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	return true
 }
 
+// TestAsyncReadsPipelined: asynchronous reads that end at once, batch after batch of them, are
+// each answered once, with their data or their error, whether the reader answers them (while it
+// looks again at an empty socket) or a replier goroutine does.
+func TestAsyncReadsPipelined(t *testing.T) {
+	const batch, rounds = 32, 64
+	vol, _ := newVolume(1<<20, 0x33, volume.Options{})
+	dev := &asyncDevice{Device: vol, release: make(chan struct{}), failAt: 1<<19 + 4096}
+	close(dev.release)
+	ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}, MaxInFlight: batch})
+	c := dialRaw(t, "unix", ts.sock)
+	c.connect("", true)
+	for r := range uint64(rounds) {
+		for i := range uint64(batch) {
+			c.request(request{typ: cmdRead, cookie: r*batch + i, offset: 1<<19 + 4096*i, length: 4096}, nil)
+		}
+		seen := map[uint64]bool{}
+		for range batch {
+			rep := c.reply()
+			require.False(t, seen[rep.cookie], "cookie %d answered twice", rep.cookie)
+			seen[rep.cookie] = true
+			require.Equal(t, r, rep.cookie/batch, "a reply from this round")
+			if rep.cookie%batch == 1 { // offset failAt
+				require.Equal(t, errIO, rep.errno)
+			} else {
+				require.Zero(t, rep.errno, "cookie %d", rep.cookie)
+				require.Equal(t, bytes.Repeat([]byte{0x33}, 4096), rep.data)
+			}
+		}
+	}
+	require.Equal(t, int32(batch*rounds), dev.started.Load())
+}
+
 // TestAsyncReads: reads a device starts asynchronously (backend.AsyncReader, an SSD-tier hit on
 // io_uring) leave the reader free for the next requests, count against MaxInFlight until they
 // end, are answered with their data or their error, and are all answered before a connection

@@ -410,20 +410,22 @@ func (c *conn) readAsync(r request) bool {
 	return false
 }
 
-// readEnded queues an ended read for the replier, starting one if none runs.
+// readEnded queues an ended read. The reader answers it if it is looking for work at an empty
+// socket; else a replier goroutine does, started if none runs. Each start of a replier wakes a
+// thread, and one that finds nothing more to do goes back to sleep: while the reader waits for a
+// client whose requests are all in flight, answering on it saves both (bench cache --parts hits).
 func (c *conn) readEnded(e endedRead) {
 	c.endedMu.Lock()
 	c.ended = append(c.ended, e)
-	start := !c.replying
-	c.replying = true
+	start := !c.replying && !c.readerLooking
+	c.replying = c.replying || start
 	c.endedMu.Unlock()
 	if start {
 		go c.replyEnded()
 	}
 }
 
-// replyEnded answers the ended reads, those queued meanwhile too, then leaves. The replies of a
-// batch are flushed together, as endReply flushes those of workers that finish together.
+// replyEnded answers the ended reads, those queued meanwhile too, then leaves.
 func (c *conn) replyEnded() {
 	var batch []endedRead
 	for {
@@ -435,22 +437,45 @@ func (c *conn) replyEnded() {
 			return
 		}
 		c.endedMu.Unlock()
-		c.queued.Add(1) // no reply of the batch flushes: the last step does
-		for _, e := range batch {
-			if e.err != nil {
-				c.replyFailed(e.req, e.err)
-			} else {
-				c.replyData(e.req, *e.buf)
-			}
-			putBuf(e.buf)
+		c.answerEnded(batch)
+	}
+}
+
+// looking is the reader's hook (sock.looking): while it looks again at an empty socket it answers
+// the reads that ended, unless a replier runs; when it stops looking, to sleep in the kernel, what
+// ends after is the replier's again.
+func (c *conn) looking(on bool) {
+	c.endedMu.Lock()
+	c.readerLooking = on
+	if c.replying || len(c.ended) == 0 {
+		c.endedMu.Unlock()
+		return
+	}
+	batch := c.ended
+	c.ended = c.spare[:0]
+	c.endedMu.Unlock()
+	c.answerEnded(batch)
+	c.spare = batch[:0]
+}
+
+// answerEnded answers a batch of ended reads. Their replies are flushed together, as endReply
+// flushes those of workers that finish together.
+func (c *conn) answerEnded(batch []endedRead) {
+	c.queued.Add(1) // no reply of the batch flushes: the last step does
+	for _, e := range batch {
+		if e.err != nil {
+			c.replyFailed(e.req, e.err)
+		} else {
+			c.replyData(e.req, *e.buf)
 		}
-		c.wmu.Lock()
-		c.endReply()
-		for i := range batch {
-			batch[i] = endedRead{}
-			<-c.slots
-			c.workers.Done()
-		}
+		putBuf(e.buf)
+	}
+	c.wmu.Lock()
+	c.endReply()
+	for i := range batch {
+		batch[i] = endedRead{}
+		<-c.slots
+		c.workers.Done()
 	}
 }
 

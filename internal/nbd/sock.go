@@ -28,7 +28,8 @@ import (
 // net.Conn (the runtime takes the socket out of its epoll set) and serves the duplicate in
 // blocking mode, as nbdkit's threads do. A read first tries the socket without waiting, in a raw
 // system call; finding nothing, it runs beforeWait (the reader sends the replies held back for a
-// batch), looks again a few times (spinTries), then sleeps in the kernel through the runtime's
+// batch), looks again a few times (spinTries, answering the asynchronous reads that end meanwhile:
+// conn.looking), then sleeps in the kernel through the runtime's
 // system-call path, which lets the runtime give the thread's P to other goroutines. One thread a
 // connection sleeps there, and the kernel wakes it, and only it, when the client sends. A large
 // payload is read with MSG_WAITALL: one call, whatever pieces it arrives in. Replies are written
@@ -46,9 +47,11 @@ import (
 // given to another file under them.
 type sock struct {
 	fd int
-	// beforeWait, if set, runs each time a read finds the socket empty, before it waits. Set
-	// before the socket is read; only the reader reads.
+	// beforeWait, if set, runs each time a read finds the socket empty, before it waits; looking,
+	// if set, before each time it looks again (true) and before it sleeps in the kernel (false).
+	// Set before the socket is read; only the reader reads.
 	beforeWait func()
+	looking    func(bool)
 	stopped    atomic.Bool // reads fail: the server is shutting down, or the connection hung up
 	mu         sync.Mutex  // orders shutdowns against close
 	closed     bool
@@ -160,7 +163,13 @@ func (s *sock) receive(wait uintptr, call func(flags uintptr) (int, syscall.Errn
 		}
 		for i := 0; i < spinTries && e == syscall.EAGAIN; i++ {
 			runtime.Gosched()
+			if s.looking != nil {
+				s.looking(true)
+			}
 			n, e = call(unix.MSG_DONTWAIT)
+		}
+		if s.looking != nil {
+			s.looking(false)
 		}
 		if e == syscall.EAGAIN {
 			n, e = call(wait)
