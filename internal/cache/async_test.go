@@ -112,3 +112,37 @@ func TestReadAtAsyncPromotes(t *testing.T) {
 	started, _ = readAsync(c, buf, 2*line+8192)
 	require.False(t, started, "the block is a RAM-tier hit now")
 }
+
+// TestReadAtAsyncShared: without a RAM tier an asynchronous SSD-tier hit holds its line shared: it
+// starts while another such read holds the line, not while a request holds it exclusively, and one
+// that the SSD fails is read again from the backend, after which the line is free.
+func TestReadAtAsyncShared(t *testing.T) {
+	const line = 16 << 10
+	want, b, dev := asyncSetup(t, line, 32, 8)
+	ssd := fault.New(dev, fault.Options{})
+	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: "always"}, nil, ssd)
+	defer c.Close()
+	require.NoError(t, c.Prefetch(2*line, line))
+	buf := make([]byte, 4096)
+
+	require.True(t, c.locks.tryRLock(2), "another hit holds the line")
+	started, err := readAsync(c, buf, 2*line+4096)
+	require.True(t, started, "a hit beside it")
+	require.NoError(t, err)
+	require.Equal(t, want[2*line+4096:2*line+8192], buf)
+	c.locks.runlock(2)
+
+	c.locks.lock(2, 2)
+	started, _ = readAsync(c, buf, 2*line)
+	c.locks.unlock(2, 2)
+	require.False(t, started, "a request holds the line exclusively")
+
+	ssd.SetFailing(true)
+	started, err = readAsync(c, buf, 2*line+8192)
+	ssd.SetFailing(false)
+	require.True(t, started)
+	require.NoError(t, err, "served from the backend")
+	require.Equal(t, want[2*line+8192:2*line+12288], buf)
+	require.True(t, c.locks.tryLock(2), "the line is free")
+	c.locks.unlock(2, 2)
+}

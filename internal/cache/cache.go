@@ -348,7 +348,8 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 // within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
 // on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
 // SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
-// is left to ReadAt (false), as is a line another request holds: the caller must not wait for it.
+// is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
+// exclusively, see lineLocks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if c.ssdAsync == nil || len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
@@ -365,12 +366,21 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if c.ram.usable() && c.ram.holds(s.line, need) {
 		return false
 	}
-	if !c.locks.tryLock(s.line) {
+	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
+	// shared with other such reads, and two reads of one line do not wait for each other.
+	shared := !c.ram.usable()
+	unlock := func() { c.unlockSegs(segs) }
+	if shared {
+		if !c.locks.tryRLock(s.line) {
+			return false
+		}
+		unlock = func() { c.locks.runlock(s.line) }
+	} else if !c.locks.tryLock(s.line) {
 		return false
 	}
 	slot, valid, ok := c.ssd.lookupHit(s.line, need)
 	if !ok {
-		c.unlockSegs(segs)
+		unlock()
 		return false
 	}
 	// From here on the read is this call's: it counts as read does.
@@ -382,13 +392,23 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		c.ram.misses.Add(1)
 	}
 	src := source{t: c.ssd, slot: slot, valid: valid}
-	finish := func(err error) {
-		c.unlockSegs(segs)
+	end := func(err error) { // once the line is let go
 		if err == nil {
 			c.asked.Add(uint64(len(p)))
 		}
 		c.readLat.observe(time.Since(t0))
 		done(err)
+	}
+	finish := func(err error) { unlock(); end(err) }
+	// fallback serves the read from the backend after the SSD tier failed it. A miss fills the
+	// tiers: held shared, the line is let go and read locks it again, exclusively.
+	fallback := func() {
+		if shared {
+			unlock()
+			end(c.read(p, off, false))
+			return
+		}
+		finish(c.readMiss(segs, p, false))
 	}
 	if c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
 		return true
@@ -398,7 +418,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 			go func() {
 				c.ssd.ioError(s.line, slot, err)
 				c.ssd.unpin(slot)
-				finish(c.readMiss(segs, p, false))
+				fallback()
 			}()
 			return
 		}
@@ -414,7 +434,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 			finish(nil)
 			return
 		}
-		finish(c.readMiss(segs, p, false))
+		fallback()
 	}()
 	return true
 }

@@ -5,7 +5,8 @@ import "sync"
 // lineLocks gives each line in use its own mutex. Every request locks the lines it touches, in
 // ascending order so that two requests can never deadlock; that makes a request atomic against any
 // other on the same lines, and makes concurrent misses on a line fetch it once (the second waits for
-// the first, then hits). A shard keeps up to keepLocks unused locks in its map, so that a line
+// the first, then hits). A read that changes nothing but counters (an SSD-tier hit with no
+// promotion, Cache.ReadAtAsync) may hold a line shared with others like it (tryRLock). A shard keeps up to keepLocks unused locks in its map, so that a line
 // written again and again (a log, a sequential stream) does not insert and delete its entry for
 // every request; past that, unused locks go.
 type lineLocks struct {
@@ -18,8 +19,8 @@ type lockShard struct {
 }
 
 type lineLock struct {
-	mu   sync.Mutex
-	refs int
+	mu   sync.RWMutex
+	refs int // holders and waiters
 }
 
 const keepLocks = 32
@@ -71,17 +72,49 @@ func (l *lineLocks) tryLock(line uint64) bool {
 	return true
 }
 
+// tryRLock locks line shared if no request holds it exclusively or waits to, and reports whether
+// it did.
+func (l *lineLocks) tryRLock(line uint64) bool {
+	s := l.shard(line)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[line]
+	if e == nil {
+		if s.m == nil {
+			s.m = map[uint64]*lineLock{}
+		}
+		e = lineLockPool.Get().(*lineLock)
+		s.m[line] = e
+	}
+	if !e.mu.TryRLock() {
+		return false
+	}
+	e.refs++
+	return true
+}
+
+// runlock releases a shared hold of line.
+func (l *lineLocks) runlock(line uint64) {
+	l.release(line, func(e *lineLock) { e.mu.RUnlock() })
+}
+
 // unlock unlocks lines [first, last].
 func (l *lineLocks) unlock(first, last uint64) {
 	for line := first; line <= last; line++ {
-		s := l.shard(line)
-		s.mu.Lock()
-		e := s.m[line]
-		e.mu.Unlock()
-		if e.refs--; e.refs == 0 && len(s.m) > keepLocks {
-			delete(s.m, line)
-			lineLockPool.Put(e)
-		}
-		s.mu.Unlock()
+		l.release(line, func(e *lineLock) { e.mu.Unlock() })
 	}
+}
+
+// release lets go of a hold of line with unlock, dropping its lock once unused if the shard keeps
+// enough others.
+func (l *lineLocks) release(line uint64, unlock func(*lineLock)) {
+	s := l.shard(line)
+	s.mu.Lock()
+	e := s.m[line]
+	unlock(e)
+	if e.refs--; e.refs == 0 && len(s.m) > keepLocks {
+		delete(s.m, line)
+		lineLockPool.Put(e)
+	}
+	s.mu.Unlock()
 }

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -42,6 +43,30 @@ func TestLineLocks(t *testing.T) {
 					busy[line]--
 				}
 				l.unlock(first, first+2)
+			}
+		})
+	}
+	// Shared holders of a line (asynchronous hits) run together, never with a writer.
+	var shared [8]atomic.Int32
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				line := uint64((g + i) % 3)
+				if g%2 == 0 {
+					l.lock(line, line)
+					assert.Zero(t, shared[line].Load(), "line %d written while read", line)
+					busy[line]++
+					assert.Equal(t, 1, busy[line], "line %d held twice", line)
+					busy[line]--
+					l.unlock(line, line)
+					continue
+				}
+				if l.tryRLock(line) {
+					shared[line].Add(1)
+					assert.Zero(t, busy[line], "line %d read while written", line)
+					shared[line].Add(-1)
+					l.runlock(line)
+				}
 			}
 		})
 	}
