@@ -68,10 +68,15 @@ const closeTag = ^uint64(0)
 // ErrClosed is returned by calls on a File after Close.
 var ErrClosed = errors.New("io_uring file closed")
 
-// NewFile sets up a ring of depth entries for fd (named name in errors). An error for which
-// Unavailable is true means this kernel refuses io_uring: use plain system calls.
+// NewFile sets up a ring for depth requests at once on fd (named name in errors). An error for
+// which Unavailable is true means this kernel refuses io_uring: use plain system calls.
 func NewFile(fd int, name string, depth int) (*File, error) {
-	r, err := New(uint32(depth), 0)
+	// Two submission entries a slot, and one for the close NOP: the kernel advances the queue's
+	// head only after it has taken the whole batch, and a request that completes while it is
+	// submitted (a write to the page cache) frees its slot before that, for another request to
+	// queue an entry in (TestFileConcurrent panicked on a full queue once the reaper looked for
+	// completions without sleeping).
+	r, err := New(uint32(2*depth+1), 0)
 	if err != nil {
 		return nil, err
 	}
@@ -211,8 +216,8 @@ func (f *File) queue(fill func(*SQE)) {
 	f.mu.Lock()
 	s, _, err := f.ring.Get()
 	if err != nil {
-		// The ring has an entry for every slot and the close NOP, and entries are submitted
-		// before their caller sleeps: it cannot be full.
+		// The ring has two entries for every slot and one for the close NOP (see NewFile),
+		// and entries are submitted before their caller sleeps: it cannot be full.
 		panic(fmt.Sprintf("io_uring %s: %v", f.name, err))
 	}
 	fill(s)
