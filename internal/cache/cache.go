@@ -781,7 +781,9 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		}
 		got := rangeBits(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
 		if h := f.held; h.t != nil {
-			c.overlay(s, h, data, f.lo, got)
+			if err := c.overlay(s, h, data, f.lo, got); err != nil {
+				return err
+			}
 		}
 		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
 		if f.ssd {
@@ -797,18 +799,29 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 
 // overlay replaces the blocks of data (the line's bytes from base, read from the backend; got are
 // its blocks) that the SSD slot holds with the SSD's copy. If the SSD fails, the backend's data
-// stays and the line is dropped from the tier.
-func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) {
+// stays for clean blocks, which the backend holds too, and the line is dropped from the tier; a
+// dirty block's only copy is the SSD's, so the read fails, as bcache fails it, rather than return
+// the backend's older data (TestDirtyReadOnSSDError).
+func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
+	var err error
 	h.valid.and(got).runs(s.blocks(), func(b0, b1 int) {
+		if err != nil {
+			return
+		}
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 		tmp := c.bufs.get(int(hi - lo))
 		defer c.bufs.put(tmp)
-		if err := h.t.readSlot(h.slot, tmp, lo); err != nil {
-			h.t.ioError(s.line, h.slot, err)
+		if rerr := h.t.readSlot(h.slot, tmp, lo); rerr != nil {
+			_, dirty := h.t.bits(s.line)
+			h.t.ioError(s.line, h.slot, rerr)
+			if !dirty.and(rangeBits(b0, b1)).isZero() {
+				err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
+			}
 			return
 		}
 		copy(data[lo-base:hi-base], tmp)
 	})
+	return err
 }
 
 // fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,8 +10,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
 // The tests here fail the cache's own storage on purpose, in the manner of Open CAS' functional
@@ -253,6 +257,42 @@ func TestDeadSSD(t *testing.T) {
 	if err := verifyAll(c, m); err != nil {
 		t.Fatalf("seed %d: after restart: %v", seed, err)
 	}
+}
+
+// TestDirtyReadOnSSDError: in write-back, a read of acknowledged data that only the SSD tier holds
+// fails while the SSD fails its reads, rather than return the backend's older data; clean data is
+// still read from the backend, and once the SSD reads again the written data is there.
+func TestDirtyReadOnSSDError(t *testing.T) {
+	const line = 16 << 10
+	b := mem.New(32 * line)
+	ssd := fault.New(mem.New(8*line), fault.Options{})
+	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteBack, admission: "always"}, nil, ssd)
+	defer c.Close()
+	written := bytes.Repeat([]byte{7}, 2*line)
+	_, err := c.WriteAt(written, 0)
+	require.NoError(t, err)
+	require.NoError(t, c.Flush())
+	clean := make([]byte, 4096)
+	_, err = c.ReadAt(clean, 8*line) // a clean line of zeroes, cached by the read
+	require.NoError(t, err)
+
+	ssd.SetFailing(true)
+	for _, r := range []struct{ off, n int64 }{{0, 4096}, {line - 4096, 8192}, {0, 2 * line}, {line + 512, 1024}} {
+		buf := make([]byte, r.n)
+		_, err := c.ReadAt(buf, r.off)
+		require.ErrorIs(t, err, fault.ErrInjected, "a read of %d bytes at %d", r.n, r.off)
+		started, err := readAsync(c, buf, r.off)
+		require.True(t, !started || errors.Is(err, fault.ErrInjected), "an asynchronous read of %d bytes at %d: %v", r.n, r.off, err)
+	}
+	_, err = c.ReadAt(clean, 8*line)
+	require.NoError(t, err, "clean data comes from the backend")
+	require.Equal(t, make([]byte, 4096), clean)
+
+	ssd.SetFailing(false)
+	got := make([]byte, 2*line)
+	_, err = c.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, written, got, "the written data is still there")
 }
 
 // failStore fails the nth Commit (counting from 1), and every later one if sticky.
