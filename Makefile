@@ -42,6 +42,7 @@ run: build
 # -count=1: the integration tests build the binary themselves, which go test's cache cannot see.
 test: deps fmt-check standalone
 	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
 	@mkdir -p $(dir $(TESTLOG))
 	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
 	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \

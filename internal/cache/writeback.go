@@ -192,13 +192,13 @@ func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
 	return w, nil
 }
 
-// wake tells writes waiting for room to look again. Dirty lines drop without w.mu, so it takes
-// w.mu first: a write that found no room is then inside cond.Wait, never between its check and
-// Wait, where a bare Broadcast would be lost and it would wait for good.
+// wake tells writes waiting for room to look again. Dirty lines drop without w.mu, so it
+// broadcasts holding w.mu: a write that found no room is then inside cond.Wait, never between its
+// check and Wait, where a bare Broadcast would be lost and it would wait for good.
 func (w *writeBack) wake() {
 	w.mu.Lock()
-	w.mu.Unlock()
 	w.cond.Broadcast()
+	w.mu.Unlock()
 }
 
 func (w *writeBack) kick() {

@@ -40,11 +40,11 @@ const (
 func NewNHit(n, window int) (*NHit, error) {
 	switch {
 	case n < 1:
-		return nil, fmt.Errorf("N=%d must be at least 1; %s", n, nhitForm)
+		return nil, fmt.Errorf("nhit: N=%d must be at least 1; %s", n, nhitForm)
 	case window < 1 || window > nhitMaxWindow:
-		return nil, fmt.Errorf("window=%d must be from 1 to %d; %s", window, nhitMaxWindow, nhitForm)
+		return nil, fmt.Errorf("nhit: window=%d must be from 1 to %d; %s", window, nhitMaxWindow, nhitForm)
 	case n > window:
-		return nil, fmt.Errorf("N=%d exceeds window=%d, so no key could be admitted; %s", n, window, nhitForm)
+		return nil, fmt.Errorf("nhit: N=%d exceeds window=%d, so no key could be admitted; %s", n, window, nhitForm)
 	}
 	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window, false)}, nil
 }
@@ -61,7 +61,7 @@ func newNHitSpec(params string) (Admission, error) {
 			switch strings.ToLower(strings.TrimSpace(name)) {
 			case "n":
 				if err != nil || v < 1 {
-					return nil, fmt.Errorf("N %q is not a whole number of at least 1; %s", val, nhitForm)
+					return nil, fmt.Errorf("nhit: N %q is not a whole number of at least 1; %s", val, nhitForm)
 				}
 				n = v
 			case "window":
