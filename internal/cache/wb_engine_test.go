@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -824,5 +826,30 @@ func TestRewriteOfDirtyDataAllocatesNothing(t *testing.T) {
 	write() // dirties the lines: their first writes commit metadata
 	if n := testing.AllocsPerRun(100, write); n != 0 {
 		t.Fatalf("%.1f allocations a rewrite, want none", n)
+	}
+}
+
+// TestWriteBackConfigZeros: a configuration that gives no watermark takes the defaults; one that
+// gives any takes its zeros as given: low 0 is valid (destage until nothing is dirty), max 0 is
+// refused, never replaced.
+func TestWriteBackConfigZeros(t *testing.T) {
+	d := DefaultWriteBack
+	for _, tc := range []struct {
+		in, want WriteBackConfig
+		err      string
+	}{
+		{in: WriteBackConfig{}, want: d},
+		{in: WriteBackConfig{High: 0.5, Max: 0.9}, want: WriteBackConfig{High: 0.5, Max: 0.9, Destage: d.Destage, Throttle: d.Throttle}},
+		{in: WriteBackConfig{High: 0.5, Low: 0.1}, err: "need 0 <= low < high <= max <= 1"},
+	} {
+		w := tc.in
+		w.fill()
+		err := w.validate()
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, "%+v", tc.in)
+			continue
+		}
+		require.NoError(t, err, "%+v", tc.in)
+		require.Equal(t, tc.want, w)
 	}
 }

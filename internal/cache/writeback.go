@@ -23,16 +23,13 @@ type WriteBackConfig struct {
 // DefaultWriteBack is the write-back tuning unless configured otherwise.
 var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional"}
 
+// fill takes the defaults for what is not given: the watermarks where none is (a configuration
+// that gives any takes its zeros as given, for validate to judge: low 0 destages until nothing is
+// dirty), the policies where unnamed.
 func (w *WriteBackConfig) fill() {
 	d := DefaultWriteBack
-	if w.High == 0 {
-		w.High = d.High
-	}
-	if w.Low == 0 {
-		w.Low = d.Low
-	}
-	if w.Max == 0 {
-		w.Max = d.Max
+	if w.High == 0 && w.Low == 0 && w.Max == 0 {
+		w.High, w.Low, w.Max = d.High, d.Low, d.Max
 	}
 	if w.Destage == "" {
 		w.Destage = d.Destage

@@ -93,9 +93,10 @@ backend and exits 0.`,
 	f.StringVar(&o.cache.Admission, "admission", "", "admission policy of both cache tiers (default auto; e.g. always, nhit:2, seqcutoff)")
 	f.StringVar(&o.cache.Congestion, "congestion", "", "the SSD tier admits no missed line while its device's requests take longer than this and than the backend's reads (default "+cache.DefaultCongestion.String()+"; off: never)")
 	wb := cache.DefaultWriteBack
-	f.Float64Var(&o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
-	f.Float64Var(&o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
-	f.Float64Var(&o.cache.WriteBack.Max, "dirty-max", wb.Max, "write-back: writes wait rather than let dirty lines pass this ratio")
+	o.cache.WriteBack.High, o.cache.WriteBack.Low, o.cache.WriteBack.Max = new(float64), new(float64), new(float64)
+	f.Float64Var(o.cache.WriteBack.High, "dirty-high", wb.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty")
+	f.Float64Var(o.cache.WriteBack.Low, "dirty-low", wb.Low, "write-back: destage stops below this ratio of dirty lines")
+	f.Float64Var(o.cache.WriteBack.Max, "dirty-max", wb.Max, "write-back: writes wait rather than let dirty lines pass this ratio")
 	f.BoolVar(&o.ublk, "ublk", false, "also serve the export as a ublk block device /dev/ublkbN")
 	f.IntVar(&o.ublkID, "ublk-id", -1, "ublk device number N (-1: the kernel chooses); a restart with the same N takes back a device left by a killed daemon")
 	f.IntVar(&o.ublkConf.Queues, "ublk-queues", 0, "ublk hardware queues, each with its own io_uring (0: one per CPU)")

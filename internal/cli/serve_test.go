@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 )
 
@@ -75,11 +76,19 @@ log_level: debug
 	})
 	t.Run("dirty flags set the first export's write-back", func(t *testing.T) {
 		o := serveOpts{backend: "file:///srv/a.img", cache: config.Cache{SSD: "/srv/ssd.img", Mode: "writeback",
-			WriteBack: config.WriteBack{High: 0.6, Low: 0.3, Max: 0.8}}}
+			WriteBack: config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8)}}}
 		c, err := buildConfig(optsWith(o, "backend", "ssd", "mode", "dirty-high", "dirty-low", "dirty-max"), testSchemes)
 		require.NoError(t, err)
-		require.Equal(t, config.WriteBack{High: 0.6, Low: 0.3, Max: 0.8}, c.Exports[0].Cache.WriteBack)
+		require.Equal(t, config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8)}, c.Exports[0].Cache.WriteBack)
 		require.Equal(t, "writeback", c.Exports[0].Cache.Mode)
+	})
+	t.Run("--dirty-low 0 is taken as given", func(t *testing.T) {
+		o := serveOpts{backend: "file:///srv/a.img", cache: config.Cache{SSD: "/srv/ssd.img", Mode: "writeback",
+			WriteBack: config.WriteBack{Low: config.Ratio(0)}}}
+		c, err := buildConfig(optsWith(o, "backend", "ssd", "mode", "dirty-low"), testSchemes)
+		require.NoError(t, err)
+		wb := c.Exports[0].Cache.WriteBack.Engine()
+		require.Equal(t, [3]float64{cache.DefaultWriteBack.High, 0, cache.DefaultWriteBack.Max}, [3]float64{wb.High, wb.Low, wb.Max})
 	})
 	t.Run("dirty flags override the file's write_back", func(t *testing.T) {
 		f := filepath.Join(dir, "wb.yaml")
@@ -88,10 +97,10 @@ exports:
   - backend: file:///srv/a.img
     cache: {ssd: /srv/ssd.img, mode: writeback, write_back: {high: 0.7, low: 0.2, max: 0.95, throttle: none}}
 `), 0o644))
-		o := serveOpts{configFile: f, cache: config.Cache{WriteBack: config.WriteBack{Max: 0.8}}}
+		o := serveOpts{configFile: f, cache: config.Cache{WriteBack: config.WriteBack{Max: config.Ratio(0.8)}}}
 		c, err := buildConfig(optsWith(o, "dirty-max"), testSchemes)
 		require.NoError(t, err)
-		require.Equal(t, config.WriteBack{High: 0.7, Low: 0.2, Max: 0.8, Throttle: "none"}, c.Exports[0].Cache.WriteBack)
+		require.Equal(t, config.WriteBack{High: config.Ratio(0.7), Low: config.Ratio(0.2), Max: config.Ratio(0.8), Throttle: "none"}, c.Exports[0].Cache.WriteBack)
 	})
 	t.Run("device flags, no listener unless --nbd", func(t *testing.T) {
 		o := serveOpts{backend: "mem://1GiB", ublk: true, ublkID: 4, nbdDevice: "/dev/nbd2"}
@@ -133,9 +142,10 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad policy", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Policy: "mru"}}, "backend", "ram", "policy"), "--policy: unknown eviction policy"},
 		{"bad admission", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Admission: "maybe"}}, "backend", "ram", "admission"), "--admission: "},
 		{"writeback without ssd", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Mode: "writeback"}}, "backend", "ram", "mode"), "--mode: writeback needs an SSD tier"},
-		{"dirty max", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: 2}}}, "backend", "ram", "dirty-max"), "--dirty-max: 2 is out of range"},
-		{"dirty low", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Low: 0.7}}}, "backend", "ram", "dirty-low"), "--dirty-low: 0.7 must be below high"},
-		{"dirty high", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{High: 0.95}}}, "backend", "ram", "dirty-high"), "--dirty-high: 0.95 must be at most max"},
+		{"dirty max", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: config.Ratio(2)}}}, "backend", "ram", "dirty-max"), "--dirty-max: 2 is out of range"},
+		{"dirty low", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Low: config.Ratio(0.7)}}}, "backend", "ram", "dirty-low"), "--dirty-low: 0.7 must be below high"},
+		{"dirty max 0", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: config.Ratio(0)}}}, "backend", "ram", "dirty-max"), "--dirty-max: 0 must be at least high"},
+		{"dirty high", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{High: config.Ratio(0.95)}}}, "backend", "ram", "dirty-high"), "--dirty-high: 0.95 must be at most max"},
 		{"ublk tuning without --ublk", optsWith(serveOpts{backend: "mem://1MiB", ublkID: 1}, "backend", "ublk-id"), "give --ublk too"},
 		{"bad ublk depth", optsWith(serveOpts{backend: "mem://1MiB", ublk: true, ublkConf: config.UBLK{Depth: 9999}}, "backend", "ublk", "ublk-depth"), "--ublk-depth: 9999 is out of range"},
 		{"bad nbd device", optsWith(serveOpts{backend: "mem://1MiB", nbdDevice: "/dev/nbd"}, "backend", "nbd-device"), `--nbd-device: "/dev/nbd" is not a kernel NBD device`},

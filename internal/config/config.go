@@ -133,54 +133,65 @@ type Cache struct {
 	WriteBack WriteBack `yaml:"write_back"`
 }
 
-// WriteBack tunes write-back. Ratios are of the SSD tier's lines; 0 or absent takes the default
-// (cache.DefaultWriteBack), as it does in cache.Config.
+// WriteBack tunes write-back. Ratios are of the SSD tier's lines; an absent one takes the default
+// (cache.DefaultWriteBack), and a 0 is taken as given (low: 0 destages until nothing is dirty) or
+// refused, never replaced.
 type WriteBack struct {
-	High     float64 `yaml:"high"`
-	Low      float64 `yaml:"low"`
-	Max      float64 `yaml:"max"`
-	Destage  string  `yaml:"destage"`
-	Throttle string  `yaml:"throttle"`
+	High     *float64 `yaml:"high"`
+	Low      *float64 `yaml:"low"`
+	Max      *float64 `yaml:"max"`
+	Destage  string   `yaml:"destage"`
+	Throttle string   `yaml:"throttle"`
+}
+
+// Ratio is a watermark given in Go: WriteBack{Low: config.Ratio(0)}.
+func Ratio(v float64) *float64 { return &v }
+
+// ratios returns the watermarks, the default for each one absent.
+func (w WriteBack) ratios() (hi, lo, mx float64) {
+	d := cache.DefaultWriteBack
+	get := func(p *float64, def float64) float64 {
+		if p == nil {
+			return def
+		}
+		return *p
+	}
+	return get(w.High, d.High), get(w.Low, d.Low), get(w.Max, d.Max)
 }
 
 // Engine returns the cache's write-back configuration.
 func (w WriteBack) Engine() cache.WriteBackConfig {
-	return cache.WriteBackConfig{High: w.High, Low: w.Low, Max: w.Max, Destage: w.Destage, Throttle: w.Throttle}
+	hi, lo, mx := w.ratios()
+	return cache.WriteBackConfig{High: hi, Low: lo, Max: mx, Destage: w.Destage, Throttle: w.Throttle}
 }
 
 // validate checks the write-back fields with the defaults filled in, so that an error about the
 // order of the watermarks names the field the user set rather than the default it collides with.
 func (w WriteBack) validate() []error {
 	d := cache.DefaultWriteBack
-	or := func(v, def float64) float64 {
-		if v == 0 {
-			return def
-		}
-		return v
-	}
-	hi, lo, mx := or(w.High, d.High), or(w.Low, d.Low), or(w.Max, d.Max)
+	hi, lo, mx := w.ratios()
 	var errs []error
 	ranged := true
 	for _, f := range []struct {
 		name string
-		v    float64
+		v    *float64
 		def  float64
 	}{{"high", w.High, d.High}, {"low", w.Low, d.Low}, {"max", w.Max, d.Max}} {
-		if f.v < 0 || f.v > 1 {
-			errs = append(errs, fieldErr("write_back."+f.name, "%g is out of range; use a ratio of the SSD tier's lines from 0 to 1 (default %g)", f.v, f.def))
+		if f.v != nil && (*f.v < 0 || *f.v > 1) {
+			errs = append(errs, fieldErr("write_back."+f.name, "%g is out of range; use a ratio of the SSD tier's lines from 0 to 1 (default %g)", *f.v, f.def))
 			ranged = false
 		}
 	}
 	if ranged {
 		// Blame the field that was set: of a pair, the one that is not the default.
 		switch {
-		case lo >= hi && w.Low == 0:
+		case lo >= hi && w.Low == nil:
 			errs = append(errs, fieldErr("write_back.high", "%g must be above low (%g, the default)", hi, lo))
 		case lo >= hi:
 			errs = append(errs, fieldErr("write_back.low", "%g must be below high (%g)", lo, hi))
 		}
 		switch {
-		case hi > mx && w.High == 0:
+		case hi > mx && w.High == nil:
 			errs = append(errs, fieldErr("write_back.max", "%g must be at least high (%g, the default)", mx, hi))
 		case hi > mx:
 			errs = append(errs, fieldErr("write_back.high", "%g must be at most max (%g)", hi, mx))

@@ -76,12 +76,15 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
 		{"admission", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", RAMAdmission: "nhit:zero"} }, "exports[0].cache.ram_admission"},
 		{"writeback without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Mode: "writeback"} }, "exports[0].cache.mode: writeback needs an SSD tier"},
-		{"write_back max above 1", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Max: 1.5}} }, "exports[0].cache.write_back.max: 1.5 is out of range"},
-		{"write_back low negative", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Low: -0.1}} }, "exports[0].cache.write_back.low: -0.1 is out of range"},
-		{"write_back low above default high", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Low: 0.6}} }, "exports[0].cache.write_back.low: 0.6 must be below high (0.5)"},
-		{"write_back high below default low", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: 0.2}} }, "exports[0].cache.write_back.high: 0.2 must be above low"},
-		{"write_back high above max", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: 0.8, Max: 0.7}} }, "exports[0].cache.write_back.high: 0.8 must be at most max (0.7)"},
-		{"write_back max below default high", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Max: 0.4}} }, "exports[0].cache.write_back.max: 0.4 must be at least high"},
+		{"write_back max above 1", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Max: Ratio(1.5)}} }, "exports[0].cache.write_back.max: 1.5 is out of range"},
+		{"write_back low negative", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Low: Ratio(-0.1)}} }, "exports[0].cache.write_back.low: -0.1 is out of range"},
+		{"write_back low above default high", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Low: Ratio(0.6)}} }, "exports[0].cache.write_back.low: 0.6 must be below high (0.5)"},
+		{"write_back high below default low", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: Ratio(0.2)}} }, "exports[0].cache.write_back.high: 0.2 must be above low"},
+		{"write_back high above max", func(c *Config) {
+			c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: Ratio(0.8), Max: Ratio(0.7)}}
+		}, "exports[0].cache.write_back.high: 0.8 must be at most max (0.7)"},
+		{"write_back max below default high", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Max: Ratio(0.4)}} }, "exports[0].cache.write_back.max: 0.4 must be at least high"},
+		{"write_back high 0", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: Ratio(0)}} }, "exports[0].cache.write_back.high: 0 must be above low (0.25, the default)"},
 		{"write_back destage", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Destage: "lazy"}} }, `exports[0].cache.write_back.destage: unknown policy "lazy"`},
 		{"write_back throttle", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Throttle: "hard"}} }, `exports[0].cache.write_back.throttle: unknown policy "hard"`},
 		{"ublk id", func(c *Config) { id := -2; c.Exports[0].UBLK = &UBLK{ID: &id} }, "exports[0].ublk.id: -2 is out of range"},
@@ -135,10 +138,19 @@ func TestDevicesWithoutListener(t *testing.T) {
 func TestWriteBackAccepted(t *testing.T) {
 	c := Defaults()
 	c.Exports = []Export{{Name: "a", Backend: "file:///a", Cache: &Cache{SSD: "/ssd", Mode: "writeback",
-		WriteBack: WriteBack{High: 0.6, Low: 0.1, Max: 0.95, Destage: "watermark", Throttle: "none"}}}}
+		WriteBack: WriteBack{High: Ratio(0.6), Low: Ratio(0.1), Max: Ratio(0.95), Destage: "watermark", Throttle: "none"}}}}
 	require.NoError(t, c.Validate(schemes))
 	require.Equal(t, cache.WriteBackConfig{High: 0.6, Low: 0.1, Max: 0.95, Destage: "watermark", Throttle: "none"},
 		c.Exports[0].Cache.WriteBack.Engine())
+}
+
+// TestWriteBackZero: a watermark given as 0 is taken as given, one left out takes its default.
+func TestWriteBackZero(t *testing.T) {
+	c, err := Parse([]byte("exports: [{backend: 'file:///a', cache: {ssd: /ssd, mode: writeback, write_back: {low: 0}}}]\n"), "t.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	d := cache.DefaultWriteBack
+	require.Equal(t, cache.WriteBackConfig{High: d.High, Low: 0, Max: d.Max}, c.Exports[0].Cache.WriteBack.Engine())
 }
 
 func TestParseListenAddr(t *testing.T) {

@@ -238,7 +238,7 @@ func TestWriteBackFlushAndMode(t *testing.T) {
 	cfg.Exports = []config.Export{
 		{Name: "disk", Backend: "file://" + img + "?size=8MiB", Cache: &config.Cache{
 			Mode: "writeback", Line: "4KiB", SSD: filepath.Join(dir, "ssd.img"), SSDSize: "1MiB",
-			WriteBack: config.WriteBack{High: 0.6, Low: 0.3, Max: 0.95, Throttle: "none"}}},
+			WriteBack: config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.95), Throttle: "none"}}},
 		{Name: "plain", Backend: "mem://1MiB"},
 	}
 	cfg.Listen = []string{"unix:" + sock}
