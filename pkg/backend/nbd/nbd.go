@@ -31,8 +31,8 @@ const (
 // maxConnections bounds connections=N: more connections than this only cost the server threads.
 const maxConnections = 64
 
-// Config turns an NBD URL into a client configuration (without a logger or timeouts).
-func Config(u *url.URL) (nbd.ClientConfig, error) {
+// clientConfig turns an NBD URL into a client configuration (without a logger or timeouts).
+func clientConfig(u *url.URL) (nbd.ClientConfig, error) {
 	var cfg nbd.ClientConfig
 	usage := Usage
 	if u.Scheme == "nbd+unix" {
@@ -111,7 +111,7 @@ func Config(u *url.URL) (nbd.ClientConfig, error) {
 
 // Open connects to the export the URL names. It matches backend.Factory.
 func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
-	cfg, err := Config(u)
+	cfg, err := clientConfig(u)
 	if err != nil {
 		return nil, backend.BadURL(err)
 	}

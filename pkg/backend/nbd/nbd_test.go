@@ -53,7 +53,7 @@ func TestConfig(t *testing.T) {
 		t.Run(tc.url, func(t *testing.T) {
 			u, err := url.Parse(tc.url)
 			require.NoError(t, err)
-			got, err := nbdbackend.Config(u)
+			got, err := nbdbackend.ClientConfig(u)
 			if tc.err != "" {
 				require.ErrorContains(t, err, tc.err)
 				return
