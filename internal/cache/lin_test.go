@@ -2,13 +2,13 @@ package cache
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -205,7 +205,7 @@ func fileSSD(t *testing.T, size int64, pread bool) backend.Backend {
 	}
 	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"), RawQuery: q.Encode()}
 	dev, err := file.Open(u, backend.Options{})
-	if err != nil && strings.Contains(err.Error(), "direct I/O") {
+	if errors.Is(err, file.ErrNoDirectIO) {
 		t.Skipf("no direct I/O in %s: %v", t.TempDir(), err)
 	}
 	require.NoError(t, err)

@@ -106,7 +106,7 @@ func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error)
 	q.Set("direct", "reads")
 	u.RawQuery = q.Encode()
 	dev, err := file.Open(&u, backend.Options{})
-	if err != nil && strings.Contains(err.Error(), "direct I/O") {
+	if errors.Is(err, file.ErrNoDirectIO) {
 		log.Warn("the SSD tier's file system has no direct I/O; using buffered I/O", "ssd", path)
 		q.Del("direct")
 		u.RawQuery = q.Encode()
