@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
+	"os"
 	"regexp"
+	"runtime"
 
 	"github.com/spf13/cobra"
 
@@ -229,9 +230,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
-	// Backends opened from URLs (the NBD client) log through the default logger: give them the
-	// daemon's, so that --log-level applies to them too.
-	slog.SetDefault(log)
+	raiseProcs()
 	err = daemon.Run(ctx, cfg, reg, log, o.ready)
 	if err == nil {
 		return nil
@@ -275,4 +274,17 @@ func flagNames(msg string) string {
 		msg = m.re.ReplaceAllString(msg, m.flag)
 	}
 	return msg
+}
+
+// minProcs is the fewest Ps (GOMAXPROCS) serve runs the daemon with, unless GOMAXPROCS is set.
+// File and block-device I/O are blocking system calls, and a goroutine in one keeps its P until
+// the runtime's monitor takes it back, which can take up to 10 ms: with one P per core, two disk
+// reads in flight on a two-core machine stall every other request. Spare Ps cost nothing while
+// idle. It is the process's setting, so serve makes it, not package daemon.
+const minProcs = 32
+
+func raiseProcs() {
+	if os.Getenv("GOMAXPROCS") == "" && runtime.GOMAXPROCS(0) < minProcs {
+		runtime.GOMAXPROCS(minProcs)
+	}
 }

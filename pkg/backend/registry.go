@@ -2,6 +2,7 @@ package backend
 
 import (
 	"fmt"
+	"log/slog"
 	"net/url"
 	"sort"
 	"strings"
@@ -12,6 +13,9 @@ import (
 type Options struct {
 	// ReadOnly opens the backend for reading only; writes fail with ErrReadOnly.
 	ReadOnly bool
+	// Logger is where a backend that logs (the NBD client: reconnections) logs; nil for
+	// slog.Default().
+	Logger *slog.Logger
 }
 
 // Factory opens a backend from its parsed URL.

@@ -115,6 +115,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	if err != nil {
 		return nil, backend.BadURL(err)
 	}
+	cfg.Logger = opts.Logger
 	c, err := nbd.Dial(context.Background(), cfg)
 	if err != nil {
 		return nil, err
