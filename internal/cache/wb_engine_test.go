@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -693,8 +694,8 @@ func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
 	b := fault.New(newCrashDev(4*ssd*line), fault.Options{Seed: 1})
 	c := newCache(t, b, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
 	defer c.Close()
-	c.wb.throttle = throttlePolicies["proportional"]() // newCache turns throttling off
-	b.SetFailing(true)                                 // nothing is written back yet
+	c.wb.throttle, _ = policy.NewThrottle("proportional") // newCache turns throttling off
+	b.SetFailing(true)                                    // nothing is written back yet
 	p := make([]byte, line)
 	for l := range 3 * ssd / 4 { // 75 %: above the high watermark (50 %), below the maximum
 		if _, err := c.WriteAt(p, int64(l*line)); err != nil {

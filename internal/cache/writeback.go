@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierblk/tierblk/internal/policy"
 )
 
 // WriteBackConfig tunes write-back. Ratios are of the SSD tier's lines.
@@ -16,7 +16,7 @@ type WriteBackConfig struct {
 	// Destage starts above High and stops below Low; it also runs when the backend has been idle
 	// for a second. Writes wait rather than let dirty lines pass Max.
 	High, Low, Max float64
-	// Destage and Throttle name the policies (see DestagePolicies, ThrottlePolicies).
+	// Destage and Throttle name the policies (policy.DestageNames, policy.ThrottleNames).
 	Destage, Throttle string
 }
 
@@ -39,121 +39,22 @@ func (w *WriteBackConfig) fill() {
 	}
 }
 
+func (w WriteBackConfig) watermarks() policy.Watermarks {
+	return policy.Watermarks{High: w.High, Low: w.Low, Max: w.Max}
+}
+
 func (w WriteBackConfig) validate() error {
 	if !(0 <= w.Low && w.Low < w.High && w.High <= w.Max && w.Max <= 1) {
 		return fmt.Errorf("write-back watermarks low %.2f, high %.2f, max %.2f: need 0 <= low < high <= max <= 1", w.Low, w.High, w.Max)
 	}
-	if _, ok := destagePolicies[w.Destage]; !ok {
-		return fmt.Errorf("unknown destage policy %q; use one of %s", w.Destage, strings.Join(DestagePolicies(), ", "))
-	}
-	if _, ok := throttlePolicies[w.Throttle]; !ok {
-		return fmt.Errorf("unknown throttle policy %q; use one of %s", w.Throttle, strings.Join(ThrottlePolicies(), ", "))
-	}
 	return nil
 }
-
-// DestageState is what a destage policy decides on.
-type DestageState struct {
-	Ratio    float64       // dirty lines / SSD tier lines
-	Running  bool          // the destager is writing back now
-	Idle     time.Duration // since the last client request
-	Draining bool          // everything must go (a flush command, a mode switch, another mode)
-	Waiting  bool          // writes are waiting for room below the maximum
-	Config   WriteBackConfig
-}
-
-// DestagePolicy decides when dirty data is written back. Like the eviction policies it sees
-// figures, never data.
-type DestagePolicy interface {
-	// Run reports whether the destager should write back (more).
-	Run(s DestageState) bool
-	// Urgent reports whether it should go at full speed rather than leave the backend to clients
-	// half of the time.
-	Urgent(s DestageState) bool
-}
-
-// ThrottleState is what a throttle policy decides on.
-type ThrottleState struct {
-	Ratio float64
-	// BlockTime is how long the destager takes per 4 KiB block written back (a moving average):
-	// the rate writes must come down to for dirty data to stop growing.
-	BlockTime time.Duration
-	Blocks    int // the blocks the write dirties
-	Config    WriteBackConfig
-}
-
-// ThrottlePolicy slows writers down as dirty data fills the SSD tier.
-type ThrottlePolicy interface {
-	Delay(s ThrottleState) time.Duration
-}
-
-var destagePolicies = map[string]func() DestagePolicy{
-	"watermark": func() DestagePolicy { return watermark{} },
-}
-
-var throttlePolicies = map[string]func() ThrottlePolicy{
-	"proportional": func() ThrottlePolicy { return proportional{} },
-	"none":         func() ThrottlePolicy { return noThrottle{} },
-}
-
-// DestagePolicies and ThrottlePolicies list the registered names.
-func DestagePolicies() []string { return names(destagePolicies) }
-
-// ThrottlePolicies lists the registered throttle policies.
-func ThrottlePolicies() []string { return names(throttlePolicies) }
-
-func names[V any](m map[string]V) []string {
-	var s []string
-	for k := range m {
-		s = append(s, k)
-	}
-	sort.Strings(s)
-	return s
-}
-
-// watermark destages above High until Low, when idle, and when draining, as bcache and Open CAS do.
-type watermark struct{}
-
-func (watermark) Run(s DestageState) bool {
-	switch {
-	case s.Ratio == 0:
-		return false
-	case s.Draining, s.Waiting, s.Idle >= time.Second:
-		return true
-	case s.Running:
-		return s.Ratio > s.Config.Low
-	default:
-		return s.Ratio > s.Config.High
-	}
-}
-
-func (watermark) Urgent(s DestageState) bool {
-	return s.Draining || s.Waiting || s.Ratio > s.Config.High
-}
-
-// proportional delays a write, from nothing at High to the destager's own time for the blocks it
-// dirties at Max: there ingress meets the destage rate, as PernixData FVP's flow control does.
-type proportional struct{}
-
-func (proportional) Delay(s ThrottleState) time.Duration {
-	c := s.Config
-	if s.Ratio <= c.High || c.Max <= c.High {
-		return 0
-	}
-	f := min((s.Ratio-c.High)/(c.Max-c.High), 1)
-	return time.Duration(f * float64(s.BlockTime) * float64(s.Blocks))
-}
-
-// noThrottle never delays: writes only wait at Max.
-type noThrottle struct{}
-
-func (noThrottle) Delay(ThrottleState) time.Duration { return 0 }
 
 // writeBack is the write-back machinery of a cache with an SSD tier.
 type writeBack struct {
 	cfg      WriteBackConfig
-	destage  DestagePolicy
-	throttle ThrottlePolicy
+	destage  policy.Destage
+	throttle policy.Throttle
 	maxLines int
 
 	mu       sync.Mutex
@@ -181,9 +82,15 @@ func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &writeBack{cfg: cfg, destage: destagePolicies[cfg.Destage](), throttle: throttlePolicies[cfg.Throttle](),
-		maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1),
+	w := &writeBack{cfg: cfg, maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
+	var err error
+	if w.destage, err = policy.NewDestage(cfg.Destage); err != nil {
+		return nil, err
+	}
+	if w.throttle, err = policy.NewThrottle(cfg.Throttle); err != nil {
+		return nil, err
+	}
 	w.cond = sync.NewCond(&w.mu)
 	w.blockTime.Store(int64(100 * time.Microsecond))
 	return w, nil
@@ -252,8 +159,8 @@ func (c *Cache) releaseDirty(n int) {
 // throttleDelay is the delay the throttle policy gives a write that may dirty n lines now.
 func (c *Cache) throttleDelay(n int) time.Duration {
 	w := c.wb
-	return w.throttle.Delay(ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
-		Blocks: n * c.ssd.blocks, Config: w.cfg})
+	return w.throttle.Delay(policy.ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
+		Blocks: n * c.ssd.blocks, Watermarks: w.cfg.watermarks()})
 }
 
 // rateMeter measures how fast a counter grows, from samples the destager takes at least every
@@ -748,15 +655,15 @@ func sleepOrStop(stop chan struct{}, d time.Duration) bool {
 	}
 }
 
-func (c *Cache) destageState() DestageState {
+func (c *Cache) destageState() policy.DestageState {
 	w := c.wb
-	return DestageState{
-		Ratio:    c.ratio(),
-		Running:  w.running.Load(),
-		Idle:     time.Duration(time.Now().UnixNano() - w.lastIO.Load()),
-		Draining: w.draining.Load() > 0 || c.Mode() != WriteBack,
-		Waiting:  w.waiting.Load() > 0,
-		Config:   w.cfg,
+	return policy.DestageState{
+		Ratio:      c.ratio(),
+		Running:    w.running.Load(),
+		Idle:       time.Duration(time.Now().UnixNano() - w.lastIO.Load()),
+		Draining:   w.draining.Load() > 0 || c.Mode() != WriteBack,
+		Waiting:    w.waiting.Load() > 0,
+		Watermarks: w.cfg.watermarks(),
 	}
 }
 

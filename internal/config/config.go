@@ -200,7 +200,7 @@ func (w WriteBack) validate() []error {
 	for _, f := range []struct {
 		name, v string
 		valid   []string
-	}{{"destage", w.Destage, cache.DestagePolicies()}, {"throttle", w.Throttle, cache.ThrottlePolicies()}} {
+	}{{"destage", w.Destage, policy.DestageNames()}, {"throttle", w.Throttle, policy.ThrottleNames()}} {
 		if f.v != "" && !slices.Contains(f.valid, f.v) {
 			errs = append(errs, fieldErr("write_back."+f.name, "unknown policy %q; use one of %s", f.v, strings.Join(f.valid, ", ")))
 		}

@@ -1,7 +1,8 @@
 package policy
 
 // The registries: one line per policy. Adding a policy is one file implementing the interface and
-// one line here; `tierblk sim` and `tierblk serve` then accept its name.
+// one line here; `tierblk sim` and `tierblk serve` then accept its name (the write-back policies:
+// `tierblk serve` and the config's write_back).
 var (
 	evictions = map[string]EvictionFactory{
 		"lru":      NewLRU,
@@ -20,5 +21,15 @@ var (
 		"auto":      newAutoSpec,
 		"nhit":      newNHitSpec,
 		"seqcutoff": newSeqCutoffSpec,
+	}
+
+	// Write-back's policies (a cache in write-back mode): when dirty data is written back, and
+	// how writers are slowed down as it fills the SSD tier.
+	destages = map[string]func() Destage{
+		"watermark": newWatermark,
+	}
+	throttles = map[string]func() Throttle{
+		"proportional": newProportional,
+		"none":         newNoThrottle,
 	}
 )
