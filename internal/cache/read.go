@@ -1,0 +1,529 @@
+package cache
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/fetch"
+	"github.com/tierblk/tierblk/internal/policy"
+)
+
+// ReadAt implements backend.Backend.
+func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
+	t0 := time.Now()
+	defer func() { c.readLat.observe(time.Since(t0)) }()
+	if err := c.read(p, off, false); err != nil {
+		return 0, err
+	}
+	c.asked.Add(uint64(len(p)))
+	return len(p), nil
+}
+
+// ReadAtAsync implements backend.AsyncReader for the reads the SSD tier serves alone: a request
+// within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
+// on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
+// SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
+// is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
+// exclusively, see lineLocks): the caller must not wait for it.
+func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if c.ssdAsync == nil || len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
+		return false
+	}
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	if len(segs) != 1 {
+		return false
+	}
+	s := segs[0]
+	need := s.touched()
+	// A RAM-tier hit, the cheapest read, is left to ReadAt before the line is locked: ReadAt locks
+	// it again. Should RAM take the line meanwhile, the SSD tier's copy is as current.
+	if c.ram.usable() && c.ram.holds(s.line, need) {
+		return false
+	}
+	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
+	// shared with other such reads, and two reads of one line do not wait for each other.
+	shared := !c.ram.usable()
+	unlock := func() { c.unlockSegs(segs) }
+	if shared {
+		if !c.locks.tryRLock(s.line) {
+			return false
+		}
+		unlock = func() { c.locks.runlock(s.line) }
+	} else if !c.locks.tryLock(s.line) {
+		return false
+	}
+	slot, valid, ok := c.ssd.lookupHit(s.line, need)
+	if !ok {
+		unlock()
+		return false
+	}
+	// From here on the read is this call's: it counts as read does.
+	t0 := time.Now()
+	if c.wb != nil {
+		c.wb.lastIO.Store(t0.UnixNano())
+	}
+	if c.ram.usable() {
+		c.ram.misses.Add(1)
+	}
+	src := source{t: c.ssd, slot: slot, valid: valid}
+	end := func(err error) { // once the line is let go
+		if err == nil {
+			c.asked.Add(uint64(len(p)))
+		}
+		c.readLat.observe(time.Since(t0))
+		done(err)
+	}
+	finish := func(err error) { unlock(); end(err) }
+	// fallback serves the read from the backend after the SSD tier failed it. A miss fills the
+	// tiers: held shared, the line is let go and read locks it again, exclusively.
+	fallback := func() {
+		if shared {
+			unlock()
+			end(c.read(p, off, false))
+			return
+		}
+		finish(c.readMiss(segs, p, false))
+	}
+	if c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
+		return true
+	}
+	if c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
+		if err != nil { // as readHit does, off the device's goroutine
+			go func() {
+				c.ssd.ioError(s.line, slot, err)
+				c.ssd.unpin(slot)
+				fallback()
+			}()
+			return
+		}
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(slot)
+		finish(nil)
+	}) {
+		return true
+	}
+	// The device would not start it (an unaligned buffer): read's own way, on a goroutine.
+	go func() {
+		if c.readHit(s, src, p, false) {
+			finish(nil)
+			return
+		}
+		fallback()
+	}()
+	return true
+}
+
+// promoteAsync is promote started on the SSD device: the blocks p touches are read into a RAM
+// slot, then copied to p, and finish is called. It reports false, having done nothing, where RAM
+// has no slot to spare, the blocks to read are not one run or the device will not start the read:
+// the caller then reads the SSD tier alone.
+func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bool {
+	g := c.ram.acquire(s.line)
+	if !g.ok {
+		return false
+	}
+	slot, missing := g.slot, s.touched().andNot(g.valid)
+	runs, lo, hi := 0, int64(0), int64(0)
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		runs++
+		lo, hi = int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+	})
+	at := int64(slot) * c.line
+	ended := func(err error) {
+		if err != nil { // as promote does, off the device's goroutine
+			go func() {
+				c.ram.unpin(slot)
+				c.ssd.ioError(s.line, src.slot, err)
+				c.ssd.unpin(src.slot)
+				finish(c.readMiss([]seg{s}, p, false))
+			}()
+			return
+		}
+		copy(p, c.ram.ram[at+s.lo:])
+		c.ram.validate(s.line, slot, missing, false)
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(src.slot)
+		finish(nil)
+	}
+	switch {
+	case runs == 0: // another request promoted the blocks meanwhile
+		ended(nil)
+		return true
+	case runs == 1 && c.ssdAsync.ReadAtAsync(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
+		return true
+	}
+	c.ram.unpin(slot)
+	return false
+}
+
+// Prefetch brings a range into the cache, whatever the admission policies say (NBD_CMD_CACHE).
+func (c *Cache) Prefetch(off, length int64) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	buf := c.bufs.get(int(min(length, 4<<20)))
+	defer c.bufs.put(buf)
+	for length > 0 {
+		n := min(length, int64(len(buf)))
+		if err := c.read(buf[:n], off, true); err != nil {
+			return err
+		}
+		off += n
+		length -= n
+	}
+	return nil
+}
+
+// source says where a segment's data comes from.
+type source struct {
+	t      *tier // nil: the backend
+	slot   uint32
+	valid  lineBits // the slot's valid blocks at lookup
+	served bool     // by the RAM tier, during the lookup
+}
+
+func (c *Cache) read(p []byte, off int64, force bool) error {
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	if c.wb != nil {
+		c.wb.lastIO.Store(time.Now().UnixNano())
+	}
+	if c.Mode() == PassThrough && (c.ssd == nil || c.ssd.dirtyCount.Load() == 0) {
+		return c.backendRead(p, off)
+	}
+	var segBuf [2]seg
+	var srcBuf [2]source
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
+	src := srcBuf[:0]
+	for i, s := range segs {
+		src = append(src, source{})
+		need := s.touched()
+		if c.ram.usable() && c.ram.readHit(s.line, need, p[s.pOff:s.pOff+s.hi-s.lo], s.lo) {
+			src[i].served = true
+			continue
+		}
+		if c.ssd != nil { // even bypassed: it may hold dirty data
+			if slot, valid, ok := c.ssd.lookup(s.line, need); ok {
+				src[i] = source{t: c.ssd, slot: slot, valid: valid}
+			}
+		}
+	}
+	c.readHits(segs, src, p, force)
+	for i := 0; i < len(segs); {
+		if src[i].served {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(segs) && !src[j].served {
+			j++
+		}
+		if err := c.readMiss(segs[i:j], p, force); err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// readHits serves the segments the SSD tier holds. Segments whose lines sit in adjacent slots are
+// read with one request (a sequential fill stores a run of lines so, see tier.acquireRun), and
+// several such runs at once: the device serves them in parallel (bench cache --parts hits, 1M
+// reads). Then, if RAM admits them, they are copied into RAM one after the other from what was
+// read: promotions at once would pin each other's victims and leave RAM short of full
+// (TestCacheAdmin). A single segment promotes as readHit does. A run the SSD fails is read again
+// line by line, so that only the lines that fail are dropped; a segment that fails is left to the
+// backend: its source is cleared.
+func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
+	promotes := func(s seg) bool {
+		return c.ram.usable() && (force || c.ram.admits(c.promotion(s)))
+	}
+	hit := func(i int, promote bool) {
+		if c.readHit(segs[i], src[i], p, promote) {
+			src[i].served = true
+		}
+		src[i].t = nil // read, or failed: the line goes to the backend
+	}
+	var runBuf [2][2]int // [first, last] indexes of segments; most requests touch one or two lines
+	runs := runBuf[:0]
+	hits := 0
+	for i := range src {
+		if src[i].t == nil {
+			continue
+		}
+		hits++
+		if n := len(runs); n > 0 && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 {
+			runs[n-1][1] = i
+			continue
+		}
+		runs = append(runs, [2]int{i, i})
+	}
+	switch hits {
+	case 0:
+		return
+	case 1:
+		i := runs[0][0]
+		hit(i, promotes(segs[i]))
+		return
+	}
+	readRun := func(r [2]int) {
+		if r[0] == r[1] {
+			hit(r[0], false)
+			return
+		}
+		a, b := segs[r[0]], segs[r[1]]
+		err := c.ssd.readSlot(src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo)
+		for i := r[0]; i <= r[1]; i++ {
+			if err != nil {
+				hit(i, false)
+				continue
+			}
+			c.ssd.unpin(src[i].slot)
+			c.ssd.hitBytes.Add(uint64(segs[i].hi - segs[i].lo))
+			src[i].served, src[i].t = true, nil
+		}
+	}
+	if len(runs) == 1 {
+		readRun(runs[0])
+	} else {
+		var wg sync.WaitGroup
+		for _, r := range runs {
+			wg.Go(func() { readRun(r) })
+		}
+		wg.Wait()
+	}
+	for _, r := range runs {
+		for i := r[0]; i <= r[1]; i++ {
+			if s := segs[i]; src[i].served && promotes(s) {
+				c.fillTier(c.ram, s, c.ram.acquire(s.line), p[s.pOff:s.pOff+s.hi-s.lo], s.lo, s.full())
+			}
+		}
+	}
+}
+
+// readHit serves a segment from the SSD tier, promoting the blocks it reads to RAM if promote is
+// set. It reports false if the SSD failed the read (the line is dropped and the caller goes to the
+// backend).
+func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
+	dst := p[s.pOff : s.pOff+s.hi-s.lo]
+	t := src.t
+	defer t.unpin(src.slot)
+	if promote {
+		if ok, done := c.promote(s, src, dst); done {
+			if ok {
+				t.hitBytes.Add(uint64(len(dst)))
+			}
+			return ok
+		}
+	}
+	if err := t.readSlot(src.slot, dst, s.lo); err != nil {
+		t.ioError(s.line, src.slot, err)
+		return false
+	}
+	t.hitBytes.Add(uint64(len(dst)))
+	return true
+}
+
+// promote copies the blocks a read touches from the SSD slot into the RAM tier, then serves dst
+// from there. Only those blocks: a RAM tier smaller than the working set would otherwise read a
+// whole line from the SSD for every 4 KiB hit, and evict as much (bench cache --parts hits).
+// done is false if RAM had no slot to spare (the caller reads the SSD directly).
+func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
+	g := c.ram.acquire(s.line)
+	if !g.ok {
+		return false, false
+	}
+	slot, ssdSlot := g.slot, src.slot
+	missing := s.touched().andNot(g.valid)
+	var err error
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		if err != nil {
+			return
+		}
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+		ram := c.ram.ram[int64(slot)*c.line+lo : int64(slot)*c.line+hi]
+		err = c.ssd.readSlot(ssdSlot, ram, lo)
+	})
+	if err != nil {
+		c.ram.unpin(slot)
+		c.ssd.ioError(s.line, ssdSlot, err)
+		return false, true
+	}
+	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
+	c.ram.validate(s.line, slot, missing, false)
+	return true, true
+}
+
+func (c *Cache) access(s seg, write bool) policy.Access {
+	return policy.Access{Key: policy.Key(s.line), Offset: s.start + s.lo, Length: s.hi - s.lo, Write: write}
+}
+
+// promotion is the access of a read that the SSD tier serves, asking RAM to admit it.
+func (c *Cache) promotion(s seg) policy.Access {
+	a := c.access(s, false)
+	a.Promotion = true
+	return a
+}
+
+// readMiss fetches a run of adjacent missed segments with one backend read: for a segment that a
+// tier admits or already partly holds, what package fetch's rule says; only the requested bytes
+// otherwise. Blocks the SSD tier holds are served from it, not from the backend, so
+// that every path gives one answer per block: they are never older than the backend, and after a
+// power cut they may differ from a backend write that was never flushed. Then it fills the tiers
+// with what it fetched.
+func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
+	type fill struct {
+		ram, ssd bool
+		held     source // the SSD tier's partial copy of the line, pinned
+		lo, hi   int64  // the bytes of the line fetched
+	}
+	fills := make([]fill, len(segs))
+	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
+	for i, s := range segs {
+		if c.ssd != nil {
+			if slot, valid, ok := c.ssd.pin(s.line); ok {
+				fills[i].held = source{t: c.ssd, slot: slot, valid: valid}
+			}
+		}
+	}
+	defer func() {
+		for _, f := range fills {
+			if f.held.t != nil {
+				f.held.t.unpin(f.held.slot)
+			}
+		}
+	}()
+	first, last := segs[0], segs[len(segs)-1]
+	var from, to int64
+	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
+		for i, s := range segs {
+			a := c.access(s, false)
+			a.Sequential = seq || int64(len(p)) > c.line // a request of several lines is a sequential run
+			fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
+			fills[i].ram = c.ram.usable() && (force || c.ram.admits(a))
+		}
+		r := fetch.Blocks
+		switch {
+		case force:
+			r = fetch.Line
+		case seq:
+			r = fetch.Ahead
+		}
+		for i, s := range segs {
+			// The segments between the first and the last are whole lines already.
+			fills[i].lo, fills[i].hi = fetch.Range(s.lo, s.hi, s.n, cached(fills[i]), r)
+		}
+		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
+		return to
+	})
+	buf := c.bufs.get(int(to - from))
+	defer c.bufs.put(buf)
+	if err := c.backendRead(buf, from); err != nil {
+		return err
+	}
+	c.fetched.Add(uint64(to - from))
+	// The SSD tier's lines are acquired as one run, in adjacent slots where it has them.
+	var whichBuf [2]int
+	which := whichBuf[:0]
+	for i, f := range fills {
+		if f.ssd {
+			which = append(which, i)
+		}
+	}
+	var grantBuf [2]grant
+	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
+	for i, s := range segs {
+		f := fills[i]
+		data := buf[s.start+f.lo-from : s.start+f.hi-from] // the line's bytes [f.lo, f.hi)
+		if !cached(f) {
+			copy(p[s.pOff:s.pOff+s.hi-s.lo], data)
+			continue
+		}
+		got := rangeBits(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
+		if h := f.held; h.t != nil {
+			if err := c.overlay(s, h, data, f.lo, got); err != nil {
+				return err
+			}
+		}
+		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+		if f.ssd {
+			c.fillTier(c.ssd, s, grants[0], data, f.lo, got)
+			grants = grants[1:]
+		}
+		if f.ram {
+			c.fillTier(c.ram, s, c.ram.acquire(s.line), data, f.lo, got)
+		}
+	}
+	return nil
+}
+
+// overlay replaces the blocks of data (the line's bytes from base, read from the backend; got are
+// its blocks) that the SSD slot holds with the SSD's copy. If the SSD fails, the backend's data
+// stays for clean blocks, which the backend holds too, and the line is dropped from the tier; a
+// dirty block's only copy is the SSD's, so the read fails, as bcache fails it, rather than return
+// the backend's older data (TestDirtyReadOnSSDError).
+func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
+	var err error
+	h.valid.and(got).runs(s.blocks(), func(b0, b1 int) {
+		if err != nil {
+			return
+		}
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+		tmp := c.bufs.get(int(hi - lo))
+		defer c.bufs.put(tmp)
+		if rerr := h.t.readSlot(h.slot, tmp, lo); rerr != nil {
+			_, dirty := h.t.bits(s.line)
+			h.t.ioError(s.line, h.slot, rerr)
+			if !dirty.and(rangeBits(b0, b1)).isZero() {
+				err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
+			}
+			return
+		}
+		copy(data[lo-base:hi-base], tmp)
+	})
+	return err
+}
+
+// fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,
+// skipping blocks t already holds: those are never older than the backend. g is the line's
+// acquired slot, if any.
+func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits lineBits) {
+	if !g.ok {
+		return
+	}
+	slot, missing := g.slot, bits.andNot(g.valid)
+	var err error
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		if err == nil {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			err = t.writeSlot(slot, data[lo-base:hi-base], lo)
+		}
+	})
+	if err != nil {
+		t.unpin(slot)
+		t.ioError(s.line, slot, err)
+		return
+	}
+	t.validate(s.line, slot, missing, false)
+}
+
+func (c *Cache) backendRead(p []byte, off int64) error {
+	var start time.Time
+	if c.ssd != nil && c.ssd.cong != nil {
+		start = time.Now()
+	}
+	_, err := c.b.ReadAt(p, off)
+	if !start.IsZero() {
+		c.ssd.cong.backendReadTook(time.Since(start))
+	}
+	c.backendStats.read(len(p), err)
+	return err
+}

@@ -1,0 +1,58 @@
+package cache
+
+import "github.com/tierblk/tierblk/pkg/backend"
+
+// seg is the part of a request that falls in one line.
+type seg struct {
+	line   uint64
+	start  int64 // device offset of the line
+	n      int64 // bytes of the line (the last line may be short)
+	lo, hi int64 // the request's bytes within the line
+	pOff   int64 // where they are in the request's buffer
+}
+
+func (s seg) blocks() int { return int((s.n + blockSize - 1) / blockSize) }
+
+// touched are the blocks the request touches; full those it covers entirely.
+func (s seg) touched() lineBits {
+	return rangeBits(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))
+}
+
+func (s seg) full() lineBits {
+	end := s.hi / blockSize
+	if s.hi == s.n {
+		end = int64(s.blocks())
+	}
+	return rangeBits(int((s.lo+blockSize-1)/blockSize), int(end))
+}
+
+// segments splits a request by line, appending to segs (a caller's small array keeps the common
+// one-line request from allocating).
+func (c *Cache) segments(segs []seg, off, length int64) []seg {
+	first, last := off/c.line, (off+length-1)/c.line
+	for line := first; line <= last; line++ {
+		start := line * c.line
+		s := seg{line: uint64(line), start: start, n: min(c.line, c.size-start)}
+		s.lo = max(off, start) - start
+		s.hi = min(off+length, start+s.n) - start
+		s.pOff = start + s.lo - off
+		segs = append(segs, s)
+	}
+	return segs
+}
+
+func (c *Cache) lockSegs(segs []seg) {
+	c.locks.lock(segs[0].line, segs[len(segs)-1].line)
+}
+
+func (c *Cache) unlockSegs(segs []seg) {
+	c.locks.unlock(segs[0].line, segs[len(segs)-1].line)
+}
+
+// check refuses a request on a closed cache or outside the device.
+func (c *Cache) check(off, length int64) error {
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	return backend.CheckRange(off, length, c.size)
+}

@@ -1,0 +1,237 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// WriteAt implements backend.Backend.
+func (c *Cache) WriteAt(p []byte, off int64) (int, error) {
+	if err := c.write(p, off, false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// WriteAtFUA implements backend.FUAWriter. In write-back a FUA write makes every write acknowledged
+// before it durable too (a checkpoint does it); on a bypassed SSD tier, whose records of dirty data
+// may never be committed, writing that data back does.
+func (c *Cache) WriteAtFUA(p []byte, off int64) (int, error) {
+	if err := c.write(p, off, true); err != nil {
+		return 0, err
+	}
+	if c.ssd != nil && !c.ssd.usable() && c.ssd.dirtyCount.Load() > 0 {
+		if err := c.FlushAll(context.Background(), nil); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+func (c *Cache) write(p []byte, off int64, fua bool) error {
+	t0 := time.Now()
+	defer func() { c.writeLat.observe(time.Since(t0)) }()
+	if err := c.check(off, int64(len(p))); err != nil {
+		return err
+	}
+	if len(p) == 0 {
+		return nil
+	}
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	mode := c.Mode()
+	if c.wb != nil {
+		c.wb.lastIO.Store(time.Now().UnixNano())
+	}
+	if mode == WriteBack && c.ssd.usable() {
+		// Throttled before the line locks are taken: the destager needs them to make room.
+		if err := c.admitDirty(len(segs)); err != nil {
+			return err
+		}
+		defer c.releaseDirty(len(segs))
+		c.lockSegs(segs)
+		defer c.unlockSegs(segs)
+		return c.writeBackSegs(segs, p, fua)
+	}
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
+	if err := c.destageTouched(segs); err != nil {
+		return err
+	}
+	if err := c.invalidate(segs, fua); err != nil {
+		return err
+	}
+	if mode != WriteThrough && mode != WriteBack {
+		return c.backendWrite(p, off, fua)
+	}
+	return c.writeThrough(segs, p, off, fua)
+}
+
+// writeThrough writes RAM, the SSD and then the backend; the cached blocks become valid only once
+// the backend has the data. The SSD's writes go to the page cache (see daemon.openSSD), a memory
+// copy, cheaper than handing them to another goroutine. The caller holds the line locks.
+func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
+	type filled struct {
+		t    *tier
+		line uint64
+		slot uint32
+		bits lineBits
+	}
+	var buf [4]filled
+	done := buf[:0]
+	var whichBuf [2]int
+	var grantBuf [2]grant
+	for _, t := range []*tier{c.ram, c.ssd} {
+		if !t.usable() {
+			continue
+		}
+		which := whichBuf[:0]
+		for i, s := range segs {
+			if c.storesWrite(t, s) {
+				which = append(which, i)
+			}
+		}
+		for k, g := range c.acquireSegs(t, segs, which, grantBuf[:0]) {
+			s := segs[which[k]]
+			if bits, ok := c.writeTier(t, s, g, p); ok {
+				done = append(done, filled{t, s.line, g.slot, bits})
+			}
+		}
+	}
+	err := c.backendWrite(p, off, fua)
+	for _, f := range done {
+		if err != nil {
+			f.t.unpin(f.slot)
+			continue
+		}
+		f.t.validate(f.line, f.slot, f.bits, false)
+	}
+	return err
+}
+
+// storesWrite reports whether t stores the write of s: the whole blocks it covers, if t holds the
+// line or admits it.
+func (c *Cache) storesWrite(t *tier, s seg) bool {
+	if s.full().isZero() {
+		return false
+	}
+	v, _ := t.bits(s.line)
+	return !v.isZero() || t.admits(c.access(s, true))
+}
+
+// acquireSegs acquires in t the lines of segs[i] for each i of which (ascending) as one run
+// (tier.acquireLines), appending their grants to grants.
+func (c *Cache) acquireSegs(t *tier, segs []seg, which []int, grants []grant) []grant {
+	if len(which) == 0 {
+		return grants
+	}
+	var lineBuf [2]uint64
+	lines := lineBuf[:0]
+	for _, i := range which {
+		lines = append(lines, segs[i].line)
+	}
+	grants = slices.Grow(grants, len(lines))[:len(grants)+len(lines)]
+	t.acquireLines(lines, grants[len(grants)-len(lines):])
+	return grants
+}
+
+// writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
+// any). The caller validates them once the backend has the data.
+func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (lineBits, bool) {
+	full := s.full()
+	if !g.ok {
+		return full, false
+	}
+	slot := g.slot
+	var err error
+	full.runs(s.blocks(), func(b0, b1 int) {
+		if err == nil {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			err = t.writeSlot(slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo)
+		}
+	})
+	if err != nil {
+		t.unpin(slot)
+		t.ioError(s.line, slot, err)
+		return full, false
+	}
+	return full, true
+}
+
+// invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a
+// metadata commit, so that no crash can leave a record calling the old data valid.
+func (c *Cache) invalidate(segs []seg, sync bool) error {
+	for _, s := range segs {
+		if c.ram != nil {
+			c.ram.invalidate(s.line, s.touched())
+		}
+	}
+	if c.ssd == nil {
+		return nil
+	}
+	spans := make([]span, len(segs))
+	for i, s := range segs {
+		spans[i] = span{s.line, s.touched()}
+	}
+	if err := c.ssd.j.invalidateDurably(spans, sync); err != nil {
+		// The store may still call the old data valid, and a restart would trust it: the change
+		// must not reach the backend.
+		c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
+		return fmt.Errorf("cache metadata: cannot invalidate the SSD tier's copy before the change: %w", err)
+	}
+	return nil
+}
+
+func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
+	var err error
+	if fua {
+		_, err = backend.WriteFUA(c.b, p, off)
+	} else {
+		_, err = c.b.WriteAt(p, off)
+	}
+	c.backendChanges.Add(1)
+	c.backendStats.write(len(p), err)
+	return err
+}
+
+// Trim implements backend.Trimmer: the cached copies go, then the backend trims.
+func (c *Cache) Trim(off, length int64) error {
+	if c.trim == nil {
+		return backend.ErrNotSupported
+	}
+	return c.change(off, length, func() error { return c.trim.Trim(off, length) })
+}
+
+// WriteZeroes implements backend.ZeroWriter.
+func (c *Cache) WriteZeroes(off, length int64, mayUnmap bool) error {
+	if c.zero == nil {
+		return backend.ErrNotSupported
+	}
+	return c.change(off, length, func() error { return c.zero.WriteZeroes(off, length, mayUnmap) })
+}
+
+// change runs a backend operation that changes data without passing it through the cache.
+func (c *Cache) change(off, length int64, op func() error) error {
+	if err := c.check(off, length); err != nil {
+		return err
+	}
+	if length == 0 {
+		return op()
+	}
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, length)
+	c.lockSegs(segs)
+	defer c.unlockSegs(segs)
+	if err := c.destageTouched(segs); err != nil {
+		return err
+	}
+	if err := c.invalidate(segs, false); err != nil {
+		return err
+	}
+	defer c.backendChanges.Add(1)
+	return op()
+}

@@ -1,0 +1,132 @@
+package cache
+
+import "fmt"
+
+// writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
+// caller holds the line locks. A line the SSD tier cannot take now goes to the backend.
+func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
+	// Clean cached blocks about to be overwritten are invalidated durably first: a crash in the
+	// middle must not leave a record calling a half-new block clean (the backend has the old one).
+	var spanBuf [2]span // most requests touch one or two lines: no allocation
+	spans := spanBuf[:0]
+	for _, s := range segs {
+		v, d := c.ssd.bits(s.line)
+		if b := s.touched().and(v).andNot(d); !b.isZero() {
+			spans = append(spans, span{s.line, b})
+		}
+		if c.ram != nil {
+			c.ram.invalidate(s.line, s.touched())
+		}
+	}
+	if len(spans) > 0 {
+		if err := c.ssd.j.invalidateDurably(spans, false); err != nil {
+			return fmt.Errorf("cache metadata: %w", err)
+		}
+	}
+	var whichBuf [2]int
+	which := whichBuf[:0]
+	for i := range segs {
+		which = append(which, i)
+	}
+	var grantBuf [2]grant
+	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
+	for i, s := range segs {
+		if err := c.writeBackSeg(s, grants[i], p); err != nil {
+			for _, g := range grants[i+1:] {
+				if g.ok {
+					c.ssd.unpin(g.slot)
+				}
+			}
+			return err
+		}
+	}
+	if fua {
+		return c.ssd.j.durable()
+	}
+	return nil
+}
+
+// writeBackSeg writes a segment to the SSD tier as dirty data, in the slot g acquired for its line
+// if it got one.
+func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
+	data := p[s.pOff : s.pOff+s.hi-s.lo]
+	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
+	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
+	// disk, one request after another (a burst past the SSD tier ran at the slow disk's 15 MiB/s
+	// instead of the destager's 100). Other writers may take the freed slots first: a few tries.
+	for try := 0; !g.ok && try < slotTries; try++ {
+		if err := c.ssd.j.freePending(); err != nil {
+			break
+		}
+		g = c.ssd.acquire(s.line)
+	}
+	slot, valid := g.slot, g.valid
+	if !g.ok {
+		// No slot still (the tier failed, or its evicted slots are busy): write through.
+		return c.writeAroundSeg(s, data)
+	}
+	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
+	// them (the file's direct I/O merges in place), else from the backend.
+	lo, hi := s.lo, s.hi
+	touched, full := s.touched(), s.full()
+	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)-1
+	headRMW := !full.has(b0) && !valid.has(b0)
+	tailRMW := !full.has(b1) && !valid.has(b1)
+	if headRMW {
+		lo = int64(b0) * blockSize
+	}
+	if tailRMW {
+		hi = min(int64(b1+1)*blockSize, s.n)
+	}
+	buf := data
+	if headRMW || tailRMW {
+		buf = c.bufs.get(int(hi - lo))
+		defer c.bufs.put(buf)
+		for _, b := range []struct {
+			rmw bool
+			blk int
+		}{{headRMW, b0}, {tailRMW, b1}} {
+			if !b.rmw {
+				continue
+			}
+			bl, bh := int64(b.blk)*blockSize, min(int64(b.blk+1)*blockSize, s.n)
+			if err := c.backendRead(buf[bl-lo:bh-lo], s.start+bl); err != nil {
+				c.ssd.unpin(slot)
+				return err
+			}
+		}
+		copy(buf[s.lo-lo:], data)
+	}
+	if err := c.ssd.writeSlot(slot, buf, lo); err != nil {
+		c.ssd.unpin(slot)
+		c.ssd.ioError(s.line, slot, err)
+		return fmt.Errorf("cache: SSD tier write failed: %w", err)
+	}
+	if !c.ssd.validate(s.line, slot, touched, true) {
+		// The line was evicted while its data was written: the backend takes the write instead.
+		return c.writeAroundSeg(s, data)
+	}
+	// A write of a whole line stays on the SSD tier only: streams (copies, backups, logs) would
+	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
+	if c.ram.usable() && full != rangeBits(0, s.blocks()) && c.storesWrite(c.ram, s) {
+		g := c.ram.acquire(s.line)
+		if bits, ok := c.writeTier(c.ram, s, g, p); ok {
+			c.ram.validate(s.line, g.slot, bits, false)
+		}
+	}
+	return nil
+}
+
+// slotTries bounds how many checkpoints a write-back write waits for to get a slot.
+const slotTries = 4
+
+// writeAroundSeg sends a write-back segment the SSD tier could not take to the backend. The line
+// is not cached, but the store may still hold a record of it whose deletion has not landed yet
+// (an eviction waiting for a checkpoint): that record is deleted first, or a crash would bring the
+// old data back.
+func (c *Cache) writeAroundSeg(s seg, data []byte) error {
+	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
+		return fmt.Errorf("cache metadata: %w", err)
+	}
+	return c.backendWrite(data, s.start+s.lo, false)
+}
