@@ -1,0 +1,272 @@
+package nbd
+
+import (
+	"encoding/binary"
+	"errors"
+	"net"
+	"syscall"
+	"unicode/utf8"
+
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// replyFailed answers a request the device failed.
+func (c *conn) replyFailed(r request, err error) {
+	errno := errnoFor(err, r.typ)
+	if errno == errIO {
+		c.log.Warn("nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+	}
+	c.replyErrno(r, errno, err.Error())
+}
+
+// endedRead is a read the device started asynchronously and ended: its request, its buffer and
+// the device's error.
+type endedRead struct {
+	req request
+	buf *[]byte
+	err error
+}
+
+// readAsync starts a READ on the device and reports true, or false where the device leaves it to
+// ReadAt. The reader goes on with the next request at once; the read's end is answered by a
+// replier goroutine, never by the device's own goroutine, whose other completions must not wait
+// for a client that is slow to take its replies.
+func (c *conn) readAsync(r request) bool {
+	buf := getBuf(int(r.length))
+	c.workers.Add(1)
+	if c.async.ReadAtAsync(*buf, int64(r.offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
+		return true
+	}
+	c.workers.Done()
+	putBuf(buf)
+	return false
+}
+
+// readEnded queues an ended read. The reader answers it if it is looking for work at an empty
+// socket; else a replier goroutine does, started if none runs. Each start of a replier wakes a
+// thread, and one that finds nothing more to do goes back to sleep: while the reader waits for a
+// client whose requests are all in flight, answering on it saves both (bench cache --parts hits).
+func (c *conn) readEnded(e endedRead) {
+	c.endedMu.Lock()
+	c.ended = append(c.ended, e)
+	start := !c.replying && !c.readerLooking
+	c.replying = c.replying || start
+	c.endedMu.Unlock()
+	if start {
+		go c.replyEnded()
+	}
+}
+
+// replyEnded answers the ended reads, those queued meanwhile too, then leaves.
+func (c *conn) replyEnded() {
+	var batch []endedRead
+	for {
+		c.endedMu.Lock()
+		batch, c.ended = c.ended, batch[:0]
+		if len(batch) == 0 {
+			c.replying = false
+			c.endedMu.Unlock()
+			return
+		}
+		c.endedMu.Unlock()
+		c.answerEnded(batch)
+	}
+}
+
+// looking is the reader's hook (sock.looking): while it looks again at an empty socket it answers
+// the reads that ended, unless a replier runs; when it stops looking, to sleep in the kernel, what
+// ends after is the replier's again.
+func (c *conn) looking(on bool) {
+	c.endedMu.Lock()
+	c.readerLooking = on
+	if c.replying || len(c.ended) == 0 {
+		c.endedMu.Unlock()
+		return
+	}
+	batch := c.ended
+	c.ended = c.spare[:0]
+	c.endedMu.Unlock()
+	c.answerEnded(batch)
+	c.spare = batch[:0]
+}
+
+// answerEnded answers a batch of ended reads. Their replies are flushed together, as endReply
+// flushes those of workers that finish together.
+func (c *conn) answerEnded(batch []endedRead) {
+	c.queued.Add(1) // no reply of the batch flushes: the last step does
+	for _, e := range batch {
+		if e.err != nil {
+			c.replyFailed(e.req, e.err)
+		} else {
+			c.replyData(e.req, *e.buf)
+		}
+		putBuf(e.buf)
+	}
+	c.wmu.Lock()
+	c.endReply()
+	for i := range batch {
+		batch[i] = endedRead{}
+		<-c.slots
+		c.workers.Done()
+	}
+}
+
+// errnoFor maps a device error onto the NBD error for a command.
+func errnoFor(err error, typ uint16) uint32 {
+	switch {
+	case errors.Is(err, volume.ErrOutOfRange):
+		if typ == cmdWrite || typ == cmdWriteZeroes {
+			return errNoSpc
+		}
+		return errInval
+	case errors.Is(err, volume.ErrReadOnly):
+		return errPerm
+	case errors.Is(err, volume.ErrNotSupported):
+		return errNotSup
+	case errors.Is(err, volume.ErrInvalid):
+		return errInval
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return errNoSpc
+	default:
+		return errIO
+	}
+}
+
+// maxErrorMessage is the protocol's limit on strings.
+const maxErrorMessage = maxExportNameLen
+
+// replyData answers a successful READ: a simple reply, or one OFFSET_DATA chunk marked done (the
+// data is all read before the reply starts, so no error can follow; one chunk also honours DF).
+func (c *conn) replyData(r request, data []byte) {
+	c.beginReply()
+	var hdr []byte
+	switch {
+	case !c.structured:
+		putSimpleReply(c.scratch[:], 0, r.cookie)
+		hdr = c.scratch[:simpleReplySize]
+	case len(data) == 0:
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeNone, cookie: r.cookie})
+		hdr = c.scratch[:structReplySize]
+	default:
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeOffsetData, cookie: r.cookie, length: uint32(8 + len(data))})
+		binary.BigEndian.PutUint64(c.scratch[structReplySize:], r.offset)
+		hdr = c.scratch[:structReplySize+8]
+	}
+	if len(data) < connBufSize || c.werr != nil {
+		c.write(hdr)
+		c.write(data)
+	} else {
+		c.writeLarge(hdr, data)
+	}
+	c.endReply()
+}
+
+// writeLarge sends a large reply with one writev of its header and data, after what is buffered:
+// through the buffered writer it would take two system calls and a copy of the buffer's size.
+func (c *conn) writeLarge(hdr, data []byte) {
+	if c.bw.Buffered() > 0 {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+			return
+		}
+	}
+	var err error
+	if c.sock != nil {
+		if !c.bigSendBuf {
+			c.bigSendBuf = true
+			c.sock.setSendBuffer(sendBufSize)
+		}
+		err = c.sock.writev(hdr, data)
+	} else {
+		bufs := net.Buffers{hdr, data}
+		_, err = bufs.WriteTo(c.nc)
+	}
+	if err != nil {
+		c.writeFailed(err)
+	}
+}
+
+// replyErrno answers a request without data: success as a simple reply; an error as a simple
+// reply, or as an ERROR chunk carrying msg when structured replies are on.
+func (c *conn) replyErrno(r request, errno uint32, msg string) {
+	c.beginReply()
+	if errno != 0 && c.structured {
+		msg = truncateUTF8(msg, maxErrorMessage)
+		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeError, cookie: r.cookie, length: uint32(6 + len(msg))})
+		binary.BigEndian.PutUint32(c.scratch[structReplySize:], errno)
+		binary.BigEndian.PutUint16(c.scratch[structReplySize+4:], uint16(len(msg)))
+		c.write(c.scratch[:structReplySize+6])
+		c.writeString(msg)
+	} else {
+		putSimpleReply(c.scratch[:], errno, r.cookie)
+		c.write(c.scratch[:simpleReplySize])
+	}
+	c.endReply()
+}
+
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}
+
+// beginReply takes the writer; every reply is written whole between beginReply and endReply.
+func (c *conn) beginReply() {
+	c.queued.Add(1)
+	c.wmu.Lock()
+}
+
+// endReply releases the writer, flushing the buffer when no other reply is waiting to be
+// written: replies finished together leave in one system call.
+func (c *conn) endReply() {
+	// The last reply of a burst flushes, unless the reader has more requests buffered: it flushes
+	// before it next waits for the client, so replies to pipelined requests share system calls.
+	if c.queued.Add(-1) == 0 && c.werr == nil && !c.moreInput.Load() {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+		}
+	}
+	c.wmu.Unlock()
+}
+
+// flushReplies sends what replies are buffered.
+func (c *conn) flushReplies() {
+	c.wmu.Lock()
+	if c.werr == nil && c.bw.Buffered() > 0 {
+		if err := c.bw.Flush(); err != nil {
+			c.writeFailed(err)
+		}
+	}
+	c.wmu.Unlock()
+}
+
+func (c *conn) write(p []byte) {
+	if c.werr != nil {
+		return
+	}
+	if _, err := c.bw.Write(p); err != nil {
+		c.writeFailed(err)
+	}
+}
+
+func (c *conn) writeString(s string) {
+	if c.werr != nil {
+		return
+	}
+	if _, err := c.bw.WriteString(s); err != nil {
+		c.writeFailed(err)
+	}
+}
+
+// writeFailed gives up on the connection: the client cannot be answered, so the reader is
+// stopped by hanging up, and later replies are dropped.
+func (c *conn) writeFailed(err error) {
+	c.werr = err
+	c.log.Debug("nbd: writing a reply failed, closing", "err", err)
+	c.hangUp()
+}
