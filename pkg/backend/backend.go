@@ -13,7 +13,8 @@
 //
 // Errors that wrap ErrOutOfRange, ErrReadOnly, ErrNotSupported or ErrClosed are permanent: retrying
 // the same call cannot succeed. Any other error (an EIO from a disk, a dropped connection) may be
-// transient; IsRetryable tells the two apart, and retry wrappers use it.
+// transient; IsRetryable tells the two apart. (The NBD client already waits for a dropped
+// connection to come back and sends again what was in flight.)
 package backend
 
 import (
