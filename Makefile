@@ -43,6 +43,8 @@ run: build
 test: deps fmt-check standalone
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	@# tierblk sim and the admin clients build on macOS too (serve and bench are Linux only).
+	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/tierblk
 	@mkdir -p $(dir $(TESTLOG))
 	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
 	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \

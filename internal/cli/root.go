@@ -57,7 +57,8 @@ Quick start:
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
-	root.AddCommand(newServeCmd(), newSimCmd(), newBenchCmd(), newVersionCmd(version))
+	root.AddCommand(newSimCmd(), newVersionCmd(version))
+	root.AddCommand(platformCommands()...)
 	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd())
 	return root
 }

@@ -1,0 +1,7 @@
+package cli
+
+import "github.com/spf13/cobra"
+
+// platformCommands are the commands that serve and measure block devices: Linux only (io_uring,
+// ublk, the kernel's NBD client).
+func platformCommands() []*cobra.Command { return []*cobra.Command{newServeCmd(), newBenchCmd()} }

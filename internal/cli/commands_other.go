@@ -1,0 +1,9 @@
+//go:build !linux
+
+package cli
+
+import "github.com/spf13/cobra"
+
+// platformCommands: serve and bench need Linux; elsewhere tierblk has the simulator and the admin
+// clients (stats, flush, mode, heal) for a daemon on another machine.
+func platformCommands() []*cobra.Command { return nil }
