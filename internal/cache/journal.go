@@ -34,8 +34,11 @@ const checkpointOps = 16 * meta.PartOps
 //   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
 //     record can point at a slot that now holds another line's data.
 //
-// Changes between checkpoints wait in queue, one op per line (the latest wins). All fields but the
-// store are guarded by the tier's mutex.
+// Changes between checkpoints wait in queue, one op per line (the latest wins). The maps and
+// pending are guarded by the tier's mutex; the fields below say what guards the others.
+//
+// Lock order: a request's line locks (a FUA write waits for a checkpoint holding them), then ckMu,
+// then commitMu, then the tier's mu. healMu is held alone; the atomics need no lock.
 //
 // A checkpoint's commit may be larger than one metadata transaction (tens of thousands of lines
 // change in a second of a fast fill), so it is committed in parts (meta.CommitParts), in line order,
