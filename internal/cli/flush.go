@@ -85,7 +85,7 @@ func runAction(ctx context.Context, o actionOpts, path string, query url.Values)
 	}
 	client := adminClient(network, address)
 	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://tierblk-admin/"+path+"?"+query.Encode(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, adminURL(network, address, path+"?"+query.Encode()), nil)
 	if err != nil {
 		return err
 	}

@@ -233,6 +233,7 @@ func runServe(ctx context.Context, o serveOpts) error {
 		return err
 	}
 	raiseProcs()
+	runtime.SetMutexProfileFraction(mutexFraction)
 	err = daemon.Run(ctx, cfg, reg, log, o.ready)
 	if err == nil {
 		return nil
@@ -290,3 +291,7 @@ func raiseProcs() {
 		runtime.GOMAXPROCS(minProcs)
 	}
 }
+
+// mutexFraction samples one in this many contended lock hand-offs for the admin endpoint's
+// /debug/pprof/mutex: cheap enough to leave on, enough to show which lock the hit path waits on.
+const mutexFraction = 100

@@ -97,6 +97,15 @@ func runStats(ctx context.Context, o statsOpts) error {
 
 // adminClient dials network/address whatever a request URL's host says, so one client serves
 // both TCP and unix sockets.
+// adminURL is the URL of path on the admin endpoint: over TCP it names the endpoint's address,
+// as the endpoint requires (a loopback host: see metrics.guard); a unix socket's has any host.
+func adminURL(network, address, path string) string {
+	if network == "tcp" {
+		return "http://" + address + "/" + path
+	}
+	return "http://tierblk-admin/" + path
+}
+
 func adminClient(network, address string) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -141,7 +150,7 @@ func fetchStats(ctx context.Context, network, address string) (metrics.StatsResp
 	client := adminClient(network, address)
 	defer client.CloseIdleConnections()
 	var out metrics.StatsResponse
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://tierblk-admin/stats", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL(network, address, "stats"), nil)
 	if err != nil {
 		return out, err
 	}

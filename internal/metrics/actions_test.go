@@ -44,7 +44,9 @@ func writeBackCache(t *testing.T, lines int) (*cache.Cache, *mem.Mem, []byte) {
 func post(t *testing.T, h http.Handler, method, target string) (*httptest.ResponseRecorder, []ActionLine) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	req := httptest.NewRequest(method, target, nil)
+	req.Host = "127.0.0.1:9810" // as the CLI names a TCP endpoint (guard)
+	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
 		return rec, nil
 	}

@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"runtime"
 	"strconv"
 	"strings"
 
@@ -107,18 +106,13 @@ func NewHandler(sources func() []Source) http.Handler {
 	})
 	handleActions(mux, sources)
 	handleProfiles(mux)
-	return mux
+	return guard(mux)
 }
 
-// mutexFraction samples one in this many contended lock hand-offs for /debug/pprof/mutex: cheap
-// enough to leave on, enough to show which lock the hit path waits on.
-const mutexFraction = 100
-
 // handleProfiles serves Go's profiles (net/http/pprof) under /debug/pprof/, for finding where the
-// daemon spends its time and which locks it waits on; the endpoint is loopback or a unix socket
-// only (ListenAddr).
+// daemon spends its time and which locks it waits on (tierblk serve samples mutex contention); the
+// endpoint is loopback or a unix socket only (ListenAddr).
 func handleProfiles(mux *http.ServeMux) {
-	runtime.SetMutexProfileFraction(mutexFraction)
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)

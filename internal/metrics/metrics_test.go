@@ -53,7 +53,9 @@ func fakeSources() []Source {
 func get(t *testing.T, h http.Handler, method, path string) *httptest.ResponseRecorder {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+	req := httptest.NewRequest(method, path, nil)
+	req.Host = "127.0.0.1:9810" // as the CLI names a TCP endpoint (guard)
+	h.ServeHTTP(rec, req)
 	return rec
 }
 
@@ -302,7 +304,11 @@ func fetch(t *testing.T, bound, path string) string {
 		return d.DialContext(ctx, network, address)
 	}}}
 	defer c.CloseIdleConnections()
-	resp, err := c.Get("http://admin" + path)
+	host := "admin" // any, on a unix socket
+	if network == "tcp" {
+		host = address
+	}
+	resp, err := c.Get("http://" + host + path)
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
