@@ -110,6 +110,10 @@ type Config struct {
 // never reused: its lines would be another disk's data.
 var ErrMismatch = errors.New("the SSD tier holds a cache made for another setup")
 
+// ErrCorrupt is wrapped by New's error when the SSD tier's metadata holds a record that cannot be
+// true (a slot out of range or used twice, a line beyond the backend).
+var ErrCorrupt = errors.New("metadata is corrupt")
+
 // Cache is a backend.Backend that caches another. Concurrent calls are safe.
 type Cache struct {
 	b     backend.Backend

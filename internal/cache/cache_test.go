@@ -38,6 +38,16 @@ var layouts = []layout{
 // newCache builds a cache of layout l over b, with an SSD on RAM and metadata in memory.
 func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDev backend.Backend) *Cache {
 	t.Helper()
+	c, err := New(b, testConfig(l, store, ssdDev))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// testConfig is the configuration of a cache of layout l (store and ssdDev: nil for new ones in
+// memory).
+func testConfig(l layout, store meta.Store, ssdDev backend.Backend) Config {
 	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
 	// the delays would only slow the tests (writes still wait at the maximum).
 	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"},
@@ -52,11 +62,7 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 		}
 		cfg.SSDDevice, cfg.Meta = ssdDev, store
 	}
-	c, err := New(b, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return cfg
 }
 
 func TestConformance(t *testing.T) {

@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
 // crashDev is a disk with a volatile write cache: writes since the last Flush are kept apart, and
@@ -418,4 +421,39 @@ func ownedSectors(rng *rand.Rand, devSize, writers, w int) (first, n int) {
 		first += rng.IntN(perBlk - n + 1)
 	}
 	return first, n
+}
+
+// TestCorruptRecords: a stored record that cannot be true (a slot out of range or used twice, bits
+// that do not fit a line, a line beyond the backend) fails the
+// cache's start with an error that says what is wrong, rather than a panic or a wrong index.
+func TestCorruptRecords(t *testing.T) {
+	const line = 16 << 10
+	l := layout{line: line, ssd: 8, mode: WriteBack}
+	all := []uint64{1}
+	for _, tc := range []struct {
+		name string
+		recs []meta.Line
+		want string
+	}{
+		{"slot out of range", []meta.Line{{Line: 1, Slot: 8, Valid: all}}, "slot 8 is out of range or used twice"},
+		{"slot used twice", []meta.Line{{Line: 1, Slot: 2, Valid: all}, {Line: 3, Slot: 2, Valid: all}}, "out of range or used twice"},
+		{"no valid block", []meta.Line{{Line: 1, Slot: 0}}, "do not fit a line"},
+		{"valid bits past the line", []meta.Line{{Line: 1, Slot: 0, Valid: []uint64{1 << 4}}}, "do not fit a line of 4 blocks"},
+		{"dirty line beyond the backend", []meta.Line{{Line: 64, Slot: 0, Valid: all, Dirty: all}}, "line 64 is beyond the backend's 64 lines"},
+		{"clean line beyond the backend", []meta.Line{{Line: 1 << 40, Slot: 0, Valid: all}}, "beyond the backend"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, store, ssd := mem.New(64*line), meta.NewMem(), mem.New(8*line)
+			newCache(t, b, l, store, ssd).Close() // the superblock
+			store.Crash()                         // reopens it; Close synced everything
+			var ops []meta.Op
+			for _, r := range tc.recs {
+				ops = append(ops, meta.Op{Rec: r})
+			}
+			require.NoError(t, store.Commit(ops, true))
+			_, err := New(b, testConfig(l, store, ssd))
+			require.ErrorIs(t, err, ErrCorrupt)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
 }

@@ -501,6 +501,9 @@ func (j *journal) load() error {
 		if int(r.Slot) >= t.slots || used[r.Slot] {
 			return fmt.Errorf("line %d: slot %d is out of range or used twice (%d slots)", r.Line, r.Slot, t.slots)
 		}
+		if t.lines > 0 && r.Line >= t.lines {
+			return fmt.Errorf("line %d is beyond the backend's %d lines", r.Line, t.lines)
+		}
 		v := bitsFromWords(r.Valid)
 		if v.andNot(rangeBits(0, t.blocks)) != (lineBits{}) || v.isZero() {
 			return fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
@@ -518,7 +521,7 @@ func (j *journal) load() error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("metadata is corrupt: %w", err)
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	t.free, t.fresh = t.free[:0], t.slots
 	for s := t.slots - 1; s >= 0; s-- {

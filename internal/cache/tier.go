@@ -53,6 +53,7 @@ type tier struct {
 
 	// Write-back (SSD tier): which blocks hold data the backend does not have. A dirty line is
 	// never dropped: when the policy evicts one it is doomed, and leaves once destaged.
+	lines       uint64 // the backend's size in lines; 0 for a tier that tracks none (RAM)
 	dirty       bitTable
 	dirtyLines  int
 	dirtyBlocks int
@@ -113,6 +114,7 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		admissionName: s.admission,
 	}
 	if s.lines > 0 {
+		t.lines = s.lines
 		t.dirty = newBitTable(s.slots, t.blocks)
 		t.dset = newLineSet(s.lines)
 		t.doomed = map[uint64]bool{}

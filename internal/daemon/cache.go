@@ -69,8 +69,11 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 		cfg.SSDDevice, cfg.Meta = dev, store
 	}
 	c, err := cache.New(b, cfg)
-	if errors.Is(err, cache.ErrMismatch) {
+	switch {
+	case errors.Is(err, cache.ErrMismatch):
 		err = fmt.Errorf("cache: %w. Start with the settings it was made with, or delete %s to start with an empty SSD tier", err, cc.MetaDir())
+	case errors.Is(err, cache.ErrCorrupt):
+		err = fmt.Errorf("cache: %s: %w. Restore it from a backup, or delete it to start with an empty SSD tier (losing the data not yet written back)", cc.MetaDir(), err)
 	}
 	if err != nil {
 		if cfg.SSDDevice != nil {
