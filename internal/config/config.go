@@ -383,12 +383,28 @@ func Load(path string) (Config, error) {
 // Parse decodes YAML over Defaults(). name is used in error messages.
 func Parse(data []byte, name string) (Config, error) {
 	c := Defaults()
+	c.Listen = nil // absent: the default, unless an export is served as a block device
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return Config{}, fmt.Errorf("config %s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
 	}
+	if c.Listen == nil && !c.servesDevices() {
+		c.Listen = Defaults().Listen
+	}
 	return c, nil
+}
+
+// servesDevices reports whether an export is served as a block device of this machine (ublk or
+// the kernel's NBD client): then the device is what was asked for, and an NBD listener nobody
+// named would only be exposure.
+func (c *Config) servesDevices() bool {
+	for _, e := range c.Exports {
+		if e.UBLK != nil || e.NBDDevice != "" {
+			return true
+		}
+	}
+	return false
 }
 
 // Validate checks every field. schemes lists the backend URL schemes this binary knows.

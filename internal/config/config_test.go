@@ -198,3 +198,21 @@ func TestCongestionThreshold(t *testing.T) {
 		require.Equal(t, tc.want, d, "congestion %q", tc.in)
 	}
 }
+
+// TestListenDefault: a config without listen opens the default NBD listener, unless an export is
+// served as a block device of this machine; listen given is taken as given.
+func TestListenDefault(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want []string
+	}{
+		{"exports: [{backend: 'mem://1MiB'}]", []string{"127.0.0.1:10809"}},
+		{"exports: [{backend: 'mem://1MiB', ublk: {}}]", nil},
+		{"exports: [{backend: 'mem://1MiB', nbd_device: /dev/nbd0}]", nil},
+		{"exports: [{backend: 'mem://1MiB', ublk: {}}]\nlisten: ['127.0.0.1:10900']", []string{"127.0.0.1:10900"}},
+	} {
+		c, err := Parse([]byte(tc.yaml), "t.yaml")
+		require.NoError(t, err, tc.yaml)
+		require.Equal(t, tc.want, c.Listen, tc.yaml)
+	}
+}
