@@ -15,6 +15,8 @@ import (
 // handshake runs the fixed newstyle negotiation. It returns true when the client chose an export
 // (c.export and the transmission parameters are set), false when the client aborted.
 func (c *conn) handshake() (bool, error) {
+	// One deadline for the whole negotiation: renewed at each option, it would let a client that
+	// sends one every little while hold its connection (and a thread) for ever.
 	if err := c.setDeadline(time.Now().Add(c.s.handshakeTimeout)); err != nil {
 		return false, err
 	}
@@ -52,9 +54,6 @@ func (c *conn) handshake() (bool, error) {
 
 // readOption reads one option header and its data.
 func (c *conn) readOption() (opt uint32, data []byte, err error) {
-	if err := c.setDeadline(time.Now().Add(c.s.handshakeTimeout)); err != nil {
-		return 0, nil, err
-	}
 	var h [optionHeaderSize]byte
 	if _, err := io.ReadFull(c.br, h[:]); err != nil {
 		return 0, nil, c.handshakeReadErr(err)
@@ -77,7 +76,7 @@ func (c *conn) readOption() (opt uint32, data []byte, err error) {
 func (c *conn) handshakeReadErr(err error) error {
 	err = c.readErr(err)
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		return protocolErrorf("client silent for %v during the handshake", c.s.handshakeTimeout)
+		return protocolErrorf("handshake not finished within %v", c.s.handshakeTimeout)
 	}
 	return err
 }

@@ -714,6 +714,18 @@ func TestSilentClientTimesOut(t *testing.T) {
 			c.greet()
 			c.send([]byte("IHAVEOPT"))
 		}},
+		{"options that trickle in", func(c *rawClient) {
+			c.greet()
+			var h [optionHeaderSize]byte
+			putOptionHeader(h[:], optList, 0)
+			for range 16 { // four times the timeout in all, each option well within it
+				time.Sleep(s.handshakeTimeout / 4)
+				if _, err := c.nc.Write(h[:]); err != nil {
+					return // closed: the deadline is the whole handshake's
+				}
+			}
+			c.t.Error("the server took options for four times its handshake timeout")
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dialRaw(t, "unix", ts.sock)
