@@ -647,6 +647,7 @@ func TestBadInput(t *testing.T) {
 		{"cache past the end", transmission(false, expectErr(request{typ: cmdCache, cookie: 1, offset: size, length: 1}, nil, errInval))},
 		{"read over the maximum", transmission(true, expectErr(request{typ: cmdRead, cookie: 1, length: 32<<20 + 1}, nil, errOverflow))},
 		{"write over the maximum", transmission(false, expectErr(request{typ: cmdWrite, cookie: 1, length: 33 << 20}, make([]byte, 33<<20), errOverflow))},
+		{"cache over the maximum", transmission(false, expectErr(request{typ: cmdCache, cookie: 1, length: 32<<20 + 4096}, nil, errOverflow))},
 		{"write over the hard cap", transmission(false, func(c *rawClient) {
 			c.request(request{typ: cmdWrite, cookie: 1, length: 1 << 31}, nil)
 			c.expectClosed()

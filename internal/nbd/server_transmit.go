@@ -266,7 +266,8 @@ func (c *conn) check(r request) (errno uint32, msg string) {
 	switch r.typ {
 	case cmdFlush:
 		return 0, "" // offset and length are reserved
-	case cmdRead, cmdWrite:
+	case cmdRead, cmdWrite, cmdCache:
+		// A CACHE of the whole disk would be read into the cache as one request.
 		if r.length > c.maxBlock {
 			return errOverflow, "length over the maximum block size"
 		}
