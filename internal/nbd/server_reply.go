@@ -1,8 +1,10 @@
 package nbd
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"net"
 	"syscall"
 	"unicode/utf8"
@@ -10,13 +12,25 @@ import (
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
-// replyFailed answers a request the device failed.
+// replyFailed answers a request the device failed. The client gets the errno and a fixed message:
+// the device's error names files and devices of this machine, which are the log's to tell.
 func (c *conn) replyFailed(r request, err error) {
 	errno := errnoFor(err, r.typ)
+	level := slog.LevelDebug
 	if errno == errIO {
-		c.log.Warn("nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+		level = slog.LevelWarn
 	}
-	c.replyErrno(r, errno, err.Error())
+	c.log.Log(context.Background(), level, "nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+	c.replyErrno(r, errno, deviceErrorMessages[errno])
+}
+
+// deviceErrorMessages are what a client is told of a device's error, by errno (errnoFor's).
+var deviceErrorMessages = map[uint32]string{
+	errIO:     "input/output error on the export (the server's log has the details)",
+	errNoSpc:  "no space left on the export's storage",
+	errPerm:   "the export is read-only",
+	errNotSup: "the export does not support this",
+	errInval:  "invalid request for the export",
 }
 
 // endedRead is a read the device started asynchronously and ended: its request, its buffer and

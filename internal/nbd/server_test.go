@@ -504,7 +504,7 @@ func TestDeviceErrorsMapToNBDErrors(t *testing.T) {
 		{"disk full", &os.PathError{Op: "write", Path: "f", Err: syscall.ENOSPC}, cmdWrite, errNoSpc},
 		{"quota", syscall.EDQUOT, cmdWrite, errNoSpc},
 		{"other", errors.New("disk on fire"), cmdFlush, errIO},
-		{"other on read", syscall.EIO, cmdRead, errIO},
+		{"other on read", fmt.Errorf("read /srv/disk.img: %w", syscall.EIO), cmdRead, errIO},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dev, _ := newVolume(1<<20, 0, volume.Options{})
@@ -529,7 +529,9 @@ func TestDeviceErrorsMapToNBDErrors(t *testing.T) {
 				require.Empty(t, got.data)
 				if structured {
 					require.Equal(t, []uint16{replyTypeError}, got.chunks)
-					require.Equal(t, tc.err.Error(), got.msg)
+					require.Equal(t, deviceErrorMessages[tc.want], got.msg)
+					require.NotContains(t, got.msg, tc.err.Error(), "the device's own error stays in the log")
+					require.NotContains(t, got.msg, "/srv", "no path of the server's")
 				}
 			}
 		})
