@@ -364,3 +364,26 @@ func TestFailNthCommit(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteBackInvalidationFailure: in write-back, a write over clean cached blocks whose
+// invalidation cannot be committed fails and bypasses the SSD tier, as in write-through: the store
+// may still call the old data valid.
+func TestWriteBackInvalidationFailure(t *testing.T) {
+	const line = 16 << 10
+	b := mem.New(32 * line)
+	store := &failStore{Store: meta.NewMem(), sticky: true}
+	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteBack, admission: "always"}, store, nil)
+	defer c.Close()
+	buf := make([]byte, line)
+	require.NoError(t, c.Prefetch(0, line)) // clean blocks on the SSD tier
+	require.NoError(t, c.Flush())
+	store.mu.Lock()
+	store.nth = store.calls + 1
+	store.mu.Unlock()
+	_, err := c.WriteAt(buf, 0)
+	require.ErrorIs(t, err, errCommit)
+	require.True(t, store.hasFired())
+	st := c.Stats().Tiers[0]
+	require.True(t, st.Failed, "the SSD tier is bypassed")
+	require.Contains(t, st.Reason, "metadata commit")
+}

@@ -20,7 +20,10 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	}
 	if len(spans) > 0 {
 		if err := c.ssd.j.invalidateDurably(spans, false); err != nil {
-			return fmt.Errorf("cache metadata: %w", err)
+			// As in write-through (invalidate): the store may still call the old data valid, so
+			// the write must not happen, and the tier is bypassed until the store works again.
+			c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
+			return fmt.Errorf("cache metadata: cannot invalidate the SSD tier's copy before the write: %w", err)
 		}
 	}
 	var whichBuf [2]int
