@@ -371,16 +371,19 @@ func TestFailNthCommit(t *testing.T) {
 func TestWriteBackInvalidationFailure(t *testing.T) {
 	const line = 16 << 10
 	b := mem.New(32 * line)
-	store := &failStore{Store: meta.NewMem(), sticky: true}
+	store := &failStore{Store: meta.NewMem()}
 	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteBack, admission: "always"}, store, nil)
 	defer c.Close()
 	buf := make([]byte, line)
 	require.NoError(t, c.Prefetch(0, line)) // clean blocks on the SSD tier
 	require.NoError(t, c.Flush())
 	store.mu.Lock()
-	store.nth = store.calls + 1
+	store.nth, store.sticky = store.calls+1, true // the write's commit and its retry fail
 	store.mu.Unlock()
 	_, err := c.WriteAt(buf, 0)
+	store.mu.Lock()
+	store.sticky = false
+	store.mu.Unlock()
 	require.ErrorIs(t, err, errCommit)
 	require.True(t, store.hasFired())
 	st := c.Stats().Tiers[0]
