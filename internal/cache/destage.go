@@ -374,7 +374,13 @@ func (c *Cache) SetMode(ctx context.Context, m Mode, progress func(done, total i
 	if m == WriteBack && c.wb == nil {
 		return errors.New("cache: write-back needs an SSD tier")
 	}
+	if c.wb != nil {
+		c.wb.modeMu.Lock() // waits for the write-back writes under way (write)
+	}
 	old := Mode(c.mode.Swap(int32(m)))
+	if c.wb != nil {
+		c.wb.modeMu.Unlock()
+	}
 	c.log.Info("cache mode", "from", old, "to", m)
 	if m == WriteBack || c.wb == nil {
 		return nil

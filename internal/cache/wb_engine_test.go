@@ -854,3 +854,32 @@ func TestWriteBackConfigZeros(t *testing.T) {
 		require.Equal(t, tc.want, w)
 	}
 }
+
+// TestSetModeWaitsForThrottledWrites: a write-back write that was throttled when the mode switched
+// away from write-back takes the new mode's way: once SetMode has returned, no dirty data is left,
+// even after the write.
+func TestSetModeWaitsForThrottledWrites(t *testing.T) {
+	const (
+		line = 64 << 10
+		ssd  = 16
+	)
+	b := fault.New(newCrashDev(4*ssd*line), fault.Options{Seed: 1})
+	c := newCache(t, b, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	c.wb.throttle, _ = policy.NewThrottle("proportional") // newCache turns throttling off
+	b.SetFailing(true)                                    // nothing is written back yet
+	p := make([]byte, line)
+	for l := range 3 * ssd / 4 { // above the high watermark, below the maximum
+		_, err := c.WriteAt(p, int64(l*line))
+		require.NoError(t, err)
+	}
+	b.SetFailing(false)
+	c.wb.blockTime.Store(int64(20 * time.Millisecond)) // the next write sleeps a while in the throttle
+	require.Greater(t, c.throttleDelay(1), 100*time.Millisecond)
+	written := make(chan error, 1)
+	go func() { _, err := c.WriteAt(p, int64(ssd*line)); written <- err }()
+	time.Sleep(50 * time.Millisecond) // the write is asleep in the throttle
+	require.NoError(t, c.SetMode(context.Background(), WriteThrough, nil))
+	require.NoError(t, <-written)
+	require.Zero(t, c.ssd.dirtyCount.Load(), "dirty lines after the switch to write-through")
+}

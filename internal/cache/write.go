@@ -53,9 +53,17 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 			return err
 		}
 		defer c.releaseDirty(len(segs))
-		c.lockSegs(segs)
-		defer c.unlockSegs(segs)
-		return c.writeBackSegs(segs, p, fua)
+		// The mode again, under the mode lock held shared until the lines are dirty: SetMode
+		// changes the mode holding it alone, so the flush after a switch finds what this write
+		// dirtied, and a switch while the write was throttled sends it the new mode's way.
+		c.wb.modeMu.RLock()
+		if mode = c.Mode(); mode == WriteBack {
+			defer c.wb.modeMu.RUnlock()
+			c.lockSegs(segs)
+			defer c.unlockSegs(segs)
+			return c.writeBackSegs(segs, p, fua)
+		}
+		c.wb.modeMu.RUnlock()
 	}
 	c.lockSegs(segs)
 	defer c.unlockSegs(segs)

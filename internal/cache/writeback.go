@@ -56,6 +56,10 @@ type writeBack struct {
 	throttle policy.Throttle
 	maxLines int
 
+	// modeMu orders mode switches against write-back writes: those hold it shared from their
+	// last look at the mode until their lines are dirty, SetMode alone to switch.
+	modeMu sync.RWMutex
+
 	mu       sync.Mutex
 	cond     *sync.Cond
 	reserved int // lines that writes in flight may dirty, counted against maxLines
