@@ -107,6 +107,7 @@ func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error)
 	}
 	u := url.URL{Scheme: "file", Path: abs}
 	q.Set("direct", "reads")
+	q.Set("allocate", "true") // its blocks reserved now: a full file system fails the start, not a write
 	u.RawQuery = q.Encode()
 	dev, err := file.Open(&u, backend.Options{})
 	if errors.Is(err, file.ErrNoDirectIO) {

@@ -2,7 +2,9 @@
 // file:///dev/sdb. Query parameters: size=SIZE creates a missing regular file, sparse, at that size;
 // direct=true bypasses the page cache with O_DIRECT; direct=reads bypasses it for reads only, so
 // that writes are absorbed by the page cache and reach the disk at the next flush (a cache's SSD
-// tier: its checkpoints flush before they commit, and its reads must not keep a second copy).
+// tier: its checkpoints flush before they commit, and its reads must not keep a second copy);
+// allocate=true reserves the file's blocks at open (fallocate), so that a full file system fails
+// the open rather than a write later (the SSD tier's file).
 //
 // The file is locked (flock) while open, exclusively when writable and shared when read-only, so two
 // tierblk processes never serve one image. This package must never change the size of an existing

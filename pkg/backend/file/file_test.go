@@ -150,9 +150,11 @@ func TestParseURL(t *testing.T) {
 		{"file://", config{}, "absolute path"},
 		{"file://user@/srv/disk.img", config{}, "no user name"},
 		{"file:///srv/disk#1.img", config{}, "%23"},
-		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: direct, size, uring"},
+		{"file:///srv/disk.img?sync=1&cache=none", config{}, "unknown parameter cache, sync; valid: allocate, direct, size, uring"},
 		{"file:///srv/disk.img?direct=reads&uring=false", config{path: "/srv/disk.img", direct: directReads, noRing: true}, ""},
 		{"file:///srv/disk.img?uring=maybe", config{}, `uring="maybe": want true or false`},
+		{"file:///srv/disk.img?allocate=true", config{path: "/srv/disk.img", allocate: true}, ""},
+		{"file:///srv/disk.img?allocate=some", config{}, `allocate="some": want true or false`},
 		{"file:///srv/disk.img?direct=yes", config{}, `direct="yes": want true, false or reads`},
 		{"file:///srv/disk.img?direct=true&direct=false", config{}, "direct given 2 times"},
 		{"file:///srv/disk.img?size=12X", config{}, "size: size \"12X\" is not a number"},
@@ -419,4 +421,24 @@ func TestWriteAllocatesNothing(t *testing.T) {
 		}
 	})
 	require.Zero(t, n, "allocations a write")
+}
+
+// TestAllocate: allocate=true reserves the file's blocks at open, and on a file system without
+// room the open fails, saying how much the file needs, and leaves no file behind.
+func TestAllocate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ssd.img")
+	f := mustOpen(t, fileURL(path, "size=1MiB&allocate=true"), backend.Options{})
+	require.GreaterOrEqual(t, allocatedBytes(t, path), int64(1<<20))
+	require.NoError(t, f.Close())
+
+	small := t.TempDir()
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=1m"); err != nil {
+		t.Skipf("cannot mount a small tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(small, 0) })
+	full := filepath.Join(small, "ssd.img")
+	_, err := openURL(t, fileURL(full, "size=4MiB&allocate=true"), backend.Options{})
+	require.ErrorIs(t, err, unix.ENOSPC)
+	require.ErrorContains(t, err, "needs 4MiB on its file system")
+	require.NoFileExists(t, full)
 }

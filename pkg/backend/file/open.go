@@ -25,12 +25,15 @@ type config struct {
 	direct directMode
 	size   int64 // 0: not given
 	noRing bool  // uring=false
+	// allocate=true: the file's blocks are reserved at open (fallocate), so that a full file
+	// system refuses the open rather than a write later (a cache's SSD tier).
+	allocate bool
 }
 
 // directMode says which requests bypass the page cache.
 type directMode uint8
 
-var validParams = []string{"direct", "size", "uring"}
+var validParams = []string{"allocate", "direct", "size", "uring"}
 
 // ErrNoDirectIO is wrapped by the error of an Open with direct=true or direct=reads on a file
 // system without O_DIRECT (tmpfs): a caller may open the file again without it.
@@ -78,6 +81,13 @@ func parseURL(u *url.URL) (config, error) {
 		if d {
 			c.direct = directAll
 		}
+	}
+	if q.Has("allocate") {
+		a, err := strconv.ParseBool(q.Get("allocate"))
+		if err != nil {
+			return c, fmt.Errorf("file backend: allocate=%q: want true or false", q.Get("allocate"))
+		}
+		c.allocate = a
 	}
 	if q.Has("uring") {
 		u, err := strconv.ParseBool(q.Get("uring"))
@@ -290,6 +300,17 @@ func setup(osf *os.File, c config, readOnly, created bool) (*File, error) {
 	case c.direct != directNone && !f.blockDev && f.size%dioAlign != 0:
 		return nil, fmt.Errorf("%s is %d bytes; direct I/O needs a size that is a multiple of %d",
 			c.path, f.size, dioAlign)
+	}
+	if c.allocate && !f.blockDev && !readOnly {
+		err := f.control("fallocate", func(fd int) error { return unix.Fallocate(fd, 0, 0, f.size) })
+		switch {
+		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+			return nil, fmt.Errorf("%s needs %s on its file system, which has less free: %w", c.path, units.FormatSize(f.size), err)
+		case errors.Is(err, unix.EOPNOTSUPP):
+			// A file system that cannot reserve blocks: the file stays sparse.
+		case err != nil:
+			return nil, err
+		}
 	}
 	return f, nil
 }
