@@ -28,13 +28,18 @@ type ServerConfig struct {
 	Exports     []Export     // the first one is also the default export (name "")
 	Logger      *slog.Logger // nil = slog.Default()
 	MaxInFlight int          // requests served at once per connection; 0 = 64
+	// MaxConnections bounds the connections served at once; more are closed as they arrive.
+	// Each holds an OS thread while it waits for its client (sock.go), and Go ends a process
+	// at 10,000 threads. 0 = 1024.
+	MaxConnections int
 }
 
 const (
-	defaultMaxInFlight = 64
-	// defaultHandshakeTimeout bounds every read and write of the handshake, so that a silent
-	// client cannot hold a goroutine forever. Idle connections in transmission are legitimate and
-	// have no deadline.
+	defaultMaxInFlight    = 64
+	defaultMaxConnections = 1024
+	// defaultHandshakeTimeout bounds the whole handshake, so that a silent or dawdling client
+	// cannot hold a goroutine forever. Idle connections in transmission are legitimate and have no
+	// deadline.
 	defaultHandshakeTimeout = 30 * time.Second
 	// maxPayload is the hard cap on a request's payload, whatever the device advertises: a
 	// WRITE declaring more is not trusted to be followed by its data, and the connection is
@@ -60,6 +65,7 @@ type Server struct {
 	byName      map[string]*Export // includes "" for the default export
 	log         *slog.Logger
 	maxInFlight int
+	maxConns    int
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
@@ -79,11 +85,15 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.MaxInFlight < 0 {
 		return nil, fmt.Errorf("nbd: MaxInFlight %d is negative (0 means %d)", cfg.MaxInFlight, defaultMaxInFlight)
 	}
+	if cfg.MaxConnections < 0 {
+		return nil, fmt.Errorf("nbd: MaxConnections %d is negative (0 means %d)", cfg.MaxConnections, defaultMaxConnections)
+	}
 	s := &Server{
 		exports:     append([]Export(nil), cfg.Exports...),
 		byName:      map[string]*Export{},
 		log:         cfg.Logger,
 		maxInFlight: cfg.MaxInFlight,
+		maxConns:    cfg.MaxConnections,
 
 		handshakeTimeout: defaultHandshakeTimeout,
 		listeners:        map[net.Listener]struct{}{},
@@ -94,6 +104,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	if s.maxInFlight == 0 {
 		s.maxInFlight = defaultMaxInFlight
+	}
+	if s.maxConns == 0 {
+		s.maxConns = defaultMaxConnections
 	}
 	for i := range s.exports {
 		e := &s.exports[i]
@@ -264,6 +277,12 @@ func (s *Server) serveConn(nc net.Conn, remote string) {
 	if s.closing {
 		s.mu.Unlock()
 		nc.Close()
+		return
+	}
+	if len(s.conns) >= s.maxConns {
+		s.mu.Unlock()
+		nc.Close()
+		c.log.Warn("nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
 		return
 	}
 	s.conns[c] = struct{}{}

@@ -1182,3 +1182,27 @@ func TestAsyncReads(t *testing.T) {
 	require.LessOrEqual(t, dev.peak.Load(), int32(maxInFlight))
 	require.Equal(t, int32(9), dev.started.Load())
 }
+
+// TestMaxConnections: connections past MaxConnections are closed as they arrive, and one is taken
+// again once another has gone.
+func TestMaxConnections(t *testing.T) {
+	dev, _ := newVolume(4096, 0, volume.Options{})
+	ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}, MaxConnections: 2, Logger: slog.New(slog.DiscardHandler)})
+	a, b := dialRaw(t, "unix", ts.sock), dialRaw(t, "unix", ts.sock)
+	a.connect("", false)
+	b.connect("", false)
+	extra := dialRaw(t, "unix", ts.sock)
+	extra.expectClosed()
+	a.request(request{typ: cmdDisc}, nil)
+	a.expectClosed()
+	require.Eventually(t, func() bool {
+		c := dialRaw(t, "unix", ts.sock)
+		defer c.nc.Close()
+		c.nc.SetReadDeadline(time.Now().Add(time.Second))
+		var greeting [18]byte
+		_, err := io.ReadFull(c.nc, greeting[:])
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "a connection is served again once one has gone")
+	b.request(request{typ: cmdFlush, cookie: 1}, nil)
+	require.Equal(t, reply{cookie: 1}, b.reply())
+}
