@@ -687,21 +687,7 @@ func TestRateMeter(t *testing.T) {
 // TestDestageRateAndThrottleDelayInStats: above the high watermark a write is delayed, and the
 // stats say by how much now; once the backend takes the dirty data, they say how fast it went.
 func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
-	const (
-		line = 64 << 10
-		ssd  = 16
-	)
-	b := fault.New(newCrashDev(4*ssd*line), fault.Options{Seed: 1})
-	c := newCache(t, b, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
-	defer c.Close()
-	c.wb.throttle, _ = policy.NewThrottle("proportional") // newCache turns throttling off
-	b.SetFailing(true)                                    // nothing is written back yet
-	p := make([]byte, line)
-	for l := range 3 * ssd / 4 { // 75 %: above the high watermark (50 %), below the maximum
-		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, b := throttledCache(t)
 	if d := c.Stats().Dirty; d.ThrottleDelay <= 0 || d.DestageRate != 0 {
 		t.Fatalf("dirty ratio %.2f: throttle delay %gs (want > 0), destage rate %g B/s (want 0)", d.Ratio, d.ThrottleDelay, d.DestageRate)
 	}
@@ -859,27 +845,38 @@ func TestWriteBackConfigZeros(t *testing.T) {
 // away from write-back takes the new mode's way: once SetMode has returned, no dirty data is left,
 // even after the write.
 func TestSetModeWaitsForThrottledWrites(t *testing.T) {
-	const (
-		line = 64 << 10
-		ssd  = 16
-	)
-	b := fault.New(newCrashDev(4*ssd*line), fault.Options{Seed: 1})
-	c := newCache(t, b, layout{line: line, ssd: ssd, mode: WriteBack}, nil, nil)
-	defer c.Close()
-	c.wb.throttle, _ = policy.NewThrottle("proportional") // newCache turns throttling off
-	b.SetFailing(true)                                    // nothing is written back yet
-	p := make([]byte, line)
-	for l := range 3 * ssd / 4 { // above the high watermark, below the maximum
-		_, err := c.WriteAt(p, int64(l*line))
-		require.NoError(t, err)
-	}
+	c, b := throttledCache(t)
 	b.SetFailing(false)
+	p := make([]byte, throttledLine)
 	c.wb.blockTime.Store(int64(20 * time.Millisecond)) // the next write sleeps a while in the throttle
 	require.Greater(t, c.throttleDelay(1), 100*time.Millisecond)
 	written := make(chan error, 1)
-	go func() { _, err := c.WriteAt(p, int64(ssd*line)); written <- err }()
+	go func() { _, err := c.WriteAt(p, int64(throttledSSD*throttledLine)); written <- err }()
 	time.Sleep(50 * time.Millisecond) // the write is asleep in the throttle
 	require.NoError(t, c.SetMode(context.Background(), WriteThrough, nil))
 	require.NoError(t, <-written)
 	require.Zero(t, c.ssd.dirtyCount.Load(), "dirty lines after the switch to write-through")
 }
+
+// throttledCache is a write-back cache of throttledSSD lines with the proportional throttle, 75 %
+// of it dirty (above the high watermark, below the maximum), over a backend that fails every call
+// until the caller lets it work (b.SetFailing(false)).
+func throttledCache(t *testing.T) (*Cache, *fault.Backend) {
+	t.Helper()
+	b := fault.New(newCrashDev(4*throttledSSD*throttledLine), fault.Options{Seed: 1})
+	c := newCache(t, b, layout{line: throttledLine, ssd: throttledSSD, mode: WriteBack}, nil, nil)
+	t.Cleanup(func() { c.Close() })
+	c.wb.throttle, _ = policy.NewThrottle("proportional") // newCache turns throttling off
+	b.SetFailing(true)                                    // nothing is written back yet
+	p := make([]byte, throttledLine)
+	for l := range 3 * throttledSSD / 4 {
+		_, err := c.WriteAt(p, int64(l*throttledLine))
+		require.NoError(t, err)
+	}
+	return c, b
+}
+
+const (
+	throttledLine = 64 << 10
+	throttledSSD  = 16
+)
