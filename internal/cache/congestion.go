@@ -25,10 +25,10 @@ const (
 
 // congestion judges whether the SSD tier's device is congested: whether, over the last intervals in
 // which it completed requests (congestedIntervals of them in a row), they took longer on average
-// than the threshold and than the backend's reads. A congested tier admits no missed line (but probes), since its fill would add to
-// the queue that makes the device slow, and the hits already on it slower, while the backend
-// answers faster; reads are served all the same, from the tier where it holds the line and from
-// the backend otherwise.
+// than the threshold and than the backend's reads. A congested tier admits no missed line (but
+// probes), since its fill would add to the queue that makes the device slow, and the hits already
+// on it slower, while the backend answers faster; reads are served all the same, from the tier
+// where it holds the line and from the backend otherwise.
 //
 // The device's time is the kernel's (backend.DeviceTimer), never Go's clock around a request: on a
 // machine whose CPUs are busy, that measures the wait for a CPU. The backend's read time is Go's

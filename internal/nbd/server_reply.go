@@ -42,18 +42,18 @@ type endedRead struct {
 }
 
 // readAsync starts a READ on the device and reports true, or false where the device leaves it to
-// ReadAt. The reader goes on with the next request at once; the read's end is answered by a
-// replier goroutine, never by the device's own goroutine, whose other completions must not wait
-// for a client that is slow to take its replies.
-func (c *conn) readAsync(r request) bool {
+// ReadAt, returning then the buffer it took, for serve to read into. The reader goes on with the
+// next request at once; the read's end is answered by the reader or a replier goroutine
+// (readEnded), never by the device's own goroutine, whose other completions must not wait for a
+// client that is slow to take its replies.
+func (c *conn) readAsync(r request) (*[]byte, bool) {
 	buf := getBuf(int(r.length))
 	c.workers.Add(1)
 	if c.async.ReadAtAsync(*buf, int64(r.offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
-		return true
+		return nil, true
 	}
 	c.workers.Done()
-	putBuf(buf)
-	return false
+	return buf, false
 }
 
 // readEnded queues an ended read. The reader answers it if it is looking for work at an empty

@@ -12,7 +12,7 @@ import (
 // job is one checked request handed to a worker.
 type job struct {
 	req request
-	buf *[]byte // a WRITE's payload, from the buffer pool
+	buf *[]byte // a WRITE's payload, or a READ's buffer once readAsync took one; from the buffer pool
 	// seq is a write-type request's ticket in c.order; for a FLUSH, the ticket of the first
 	// write-type request received after it.
 	seq uint64
@@ -92,8 +92,11 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		}
 		c.moreInput.Store(c.br.Buffered() >= requestSize)
 		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
-		if req.typ == cmdRead && c.async != nil && c.readAsync(req) {
-			continue
+		if req.typ == cmdRead && c.async != nil {
+			var started bool
+			if j.buf, started = c.readAsync(req); started {
+				continue
+			}
 		}
 		inline, probe, gen := c.plan.next()
 		j.gen = gen
@@ -335,7 +338,10 @@ func (c *conn) serve(j job) time.Duration {
 	start := time.Now()
 	switch r.typ {
 	case cmdRead:
-		buf := getBuf(int(r.length))
+		buf := j.buf
+		if buf == nil {
+			buf = getBuf(int(r.length))
+		}
 		if err = dev.ReadAt(*buf, off); err == nil {
 			c.replyData(r, *buf)
 		}
