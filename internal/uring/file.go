@@ -28,6 +28,9 @@ type File struct {
 	fd   int
 	name string // for errors
 	ring *Ring
+	// events is an eventfd the kernel signals at each completion, for the reaper to wait in Go's
+	// netpoller; nil where the kernel refuses one, and the reaper sleeps in io_uring_enter.
+	events *os.File
 	// slots holds the free request slots; wakes[i] carries slot i's result to its caller, or
 	// for a request made with ReadAtAsync, async[i] says what is left of it and whom to tell.
 	slots chan uint32
@@ -71,6 +74,12 @@ var ErrClosed = errors.New("io_uring file closed")
 // NewFile sets up a ring for depth requests at once on fd (named name in errors). An error for
 // which Unavailable is true means this kernel refuses io_uring: use plain system calls.
 func NewFile(fd int, name string, depth int) (*File, error) {
+	return newFile(fd, name, depth, true)
+}
+
+// newFile is NewFile; without events its reaper sleeps in io_uring_enter, as on a kernel that
+// refuses the eventfd (the tests run both).
+func newFile(fd int, name string, depth int, events bool) (*File, error) {
 	// Two submission entries a slot, and one for the close NOP: the kernel advances the queue's
 	// head only after it has taken the whole batch, and a request that completes while it is
 	// submitted (a write to the page cache) frees its slot before that, for another request to
@@ -84,6 +93,9 @@ func NewFile(fd int, name string, depth int) (*File, error) {
 	// NOP), so the completion queue (twice the submission queue) never overflows.
 	f := &File{fd: fd, name: name, ring: r, slots: make(chan uint32, depth), wakes: make([]chan int32, depth),
 		async: make([]asyncOp, depth), isAsync: make([]atomic.Bool, depth), done: make(chan struct{})}
+	if events {
+		f.events = completionEvents(r)
+	}
 	for i := range f.wakes {
 		f.wakes[i] = make(chan int32, 1)
 		f.slots <- uint32(i)
@@ -275,7 +287,7 @@ func (f *File) reap() {
 		for i := 0; i < spinTries && f.ring.Ready() == 0 && len(f.slots) < cap(f.slots); i++ {
 			runtime.Gosched()
 		}
-		if err := f.ring.WaitCQ(1); err != nil {
+		if err := f.wait(); err != nil {
 			panic(fmt.Sprintf("io_uring %s: %v", f.name, err))
 		}
 		closed := false
@@ -290,6 +302,39 @@ func (f *File) reap() {
 			return
 		}
 	}
+}
+
+// completionEvents returns an eventfd the kernel signals each time it posts a completion to r,
+// read through Go's netpoller, or nil where the kernel refuses one. A reaper that sleeps in
+// io_uring_enter blocks its OS thread, and the runtime hands its processor to another thread
+// and back at each wake-up; one waiting in the netpoller is a parked goroutine, woken by the same
+// epoll_wait that wakes the NBD connections' readers (bench cache --parts hits: context switches
+// and CPU a request).
+func completionEvents(r *Ring) *os.File {
+	fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil
+	}
+	if err := r.RegisterEventfd(fd); err != nil {
+		_ = unix.Close(fd)
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "io_uring completions")
+}
+
+// wait returns when completions wait to be reaped. The eventfd may hold the count of completions
+// already reaped: reading it then returns at once, and the loop looks again.
+func (f *File) wait() error {
+	if f.events == nil {
+		return f.ring.WaitCQ(1)
+	}
+	var b [8]byte
+	for f.ring.Ready() == 0 {
+		if _, err := f.events.Read(b[:]); err != nil {
+			return fmt.Errorf("io_uring completions eventfd: %w", err)
+		}
+	}
+	return nil
 }
 
 // wake hands the kernel's result for slot to its request.
@@ -311,6 +356,9 @@ func (f *File) Close() error {
 		}
 		f.queue(func(s *SQE) { s.Opcode, s.UserData = OpNop, closeTag })
 		<-f.done
+		if f.events != nil {
+			_ = f.events.Close()
+		}
 		err = f.ring.Close()
 	})
 	return err

@@ -17,25 +17,41 @@ import (
 // testFile opens path with flags through a File of depth entries, or skips where io_uring is
 // refused.
 func testFile(t *testing.T, path string, flags, depth int) (*File, *os.File) {
+	return testFileWaits(t, path, flags, depth, true)
+}
+
+// testFileWaits is testFile with a reaper that waits for completions on the eventfd (events) or in
+// io_uring_enter.
+func testFileWaits(t *testing.T, path string, flags, depth int, events bool) (*File, *os.File) {
 	t.Helper()
 	osf, err := os.OpenFile(path, flags, 0o600)
 	require.NoError(t, err)
 	t.Cleanup(func() { osf.Close() })
-	f, err := NewFile(int(osf.Fd()), path, depth)
+	f, err := newFile(int(osf.Fd()), path, depth, events)
 	if Unavailable(err) {
 		t.Skipf("io_uring is not available on this host: %v", err)
 	}
 	require.NoError(t, err)
+	require.Equal(t, events, f.events != nil, "the reaper waits on an eventfd")
 	t.Cleanup(func() { require.NoError(t, f.Close()) })
 	return f, osf
 }
 
 // Many goroutines read and write disjoint blocks at once, more than the ring holds; every read
-// returns what was written there, and the file holds it afterwards.
+// returns what was written there, and the file holds it afterwards. The reaper waits for
+// completions either way it can.
 func TestFileConcurrent(t *testing.T) {
+	for _, events := range []bool{true, false} {
+		t.Run(map[bool]string{true: "eventfd", false: "enter"}[events], func(t *testing.T) {
+			testFileConcurrent(t, events)
+		})
+	}
+}
+
+func testFileConcurrent(t *testing.T, events bool) {
 	const blocks, bs = 256, 4096
 	path := filepath.Join(t.TempDir(), "f")
-	f, osf := testFile(t, path, os.O_RDWR|os.O_CREATE, 8)
+	f, osf := testFileWaits(t, path, os.O_RDWR|os.O_CREATE, 8, events)
 	want := make([]byte, blocks*bs)
 	for i := range want {
 		want[i] = byte(rand.Uint32())

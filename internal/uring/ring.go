@@ -27,6 +27,8 @@ const (
 	featSingleMmap = 1 << 0
 	enterGetEvents = 1 << 0
 
+	registerEventfd = 4 // IORING_REGISTER_EVENTFD
+
 	offSQRing = 0
 	offCQRing = 0x8000000
 	offSQEs   = 0x10000000
@@ -230,6 +232,17 @@ func (r *Ring) Drop(fn func(*SQE)) {
 	}
 	r.tail = head
 	atomic.StoreUint32(r.sqTail, head)
+}
+
+// RegisterEventfd has the kernel signal the eventfd fd each time it posts a completion
+// (IORING_REGISTER_EVENTFD), so that a reaper may wait for completions in Go's netpoller.
+func (r *Ring) RegisterEventfd(fd int) error {
+	fd32 := int32(fd)
+	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), registerEventfd, uintptr(unsafe.Pointer(&fd32)), 1, 0, 0)
+	if errno != 0 {
+		return fmt.Errorf("io_uring_register eventfd: %w", errno)
+	}
+	return nil
 }
 
 // WaitCQ blocks until at least n completions wait to be reaped, submitting nothing.
