@@ -55,7 +55,7 @@ test: deps fmt-check standalone
 # The packages whose tests read testdata/ (traces, corpora), run in a copy of the working tree
 # (what git would commit: tracked and unignored files) under a fresh temporary directory, so that a
 # test reaching outside the repository (a sibling directory, say) fails here as it would in a clone.
-STANDALONE_PKGS := ./internal/cli ./internal/policy ./internal/trace ./internal/sim
+STANDALONE_PKGS := ./internal/cli ./internal/config ./internal/policy ./internal/trace ./internal/sim
 standalone: deps-go
 	@dir=$$(mktemp -d /tmp/tierblk-standalone.XXXXXX) && trap 'rm -rf "$$dir"' EXIT && \
 	  git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - --ignore-failed-read 2>/dev/null | tar -xf - -C "$$dir" && \

@@ -6,10 +6,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/cache"
@@ -18,16 +21,14 @@ import (
 
 var testSchemes = []string{"file", "mem", "nbd", "nbd+unix"}
 
-// optsWith returns serveOpts as if the given flags had been typed.
-func optsWith(o serveOpts, set ...string) serveOpts {
-	o.set = func(name string) bool {
-		for _, s := range set {
-			if s == name {
-				return true
-			}
-		}
-		return false
-	}
+// serveArgs returns serveOpts as serve's flags make them from args.
+func serveArgs(t *testing.T, args ...string) serveOpts {
+	t.Helper()
+	o := serveOpts{given: map[string][]string{}}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addServeFlags(fs, &o)
+	require.NoError(t, fs.Parse(args))
 	return o
 }
 
@@ -43,52 +44,53 @@ exports:
 listen: [unix:/tmp/x.sock]
 log_level: debug
 `), 0o644))
+	build := func(t *testing.T, args ...string) config.Config {
+		t.Helper()
+		c, err := buildConfig(serveArgs(t, args...), testSchemes)
+		require.NoError(t, err)
+		return c
+	}
 
 	t.Run("flags alone", func(t *testing.T) {
-		c, err := buildConfig(optsWith(serveOpts{backend: "mem://1GiB", export: "d", nbd: []string{"unix:/s"}}, "backend", "export", "nbd"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--backend", "mem://1GiB", "--export", "d", "--nbd", "unix:/s")
 		require.Equal(t, []config.Export{{Name: "d", Backend: "mem://1GiB"}}, c.Exports)
 		require.Equal(t, []string{"unix:/s"}, c.Listen)
 		require.Equal(t, "info", c.LogLevel)
+		require.Equal(t, 64, c.MaxInFlight)
+	})
+	t.Run("no flags, the defaults", func(t *testing.T) {
+		c, err := buildConfig(serveArgs(t), testSchemes)
+		require.ErrorContains(t, err, "no export")
+		require.Equal(t, config.Defaults(), c)
 	})
 	t.Run("file alone", func(t *testing.T) {
-		c, err := buildConfig(optsWith(serveOpts{configFile: cfgFile}), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--config", cfgFile)
 		require.Len(t, c.Exports, 2)
 		require.Equal(t, "debug", c.LogLevel)
 	})
 	t.Run("flags override the file", func(t *testing.T) {
-		c, err := buildConfig(optsWith(serveOpts{configFile: cfgFile, nbd: []string{"127.0.0.1:1"}, readOnly: true, logLevel: "warn"},
-			"nbd", "read-only", "log-level"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--config", cfgFile, "--nbd", "127.0.0.1:1", "--nbd", "unix:/y.sock", "--read-only", "--log-level", "warn", "--max-in-flight", "8")
 		require.Len(t, c.Exports, 2)
 		require.True(t, c.Exports[0].ReadOnly && c.Exports[1].ReadOnly)
-		require.Equal(t, []string{"127.0.0.1:1"}, c.Listen)
+		require.Equal(t, []string{"127.0.0.1:1", "unix:/y.sock"}, c.Listen)
 		require.Equal(t, "warn", c.LogLevel)
+		require.Equal(t, 8, c.MaxInFlight)
 	})
 	t.Run("cache flags set the first export's cache", func(t *testing.T) {
-		o := serveOpts{configFile: cfgFile, admin: "127.0.0.1:9810",
-			cache: config.Cache{RAM: "64MiB", SSD: "/srv/ssd.img", SSDSize: "1GiB", Line: "128KiB", Mode: "writearound",
-				Policy: "s3fifo", Admission: "nhit:2", Meta: "/srv/meta"}}
-		c, err := buildConfig(optsWith(o, "ram", "ssd", "ssd-size", "line", "mode", "policy", "admission", "meta", "admin"), testSchemes)
-		require.NoError(t, err)
-		require.Equal(t, &o.cache, c.Exports[0].Cache)
+		c := build(t, "--config", cfgFile, "--admin", "127.0.0.1:9810", "--ram", "64MiB", "--ssd", "/srv/ssd.img", "--ssd-size", "1GiB",
+			"--line", "128KiB", "--mode", "writearound", "--policy", "s3fifo", "--admission", "nhit:2", "--meta", "/srv/meta", "--congestion", "off")
+		require.Equal(t, &config.Cache{RAM: "64MiB", SSD: "/srv/ssd.img", SSDSize: "1GiB", Line: "128KiB", Mode: "writearound",
+			Policy: "s3fifo", Admission: "nhit:2", Meta: "/srv/meta", Congestion: "off"}, c.Exports[0].Cache)
 		require.Nil(t, c.Exports[1].Cache)
 		require.Equal(t, "127.0.0.1:9810", c.Admin)
 	})
 	t.Run("dirty flags set the first export's write-back", func(t *testing.T) {
-		o := serveOpts{backend: "file:///srv/a.img", cache: config.Cache{SSD: "/srv/ssd.img", Mode: "writeback",
-			WriteBack: config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8)}}}
-		c, err := buildConfig(optsWith(o, "backend", "ssd", "mode", "dirty-high", "dirty-low", "dirty-max"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--backend", "file:///srv/a.img", "--ssd", "/srv/ssd.img", "--mode", "writeback", "--dirty-high", "0.6", "--dirty-low", "0.3", "--dirty-max", "0.8")
 		require.Equal(t, config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8)}, c.Exports[0].Cache.WriteBack)
 		require.Equal(t, "writeback", c.Exports[0].Cache.Mode)
 	})
 	t.Run("--dirty-low 0 is taken as given", func(t *testing.T) {
-		o := serveOpts{backend: "file:///srv/a.img", cache: config.Cache{SSD: "/srv/ssd.img", Mode: "writeback",
-			WriteBack: config.WriteBack{Low: config.Ratio(0)}}}
-		c, err := buildConfig(optsWith(o, "backend", "ssd", "mode", "dirty-low"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--backend", "file:///srv/a.img", "--ssd", "/srv/ssd.img", "--mode", "writeback", "--dirty-low", "0")
 		wb := c.Exports[0].Cache.WriteBack.Engine()
 		require.Equal(t, [3]float64{cache.DefaultWriteBack.High, 0, cache.DefaultWriteBack.Max}, [3]float64{wb.High, wb.Low, wb.Max})
 	})
@@ -99,28 +101,29 @@ exports:
   - backend: file:///srv/a.img
     cache: {ssd: /srv/ssd.img, mode: writeback, write_back: {high: 0.7, low: 0.2, max: 0.95, throttle: none}}
 `), 0o644))
-		o := serveOpts{configFile: f, cache: config.Cache{WriteBack: config.WriteBack{Max: config.Ratio(0.8)}}}
-		c, err := buildConfig(optsWith(o, "dirty-max"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--config", f, "--dirty-max", "0.8")
 		require.Equal(t, config.WriteBack{High: config.Ratio(0.7), Low: config.Ratio(0.2), Max: config.Ratio(0.8), Throttle: "none"}, c.Exports[0].Cache.WriteBack)
 	})
 	t.Run("device flags, no listener unless --nbd", func(t *testing.T) {
-		o := serveOpts{backend: "mem://1GiB", ublk: true, ublkID: 4, nbdDevice: "/dev/nbd2"}
-		c, err := buildConfig(optsWith(o, "backend", "ublk", "ublk-id", "nbd-device"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--backend", "mem://1GiB", "--ublk", "--ublk-id", "4", "--ublk-depth", "32", "--nbd-device", "/dev/nbd2")
 		require.Empty(t, c.Listen)
 		require.Equal(t, 4, c.Exports[0].UBLK.DeviceID())
+		require.Equal(t, 32, c.Exports[0].UBLK.Depth)
 		require.Equal(t, "/dev/nbd2", c.Exports[0].NBDDevice)
-		o.nbd = []string{"unix:/s"}
-		c, err = buildConfig(optsWith(o, "backend", "ublk", "nbd"), testSchemes)
-		require.NoError(t, err)
+		c = build(t, "--backend", "mem://1GiB", "--ublk", "--nbd", "unix:/s")
 		require.Equal(t, []string{"unix:/s"}, c.Listen)
 		require.Equal(t, -1, c.Exports[0].UBLK.DeviceID())
 		require.Empty(t, c.Exports[0].NBDDevice)
 	})
+	t.Run("a file's ublk device, tuned by a flag", func(t *testing.T) {
+		f := filepath.Join(dir, "ublk.yaml")
+		require.NoError(t, os.WriteFile(f, []byte("exports:\n  - backend: mem://1GiB\n    ublk: {queues: 2}\n"), 0o644))
+		c := build(t, "--config", f, "--ublk-id", "3")
+		require.Equal(t, config.UBLK{ID: &[]int{3}[0], Queues: 2}, *c.Exports[0].UBLK)
+		require.Empty(t, c.Listen, "a file that serves a device opens no listener it does not name")
+	})
 	t.Run("no cache flag, no cache", func(t *testing.T) {
-		c, err := buildConfig(optsWith(serveOpts{backend: "mem://1GiB", cache: config.Cache{RAM: "1GiB"}}, "backend"), testSchemes)
-		require.NoError(t, err)
+		c := build(t, "--backend", "mem://1GiB")
 		require.Nil(t, c.Exports[0].Cache)
 	})
 }
@@ -128,36 +131,51 @@ exports:
 func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		o    serveOpts
+		args []string
 		want string
 	}{
-		{"nothing to serve", optsWith(serveOpts{}), "no export"},
-		{"bad scheme", optsWith(serveOpts{backend: "iscsi://nas/lun"}, "backend"), `--backend: "iscsi://nas/lun" has unknown scheme`},
-		{"bad listen", optsWith(serveOpts{backend: "mem://1MiB", nbd: []string{"nowhere"}}, "backend", "nbd"), "--nbd"},
-		{"bad level", optsWith(serveOpts{backend: "mem://1MiB", logLevel: "chatty"}, "backend", "log-level"), "--log-level"},
-		{"export without backend", optsWith(serveOpts{export: "x"}, "export"), "--export"},
-		{"missing config file", optsWith(serveOpts{configFile: "/nonexistent/c.yaml"}), "/nonexistent/c.yaml"},
-		{"bad mode", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Mode: "fast"}}, "backend", "ram", "mode"), "--mode: unknown cache mode"},
-		{"bad ram", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1KiB"}}, "backend", "ram"), "--ram: "},
-		{"bad line", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Line: "3KiB"}}, "backend", "ram", "line"), "--line: "},
-		{"ssd size alone", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{SSDSize: "1GiB"}}, "backend", "ssd-size"), "--ssd-size: "},
-		{"bad policy", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Policy: "mru"}}, "backend", "ram", "policy"), "--policy: unknown eviction policy"},
-		{"bad admission", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Admission: "maybe"}}, "backend", "ram", "admission"), "--admission: "},
-		{"writeback without ssd", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", Mode: "writeback"}}, "backend", "ram", "mode"), "--mode: writeback needs an SSD tier"},
-		{"dirty max", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: config.Ratio(2)}}}, "backend", "ram", "dirty-max"), "--dirty-max: 2 is out of range"},
-		{"dirty low", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Low: config.Ratio(0.7)}}}, "backend", "ram", "dirty-low"), "--dirty-low: 0.7 must be below high"},
-		{"dirty max 0", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{Max: config.Ratio(0)}}}, "backend", "ram", "dirty-max"), "--dirty-max: 0 must be at least high"},
-		{"dirty high", optsWith(serveOpts{backend: "mem://1MiB", cache: config.Cache{RAM: "1MiB", WriteBack: config.WriteBack{High: config.Ratio(0.95)}}}, "backend", "ram", "dirty-high"), "--dirty-high: 0.95 must be at most max"},
-		{"ublk tuning without --ublk", optsWith(serveOpts{backend: "mem://1MiB", ublkID: 1}, "backend", "ublk-id"), "give --ublk too"},
-		{"bad ublk depth", optsWith(serveOpts{backend: "mem://1MiB", ublk: true, ublkConf: config.UBLK{Depth: 9999}}, "backend", "ublk", "ublk-depth"), "--ublk-depth: 9999 is out of range"},
-		{"bad nbd device", optsWith(serveOpts{backend: "mem://1MiB", nbdDevice: "/dev/nbd"}, "backend", "nbd-device"), `--nbd-device: "/dev/nbd" is not a kernel NBD device`},
-		{"public admin", optsWith(serveOpts{backend: "mem://1MiB", admin: "0.0.0.0:9000"}, "backend", "admin"), "--admin: "},
+		{"nothing to serve", nil, "no export"},
+		{"bad scheme", []string{"--backend", "iscsi://nas/lun"}, `--backend: "iscsi://nas/lun" has unknown scheme`},
+		{"bad listen", []string{"--backend", "mem://1MiB", "--nbd", "nowhere"}, `--nbd: "nowhere" is neither`},
+		{"bad level", []string{"--backend", "mem://1MiB", "--log-level", "chatty"}, "--log-level: "},
+		{"bad max in flight", []string{"--backend", "mem://1MiB", "--max-in-flight", "0"}, "--max-in-flight: 0 is out of range"},
+		{"export without backend", []string{"--export", "x"}, "--export names the export of --backend"},
+		{"missing config file", []string{"--config", "/nonexistent/c.yaml"}, "/nonexistent/c.yaml"},
+		{"bad mode", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--mode", "fast"}, "--mode: unknown cache mode"},
+		{"bad ram", []string{"--backend", "mem://1MiB", "--ram", "1KiB"}, "--ram: "},
+		{"bad line", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--line", "3KiB"}, "--line: "},
+		{"ssd size alone", []string{"--backend", "mem://1MiB", "--ssd-size", "1GiB"}, "--ssd-size: "},
+		{"bad policy", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--policy", "mru"}, "--policy: unknown eviction policy"},
+		{"bad admission", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--admission", "maybe"}, "--admission: "},
+		{"bad congestion", []string{"--backend", "file:///srv/a.img", "--ssd", "/srv/s.img", "--congestion", "soon"}, "--congestion: "},
+		{"writeback without ssd", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--mode", "writeback"}, "--mode: writeback needs an SSD tier"},
+		{"dirty max", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "2"}, "--dirty-max: 2 is out of range"},
+		{"dirty low", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-low", "0.7"}, "--dirty-low: 0.7 must be below high"},
+		{"dirty max 0", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "0"}, "--dirty-max: 0 must be at least high"},
+		{"dirty high", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-high", "0.95"}, "--dirty-high: 0.95 must be at most max"},
+		{"ublk tuning without --ublk", []string{"--backend", "mem://1MiB", "--ublk-id", "1"}, "give --ublk too"},
+		{"bad ublk depth", []string{"--backend", "mem://1MiB", "--ublk", "--ublk-depth", "9999"}, "--ublk-depth: 9999 is out of range"},
+		{"bad nbd device", []string{"--backend", "mem://1MiB", "--nbd-device", "/dev/nbd"}, `--nbd-device: "/dev/nbd" is not a kernel NBD device`},
+		{"public admin", []string{"--backend", "mem://1MiB", "--admin", "0.0.0.0:9000"}, "--admin: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := buildConfig(tc.o, testSchemes)
+			_, err := buildConfig(serveArgs(t, tc.args...), testSchemes)
 			require.ErrorContains(t, err, tc.want)
 			require.Equal(t, 2, ExitCode(err))
 		})
+	}
+}
+
+// A flag's text that is not of its kind is refused as the command line is read, naming the flag.
+func TestServeFlagKinds(t *testing.T) {
+	for _, args := range [][]string{{"--dirty-high", "half"}, {"--max-in-flight", "many"}, {"--ublk-id", "1.5"}, {"--read-only=perhaps"}} {
+		root := NewRoot("test")
+		root.SetArgs(append([]string{"serve", "--backend", "mem://1MiB"}, args...))
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		err := root.ExecuteContext(context.Background())
+		require.ErrorContains(t, err, strings.SplitN(args[0], "=", 2)[0], args)
+		require.Equal(t, 2, ExitCode(err), args)
 	}
 }
 

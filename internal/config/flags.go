@@ -1,0 +1,254 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/tierblk/tierblk/internal/cache"
+)
+
+// Flag is one setting that `tierblk serve` takes on its command line, declared once: serve makes
+// its flag from Name, Kind, Def and Usage; Override stores what was typed into the Config, over
+// the file; FlagNames names the flag, not Field, in the errors about what it set. Validation stays
+// with the Config (Validate), the one place that judges a value whichever way it came.
+type Flag struct {
+	Name string // without the dashes
+	// Field is the path of the setting as errors name it (Error.Field), "[]" standing for any
+	// index; empty for a flag no error names.
+	Field string
+	Kind  Kind
+	Def   string // the default the help shows; empty for none
+	Usage string
+	// apply stores the flag's values (one each time it was given) into c; given reports which
+	// other flags were given.
+	apply func(c *Config, vals []string, given func(string) bool) error
+}
+
+// Kind is what a flag's text must parse as; the command line refuses anything else at once.
+type Kind int
+
+// The kinds of flags.
+const (
+	String Kind = iota
+	Bool
+	Int
+	Ratio64 // a number, stored as a *float64 so that an explicit 0 is kept
+	List    // a string that may be given several times
+)
+
+// Type is the kind's name in serve's help.
+func (k Kind) Type() string {
+	return [...]string{"string", "bool", "int", "float", "stringArray"}[k]
+}
+
+// Check reports whether s parses as the kind.
+func (k Kind) Check(s string) error {
+	var err error
+	switch k {
+	case Bool:
+		_, err = strconv.ParseBool(s)
+	case Int:
+		_, err = strconv.Atoi(s)
+	case Ratio64:
+		_, err = strconv.ParseFloat(s, 64)
+	}
+	if err != nil {
+		return fmt.Errorf("%q is not a%s", s, map[Kind]string{Bool: " boolean", Int: "n integer", Ratio64: " number"}[k])
+	}
+	return nil
+}
+
+// Flags are serve's settings, in the order Override applies them: --backend first, since it
+// replaces the exports that the other flags then set.
+var Flags = []Flag{
+	{Name: "backend", Field: "exports[0].backend", Usage: "backend URL to serve as a single export (replaces the config's exports)",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			c.Exports = []Export{{Backend: last(v)}}
+			return nil
+		}},
+	{Name: "export", Field: "exports[0].name", Usage: "name of the export given by --backend (clients that ask for no name get it too)",
+		apply: func(c *Config, v []string, given func(string) bool) error {
+			if !given("backend") {
+				return errors.New("--export names the export of --backend; give --backend too")
+			}
+			c.Exports[0].Name = last(v)
+			return nil
+		}},
+	{Name: "nbd", Field: "listen[]", Kind: List, Def: strings.Join(Defaults().Listen, ","),
+		Usage: "NBD listen address, unix:/path/to.sock or HOST:PORT; repeat for several",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.Listen = v; return nil }},
+	{Name: "read-only", Kind: Bool, Usage: "serve every export read-only",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			ro, _ := strconv.ParseBool(last(v))
+			for i := range c.Exports {
+				c.Exports[i].ReadOnly = ro
+			}
+			return nil
+		}},
+	{Name: "log-level", Field: "log_level", Def: Defaults().LogLevel, Usage: "debug, info, warn or error",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.LogLevel = last(v); return nil }},
+	{Name: "max-in-flight", Field: "max_in_flight", Kind: Int, Def: strconv.Itoa(Defaults().MaxInFlight),
+		Usage: "requests served at once on one NBD connection",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.MaxInFlight, _ = strconv.Atoi(last(v)); return nil }},
+	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
+	firstExport("record-trace", "record_trace", "record every request to the (first) export into this new file, a fio iolog that 'tierblk sim' replays",
+		func(e *Export, v string) error { e.RecordTrace = v; return nil }),
+	cacheFlag("ram", "ram", "RAM tier size, e.g. 1GiB (0: none)", func(c *Cache, v string) { c.RAM = v }),
+	cacheFlag("ssd", "ssd", "SSD tier: a file (created sparse at --ssd-size if missing) or a block device", func(c *Cache, v string) { c.SSD = v }),
+	cacheFlag("ssd-size", "ssd_size", "how much of --ssd the cache uses (default: all of it)", func(c *Cache, v string) { c.SSDSize = v }),
+	cacheFlag("meta", "meta", "directory of the SSD tier's metadata (default: the --ssd path + .meta)", func(c *Cache, v string) { c.Meta = v }),
+	cacheFlag("line", "line", "cache line size, a power of two from 4KiB to 1MiB (default 64KiB)", func(c *Cache, v string) { c.Line = v }),
+	cacheFlag("mode", "mode", "cache mode: writethrough (default), writearound, passthrough or writeback (needs --ssd)", func(c *Cache, v string) { c.Mode = v }),
+	cacheFlag("policy", "policy", "eviction policy of the cache tiers (default "+cache.DefaultPolicy+"; see 'tierblk sim --help')", func(c *Cache, v string) { c.Policy = v }),
+	cacheFlag("admission", "admission", "admission policy of both cache tiers (default auto; e.g. always, nhit:2, seqcutoff)", func(c *Cache, v string) { c.Admission = v }),
+	cacheFlag("congestion", "congestion", "the SSD tier admits no missed line while its device's requests take longer than this and than the backend's reads (default "+cache.DefaultCongestion.String()+"; off: never)",
+		func(c *Cache, v string) { c.Congestion = v }),
+	dirtyFlag("dirty-high", "high", cache.DefaultWriteBack.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty", func(w *WriteBack) **float64 { return &w.High }),
+	dirtyFlag("dirty-low", "low", cache.DefaultWriteBack.Low, "write-back: destage stops below this ratio of dirty lines", func(w *WriteBack) **float64 { return &w.Low }),
+	dirtyFlag("dirty-max", "max", cache.DefaultWriteBack.Max, "write-back: writes wait rather than let dirty lines pass this ratio", func(w *WriteBack) **float64 { return &w.Max }),
+	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			on, _ := strconv.ParseBool(last(v))
+			if e := first(c); e != nil {
+				e.UBLK = nil
+				if on {
+					e.UBLK = &UBLK{}
+				}
+			}
+			return nil
+		}},
+	ublkFlag("ublk-id", "id", "-1", "ublk device number N (-1: the kernel chooses); a restart with the same N takes back a device left by a killed daemon",
+		func(u *UBLK, n int) { u.ID = &n }),
+	ublkFlag("ublk-queues", "queues", "0", "ublk hardware queues, each with its own io_uring (0: one per CPU)", func(u *UBLK, n int) { u.Queues = n }),
+	ublkFlag("ublk-depth", "depth", "0", "requests in flight per ublk queue (0: 128)", func(u *UBLK, n int) { u.Depth = n }),
+	firstExport("nbd-device", "nbd_device", "attach the kernel's NBD client to the export as this device, e.g. /dev/nbd0 (no nbd-client needed)",
+		func(e *Export, v string) error { e.NBDDevice = v; return nil }),
+}
+
+// last is the value a flag given several times keeps.
+func last(v []string) string { return v[len(v)-1] }
+
+// first is the export the flags of one export set: the first, or nil where none is configured
+// (Validate then says so).
+func first(c *Config) *Export {
+	if len(c.Exports) == 0 {
+		return nil
+	}
+	return &c.Exports[0]
+}
+
+// firstExport declares a string flag that sets field of the first export.
+func firstExport(name, field, usage string, set func(*Export, string) error) Flag {
+	return Flag{Name: name, Field: "exports[0]." + field, Usage: usage,
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			if e := first(c); e != nil {
+				return set(e, last(v))
+			}
+			return nil
+		}}
+}
+
+// cacheFlag declares a string flag that sets field of the first export's cache, making the cache.
+func cacheFlag(name, field, usage string, set func(*Cache, string)) Flag {
+	return firstExport(name, "cache."+field, usage, func(e *Export, v string) error {
+		if e.Cache == nil {
+			e.Cache = &Cache{}
+		}
+		set(e.Cache, v)
+		return nil
+	})
+}
+
+// dirtyFlag declares a write-back watermark of the first export's cache.
+func dirtyFlag(name, field string, def float64, usage string, ratio func(*WriteBack) **float64) Flag {
+	f := cacheFlag(name, "write_back."+field, usage, func(c *Cache, v string) {
+		x, _ := strconv.ParseFloat(v, 64)
+		*ratio(&c.WriteBack) = &x
+	})
+	f.Kind, f.Def = Ratio64, strconv.FormatFloat(def, 'g', -1, 64)
+	return f
+}
+
+// ublkFlag declares a setting of the first export's ublk device, which --ublk or the file gives.
+func ublkFlag(name, field, def, usage string, set func(*UBLK, int)) Flag {
+	f := firstExport(name, "ublk."+field, usage, func(e *Export, v string) error {
+		if e.UBLK == nil {
+			return errors.New("--ublk-id, --ublk-queues and --ublk-depth tune the device of --ublk; give --ublk too")
+		}
+		n, _ := strconv.Atoi(v)
+		set(e.UBLK, n)
+		return nil
+	})
+	f.Kind, f.Def = Int, def
+	return f
+}
+
+// Override stores the flags that were given (given[name] holds a flag's values, each checked
+// against its Kind) into c, loaded from a file or Defaults. Without a file, a command line that
+// serves a block device and names no --nbd opens no listener, as a file that does so (Parse).
+func Override(c *Config, given map[string][]string, fromFile bool) error {
+	has := func(name string) bool { _, ok := given[name]; return ok }
+	for _, f := range Flags {
+		if v, ok := given[f.Name]; ok {
+			if err := f.apply(c, v, has); err != nil {
+				return err
+			}
+		}
+	}
+	if !has("nbd") && !fromFile && c.servesDevices() {
+		c.Listen = nil
+	}
+	return nil
+}
+
+// flagRenames turn, in an error about a command line, the fields of Flags into their flags, and
+// the daemon's prefixes for the first export into the flag that made it.
+var flagRenames = func() []struct {
+	re   *regexp.Regexp
+	with string
+} {
+	var r []struct {
+		re   *regexp.Regexp
+		with string
+	}
+	add := func(pattern, with string) {
+		r = append(r, struct {
+			re   *regexp.Regexp
+			with string
+		}{regexp.MustCompile(pattern), with})
+	}
+	for _, f := range Flags {
+		if f.Field == "" {
+			continue
+		}
+		// A field of an export may stand inside a message; a top-level one ("admin") only at
+		// the start of a line, where an error names it, not in the message's words.
+		before := `(^|[\s(])`
+		if !strings.ContainsAny(f.Field, ".[") {
+			before = `(^)`
+		}
+		// Any index for "[]"; a field that ends in a letter must end there ("ssd", not "ssd_size").
+		field := strings.ReplaceAll(regexp.QuoteMeta(f.Field), `\[\]`, `\[\d+\]`)
+		if !strings.HasSuffix(f.Field, "]") {
+			field += `\b`
+		}
+		add(`(?m)`+before+field, "${1}--"+f.Name)
+	}
+	add(`exports\[0\] \("[^"]*"\)`, "--backend") // the daemon's errors opening the export's backend
+	add(`exports\[0\]\.cache: `, "")             // and making its cache
+	add(`(?m)^listen: no listen address`, "no listen address")
+	return r
+}()
+
+// FlagNames rewrites msg, an error about a configuration made by flags alone, to name the flags
+// rather than the fields they set.
+func FlagNames(msg string) string {
+	for _, r := range flagRenames {
+		msg = r.re.ReplaceAllString(msg, r.with)
+	}
+	return msg
+}
