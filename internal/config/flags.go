@@ -92,7 +92,10 @@ var Flags = []Flag{
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.LogLevel = last(v); return nil }},
 	{Name: "max-in-flight", Field: "max_in_flight", Kind: Int, Def: strconv.Itoa(Defaults().MaxInFlight),
 		Usage: "requests served at once on one NBD connection",
-		apply: func(c *Config, v []string, _ func(string) bool) error { c.MaxInFlight, _ = strconv.Atoi(last(v)); return nil }},
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			c.MaxInFlight, _ = strconv.Atoi(last(v))
+			return nil
+		}},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
 	firstExport("record-trace", "record_trace", "record every request to the (first) export into this new file, a fio iolog that 'tierblk sim' replays",
