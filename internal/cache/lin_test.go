@@ -205,7 +205,7 @@ func fileSSD(t *testing.T, size int64, pread bool) backend.Backend {
 	}
 	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"), RawQuery: q.Encode()}
 	dev, err := file.Open(u, backend.Options{})
-	if errors.Is(err, file.ErrNoDirectIO) {
+	if errors.Is(err, backend.ErrNoDirectIO) {
 		t.Skipf("no direct I/O in %s: %v", t.TempDir(), err)
 	}
 	require.NoError(t, err)

@@ -14,26 +14,26 @@ import (
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/pkg/backend"
-	"github.com/tierblk/tierblk/pkg/backend/file"
 )
 
 // openCache puts the export's cache in front of b. The cache owns b from then on: closing the
-// cache closes b, the SSD and the metadata.
-func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cache, error) {
+// cache closes b, the SSD and the metadata. Its errors begin with the field of the export they are
+// about ("cache.ssd: ", "cache: "), for the caller to put the export's path before.
+func openCache(e config.Export, b backend.Backend, reg *backend.Registry, log *slog.Logger) (*cache.Cache, error) {
 	cc := e.Cache
 	sizes, err := cc.Sizes()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cache: %w", err)
 	}
 	mode := cache.WriteThrough
 	if cc.Mode != "" {
 		if mode, err = cache.ParseMode(cc.Mode); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("cache: %w", err)
 		}
 	}
 	congestion, err := cc.CongestionThreshold()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cache: %w", err)
 	}
 	rp, ra, sp, sa := cc.TierPolicies()
 	cfg := cache.Config{
@@ -47,7 +47,7 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 		Log:        log.With("export", e.Name),
 	}
 	if cc.SSD != "" {
-		dev, err := openSSD(cc.SSD, sizes.SSDSize, log)
+		dev, err := openSSD(reg, cc.SSD, sizes.SSDSize, log)
 		if err != nil {
 			return nil, fmt.Errorf("cache.ssd: %w", err)
 		}
@@ -74,6 +74,8 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 		err = fmt.Errorf("cache: %w. Start with the settings it was made with, or delete %s to start with an empty SSD tier", err, cc.MetaDir())
 	case errors.Is(err, cache.ErrCorrupt):
 		err = fmt.Errorf("cache: %s: %w. Restore it from a backup, or delete it to start with an empty SSD tier (losing the data not yet written back)", cc.MetaDir(), err)
+	case err != nil:
+		err = fmt.Errorf("cache: %w", err)
 	}
 	if err != nil {
 		if cfg.SSDDevice != nil {
@@ -92,8 +94,9 @@ func openCache(e config.Export, b backend.Backend, log *slog.Logger) (*cache.Cac
 // through it, so that a burst of small writes costs memory copies, not disk round trips: the
 // journal flushes the SSD before it commits any record that finds the data, so durability is the
 // same (4K random writes in write-back, QD32: 7,300 IOPS with O_DIRECT writes, 45,100 without).
-// A file system without O_DIRECT (tmpfs) gets buffered reads too, and a warning.
-func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error) {
+// A file system without O_DIRECT (tmpfs) gets buffered reads too, and a warning. It is opened as
+// any backend is, through reg, as a file:// URL.
+func openSSD(reg *backend.Registry, path string, size int64, log *slog.Logger) (backend.Backend, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
@@ -109,14 +112,19 @@ func openSSD(path string, size int64, log *slog.Logger) (backend.Backend, error)
 	q.Set("direct", "reads")
 	q.Set("allocate", "true") // its blocks reserved now: a full file system fails the start, not a write
 	u.RawQuery = q.Encode()
-	dev, err := file.Open(&u, backend.Options{})
-	if errors.Is(err, file.ErrNoDirectIO) {
+	opts := backend.Options{Logger: log}
+	dev, err := reg.Open(u.String(), opts)
+	if errors.Is(err, backend.ErrNoDirectIO) {
 		log.Warn("the SSD tier's file system has no direct I/O; using buffered I/O", "ssd", path)
 		q.Del("direct")
 		u.RawQuery = q.Encode()
-		dev, err = file.Open(&u, backend.Options{})
+		dev, err = reg.Open(u.String(), opts)
 	}
 	if err != nil {
+		// The user named a path, not the URL made of it: say what the file backend said.
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner
+		}
 		return nil, err
 	}
 	if ro, ok := dev.(backend.ReadOnlyReporter); ok && ro.ReadOnly() {

@@ -145,10 +145,10 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 			return nil, nil, nil, nil, fail(err)
 		}
 		if e.Cache != nil {
-			c, err := openCache(e, b, log)
+			c, err := openCache(e, b, reg, log)
 			if err != nil {
 				b.Close()
-				return nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].cache: %w", i, err), closeAll())
+				return nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].%w", i, err), closeAll())
 			}
 			sources = append(sources, metrics.CacheSource(e.Name, c))
 			b = c

@@ -138,6 +138,10 @@ var (
 	ErrClosed       = errors.New("backend: closed")
 )
 
+// ErrNoDirectIO is wrapped by the error of opening, with direct I/O asked for in its URL, a file on
+// a file system without O_DIRECT (tmpfs): a caller may open it again without.
+var ErrNoDirectIO = errors.New("no direct I/O here")
+
 // ErrBadURL marks a mistake in a backend URL itself (syntax, an unknown parameter, a bad size, a
 // missing file with no size to create it), as opposed to a failure to open what it names. The
 // command line turns it into a usage error.

@@ -35,10 +35,6 @@ type directMode uint8
 
 var validParams = []string{"allocate", "direct", "size", "uring"}
 
-// ErrNoDirectIO is wrapped by the error of an Open with direct=true or direct=reads on a file
-// system without O_DIRECT (tmpfs): a caller may open the file again without it.
-var ErrNoDirectIO = errors.New("no direct I/O here")
-
 func parseURL(u *url.URL) (config, error) {
 	var c config
 	if u.Scheme != "file" {
@@ -189,7 +185,7 @@ func (f *File) openDirectReader(c config) error {
 	r, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.f.Fd()), os.O_RDONLY|syscall.O_DIRECT, 0)
 	if err != nil {
 		if errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=reads: %w", c.path, err, ErrNoDirectIO)
+			return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=reads: %w", c.path, err, backend.ErrNoDirectIO)
 		}
 		return err
 	}
@@ -245,7 +241,7 @@ func explainOpenError(c config, readOnly bool, err error) error {
 	case !readOnly && (errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EROFS)):
 		return fmt.Errorf("%s cannot be opened for writing (%w); fix its permissions, or open it read-only", c.path, err)
 	case c.direct == directAll && errors.Is(err, unix.EINVAL):
-		return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=true: %w", c.path, err, ErrNoDirectIO)
+		return fmt.Errorf("the file system of %s does not support direct I/O (%w); drop direct=true: %w", c.path, err, backend.ErrNoDirectIO)
 	case errors.Is(err, unix.EBUSY):
 		return fmt.Errorf("%s is in use (mounted, or held by another program): %w", c.path, err)
 	}
