@@ -220,8 +220,8 @@ func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
 // ssdReserve is how many SSD slots stay out of the policy's capacity, so that evicted slots can
 // wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, up to 4096, but on
 // a small tier 1/8 of it, up to 256. A checkpoint frees at most the reserve, and a flush of the SSD
-// comes with each: a 1 GiB burst through a 64 MiB tier ran 2,500 checkpoints with 1/64 (16 slots)
-// and 400 with 128 slots, and went from 220 to 310 MiB/s.
+// comes with each: with only 1/64 of a small tier, a burst through it spends its time in
+// checkpoints (bench writeback's burst row).
 func ssdReserve(slots int) int { return max(1, min(max(slots/64, min(slots/8, 256)), 4096)) }
 
 func (c *Cache) openSSD(cfg Config) error {

@@ -149,9 +149,9 @@ func (c *Cache) writeRun(r destageRun) error {
 // a time, so that a foreground write to a line being written back waits little and read misses
 // find the backend free; when it is urgent (dirty data nears its maximum, a flush drains it), in
 // batches of destageBatchUrgent bytes, destageInFlight writes of at most maxDestageWrite under way
-// at once. A burst of 256 MiB through a 64 MiB SSD tier runs at the destager's speed: 160 MiB/s
-// with 1 MiB batches, about 300 with these, whether the writes go one or four at a time (the
-// benchmark's slow disk serves one request at a time; a disk with a queue takes them together).
+// at once. A burst through a smaller SSD tier runs at the destager's speed, which larger batches
+// nearly double whether the writes go one or four at a time (bench writeback's burst row; its slow
+// disk serves one request at a time, a disk with a queue takes them together).
 const (
 	destageBatch       = 1 << 20
 	destageBatchUrgent = 16 << 20

@@ -55,8 +55,9 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	data := p[s.pOff : s.pOff+s.hi-s.lo]
 	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
 	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
-	// disk, one request after another (a burst past the SSD tier ran at the slow disk's 15 MiB/s
-	// instead of the destager's 100). Other writers may take the freed slots first: a few tries.
+	// disk, one request after another (a burst past the SSD tier would run at the slow disk's
+	// speed, not the destager's: bench writeback's burst row). Other writers may take the freed
+	// slots first: a few tries.
 	for try := 0; !g.ok && try < slotTries; try++ {
 		if err := c.ssd.j.freePending(); err != nil {
 			break

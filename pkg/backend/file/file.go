@@ -146,7 +146,7 @@ func (f *File) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 // ReadAtCached implements backend.CachedReader. With direct=reads it reads through the page cache,
 // which every write goes through: pages written a moment ago come back as a copy, where a direct
 // read would wait for the kernel to write them to the disk first (the destager of a cache's SSD
-// tier reads what it writes back that way: 1 MiB took 5 to 30 ms). Otherwise it is ReadAt.
+// tier reads what it writes back that way, and waited on every batch). Otherwise it is ReadAt.
 func (f *File) ReadAtCached(p []byte, off int64) (int, error) {
 	if f.r == f.f {
 		return f.ReadAt(p, off)
