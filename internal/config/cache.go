@@ -1,0 +1,259 @@
+package config
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/units"
+)
+
+// Cache configures the tiered cache of one export. Sizes are written like 64KiB, 1GiB or 2TiB.
+type Cache struct {
+	// Mode is writethrough (the default), writearound, passthrough or writeback (which needs ssd).
+	Mode string `yaml:"mode"`
+	// Line is the unit of caching: a power of two from 4KiB to 1MiB, 64KiB by default.
+	Line string `yaml:"line"`
+	// RAM is the size of the RAM tier; empty or 0 for none.
+	RAM string `yaml:"ram"`
+	// SSD is the file or block device of the SSD tier; empty for none. A missing file is created,
+	// sparse, at SSDSize.
+	SSD string `yaml:"ssd"`
+	// SSDSize is how much of SSD the tier uses; by default all of it.
+	SSDSize string `yaml:"ssd_size"`
+	// Meta is the directory of the SSD tier's metadata; by default SSD + ".meta" (required when SSD
+	// is a block device).
+	Meta string `yaml:"meta"`
+	// Policy and Admission apply to both tiers unless a tier has its own.
+	Policy       string `yaml:"policy"`
+	Admission    string `yaml:"admission"`
+	RAMPolicy    string `yaml:"ram_policy"`
+	RAMAdmission string `yaml:"ram_admission"`
+	SSDPolicy    string `yaml:"ssd_policy"`
+	SSDAdmission string `yaml:"ssd_admission"`
+	// Congestion is the SSD tier's congestion threshold, a duration (2ms by default): while the
+	// kernel measures its device's requests taking longer than this on average, and longer than
+	// the backend's reads, the tier admits no missed line. "off" turns it off.
+	Congestion string `yaml:"congestion"`
+	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
+	// after a switch at run time (`tierblk mode`).
+	WriteBack WriteBack `yaml:"write_back"`
+}
+
+// WriteBack tunes write-back. Ratios are of the SSD tier's lines; an absent one takes the default
+// (cache.DefaultWriteBack), and a 0 is taken as given (low: 0 destages until nothing is dirty) or
+// refused, never replaced.
+type WriteBack struct {
+	High     *float64 `yaml:"high"`
+	Low      *float64 `yaml:"low"`
+	Max      *float64 `yaml:"max"`
+	Destage  string   `yaml:"destage"`
+	Throttle string   `yaml:"throttle"`
+}
+
+// Ratio is a watermark given in Go: WriteBack{Low: config.Ratio(0)}.
+func Ratio(v float64) *float64 { return &v }
+
+// ratios returns the watermarks, the default for each one absent.
+func (w WriteBack) ratios() (hi, lo, mx float64) {
+	d := cache.DefaultWriteBack
+	get := func(p *float64, def float64) float64 {
+		if p == nil {
+			return def
+		}
+		return *p
+	}
+	return get(w.High, d.High), get(w.Low, d.Low), get(w.Max, d.Max)
+}
+
+// Engine returns the cache's write-back configuration.
+func (w WriteBack) Engine() cache.WriteBackConfig {
+	hi, lo, mx := w.ratios()
+	return cache.WriteBackConfig{High: hi, Low: lo, Max: mx, Destage: w.Destage, Throttle: w.Throttle}
+}
+
+// validate checks the write-back fields with the defaults filled in, so that an error about the
+// order of the watermarks names the field the user set rather than the default it collides with.
+func (w WriteBack) validate() []error {
+	d := cache.DefaultWriteBack
+	hi, lo, mx := w.ratios()
+	var errs []error
+	ranged := true
+	for _, f := range []struct {
+		name string
+		v    *float64
+		def  float64
+	}{{"high", w.High, d.High}, {"low", w.Low, d.Low}, {"max", w.Max, d.Max}} {
+		if f.v != nil && (*f.v < 0 || *f.v > 1) {
+			errs = append(errs, fieldErr("write_back."+f.name, "%g is out of range; use a ratio of the SSD tier's lines from 0 to 1 (default %g)", *f.v, f.def))
+			ranged = false
+		}
+	}
+	if ranged {
+		// Blame the field that was set: of a pair, the one that is not the default.
+		switch {
+		case lo >= hi && w.Low == nil:
+			errs = append(errs, fieldErr("write_back.high", "%g must be above low (%g, the default)", hi, lo))
+		case lo >= hi:
+			errs = append(errs, fieldErr("write_back.low", "%g must be below high (%g)", lo, hi))
+		}
+		switch {
+		case hi > mx && w.High == nil:
+			errs = append(errs, fieldErr("write_back.max", "%g must be at least high (%g, the default)", mx, hi))
+		case hi > mx:
+			errs = append(errs, fieldErr("write_back.high", "%g must be at most max (%g)", hi, mx))
+		}
+	}
+	for _, f := range []struct {
+		name, v string
+		valid   []string
+	}{{"destage", w.Destage, policy.DestageNames()}, {"throttle", w.Throttle, policy.ThrottleNames()}} {
+		if f.v != "" && !slices.Contains(f.valid, f.v) {
+			errs = append(errs, fieldErr("write_back."+f.name, "unknown policy %q; use one of %s", f.v, strings.Join(f.valid, ", ")))
+		}
+	}
+	return errs
+}
+
+// CacheSizes are a Cache's sizes in bytes (0 where not given).
+type CacheSizes struct {
+	Line, RAM, SSDSize int64
+}
+
+// Sizes parses the sizes; errors name the field.
+func (c *Cache) Sizes() (CacheSizes, error) {
+	var s CacheSizes
+	var errs []error
+	for _, f := range []struct {
+		name string
+		text string
+		dst  *int64
+	}{{"line", c.Line, &s.Line}, {"ram", c.RAM, &s.RAM}, {"ssd_size", c.SSDSize, &s.SSDSize}} {
+		if f.text == "" {
+			continue
+		}
+		v, err := units.ParseSize(f.text)
+		if err != nil {
+			errs = append(errs, fieldErr(f.name, "%v", err))
+		}
+		*f.dst = v
+	}
+	if s.Line == 0 {
+		s.Line = cache.DefaultLineSize
+	}
+	return s, errors.Join(errs...)
+}
+
+// TierPolicies returns the eviction policy and admission spec of the RAM and SSD tiers.
+func (c *Cache) TierPolicies() (ramPolicy, ramAdmission, ssdPolicy, ssdAdmission string) {
+	or := func(a, b string) string {
+		if a != "" {
+			return a
+		}
+		return b
+	}
+	return or(c.RAMPolicy, c.Policy), or(c.RAMAdmission, c.Admission), or(c.SSDPolicy, c.Policy), or(c.SSDAdmission, c.Admission)
+}
+
+// CongestionThreshold parses Congestion for cache.Config: 0 for the default, -1 for off.
+func (c *Cache) CongestionThreshold() (time.Duration, error) {
+	switch c.Congestion {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(c.Congestion)
+	if err != nil || d <= 0 {
+		return 0, fieldErr("congestion", "%q: use a duration such as 2ms or 500us (default %v), or off", c.Congestion, cache.DefaultCongestion)
+	}
+	return d, nil
+}
+
+// MetaDir returns the metadata directory of the SSD tier.
+func (c *Cache) MetaDir() string {
+	if c.Meta != "" || c.SSD == "" {
+		return c.Meta
+	}
+	return c.SSD + ".meta"
+}
+
+func (c *Cache) validate() []error {
+	var errs []error
+	if c.Mode != "" {
+		if m, err := cache.ParseMode(c.Mode); err != nil {
+			errs = append(errs, fieldErr("mode", "%v", err))
+		} else if m == cache.WriteBack && c.SSD == "" {
+			errs = append(errs, fieldErr("mode", "writeback needs an SSD tier: the RAM tier may never hold the only copy of written data; give ssd too"))
+		}
+	}
+	errs = append(errs, c.WriteBack.validate()...)
+	s, err := c.Sizes()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if l := s.Line; l < cache.MinLineSize || l > cache.MaxLineSize || l&(l-1) != 0 {
+		errs = append(errs, fieldErr("line", "%q: use a power of two from 4KiB to 1MiB (default 64KiB)", c.Line))
+	}
+	if s.RAM < 0 || (s.RAM > 0 && s.RAM < s.Line) {
+		errs = append(errs, fieldErr("ram", "%q is less than one line (%s); use 0 for no RAM tier", c.RAM, units.FormatSize(s.Line)))
+	}
+	if c.SSD == "" {
+		if c.SSDSize != "" {
+			errs = append(errs, fieldErr("ssd_size", "is set but ssd is not; give the SSD tier's path too"))
+		}
+		if c.Congestion != "" {
+			errs = append(errs, fieldErr("congestion", "is set but ssd is not; it judges the SSD tier's device"))
+		}
+		if s.RAM == 0 {
+			errs = append(errs, fieldErr("ram", "a cache needs a RAM tier, an SSD tier or both; give ram (e.g. 1GiB), ssd (a path) or both"))
+		}
+	} else if s.SSDSize != 0 && s.SSDSize < 2*s.Line {
+		errs = append(errs, fieldErr("ssd_size", "%q is less than two lines (%s)", c.SSDSize, units.FormatSize(2*s.Line)))
+	}
+	if _, err := c.CongestionThreshold(); err != nil {
+		errs = append(errs, err)
+	}
+	rp, ra, sp, sa := c.TierPolicies()
+	seen := map[string]bool{} // the shared policy fields are reported once, not per tier
+	for _, p := range []struct {
+		field, spec string
+		check       func(string) error
+	}{
+		{"ram_policy", rp, checkEviction}, {"ssd_policy", sp, checkEviction},
+		{"ram_admission", ra, checkAdmission}, {"ssd_admission", sa, checkAdmission},
+	} {
+		field := policyField(c, p.field)
+		if p.spec == "" || seen[field] {
+			continue
+		}
+		seen[field] = true
+		if err := p.check(p.spec); err != nil {
+			errs = append(errs, fieldErr(field, "%v", err))
+		}
+	}
+	return errs
+}
+
+func checkEviction(name string) error {
+	_, err := policy.NewEviction(name, policy.Config{Capacity: 1})
+	return err
+}
+
+func checkAdmission(spec string) error {
+	_, err := policy.NewAdmission(spec)
+	return err
+}
+
+// policyField names the field a tier's policy came from: its own, or the shared one.
+func policyField(c *Cache, field string) string {
+	own := map[string]string{"ram_policy": c.RAMPolicy, "ssd_policy": c.SSDPolicy,
+		"ram_admission": c.RAMAdmission, "ssd_admission": c.SSDAdmission}[field]
+	if own != "" {
+		return field
+	}
+	return strings.TrimPrefix(strings.TrimPrefix(field, "ram_"), "ssd_")
+}
