@@ -1,0 +1,141 @@
+package cache
+
+import "time"
+
+// ReadAtAsync implements backend.AsyncReader for the reads the SSD tier serves alone: a request
+// within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
+// on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
+// SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
+// is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
+// exclusively, see lineLocks): the caller must not wait for it.
+func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if c.ssdAsync == nil || len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
+		return false
+	}
+	var segBuf [2]seg
+	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	if len(segs) != 1 {
+		return false
+	}
+	s := segs[0]
+	need := s.touched()
+	// A RAM-tier hit, the cheapest read, is left to ReadAt before the line is locked: ReadAt locks
+	// it again. Should RAM take the line meanwhile, the SSD tier's copy is as current.
+	if c.ram.usable() && c.ram.holds(s.line, need) {
+		return false
+	}
+	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
+	// shared with other such reads, and two reads of one line do not wait for each other.
+	shared := !c.ram.usable()
+	unlock := func() { c.unlockSegs(segs) }
+	if shared {
+		if !c.locks.tryRLock(s.line) {
+			return false
+		}
+		unlock = func() { c.locks.runlock(s.line) }
+	} else if !c.locks.tryLock(s.line) {
+		return false
+	}
+	slot, valid, ok := c.ssd.lookupHit(s.line, need)
+	if !ok {
+		unlock()
+		return false
+	}
+	// From here on the read is this call's: it counts as read does.
+	t0 := time.Now()
+	if c.wb != nil {
+		c.wb.lastIO.Store(t0.UnixNano())
+	}
+	if c.ram.usable() {
+		c.ram.misses.Add(1)
+	}
+	src := source{t: c.ssd, slot: slot, valid: valid}
+	end := func(err error) { // once the line is let go
+		if err == nil {
+			c.asked.Add(uint64(len(p)))
+		}
+		c.readLat.observe(time.Since(t0))
+		done(err)
+	}
+	finish := func(err error) { unlock(); end(err) }
+	// fallback serves the read from the backend after the SSD tier failed it. A miss fills the
+	// tiers: held shared, the line is let go and read locks it again, exclusively.
+	fallback := func() {
+		if shared {
+			unlock()
+			end(c.read(p, off, false))
+			return
+		}
+		finish(c.readMiss(segs, p, false))
+	}
+	if c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
+		return true
+	}
+	if c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
+		if err != nil { // as readHit does, off the device's goroutine
+			go func() {
+				c.ssd.ioError(s.line, slot, err)
+				c.ssd.unpin(slot)
+				fallback()
+			}()
+			return
+		}
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(slot)
+		finish(nil)
+	}) {
+		return true
+	}
+	// The device would not start it (an unaligned buffer): read's own way, on a goroutine.
+	go func() {
+		if c.readHit(s, src, p, false) {
+			finish(nil)
+			return
+		}
+		fallback()
+	}()
+	return true
+}
+
+// promoteAsync is promote started on the SSD device: the blocks p touches are read into a RAM
+// slot, then copied to p, and finish is called. It reports false, having done nothing, where RAM
+// has no slot to spare, the blocks to read are not one run or the device will not start the read:
+// the caller then reads the SSD tier alone.
+func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bool {
+	g := c.ram.acquire(s.line)
+	if !g.ok {
+		return false
+	}
+	slot, missing := g.slot, s.touched().andNot(g.valid)
+	runs, lo, hi := 0, int64(0), int64(0)
+	missing.runs(s.blocks(), func(b0, b1 int) {
+		runs++
+		lo, hi = int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+	})
+	at := int64(slot) * c.line
+	ended := func(err error) {
+		if err != nil { // as promote does, off the device's goroutine
+			go func() {
+				c.ram.unpin(slot)
+				c.ssd.ioError(s.line, src.slot, err)
+				c.ssd.unpin(src.slot)
+				finish(c.readMiss([]seg{s}, p, false))
+			}()
+			return
+		}
+		copy(p, c.ram.ram[at+s.lo:])
+		c.ram.validate(s.line, slot, missing, false)
+		c.ssd.hitBytes.Add(uint64(len(p)))
+		c.ssd.unpin(src.slot)
+		finish(nil)
+	}
+	switch {
+	case runs == 0: // another request promoted the blocks meanwhile
+		ended(nil)
+		return true
+	case runs == 1 && c.ssdAsync.ReadAtAsync(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
+		return true
+	}
+	c.ram.unpin(slot)
+	return false
+}
