@@ -58,7 +58,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	// disk, one request after another (a burst past the SSD tier ran at the slow disk's 15 MiB/s
 	// instead of the destager's 100). Other writers may take the freed slots first: a few tries.
 	for try := 0; !g.ok && try < slotTries; try++ {
-		if err := c.ssd.j.freePending(); err != nil {
+		if err := c.ssd.j.checkpointForSlots(); err != nil {
 			break
 		}
 		g = c.ssd.acquire(s.line)
