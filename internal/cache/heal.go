@@ -42,11 +42,12 @@ func (j *journal) healAt() time.Time {
 // queued; then the lines set aside come back as their stored records have them. Those records are
 // what the tier held when it was bypassed: a change to a set-aside line deleted its record before
 // the change reached the backend (invalidateDurably), and while the checkpoint and this reading
-// hold ckMu and commitMu nothing else commits. A set-aside line whose record is gone is dropped.
+// hold checkpointMu and commitMu nothing else commits. A set-aside line whose record is gone is
+// dropped.
 func (j *journal) heal() error {
 	t := j.t
-	j.ckMu.Lock()
-	defer j.ckMu.Unlock()
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
 	if !t.failed.Load() {
 		return nil
 	}

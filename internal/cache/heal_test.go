@@ -210,7 +210,7 @@ func TestHealsByItself(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no retry in 10 s (delay %v)", delay)
 		}
-		j.kick()
+		j.askCheckpoint()
 		time.Sleep(5 * time.Millisecond)
 	}
 	if !r.ssdStats().Failed {
@@ -221,7 +221,7 @@ func TestHealsByItself(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the tier did not come back by itself: %+v", r.ssdStats())
 		}
-		j.kick()
+		j.askCheckpoint()
 		time.Sleep(5 * time.Millisecond)
 	}
 	r.verify("healed")

@@ -39,7 +39,7 @@ func (t *tier) acquireLines(lines []uint64, out []grant) {
 		t.free = append(t.free, run[i])
 	}
 	if t.j != nil && t.freeSlots() < t.j.reserve/2 {
-		t.j.kick()
+		t.j.askCheckpoint()
 	}
 }
 
@@ -83,7 +83,7 @@ func (t *tier) acquireLocked(line uint64, run *[]uint32) grant {
 	if free() == 0 && t.evict.Len() < t.evict.Capacity() {
 		// Nothing to evict: the free slots wait for a checkpoint.
 		if t.j != nil {
-			t.j.kick()
+			t.j.askCheckpoint()
 		}
 		return grant{}
 	}
@@ -94,7 +94,7 @@ func (t *tier) acquireLocked(line uint64, run *[]uint32) grant {
 		// The evicted slots are pinned by I/O or wait for a checkpoint: do not cache the line now.
 		t.evict.Remove(policy.Key(line))
 		if t.j != nil {
-			t.j.kick()
+			t.j.askCheckpoint()
 		}
 		return grant{}
 	}
@@ -196,7 +196,7 @@ func (t *tier) dropLocked(line uint64) {
 		return
 	}
 	if t.j != nil {
-		t.j.keepBaseLocked(line, slot)
+		t.j.keepStoredLocked(line, slot)
 	}
 	t.index.Delete(line)
 	t.setLocked(line, slot, lineBits{}, lineBits{})
@@ -219,7 +219,7 @@ func (t *tier) releaseWhenUnpinnedLocked(slot uint32) {
 }
 
 // setAsideLocked takes clean line out of the index of a bypassed SSD tier, keeping its slot and
-// its records (queued and stored) as they are. The policy has already let go of it.
+// its records (in changed, and in the store) as they are. The policy has already let go of it.
 func (t *tier) setAsideLocked(line uint64) {
 	slot, ok := t.slotOf(line)
 	if !ok {
@@ -235,7 +235,7 @@ func (t *tier) setAsideLocked(line uint64) {
 // of its old record is committed: a crash would otherwise let that record find new data.
 func (t *tier) releaseLocked(slot uint32) {
 	if t.j != nil {
-		t.j.pending = append(t.j.pending, slot)
+		t.j.freeAfterCommit = append(t.j.freeAfterCommit, slot)
 		return
 	}
 	t.free = append(t.free, slot)

@@ -287,7 +287,7 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (ma
 			return marked
 		}
 		if t.j != nil {
-			t.j.keepBaseLocked(line, slot)
+			t.j.keepStoredLocked(line, slot)
 		}
 		t.setLocked(line, slot, nv, nd)
 		if t.j != nil {
@@ -303,7 +303,7 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
-		t.j.keepBaseLocked(line, slot)
+		t.j.keepStoredLocked(line, slot)
 		d := t.dirtyAt(slot).andNot(bits)
 		t.setLocked(line, slot, t.valid.get(slot), d)
 		t.j.record(t.recordLocked(line, slot))
@@ -484,7 +484,7 @@ func (t *tier) stats() TierStats {
 	s.Bypasses, s.Heals = t.bypasses.Load(), t.heals.Load()
 	t.cong.stats(&s)
 	if t.j != nil {
-		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largest.Load()
+		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largestCheckpoint.Load()
 		if s.Failed {
 			s.RetryIn = max(0, time.Until(t.j.healAt()).Seconds())
 		}

@@ -747,7 +747,8 @@ func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 		}
 		copy(want[off:], p)
 	}
-	// Holding ckMu keeps the background checkpoint out: every commit counted is an invalidation.
+	// Holding checkpointMu keeps the background checkpoint out: every commit counted is an
+	// invalidation.
 	for _, step := range []struct {
 		off     int64
 		commits int
@@ -757,11 +758,11 @@ func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 		{line + 4096, 1}, // line 1's first
 		{line + 16<<10, 0},
 	} {
-		c.ssd.j.ckMu.Lock()
+		c.ssd.j.checkpointMu.Lock()
 		n := calls()
 		write(step.off, uint64(step.off)+2)
 		got := calls() - n
-		c.ssd.j.ckMu.Unlock()
+		c.ssd.j.checkpointMu.Unlock()
 		if got != step.commits {
 			t.Fatalf("write at %d: %d metadata commits, want %d", step.off, got, step.commits)
 		}
@@ -770,11 +771,11 @@ func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 	if err := c.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	c.ssd.j.ckMu.Lock()
+	c.ssd.j.checkpointMu.Lock()
 	n := calls()
 	write(24<<10, 9)
 	got := calls() - n
-	c.ssd.j.ckMu.Unlock()
+	c.ssd.j.checkpointMu.Unlock()
 	if got != 1 {
 		t.Fatalf("first write to a clean block after a checkpoint: %d metadata commits, want 1", got)
 	}

@@ -59,7 +59,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	// speed, not the destager's: bench writeback's burst row). Other writers may take the freed
 	// slots first: a few tries.
 	for try := 0; !g.ok && try < slotTries; try++ {
-		if err := c.ssd.j.freePending(); err != nil {
+		if err := c.ssd.j.checkpointForSlots(); err != nil {
 			break
 		}
 		g = c.ssd.acquire(s.line)

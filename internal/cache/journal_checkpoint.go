@@ -1,0 +1,193 @@
+package cache
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/meta"
+)
+
+// askCheckpoint asks the background loop for a checkpoint soon (the loop also tries a heal that is
+// due first).
+func (j *journal) askCheckpoint() {
+	select {
+	case j.checkpointSoon <- struct{}{}:
+	default:
+	}
+}
+
+func (j *journal) loop() {
+	defer close(j.done)
+	tick := time.NewTicker(checkpointEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-tick.C:
+		case <-j.checkpointSoon:
+		}
+		if j.t.failed.Load() && !time.Now().Before(j.healAt()) {
+			if err := j.heal(); err != nil {
+				j.healFailed()
+				j.t.log.Debug("cache tier still bypassed", "tier", j.t.name, "err", err, "retry_in", time.Until(j.healAt()).Round(time.Second))
+			}
+		}
+		j.t.mu.Lock()
+		idle := len(j.changed) == 0 && len(j.freeAfterCommit) == 0
+		j.t.mu.Unlock()
+		if !idle {
+			backendErr, tierErr := j.checkpoint()
+			if tierErr != nil {
+				j.t.fail(tierErr.Error())
+			}
+			if backendErr != nil {
+				j.t.log.Warn("checkpoint: backend flush failed; will retry", "err", backendErr)
+			}
+		}
+	}
+}
+
+// checkpoint flushes the SSD and the backend, then commits the record of every changed line with a
+// sync, then frees the slots whose deletions it committed. Flushing the backend first means a
+// record never calls SSD data valid that the backend could still lose: after a power cut the two
+// agree. The backend is flushed only when foreground changes reached it since its last flush: clean
+// data otherwise came from it already durable (a destage flushes before it marks anything clean).
+// So in write-back a FLUSH costs the backend nothing, and keeps working while the backend is down.
+// backendErr is the backend's flush failing (the changes wait for the next checkpoint); tierErr is
+// the SSD or the metadata failing, and the tier must be bypassed.
+func (j *journal) checkpoint() (backendErr, tierErr error) {
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	return j.checkpointLocked()
+}
+
+// checkpointForSlots runs a checkpoint if evicted slots wait for one to be reused. Writers that
+// found no free slot share it: a later one finds the slots freed already.
+func (j *journal) checkpointForSlots() error {
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	j.t.mu.Lock()
+	waiting := len(j.freeAfterCommit) > 0
+	j.t.mu.Unlock()
+	if !waiting {
+		return nil
+	}
+	return j.checkpointOrFail()
+}
+
+// durable makes every write that completed before the call durable on the SSD tier with the
+// metadata that finds it (a FUA write in write-back). Concurrent callers share checkpoints: a
+// caller waiting for the one under way is covered by the next, which starts after its call.
+func (j *journal) durable() error {
+	want := j.durableCalls.Add(1)
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	if j.durableCovered >= want {
+		return nil
+	}
+	return j.checkpointOrFail()
+}
+
+// checkpointOrFail runs a checkpoint for a caller holding checkpointMu. The SSD or the metadata
+// failing bypasses the tier; either error is returned.
+func (j *journal) checkpointOrFail() error {
+	backendErr, tierErr := j.checkpointLocked()
+	if tierErr != nil {
+		j.t.fail(tierErr.Error())
+		return tierErr
+	}
+	return backendErr
+}
+
+func (j *journal) checkpointLocked() (backendErr, tierErr error) {
+	t := j.t
+	covers := j.durableCalls.Load()
+	t.mu.Lock()
+	snap, toFree := j.changed, j.freeAfterCommit
+	records := len(snap) // snapshot is snap, and its lines leave it as their parts commit
+	j.changed, j.snapshot, j.freeAfterCommit = map[uint64]meta.Op{}, snap, nil
+	clear(j.invalidatedSinceSnapshot)
+	t.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Go(func() { backendErr = j.flushBackendIfChanged() })
+	if err := t.dev.Flush(); err != nil {
+		tierErr = fmt.Errorf("flush of the SSD tier: %w", err)
+	}
+	wg.Wait()
+	if tierErr == nil && backendErr == nil {
+		j.commitMu.Lock()
+		t.mu.Lock()
+		ops := make([]meta.Op, 0, records)
+		for line, op := range snap {
+			if bits, ok := j.invalidatedSinceSnapshot[line]; ok {
+				// Blocks invalidated since the snapshot were committed so already: the snapshot
+				// must not claim them again. What else it claims is on the SSD now (flushed
+				// above), dirty blocks included, which a FLUSH waiting for this checkpoint
+				// needs. A line that moved to another slot since was clean or wholly
+				// invalidated when it left: its old record goes.
+				if slot, cached := t.slotOf(line); !op.Delete && (!cached || slot != op.Rec.Slot) {
+					op = deleteOp(line)
+				} else {
+					op = j.without(op, bits)
+				}
+			}
+			ops = append(ops, op)
+		}
+		t.mu.Unlock()
+		slices.SortFunc(ops, func(a, b meta.Op) int { return cmp.Compare(a.Rec.Line, b.Rec.Line) })
+		// Each record stands alone (see the rules above), so the commit may land in parts.
+		err := meta.CommitParts(j.store, ops, true, func(part []meta.Op) {
+			t.mu.Lock()
+			for _, op := range part {
+				j.committedLocked(op)
+				delete(j.snapshot, op.Rec.Line)
+			}
+			t.mu.Unlock()
+		})
+		if err != nil {
+			tierErr = fmt.Errorf("metadata commit: %w", err)
+		}
+		j.commitMu.Unlock()
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	left := j.snapshot // what was not committed
+	j.snapshot = nil
+	if tierErr != nil || backendErr != nil {
+		// Keep the changes not committed (newer ones win) and the slots for the next checkpoint.
+		for line, op := range left {
+			if _, newer := j.changed[line]; !newer {
+				j.changed[line] = op
+			}
+		}
+		j.freeAfterCommit = append(j.freeAfterCommit, toFree...)
+		return backendErr, tierErr
+	}
+	t.free = append(t.free, toFree...)
+	j.durableCovered = covers
+	j.checkpoints.Add(1)
+	if n := uint64(records); n > j.largestCheckpoint.Load() {
+		j.largestCheckpoint.Store(n) // only checkpoints (under checkpointMu) store it
+	}
+	return nil, nil
+}
+
+// flushBackendIfChanged flushes the backend if foreground changes reached it since its last flush.
+// The caller holds checkpointMu.
+func (j *journal) flushBackendIfChanged() error {
+	n := j.backendChanges()
+	if n == j.backendFlushed {
+		return nil
+	}
+	if err := j.flushBackend(); err != nil {
+		return err
+	}
+	j.backendFlushed = n
+	return nil
+}
