@@ -19,7 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
 // The tests here drive the tiered cache of `tierblk serve` (--ram, --ssd, --mode ...) through real
@@ -349,12 +349,12 @@ func TestCacheKill9(t *testing.T) {
 	require.NoError(t, direct.Close())
 }
 
-func dialNBD(t *testing.T, sock string) *nbd.Client {
+func dialNBD(t *testing.T, sock string) *client.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// A short reconnect wait: after a kill, requests fail at once rather than wait for the restart.
-	c, err := nbd.Dial(ctx, nbd.ClientConfig{Network: "unix", Address: sock, MaxReconnectWait: 50 * time.Millisecond,
+	c, err := client.Dial(ctx, client.Config{Network: "unix", Address: sock, MaxReconnectWait: 50 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	return c
@@ -465,7 +465,7 @@ func (m *blockModel) pend(start, n int, id uint64) {
 // work runs worker w's requests on its own chunks until ctx ends or a request fails: writes,
 // some FUA; zeroings; checked reads of 512 bytes to 128 KiB; and flushes. It returns the first
 // failure.
-func (m *blockModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w, workers int, acked *atomic.Int64) error {
+func (m *blockModel) work(ctx context.Context, c *client.Client, rng *rand.Rand, w, workers int, acked *atomic.Int64) error {
 	chunks := len(m.blocks) / chunkBlocks / workers
 	const maxBlocks = 256
 	buf := make([]byte, maxBlocks*blockBytes)

@@ -1,7 +1,10 @@
 // Package integration tests the tierblk binary as users run it: a separately built process
 // driven over real sockets by real NBD peers (nbdinfo, qemu-io, nbdcopy, fio, nbdkit) and, in a
-// virtual machine, by the Linux kernel's own NBD client. Nothing here is mocked; a missing tool
-// is a test failure, never a skip, because `make deps` (which `make test` runs) installs them all.
+// virtual machine, by the Linux kernel's own NBD client. The NBD server and client
+// (internal/nbd) are also tested here, in this process, against the same peers and qemu-nbd
+// (nbdserver_test.go, nbdclient_test.go): their tests that run a tool live here, the others beside
+// their packages. Nothing here is mocked; a missing tool is a test failure, never a skip, because
+// `make deps` (which `make test` runs) installs them all.
 package integration
 
 import (
@@ -51,6 +54,7 @@ var toolPackages = map[string]string{
 	"nbdinfo":            "libnbd-bin",
 	"nbdcopy":            "libnbd-bin",
 	"qemu-io":            "qemu-utils",
+	"qemu-nbd":           "qemu-utils",
 	"fio":                "fio",
 	"nbdkit":             "nbdkit",
 	"qemu-system-x86_64": "qemu-system-x86",

@@ -21,7 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
 // The tests here run the cache in write-back mode (--mode writeback), where a write is
@@ -332,7 +332,7 @@ func (m *durableModel) checkCurrent(b int, data []byte) error {
 }
 
 // readAll reads the region through c and applies check to every block.
-func (m *durableModel) readAll(t *testing.T, c *nbd.Client, when string, check func(int, []byte) error) {
+func (m *durableModel) readAll(t *testing.T, c *client.Client, when string, check func(int, []byte) error) {
 	t.Helper()
 	buf := make([]byte, 256<<10)
 	per := len(buf) / blockBytes
@@ -346,13 +346,13 @@ func (m *durableModel) readAll(t *testing.T, c *nbd.Client, when string, check f
 }
 
 // verify checks the region after a restart: every block holds its durable write or a later one.
-func (m *durableModel) verify(t *testing.T, c *nbd.Client, when string) {
+func (m *durableModel) verify(t *testing.T, c *client.Client, when string) {
 	t.Helper()
 	m.readAll(t, c, when, m.checkAfterCrash)
 }
 
 // verifyExact requires every block to hold exactly what the cache last served.
-func (m *durableModel) verifyExact(t *testing.T, c *nbd.Client, when string) {
+func (m *durableModel) verifyExact(t *testing.T, c *client.Client, when string) {
 	t.Helper()
 	m.readAll(t, c, when, m.checkCurrent)
 }
@@ -361,7 +361,7 @@ func (m *durableModel) verifyExact(t *testing.T, c *nbd.Client, when string) {
 // (some FUA), zeroings, checked reads and flushes. A flush makes durable what this worker had
 // acknowledged before sending it; the model does not count other workers' writes, which only
 // makes it accept less. It returns the first failure.
-func (m *durableModel) work(ctx context.Context, c *nbd.Client, rng *rand.Rand, w, workers int, acked, flushed *atomic.Int64) error {
+func (m *durableModel) work(ctx context.Context, c *client.Client, rng *rand.Rand, w, workers int, acked, flushed *atomic.Int64) error {
 	chunks := len(m.blocks) / chunkBlocks / workers
 	const maxBlocks = 256
 	buf := make([]byte, maxBlocks*blockBytes)

@@ -23,7 +23,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
 // Target is one NBD server under test.
@@ -198,7 +198,7 @@ func start(ctx context.Context, t Target, sock string) (stop func(), err error) 
 		// A whole handshake, then a polite disconnect: a bare connect and hang-up makes nbdkit
 		// log an error.
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		c, err := nbd.Dial(dctx, nbd.ClientConfig{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
+		c, err := client.Dial(dctx, client.Config{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
 		cancel()
 		if err == nil {
 			c.Close()

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/cache"
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
 // The cold benchmark's setup: the cache's default tiers of a modest machine over two backends of
@@ -378,13 +378,13 @@ func (c *coldRun) measure(ctx context.Context, row ColdRow, sock, name string) (
 		fmt.Fprintf(c.o.Log, "  %-18s %8.0f %s\n", name, v, row.Fio.Unit)
 	} else {
 		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		client, err := nbd.Dial(dctx, nbd.ClientConfig{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
+		cl, err := client.Dial(dctx, client.Config{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
 		cancel()
 		if err != nil {
 			return 0, fmt.Errorf("%s on %s: %w", row.Name, name, err)
 		}
-		st, err := row.Replay.Run(ctx, client, ReplayDepth)
-		client.Close()
+		st, err := row.Replay.Run(ctx, cl, ReplayDepth)
+		cl.Close()
 		if err != nil {
 			return 0, fmt.Errorf("%s on %s: %w", row.Name, name, err)
 		}
@@ -441,7 +441,7 @@ func (c *coldRun) commands(rows []ColdRow) []string {
 		out = append(out, row.Name+" ("+row.Backend+"): "+work(args))
 	}
 	if slices.ContainsFunc(rows, func(r ColdRow) bool { return r.Replay != nil }) {
-		out = append(out, fmt.Sprintf("replays: tierblk's NBD client (internal/nbd), one connection, %d requests in flight, in trace order; "+
+		out = append(out, fmt.Sprintf("replays: tierblk's NBD client (internal/nbd/client), one connection, %d requests in flight, in trace order; "+
 			"writes carry the byte %#x", ReplayDepth, replayPattern))
 	}
 	return out

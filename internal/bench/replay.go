@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 	"github.com/tierblk/tierblk/internal/trace"
 )
 
@@ -101,7 +101,7 @@ func fit(q replayReq, size int64) (off, length int64) {
 // Run replays the trace through c in trace order with up to depth requests in flight: reads as
 // reads, writes as writes of a fixed pattern. It returns at the first failed request, after those
 // in flight completed.
-func (rp *Replay) Run(ctx context.Context, c *nbd.Client, depth int) (ReplayStats, error) {
+func (rp *Replay) Run(ctx context.Context, c *client.Client, depth int) (ReplayStats, error) {
 	if depth < 1 {
 		return ReplayStats{}, fmt.Errorf("replay depth %d: give at least 1", depth)
 	}

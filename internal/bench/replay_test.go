@@ -15,7 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
+	nbdserver "github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -76,11 +77,11 @@ func (b *countingBackend) WriteAt(p []byte, off int64) (int, error) {
 
 // serveCounting serves a RAM disk of size bytes through a counting backend with this package's NBD
 // server, and returns a client connected to it and the counters.
-func serveCounting(t *testing.T, size int64) (*nbd.Client, *countingBackend) {
+func serveCounting(t *testing.T, size int64) (*client.Client, *countingBackend) {
 	t.Helper()
 	b := &countingBackend{Backend: mem.New(size)}
 	log := slog.New(slog.DiscardHandler)
-	srv, err := nbd.NewServer(nbd.ServerConfig{Exports: []nbd.Export{{Device: volume.New(b, volume.Options{})}}, Logger: log})
+	srv, err := nbdserver.New(nbdserver.Config{Exports: []nbdserver.Export{{Device: volume.New(b, volume.Options{})}}, Logger: log})
 	require.NoError(t, err)
 	sock := filepath.Join(t.TempDir(), "nbd.sock")
 	l, err := net.Listen("unix", sock)
@@ -89,7 +90,7 @@ func serveCounting(t *testing.T, size int64) (*nbd.Client, *countingBackend) {
 	go func() { served <- srv.Serve(l) }()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	c, err := nbd.Dial(ctx, nbd.ClientConfig{Network: "unix", Address: sock, Logger: log})
+	c, err := client.Dial(ctx, client.Config{Network: "unix", Address: sock, Logger: log})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		c.Close()

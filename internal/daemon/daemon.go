@@ -19,7 +19,7 @@ import (
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/listen"
 	"github.com/tierblk/tierblk/internal/metrics"
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/internal/volume"
@@ -55,11 +55,11 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		}()
 	}
 
-	exports := make([]nbd.Export, len(cfg.Exports))
+	exports := make([]server.Export, len(cfg.Exports))
 	for i, e := range cfg.Exports {
-		exports[i] = nbd.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
+		exports[i] = server.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
 	}
-	srv, err := nbd.NewServer(nbd.ServerConfig{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight})
+	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight})
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/metrics"
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
@@ -59,9 +59,9 @@ func start(t *testing.T, cfg config.Config) running {
 	return running{}
 }
 
-func dial(t *testing.T, sock, export string) *nbd.Client {
+func dial(t *testing.T, sock, export string) *client.Client {
 	t.Helper()
-	c, err := nbd.Dial(context.Background(), nbd.ClientConfig{Network: "unix", Address: sock, Export: export})
+	c, err := client.Dial(context.Background(), client.Config{Network: "unix", Address: sock, Export: export})
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -93,7 +93,7 @@ func TestServeWriteStopFlushes(t *testing.T) {
 	require.True(t, ro.ReadOnly())
 
 	// Over TCP too.
-	tc, err := nbd.Dial(context.Background(), nbd.ClientConfig{Network: "tcp", Address: d.addrs[1], Export: "disk"})
+	tc, err := client.Dial(context.Background(), client.Config{Network: "tcp", Address: d.addrs[1], Export: "disk"})
 	require.NoError(t, err)
 	got := make([]byte, len(data))
 	_, err = tc.ReadAt(got, 4096)

@@ -7,7 +7,8 @@ import (
 	"runtime"
 
 	"github.com/tierblk/tierblk/internal/config"
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/kernel"
+	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/ublk"
 	"github.com/tierblk/tierblk/internal/volume"
 )
@@ -20,7 +21,7 @@ type kernelDevice interface {
 // attachDevices creates the exports' ublk devices and attaches their kernel NBD devices. The
 // returned stop removes them all, newest first, before the server stops, so that the kernel's
 // last writes and flushes still reach the volumes. On failure it removes what it had created.
-func attachDevices(cfg config.Config, devs []volume.Device, srv *nbd.Server, log *slog.Logger) (stop func() error, err error) {
+func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, log *slog.Logger) (stop func() error, err error) {
 	var stops []func() error
 	stop = func() error {
 		var errs []error
@@ -42,7 +43,7 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *nbd.Server, log
 		}
 		if e.NBDDevice != "" {
 			// One connection per CPU, as nbd-client -C does: the kernel maps each to a hardware queue.
-			d, err := srv.AttachKernel(e.NBDDevice, e.Name, min(runtime.NumCPU(), 8))
+			d, err := kernel.Attach(srv, e.NBDDevice, e.Name, min(runtime.NumCPU(), 8), log)
 			if err != nil {
 				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): nbd_device: %w", i, e.Name, err), stop())
 			}

@@ -81,7 +81,7 @@ type CachedReader interface {
 
 // Waiter is a backend whose requests wait on something other than this machine's CPUs: a network
 // peer, or a disk read or write that bypasses the page cache. Waits counts such requests so far.
-// A server that serves fast requests on the goroutine that reads them (internal/nbd) hands
+// A server that serves fast requests on the goroutine that reads them (internal/nbd/server) hands
 // requests that wait to workers instead, so that their waits overlap: served one at a time, a
 // backend that answers in 30 µs carries 33,000 requests a second whatever its link or queue depth.
 type Waiter interface {

@@ -1,5 +1,5 @@
 package nbdbackend
 
-// ClientConfig is clientConfig, for the URL tests: the client configuration is internal/nbd's
-// type, which the package's API does not show.
+// ClientConfig is clientConfig, for the URL tests: the client configuration is
+// internal/nbd/client's type, which the package's API does not show.
 var ClientConfig = clientConfig

@@ -3,10 +3,10 @@
 // default) and nbd+unix:///EXPORT?socket=PATH over a Unix socket, each with an optional
 // connections=N query.
 //
-// It is a thin layer over the client in internal/nbd, which pipelines requests, splits large
-// ones and reconnects. It must never claim an ability the server lacks: without the server's
-// TRIM or WRITE_ZEROES the call fails with backend.ErrNotSupported (so the volume above emulates
-// or skips it), never with a silent success.
+// It is a thin layer over the client in internal/nbd/client, which pipelines requests, splits
+// large ones and reconnects. It must never claim an ability the server lacks: without the
+// server's TRIM or WRITE_ZEROES the call fails with backend.ErrNotSupported (so the volume above
+// emulates or skips it), never with a silent success.
 package nbdbackend
 
 import (
@@ -18,7 +18,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -32,14 +33,14 @@ const (
 const maxConnections = 64
 
 // clientConfig turns an NBD URL into a client configuration (without a logger or timeouts).
-func clientConfig(u *url.URL) (nbd.ClientConfig, error) {
-	var cfg nbd.ClientConfig
+func clientConfig(u *url.URL) (client.Config, error) {
+	var cfg client.Config
 	usage := Usage
 	if u.Scheme == "nbd+unix" {
 		usage = UnixUsage
 	}
-	bad := func(format string, args ...any) (nbd.ClientConfig, error) {
-		return nbd.ClientConfig{}, fmt.Errorf("nbd URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), usage)
+	bad := func(format string, args ...any) (client.Config, error) {
+		return client.Config{}, fmt.Errorf("nbd URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), usage)
 	}
 	switch u.Scheme {
 	case "nbd", "nbd+unix":
@@ -74,7 +75,7 @@ func clientConfig(u *url.URL) (nbd.ClientConfig, error) {
 		}
 		port := u.Port()
 		if port == "" {
-			port = strconv.Itoa(nbd.DefaultPort)
+			port = strconv.Itoa(proto.DefaultPort)
 		} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
 			return bad("port %q is not a number from 1 to 65535", port)
 		}
@@ -116,7 +117,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 		return nil, backend.BadURL(err)
 	}
 	cfg.Logger = opts.Logger
-	c, err := nbd.Dial(context.Background(), cfg)
+	c, err := client.Dial(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +127,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 // Backend is an NBD export. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter and
 // ReadOnlyReporter.
 type Backend struct {
-	c        *nbd.Client
+	c        *client.Client
 	readOnly bool // opened read-only, or the server exports read-only
 }
 

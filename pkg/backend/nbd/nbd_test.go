@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/tierblk/tierblk/internal/nbd"
+	"github.com/tierblk/tierblk/internal/nbd/client"
 	"github.com/tierblk/tierblk/internal/nbdkit"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
@@ -19,19 +19,19 @@ import (
 func TestConfig(t *testing.T) {
 	for _, tc := range []struct {
 		url  string
-		want nbd.ClientConfig
+		want client.Config
 		err  string // part of the error; "" for a good URL
 	}{
-		{url: "nbd://nas:10810/disk", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10810", Export: "disk"}},
-		{url: "nbd://nas/disk", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10809", Export: "disk"}},
-		{url: "nbd://nas", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10809"}},
-		{url: "nbd://nas/", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10809"}},
-		{url: "nbd://nas//disk", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10809", Export: "/disk"}},
-		{url: "nbd://nas/hello%20world", want: nbd.ClientConfig{Network: "tcp", Address: "nas:10809", Export: "hello world"}},
-		{url: "nbd://[::1]:9000/x", want: nbd.ClientConfig{Network: "tcp", Address: "[::1]:9000", Export: "x"}},
-		{url: "nbd://10.0.0.1/x?connections=4", want: nbd.ClientConfig{Network: "tcp", Address: "10.0.0.1:10809", Export: "x", Connections: 4}},
-		{url: "nbd+unix:///disk?socket=/run/nbd.sock", want: nbd.ClientConfig{Network: "unix", Address: "/run/nbd.sock", Export: "disk"}},
-		{url: "nbd+unix:///?socket=nbd.sock&connections=2", want: nbd.ClientConfig{Network: "unix", Address: "nbd.sock", Connections: 2}},
+		{url: "nbd://nas:10810/disk", want: client.Config{Network: "tcp", Address: "nas:10810", Export: "disk"}},
+		{url: "nbd://nas/disk", want: client.Config{Network: "tcp", Address: "nas:10809", Export: "disk"}},
+		{url: "nbd://nas", want: client.Config{Network: "tcp", Address: "nas:10809"}},
+		{url: "nbd://nas/", want: client.Config{Network: "tcp", Address: "nas:10809"}},
+		{url: "nbd://nas//disk", want: client.Config{Network: "tcp", Address: "nas:10809", Export: "/disk"}},
+		{url: "nbd://nas/hello%20world", want: client.Config{Network: "tcp", Address: "nas:10809", Export: "hello world"}},
+		{url: "nbd://[::1]:9000/x", want: client.Config{Network: "tcp", Address: "[::1]:9000", Export: "x"}},
+		{url: "nbd://10.0.0.1/x?connections=4", want: client.Config{Network: "tcp", Address: "10.0.0.1:10809", Export: "x", Connections: 4}},
+		{url: "nbd+unix:///disk?socket=/run/nbd.sock", want: client.Config{Network: "unix", Address: "/run/nbd.sock", Export: "disk"}},
+		{url: "nbd+unix:///?socket=nbd.sock&connections=2", want: client.Config{Network: "unix", Address: "nbd.sock", Connections: 2}},
 
 		{url: "nbd:///disk", err: "no host; use nbd://HOST[:PORT]/EXPORT"},
 		{url: "nbd:nas:10809", err: "expected nbd:// followed by"},
@@ -140,7 +140,7 @@ func TestMissingCapabilities(t *testing.T) {
 func TestOpenErrors(t *testing.T) {
 	sock := startNbdkit(t, false, "--filter=exportname", "memory", "1M", "exportname=disk", "exportname-strict=true")
 	_, err := registry().Open("nbd+unix:///other?socket="+sock, backend.Options{})
-	require.ErrorIs(t, err, nbd.ErrExportNotFound)
+	require.ErrorIs(t, err, client.ErrExportNotFound)
 	_, err = registry().Open("nbd+unix:///disk", backend.Options{})
 	require.ErrorContains(t, err, "socket=")
 	b := open(t, "nbd+unix:///disk?socket="+sock, backend.Options{})

@@ -1,4 +1,4 @@
-package nbd
+package kernel
 
 // Generic netlink by hand, just what attaching the kernel's NBD client needs: the controller's
 // CTRL_CMD_GETFAMILY to find the "nbd" family's id, and that family's CONNECT and DISCONNECT

@@ -1,4 +1,4 @@
-package nbd
+package server
 
 import (
 	"sync/atomic"

@@ -1,4 +1,4 @@
-package nbd
+package server
 
 import (
 	"io"
@@ -6,12 +6,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
 // job is one checked request handed to a worker.
 type job struct {
-	req request
+	req proto.Request
 	buf *[]byte // a WRITE's payload, or a READ's buffer once readAsync took one; from the buffer pool
 	// seq is a write-type request's ticket in c.order; for a FLUSH, the ticket of the first
 	// write-type request received after it.
@@ -61,9 +62,9 @@ func (c *conn) beforeWait() {
 // (with the connection's error, nil after NBD_CMD_DISC), or with handedOver when a slow request
 // served inline made another goroutine take over the reading.
 func (c *conn) readRequests() (err error, handedOver bool) {
-	var hdr [requestSize]byte
+	var hdr [proto.RequestSize]byte
 	for {
-		if c.br.Buffered() < requestSize && (c.unflushed >= maxUnflushed || c.sock == nil) {
+		if c.br.Buffered() < proto.RequestSize && (c.unflushed >= maxUnflushed || c.sock == nil) {
 			// The batch is long enough, or (not a socket) there is no telling whether the next
 			// read will wait: send the replies held back first.
 			c.beforeWait()
@@ -73,8 +74,8 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		if err != nil {
 			return c.readErr(err), false
 		}
-		req, ok := parseRequest(hdr[:])
-		if !ok || req.typ == cmdDisc {
+		req, ok := proto.ParseRequest(hdr[:])
+		if !ok || req.Type == proto.CmdDisc {
 			if pre != nil {
 				putBuf(pre)
 			}
@@ -90,9 +91,9 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		if !ok {
 			continue
 		}
-		c.moreInput.Store(c.br.Buffered() >= requestSize)
+		c.moreInput.Store(c.br.Buffered() >= proto.RequestSize)
 		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
-		if req.typ == cmdRead && c.async != nil {
+		if req.Type == proto.CmdRead && c.async != nil {
 			var started bool
 			if j.buf, started = c.readAsync(req); started {
 				continue
@@ -187,9 +188,9 @@ func (c *conn) readPayload(p []byte) error {
 // dispatch checks a request and reads its payload, of which readHeader may have read preN bytes
 // into pre already. It returns the job to serve, or ok false when the request was answered with
 // an error at once.
-func (c *conn) dispatch(req request, pre *[]byte, preN int) (j job, ok bool, err error) {
+func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok bool, err error) {
 	errno, msg := c.check(req)
-	if pre != nil && (req.typ != cmdWrite || errno != 0 || int(req.length) != len(*pre)) {
+	if pre != nil && (req.Type != proto.CmdWrite || errno != 0 || int(req.Length) != len(*pre)) {
 		// Not the WRITE expected: what was read of the socket belongs to what follows.
 		c.src.giveBack((*pre)[:preN])
 		c.bigWrites = false
@@ -197,14 +198,14 @@ func (c *conn) dispatch(req request, pre *[]byte, preN int) (j job, ok bool, err
 		pre = nil
 	}
 	var buf *[]byte
-	if req.typ == cmdWrite {
-		if req.length > maxPayload {
-			return job{}, false, protocolErrorf("WRITE of %d bytes, more than the %d the server accepts", req.length, maxPayload)
+	if req.Type == proto.CmdWrite {
+		if req.Length > maxPayload {
+			return job{}, false, protocolErrorf("WRITE of %d bytes, more than the %d the server accepts", req.Length, maxPayload)
 		}
 		switch {
 		case errno != 0:
 			// The payload is on the wire anyway: skip it to stay in step with the client.
-			if _, err := c.br.Discard(int(req.length)); err != nil {
+			if _, err := c.br.Discard(int(req.Length)); err != nil {
 				return job{}, false, c.readErr(err)
 			}
 		case pre != nil:
@@ -214,7 +215,7 @@ func (c *conn) dispatch(req request, pre *[]byte, preN int) (j job, ok bool, err
 				return job{}, false, c.readErr(err)
 			}
 		default:
-			buf = getBuf(int(req.length))
+			buf = getBuf(int(req.Length))
 			if err := c.readPayload(*buf); err != nil {
 				putBuf(buf)
 				return job{}, false, c.readErr(err)
@@ -222,15 +223,15 @@ func (c *conn) dispatch(req request, pre *[]byte, preN int) (j job, ok bool, err
 		}
 	}
 	if errno != 0 {
-		c.log.Debug("nbd: request refused", "cmd", req.typ, "flags", req.flags, "offset", req.offset, "length", req.length, "reason", msg)
+		c.log.Debug("nbd: request refused", "cmd", req.Type, "flags", req.Flags, "offset", req.Offset, "length", req.Length, "reason", msg)
 		c.replyErrno(req, errno, msg)
 		return job{}, false, nil
 	}
 	j = job{req: req, buf: buf}
-	switch req.typ {
-	case cmdWrite, cmdTrim, cmdWriteZeroes:
+	switch req.Type {
+	case proto.CmdWrite, proto.CmdTrim, proto.CmdWriteZeroes:
 		j.seq = c.order.start()
-	case cmdFlush:
+	case proto.CmdFlush:
 		j.seq = c.order.barrier()
 	}
 	return j, true, nil
@@ -238,66 +239,66 @@ func (c *conn) dispatch(req request, pre *[]byte, preN int) (j job, ok bool, err
 
 // check validates a request against the negotiated parameters. It returns 0 or the NBD error to
 // answer with and a message for the client.
-func (c *conn) check(r request) (errno uint32, msg string) {
+func (c *conn) check(r proto.Request) (errno uint32, msg string) {
 	var allowed uint16
-	if c.tflags&tflagSendFUA != 0 {
+	if c.tflags&proto.FlagSendFUA != 0 {
 		// Valid on every command once negotiated; it matters only to those that write.
-		allowed |= cmdFlagFUA
+		allowed |= proto.CmdFlagFUA
 	}
-	switch r.typ {
-	case cmdRead:
+	switch r.Type {
+	case proto.CmdRead:
 		if c.structured {
-			allowed |= cmdFlagDF
+			allowed |= proto.CmdFlagDF
 		}
-	case cmdWrite, cmdFlush, cmdTrim, cmdCache:
-	case cmdWriteZeroes:
-		allowed |= cmdFlagNoHole
-		if c.tflags&tflagSendFastZero != 0 {
-			allowed |= cmdFlagFastZero
+	case proto.CmdWrite, proto.CmdFlush, proto.CmdTrim, proto.CmdCache:
+	case proto.CmdWriteZeroes:
+		allowed |= proto.CmdFlagNoHole
+		if c.tflags&proto.FlagSendFastZero != 0 {
+			allowed |= proto.CmdFlagFastZero
 		}
-	case cmdBlockStatus:
-		return errInval, "NBD_CMD_BLOCK_STATUS needs a metadata context, and none was negotiated"
+	case proto.CmdBlockStatus:
+		return proto.ErrnoInval, "NBD_CMD_BLOCK_STATUS needs a metadata context, and none was negotiated"
 	default:
-		return errInval, "unknown command"
+		return proto.ErrnoInval, "unknown command"
 	}
-	if r.flags&^allowed != 0 {
-		return errInval, "command flags not valid for this command"
+	if r.Flags&^allowed != 0 {
+		return proto.ErrnoInval, "command flags not valid for this command"
 	}
-	if isWriteType(r.typ) && c.info.ReadOnly {
-		return errPerm, "the export is read-only"
+	if isWriteType(r.Type) && c.info.ReadOnly {
+		return proto.ErrnoPerm, "the export is read-only"
 	}
-	switch r.typ {
-	case cmdFlush:
+	switch r.Type {
+	case proto.CmdFlush:
 		return 0, "" // offset and length are reserved
-	case cmdRead, cmdWrite, cmdCache:
+	case proto.CmdRead, proto.CmdWrite, proto.CmdCache:
 		// A CACHE of the whole disk would be read into the cache as one request.
-		if r.length > c.maxBlock {
-			return errOverflow, "length over the maximum block size"
+		if r.Length > c.maxBlock {
+			return proto.ErrnoOverflow, "length over the maximum block size"
 		}
-	case cmdTrim:
-		if c.tflags&tflagSendTrim == 0 {
-			return errInval, "the export does not support trim"
+	case proto.CmdTrim:
+		if c.tflags&proto.FlagSendTrim == 0 {
+			return proto.ErrnoInval, "the export does not support trim"
 		}
-	case cmdWriteZeroes:
-		if c.tflags&tflagSendWriteZeroes == 0 {
-			return errInval, "the export does not support write zeroes"
+	case proto.CmdWriteZeroes:
+		if c.tflags&proto.FlagSendWriteZeroes == 0 {
+			return proto.ErrnoInval, "the export does not support write zeroes"
 		}
 	}
 	size := uint64(c.info.Size)
-	if r.offset > size || uint64(r.length) > size-r.offset {
-		if r.typ == cmdWrite || r.typ == cmdWriteZeroes {
-			return errNoSpc, "request beyond the end of the export"
+	if r.Offset > size || uint64(r.Length) > size-r.Offset {
+		if r.Type == proto.CmdWrite || r.Type == proto.CmdWriteZeroes {
+			return proto.ErrnoNoSpc, "request beyond the end of the export"
 		}
-		return errInval, "request beyond the end of the export"
+		return proto.ErrnoInval, "request beyond the end of the export"
 	}
-	if m := uint64(c.minBlock); m > 1 && (r.offset%m != 0 || uint64(r.length)%m != 0) {
-		return errInval, "request not aligned to the minimum block size"
+	if m := uint64(c.minBlock); m > 1 && (r.Offset%m != 0 || uint64(r.Length)%m != 0) {
+		return proto.ErrnoInval, "request not aligned to the minimum block size"
 	}
 	return 0, ""
 }
 
 func isWriteType(typ uint16) bool {
-	return typ == cmdWrite || typ == cmdTrim || typ == cmdWriteZeroes
+	return typ == proto.CmdWrite || typ == proto.CmdTrim || typ == proto.CmdWriteZeroes
 }
 
 // submit hands j to an idle worker, starting a new one while fewer than MaxInFlight exist.
@@ -328,42 +329,42 @@ func (c *conn) work() {
 func (c *conn) serve(j job) time.Duration {
 	r := j.req
 	dev := c.export.Device
-	off, n := int64(r.offset), int64(r.length)
-	fua := r.flags&cmdFlagFUA != 0
+	off, n := int64(r.Offset), int64(r.Length)
+	fua := r.Flags&proto.CmdFlagFUA != 0
 	var err error
 	var waits uint64
 	if c.waiter != nil {
 		waits = c.waiter.Waits()
 	}
 	start := time.Now()
-	switch r.typ {
-	case cmdRead:
+	switch r.Type {
+	case proto.CmdRead:
 		buf := j.buf
 		if buf == nil {
-			buf = getBuf(int(r.length))
+			buf = getBuf(int(r.Length))
 		}
 		if err = dev.ReadAt(*buf, off); err == nil {
 			c.replyData(r, *buf)
 		}
 		putBuf(buf)
-	case cmdWrite:
+	case proto.CmdWrite:
 		err = dev.WriteAt(*j.buf, off, fua)
 		putBuf(j.buf)
 		c.order.finish(j.seq)
-	case cmdTrim:
+	case proto.CmdTrim:
 		err = dev.Trim(off, n, fua)
 		c.order.finish(j.seq)
-	case cmdWriteZeroes:
+	case proto.CmdWriteZeroes:
 		err = dev.WriteZeroes(off, n, volume.ZeroFlags{
-			NoHole: r.flags&cmdFlagNoHole != 0,
-			Fast:   r.flags&cmdFlagFastZero != 0,
+			NoHole: r.Flags&proto.CmdFlagNoHole != 0,
+			Fast:   r.Flags&proto.CmdFlagFastZero != 0,
 			FUA:    fua,
 		})
 		c.order.finish(j.seq)
-	case cmdFlush:
+	case proto.CmdFlush:
 		c.order.wait(j.seq)
 		err = dev.Flush()
-	case cmdCache:
+	case proto.CmdCache:
 		err = dev.Cache(off, n)
 	}
 	took := time.Since(start)
@@ -373,7 +374,7 @@ func (c *conn) serve(j job) time.Duration {
 	switch {
 	case err != nil:
 		c.replyFailed(r, err)
-	case r.typ != cmdRead:
+	case r.Type != proto.CmdRead:
 		c.replyErrno(r, 0, "")
 	}
 	<-c.slots

@@ -1,9 +1,9 @@
-package nbd
-
-// The client half of the package: a pipelined NBD client for remote exports used as tierblk
-// backends. Dial negotiates an export (client_handshake.go), each connection has one reader
-// goroutine that matches replies to requests by cookie and reconnects when the connection drops
-// (client_conn.go), and the methods here split calls into wire requests and map errors.
+// Package client is a pipelined client of the Network Block Device protocol (the wire format is
+// internal/nbd/proto), for remote exports used as tierblk backends (pkg/backend/nbd). Dial
+// negotiates an export (handshake.go), each connection has one reader goroutine that matches
+// replies to requests by cookie and reconnects when the connection drops (conn.go), and the
+// methods of Client split calls into wire requests and map errors. Handshake also negotiates
+// sockets that the kernel's NBD client takes over (internal/nbd/kernel).
 //
 // The client never answers a read from anything but the server's reply, and never reports a write
 // as done before the server acknowledged it. It cannot know whether a server that crashed and came
@@ -11,6 +11,7 @@ package nbd
 // protocol's contract); it logs a warning when a connection drops with such writes outstanding.
 // A request waits for its reply as long as the connection lives: a dead peer is found by TCP
 // keepalive or by the socket closing, not by a request timeout.
+package client
 
 import (
 	"context"
@@ -22,11 +23,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// ClientConfig says where an export is and how to talk to it.
-type ClientConfig struct {
+// Config says where an export is and how to talk to it.
+type Config struct {
 	Network, Address string // "unix" and a socket path, or "tcp" and host:port
 	Export           string // export name ("" = the server's default export)
 	// Connections is how many connections to open (0 = 1). More than one is opened only if the
@@ -40,15 +42,15 @@ type ClientConfig struct {
 	Logger           *slog.Logger // nil = slog.Default()
 }
 
-// Defaults for zero ClientConfig fields, and the reconnect backoff.
+// Defaults for zero Config fields, and the reconnect backoff.
 const (
 	defaultDialTimeout      = 10 * time.Second
 	defaultMaxReconnectWait = time.Minute
-	clientBackoffMin        = 50 * time.Millisecond
-	clientBackoffMax        = 5 * time.Second
-	// clientMaxChunk caps one request's length even when the server allows more: 32 MiB is the
+	backoffMin              = 50 * time.Millisecond
+	backoffMax              = 5 * time.Second
+	// maxChunk caps one request's length even when the server allows more: 32 MiB is the
 	// largest payload every server must accept, and longer requests gain nothing from pipelining.
-	clientMaxChunk = 32 << 20
+	maxChunk = 32 << 20
 	// Block sizes to assume when the server does not advertise them (the protocol's defaults).
 	defaultMinBlock       = 1
 	defaultPreferredBlock = 4096
@@ -67,11 +69,13 @@ var (
 // and pipelined: concurrent calls are in flight together, and a large call is split into
 // several requests sent without waiting for each other.
 type Client struct {
-	cfg    ClientConfig
+	cfg    Config
 	log    *slog.Logger
-	export clientExport // as negotiated by the first connection; reconnects must match it
-	chunk  int64        // the longest request sent: a multiple of the minimum block size
-	conns  []*clientConn
+	export Export // as negotiated by the first connection; reconnects must match it
+	chunk  int64  // the longest request sent: a multiple of the minimum block size
+	conns  []*conn
+	// structured is whether the first connection negotiated structured replies (Structured).
+	structured bool
 
 	next       atomic.Uint64 // round-robin position over conns
 	cookie     atomic.Uint64 // source of request cookies, unique for the client's lifetime
@@ -87,16 +91,16 @@ type Client struct {
 	wg        sync.WaitGroup // readers and reconnect loops
 }
 
-// clientExport is what the handshake learns about the export.
-type clientExport struct {
-	size                          int64
-	flags                         uint16
-	minBlock, prefBlock, maxBlock uint32
+// Export is what a handshake learns about an export.
+type Export struct {
+	Size                          int64
+	Flags                         uint16 // transmission flags (proto.Flag*); 0 without proto.FlagHasFlags
+	MinBlock, PrefBlock, MaxBlock uint32 // the protocol's defaults when the server sent none
 }
 
 // Dial connects to the export, negotiates it and starts the connections' readers. The context
 // bounds only the dial and handshake.
-func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	switch cfg.Network {
 	case "unix", "tcp", "tcp4", "tcp6":
 	default:
@@ -129,16 +133,16 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		c.cancel()
 		return nil, err
 	}
-	c.export = first.export
-	c.chunk = int64(min(c.export.maxBlock, clientMaxChunk))
-	c.chunk -= c.chunk % int64(c.export.minBlock)
+	c.export, c.structured = first.export, first.structured
+	c.chunk = int64(min(c.export.MaxBlock, maxChunk))
+	c.chunk -= c.chunk % int64(c.export.MinBlock)
 
 	n := cfg.Connections
-	if n > 1 && c.export.flags&tflagCanMultiConn == 0 {
+	if n > 1 && c.export.Flags&proto.FlagCanMultiConn == 0 {
 		c.log.Info("nbd: server does not offer multi-conn; using one connection", "asked", n)
 		n = 1
 	}
-	sessions := []*clientSession{first}
+	sessions := []*session{first}
 	for len(sessions) < n {
 		s, err := c.connect(ctx)
 		if err == nil {
@@ -157,51 +161,73 @@ func Dial(ctx context.Context, cfg ClientConfig) (*Client, error) {
 		sessions = append(sessions, s)
 	}
 	for i, s := range sessions {
-		cn := newClientConn(c, i)
+		cn := newConn(c, i)
 		c.conns = append(c.conns, cn)
 		cn.install(s)
 	}
-	c.log.Info("nbd: connected", "size", c.export.size, "flags", fmt.Sprintf("%#x", c.export.flags),
+	c.log.Info("nbd: connected", "size", c.export.Size, "flags", fmt.Sprintf("%#x", c.export.Flags),
 		"connections", n, "structured_replies", first.structured,
-		"block_min", c.export.minBlock, "block_max", c.export.maxBlock)
+		"block_min", c.export.MinBlock, "block_max", c.export.MaxBlock)
 	return c, nil
 }
 
 // sameExport checks that a later connection reached the export the first one negotiated: a
 // server restarted with another disk behind the same address must not be written to.
-func (c *Client) sameExport(e clientExport) error {
+func (c *Client) sameExport(e Export) error {
 	want := c.export
-	if e.size != want.size || e.flags&tflagReadOnly != want.flags&tflagReadOnly ||
-		e.minBlock != want.minBlock || int64(e.maxBlock) < c.chunk {
+	if e.Size != want.Size || e.Flags&proto.FlagReadOnly != want.Flags&proto.FlagReadOnly ||
+		e.MinBlock != want.MinBlock || int64(e.MaxBlock) < c.chunk {
 		return fmt.Errorf("%w: export changed since the first connection (size %d, read-only %t, block sizes %d-%d; was %d, %t, %d-%d)",
-			ErrServerRefused, e.size, e.flags&tflagReadOnly != 0, e.minBlock, e.maxBlock,
-			want.size, want.flags&tflagReadOnly != 0, want.minBlock, want.maxBlock)
+			ErrServerRefused, e.Size, e.Flags&proto.FlagReadOnly != 0, e.MinBlock, e.MaxBlock,
+			want.Size, want.Flags&proto.FlagReadOnly != 0, want.MinBlock, want.MaxBlock)
 	}
 	return nil
 }
 
 // Size is the export's size in bytes.
-func (c *Client) Size() int64 { return c.export.size }
+func (c *Client) Size() int64 { return c.export.Size }
 
 // Flags are the transmission flags the server sent (NBD_FLAG_*).
-func (c *Client) Flags() uint16 { return c.export.flags }
+func (c *Client) Flags() uint16 { return c.export.Flags }
 
 // BlockSizes are the server's size constraints, or the protocol's defaults when it sent none.
 func (c *Client) BlockSizes() (minimum, preferred, maximum uint32) {
-	return c.export.minBlock, c.export.prefBlock, c.export.maxBlock
+	return c.export.MinBlock, c.export.PrefBlock, c.export.MaxBlock
 }
 
 // ReadOnly reports whether the server exports the device read-only.
-func (c *Client) ReadOnly() bool { return c.export.flags&tflagReadOnly != 0 }
+func (c *Client) ReadOnly() bool { return c.export.Flags&proto.FlagReadOnly != 0 }
 
 // Waits counts the calls sent to the server: each waits on the network (backend.Waiter).
 func (c *Client) Waits() uint64 { return c.calls.Load() }
 
-func (c *Client) has(flag uint16) bool { return c.export.flags&flag != 0 }
+// Structured reports whether the first connection negotiated structured replies, in which the
+// server can explain an error and send a read in chunks.
+func (c *Client) Structured() bool { return c.structured }
+
+// Connections is how many connections the client keeps: as many as it was asked for, or one when
+// the server does not offer multi-conn.
+func (c *Client) Connections() int { return len(c.conns) }
+
+// Reconnects counts the sessions re-established after a connection dropped.
+func (c *Client) Reconnects() int64 { return c.reconnects.Load() }
+
+// Pending counts the requests that have no reply yet: in flight, or waiting for a reconnect.
+func (c *Client) Pending() int {
+	n := 0
+	for _, cn := range c.conns {
+		cn.mu.Lock()
+		n += len(cn.pending)
+		cn.mu.Unlock()
+	}
+	return n
+}
+
+func (c *Client) has(flag uint16) bool { return c.export.Flags&flag != 0 }
 
 // ReadAt reads len(p) bytes at off. On error, n counts the bytes at the start of p that were read.
 func (c *Client) ReadAt(p []byte, off int64) (int, error) {
-	n, err := c.run(cmdRead, 0, off, int64(len(p)), p)
+	n, err := c.run(proto.CmdRead, 0, off, int64(len(p)), p)
 	return int(n), err
 }
 
@@ -210,14 +236,14 @@ func (c *Client) WriteAt(p []byte, off int64) (int, error) {
 	if err := c.writable("write"); err != nil {
 		return 0, err
 	}
-	n, err := c.run(cmdWrite, 0, off, int64(len(p)), p)
+	n, err := c.run(proto.CmdWrite, 0, off, int64(len(p)), p)
 	return int(n), err
 }
 
 // WriteAtFUA writes p at off and returns once it is durable: with the FUA flag when the server
 // supports it, otherwise as a write followed by a flush.
 func (c *Client) WriteAtFUA(p []byte, off int64) (int, error) {
-	if !c.has(tflagSendFUA) {
+	if !c.has(proto.FlagSendFUA) {
 		n, err := c.WriteAt(p, off)
 		if err != nil {
 			return n, err
@@ -227,18 +253,18 @@ func (c *Client) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err := c.writable("write"); err != nil {
 		return 0, err
 	}
-	n, err := c.run(cmdWrite, cmdFlagFUA, off, int64(len(p)), p)
+	n, err := c.run(proto.CmdWrite, proto.CmdFlagFUA, off, int64(len(p)), p)
 	return int(n), err
 }
 
 // Flush makes every write that completed before the call durable. A server that does not offer
 // flush has no volatile cache, so there is nothing to do.
 func (c *Client) Flush() error {
-	if !c.has(tflagSendFlush) {
+	if !c.has(proto.FlagSendFlush) {
 		return nil
 	}
 	covered := c.writesDone.Load()
-	_, err := c.run(cmdFlush, 0, 0, 0, nil)
+	_, err := c.run(proto.CmdFlush, 0, 0, 0, nil)
 	if err == nil {
 		for {
 			old := c.writesFlushed.Load()
@@ -252,34 +278,34 @@ func (c *Client) Flush() error {
 
 // Trim discards a range. It fails with backend.ErrNotSupported if the server cannot trim.
 func (c *Client) Trim(off, length int64) error {
-	if err := c.capable("trim", tflagSendTrim); err != nil {
+	if err := c.capable("trim", proto.FlagSendTrim); err != nil {
 		return err
 	}
-	_, err := c.run(cmdTrim, 0, off, length, nil)
+	_, err := c.run(proto.CmdTrim, 0, off, length, nil)
 	return err
 }
 
 // WriteZeroes writes zeroes over a range without sending them; with mayUnmap the server may punch
 // a hole. It fails with backend.ErrNotSupported if the server cannot, so callers write zeroes.
 func (c *Client) WriteZeroes(off, length int64, mayUnmap bool) error {
-	if err := c.capable("write-zeroes", tflagSendWriteZeroes); err != nil {
+	if err := c.capable("write-zeroes", proto.FlagSendWriteZeroes); err != nil {
 		return err
 	}
 	var flags uint16
 	if !mayUnmap {
-		flags = cmdFlagNoHole
+		flags = proto.CmdFlagNoHole
 	}
-	_, err := c.run(cmdWriteZeroes, flags, off, length, nil)
+	_, err := c.run(proto.CmdWriteZeroes, flags, off, length, nil)
 	return err
 }
 
 // Cache asks the server to bring a range into its cache. It fails with backend.ErrNotSupported if
 // the server does not take the hint.
 func (c *Client) Cache(off, length int64) error {
-	if !c.has(tflagSendCache) {
+	if !c.has(proto.FlagSendCache) {
 		return fmt.Errorf("%w: the NBD server does not offer cache", backend.ErrNotSupported)
 	}
-	_, err := c.run(cmdCache, 0, off, length, nil)
+	_, err := c.run(proto.CmdCache, 0, off, length, nil)
 	return err
 }
 
@@ -319,30 +345,30 @@ func (c *Client) capable(op string, flag uint16) error {
 // the start of the range completed before the first failed request.
 func (c *Client) run(cmd, flags uint16, off, length int64, buf []byte) (int64, error) {
 	if c.ctx.Err() != nil {
-		return 0, fmt.Errorf("nbd: %s: %w", clientCmdName(cmd), backend.ErrClosed)
+		return 0, fmt.Errorf("nbd: %s: %w", cmdName(cmd), backend.ErrClosed)
 	}
 	c.calls.Add(1)
-	if cmd != cmdFlush {
-		if err := backend.CheckRange(off, length, c.export.size); err != nil {
+	if cmd != proto.CmdFlush {
+		if err := backend.CheckRange(off, length, c.export.Size); err != nil {
 			return 0, err
 		}
 		if length == 0 {
 			return 0, nil
 		}
-		if mb := int64(c.export.minBlock); off%mb != 0 || length%mb != 0 {
+		if mb := int64(c.export.MinBlock); off%mb != 0 || length%mb != 0 {
 			return 0, fmt.Errorf("%w: %s at offset %d length %d is not aligned to the export's minimum block size %d",
-				backend.ErrNotSupported, clientCmdName(cmd), off, length, mb)
+				backend.ErrNotSupported, cmdName(cmd), off, length, mb)
 		}
 	}
 	count := max(1, (length+c.chunk-1)/c.chunk)
-	reqs := make([]clientRequest, count)
+	reqs := make([]request, count)
 	var wg sync.WaitGroup
 	wg.Add(len(reqs))
 	for i := range reqs {
 		r := &reqs[i]
 		start := int64(i) * c.chunk
 		n := min(c.chunk, length-start)
-		*r = clientRequest{request: request{typ: cmd, flags: flags, offset: uint64(off + start), length: uint32(n)}, wg: &wg}
+		*r = request{Request: proto.Request{Type: cmd, Flags: flags, Offset: uint64(off + start), Length: uint32(n)}, wg: &wg}
 		if buf != nil {
 			r.buf = buf[start : start+n]
 		}
@@ -354,14 +380,14 @@ func (c *Client) run(cmd, flags uint16, off, length int64, buf []byte) (int64, e
 		if reqs[i].err != nil {
 			return done, reqs[i].err
 		}
-		done += int64(reqs[i].length)
+		done += int64(reqs[i].Length)
 	}
 	return done, nil
 }
 
 // pick spreads requests over the connections, skipping ones that are reconnecting while another
 // is up.
-func (c *Client) pick() *clientConn {
+func (c *Client) pick() *conn {
 	n := uint64(len(c.conns))
 	if n == 1 {
 		return c.conns[0]
@@ -404,50 +430,50 @@ func (e *RemoteError) Unwrap() []error {
 	return []error{e.Errno}
 }
 
-// clientRemoteError maps an NBD error value for a request on an export of size bytes.
-func clientRemoteError(cmd uint16, off, length, size int64, errno uint32, msg string) *RemoteError {
-	e := &RemoteError{Op: clientCmdName(cmd), Offset: off, Length: length, Errno: syscall.Errno(errno), Message: msg}
+// remoteError maps an NBD error value for a request on an export of size bytes.
+func remoteError(cmd uint16, off, length, size int64, errno uint32, msg string) *RemoteError {
+	e := &RemoteError{Op: cmdName(cmd), Offset: off, Length: length, Errno: syscall.Errno(errno), Message: msg}
 	switch errno {
-	case errPerm:
+	case proto.ErrnoPerm:
 		e.kind = backend.ErrReadOnly
-	case errNotSup:
+	case proto.ErrnoNotSup:
 		e.kind = backend.ErrNotSupported
-	case errNoSpc, errInval:
+	case proto.ErrnoNoSpc, proto.ErrnoInval:
 		if backend.CheckRange(off, length, size) != nil {
 			e.kind = backend.ErrOutOfRange
 		}
-	case errIO, errNoMem, errOverflow, errShutdown:
+	case proto.ErrnoIO, proto.ErrnoNoMem, proto.ErrnoOverflow, proto.ErrnoShutdown:
 	default:
 		e.Errno = syscall.EINVAL
-		e.Message = fmt.Sprintf("unknown NBD error %d", errno) + clientPrefixed(msg)
+		e.Message = fmt.Sprintf("unknown NBD error %d", errno) + prefixed(msg)
 	}
 	return e
 }
 
-func clientPrefixed(msg string) string {
+func prefixed(msg string) string {
 	if msg == "" {
 		return ""
 	}
 	return ": " + msg
 }
 
-func clientCmdName(cmd uint16) string {
+func cmdName(cmd uint16) string {
 	switch cmd {
-	case cmdRead:
+	case proto.CmdRead:
 		return "read"
-	case cmdWrite:
+	case proto.CmdWrite:
 		return "write"
-	case cmdDisc:
+	case proto.CmdDisc:
 		return "disconnect"
-	case cmdFlush:
+	case proto.CmdFlush:
 		return "flush"
-	case cmdTrim:
+	case proto.CmdTrim:
 		return "trim"
-	case cmdCache:
+	case proto.CmdCache:
 		return "cache"
-	case cmdWriteZeroes:
+	case proto.CmdWriteZeroes:
 		return "write-zeroes"
-	case cmdBlockStatus:
+	case proto.CmdBlockStatus:
 		return "block-status"
 	}
 	return fmt.Sprintf("command %d", cmd)

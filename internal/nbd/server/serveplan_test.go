@@ -1,4 +1,4 @@
-package nbd
+package server
 
 import (
 	"sync/atomic"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
@@ -108,7 +110,7 @@ func (d *waitingDevice) Waits() uint64 { return d.waits.Load() }
 // which is what the same device gets when it does not say that it waits (served inline while
 // its requests take less than inlineLatency: TestServePlan).
 func TestWaitingDeviceGoesToWorkers(t *testing.T) {
-	vol, _ := newVolume(1<<20, 0x22, volume.Options{})
+	vol, _ := nbdtest.NewVolume(1<<20, 0x22, volume.Options{})
 	var active, peak atomic.Int32
 	d := &waitingDevice{}
 	d.hookDevice = &hookDevice{Device: vol, onRead: func(int64) {
@@ -120,19 +122,19 @@ func TestWaitingDeviceGoesToWorkers(t *testing.T) {
 		for start := time.Now(); time.Since(start) < 10*time.Microsecond; {
 		}
 	}}
-	ts := startServer(t, ServerConfig{Exports: []Export{{Device: d}}})
-	c := dialRaw(t, "unix", ts.sock)
-	c.connect("", true)
+	ts := startServer(t, Config{Exports: []Export{{Device: d}}})
+	c := nbdtest.DialRaw(t, "unix", ts.Sock)
+	c.Connect("", true)
 	const reads = 3000
 	for round := range 2 { // the first settles the plan (its first requests are slow: cold code)
 		peak.Store(0)
 		go func() {
 			for i := range uint64(reads) {
-				c.request(request{typ: cmdRead, cookie: i, offset: 4096 * (i % 256), length: 4096}, nil)
+				c.Request(proto.Request{Type: proto.CmdRead, Cookie: i, Offset: 4096 * (i % 256), Length: 4096}, nil)
 			}
 		}()
 		for range reads {
-			require.Zero(t, c.reply().errno)
+			require.Zero(t, c.Reply().Errno)
 		}
 		if round == 1 {
 			require.Greater(t, peak.Load(), int32(1), "reads in the device at once")

@@ -1,9 +1,10 @@
-package nbd
+package kernel
 
 import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,23 +15,25 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/nbd/client"
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
+	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
 // kernelSide speaks to the server, on a socket made for the kernel, as the kernel's client does:
 // simple replies only, the handshake already done.
-func kernelSide(t *testing.T, f *os.File) *rawClient {
+func kernelSide(t *testing.T, f *os.File) *nbdtest.RawClient {
 	t.Helper()
 	nc, err := net.FileConn(f)
 	require.NoError(t, err)
 	require.NoError(t, f.Close())
-	require.NoError(t, nc.SetDeadline(time.Now().Add(20*time.Second)))
-	t.Cleanup(func() { nc.Close() })
-	return &rawClient{t: t, nc: nc, reads: map[uint64]uint32{}}
+	return nbdtest.NewRawClient(t, nc)
 }
 
-// TestKernelSockets runs the kernel's half of AttachKernel without a kernel: socketpairs served
-// by the server and negotiated by our client, then used as the kernel would use them.
+// TestKernelSockets runs the kernel's half of Attach without a kernel: socketpairs served
+// by the server and negotiated by the client, then used as the kernel would use them.
 func TestKernelSockets(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -44,16 +47,17 @@ func TestKernelSockets(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			dev, mem := newVolume(1<<20, 0, volume.Options{MultiConn: tt.multiConn})
-			s, err := NewServer(ServerConfig{Exports: []Export{{Name: "disk", Device: dev}}, Logger: testLogger(t)})
+			dev, mem := nbdtest.NewVolume(1<<20, 0, volume.Options{MultiConn: tt.multiConn})
+			log := nbdtest.Logger(t, slog.LevelWarn)
+			s, err := server.New(server.Config{Exports: []server.Export{{Name: "disk", Device: dev}}, Logger: log})
 			require.NoError(t, err)
-			k := &KernelDevice{path: "/dev/nbd0"}
-			files, ex, err := s.kernelSockets(k, "disk", tt.ask)
+			k := &Device{path: "/dev/nbd0", srv: s, log: log}
+			files, ex, err := k.sockets("disk", tt.ask)
 			require.NoError(t, err)
 			require.Len(t, files, tt.wantConns)
-			require.Equal(t, int64(1<<20), ex.size)
-			require.NotZero(t, ex.flags&tflagSendFlush)
-			require.Zero(t, ex.flags&tflagSendDF, "DF means structured replies, which the kernel does not speak")
+			require.Equal(t, int64(1<<20), ex.Size)
+			require.NotZero(t, ex.Flags&proto.FlagSendFlush)
+			require.Zero(t, ex.Flags&proto.FlagSendDF, "DF means structured replies, which the kernel does not speak")
 
 			for i, f := range files {
 				flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
@@ -63,19 +67,19 @@ func TestKernelSockets(t *testing.T) {
 				c := kernelSide(t, f)
 				data := bytes.Repeat([]byte{byte(i + 1)}, 4096)
 				off := uint64(i) * 4096
-				c.request(request{typ: cmdWrite, cookie: 1, offset: off, length: 4096}, data)
-				c.request(request{typ: cmdFlush, cookie: 2}, nil)
-				c.request(request{typ: cmdRead, cookie: 3, offset: off, length: 4096}, nil)
+				c.Request(proto.Request{Type: proto.CmdWrite, Cookie: 1, Offset: off, Length: 4096}, data)
+				c.Request(proto.Request{Type: proto.CmdFlush, Cookie: 2}, nil)
+				c.Request(proto.Request{Type: proto.CmdRead, Cookie: 3, Offset: off, Length: 4096}, nil)
 				for range 3 {
-					r := c.reply() // a structured reply would fail here
-					require.Zero(t, r.errno)
-					if r.cookie == 3 {
-						require.Equal(t, data, r.data)
+					r := c.Reply() // a structured reply would fail here
+					require.Zero(t, r.Errno)
+					if r.Cookie == 3 {
+						require.Equal(t, data, r.Data)
 					}
 				}
-				c.request(request{typ: cmdDisc}, nil)
-				c.expectClosed()
-				require.Equal(t, data, mem.snapshot()[off:off+4096])
+				c.Request(proto.Request{Type: proto.CmdDisc}, nil)
+				c.ExpectClosed()
+				require.Equal(t, data, mem.Snapshot()[off:off+4096])
 			}
 			k.conns.Wait() // every served connection ended with its client's disconnect
 			require.NoError(t, s.Shutdown(context.Background()))
@@ -84,23 +88,24 @@ func TestKernelSockets(t *testing.T) {
 }
 
 func TestKernelSocketsRefused(t *testing.T) {
-	dev, _ := newVolume(1<<20, 0, volume.Options{})
+	dev, _ := nbdtest.NewVolume(1<<20, 0, volume.Options{})
 	tests := []struct {
 		name    string
 		export  string
-		prepare func(s *Server)
+		prepare func(s *server.Server)
 		wantErr error
 	}{
-		{"unknown export", "nope", func(*Server) {}, ErrExportNotFound},
-		{"server shut down", "disk", func(s *Server) { require.NoError(t, s.Shutdown(context.Background())) }, ErrNotNBDServer},
+		{"unknown export", "nope", func(*server.Server) {}, client.ErrExportNotFound},
+		{"server shut down", "disk", func(s *server.Server) { require.NoError(t, s.Shutdown(context.Background())) }, client.ErrNotNBDServer},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := NewServer(ServerConfig{Exports: []Export{{Name: "disk", Device: dev}}, Logger: testLogger(t)})
+			log := nbdtest.Logger(t, slog.LevelWarn)
+			s, err := server.New(server.Config{Exports: []server.Export{{Name: "disk", Device: dev}}, Logger: log})
 			require.NoError(t, err)
 			tt.prepare(s)
-			k := &KernelDevice{path: "/dev/nbd0"}
-			_, _, err = s.kernelSockets(k, tt.export, 2)
+			k := &Device{path: "/dev/nbd0", srv: s, log: log}
+			_, _, err = k.sockets(tt.export, 2)
 			require.ErrorIs(t, err, tt.wantErr)
 			k.conns.Wait() // no connection left behind
 		})
@@ -123,7 +128,7 @@ func TestKernelConfigFor(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ex := clientExport{size: 1 << 30, flags: tflagHasFlags | tflagSendFlush, minBlock: tt.minBlock}
+			ex := client.Export{Size: 1 << 30, Flags: proto.FlagHasFlags | proto.FlagSendFlush, MinBlock: tt.minBlock}
 			cfg, err := kernelConfigFor(4, ex, []*os.File{f})
 			if tt.wantErr {
 				require.ErrorContains(t, err, "minimum block size")
@@ -131,7 +136,7 @@ func TestKernelConfigFor(t *testing.T) {
 			}
 			require.NoError(t, err)
 			require.Equal(t, kernelConfig{
-				index: 4, size: 1 << 30, blockSize: tt.wantBlockSize, flags: tflagHasFlags | tflagSendFlush,
+				index: 4, size: 1 << 30, blockSize: tt.wantBlockSize, flags: proto.FlagHasFlags | proto.FlagSendFlush,
 				timeout: 30, deadConnTimeout: 0, fds: []int{int(f.Fd())},
 			}, cfg)
 		})

@@ -1,47 +1,43 @@
-package nbd
+package integration
 
-// Tests of the server with real NBD clients from libnbd and qemu (skipped where they are not
-// installed; make test installs them).
+// Tests of the NBD server (internal/nbd/server), run in this process over exports a test makes
+// (a read-only one, one over a backend without trim or fast zeroes), with real NBD clients from
+// libnbd and qemu.
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
+	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
+	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
-func needTool(t *testing.T, name string) {
+// startServer serves cfg in this process on a unix socket and a TCP port until the test ends.
+func startServer(t *testing.T, cfg server.Config) *nbdtest.Addrs {
 	t.Helper()
-	if _, err := exec.LookPath(name); err != nil {
-		t.Skipf("%s not installed (apt-get install libnbd-bin qemu-utils)", name)
+	if cfg.Logger == nil {
+		cfg.Logger = nbdtest.Logger(t, slog.LevelWarn)
 	}
+	s, err := server.New(cfg)
+	require.NoError(t, err)
+	return nbdtest.Serve(t, s)
 }
 
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	require.NoError(t, err, "%s %s:\n%s", name, strings.Join(args, " "), out)
-	return string(out)
-}
-
-func TestNbdinfo(t *testing.T) {
-	needTool(t, "nbdinfo")
-	rw, _ := newVolume(3<<20, 0, volume.Options{MultiConn: true})
-	ro, _ := newVolume(1<<20, 0, volume.Options{ReadOnly: true})
-	plain := volume.New(plainBackend{newMem(2<<20, 0)}, volume.Options{})
-	ts := startServer(t, ServerConfig{Exports: []Export{
+func TestServerNbdinfo(t *testing.T) {
+	requireTools(t, "nbdinfo")
+	rw, _ := nbdtest.NewVolume(3<<20, 0, volume.Options{MultiConn: true})
+	ro, _ := nbdtest.NewVolume(1<<20, 0, volume.Options{ReadOnly: true})
+	plain := volume.New(nbdtest.Plain{Backend: nbdtest.NewMem(2<<20, 0)}, volume.Options{})
+	ts := startServer(t, server.Config{Exports: []server.Export{
 		{Name: "rw", Description: "scratch disk", Device: rw},
 		{Name: "ro", Device: ro},
 		{Name: "plain", Device: plain},
@@ -69,15 +65,15 @@ func TestNbdinfo(t *testing.T) {
 		uri  string
 		want export
 	}{
-		{ts.uri(""), export{Name: "rw", Description: "scratch disk", Size: 3 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
+		{ts.URI(""), export{Name: "rw", Description: "scratch disk", Size: 3 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
 			CanCache: true, CanDF: true, CanFastZero: true, CanFlush: true, CanFUA: true, CanMultiConn: true, CanTrim: true, CanZero: true}},
-		{"nbd://" + ts.tcp + "/ro", export{Name: "ro", Size: 1 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
+		{"nbd://" + ts.TCP + "/ro", export{Name: "ro", Size: 1 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
 			ReadOnly: true, CanCache: true, CanDF: true, CanFlush: true}},
-		{ts.uri("plain"), export{Name: "plain", Size: 2 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
+		{ts.URI("plain"), export{Name: "plain", Size: 2 << 20, Min: 1, Preferred: 4096, Max: 32 << 20,
 			CanCache: true, CanDF: true, CanFlush: true, CanFUA: true, CanZero: true}},
 	} {
 		t.Run(tc.want.Name, func(t *testing.T) {
-			out := run(t, "nbdinfo", "--json", tc.uri)
+			out := mustRunTool(t, "nbdinfo", "--json", tc.uri)
 			var got struct {
 				Protocol   string   `json:"protocol"`
 				Structured bool     `json:"structured"`
@@ -91,7 +87,7 @@ func TestNbdinfo(t *testing.T) {
 	}
 
 	t.Run("list", func(t *testing.T) {
-		out := run(t, "nbdinfo", "--list", "--json", ts.uri(""))
+		out := mustRunTool(t, "nbdinfo", "--list", "--json", ts.URI(""))
 		var got struct {
 			Exports []export `json:"exports"`
 		}
@@ -104,17 +100,17 @@ func TestNbdinfo(t *testing.T) {
 	})
 }
 
-func TestQemuIO(t *testing.T) {
-	needTool(t, "qemu-io")
+func TestServerQemuIO(t *testing.T) {
+	requireTools(t, "qemu-io")
 	for _, network := range []string{"unix", "tcp"} {
 		t.Run(network, func(t *testing.T) {
-			dev, mem := newVolume(1<<20, 0x5a, volume.Options{})
-			ts := startServer(t, ServerConfig{Exports: []Export{{Name: "disk", Device: dev}}})
-			uri := ts.uri("disk")
+			dev, mem := nbdtest.NewVolume(1<<20, 0x5a, volume.Options{})
+			ts := startServer(t, server.Config{Exports: []server.Export{{Name: "disk", Device: dev}}})
+			uri := ts.URI("disk")
 			if network == "tcp" {
-				uri = "nbd://" + ts.tcp + "/disk"
+				uri = "nbd://" + ts.TCP + "/disk"
 			}
-			out := run(t, "qemu-io", "-f", "raw", uri,
+			out := mustRunTool(t, "qemu-io", "-f", "raw", uri,
 				"-c", "write -P 0xab 0 64k",
 				"-c", "read -P 0xab 0 64k",
 				"-c", "write -z 64k 64k",
@@ -136,13 +132,13 @@ func TestQemuIO(t *testing.T) {
 			copy(want[192<<10:], bytes.Repeat([]byte{0xcd}, 4<<10))
 			copy(want[256<<10:], bytes.Repeat([]byte{0x01}, 4<<10))
 			copy(want[260<<10:], bytes.Repeat([]byte{0x02}, 4<<10))
-			require.True(t, bytes.Equal(want, mem.snapshot()), "device content after qemu-io")
+			require.True(t, bytes.Equal(want, mem.Snapshot()), "device content after qemu-io")
 		})
 	}
 }
 
-func TestNbdcopyRoundTrip(t *testing.T) {
-	needTool(t, "nbdcopy")
+func TestServerNbdcopyRoundTrip(t *testing.T) {
+	requireTools(t, "nbdcopy")
 	const size = 64 << 20
 	dir := t.TempDir()
 	in := make([]byte, size)
@@ -152,12 +148,24 @@ func TestNbdcopyRoundTrip(t *testing.T) {
 	inPath, outPath := filepath.Join(dir, "in.img"), filepath.Join(dir, "out.img")
 	require.NoError(t, os.WriteFile(inPath, in, 0o600))
 
-	dev, mem := newVolume(size, 0xff, volume.Options{MultiConn: true})
-	ts := startServer(t, ServerConfig{Exports: []Export{{Device: dev}}})
-	run(t, "nbdcopy", "--flush", inPath, ts.uri(""))
-	require.True(t, bytes.Equal(in, mem.snapshot()), "device content after nbdcopy in")
-	run(t, "nbdcopy", "nbd://"+ts.tcp, outPath)
+	dev, mem := nbdtest.NewVolume(size, 0xff, volume.Options{MultiConn: true})
+	ts := startServer(t, server.Config{Exports: []server.Export{{Device: dev}}})
+	mustRunTool(t, "nbdcopy", "--flush", inPath, ts.URI(""))
+	require.True(t, bytes.Equal(in, mem.Snapshot()), "device content after nbdcopy in")
+	mustRunTool(t, "nbdcopy", "nbd://"+ts.TCP, outPath)
 	out, err := os.ReadFile(outPath)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(in, out), "nbdcopy out differs")
+}
+
+// TestServerReadOnlyQemuIO: qemu-io's write to a read-only export fails with EPERM's message and
+// leaves the device as it was (TestReadOnlyExport of the server checks the protocol itself).
+func TestServerReadOnlyQemuIO(t *testing.T) {
+	requireTools(t, "qemu-io")
+	dev, mem := nbdtest.NewVolume(1<<20, 0x77, volume.Options{ReadOnly: true})
+	ts := startServer(t, server.Config{Exports: []server.Export{{Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
+	initial := mem.Snapshot()
+	out, _ := qemuIO(t, ts.URI(""), "write -P 0xab 0 4k")
+	require.Contains(t, strings.ToLower(out), "permission denied", "qemu-io output: %s", out)
+	require.True(t, bytes.Equal(initial, mem.Snapshot()))
 }

@@ -1,4 +1,4 @@
-package nbd
+package kernel
 
 import (
 	"encoding/binary"
@@ -10,6 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 )
 
 // unhex decodes golden bytes written with spaces between groups.
@@ -50,7 +52,7 @@ func TestGenlEncoding(t *testing.T) {
 	}, {
 		name: "connect attributes",
 		got: connectAttrs(kernelConfig{
-			index: 0, size: 1 << 30, blockSize: 4096, flags: tflagHasFlags | tflagSendFlush | tflagSendFUA | tflagCanMultiConn,
+			index: 0, size: 1 << 30, blockSize: 4096, flags: proto.FlagHasFlags | proto.FlagSendFlush | proto.FlagSendFUA | proto.FlagCanMultiConn,
 			timeout: 30, deadConnTimeout: 0, fds: []int{5, 6},
 		}),
 		want: `0800 0100 00000000

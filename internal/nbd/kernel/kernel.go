@@ -1,12 +1,18 @@
-package nbd
-
-// The kernel's NBD client attached to one of this server's exports, without nbd-client: each
-// connection is a unix socketpair whose one end this server serves and whose other end, once our
-// client has negotiated the export on it, goes to the kernel in NBD_CMD_CONNECT (genl.go).
+// Package kernel attaches the Linux kernel's NBD client (/dev/nbdN) to an export of tierblk's NBD
+// server, without nbd-client: each connection is a unix socketpair whose one end the server serves
+// (internal/nbd/server) and whose other end, once the client's handshake (internal/nbd/client) has
+// negotiated the export on it, goes to the kernel in NBD_CMD_CONNECT, a generic netlink request
+// (genl.go).
+//
+// A kernel device must never be left attached to connections nobody serves while the server
+// lives: Detach releases it, and a device left by a dead process is released before it is taken
+// again. Nothing here serves requests or speaks the protocol itself: the server and the client do.
+package kernel
 
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,13 +24,16 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/nbd/client"
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 )
 
 // Timeouts of the kernel's client. When tierblk dies (kill -9), the kernel reads EOF on every
 // socket and marks the connections dead; from then on:
 //   - a new request finds no live connection and, as no one will ever reconnect (deadConnTimeout
 //     0), fails at once with EIO;
-//   - a request that was in flight fails when its timeout (kernelRequestTimeout) expires: the
+//   - a request that was in flight fails when its timeout (requestTimeout) expires: the
 //     kernel does not fail those on EOF.
 //
 // The request timeout also applies while tierblk is alive, and there expiring kills the
@@ -32,20 +41,30 @@ import (
 // exceed the slowest legitimate request: 30 s, the block layer's default, is far beyond a cache
 // hit or miss on a healthy backend and bounds the wait after a crash.
 const (
-	kernelRequestTimeout    = 30 * time.Second
-	kernelDeadConnTimeout   = 0
-	kernelHandshakeTimeout  = 10 * time.Second
-	kernelReleaseTimeout    = 10 * time.Second
-	kernelDrainTimeout      = 5 * time.Second
-	kernelReleasePollPeriod = 20 * time.Millisecond
+	requestTimeout    = 30 * time.Second
+	deadConnTimeout   = 0
+	handshakeTimeout  = 10 * time.Second
+	releaseTimeout    = 10 * time.Second
+	drainTimeout      = 5 * time.Second
+	releasePollPeriod = 20 * time.Millisecond
 	// sysBlock is where the kernel shows block devices.
 	sysBlock = "/sys/block"
 )
 
-// KernelDevice is the kernel's NBD client attached to an export of this server.
-type KernelDevice struct {
+// Server serves the connections of a device: the NBD server (*server.Server).
+type Server interface {
+	// ServeConn serves one connection until it ends, and closes it.
+	ServeConn(nc net.Conn, remote string)
+	// ShuttingDown reports whether the server has begun to shut down (and so ends connections).
+	ShuttingDown() bool
+}
+
+// Device is the kernel's NBD client attached to an export of a Server.
+type Device struct {
 	path  string
 	index uint32
+	srv   Server
+	log   *slog.Logger
 	// conns counts the server's goroutines serving the device's sockets.
 	conns sync.WaitGroup
 	// A connection that ends while the kernel has the device, before it is asked to let go,
@@ -56,10 +75,10 @@ type KernelDevice struct {
 	detachErr  error
 }
 
-// AttachKernel connects the kernel NBD device at path (/dev/nbdN) to export over conns
-// connections that this server serves (one if the export does not allow several). The server
-// needs no listener.
-func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, error) {
+// Attach connects the kernel NBD device at path (/dev/nbdN) to export over conns connections that
+// srv serves (one if the export does not allow several). The server needs no listener. log is
+// told of the attachment and of connections the kernel gives up on (nil = slog.Default()).
+func Attach(srv Server, path, export string, conns int, log *slog.Logger) (*Device, error) {
 	index, err := nbdIndex(path)
 	if err != nil {
 		return nil, err
@@ -70,11 +89,14 @@ func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, er
 	}
 	defer g.Close()
 
-	k := &KernelDevice{path: path, index: index}
-	if err := s.releaseStale(g, family, k); err != nil {
+	if log == nil {
+		log = slog.Default()
+	}
+	k := &Device{path: path, index: index, srv: srv, log: log}
+	if err := k.releaseStale(g, family); err != nil {
 		return nil, err
 	}
-	files, ex, err := s.kernelSockets(k, export, max(conns, 1))
+	files, ex, err := k.sockets(export, max(conns, 1))
 	if err != nil {
 		k.conns.Wait()
 		return nil, fmt.Errorf("nbd: %s: %w", path, err)
@@ -93,29 +115,29 @@ func (s *Server) AttachKernel(path, export string, conns int) (*KernelDevice, er
 		return nil, err
 	}
 	k.attached.Store(true)
-	s.log.Info("nbd: kernel device attached", "device", path, "export", export,
-		"size", ex.size, "block_size", cfg.blockSize, "connections", len(files))
+	k.log.Info("nbd: kernel device attached", "device", path, "export", export,
+		"size", ex.Size, "block_size", cfg.blockSize, "connections", len(files))
 	return k, nil
 }
 
 // Path is the device's path.
-func (k *KernelDevice) Path() string { return k.path }
+func (k *Device) Path() string { return k.path }
 
 // Detach disconnects the kernel client: the device's dirty pages are written and flushed, the
 // requests in flight finish (Detach waits a few seconds for the device to be idle), the kernel
 // sends NBD_CMD_DISC on every connection, the server finishes the requests it had read, and
 // Detach returns once the kernel has released the device (size 0). If the device stays open
 // (a mounted file system), the kernel fails its I/O and Detach says so after a while.
-func (k *KernelDevice) Detach() error {
+func (k *Device) Detach() error {
 	k.detachOnce.Do(func() { k.detachErr = k.detach() })
 	return k.detachErr
 }
 
-func (k *KernelDevice) detach() error {
+func (k *Device) detach() error {
 	k.detaching.Store(true)
 	syncErr := syncBlockDevice(k.path)
 	// The kernel fails the requests still queued when it disconnects: let those in flight finish.
-	waitIdle(k.index, kernelDrainTimeout)
+	waitIdle(k.index, drainTimeout)
 	g, family, err := dialNBDFamily()
 	if err != nil {
 		return errors.Join(syncErr, err)
@@ -126,7 +148,7 @@ func (k *KernelDevice) detach() error {
 	}
 	// The kernel shut its sockets down: each connection ends once its requests are answered.
 	k.conns.Wait()
-	return errors.Join(syncErr, waitReleased(k.path, k.index, kernelReleaseTimeout))
+	return errors.Join(syncErr, waitReleased(k.path, k.index, releaseTimeout))
 }
 
 // nbdIndex is the index of an NBD device, N in /dev/nbdN (the path may be a symbolic link to it).
@@ -182,7 +204,7 @@ func connectError(path string, err error) error {
 
 // releaseStale disconnects the device when the process that connected it no longer exists (a
 // tierblk killed with -9): its connections are dead and nothing else will ever release it.
-func (s *Server) releaseStale(g *genlConn, family uint16, k *KernelDevice) error {
+func (k *Device) releaseStale(g *genlConn, family uint16) error {
 	b, err := os.ReadFile(sysBlockFile(k.index, "pid"))
 	if err != nil {
 		return nil // not connected, or no such device yet (the kernel creates it on connect)
@@ -195,31 +217,31 @@ func (s *Server) releaseStale(g *genlConn, family uint16, k *KernelDevice) error
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	s.log.Warn("nbd: device left connected by a process that is gone; disconnecting it", "device", k.path, "pid", pid)
+	k.log.Warn("nbd: device left connected by a process that is gone; disconnecting it", "device", k.path, "pid", pid)
 	if _, err := g.request(family, nbdCmdDisconnect, nbdGenlVersion, disconnectAttrs(k.index)); err != nil {
 		return fmt.Errorf("nbd: disconnect stale %s (connected by the dead process %d): %w", k.path, pid, err)
 	}
-	return waitReleased(k.path, k.index, kernelReleaseTimeout)
+	return waitReleased(k.path, k.index, releaseTimeout)
 }
 
-// kernelSockets makes n connections to export (one if the export cannot take several) and
-// returns the client ends, negotiated, with what the first negotiation learnt.
-func (s *Server) kernelSockets(k *KernelDevice, export string, n int) ([]*os.File, clientExport, error) {
+// sockets makes n connections to export (one if the export cannot take several) and returns the
+// client ends, negotiated, with what the first negotiation learnt.
+func (k *Device) sockets(export string, n int) ([]*os.File, client.Export, error) {
 	var files []*os.File
-	var first clientExport
+	var first client.Export
 	for i := 0; i < n; i++ {
-		f, ex, err := s.kernelSocket(k, export, i)
+		f, ex, err := k.socket(export, i)
 		if err != nil {
 			for _, f := range files {
 				f.Close()
 			}
-			return nil, clientExport{}, err
+			return nil, client.Export{}, err
 		}
 		files = append(files, f)
 		if i == 0 {
 			first = ex
-			if n > 1 && ex.flags&tflagCanMultiConn == 0 {
-				s.log.Info("nbd: export does not allow several connections; the kernel gets one", "export", export, "asked", n)
+			if n > 1 && ex.Flags&proto.FlagCanMultiConn == 0 {
+				k.log.Info("nbd: export does not allow several connections; the kernel gets one", "export", export, "asked", n)
 				n = 1
 			}
 		}
@@ -227,27 +249,27 @@ func (s *Server) kernelSockets(k *KernelDevice, export string, n int) ([]*os.Fil
 	return files, first, nil
 }
 
-// kernelSocket makes one socketpair, serves one end and negotiates export on the other, which it
+// socket makes one socketpair, serves one end and negotiates export on the other, which it
 // returns in blocking mode, ready for the kernel.
-func (s *Server) kernelSocket(k *KernelDevice, export string, i int) (*os.File, clientExport, error) {
+func (k *Device) socket(export string, i int) (*os.File, client.Export, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, clientExport{}, fmt.Errorf("socketpair: %w", err)
+		return nil, client.Export{}, fmt.Errorf("socketpair: %w", err)
 	}
 	server, err := fileConn(fds[0], "nbd-server")
 	if err != nil {
 		unix.Close(fds[1])
-		return nil, clientExport{}, err
+		return nil, client.Export{}, err
 	}
 	k.conns.Add(1)
 	go func() {
 		defer k.conns.Done()
-		s.serveConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
-		if k.attached.Load() && !k.detaching.Load() && !s.isClosing() {
+		k.srv.ServeConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
+		if k.attached.Load() && !k.detaching.Load() && !k.srv.ShuttingDown() {
 			// The kernel gave up on the connection: a request took longer than its timeout, or
 			// someone disconnected the device. Its requests go to the other connections, if any.
-			s.log.Warn("nbd: the kernel closed a connection of its device", "device", k.path, "connection", i,
-				"request_timeout", kernelRequestTimeout)
+			k.log.Warn("nbd: the kernel closed a connection of its device", "device", k.path, "connection", i,
+				"request_timeout", requestTimeout)
 		}
 	}()
 
@@ -255,12 +277,12 @@ func (s *Server) kernelSocket(k *KernelDevice, export string, i int) (*os.File, 
 	ex, err := negotiate(f, export)
 	if err != nil {
 		f.Close()
-		return nil, clientExport{}, err
+		return nil, client.Export{}, err
 	}
 	// net.FileConn made the socket non-blocking; the kernel's client expects it blocking.
 	if err := unix.SetNonblock(fds[1], false); err != nil {
 		f.Close()
-		return nil, clientExport{}, fmt.Errorf("socket: %w", err)
+		return nil, client.Export{}, fmt.Errorf("socket: %w", err)
 	}
 	return f, ex, nil
 }
@@ -276,42 +298,38 @@ func fileConn(fd int, name string) (net.Conn, error) {
 	return nc, nil
 }
 
-// negotiate runs our client's handshake for export on the socket f, without structured replies
+// negotiate runs the client's handshake for export on the socket f, without structured replies
 // (the kernel knows none), through a duplicate that it closes: f stays open.
-func negotiate(f *os.File, export string) (clientExport, error) {
+func negotiate(f *os.File, export string) (client.Export, error) {
 	nc, err := net.FileConn(f)
 	if err != nil {
-		return clientExport{}, fmt.Errorf("socket: %w", err)
+		return client.Export{}, fmt.Errorf("socket: %w", err)
 	}
 	defer nc.Close()
-	if err := nc.SetDeadline(time.Now().Add(kernelHandshakeTimeout)); err != nil {
-		return clientExport{}, err
+	if err := nc.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		return client.Export{}, err
 	}
-	sess, err := clientHandshake(nc, export, false)
+	ex, err := client.Handshake(nc, export)
 	if err != nil {
-		return clientExport{}, fmt.Errorf("handshake for export %q: %w", export, err)
+		return client.Export{}, fmt.Errorf("handshake for export %q: %w", export, err)
 	}
-	if n := sess.br.Buffered(); n > 0 {
-		// The server sends nothing after NBD_OPT_GO until asked: these bytes would be lost.
-		return clientExport{}, fmt.Errorf("%w: %d bytes after the handshake", ErrProtocol, n)
-	}
-	return sess.export, nil
+	return ex, nil
 }
 
 // kernelConfigFor is the kernel's view of the negotiated export. The kernel's logical block size
 // must be a power of two from 512 bytes to a page, and no smaller than the export's minimum.
-func kernelConfigFor(index uint32, ex clientExport, files []*os.File) (kernelConfig, error) {
-	bs := max(uint64(ex.minBlock), 512)
+func kernelConfigFor(index uint32, ex client.Export, files []*os.File) (kernelConfig, error) {
+	bs := max(uint64(ex.MinBlock), 512)
 	if bs > uint64(os.Getpagesize()) {
 		return kernelConfig{}, fmt.Errorf("nbd: the export's minimum block size %d is more than the kernel's client allows (%d)", bs, os.Getpagesize())
 	}
 	cfg := kernelConfig{
 		index:           index,
-		size:            uint64(ex.size),
+		size:            uint64(ex.Size),
 		blockSize:       bs,
-		flags:           ex.flags,
-		timeout:         uint64(kernelRequestTimeout / time.Second),
-		deadConnTimeout: kernelDeadConnTimeout,
+		flags:           ex.Flags,
+		timeout:         uint64(requestTimeout / time.Second),
+		deadConnTimeout: deadConnTimeout,
 	}
 	for _, f := range files {
 		cfg.fds = append(cfg.fds, int(f.Fd()))
@@ -369,6 +387,6 @@ func waitSysBlock(name string, timeout time.Duration, ok func(string) bool) (val
 		if time.Now().After(deadline) {
 			return value, false
 		}
-		time.Sleep(kernelReleasePollPeriod)
+		time.Sleep(releasePollPeriod)
 	}
 }

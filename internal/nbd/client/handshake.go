@@ -1,4 +1,4 @@
-package nbd
+package client
 
 import (
 	"bufio"
@@ -11,21 +11,20 @@ import (
 	"math/bits"
 	"net"
 	"time"
+
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 )
 
-// magicOldstyle is the second word of an oldstyle greeting, which this client does not speak.
-const magicOldstyle uint64 = 0x00420281861253
-
-// clientSession is one negotiated connection, ready for the transmission phase.
-type clientSession struct {
+// session is one negotiated connection, ready for the transmission phase.
+type session struct {
 	nc         net.Conn
 	br         *bufio.Reader
-	export     clientExport
+	export     Export
 	structured bool
 }
 
 // connect dials the server and negotiates the export. Close or ctx abort it.
-func (c *Client) connect(ctx context.Context) (*clientSession, error) {
+func (c *Client) connect(ctx context.Context) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 	stopOnClose := context.AfterFunc(c.ctx, cancel)
@@ -38,7 +37,7 @@ func (c *Client) connect(ctx context.Context) (*clientSession, error) {
 	}
 	// The handshake does blocking reads; a deadline in the past makes them return at once.
 	interrupt := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	s, err := clientHandshake(nc, c.cfg.Export, true)
+	s, err := handshake(nc, c.cfg.Export, true)
 	if !interrupt() {
 		err = errors.Join(ctx.Err(), err)
 	}
@@ -52,42 +51,58 @@ func (c *Client) connect(ctx context.Context) (*clientSession, error) {
 	return s, nil
 }
 
-// clientHandshake runs the fixed newstyle negotiation: structured replies if structured asks for
+// Handshake negotiates export on nc for a peer that takes the connection over for the
+// transmission phase and knows only simple replies (the kernel's NBD client): it asks for no
+// structured replies, and fails if the server sent anything past the handshake, which the peer
+// would never see. It returns what the server said of the export.
+func Handshake(nc net.Conn, export string) (Export, error) {
+	s, err := handshake(nc, export, false)
+	if err != nil {
+		return Export{}, err
+	}
+	if n := s.br.Buffered(); n > 0 {
+		// The server sends nothing after NBD_OPT_GO until asked: these bytes would be lost.
+		return Export{}, fmt.Errorf("%w: %d bytes after the handshake", ErrProtocol, n)
+	}
+	return s.export, nil
+}
+
+// handshake runs the fixed newstyle negotiation: structured replies if structured asks for
 // them and the server has them, then NBD_OPT_GO asking for block sizes, or NBD_OPT_EXPORT_NAME for
 // servers too old for GO. The kernel's client, which takes over some sessions, knows only simple
 // replies.
-func clientHandshake(nc net.Conn, export string, structured bool) (*clientSession, error) {
-	if len(export) > maxExportNameLen {
-		return nil, fmt.Errorf("export name is %d bytes; the protocol allows %d", len(export), maxExportNameLen)
+func handshake(nc net.Conn, export string, structured bool) (*session, error) {
+	if len(export) > proto.MaxExportNameLen {
+		return nil, fmt.Errorf("export name is %d bytes; the protocol allows %d", len(export), proto.MaxExportNameLen)
 	}
-	s := &clientSession{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
+	s := &session{nc: nc, br: bufio.NewReaderSize(nc, 64<<10)}
 	var greeting [18]byte
 	if _, err := io.ReadFull(s.br, greeting[:]); err != nil {
 		return nil, fmt.Errorf("%w: no NBD greeting: %w", ErrNotNBDServer, err)
 	}
-	if binary.BigEndian.Uint64(greeting[0:]) != magicNBD {
+	if binary.BigEndian.Uint64(greeting[0:]) != proto.MagicNBD {
 		return nil, fmt.Errorf("%w: it greeted with %q", ErrNotNBDServer, greeting[:8])
 	}
 	switch binary.BigEndian.Uint64(greeting[8:]) {
-	case magicIHaveOpt:
-	case magicOldstyle:
+	case proto.MagicIHaveOpt:
+	case proto.MagicOldstyle:
 		return nil, fmt.Errorf("%w: the server uses the oldstyle handshake; configure it for newstyle", ErrServerRefused)
 	default:
 		return nil, fmt.Errorf("%w: unknown handshake magic %#x", ErrNotNBDServer, greeting[8:16])
 	}
 	hflags := binary.BigEndian.Uint16(greeting[16:])
 	var cflags uint32
-	if hflags&flagFixedNewstyle != 0 {
-		cflags |= cflagFixedNewstyle
+	if hflags&proto.HandshakeFlagFixedNewstyle != 0 {
+		cflags |= proto.ClientFlagFixedNewstyle
 	}
-	noZeroes := hflags&flagNoZeroes != 0
+	noZeroes := hflags&proto.HandshakeFlagNoZeroes != 0
 	if noZeroes {
-		cflags |= cflagNoZeroes
+		cflags |= proto.ClientFlagNoZeroes
 	}
 	if _, err := nc.Write(binary.BigEndian.AppendUint32(nil, cflags)); err != nil {
 		return nil, err
 	}
-	if hflags&flagFixedNewstyle == 0 {
+	if hflags&proto.HandshakeFlagFixedNewstyle == 0 {
 		// Plain newstyle knows no option but EXPORT_NAME.
 		return s, s.exportName(export, noZeroes)
 	}
@@ -109,27 +124,27 @@ func clientHandshake(nc net.Conn, export string, structured bool) (*clientSessio
 }
 
 // sendOption writes one option request.
-func (s *clientSession) sendOption(opt uint32, data []byte) error {
-	b := make([]byte, optionHeaderSize, optionHeaderSize+len(data))
-	putOptionHeader(b, opt, uint32(len(data)))
+func (s *session) sendOption(opt uint32, data []byte) error {
+	b := make([]byte, proto.OptionHeaderSize, proto.OptionHeaderSize+len(data))
+	proto.PutOptionHeader(b, opt, uint32(len(data)))
 	_, err := s.nc.Write(append(b, data...))
 	return err
 }
 
 // readOptionReply reads one option reply to opt and returns its type and data.
-func (s *clientSession) readOptionReply(opt uint32) (uint32, []byte, error) {
-	var h [optionReplyHeaderSize]byte
+func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
+	var h [proto.OptionReplyHeaderSize]byte
 	if _, err := io.ReadFull(s.br, h[:]); err != nil {
 		return 0, nil, fmt.Errorf("reading the reply to option %d: %w", opt, err)
 	}
-	o, typ, n, ok := parseOptionReplyHeader(h[:])
+	o, typ, n, ok := proto.ParseOptionReplyHeader(h[:])
 	if !ok {
 		return 0, nil, fmt.Errorf("%w: option reply magic %#x", ErrProtocol, h[:8])
 	}
 	if o != opt {
 		return 0, nil, fmt.Errorf("%w: reply to option %d while option %d was asked", ErrProtocol, o, opt)
 	}
-	if n > maxOptionLength {
+	if n > proto.MaxOptionLength {
 		return 0, nil, fmt.Errorf("%w: option reply of %d bytes", ErrProtocol, n)
 	}
 	data := make([]byte, n)
@@ -140,18 +155,18 @@ func (s *clientSession) readOptionReply(opt uint32) (uint32, []byte, error) {
 }
 
 // optStructuredReply asks for structured replies; a server without them is fine.
-func (s *clientSession) optStructuredReply() (bool, error) {
-	if err := s.sendOption(optStructuredReply, nil); err != nil {
+func (s *session) optStructuredReply() (bool, error) {
+	if err := s.sendOption(proto.OptStructuredReply, nil); err != nil {
 		return false, err
 	}
-	typ, data, err := s.readOptionReply(optStructuredReply)
+	typ, data, err := s.readOptionReply(proto.OptStructuredReply)
 	switch {
 	case err != nil:
 		return false, err
-	case typ == repAck:
+	case typ == proto.RepAck:
 		return true, nil
-	case typ&repFlagError != 0:
-		if typ == repErrShutdown || typ == repErrTLSReqd {
+	case typ&proto.RepFlagError != 0:
+		if typ == proto.RepErrShutdown || typ == proto.RepErrTLSReqd {
 			return false, s.refused(typ, data, "")
 		}
 		return false, nil
@@ -161,23 +176,23 @@ func (s *clientSession) optStructuredReply() (bool, error) {
 
 // optGo asks for the export with NBD_OPT_GO. It returns false, without error, if the server does
 // not know the option, so the caller falls back to NBD_OPT_EXPORT_NAME.
-func (s *clientSession) optGo(export string) (bool, error) {
-	if err := s.sendOption(optGo, appendInfoRequest(nil, export, infoBlockSize)); err != nil {
+func (s *session) optGo(export string) (bool, error) {
+	if err := s.sendOption(proto.OptGo, proto.AppendInfoRequest(nil, export, proto.InfoBlockSize)); err != nil {
 		return false, err
 	}
 	gotExport, gotSizes := false, false
 	for {
-		typ, data, err := s.readOptionReply(optGo)
+		typ, data, err := s.readOptionReply(proto.OptGo)
 		if err != nil {
 			return false, err
 		}
 		switch {
-		case typ == repInfo:
+		case typ == proto.RepInfo:
 			if len(data) < 2 {
 				return false, fmt.Errorf("%w: NBD_REP_INFO of %d bytes", ErrProtocol, len(data))
 			}
 			switch binary.BigEndian.Uint16(data) {
-			case infoExport:
+			case proto.InfoExport:
 				if len(data) != 12 {
 					return false, fmt.Errorf("%w: NBD_INFO_EXPORT of %d bytes", ErrProtocol, len(data))
 				}
@@ -185,27 +200,27 @@ func (s *clientSession) optGo(export string) (bool, error) {
 					return false, err
 				}
 				gotExport = true
-			case infoBlockSize:
+			case proto.InfoBlockSize:
 				if len(data) != 14 {
 					return false, fmt.Errorf("%w: NBD_INFO_BLOCK_SIZE of %d bytes", ErrProtocol, len(data))
 				}
 				e := &s.export
-				e.minBlock = binary.BigEndian.Uint32(data[2:])
-				e.prefBlock = binary.BigEndian.Uint32(data[6:])
-				e.maxBlock = binary.BigEndian.Uint32(data[10:])
+				e.MinBlock = binary.BigEndian.Uint32(data[2:])
+				e.PrefBlock = binary.BigEndian.Uint32(data[6:])
+				e.MaxBlock = binary.BigEndian.Uint32(data[10:])
 				gotSizes = true
 			}
-		case typ == repAck:
+		case typ == proto.RepAck:
 			if !gotExport {
 				return false, fmt.Errorf("%w: NBD_OPT_GO succeeded without NBD_INFO_EXPORT", ErrProtocol)
 			}
 			if !gotSizes {
-				s.export.minBlock, s.export.prefBlock, s.export.maxBlock = defaultMinBlock, defaultPreferredBlock, defaultMaxBlock
+				s.export.MinBlock, s.export.PrefBlock, s.export.MaxBlock = defaultMinBlock, defaultPreferredBlock, defaultMaxBlock
 			}
 			return true, s.checkBlockSizes()
-		case typ == repErrUnsup:
+		case typ == proto.RepErrUnsup:
 			return false, nil
-		case typ&repFlagError != 0:
+		case typ&proto.RepFlagError != 0:
 			return false, s.refused(typ, data, export)
 		default:
 			return false, fmt.Errorf("%w: reply type %d to NBD_OPT_GO", ErrProtocol, typ)
@@ -215,13 +230,13 @@ func (s *clientSession) optGo(export string) (bool, error) {
 
 // exportName ends the negotiation the old way. The server answers with the export's size and
 // flags, or closes the connection if it does not have the export.
-func (s *clientSession) exportName(export string, noZeroes bool) error {
-	if err := s.sendOption(optExportName, []byte(export)); err != nil {
+func (s *session) exportName(export string, noZeroes bool) error {
+	if err := s.sendOption(proto.OptExportName, []byte(export)); err != nil {
 		return err
 	}
-	n := exportNameReplySize
+	n := proto.ExportNameReplySize
 	if !noZeroes {
-		n += exportNamePadding
+		n += proto.ExportNamePadding
 	}
 	b := make([]byte, n)
 	if _, err := io.ReadFull(s.br, b); err != nil {
@@ -231,47 +246,47 @@ func (s *clientSession) exportName(export string, noZeroes bool) error {
 		}
 		return err
 	}
-	s.export.minBlock, s.export.prefBlock, s.export.maxBlock = defaultMinBlock, defaultPreferredBlock, defaultMaxBlock
+	s.export.MinBlock, s.export.PrefBlock, s.export.MaxBlock = defaultMinBlock, defaultPreferredBlock, defaultMaxBlock
 	return s.setExport(binary.BigEndian.Uint64(b), binary.BigEndian.Uint16(b[8:]))
 }
 
-func (s *clientSession) setExport(size uint64, flags uint16) error {
+func (s *session) setExport(size uint64, flags uint16) error {
 	if size > math.MaxInt64 {
 		return fmt.Errorf("%w: export size %d", ErrProtocol, size)
 	}
-	if flags&tflagHasFlags == 0 {
+	if flags&proto.FlagHasFlags == 0 {
 		flags = 0 // the other bits mean nothing without HAS_FLAGS
 	}
-	s.export.size, s.export.flags = int64(size), flags
+	s.export.Size, s.export.Flags = int64(size), flags
 	return nil
 }
 
 // checkBlockSizes enforces the rules of the protocol's "Size constraints" section that the client
 // relies on: a power-of-two minimum of at most 64 KiB, and a maximum no smaller than it.
-func (s *clientSession) checkBlockSizes() error {
+func (s *session) checkBlockSizes() error {
 	e := s.export
-	if e.minBlock == 0 || e.minBlock > 64<<10 || bits.OnesCount32(e.minBlock) != 1 || e.maxBlock < e.minBlock {
-		return fmt.Errorf("%w: block sizes minimum %d preferred %d maximum %d", ErrProtocol, e.minBlock, e.prefBlock, e.maxBlock)
+	if e.MinBlock == 0 || e.MinBlock > 64<<10 || bits.OnesCount32(e.MinBlock) != 1 || e.MaxBlock < e.MinBlock {
+		return fmt.Errorf("%w: block sizes minimum %d preferred %d maximum %d", ErrProtocol, e.MinBlock, e.PrefBlock, e.MaxBlock)
 	}
 	return nil
 }
 
 // refused turns an option error reply into an error, and ends the negotiation politely.
-func (s *clientSession) refused(typ uint32, msg []byte, export string) error {
-	_ = s.sendOption(optAbort, nil) // the connection is closed next whatever happens
+func (s *session) refused(typ uint32, msg []byte, export string) error {
+	_ = s.sendOption(proto.OptAbort, nil) // the connection is closed next whatever happens
 	why := ""
 	if len(msg) > 0 {
 		why = fmt.Sprintf(" (server says: %q)", msg)
 	}
 	switch typ {
-	case repErrUnknown:
+	case proto.RepErrUnknown:
 		return fmt.Errorf("%w: %q%s", ErrExportNotFound, export, why)
-	case repErrTLSReqd:
+	case proto.RepErrTLSReqd:
 		return fmt.Errorf("%w: it requires TLS, which this client does not support%s", ErrServerRefused, why)
-	case repErrPolicy:
+	case proto.RepErrPolicy:
 		return fmt.Errorf("%w: its policy forbids export %q%s", ErrServerRefused, export, why)
-	case repErrShutdown:
+	case proto.RepErrShutdown:
 		return fmt.Errorf("%w: it is shutting down%s", ErrServerRefused, why)
 	}
-	return fmt.Errorf("%w: option error %d%s", ErrServerRefused, typ&^repFlagError, why)
+	return fmt.Errorf("%w: option error %d%s", ErrServerRefused, typ&^proto.RepFlagError, why)
 }

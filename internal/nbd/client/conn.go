@@ -1,4 +1,4 @@
-package nbd
+package client
 
 import (
 	"encoding/binary"
@@ -10,41 +10,42 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// clientRequest is one request on the wire. The caller owns it until it hands it to submit, and
+// request is one request on the wire. The caller owns it until it hands it to submit, and
 // again after wg.Done; in between, the connection it is on owns it.
-type clientRequest struct {
-	request        // the header; cookie is set by submit
-	buf     []byte // read destination or write payload
-	wg      *sync.WaitGroup
-	err     error // the outcome, set before wg.Done
+type request struct {
+	proto.Request        // the header; Cookie is set by submit
+	buf           []byte // read destination or write payload
+	wg            *sync.WaitGroup
+	err           error // the outcome, set before wg.Done
 
-	waitSince time.Time // when it first had to wait for a reconnect (guarded by clientConn.mu)
+	waitSince time.Time // when it first had to wait for a reconnect (guarded by conn.mu)
 	// Reply state, written by the reader of the connection the request was last sent on.
 	covered uint32 // bytes of a read that content chunks filled
 	errno   uint32 // the first error chunk's value
 	msg     string
 }
 
-func (r *clientRequest) finish(err error) {
+func (r *request) finish(err error) {
 	r.err = err
 	r.wg.Done()
 }
 
 // within reports where [off, off+n) starts in the request's buffer, and whether it lies inside.
-func (r *clientRequest) within(off uint64, n uint32) (uint32, bool) {
-	if off < r.offset || n > r.length || off-r.offset > uint64(r.length-n) {
+func (r *request) within(off uint64, n uint32) (uint32, bool) {
+	if off < r.Offset || n > r.Length || off-r.Offset > uint64(r.Length-n) {
 		return 0, false
 	}
-	return uint32(off - r.offset), true
+	return uint32(off - r.Offset), true
 }
 
-// clientConn is one of the client's connections. It outlives the sessions it carries: when one
+// conn is one of the client's connections. It outlives the sessions it carries: when one
 // drops, the connection reconnects and sends the requests that were pending on it again, which is
 // safe because block reads and writes are idempotent.
-type clientConn struct {
+type conn struct {
 	c       *Client
 	log     *slog.Logger
 	up      atomic.Bool // a session is installed and takes requests; pick looks at this
@@ -53,25 +54,25 @@ type clientConn struct {
 	wmu     sync.Mutex // one request on the wire at a time
 
 	mu       sync.Mutex
-	s        *clientSession // nil while reconnecting
-	draining bool           // a soft disconnect began on s: send nothing more on it
+	s        *session // nil while reconnecting
+	draining bool     // a soft disconnect began on s: send nothing more on it
 	closed   bool
-	pending  map[uint64]*clientRequest // every request not yet finished, sent or waiting
+	pending  map[uint64]*request // every request not yet finished, sent or waiting
 	backoff  time.Duration
 }
 
-func newClientConn(c *Client, id int) *clientConn {
-	return &clientConn{
+func newConn(c *Client, id int) *conn {
+	return &conn{
 		c:       c,
 		log:     c.log.With("conn", id),
 		kick:    make(chan struct{}, 1),
-		pending: map[uint64]*clientRequest{},
+		pending: map[uint64]*request{},
 	}
 }
 
 // install makes s the connection's session, starts its reader and sends it every request that
 // was waiting. It reports false if the client was closed meanwhile.
-func (cn *clientConn) install(s *clientSession) bool {
+func (cn *conn) install(s *session) bool {
 	cn.mu.Lock()
 	if cn.closed {
 		cn.mu.Unlock()
@@ -79,7 +80,7 @@ func (cn *clientConn) install(s *clientSession) bool {
 		return false
 	}
 	cn.s, cn.draining = s, false
-	resend := make([]*clientRequest, 0, len(cn.pending))
+	resend := make([]*request, 0, len(cn.pending))
 	for _, r := range cn.pending {
 		r.covered, r.errno, r.msg = 0, 0, ""
 		resend = append(resend, r)
@@ -97,15 +98,15 @@ func (cn *clientConn) install(s *clientSession) bool {
 }
 
 // submit sends r, or queues it for the next session if the connection is down.
-func (cn *clientConn) submit(r *clientRequest) {
+func (cn *conn) submit(r *request) {
 	cn.mu.Lock()
 	if cn.closed {
 		cn.mu.Unlock()
-		r.finish(clientClosedError(r))
+		r.finish(closedError(r))
 		return
 	}
-	r.cookie = cn.c.cookie.Add(1)
-	cn.pending[r.cookie] = r
+	r.Cookie = cn.c.cookie.Add(1)
+	cn.pending[r.Cookie] = r
 	s := cn.s
 	if s == nil || cn.draining {
 		r.waitSince = time.Now()
@@ -122,12 +123,12 @@ func (cn *clientConn) submit(r *clientRequest) {
 
 // send writes r on s. A failed write closes s, so its reader ends and the connection reconnects;
 // r is still pending and goes out again on the new session.
-func (cn *clientConn) send(s *clientSession, r *clientRequest) {
-	var h [requestSize]byte
-	putRequest(h[:], r.request)
+func (cn *conn) send(s *session, r *request) {
+	var h [proto.RequestSize]byte
+	proto.PutRequest(h[:], r.Request)
 	cn.wmu.Lock()
 	var err error
-	if r.typ == cmdWrite {
+	if r.Type == proto.CmdWrite {
 		bufs := net.Buffers{h[:], r.buf}
 		_, err = bufs.WriteTo(s.nc)
 	} else {
@@ -141,9 +142,9 @@ func (cn *clientConn) send(s *clientSession, r *clientRequest) {
 }
 
 // sendDisc asks the server to end the session (NBD_CMD_DISC).
-func (cn *clientConn) sendDisc(s *clientSession) {
-	var h [requestSize]byte
-	putRequest(h[:], request{typ: cmdDisc, cookie: cn.c.cookie.Add(1)})
+func (cn *conn) sendDisc(s *session) {
+	var h [proto.RequestSize]byte
+	proto.PutRequest(h[:], proto.Request{Type: proto.CmdDisc, Cookie: cn.c.cookie.Add(1)})
 	cn.wmu.Lock()
 	_, err := s.nc.Write(h[:])
 	cn.wmu.Unlock()
@@ -153,69 +154,69 @@ func (cn *clientConn) sendDisc(s *clientSession) {
 }
 
 // complete removes r from the pending set and hands it back to its caller.
-func (cn *clientConn) complete(r *clientRequest, err error) {
+func (cn *conn) complete(r *request, err error) {
 	cn.mu.Lock()
-	delete(cn.pending, r.cookie)
+	delete(cn.pending, r.Cookie)
 	cn.mu.Unlock()
 	r.finish(err)
 }
 
 // blame fails r for a reply that breaks the protocol, and returns the error so the reader drops
 // the session (the protocol asks for a hard disconnect); r is not sent again.
-func (cn *clientConn) blame(r *clientRequest, format string, args ...any) error {
+func (cn *conn) blame(r *request, format string, args ...any) error {
 	err := fmt.Errorf("%w: "+format, append([]any{ErrProtocol}, args...)...)
 	cn.complete(r, err)
 	return err
 }
 
-func (cn *clientConn) readLoop(s *clientSession) {
+func (cn *conn) readLoop(s *session) {
 	defer cn.c.wg.Done()
 	cn.lost(s, cn.readReplies(s))
 }
 
 // readReplies dispatches replies to the pending requests until the session fails.
-func (cn *clientConn) readReplies(s *clientSession) error {
-	var h [structReplySize]byte
+func (cn *conn) readReplies(s *session) error {
+	var h [proto.StructReplySize]byte
 	for {
 		if _, err := io.ReadFull(s.br, h[:4]); err != nil {
 			return err
 		}
 		switch magic := binary.BigEndian.Uint32(h[:4]); magic {
-		case magicSimpleReply:
-			if _, err := io.ReadFull(s.br, h[4:simpleReplySize]); err != nil {
+		case proto.MagicSimpleReply:
+			if _, err := io.ReadFull(s.br, h[4:proto.SimpleReplySize]); err != nil {
 				return err
 			}
-			errno, cookie, _ := parseSimpleReply(h[:])
+			errno, cookie, _ := proto.ParseSimpleReply(h[:])
 			r, err := cn.lookup(cookie)
 			if err != nil {
 				return err
 			}
-			if errno == 0 && r.typ == cmdRead {
+			if errno == 0 && r.Type == proto.CmdRead {
 				if _, err := io.ReadFull(s.br, r.buf); err != nil {
 					return err
 				}
 			}
 			cn.finishReply(s, r, errno, "")
-		case magicStructReply:
+		case proto.MagicStructReply:
 			if !s.structured {
 				return fmt.Errorf("%w: structured reply that was not negotiated", ErrProtocol)
 			}
-			if _, err := io.ReadFull(s.br, h[4:structReplySize]); err != nil {
+			if _, err := io.ReadFull(s.br, h[4:proto.StructReplySize]); err != nil {
 				return err
 			}
-			ch, _ := parseChunkHeader(h[:])
-			r, err := cn.lookup(ch.cookie)
+			ch, _ := proto.ParseChunkHeader(h[:])
+			r, err := cn.lookup(ch.Cookie)
 			if err != nil {
 				return err
 			}
-			if err := cn.readChunk(s, r, ch.typ, ch.length); err != nil {
+			if err := cn.readChunk(s, r, ch.Type, ch.Length); err != nil {
 				return err
 			}
-			if ch.flags&replyFlagDone == 0 {
+			if ch.Flags&proto.ReplyFlagDone == 0 {
 				continue
 			}
-			if r.errno == 0 && r.typ == cmdRead && r.covered != r.length {
-				return cn.blame(r, "read reply covered %d of %d bytes", r.covered, r.length)
+			if r.errno == 0 && r.Type == proto.CmdRead && r.covered != r.Length {
+				return cn.blame(r, "read reply covered %d of %d bytes", r.covered, r.Length)
 			}
 			cn.finishReply(s, r, r.errno, r.msg)
 		default:
@@ -224,7 +225,7 @@ func (cn *clientConn) readReplies(s *clientSession) error {
 	}
 }
 
-func (cn *clientConn) lookup(cookie uint64) (*clientRequest, error) {
+func (cn *conn) lookup(cookie uint64) (*request, error) {
 	cn.mu.Lock()
 	r := cn.pending[cookie]
 	cn.mu.Unlock()
@@ -239,16 +240,16 @@ func (cn *clientConn) lookup(cookie uint64) (*clientRequest, error) {
 const maxErrorChunk = 64 << 10
 
 // readChunk consumes the payload of one structured reply chunk for r.
-func (cn *clientConn) readChunk(s *clientSession, r *clientRequest, typ uint16, length uint32) error {
+func (cn *conn) readChunk(s *session, r *request, typ uint16, length uint32) error {
 	var b [12]byte
 	switch typ {
-	case replyTypeNone:
+	case proto.ReplyTypeNone:
 		if length != 0 {
 			return cn.blame(r, "NBD_REPLY_TYPE_NONE with %d bytes", length)
 		}
-	case replyTypeOffsetData:
-		if r.typ != cmdRead || length < 9 {
-			return cn.blame(r, "data chunk of %d bytes in reply to %s", length, clientCmdName(r.typ))
+	case proto.ReplyTypeOffsetData:
+		if r.Type != proto.CmdRead || length < 9 {
+			return cn.blame(r, "data chunk of %d bytes in reply to %s", length, cmdName(r.Type))
 		}
 		if _, err := io.ReadFull(s.br, b[:8]); err != nil {
 			return err
@@ -256,15 +257,15 @@ func (cn *clientConn) readChunk(s *clientSession, r *clientRequest, typ uint16, 
 		n := length - 8
 		start, ok := r.within(binary.BigEndian.Uint64(b[:]), n)
 		if !ok {
-			return cn.blame(r, "data chunk at %d+%d outside the read at %d+%d", binary.BigEndian.Uint64(b[:]), n, r.offset, r.length)
+			return cn.blame(r, "data chunk at %d+%d outside the read at %d+%d", binary.BigEndian.Uint64(b[:]), n, r.Offset, r.Length)
 		}
 		if _, err := io.ReadFull(s.br, r.buf[start:start+n]); err != nil {
 			return err
 		}
 		r.covered += n
-	case replyTypeOffsetHole:
-		if r.typ != cmdRead || length != 12 {
-			return cn.blame(r, "hole chunk of %d bytes in reply to %s", length, clientCmdName(r.typ))
+	case proto.ReplyTypeOffsetHole:
+		if r.Type != proto.CmdRead || length != 12 {
+			return cn.blame(r, "hole chunk of %d bytes in reply to %s", length, cmdName(r.Type))
 		}
 		if _, err := io.ReadFull(s.br, b[:12]); err != nil {
 			return err
@@ -272,7 +273,7 @@ func (cn *clientConn) readChunk(s *clientSession, r *clientRequest, typ uint16, 
 		off, n := binary.BigEndian.Uint64(b[:]), binary.BigEndian.Uint32(b[8:])
 		start, ok := r.within(off, n)
 		if !ok || n == 0 {
-			return cn.blame(r, "hole chunk at %d+%d outside the read at %d+%d", off, n, r.offset, r.length)
+			return cn.blame(r, "hole chunk at %d+%d outside the read at %d+%d", off, n, r.Offset, r.Length)
 		}
 		clear(r.buf[start : start+n])
 		r.covered += n
@@ -291,7 +292,7 @@ func (cn *clientConn) readChunk(s *clientSession, r *clientRequest, typ uint16, 
 			return cn.blame(r, "error message of %d bytes in a %d-byte chunk", msgLen, length)
 		}
 		if errno == 0 {
-			errno = errInval // an error chunk must carry an error; treat the odd one as the protocol says
+			errno = proto.ErrnoInval // an error chunk must carry an error; treat the odd one as the protocol says
 		}
 		if r.errno == 0 {
 			r.errno, r.msg = errno, string(p[6:6+msgLen])
@@ -302,15 +303,15 @@ func (cn *clientConn) readChunk(s *clientSession, r *clientRequest, typ uint16, 
 
 // finishReply completes r with the server's verdict. ESHUTDOWN means the server is going away:
 // the client must disconnect softly, and r goes out again after the reconnect.
-func (cn *clientConn) finishReply(s *clientSession, r *clientRequest, errno uint32, msg string) {
+func (cn *conn) finishReply(s *session, r *request, errno uint32, msg string) {
 	switch errno {
 	case 0:
 		cn.healthy.Store(true)
-		if r.typ != cmdRead && r.typ != cmdFlush && r.typ != cmdCache && r.flags&cmdFlagFUA == 0 {
+		if r.Type != proto.CmdRead && r.Type != proto.CmdFlush && r.Type != proto.CmdCache && r.Flags&proto.CmdFlagFUA == 0 {
 			cn.c.writesDone.Add(1)
 		}
 		cn.complete(r, nil)
-	case errShutdown:
+	case proto.ErrnoShutdown:
 		cn.mu.Lock()
 		start := cn.s == s && !cn.draining
 		cn.draining = true
@@ -325,13 +326,13 @@ func (cn *clientConn) finishReply(s *clientSession, r *clientRequest, errno uint
 			}()
 		}
 	default:
-		cn.complete(r, clientRemoteError(r.typ, int64(r.offset), int64(r.length), cn.c.export.size, errno, msg))
+		cn.complete(r, remoteError(r.Type, int64(r.Offset), int64(r.Length), cn.c.export.Size, errno, msg))
 	}
 }
 
 // lost handles the end of session s: the pending requests wait for a reconnect, or fail if the
 // client is closing.
-func (cn *clientConn) lost(s *clientSession, cause error) {
+func (cn *conn) lost(s *session, cause error) {
 	s.nc.Close()
 	cn.mu.Lock()
 	cn.s = nil
@@ -352,7 +353,7 @@ func (cn *clientConn) lost(s *clientSession, cause error) {
 	if cn.healthy.Load() {
 		cn.backoff = 0
 	} else {
-		cn.backoff = clientNextBackoff(cn.backoff)
+		cn.backoff = nextBackoff(cn.backoff)
 	}
 	wait := cn.backoff
 	cn.mu.Unlock()
@@ -368,29 +369,29 @@ func (cn *clientConn) lost(s *clientSession, cause error) {
 }
 
 // failAll fails every pending request with ErrClosed. It is called with mu held and releases it.
-func (cn *clientConn) failAll() {
-	reqs := make([]*clientRequest, 0, len(cn.pending))
+func (cn *conn) failAll() {
+	reqs := make([]*request, 0, len(cn.pending))
 	for _, r := range cn.pending {
 		reqs = append(reqs, r)
 	}
 	clear(cn.pending)
 	cn.mu.Unlock()
 	for _, r := range reqs {
-		r.finish(clientClosedError(r))
+		r.finish(closedError(r))
 	}
 }
 
-func clientClosedError(r *clientRequest) error {
-	return fmt.Errorf("nbd: %s at offset %d: %w", clientCmdName(r.typ), r.offset, backend.ErrClosed)
+func closedError(r *request) error {
+	return fmt.Errorf("nbd: %s at offset %d: %w", cmdName(r.Type), r.Offset, backend.ErrClosed)
 }
 
-func clientNextBackoff(d time.Duration) time.Duration {
-	return min(max(2*d, clientBackoffMin), clientBackoffMax)
+func nextBackoff(d time.Duration) time.Duration {
+	return min(max(2*d, backoffMin), backoffMax)
 }
 
 // reconnect dials until a session is installed or the client closes, with capped exponential
 // backoff, failing requests that have waited longer than MaxReconnectWait.
-func (cn *clientConn) reconnect(wait time.Duration, cause error) {
+func (cn *conn) reconnect(wait time.Duration, cause error) {
 	defer cn.c.wg.Done()
 	c := cn.c
 	next := time.Now().Add(wait)
@@ -424,7 +425,7 @@ func (cn *clientConn) reconnect(wait time.Duration, cause error) {
 				level = slog.LevelWarn
 			}
 			cn.mu.Lock()
-			cn.backoff = clientNextBackoff(cn.backoff)
+			cn.backoff = nextBackoff(cn.backoff)
 			wait = cn.backoff
 			cn.mu.Unlock()
 			cn.log.Log(c.ctx, level, "nbd: reconnect failed; retrying", "err", err, "attempt", attempt, "retry_in", wait)
@@ -448,14 +449,14 @@ func (cn *clientConn) reconnect(wait time.Duration, cause error) {
 
 // sweep fails the requests that have waited for a reconnect longer than MaxReconnectWait, or
 // all of them if the client is closed. It returns the earliest deadline of those still waiting.
-func (cn *clientConn) sweep(now time.Time, lastErr error) (earliest time.Time, closed bool) {
+func (cn *conn) sweep(now time.Time, lastErr error) (earliest time.Time, closed bool) {
 	c := cn.c
 	cn.mu.Lock()
 	if cn.closed || c.ctx.Err() != nil {
 		cn.failAll()
 		return time.Time{}, true
 	}
-	var expired []*clientRequest
+	var expired []*request
 	for cookie, r := range cn.pending {
 		dl := r.waitSince.Add(c.cfg.MaxReconnectWait)
 		if !now.Before(dl) {
@@ -468,14 +469,14 @@ func (cn *clientConn) sweep(now time.Time, lastErr error) (earliest time.Time, c
 	cn.mu.Unlock()
 	for _, r := range expired {
 		r.finish(fmt.Errorf("nbd: %s at offset %d: connection to %s %s lost and not re-established within %v: %w",
-			clientCmdName(r.typ), r.offset, c.cfg.Network, c.cfg.Address, c.cfg.MaxReconnectWait, lastErr))
+			cmdName(r.Type), r.Offset, c.cfg.Network, c.cfg.Address, c.cfg.MaxReconnectWait, lastErr))
 	}
 	return earliest, false
 }
 
 // close ends the connection for good: a polite NBD_CMD_DISC, then the socket is closed, which
 // makes the reader (or the reconnect loop) fail what is pending.
-func (cn *clientConn) close() {
+func (cn *conn) close() {
 	cn.mu.Lock()
 	cn.closed = true
 	cn.up.Store(false)

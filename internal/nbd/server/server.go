@@ -1,4 +1,13 @@
-package nbd
+// Package server serves volume.Devices over the Network Block Device protocol (doc/proto.md of
+// NetworkBlockDevice/nbd; the wire format is internal/nbd/proto): the fixed-newstyle handshake,
+// then the transmission phase with simple and structured replies, each connection's requests
+// served concurrently and answered out of order. Connections come from listeners (Serve) or one at
+// a time from whoever made them (ServeConn: the sockets handed to the kernel's NBD client,
+// internal/nbd/kernel).
+//
+// The server must never let one connection's bad input harm another connection or write anything
+// a client did not ask for: malformed requests get an error reply or a closed connection.
+package server
 
 import (
 	"bufio"
@@ -13,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -23,8 +33,8 @@ type Export struct {
 	Device            volume.Device
 }
 
-// ServerConfig configures a Server.
-type ServerConfig struct {
+// Config configures a Server.
+type Config struct {
 	Exports     []Export     // the first one is also the default export (name "")
 	Logger      *slog.Logger // nil = slog.Default()
 	MaxInFlight int          // requests served at once per connection; 0 = 64
@@ -77,8 +87,8 @@ type Server struct {
 	watching  bool // the watchdog runs
 }
 
-// NewServer checks cfg and returns a server ready to Serve.
-func NewServer(cfg ServerConfig) (*Server, error) {
+// New checks cfg and returns a server ready to Serve.
+func New(cfg Config) (*Server, error) {
 	if len(cfg.Exports) == 0 {
 		return nil, errors.New("nbd: no exports")
 	}
@@ -113,8 +123,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		switch {
 		case e.Device == nil:
 			return nil, fmt.Errorf("nbd: export %q has no device", e.Name)
-		case len(e.Name) > maxExportNameLen:
-			return nil, fmt.Errorf("nbd: export name %.20q... is longer than %d bytes", e.Name, maxExportNameLen)
+		case len(e.Name) > proto.MaxExportNameLen:
+			return nil, fmt.Errorf("nbd: export name %.20q... is longer than %d bytes", e.Name, proto.MaxExportNameLen)
 		case e.Name == "" && i > 0:
 			return nil, errors.New("nbd: only the first export may have the empty name (it is the default export)")
 		}
@@ -148,7 +158,7 @@ func (s *Server) Serve(l net.Listener) error {
 	for {
 		nc, err := l.Accept()
 		if err != nil {
-			if s.isClosing() {
+			if s.ShuttingDown() {
 				return nil
 			}
 			if errors.Is(err, net.ErrClosed) {
@@ -162,11 +172,13 @@ func (s *Server) Serve(l net.Listener) error {
 			continue
 		}
 		backoff = 0
-		go s.serveConn(nc, remoteName(nc))
+		go s.ServeConn(nc, remoteName(nc))
 	}
 }
 
-func (s *Server) isClosing() bool {
+// ShuttingDown reports whether Shutdown has been called, after which the server ends every
+// connection itself.
+func (s *Server) ShuttingDown() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.closing
@@ -262,8 +274,10 @@ func (s *Server) watchdog() {
 	}
 }
 
-// serveConn runs one connection to its end; remote names the peer in the logs.
-func (s *Server) serveConn(nc net.Conn, remote string) {
+// ServeConn serves one connection to its end, as Serve does each it accepts: for a connection the
+// server did not accept itself (one end of a socketpair whose other end goes to the kernel). remote
+// names the peer in the logs. It closes nc.
+func (s *Server) ServeConn(nc net.Conn, remote string) {
 	src := &source{r: nc}
 	c := &conn{
 		s:   s,
@@ -395,7 +409,7 @@ type conn struct {
 	werr      error // first write error; nothing more is written after it
 	// bigSendBuf is set once the socket's send buffer was enlarged for large replies.
 	bigSendBuf bool
-	scratch    [structReplySize + 8 + 6]byte
+	scratch    [proto.StructReplySize + 8 + 6]byte
 }
 
 // run performs the handshake and, when the client picks an export, the transmission phase.

@@ -1,4 +1,4 @@
-package nbd
+package server
 
 import (
 	"context"
@@ -9,34 +9,35 @@ import (
 	"syscall"
 	"unicode/utf8"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
 // replyFailed answers a request the device failed. The client gets the errno and a fixed message:
 // the device's error names files and devices of this machine, which are the log's to tell.
-func (c *conn) replyFailed(r request, err error) {
-	errno := errnoFor(err, r.typ)
+func (c *conn) replyFailed(r proto.Request, err error) {
+	errno := errnoFor(err, r.Type)
 	level := slog.LevelDebug
-	if errno == errIO {
+	if errno == proto.ErrnoIO {
 		level = slog.LevelWarn
 	}
-	c.log.Log(context.Background(), level, "nbd: device error", "cmd", r.typ, "offset", r.offset, "length", r.length, "err", err)
+	c.log.Log(context.Background(), level, "nbd: device error", "cmd", r.Type, "offset", r.Offset, "length", r.Length, "err", err)
 	c.replyErrno(r, errno, deviceErrorMessages[errno])
 }
 
 // deviceErrorMessages are what a client is told of a device's error, by errno (errnoFor's).
 var deviceErrorMessages = map[uint32]string{
-	errIO:     "input/output error on the export (the server's log has the details)",
-	errNoSpc:  "no space left on the export's storage",
-	errPerm:   "the export is read-only",
-	errNotSup: "the export does not support this",
-	errInval:  "invalid request for the export",
+	proto.ErrnoIO:     "input/output error on the export (the server's log has the details)",
+	proto.ErrnoNoSpc:  "no space left on the export's storage",
+	proto.ErrnoPerm:   "the export is read-only",
+	proto.ErrnoNotSup: "the export does not support this",
+	proto.ErrnoInval:  "invalid request for the export",
 }
 
 // endedRead is a read the device started asynchronously and ended: its request, its buffer and
 // the device's error.
 type endedRead struct {
-	req request
+	req proto.Request
 	buf *[]byte
 	err error
 }
@@ -46,10 +47,10 @@ type endedRead struct {
 // next request at once; the read's end is answered by the reader or a replier goroutine
 // (readEnded), never by the device's own goroutine, whose other completions must not wait for a
 // client that is slow to take its replies.
-func (c *conn) readAsync(r request) (*[]byte, bool) {
-	buf := getBuf(int(r.length))
+func (c *conn) readAsync(r proto.Request) (*[]byte, bool) {
+	buf := getBuf(int(r.Length))
 	c.workers.Add(1)
-	if c.async.ReadAtAsync(*buf, int64(r.offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
+	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
 		return nil, true
 	}
 	c.workers.Done()
@@ -129,42 +130,42 @@ func (c *conn) answerEnded(batch []endedRead) {
 func errnoFor(err error, typ uint16) uint32 {
 	switch {
 	case errors.Is(err, volume.ErrOutOfRange):
-		if typ == cmdWrite || typ == cmdWriteZeroes {
-			return errNoSpc
+		if typ == proto.CmdWrite || typ == proto.CmdWriteZeroes {
+			return proto.ErrnoNoSpc
 		}
-		return errInval
+		return proto.ErrnoInval
 	case errors.Is(err, volume.ErrReadOnly):
-		return errPerm
+		return proto.ErrnoPerm
 	case errors.Is(err, volume.ErrNotSupported):
-		return errNotSup
+		return proto.ErrnoNotSup
 	case errors.Is(err, volume.ErrInvalid):
-		return errInval
+		return proto.ErrnoInval
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
-		return errNoSpc
+		return proto.ErrnoNoSpc
 	default:
-		return errIO
+		return proto.ErrnoIO
 	}
 }
 
 // maxErrorMessage is the protocol's limit on strings.
-const maxErrorMessage = maxExportNameLen
+const maxErrorMessage = proto.MaxExportNameLen
 
 // replyData answers a successful READ: a simple reply, or one OFFSET_DATA chunk marked done (the
 // data is all read before the reply starts, so no error can follow; one chunk also honours DF).
-func (c *conn) replyData(r request, data []byte) {
+func (c *conn) replyData(r proto.Request, data []byte) {
 	c.beginReply()
 	var hdr []byte
 	switch {
 	case !c.structured:
-		putSimpleReply(c.scratch[:], 0, r.cookie)
-		hdr = c.scratch[:simpleReplySize]
+		proto.PutSimpleReply(c.scratch[:], 0, r.Cookie)
+		hdr = c.scratch[:proto.SimpleReplySize]
 	case len(data) == 0:
-		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeNone, cookie: r.cookie})
-		hdr = c.scratch[:structReplySize]
+		proto.PutChunkHeader(c.scratch[:], proto.ChunkHeader{Flags: proto.ReplyFlagDone, Type: proto.ReplyTypeNone, Cookie: r.Cookie})
+		hdr = c.scratch[:proto.StructReplySize]
 	default:
-		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeOffsetData, cookie: r.cookie, length: uint32(8 + len(data))})
-		binary.BigEndian.PutUint64(c.scratch[structReplySize:], r.offset)
-		hdr = c.scratch[:structReplySize+8]
+		proto.PutChunkHeader(c.scratch[:], proto.ChunkHeader{Flags: proto.ReplyFlagDone, Type: proto.ReplyTypeOffsetData, Cookie: r.Cookie, Length: uint32(8 + len(data))})
+		binary.BigEndian.PutUint64(c.scratch[proto.StructReplySize:], r.Offset)
+		hdr = c.scratch[:proto.StructReplySize+8]
 	}
 	if len(data) < connBufSize || c.werr != nil {
 		c.write(hdr)
@@ -202,18 +203,18 @@ func (c *conn) writeLarge(hdr, data []byte) {
 
 // replyErrno answers a request without data: success as a simple reply; an error as a simple
 // reply, or as an ERROR chunk carrying msg when structured replies are on.
-func (c *conn) replyErrno(r request, errno uint32, msg string) {
+func (c *conn) replyErrno(r proto.Request, errno uint32, msg string) {
 	c.beginReply()
 	if errno != 0 && c.structured {
 		msg = truncateUTF8(msg, maxErrorMessage)
-		putChunkHeader(c.scratch[:], chunkHeader{flags: replyFlagDone, typ: replyTypeError, cookie: r.cookie, length: uint32(6 + len(msg))})
-		binary.BigEndian.PutUint32(c.scratch[structReplySize:], errno)
-		binary.BigEndian.PutUint16(c.scratch[structReplySize+4:], uint16(len(msg)))
-		c.write(c.scratch[:structReplySize+6])
+		proto.PutChunkHeader(c.scratch[:], proto.ChunkHeader{Flags: proto.ReplyFlagDone, Type: proto.ReplyTypeError, Cookie: r.Cookie, Length: uint32(6 + len(msg))})
+		binary.BigEndian.PutUint32(c.scratch[proto.StructReplySize:], errno)
+		binary.BigEndian.PutUint16(c.scratch[proto.StructReplySize+4:], uint16(len(msg)))
+		c.write(c.scratch[:proto.StructReplySize+6])
 		c.writeString(msg)
 	} else {
-		putSimpleReply(c.scratch[:], errno, r.cookie)
-		c.write(c.scratch[:simpleReplySize])
+		proto.PutSimpleReply(c.scratch[:], errno, r.Cookie)
+		c.write(c.scratch[:proto.SimpleReplySize])
 	}
 	c.endReply()
 }

@@ -1,4 +1,4 @@
-package nbd
+package server
 
 import (
 	"encoding/binary"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -21,9 +22,9 @@ func (c *conn) handshake() (bool, error) {
 		return false, err
 	}
 	var b [18]byte
-	binary.BigEndian.PutUint64(b[0:], magicNBD)
-	binary.BigEndian.PutUint64(b[8:], magicIHaveOpt)
-	binary.BigEndian.PutUint16(b[16:], flagFixedNewstyle|flagNoZeroes)
+	binary.BigEndian.PutUint64(b[0:], proto.MagicNBD)
+	binary.BigEndian.PutUint64(b[8:], proto.MagicIHaveOpt)
+	binary.BigEndian.PutUint16(b[16:], proto.HandshakeFlagFixedNewstyle|proto.HandshakeFlagNoZeroes)
 	c.bw.Write(b[:])
 	if err := c.bw.Flush(); err != nil {
 		return false, err
@@ -32,10 +33,10 @@ func (c *conn) handshake() (bool, error) {
 		return false, c.handshakeReadErr(err)
 	}
 	cflags := binary.BigEndian.Uint32(b[:4])
-	if cflags&^(cflagFixedNewstyle|cflagNoZeroes) != 0 {
+	if cflags&^(proto.ClientFlagFixedNewstyle|proto.ClientFlagNoZeroes) != 0 {
 		return false, protocolErrorf("unknown client flags %#x", cflags)
 	}
-	c.noZeroes = cflags&cflagNoZeroes != 0
+	c.noZeroes = cflags&proto.ClientFlagNoZeroes != 0
 
 	for {
 		opt, data, err := c.readOption()
@@ -54,17 +55,17 @@ func (c *conn) handshake() (bool, error) {
 
 // readOption reads one option header and its data.
 func (c *conn) readOption() (opt uint32, data []byte, err error) {
-	var h [optionHeaderSize]byte
+	var h [proto.OptionHeaderSize]byte
 	if _, err := io.ReadFull(c.br, h[:]); err != nil {
 		return 0, nil, c.handshakeReadErr(err)
 	}
-	opt, length, ok := parseOptionHeader(h[:])
+	opt, length, ok := proto.ParseOptionHeader(h[:])
 	if !ok {
 		return 0, nil, protocolErrorf("bad option magic %#x", h[:8])
 	}
-	if length > maxOptionLength {
+	if length > proto.MaxOptionLength {
 		// Only a hostile client sends this much: skipping it would let it stream data at us.
-		return 0, nil, protocolErrorf("option %d has %d bytes of data, more than %d", opt, length, maxOptionLength)
+		return 0, nil, protocolErrorf("option %d has %d bytes of data, more than %d", opt, length, proto.MaxOptionLength)
 	}
 	data = make([]byte, length)
 	if _, err := io.ReadFull(c.br, data); err != nil {
@@ -85,30 +86,30 @@ func (c *conn) handshakeReadErr(err error) error {
 // export or aborted.
 func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
 	switch opt {
-	case optExportName:
+	case proto.OptExportName:
 		e := c.s.byName[string(data)]
 		if e == nil {
 			// NBD_OPT_EXPORT_NAME cannot carry an error: the protocol says to disconnect.
 			return true, protocolErrorf("unknown export %q", data)
 		}
 		c.enter(e)
-		var b [exportNameReplySize + exportNamePadding]byte
+		var b [proto.ExportNameReplySize + proto.ExportNamePadding]byte
 		binary.BigEndian.PutUint64(b[0:], uint64(c.info.Size))
 		binary.BigEndian.PutUint16(b[8:], c.tflags)
 		n := len(b)
 		if c.noZeroes {
-			n = exportNameReplySize
+			n = proto.ExportNameReplySize
 		}
 		c.bw.Write(b[:n])
 		return true, nil
 
-	case optAbort:
-		c.optReply(opt, repAck, nil)
+	case proto.OptAbort:
+		c.optReply(opt, proto.RepAck, nil)
 		return true, nil
 
-	case optList:
+	case proto.OptList:
 		if len(data) != 0 {
-			c.optReply(opt, repErrInvalid, []byte("NBD_OPT_LIST takes no data"))
+			c.optReply(opt, proto.RepErrInvalid, []byte("NBD_OPT_LIST takes no data"))
 			return false, nil
 		}
 		for i := range c.s.exports {
@@ -116,41 +117,41 @@ func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
 			p := binary.BigEndian.AppendUint32(nil, uint32(len(e.Name)))
 			p = append(p, e.Name...)
 			p = append(p, e.Description...)
-			c.optReply(opt, repServer, p)
+			c.optReply(opt, proto.RepServer, p)
 		}
-		c.optReply(opt, repAck, nil)
+		c.optReply(opt, proto.RepAck, nil)
 		return false, nil
 
-	case optInfo, optGo:
+	case proto.OptInfo, proto.OptGo:
 		return c.handleInfo(opt, data)
 
-	case optStructuredReply:
+	case proto.OptStructuredReply:
 		if len(data) != 0 {
-			c.optReply(opt, repErrInvalid, []byte("NBD_OPT_STRUCTURED_REPLY takes no data"))
+			c.optReply(opt, proto.RepErrInvalid, []byte("NBD_OPT_STRUCTURED_REPLY takes no data"))
 			return false, nil
 		}
 		c.structured = true
-		c.optReply(opt, repAck, nil)
+		c.optReply(opt, proto.RepAck, nil)
 		return false, nil
 
 	default:
 		// STARTTLS, metadata contexts, extended headers and anything newer.
 		c.log.Debug("nbd: unsupported option", "option", opt)
-		c.optReply(opt, repErrUnsup, fmt.Appendf(nil, "option %d is not supported", opt))
+		c.optReply(opt, proto.RepErrUnsup, fmt.Appendf(nil, "option %d is not supported", opt))
 		return false, nil
 	}
 }
 
 // handleInfo answers NBD_OPT_INFO and NBD_OPT_GO; after a successful GO the handshake is over.
 func (c *conn) handleInfo(opt uint32, data []byte) (done bool, err error) {
-	name, infos, ok := parseInfoRequest(data)
+	name, infos, ok := proto.ParseInfoRequest(data)
 	if !ok {
-		c.optReply(opt, repErrInvalid, []byte("malformed NBD_OPT_INFO/NBD_OPT_GO data"))
+		c.optReply(opt, proto.RepErrInvalid, []byte("malformed NBD_OPT_INFO/NBD_OPT_GO data"))
 		return false, nil
 	}
 	e := c.s.byName[name]
 	if e == nil {
-		c.optReply(opt, repErrUnknown, fmt.Appendf(nil, "no export named %q", name))
+		c.optReply(opt, proto.RepErrUnknown, fmt.Appendf(nil, "no export named %q", name))
 		return false, nil
 	}
 	info := e.Device.Info()
@@ -158,28 +159,28 @@ func (c *conn) handleInfo(opt uint32, data []byte) (done bool, err error) {
 	minB, prefB, maxB := blockSizes(info)
 
 	var p [14]byte
-	binary.BigEndian.PutUint16(p[0:], infoExport)
+	binary.BigEndian.PutUint16(p[0:], proto.InfoExport)
 	binary.BigEndian.PutUint64(p[2:], uint64(info.Size))
 	binary.BigEndian.PutUint16(p[10:], tflags)
-	c.optReply(opt, repInfo, p[:12])
+	c.optReply(opt, proto.RepInfo, p[:12])
 	for _, t := range infos {
 		switch t {
-		case infoName:
-			c.optReply(opt, repInfo, append(binary.BigEndian.AppendUint16(nil, infoName), e.Name...))
-		case infoDescription:
+		case proto.InfoName:
+			c.optReply(opt, proto.RepInfo, append(binary.BigEndian.AppendUint16(nil, proto.InfoName), e.Name...))
+		case proto.InfoDescription:
 			if e.Description != "" {
-				c.optReply(opt, repInfo, append(binary.BigEndian.AppendUint16(nil, infoDescription), e.Description...))
+				c.optReply(opt, proto.RepInfo, append(binary.BigEndian.AppendUint16(nil, proto.InfoDescription), e.Description...))
 			}
 		}
 	}
 	// Block sizes go out whether asked for or not: clients that did not ask may ignore them.
-	binary.BigEndian.PutUint16(p[0:], infoBlockSize)
+	binary.BigEndian.PutUint16(p[0:], proto.InfoBlockSize)
 	binary.BigEndian.PutUint32(p[2:], minB)
 	binary.BigEndian.PutUint32(p[6:], prefB)
 	binary.BigEndian.PutUint32(p[10:], maxB)
-	c.optReply(opt, repInfo, p[:14])
-	c.optReply(opt, repAck, nil)
-	if opt != optGo {
+	c.optReply(opt, proto.RepInfo, p[:14])
+	c.optReply(opt, proto.RepAck, nil)
+	if opt != proto.OptGo {
 		return false, nil
 	}
 	c.enterWith(e, info)
@@ -188,8 +189,8 @@ func (c *conn) handleInfo(opt uint32, data []byte) (done bool, err error) {
 
 // optReply queues one option reply; the caller flushes.
 func (c *conn) optReply(opt, typ uint32, data []byte) {
-	var h [optionReplyHeaderSize]byte
-	putOptionReplyHeader(h[:], opt, typ, uint32(len(data)))
+	var h [proto.OptionReplyHeaderSize]byte
+	proto.PutOptionReplyHeader(h[:], opt, typ, uint32(len(data)))
 	c.bw.Write(h[:])
 	c.bw.Write(data)
 }
@@ -210,19 +211,19 @@ func (c *conn) enterWith(e *Export, info volume.Info) {
 func transmissionFlags(info volume.Info, structured bool) uint16 {
 	// FLUSH and CACHE are always understood: on a read-only or uncached volume they succeed
 	// without effect.
-	f := tflagHasFlags | tflagSendFlush | tflagSendCache
+	f := proto.FlagHasFlags | proto.FlagSendFlush | proto.FlagSendCache
 	set := func(cond bool, flag uint16) {
 		if cond {
 			f |= flag
 		}
 	}
-	set(info.ReadOnly, tflagReadOnly)
-	set(info.CanFUA, tflagSendFUA)
-	set(info.CanTrim, tflagSendTrim)
-	set(info.CanZero, tflagSendWriteZeroes)
-	set(info.CanZero && info.CanFastZero, tflagSendFastZero)
-	set(info.MultiConn, tflagCanMultiConn)
-	set(structured, tflagSendDF)
+	set(info.ReadOnly, proto.FlagReadOnly)
+	set(info.CanFUA, proto.FlagSendFUA)
+	set(info.CanTrim, proto.FlagSendTrim)
+	set(info.CanZero, proto.FlagSendWriteZeroes)
+	set(info.CanZero && info.CanFastZero, proto.FlagSendFastZero)
+	set(info.MultiConn, proto.FlagCanMultiConn)
+	set(structured, proto.FlagSendDF)
 	return f
 }
 
