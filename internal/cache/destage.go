@@ -129,7 +129,10 @@ func (c *Cache) writeRun(r destageRun) error {
 	pos := int64(0)
 	for _, p := range r.pieces {
 		if err := c.ssd.readSlotCached(p.slot, buf[pos:pos+p.hi-p.lo], p.lo); err != nil {
-			c.ssd.errs.Add(1)
+			// Counted as any error of the tier's device: a dirty line the destager cannot read
+			// keeps its dirty data from leaving, and a device that keeps failing is bypassed, so
+			// that writes waiting for room go on to the backend (admitDirty) rather than wait.
+			c.ssd.ioError(p.line, p.slot, err)
 			c.wb.destageErrors.Add(1)
 			return fmt.Errorf("destage at offset %d: SSD tier read: %w", r.off, err)
 		}

@@ -55,9 +55,10 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 		defer c.releaseDirty(len(segs))
 		// The mode again, under the mode lock held shared until the lines are dirty: SetMode
 		// changes the mode holding it alone, so the flush after a switch finds what this write
-		// dirtied, and a switch while the write was throttled sends it the new mode's way.
+		// dirtied, and a switch while the write was throttled sends it the new mode's way (as a
+		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
-		if mode = c.Mode(); mode == WriteBack {
+		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
 			defer c.wb.modeMu.RUnlock()
 			c.lockSegs(segs)
 			defer c.unlockSegs(segs)

@@ -134,7 +134,9 @@ func (c *Cache) admitDirty(n int) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines && !w.closed {
+	// A tier bypassed meanwhile takes no more dirty data: the write goes through (write); the
+	// destager wakes waiting writes after each attempt, failed or not.
+	for int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines && !w.closed && c.ssd.usable() {
 		if w.reserved == 0 && n > w.maxLines {
 			break // one request larger than the whole allowance: let it through alone
 		}

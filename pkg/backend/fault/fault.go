@@ -72,6 +72,11 @@ type Options struct {
 	// write a random prefix of itself that ends on a 512-byte device boundary: possibly nothing,
 	// possibly all of it. A device that fails through SetFailing writes nothing.
 	TornWrites bool
+	// BadSectors makes a read failed by a rule or a rate mark the 512-byte sectors it covers bad,
+	// as a disk's medium error: every later read of any of them fails too, until a write that
+	// succeeds covers it (the disk remaps it). A caller that reads again after an error then
+	// meets the error again, as it would on the disk.
+	BadSectors bool
 }
 
 // ErrInjected is wrapped by every fault this package injects.
@@ -108,12 +113,14 @@ type Backend struct {
 	errBase  error
 	maxDelay time.Duration
 	torn     bool
+	badSecs  bool
 
 	mu      sync.Mutex // guards everything below, and orders the draws from rng
 	rng     *rand.Rand
 	rates   [numOps]float64
 	rules   []Rule
 	failing bool
+	bad     map[int64]bool // the bad sectors, with Options.BadSectors
 	calls   [numOps]int64
 	faults  [numOps]int64
 }
@@ -129,6 +136,8 @@ func New(b backend.Backend, o Options) *Backend {
 		errBase:  o.Err,
 		maxDelay: o.MaxDelay,
 		torn:     o.TornWrites,
+		badSecs:  o.BadSectors,
+		bad:      map[int64]bool{},
 		rng:      rand.New(rand.NewPCG(uint64(o.Seed), 0x6661756c74)), // "fault"
 	}
 	if f.errBase == nil {
@@ -220,6 +229,17 @@ func (f *Backend) decide(op Op, off, n int64) verdict {
 			break
 		}
 	}
+	if f.badSecs && op == Read {
+		drawn := cause != "" // by a rate or a rule: the sectors go bad
+		for sec := off / SectorSize; sec*SectorSize < off+n; sec++ {
+			if drawn {
+				f.bad[sec] = true
+			} else if f.bad[sec] {
+				cause = fmt.Sprintf("bad sector %d", sec)
+				break
+			}
+		}
+	}
 	switch {
 	case f.failing:
 		cause = "SetFailing"
@@ -301,7 +321,21 @@ func (f *Backend) WriteAt(p []byte, off int64) (int, error) {
 	if err := f.inject(Write, off, int64(len(p)), p); err != nil {
 		return 0, err
 	}
-	return f.inner.WriteAt(p, off)
+	n, err := f.inner.WriteAt(p, off)
+	f.remap(off, int64(n), err)
+	return n, err
+}
+
+// remap clears the bad sectors that a write of n bytes at off covered whole, if it succeeded.
+func (f *Backend) remap(off, n int64, err error) {
+	if !f.badSecs || err != nil {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for sec := (off + SectorSize - 1) / SectorSize; (sec+1)*SectorSize <= off+n; sec++ {
+		delete(f.bad, sec)
+	}
 }
 
 // WriteAtFUA implements backend.FUAWriter; it counts and fails as a Write.
@@ -309,7 +343,9 @@ func (f *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
 	if err := f.inject(Write, off, int64(len(p)), p); err != nil {
 		return 0, err
 	}
-	return backend.WriteFUA(f.inner, p, off)
+	n, err := backend.WriteFUA(f.inner, p, off)
+	f.remap(off, int64(n), err)
+	return n, err
 }
 
 // Size implements backend.Backend.

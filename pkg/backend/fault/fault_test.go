@@ -334,3 +334,32 @@ func TestBadOptions(t *testing.T) {
 		})
 	}
 }
+
+// BadSectors: a read failed by a rule marks its sectors bad; later reads that overlap them fail,
+// others do not; a write that covers a sector whole clears it, one that covers part does not.
+func TestBadSectors(t *testing.T) {
+	f := New(mem.New(1<<20), Options{BadSectors: true, Rules: []Rule{{Op: Read, Nth: 1}}})
+	read := func(off, n int64) error {
+		_, err := f.ReadAt(make([]byte, n), off)
+		return err
+	}
+	require.ErrorIs(t, read(4096, 1024), ErrInjected) // sectors 8 and 9
+	for _, r := range []struct {
+		off, n int64
+		bad    bool
+	}{{4096, 512, true}, {4608, 512, true}, {0, 8192, true}, {4000, 100, true}, {5120, 512, false}, {0, 4096, false}} {
+		err := read(r.off, r.n)
+		if r.bad {
+			require.ErrorContains(t, err, "bad sector", "read %d at %d", r.n, r.off)
+		} else {
+			require.NoError(t, err, "read %d at %d", r.n, r.off)
+		}
+	}
+	_, err := f.WriteAt(make([]byte, 700), 4096) // sector 8 whole, 9 in part
+	require.NoError(t, err)
+	require.NoError(t, read(4096, 512))
+	require.ErrorContains(t, read(4608, 512), "bad sector 9")
+	_, err = f.WriteAtFUA(make([]byte, 512), 4608)
+	require.NoError(t, err)
+	require.NoError(t, read(0, 8192))
+}
