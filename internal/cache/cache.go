@@ -19,8 +19,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -129,7 +129,6 @@ type Cache struct {
 	zero  backend.ZeroWriter
 	// ssdAsync is the SSD tier's device when it reads asynchronously (ReadAtAsync).
 	ssdAsync backend.AsyncReader
-	bufs     bufPool
 	closed   atomic.Bool
 
 	backendStats ioCounters
@@ -166,7 +165,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
 			return nil, err
 		}
-		c.ram.ram = alignedAlloc(c.ram.slots * int(c.line))
+		c.ram.ram = bufpool.Aligned(c.ram.slots * int(c.line))
 	}
 	if cfg.SSDDevice != nil {
 		if err := c.openSSD(cfg); err != nil {
@@ -399,11 +398,4 @@ func (c *Cache) Stats() Stats {
 		}
 	}
 	return s
-}
-
-// alignedAlloc returns n bytes at an address aligned for direct I/O.
-func alignedAlloc(n int) []byte {
-	raw := make([]byte, n+blockSize)
-	skip := int(-uintptr(unsafe.Pointer(&raw[0])) & (blockSize - 1))
-	return raw[skip : skip+n : skip+n]
 }

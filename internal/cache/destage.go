@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/policy"
 )
 
@@ -124,8 +125,9 @@ func (c *Cache) writeRuns(runs []destageRun, inflight int) (int64, error) {
 
 // writeRun reads a run's pieces from their slots and writes them to the backend as one write.
 func (c *Cache) writeRun(r destageRun) error {
-	buf := c.bufs.get(int(r.len()))
-	defer c.bufs.put(buf)
+	bufp := bufpool.Get(int(r.len()))
+	defer bufpool.Put(bufp)
+	buf := *bufp
 	pos := int64(0)
 	for _, p := range r.pieces {
 		if err := c.ssd.readSlotCached(p.slot, buf[pos:pos+p.hi-p.lo], p.lo); err != nil {

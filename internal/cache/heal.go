@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 )
@@ -136,7 +137,7 @@ func (j *journal) probe() error {
 
 // probeSlot writes a pattern to the first block of a slot nobody uses and reads it back.
 func probeSlot(t *tier, slot uint32) error {
-	buf := alignedAlloc(2 * blockSize)
+	buf := bufpool.Aligned(2 * blockSize)
 	w, r := buf[:blockSize], buf[blockSize:]
 	for i := range w {
 		w[i] = byte(i*7 + int(slot))

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/policy"
 )
@@ -25,8 +26,9 @@ func (c *Cache) Prefetch(off, length int64) error {
 	if err := c.check(off, length); err != nil {
 		return err
 	}
-	buf := c.bufs.get(int(min(length, 4<<20)))
-	defer c.bufs.put(buf)
+	bufp := bufpool.Get(int(min(length, 4<<20)))
+	defer bufpool.Put(bufp)
+	buf := *bufp
 	for length > 0 {
 		n := min(length, int64(len(buf)))
 		if err := c.read(buf[:n], off, true); err != nil {
@@ -286,8 +288,9 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
 		return to
 	})
-	buf := c.bufs.get(int(to - from))
-	defer c.bufs.put(buf)
+	bufp := bufpool.Get(int(to - from))
+	defer bufpool.Put(bufp)
+	buf := *bufp
 	if err := c.backendRead(buf, from); err != nil {
 		return err
 	}
@@ -339,8 +342,9 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 			return
 		}
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-		tmp := c.bufs.get(int(hi - lo))
-		defer c.bufs.put(tmp)
+		tmpp := bufpool.Get(int(hi - lo))
+		defer bufpool.Put(tmpp)
+		tmp := *tmpp
 		if rerr := h.t.readSlot(h.slot, tmp, lo); rerr != nil {
 			_, dirty := h.t.bits(s.line)
 			h.t.ioError(s.line, h.slot, rerr)

@@ -1,6 +1,10 @@
 package cache
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
+)
 
 // writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
 // caller holds the line locks. A line the SSD tier cannot take now goes to the backend.
@@ -84,8 +88,9 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	}
 	buf := data
 	if headRMW || tailRMW {
-		buf = c.bufs.get(int(hi - lo))
-		defer c.bufs.put(buf)
+		bufp := bufpool.Get(int(hi - lo))
+		defer bufpool.Put(bufp)
+		buf = *bufp
 		for _, b := range []struct {
 			rmw bool
 			blk int

@@ -2,10 +2,10 @@ package server
 
 import (
 	"io"
-	"math/bits"
 	"sync"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 )
@@ -77,7 +77,7 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		req, ok := proto.ParseRequest(hdr[:])
 		if !ok || req.Type == proto.CmdDisc {
 			if pre != nil {
-				putBuf(pre)
+				bufpool.Put(pre)
 			}
 			if !ok {
 				return protocolErrorf("bad request magic %#x", hdr[:4]), false
@@ -140,7 +140,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 	if !c.direct() || c.sock == nil {
 		return nil, 0, c.readFull(hdr)
 	}
-	pre = getBuf(c.bigLen)
+	pre = bufpool.Get(c.bigLen)
 	n, err := c.sock.recv2(hdr, *pre)
 	if err == nil && n == 0 {
 		err = io.EOF
@@ -151,7 +151,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 		}
 	}
 	if err != nil {
-		putBuf(pre)
+		bufpool.Put(pre)
 		return nil, 0, err
 	}
 	return pre, max(0, n-len(hdr)), nil
@@ -194,7 +194,7 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 		// Not the WRITE expected: what was read of the socket belongs to what follows.
 		c.src.giveBack((*pre)[:preN])
 		c.bigWrites = false
-		putBuf(pre)
+		bufpool.Put(pre)
 		pre = nil
 	}
 	var buf *[]byte
@@ -211,13 +211,13 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 		case pre != nil:
 			buf = pre
 			if err := c.readFull((*buf)[preN:]); err != nil {
-				putBuf(buf)
+				bufpool.Put(buf)
 				return job{}, false, c.readErr(err)
 			}
 		default:
-			buf = getBuf(int(req.Length))
+			buf = bufpool.Get(int(req.Length))
 			if err := c.readPayload(*buf); err != nil {
-				putBuf(buf)
+				bufpool.Put(buf)
 				return job{}, false, c.readErr(err)
 			}
 		}
@@ -341,15 +341,15 @@ func (c *conn) serve(j job) time.Duration {
 	case proto.CmdRead:
 		buf := j.buf
 		if buf == nil {
-			buf = getBuf(int(r.Length))
+			buf = bufpool.Get(int(r.Length))
 		}
 		if err = dev.ReadAt(*buf, off); err == nil {
 			c.replyData(r, *buf)
 		}
-		putBuf(buf)
+		bufpool.Put(buf)
 	case proto.CmdWrite:
 		err = dev.WriteAt(*j.buf, off, fua)
-		putBuf(j.buf)
+		bufpool.Put(j.buf)
 		c.order.finish(j.seq)
 	case proto.CmdTrim:
 		err = dev.Trim(off, n, fua)
@@ -446,40 +446,6 @@ func (o *writeOrder) pendingBelow(barrier uint64) bool {
 	return false
 }
 
-// Payload buffers come from pools by power-of-two size class, from 4 KiB up to maxPayload, so that
-// the steady state of a busy connection allocates nothing. A *[]byte is pooled, not a []byte, so
-// that putting it back does not allocate either.
-const (
-	minBufShift = 12
-	maxBufShift = 26
-)
-
-var bufPools [maxBufShift - minBufShift + 1]sync.Pool
-
-// The largest pool must hold the largest payload: this array has a negative length, and the
-// package does not compile, if it does not.
-var _ [1<<maxBufShift - maxPayload]struct{}
-
-func bufClass(n int) int {
-	if n <= 1<<minBufShift {
-		return 0
-	}
-	return bits.Len(uint(n-1)) - minBufShift
-}
-
-// getBuf returns a buffer of length n (at most maxPayload).
-func getBuf(n int) *[]byte {
-	class := bufClass(n)
-	if v := bufPools[class].Get(); v != nil {
-		bp := v.(*[]byte)
-		*bp = (*bp)[:n]
-		return bp
-	}
-	b := make([]byte, n, 1<<(class+minBufShift))
-	return &b
-}
-
-// putBuf returns a buffer from getBuf to its pool.
-func putBuf(bp *[]byte) {
-	bufPools[bufClass(cap(*bp))].Put(bp)
-}
+// The largest pooled buffer must hold the largest payload: this array has a negative length, and
+// the package does not compile, if it does not.
+var _ [bufpool.MaxPooled - maxPayload]struct{}

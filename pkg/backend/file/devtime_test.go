@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -59,7 +60,7 @@ func TestDeviceTime(t *testing.T) {
 		t.Helper()
 		before, err := f.DeviceTime()
 		require.NoError(t, err)
-		buf := alignedAlloc(64 << 10)
+		buf := bufpool.Aligned(64 << 10)
 		for i := range 8 {
 			_, err := f.WriteAtFUA(buf, int64(i)*int64(len(buf)))
 			require.NoError(t, err)
@@ -102,7 +103,7 @@ func TestReadAtAsync(t *testing.T) {
 	if f.ring == nil {
 		t.Skip("no io_uring here")
 	}
-	buf := alignedAlloc(8192)
+	buf := bufpool.Aligned(8192)
 	done := make(chan error, 1)
 	require.True(t, f.ReadAtAsync(buf, 16384, func(err error) { done <- err }), "an aligned read")
 	require.NoError(t, <-done)

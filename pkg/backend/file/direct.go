@@ -1,9 +1,9 @@
 package file
 
 import (
-	"math/bits"
-	"sync"
 	"unsafe"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
 )
 
 // Direct I/O (O_DIRECT) needs the file offset, the length and the buffer's address aligned. Requests
@@ -12,7 +12,7 @@ import (
 const (
 	// dioAlign is the alignment used for direct I/O: 4096 suits devices with 512-byte and with
 	// 4 KiB logical blocks, and every file system's block size tierblk is likely to meet.
-	dioAlign = 4096
+	dioAlign = bufpool.Align
 	// maxBounce bounds one bounce buffer; larger requests go through it in pieces.
 	maxBounce = 1 << 20
 )
@@ -21,31 +21,6 @@ func aligned(p []byte, off int64) bool {
 	return off%dioAlign == 0 && len(p)%dioAlign == 0 &&
 		(len(p) == 0 || uintptr(unsafe.Pointer(&p[0]))%dioAlign == 0)
 }
-
-// alignedAlloc returns n bytes starting at an address that is a multiple of dioAlign.
-func alignedAlloc(n int) []byte {
-	raw := make([]byte, n+dioAlign)
-	skip := int(-uintptr(unsafe.Pointer(&raw[0])) & (dioAlign - 1))
-	return raw[skip : skip+n : skip+n]
-}
-
-// Bounce buffers come from pools by power-of-two size class, 4 KiB to maxBounce, so small requests
-// do not hold large buffers.
-var bouncePools [9]sync.Pool // 4 KiB << 0..8: 4 KiB to 1 MiB (maxBounce)
-
-func sizeClass(n int) int { return bits.Len(uint((n - 1) / dioAlign)) }
-
-// getBounce returns an aligned buffer of n <= maxBounce bytes; give it back with putBounce.
-func getBounce(n int) *[]byte {
-	c := sizeClass(n)
-	if b, ok := bouncePools[c].Get().(*[]byte); ok {
-		return b
-	}
-	b := alignedAlloc(dioAlign << c)
-	return &b
-}
-
-func putBounce(b *[]byte) { bouncePools[sizeClass(len(*b))].Put(b) }
 
 func alignDown(x int64) int64 { return x &^ (dioAlign - 1) }
 
@@ -60,11 +35,11 @@ func (f *File) window(off, end int64) (w, we int64) {
 func (f *File) bounceRead(p []byte, off int64) error {
 	for len(p) > 0 {
 		w, we := f.window(off, off+int64(len(p)))
-		b := getBounce(int(we - w))
+		b := bufpool.Get(int(we - w))
 		buf := (*b)[:we-w]
 		err := f.pread(buf, w)
 		n := copy(p, buf[off-w:])
-		putBounce(b)
+		bufpool.Put(b)
 		if err != nil {
 			return err
 		}
@@ -77,9 +52,9 @@ func (f *File) bounceWrite(p []byte, off int64, dsync bool) error {
 	for len(p) > 0 {
 		w, we := f.window(off, off+int64(len(p)))
 		n := int(min(int64(len(p)), we-off))
-		b := getBounce(int(we - w))
+		b := bufpool.Get(int(we - w))
 		err := f.rmw((*b)[:we-w], w, p[:n], off, dsync)
-		putBounce(b)
+		bufpool.Put(b)
 		if err != nil {
 			return err
 		}

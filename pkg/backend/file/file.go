@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -333,7 +334,7 @@ func inner(off, length, a int64) (s, e int64) {
 }
 
 // zeroes is a shared, aligned buffer of zeroes; nothing writes into it.
-var zeroes = sync.OnceValue(func() []byte { return alignedAlloc(maxBounce) })
+var zeroes = sync.OnceValue(func() []byte { return bufpool.Aligned(maxBounce) })
 
 func (f *File) writeZeroData(off, length int64) error {
 	for length > 0 {

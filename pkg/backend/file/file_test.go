@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
@@ -53,7 +54,7 @@ func directDir(t *testing.T) string {
 		t.Skipf("the file system of %s refuses O_DIRECT: %v", dir, err)
 	}
 	defer unix.Close(fd)
-	if _, err := unix.Pwrite(fd, alignedAlloc(dioAlign), 0); err != nil {
+	if _, err := unix.Pwrite(fd, bufpool.Aligned(dioAlign), 0); err != nil {
 		t.Skipf("the file system of %s refuses direct writes: %v", dir, err)
 	}
 	return dir
