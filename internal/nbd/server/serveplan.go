@@ -11,10 +11,10 @@ import (
 // it: the server's watchdog sees the reader stuck and starts a new goroutine that takes over the
 // reading (takeOver), which hands requests to workers while the device stays slow. (A timer per
 // request would cost more than the handoff it saves.) The bound covers a 64 KiB write into the
-// page cache on a slow 2-core VM (20-40 µs): served by workers, those cost 48 µs of CPU a request
-// against 37 µs with every request served inline, the payload crossing cores and each handoff
-// waking an idle one; at 20 µs the 64K sequential write row ran 3-13 % slower (4 of 4 paired
-// rounds). An O_DIRECT read of the SSD tier (100 µs and more) still goes to a worker.
+// page cache on a slow 2-core VM: served by workers, those cost more CPU a request than served
+// inline, the payload crossing cores and each handoff waking an idle one (bench writeback's 64K
+// sequential write row, and the CPU a request in paired runs). An O_DIRECT read of the SSD tier
+// still goes to a worker.
 //
 // Time alone cannot tell a request that keeps the CPU busy from one that waits: a remote NBD
 // server that answers in 30 µs looks as fast as a write to the page cache, and served one at a
@@ -25,8 +25,8 @@ import (
 //
 // Requests handed off look slower than they are when the device serves them one at a time:
 // buffered writes to one file each take its inode lock, so 32 workers each wait for the 31 others
-// and the average says 500 µs where one write alone takes 30. Left to the average, a connection
-// that went to workers once (a write stalled 5 ms in the page cache's throttling) stayed there,
+// and the average says many times what one write alone takes. Left to the average, a connection
+// that went to workers once (a write stalled in the page cache's throttling) stayed there,
 // the workers spinning on the lock. So after slowSpell handoffs in a row the reader serves one
 // request itself, a probe, and its latency replaces the average; samples of requests handed off
 // before the probe no longer count.

@@ -60,9 +60,9 @@ const (
 	connBufSize = 64 << 10
 	// sendBufSize is the socket send buffer a connection asks for with its first large reply (the
 	// kernel caps it at net.core.wmem_max). With the default 208 KiB, a 1 MiB READ reply takes
-	// five writes, each ending in EAGAIN and a wait while the client drains the socket; in one, 1M
-	// sequential reads ran 67-91 % faster (8 of 8 paired rounds, from about 0.69 of nbdkit's speed
-	// to 1.14-1.37). Connections that never send one keep the default.
+	// five writes, each ending in EAGAIN and a wait while the client drains the socket (bench
+	// cache's 1M sequential read row measures it). Connections that never send one keep the
+	// default.
 	sendBufSize = 4 << 20
 )
 
@@ -241,13 +241,11 @@ func (s *Server) watch() {
 // idle, and when a goroutine then enters a system call (the SSD tier's pwrite, an O_DIRECT read:
 // the socket calls that cannot block are raw for this reason, see sock.go) it wakes and polls every
 // 20 µs for a millisecond and more. A server whose reader waits for the client between batches
-// makes every P idle thousands of times a second: in the 8K random 80/20 mix sysmon took 13 % of
-// the server's CPU, and its wake-ups took the core from the server and the client. So, while there
+// makes every P idle thousands of times a second, and sysmon's wake-ups take the core from the
+// server and the client (a CPU profile of bench writeback's 8K 80/20 row shows it). So, while there
 // are connections and Ps to spare, the watchdog sleeps its ticks in a raw system call (rawSleep),
 // during which the runtime counts its P as busy: sysmon never sleeps deeply and keeps to its normal
-// backoff of up to 10 ms. In the 8K mix sysmon's share fell to 0.9 % and the server's CPU a request
-// from 22.4 to 15.0, 15.1 to 12.8 and 24 to 17 µs (3 paired runs); 4K random and 64K sequential
-// writes moved within the noise. With few Ps (GOMAXPROCS set low by hand) holding one would cost
+// backoff of up to 10 ms. With few Ps (GOMAXPROCS set low by hand) holding one would cost
 // real capacity, so the watchdog then sleeps as any goroutine does.
 func (s *Server) watchdog() {
 	sleep := time.Sleep

@@ -33,10 +33,8 @@ import (
 // system-call path, which lets the runtime give the thread's P to other goroutines. One thread a
 // connection sleeps there, and the kernel wakes it, and only it, when the client sends. A large
 // payload is read with MSG_WAITALL: one call, whatever pieces it arrives in. Replies are written
-// the same way: without waiting first, then, if the socket is full, waiting in the kernel. In
-// paired runs against the poller (3 rounds each, fio at queue depth 32 against the write-back
-// cache): the 8K 80/20 mix 15-30 % faster, 4K random reads 6-21 %, 4K random writes -1 to +35 %,
-// 64K sequential writes +1 to +26 %.
+// the same way: without waiting first, then, if the socket is full, waiting in the kernel (bench
+// writeback's rows, in paired runs against the runtime's poller).
 //
 // Raw calls, where they cannot block, also keep the runtime's monitor (sysmon) asleep: every
 // call through the system-call path wakes it when every P has been idle (see Server.watchdog).
@@ -64,10 +62,10 @@ type sock struct {
 // other goroutines in between (a few tens of microseconds in all), before it sleeps in the kernel.
 // A server faster than its client otherwise sleeps after nearly every request and is woken by the
 // next, one context switch each, and its replies reach the client one at a time, which costs the
-// client more too: 4K random reads from the RAM tier ran 10-24 % slower than through the
-// runtime's poller (whose idle threads look for work a while before they sleep, which batched
-// the requests). Looking again 32 times: 6-21 % faster than the poller on those reads, and no
-// slower on writes (3 paired rounds each; 8 tries: 0-20 %).
+// client more too: 4K random reads from the RAM tier ran slower than through the runtime's poller
+// (whose idle threads look for work a while before they sleep, which batched the requests). The
+// number of tries is set by bench cache's warm 4K random read row and bench writeback's write
+// rows in paired runs.
 const spinTries = 32
 
 // errReadStopped is what reads return once reading was stopped.
