@@ -121,6 +121,7 @@ type Cache struct {
 	line  int64
 	mode  atomic.Int32 // a Mode; SetMode changes it while requests run
 	wb    *writeBack   // with an SSD tier
+	bg    *background  // with an SSD tier: the checkpoint loop and the destager
 	ram   *tier
 	ssd   *tier
 	locks lineLocks
@@ -263,8 +264,9 @@ func (c *Cache) openSSD(cfg Config) error {
 			"lines", t.dirtyLines, "mode", c.Mode())
 	}
 	c.ssd = t
-	go j.loop()
-	go c.destager()
+	c.bg = newBackground()
+	c.bg.run(j.loop)
+	c.bg.run(c.destager)
 	return nil
 }
 
@@ -344,18 +346,15 @@ func (c *Cache) Close() error {
 		c.wb.closed = true
 		c.wb.mu.Unlock()
 		c.wb.cond.Broadcast()
-		close(c.wb.stop)
-		close(c.ssd.j.stop)
-		if !waitClosed(closeGrace, c.wb.done, c.ssd.j.done) {
+		if !c.bg.halt() {
 			// A destage or checkpoint is waiting for a backend that does not answer (an NBD
 			// disk waits a minute for its server to come back): closing the backend fails it,
 			// and what it was writing back stays dirty on the SSD.
 			c.log.Warn("cache: the backend is not answering; closing it to stop; dirty data stays on the SSD tier",
-				"waited", closeGrace)
+				"waited", c.bg.grace)
 			errs = append(errs, c.b.Close())
 			backendOpen = false
-			<-c.wb.done
-			<-c.ssd.j.done
+			c.bg.wait()
 		}
 		if !c.ssd.failed.Load() {
 			backendErr, tierErr := c.ssd.j.checkpoint()
@@ -367,24 +366,6 @@ func (c *Cache) Close() error {
 		errs = append(errs, c.b.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// closeGrace is how long Close waits for the destager and the journal to finish what they are
-// doing before it closes the backend under them.
-var closeGrace = 5 * time.Second
-
-// waitClosed waits for every channel to close, or for d to pass; it reports whether they closed.
-func waitClosed(d time.Duration, chans ...chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for _, ch := range chans {
-		select {
-		case <-ch:
-		case <-t.C:
-			return false
-		}
-	}
-	return true
 }
 
 // Stats returns a snapshot of the counters.

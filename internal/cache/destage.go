@@ -245,16 +245,15 @@ func (c *Cache) destageTouched(segs []seg) error {
 
 // destager writes dirty data back in the background, as its policy says, with backoff while the
 // backend fails.
-func (c *Cache) destager() {
+func (c *Cache) destager(stop <-chan struct{}) {
 	w := c.wb
-	defer close(w.done)
 	var cursor uint64
 	backoff := time.Duration(0)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
-		case <-w.stop:
+		case <-stop:
 			return
 		case <-tick.C:
 		case <-w.kickCh:
@@ -288,13 +287,13 @@ func (c *Cache) destager() {
 			w.destaged.sample(time.Now(), w.destagedBytes.Load())
 			if err != nil {
 				select {
-				case <-w.stop:
+				case <-stop:
 					return // Close failed it: nothing to retry
 				default:
 				}
 				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
 				c.log.Warn("destage failed; retrying", "in", backoff, "err", err)
-				if !sleepOrStop(w.stop, backoff) {
+				if !sleepOrStop(stop, backoff) {
 					return
 				}
 				continue
@@ -303,11 +302,11 @@ func (c *Cache) destager() {
 			if !any {
 				break
 			}
-			if !w.destage.Urgent(st) && !sleepOrStop(w.stop, time.Since(t0)) {
+			if !w.destage.Urgent(st) && !sleepOrStop(stop, time.Since(t0)) {
 				return // leave the backend to clients half of the time
 			}
 			select {
-			case <-w.stop:
+			case <-stop:
 				return
 			default:
 			}
@@ -316,7 +315,7 @@ func (c *Cache) destager() {
 	}
 }
 
-func sleepOrStop(stop chan struct{}, d time.Duration) bool {
+func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -96,8 +96,6 @@ type journal struct {
 	durableCovered uint64
 	// checkpointSoon holds a request for a checkpoint (askCheckpoint) until the loop takes it.
 	checkpointSoon chan struct{}
-	stop           chan struct{} // closed to end the loop
-	done           chan struct{} // closed when the loop has ended
 
 	// For the stats: checkpoints that committed, and the most records one of them committed.
 	checkpoints       atomic.Uint64
@@ -130,8 +128,6 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 		invalidatedSinceSnapshot: map[uint64]lineBits{},
 		checkpointSoon:           make(chan struct{}, 1),
 		healFirst:                firstHealDelay,
-		stop:                     make(chan struct{}),
-		done:                     make(chan struct{}),
 	}
 	t.j = j
 	return j

@@ -19,13 +19,12 @@ func (j *journal) askCheckpoint() {
 	}
 }
 
-func (j *journal) loop() {
-	defer close(j.done)
+func (j *journal) loop(stop <-chan struct{}) {
 	tick := time.NewTicker(checkpointEvery)
 	defer tick.Stop()
 	for {
 		select {
-		case <-j.stop:
+		case <-stop:
 			return
 		case <-tick.C:
 		case <-j.checkpointSoon:

@@ -187,19 +187,15 @@ func runScenario(t *testing.T, mode Mode, power bool, steps []step) {
 	}
 }
 
-// start starts an engine on the machine, with its background checkpoints and destaging stopped:
-// Close closes their stop channels again, and finds them ended.
+// start starts an engine on the machine, with its background checkpoints and destaging stopped
+// (Close finds them stopped).
 func (s *scenario) start() {
 	s.g = &gate{}
 	s.store = &hookedStore{Store: gatedStore{s.g, s.m.store}}
 	s.ssd = &hookedDev{Backend: gatedDev{s.g, s.m.ssd}}
 	s.c = newCache(s.t, gatedDev{s.g, s.m.back}, s.l, s.store, s.ssd)
-	j, w := s.c.ssd.j, s.c.wb
-	close(j.stop)
-	close(w.stop)
-	<-j.done
-	<-w.done
-	j.stop, w.stop = make(chan struct{}), make(chan struct{})
+	s.c.bg.halt()
+	s.c.bg.wait()
 }
 
 func (s *scenario) do(i int, st step) {

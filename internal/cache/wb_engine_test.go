@@ -542,7 +542,7 @@ func (h *hangingDev) Close() error {
 }
 
 // TestCloseWhileTheBackendHangs stops a write-back cache while the destager waits for a backend
-// that does not answer: Close gives up on it after closeGrace, closes the backend under it, and
+// that does not answer: Close gives up on it after its grace (shortened here), closes the backend under it, and
 // the dirty data is still there at the next start.
 func TestCloseWhileTheBackendHangs(t *testing.T) {
 	const (
@@ -550,8 +550,6 @@ func TestCloseWhileTheBackendHangs(t *testing.T) {
 		ssd   = 16
 		dirty = 4
 	)
-	defer func(g time.Duration) { closeGrace = g }(closeGrace)
-	closeGrace = 50 * time.Millisecond
 	devSize := int64(32 * line)
 	back, ssdDev, store := newCrashDev(devSize), newCrashDev(ssd*line), meta.NewMem()
 	hang := &hangingDev{crashDev: back, closed: make(chan struct{})}
@@ -566,6 +564,7 @@ func TestCloseWhileTheBackendHangs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	c.bg.grace = 50 * time.Millisecond
 	hang.hung.Store(true)
 	// Idle for a second, the destager writes the dirty lines back, and waits on the backend.
 	waitFor(t, "the destager to wait on the hung backend", func() bool { return hang.waiting.Load() > 0 })

@@ -71,8 +71,6 @@ type writeBack struct {
 	running   atomic.Bool
 	blockTime atomic.Int64 // nanoseconds per block destaged, moving average
 	kickCh    chan struct{}
-	stop      chan struct{}
-	done      chan struct{}
 
 	destagedBytes, destageWrites, destageErrors atomic.Uint64
 	destaged                                    rateMeter // of destagedBytes
@@ -85,8 +83,7 @@ func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &writeBack{cfg: cfg, maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	w := &writeBack{cfg: cfg, maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1)}
 	var err error
 	if w.destage, err = policy.NewDestage(cfg.Destage); err != nil {
 		return nil, err

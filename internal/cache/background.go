@@ -1,0 +1,51 @@
+package cache
+
+import (
+	"sync"
+	"time"
+)
+
+// background owns the cache's long-lived goroutines, the SSD tier's checkpoint loop and the
+// destager: it starts them, stops them all through one channel, and waits for them, so that Close
+// asks it and reaches into neither.
+type background struct {
+	// grace is how long halt waits for the loops to finish what they are doing.
+	grace    time.Duration
+	stop     chan struct{}
+	stopOnce sync.Once
+	running  sync.WaitGroup
+}
+
+// closeGrace is the background's grace unless a test shortens it.
+const closeGrace = 5 * time.Second
+
+func newBackground() *background {
+	return &background{grace: closeGrace, stop: make(chan struct{})}
+}
+
+// run starts loop, which must return once stop is closed.
+func (b *background) run(loop func(stop <-chan struct{})) {
+	b.running.Go(func() { loop(b.stop) })
+}
+
+// halt tells the loops to stop and waits up to grace for them; false if one is still running
+// (waiting on a backend that does not answer): the caller then fails what it waits on, and waits.
+func (b *background) halt() bool {
+	b.stopOnce.Do(func() { close(b.stop) })
+	ended := make(chan struct{})
+	go func() {
+		b.running.Wait()
+		close(ended)
+	}()
+	t := time.NewTimer(b.grace)
+	defer t.Stop()
+	select {
+	case <-ended:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// wait waits for the loops after halt.
+func (b *background) wait() { b.running.Wait() }
