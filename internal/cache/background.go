@@ -37,14 +37,7 @@ func (b *background) halt() bool {
 		b.running.Wait()
 		close(ended)
 	}()
-	t := time.NewTimer(b.grace)
-	defer t.Stop()
-	select {
-	case <-ended:
-		return true
-	case <-t.C:
-		return false
-	}
+	return !sleepOrStop(ended, b.grace)
 }
 
 // wait waits for the loops after halt.

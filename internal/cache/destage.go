@@ -315,6 +315,7 @@ func (c *Cache) destager(stop <-chan struct{}) {
 	}
 }
 
+// sleepOrStop waits d, or until stop closes; it reports whether d passed.
 func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
