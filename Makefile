@@ -17,7 +17,7 @@ DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busy
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build run test unit integration standalone bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build run test unit integration standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
@@ -40,7 +40,7 @@ run: build
 	  --ram $(RAM) --ssd $(DATA)/ssd.img --ssd-size $(SSD_SIZE) --admin unix:$(DATA)/admin.sock
 
 # -count=1: the integration tests build the binary themselves, which go test's cache cannot see.
-test: deps fmt-check standalone
+test: deps fmt-check standalone fuzz-short
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 	@# tierblk sim and the admin clients build on macOS too (serve and bench are Linux only).
@@ -61,6 +61,19 @@ standalone: deps-go
 	  git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - --ignore-failed-read 2>/dev/null | tar -xf - -C "$$dir" && \
 	  echo "standalone: testing a copy of the tree in $$dir" && \
 	  cd "$$dir" && $(GO) test -count=1 $(STANDALONE_PKGS)
+
+# Every fuzz target for FUZZ_TIME: its seeds and testdata/fuzz corpus, then what the fuzzer finds.
+# A failing input is written to the package's testdata/fuzz, where go test then replays it.
+FUZZ_TIME ?= 5s
+fuzz-short: deps-go
+	@mkdir -p $(dir $(TESTLOG))
+	@set -e; for file in $$(grep -rl --include='*_test.go' '^func Fuzz' internal pkg); do \
+	  for target in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$file"); do \
+	    echo "fuzz: $$target ($$(dirname $$file), $(FUZZ_TIME))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$target$$" -fuzztime $(FUZZ_TIME) ./$$(dirname $$file) > $(dir $(TESTLOG))fuzz.log 2>&1 || \
+	      { cat $(dir $(TESTLOG))fuzz.log; exit 1; }; \
+	  done; \
+	done
 
 unit: deps-go
 	$(GO) test -race $$($(GO) list ./... | grep -v /integration)

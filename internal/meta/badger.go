@@ -59,6 +59,9 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("meta: creating metadata directory: %w", err)
 	}
+	if err := room(dir); err != nil {
+		return nil, err
+	}
 	lock, err := lockDir(dir)
 	if err != nil {
 		return nil, err
@@ -77,6 +80,29 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 	}
 	go b.run()
 	return b, nil
+}
+
+// MinFree is the free space the metadata directory's file system must keep for badger to write:
+// its memory tables and value log files are memory-mapped (badgerOptions: two tables and a log
+// file of 16 MiB each, and a level-0 table as compaction writes it), and a write to a mapped
+// page that a full file system cannot back ends the process with SIGBUS. Below it, the store
+// opens and writes nothing, with ErrNoSpace.
+const MinFree = 64 << 20
+
+// ErrNoSpace is wrapped by the errors of a store whose file system has less than MinFree free.
+var ErrNoSpace = errors.New("no room for metadata")
+
+// room returns an error wrapping ErrNoSpace when dir's file system has less than MinFree free.
+func room(dir string) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("meta: free space of %s: %w", dir, err)
+	}
+	if free := st.Bavail * uint64(st.Bsize); free < MinFree {
+		return fmt.Errorf("meta: %w: the file system of %s has %d MiB free, less than the %d MiB the metadata store needs to write safely; free some space there (the SSD tier is bypassed until then, and tried again)",
+			ErrNoSpace, dir, free>>20, MinFree>>20)
+	}
+	return nil
 }
 
 // badgerOptions keeps badger small: the SSD tier may hold 16 million lines, and the metadata must
@@ -170,6 +196,9 @@ func (b *Badger) SetSuperblock(sb Superblock) error {
 		return err
 	}
 	defer b.active.Done()
+	if err := room(b.dir); err != nil {
+		return err
+	}
 	v, err := json.Marshal(sb)
 	if err != nil {
 		return fmt.Errorf("meta: encoding superblock: %w", err)
@@ -291,8 +320,13 @@ func (b *Badger) run() {
 // the one sync they share. Once a transaction fails, the requests after it are not written, so
 // that no commit becomes visible without the ones before it.
 func (b *Badger) write(group []*request) {
-	var failed error
+	failed := room(b.dir)
 	for i := 0; i < len(group); {
+		if failed != nil && errors.Is(failed, ErrNoSpace) {
+			group[i].err = failed
+			i++
+			continue
+		}
 		if failed != nil {
 			group[i].err = fmt.Errorf("meta: commit not written after an earlier one failed: %w", failed)
 			i++

@@ -4,10 +4,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
@@ -15,7 +17,9 @@ import (
 )
 
 // The fuzz targets play a client that sends arbitrary bytes and then hangs up. The server must
-// not panic, and must let go of the connection once the client is gone. Run them with
+// not panic, and must let go of the connection once the client is gone. Their seed corpora are
+// testdata/fuzz (inputs the fuzzer found interesting, kept) and the seeds below; make test fuzzes
+// each for a few seconds (make fuzz-short). Run them longer with
 //
 //	go test -run '^$' -fuzz FuzzHandshake ./internal/nbd/server/
 //	go test -run '^$' -fuzz FuzzRequests ./internal/nbd/server/
@@ -32,10 +36,26 @@ func fuzzServer(f *testing.F) *Server {
 	return s
 }
 
-// fuzzConn feeds in to one server connection over a pipe, draining whatever the server answers,
-// then closes the client end and waits for the server to finish with the connection.
+// socketPair returns the two ends of a connected unix stream socket: real sockets, so that the
+// server reads them as it reads its clients' (raw system calls, sock.go), which a net.Pipe never
+// reaches.
+func socketPair(t *testing.T) (client, server net.Conn) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	var conns [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "fuzz")
+		conns[i], err = net.FileConn(f) // a duplicate of fd
+		f.Close()
+		require.NoError(t, err)
+	}
+	return conns[0], conns[1]
+}
+
+// fuzzConn feeds in to one server connection over a socket pair, draining whatever the server
+// answers, then closes the client end and waits for the server to finish with the connection.
 func fuzzConn(t *testing.T, s *Server, in []byte) {
-	client, server := net.Pipe()
+	client, server := socketPair(t)
 	done := make(chan struct{})
 	go func() {
 		s.ServeConn(server, "fuzz")
