@@ -307,6 +307,9 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 		ops = append(ops, op)
 	}
 	t.mu.Unlock()
+	for i := range ops {
+		ops[i].Invalidates = true
+	}
 	if len(ops) == 0 {
 		if sync {
 			// Nothing new to commit, but an earlier invalidation of these blocks may have been

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -59,10 +60,14 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
 		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
-			defer c.wb.modeMu.RUnlock()
 			c.lockSegs(segs)
-			defer c.unlockSegs(segs)
-			return c.writeBackSegs(segs, p, fua)
+			err := c.writeBackSegs(segs, p, fua)
+			c.unlockSegs(segs)
+			c.wb.modeMu.RUnlock()
+			if errors.Is(err, errDurableElsewhere) {
+				return c.Flush() // the bypassed tier's way to durability
+			}
+			return err
 		}
 		c.wb.modeMu.RUnlock()
 	}

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
@@ -48,10 +49,19 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 		}
 	}
 	if fua {
-		return c.ssd.j.durable()
+		if err := c.ssd.j.durable(); err != nil && !c.ssd.usable() {
+			return fmt.Errorf("%w: %w", errDurableElsewhere, err)
+		} else if err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// errDurableElsewhere is a FUA write in write-back that the SSD tier took but could not make
+// durable, the tier failing meanwhile: the write is durable once written back, which the caller
+// has done by a Flush, outside the write's line locks (Flush writes back every dirty line).
+var errDurableElsewhere = errors.New("the SSD tier failed to make a FUA write durable")
 
 // writeBackSeg writes a segment to the SSD tier as dirty data, in the slot g acquired for its line
 // if it got one.

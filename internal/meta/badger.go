@@ -59,7 +59,7 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("meta: creating metadata directory: %w", err)
 	}
-	if err := room(dir); err != nil {
+	if err := room(dir, MinFree, nil); err != nil {
 		return nil, err
 	}
 	lock, err := lockDir(dir)
@@ -84,25 +84,54 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 
 // MinFree is the free space the metadata directory's file system must keep for badger to write:
 // its memory tables and value log files are memory-mapped (badgerOptions: two tables and a log
-// file of 16 MiB each, and a level-0 table as compaction writes it), and a write to a mapped
+// file of 16 MiB each, and a level-0 table as a memory table is flushed), and a write to a mapped
 // page that a full file system cannot back ends the process with SIGBUS. Below it, the store
-// opens and writes nothing, with ErrNoSpace.
-const MinFree = 64 << 20
+// opens and writes nothing, with ErrNoSpace, except commits of invalidations alone
+// (Op.Invalidates), down to ReserveFree: still room for badger to flush a full memory table.
+const (
+	MinFree     = 64 << 20
+	ReserveFree = 32 << 20
+)
 
-// ErrNoSpace is wrapped by the errors of a store whose file system has less than MinFree free.
+// ErrNoSpace is wrapped by the errors of a store whose file system has too little free space.
 var ErrNoSpace = errors.New("no room for metadata")
 
-// room returns an error wrapping ErrNoSpace when dir's file system has less than MinFree free.
-func room(dir string) error {
+// free returns the bytes free for this process on dir's file system.
+func free(dir string) (uint64, error) {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("meta: free space of %s: %w", dir, err)
+		return 0, fmt.Errorf("meta: free space of %s: %w", dir, err)
 	}
-	if free := st.Bavail * uint64(st.Bsize); free < MinFree {
+	return st.Bavail * uint64(st.Bsize), nil
+}
+
+// room returns an error wrapping ErrNoSpace when dir's file system has less than need free (the
+// free space last measured, or measured now when it is nil).
+func room(dir string, need uint64, measured *uint64) error {
+	var f uint64
+	if measured != nil {
+		f = *measured
+	} else {
+		var err error
+		if f, err = free(dir); err != nil {
+			return err
+		}
+	}
+	if f < need {
 		return fmt.Errorf("meta: %w: the file system of %s has %d MiB free, less than the %d MiB the metadata store needs to write safely; free some space there (the SSD tier is bypassed until then, and tried again)",
-			ErrNoSpace, dir, free>>20, MinFree>>20)
+			ErrNoSpace, dir, f>>20, need>>20)
 	}
 	return nil
+}
+
+// need is the free space a commit of ops needs.
+func need(ops []Op) uint64 {
+	for _, op := range ops {
+		if !op.Invalidates {
+			return MinFree
+		}
+	}
+	return ReserveFree
 }
 
 // badgerOptions keeps badger small: the SSD tier may hold 16 million lines, and the metadata must
@@ -196,7 +225,7 @@ func (b *Badger) SetSuperblock(sb Superblock) error {
 		return err
 	}
 	defer b.active.Done()
-	if err := room(b.dir); err != nil {
+	if err := room(b.dir, MinFree, nil); err != nil {
 		return err
 	}
 	v, err := json.Marshal(sb)
@@ -283,6 +312,13 @@ func (b *Badger) Close() error {
 	b.active.Wait()
 	close(b.reqs)
 	<-b.stopped
+	if err := room(b.dir, ReserveFree, nil); err != nil {
+		// Closing flushes badger's memory table into a new table file: on a full file system
+		// that write ends the process (SIGBUS). Its log, synced, holds every commit, which the
+		// next open reads back.
+		err = errors.Join(err, b.db.Sync(), b.lock.Close())
+		return fmt.Errorf("meta: metadata in %s left as its log holds it, not closed: %w", b.dir, err)
+	}
 	err := b.db.Close()
 	if cerr := b.lock.Close(); err == nil { // closing the file releases the flock
 		err = cerr
@@ -320,19 +356,27 @@ func (b *Badger) run() {
 // the one sync they share. Once a transaction fails, the requests after it are not written, so
 // that no commit becomes visible without the ones before it.
 func (b *Badger) write(group []*request) {
-	failed := room(b.dir)
+	f, failed := free(b.dir)
 	for i := 0; i < len(group); {
-		if failed != nil && errors.Is(failed, ErrNoSpace) {
-			group[i].err = failed
-			i++
-			continue
+		if failed == nil {
+			if err := room(b.dir, need(group[i].ops), &f); err != nil {
+				// This request alone is refused; later ones may need less room.
+				group[i].err = err
+				i++
+				continue
+			}
 		}
 		if failed != nil {
 			group[i].err = fmt.Errorf("meta: commit not written after an earlier one failed: %w", failed)
 			i++
 			continue
 		}
-		n, err := b.writeTxn(group[i:])
+		// The requests after it that have room too go in one transaction with it.
+		k := i + 1
+		for k < len(group) && room(b.dir, need(group[k].ops), &f) == nil {
+			k++
+		}
+		n, err := b.writeTxn(group[i:k])
 		if errors.Is(err, badger.ErrTxnTooBig) {
 			// Only this request is at fault; it was not written.
 			group[i].err = fmt.Errorf("%w: %d ops: %w", ErrTooBig, len(group[i].ops), err)

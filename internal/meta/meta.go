@@ -59,6 +59,11 @@ type Line struct {
 type Op struct {
 	Delete bool
 	Rec    Line
+	// Invalidates marks an op that only takes back what the stored record claims (fewer valid
+	// blocks, or none): a commit of such ops alone may use the room a store keeps for them when
+	// others may not (Badger: it commits them down to ReserveFree), so that writes, which must
+	// invalidate before they change the backend, go on after a full disk has stopped the rest.
+	Invalidates bool
 }
 
 // Store holds the metadata. Its methods are safe for concurrent use; after Close they return
