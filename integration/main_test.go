@@ -1,10 +1,20 @@
 // Package integration tests the tierblk binary as users run it: a separately built process
 // driven over real sockets by real NBD peers (nbdinfo, qemu-io, nbdcopy, fio, nbdkit) and, in a
-// virtual machine, by the Linux kernel's own NBD client. The NBD server and client
-// (internal/nbd) are also tested here, in this process, against the same peers and qemu-nbd
-// (nbdserver_test.go, nbdclient_test.go): their tests that run a tool live here, the others beside
-// their packages. Nothing here is mocked; a missing tool is a test failure, never a skip, because
-// `make deps` (which `make test` runs) installs them all.
+// virtual machine, by the Linux kernel's own NBD client.
+//
+// Every test of the other packages that runs one of these tools, qemu-nbd or losetup lives here
+// too, the others beside their packages:
+//   - the NBD server and client (internal/nbd), in this process, against the same peers and
+//     qemu-nbd (nbdserver_test.go, nbdclient_test.go);
+//   - the NBD backend (pkg/backend/nbd) against nbdkit (nbdbackend_test.go);
+//   - the file backend (pkg/backend/file) on a loop device that losetup attaches
+//     (filebackend_test.go);
+//   - fio replaying a log of the trace recorder (internal/trace) (fiolog_test.go);
+//   - `tierblk bench cache`, `writeback` and `cold` (internal/bench), which run fio against
+//     tierblk, nbdkit and qemu-nbd (bench_test.go).
+//
+// Nothing here is mocked; a missing tool is a test failure, never a skip, because `make deps`
+// (which `make test` runs) installs them all.
 package integration
 
 import (
@@ -23,6 +33,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
 
 // tierblkPath is the binary TestMain builds for every test (and for the VM guest).
@@ -55,9 +68,11 @@ var toolPackages = map[string]string{
 	"nbdcopy":            "libnbd-bin",
 	"qemu-io":            "qemu-utils",
 	"qemu-nbd":           "qemu-utils",
+	"qemu-img":           "qemu-utils",
 	"fio":                "fio",
 	"nbdkit":             "nbdkit",
 	"qemu-system-x86_64": "qemu-system-x86",
+	"losetup":            "mount",
 }
 
 // requireTools fails the test (it does not skip: CI must run everything) when a tool is missing.
@@ -69,6 +84,14 @@ func requireTools(t *testing.T, tools ...string) {
 				tool, toolPackages[tool])
 		}
 	}
+}
+
+// openBackend opens rawURL through the daemon's registry of backends.
+func openBackend(t *testing.T, rawURL string, opts backend.Options) backend.Backend {
+	t.Helper()
+	b, err := registry.Default().Open(rawURL, opts)
+	require.NoError(t, err)
+	return b
 }
 
 // shortTempDir is a temporary directory with a short path: unix socket paths are limited to

@@ -1,12 +1,8 @@
 package bench
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 )
+
+// The smoke tests that run `tierblk bench cache`, `bench writeback` and `bench cold` (fio against
+// tierblk, nbdkit and qemu-nbd) are in integration/bench_test.go.
 
 func TestFioArgs(t *testing.T) {
 	base := []string{"--name=bench", "--ioengine=nbd", "--uri=nbd+unix:///?socket=/s.sock", "--size=128m",
@@ -109,67 +108,4 @@ func TestCheckDirectIO(t *testing.T) {
 	require.NoError(t, err)
 	defer os.RemoveAll(dir)
 	require.ErrorContains(t, checkDirectIO(dir), "in RAM")
-}
-
-// smokeSetup skips a smoke test where it cannot run, builds tierblk into a work directory on a
-// file system with O_DIRECT and returns the binary and the directory.
-func smokeSetup(t *testing.T) (bin, work string) {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("starts nbdkit, tierblk and fio for about a minute")
-	}
-	for _, tool := range []string{"fio", "nbdkit", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed", tool)
-		}
-	}
-	work = t.TempDir()
-	if isTmpfs(t, work) {
-		t.Skip("the temporary directory is on tmpfs, which the SSD tier refuses")
-	}
-	return buildTierblk(t, work), work
-}
-
-// buildTierblk builds tierblk into dir and returns the binary.
-func buildTierblk(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "tierblk")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/tierblk")
-	_, file, _, _ := runtime.Caller(0)
-	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
-
-// TestBenchCacheSmoke runs `tierblk bench cache` with a tiny working set and run times: it proves
-// the servers start, restart and answer, not how fast they are.
-func TestBenchCacheSmoke(t *testing.T) {
-	bin, work := smokeSetup(t)
-
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(t.Context(), bin, "bench", "cache", "--rounds", "1", "--runtime", "1s",
-		"--slow-runtime", "1s", "--size", "8m", "--work", work)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
-	require.Contains(t, stderr.String(), "restarted tierblk")
-	// Every row has a non-zero figure for every server, and both ratios.
-	row := regexp.MustCompile(`(?m)^\| ([^|]+) \| ([1-9]\d*) (IOPS|MiB/s) \| ([1-9]\d*) (IOPS|MiB/s) \| ([1-9]\d*) (IOPS|MiB/s) \| \d+\.\d\d \| \d+\.\d\d \|$`)
-	var got []string
-	for _, m := range row.FindAllStringSubmatch(stdout.String(), -1) {
-		got = append(got, m[1])
-	}
-	want := []string{CacheRows()[0].Name, RestartRow().Name, CacheRows()[1].Name, CacheRows()[2].Name}
-	require.Equal(t, want, got, "stdout:\n%s", stdout.String())
-	// The hit rows: three servers, and two paired ratios with their spread.
-	fig, ratio := `([1-9]\d*) (IOPS|MiB/s)`, `\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)`
-	hitRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \| ` + ratio + ` \|$`)
-	got = nil
-	for _, m := range hitRow.FindAllStringSubmatch(stdout.String(), -1) {
-		got = append(got, m[1])
-	}
-	require.Equal(t, []string{HitRows()[0].Name, HitRows()[1].Name}, got, "stdout:\n%s", stdout.String())
-	entries, err := os.ReadDir(work)
-	require.NoError(t, err)
-	require.Len(t, entries, 1, "only the binary is left in the work directory: %v", entries)
 }

@@ -1,11 +1,7 @@
 package bench
 
 import (
-	"bytes"
 	"os"
-	"os/exec"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,55 +106,4 @@ func TestColdOptionsRejected(t *testing.T) {
 		_, err := RunCold(t.Context(), o)
 		require.Error(t, err, "%+v", o)
 	}
-}
-
-// TestBenchColdSmoke runs `tierblk bench cold` with one round of one second on a small region and
-// a short trace: it proves the backends and servers start and answer and that every row comes out,
-// not how fast they are.
-func TestBenchColdSmoke(t *testing.T) {
-	bin, work := smokeSetup(t)
-	var reqs []string
-	// Enough requests that even the NAS alone takes more than the table's 0.01 s.
-	for i := range 2000 {
-		op := "Read"
-		if i%2 == 1 {
-			op = "Write"
-		}
-		reqs = append(reqs, op+","+strconv.Itoa(i*65536)+",4096")
-	}
-	tr := writeMSRTrace(t, t.TempDir(), reqs)
-
-	var stdout, stderr bytes.Buffer
-	// --settle 0: a fair burst matters to the figures, not to this test.
-	cmd := exec.CommandContext(t.Context(), bin, "bench", "cold", "--rounds", "1", "--runtime", "1s", "--slow-runtime", "1s",
-		"--settle", "0s", "--size", "16m", "--trace", tr, "--work", work)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
-	require.Contains(t, stderr.String(), "read amplification", "the cache's counters after its measurements")
-
-	// Every row: both sides' figures, three ratios, and the NAS alone where the backend is the NAS.
-	fig := `([0-9.]*[1-9][0-9.]*) (IOPS|s)`
-	row := regexp.MustCompile(`(?m)^\| ([^|]+) \| (NAS|slow disk) \| ` + fig + ` \| ` + fig +
-		` \| (\d+\.\d\d) \| (\d+\.\d\d) \| (\d+\.\d\d) \| (` + fig + `|—) \|$`)
-	var got []string
-	for _, m := range row.FindAllStringSubmatch(stdout.String(), -1) {
-		got = append(got, m[2]+": "+m[1])
-		for _, ratio := range m[7:10] {
-			v, err := strconv.ParseFloat(ratio, 64)
-			require.NoError(t, err)
-			require.Positive(t, v, "row %q", m[1])
-		}
-		require.Equal(t, m[2] == ColdNAS, m[10] != "—", "row %q: the bound is measured on the NAS only", m[1])
-	}
-	require.Equal(t, []string{
-		"NAS: cold 4K random read, QD32, over 16m",
-		"NAS: cold 4K random 50/50 read/write, QD32, over 16m, write-through",
-		"slow disk: cold 4K random read, QD32, over 16m",
-		"NAS: replay of small.msr.csv (2000 requests, 32 in flight): time, lower is better",
-	}, got, "stdout:\n%s", stdout.String())
-	require.Contains(t, stdout.String(), "NAS: nbdkit -f -U WORK/nas.sock --filter=rate memory 1T rate=1G")
-	require.Contains(t, stdout.String(), "--ram 1GiB --ssd WORK/ROUND/ssd.img --ssd-size 8GiB")
-	entries, err := os.ReadDir(work)
-	require.NoError(t, err)
-	require.Len(t, entries, 1, "only the binary is left in the work directory: %v", entries)
 }

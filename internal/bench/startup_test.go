@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"testing"
@@ -74,6 +75,18 @@ func TestStartupOptionsRejected(t *testing.T) {
 	entries, err := os.ReadDir(ok.WorkDir)
 	require.NoError(t, err)
 	require.Empty(t, entries)
+}
+
+// buildTierblk builds tierblk into dir and returns the binary.
+func buildTierblk(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "tierblk")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/tierblk")
+	_, file, _, _ := runtime.Caller(0)
+	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
 }
 
 // TestBenchStartupSmoke runs the start-up benchmark on tiny tiers with a real tierblk: every start

@@ -1,14 +1,10 @@
 package bench
 
 import (
-	"bytes"
 	"encoding/json"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -190,34 +186,4 @@ func TestWriteBackOptionsRejected(t *testing.T) {
 		_, err := RunWriteBack(t.Context(), o)
 		require.Error(t, err, "%+v", o)
 	}
-}
-
-// TestBenchWriteBackSmoke runs `tierblk bench writeback` with a tiny working set, burst and run
-// times: it proves the servers start, flush and answer and the burst is sampled, not how fast
-// anything is.
-func TestBenchWriteBackSmoke(t *testing.T) {
-	bin, work := smokeSetup(t)
-
-	var stdout, stderr bytes.Buffer
-	// The burst (96m) is larger than the burst tierblk's SSD tier (64MiB).
-	cmd := exec.CommandContext(t.Context(), bin, "bench", "writeback", "--rounds", "1", "--runtime", "1s",
-		"--slow-runtime", "1s", "--size", "8m", "--burst", "96m", "--work", work)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stderr:\n%s", stderr.String())
-	require.Contains(t, stderr.String(), "flushed tierblk")
-	require.Contains(t, stderr.String(), "flushed the burst tierblk")
-	row := regexp.MustCompile(`(?m)^\| ([^|]+) \| ([1-9]\d*) (IOPS|MiB/s) \| ([1-9]\d*) (IOPS|MiB/s) \| ([1-9]\d*) (IOPS|MiB/s) \| \d+\.\d\d \| \d+\.\d\d \|$`)
-	var got []string
-	for _, m := range row.FindAllStringSubmatch(stdout.String(), -1) {
-		got = append(got, m[1])
-	}
-	var want []string
-	for _, r := range append(WriteBackRows(), BurstRow("96m")) {
-		want = append(want, r.Name)
-	}
-	require.Equal(t, want, got, "stdout:\n%s", stdout.String())
-	require.Regexp(t, `peaked at 0\.\d{3} of its SSD tier; the maximum is 0\.90, and it stayed at or below it`, stdout.String())
-	entries, err := os.ReadDir(work)
-	require.NoError(t, err)
-	require.Len(t, entries, 1, "only the binary is left in the work directory: %v", entries)
 }

@@ -2,9 +2,7 @@ package trace
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -52,6 +50,8 @@ func byRange(a, b Request) int {
 	return int(a.Op) - int(b.Op)
 }
 
+// TestFioLogRoundTrip reads back a log recorded from several goroutines. That fio replays such a
+// log is TestFioReplaysRecordedLog in integration/.
 func TestFioLogRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rec.iolog")
 	want := recordConcurrently(t, path, "/dev/nbd0", 4, 300)
@@ -81,47 +81,4 @@ func TestFioLogWriterRejects(t *testing.T) {
 	require.NoError(t, err)
 	require.Error(t, w.Write(Request{Offset: -1, Length: 1}))
 	require.Error(t, w.Write(Request{Length: 1 << 32}))
-}
-
-// fio itself replays a recorded log: the same reads, writes and syncs (fio 3.33 skips trims with
-// "bad ddir: 2"; later versions replay them too).
-func TestFioReplaysRecordedLog(t *testing.T) {
-	fio, err := exec.LookPath("fio")
-	require.NoError(t, err, "fio is needed (apt-get install fio)")
-	path := filepath.Join(t.TempDir(), "rec.iolog")
-	want := recordConcurrently(t, path, filepath.Join(t.TempDir(), "target"), 2, 150)
-	counts := map[string]int{}
-	for _, r := range want {
-		switch {
-		case r.Op == OpRead:
-			counts["read"]++
-		case r.Op == OpWrite:
-			counts["write"]++
-		case r.Length == 0:
-			counts["sync"]++
-		default:
-			counts["trim"]++
-		}
-	}
-
-	out, err := exec.Command(fio, "--name=replay", "--ioengine=null", "--read_iolog="+path,
-		"--replay_no_stall=1", "--output-format=json").Output()
-	require.NoError(t, err)
-	out = out[bytes.IndexByte(out, '{'):] // fio prints its complaints before the JSON
-	var res struct {
-		Jobs []struct {
-			Error                   int
-			Read, Write, Trim, Sync struct {
-				TotalIOs int `json:"total_ios"`
-			}
-		}
-	}
-	require.NoError(t, json.Unmarshal(out, &res))
-	require.Len(t, res.Jobs, 1)
-	j := res.Jobs[0]
-	require.Zero(t, j.Error)
-	require.Equal(t, counts["read"], j.Read.TotalIOs)
-	require.Equal(t, counts["write"], j.Write.TotalIOs)
-	require.Equal(t, counts["sync"], j.Sync.TotalIOs)
-	require.Contains(t, []int{0, counts["trim"]}, j.Trim.TotalIOs)
 }

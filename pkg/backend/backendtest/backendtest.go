@@ -1,7 +1,8 @@
 // Package backendtest is the conformance suite that every backend.Backend runs: read-back at aligned
 // and unaligned offsets, range errors, zero-length requests, flush, concurrency on disjoint ranges
 // (including disjoint pieces of one block), the optional capabilities, read-only opening, and use
-// after Close.
+// after Close. CheckDeviceTime checks a backend on a block device that counts its device's
+// requests (backend.DeviceTimer).
 //
 // It compares each backend with a byte-slice model of the device. It is deterministic (seeded
 // math/rand) and makes no timing assertions. It must never depend on a particular backend: only the
@@ -22,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -522,4 +524,23 @@ func testClosed(t *testing.T, open Opener) {
 	var err error
 	require.NotPanics(t, func() { err = m.b.Close() }, "second Close")
 	require.True(t, err == nil || errors.Is(err, backend.ErrClosed), "second Close: %v", err)
+}
+
+// CheckDeviceTime checks a backend on a block device (or on a file on one), which must implement
+// backend.DeviceTimer: the writes its device completed grow by at least the number of FUA writes
+// made through it. The buffers are aligned for direct I/O.
+func CheckDeviceTime(t *testing.T, b backend.Backend) {
+	t.Helper()
+	timer, ok := b.(backend.DeviceTimer)
+	require.True(t, ok, "the backend does not implement backend.DeviceTimer")
+	before, err := timer.DeviceTime()
+	require.NoError(t, err)
+	buf := bufpool.Aligned(64 << 10)
+	for i := range 8 {
+		_, err := backend.WriteFUA(b, buf, int64(i)*int64(len(buf)))
+		require.NoError(t, err)
+	}
+	after, err := timer.DeviceTime()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, after.Writes-before.Writes, uint64(8), "writes the device completed for 8 FUA writes: %+v then %+v", before, after)
 }

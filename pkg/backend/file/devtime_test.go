@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 )
 
 func TestParseStat(t *testing.T) {
@@ -53,27 +54,10 @@ func FuzzParseStat(f *testing.F) {
 	})
 }
 
-// TestDeviceTime: a block device, and a file on one, report the requests their device completed;
-// a file on tmpfs, which has no device, says it cannot be timed.
+// TestDeviceTime: a file on a block device reports the requests its device completed; a file on
+// tmpfs, which has no device, says it cannot be timed. A block device itself (a loop device) is
+// TestFileBackendBlockDeviceTime in integration/.
 func TestDeviceTime(t *testing.T) {
-	timed := func(t *testing.T, f *File) {
-		t.Helper()
-		before, err := f.DeviceTime()
-		require.NoError(t, err)
-		buf := bufpool.Aligned(64 << 10)
-		for i := range 8 {
-			_, err := f.WriteAtFUA(buf, int64(i)*int64(len(buf)))
-			require.NoError(t, err)
-		}
-		after, err := f.DeviceTime()
-		require.NoError(t, err)
-		require.GreaterOrEqual(t, after.Writes-before.Writes, uint64(8), "writes the device completed for 8 FUA writes: %+v then %+v", before, after)
-	}
-	t.Run("block device", func(t *testing.T) {
-		f := mustOpen(t, fileURL(loopDevice(t, 4<<20), "direct=true"), backend.Options{})
-		defer f.Close()
-		timed(t, f)
-	})
 	t.Run("file", func(t *testing.T) {
 		path := filepath.Join(directDir(t), "f")
 		f := mustOpen(t, fileURL(path, "direct=true&size=1MiB"), backend.Options{})
@@ -81,7 +65,7 @@ func TestDeviceTime(t *testing.T) {
 		if f.statPath == "" {
 			t.Skipf("no block device under %s", path)
 		}
-		timed(t, f)
+		backendtest.CheckDeviceTime(t, f)
 	})
 	t.Run("tmpfs", func(t *testing.T) {
 		f := mustOpen(t, fileURL(filepath.Join(tmpfsDir(t), "f"), "size=1MiB"), backend.Options{})

@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 
@@ -72,39 +70,17 @@ func tmpfsDir(t *testing.T) string {
 	return dir
 }
 
-// loopDevice attaches a fresh zeroed file of size bytes to a loop device, or skips the test.
-func loopDevice(t *testing.T, size int64) string {
-	t.Helper()
-	if _, err := exec.LookPath("losetup"); err != nil {
-		t.Skip("no losetup here")
-	}
-	img := filepath.Join(t.TempDir(), "loop.img")
-	makeFile(t, img, size, nil)
-	out, err := exec.Command("losetup", "--find", "--show", img).CombinedOutput()
-	if err != nil {
-		t.Skipf("loop devices do not work here: losetup: %v: %s", err, out)
-	}
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { _ = exec.Command("losetup", "--detach", dev).Run() })
-	return dev
-}
-
 func fileURL(path, query string) string {
 	return (&url.URL{Scheme: "file", Path: path, RawQuery: query}).String()
 }
 
+// TestConformance runs the suite on files; on a block device (a loop device, which needs losetup
+// and root) it is TestFileBackendBlockDeviceConformance in integration/.
 func TestConformance(t *testing.T) {
 	sized := func(dir func(*testing.T) string, query string) backendtest.Opener {
 		return func(t *testing.T, size int64) backend.Backend {
 			path := filepath.Join(dir(t), "disk.img")
 			return mustOpen(t, fileURL(path, query+"size="+strconv.FormatInt(size, 10)), backend.Options{})
-		}
-	}
-	device := func(query string) backendtest.Opener {
-		return func(t *testing.T, size int64) backend.Backend {
-			f := mustOpen(t, fileURL(loopDevice(t, size), query), backend.Options{})
-			require.True(t, f.blockDev)
-			return f
 		}
 	}
 	cases := []struct {
@@ -117,10 +93,6 @@ func TestConformance(t *testing.T) {
 		{"direct reads", sized(directDir, "direct=reads&")},
 		{"direct, pread", sized(directDir, "direct=true&uring=false&")},
 		{"direct reads, pread", sized(directDir, "direct=reads&uring=false&")},
-		{"block device", device("")},
-		{"block device direct", device("direct=true")},
-		{"block device direct reads", device("direct=reads")},
-		{"block device direct reads, pread", device("direct=reads&uring=false")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { backendtest.Run(t, c.open) })
@@ -315,41 +287,6 @@ func TestFileShrunkUnderneath(t *testing.T) {
 	_, err := f.ReadAt(make([]byte, 4096), 8192)
 	require.ErrorContains(t, err, "ends early")
 	require.True(t, backend.IsRetryable(err), "a disk error, not a caller's mistake")
-}
-
-// TestBlockDeviceOddSize checks direct I/O at the end of a device whose size is a multiple of its
-// 512-byte blocks but not of 4096: the bounce window must stop at the device's end.
-func TestBlockDeviceOddSize(t *testing.T) {
-	const size = 1<<20 + 512
-	dev := loopDevice(t, size)
-	f := mustOpen(t, fileURL(dev, "direct=true"), backend.Options{})
-	defer f.Close()
-	require.Equal(t, int64(size), f.Size())
-	require.Equal(t, int64(512), f.sector)
-	want := backendtest.Pattern(40, 700)
-	_, err := f.WriteAt(want, size-700)
-	require.NoError(t, err)
-	got := make([]byte, 700)
-	_, err = f.ReadAt(got, size-700)
-	require.NoError(t, err)
-	require.Equal(t, want, got)
-	require.NoError(t, f.WriteZeroes(size-600, 600, true))
-	_, err = f.ReadAt(got, size-700)
-	require.NoError(t, err)
-	require.Equal(t, want[:100], got[:100])
-	require.Equal(t, make([]byte, 600), got[100:])
-	_, err = f.WriteAt(want, size-699)
-	require.ErrorIs(t, err, backend.ErrOutOfRange)
-}
-
-func TestBlockDeviceInUse(t *testing.T) {
-	dev := loopDevice(t, 1<<20)
-	f := mustOpen(t, fileURL(dev, ""), backend.Options{})
-	defer f.Close()
-	for _, ro := range []bool{false, true} {
-		_, err := openURL(t, fileURL(dev, ""), backend.Options{ReadOnly: ro})
-		require.ErrorContains(t, err, "is in use", "read-only %v", ro)
-	}
 }
 
 // TestDirectFlag checks which descriptor has O_DIRECT: direct=reads reads through a second one.
