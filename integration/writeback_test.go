@@ -457,7 +457,7 @@ func TestWriteBackPowerCut(t *testing.T) {
 	for _, d := range []struct {
 		name string
 		size int64
-	}{{"ssd", 32 << 20}, {"backend", 64 << 20}, {"meta", 64 << 20}} {
+	}{{"ssd", 32 << 20}, {"backend", 64 << 20}, {"meta", 128 << 20}} { // meta: above meta.MinFree free
 		path := filepath.Join(dir, d.name+".img")
 		f, err := os.Create(path)
 		require.NoError(t, err)
