@@ -8,18 +8,18 @@ import (
 )
 
 // Mem is an in-memory Store, for tests and for a cache that does not persist its SSD tier. It
-// models power loss: Crash forgets every commit that was not synced, as a machine that loses power
-// forgets what its disk had not flushed. Like Badger, it takes at most a bounded number of ops in one
-// commit (PartOps, or what SetMaxOps says), so that tests meet that limit as the daemon does.
+// models power loss: Crash forgets the commits that were not synced, all of them or the latest
+// ones (CrashKeeping), as a machine that loses power keeps of badger's log what reached the disk,
+// which is some prefix of it. Like Badger, it takes at most a bounded number of ops in one commit
+// (PartOps, or what SetMaxOps says), so that tests meet that limit as the daemon does.
 type Mem struct {
 	mu     sync.Mutex
 	closed bool
 	sb     *Superblock
 	lines  map[uint64]Line
-	// undo holds, for every line changed since the last sync, its record at that sync (nil when
-	// it had none). Keeping the first value per line, rather than a log of commits, bounds it by
-	// the number of lines even when nothing ever syncs.
-	undo    map[uint64]*Line
+	// undo holds, for every commit since the last sync, oldest first, the records its ops
+	// replaced (nil where a line had none), for a crash to take the latest commits back.
+	undo    [][]replaced
 	commits int
 	maxOps  int
 }
@@ -28,7 +28,13 @@ var _ Store = (*Mem)(nil)
 
 // NewMem returns an empty in-memory store.
 func NewMem() *Mem {
-	return &Mem{lines: make(map[uint64]Line), undo: make(map[uint64]*Line), maxOps: PartOps}
+	return &Mem{lines: make(map[uint64]Line), maxOps: PartOps}
+}
+
+// replaced is a line's record before an op of a commit changed it.
+type replaced struct {
+	line   uint64
+	before *Line
 }
 
 // SetMaxOps sets the most ops one commit may hold (at least 1); a larger one fails with ErrTooBig.
@@ -60,7 +66,7 @@ func (m *Mem) SetSuperblock(sb Superblock) error {
 		return ErrClosed
 	}
 	m.sb = &sb
-	clear(m.undo)
+	m.undo = nil
 	return nil
 }
 
@@ -77,23 +83,23 @@ func (m *Mem) Commit(ops []Op, sync bool) error {
 	if len(ops) > m.maxOps {
 		return fmt.Errorf("%w: %d ops, at most %d", ErrTooBig, len(ops), m.maxOps)
 	}
+	var undo []replaced
 	for _, op := range ops {
 		n := op.Rec.Line
-		if _, saved := m.undo[n]; !saved {
-			var before *Line
-			if old, ok := m.lines[n]; ok {
-				before = &old
-			}
-			m.undo[n] = before
+		var before *Line
+		if old, ok := m.lines[n]; ok {
+			before = &old
 		}
+		undo = append(undo, replaced{n, before})
 		if op.Delete {
 			delete(m.lines, n)
 		} else {
 			m.lines[n] = cloneLine(op.Rec)
 		}
 	}
+	m.undo = append(m.undo, undo)
 	if sync {
-		clear(m.undo)
+		m.undo = nil
 	}
 	m.commits++
 	return nil
@@ -106,7 +112,7 @@ func (m *Mem) Sync() error {
 	if m.closed {
 		return ErrClosed
 	}
-	clear(m.undo)
+	m.undo = nil
 	return nil
 }
 
@@ -141,25 +147,39 @@ func (m *Mem) Close() error {
 		return ErrClosed
 	}
 	m.closed = true
-	clear(m.undo)
+	m.undo = nil
 	return nil
 }
 
 // Crash forgets every commit that was not synced (by sync=true, Sync, SetSuperblock or Close),
 // mimicking power loss, and reopens the store if it was closed, so that a test can start a new
 // engine on it as a rebooted machine would.
-func (m *Mem) Crash() {
+func (m *Mem) Crash() { m.CrashKeeping(0) }
+
+// CrashKeeping is Crash keeping the oldest keep of the commits not synced (Unsynced says how many
+// there are): what of a log reached the disk before the power went.
+func (m *Mem) CrashKeeping(keep int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for n, before := range m.undo {
-		if before == nil {
-			delete(m.lines, n)
-		} else {
-			m.lines[n] = *before
+	for i := len(m.undo) - 1; i >= max(keep, 0); i-- {
+		for j := len(m.undo[i]) - 1; j >= 0; j-- {
+			r := m.undo[i][j]
+			if r.before == nil {
+				delete(m.lines, r.line)
+			} else {
+				m.lines[r.line] = *r.before
+			}
 		}
 	}
-	clear(m.undo)
+	m.undo = nil
 	m.closed = false
+}
+
+// Unsynced is how many commits a crash would forget.
+func (m *Mem) Unsynced() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.undo)
 }
 
 // Commits returns how many commits the store has applied, so that a test can tell whether a

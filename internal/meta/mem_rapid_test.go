@@ -8,13 +8,30 @@ import (
 	"pgregory.net/rapid"
 )
 
-// memModel is the reference a Mem is checked against: the committed lines and the lines as of the
-// last sync, which is what survives a crash.
+// memModel is the reference a Mem is checked against: the committed lines, the lines as of the
+// last sync, which is what survives a crash, and the lines after each commit since, which is what
+// survives a crash that keeps that many of them.
 type memModel struct {
 	lines, synced map[uint64]Line
+	unsynced      []map[uint64]Line
 }
 
-func (m *memModel) sync() { m.synced = maps.Clone(m.lines) }
+func (m *memModel) sync() {
+	m.synced = maps.Clone(m.lines)
+	m.unsynced = nil
+}
+
+// commit is a commit without sync: the lines it leaves are what a crash keeping it keeps.
+func (m *memModel) commit() { m.unsynced = append(m.unsynced, maps.Clone(m.lines)) }
+
+// crashKeeping is what CrashKeeping(keep) leaves.
+func (m *memModel) crashKeeping(keep int) {
+	m.lines = maps.Clone(m.synced)
+	if keep > 0 {
+		m.lines = maps.Clone(m.unsynced[keep-1])
+	}
+	m.sync()
+}
 
 func (m *memModel) want() []Line {
 	var out []Line
@@ -58,6 +75,8 @@ func TestMemMatchesModel(t *testing.T) {
 				}
 				if sync {
 					m.sync()
+				} else {
+					m.commit()
 				}
 			},
 			"sync": func(t *rapid.T) {
@@ -68,7 +87,15 @@ func TestMemMatchesModel(t *testing.T) {
 			},
 			"crash": func(t *rapid.T) {
 				s.Crash()
-				m.lines = maps.Clone(m.synced)
+				m.crashKeeping(0)
+			},
+			"crash keeping a prefix": func(t *rapid.T) {
+				if s.Unsynced() != len(m.unsynced) {
+					t.Fatalf("%d commits not synced, want %d", s.Unsynced(), len(m.unsynced))
+				}
+				keep := rapid.IntRange(0, len(m.unsynced)).Draw(t, "keep")
+				s.CrashKeeping(keep)
+				m.crashKeeping(keep)
 			},
 			"close and reopen": func(t *rapid.T) {
 				if err := s.Close(); err != nil {
