@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/tmpfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -17,14 +18,8 @@ import (
 // store's free-space check, badger ended the process with SIGBUS.
 func TestMetadataDiskFull(t *testing.T) {
 	requireTools(t, "qemu-io")
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a small tmpfs needs root")
-	}
 	dir := t.TempDir()
-	metaFS := filepath.Join(dir, "metafs")
-	require.NoError(t, os.Mkdir(metaFS, 0o755))
-	require.NoError(t, unix.Mount("tmpfs", metaFS, "tmpfs", 0, "size=96m"))
-	t.Cleanup(func() { _ = unix.Unmount(metaFS, unix.MNT_DETACH) })
+	metaFS := tmpfs.Mount(t, 96<<20)
 	admin := "unix:" + filepath.Join(shortTempDir(t), "admin.sock")
 	d := startServe(t, "--backend", "file://"+filepath.Join(dir, "back.img")+"?size=64MiB", "--ssd", filepath.Join(dir, "ssd.img"),
 		"--ssd-size", "32MiB", "--meta", filepath.Join(metaFS, "meta"), "--mode", "writeback", "--admin", admin)
@@ -34,7 +29,7 @@ func TestMetadataDiskFull(t *testing.T) {
 
 	// Fill the metadata's file system to below what its store needs for new records, above what
 	// it keeps for invalidations: the tier is bypassed, and writes go on to the backend.
-	filler := fillFS(t, metaFS, (meta.MinFree+meta.ReserveFree)/2)
+	filler := tmpfs.Fill(t, metaFS, (meta.MinFree+meta.ReserveFree)/2)
 	mustQemuIO(t, uri, "write -P 0xbb 4M 4M", "flush", "write -P 0xcc 1M 64k", "flush")
 	deadline := time.Now().Add(20 * time.Second)
 	for !adminStats(t, admin).tier(t, "ssd").Failed {
@@ -50,7 +45,7 @@ func TestMetadataDiskFull(t *testing.T) {
 
 	// Full to the last block: writes fail, saying why, and everything written is still read.
 	require.NoError(t, os.Remove(filler))
-	filler = fillFS(t, metaFS, 0)
+	filler = tmpfs.Fill(t, metaFS, 0)
 	_, err := qemuIO(t, uri, "write -P 0xee 0 64k")
 	require.Error(t, err, "a write that cannot invalidate the SSD tier's copy first")
 	mustQemuIO(t, uri, check...)
@@ -62,17 +57,4 @@ func TestMetadataDiskFull(t *testing.T) {
 	require.False(t, adminStats(t, admin).tier(t, "ssd").Failed)
 	mustQemuIO(t, uri, check...)
 	d.requireStop(unix.SIGTERM)
-}
-
-// fillFS takes all but leave bytes of dir's file system with one file, and returns its path.
-func fillFS(t *testing.T, dir string, leave int64) string {
-	t.Helper()
-	var st unix.Statfs_t
-	require.NoError(t, unix.Statfs(dir, &st))
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	require.NoError(t, err)
-	defer f.Close()
-	require.NoError(t, unix.Fallocate(int(f.Fd()), 0, 0, int64(st.Bavail)*st.Bsize-leave))
-	return path
 }

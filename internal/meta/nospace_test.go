@@ -3,36 +3,11 @@ package meta
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
+	"github.com/tierblk/tierblk/internal/tmpfs"
 )
-
-// smallFS mounts a tmpfs of size bytes for the test, or skips where this process may not mount.
-func smallFS(t *testing.T, size int64) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.FormatInt(size, 10)); err != nil {
-		t.Skipf("cannot mount a tmpfs here (needs root): %v", err)
-	}
-	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
-// fill takes all but leave bytes of dir's file system with one file, and returns its path.
-func fill(t *testing.T, dir string, leave int64) string {
-	t.Helper()
-	var st unix.Statfs_t
-	require.NoError(t, unix.Statfs(dir, &st))
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	require.NoError(t, err)
-	defer f.Close()
-	require.NoError(t, unix.Fallocate(int(f.Fd()), 0, 0, int64(st.Bavail)*st.Bsize-leave))
-	return path
-}
 
 // On a file system with less than MinFree free, the store writes nothing but invalidations, down
 // to ReserveFree, and says why: Commit and SetSuperblock fail with ErrNoSpace (badger never meets
@@ -40,13 +15,13 @@ func fill(t *testing.T, dir string, leave int64) string {
 // committed stays readable; Close leaves a full disk alone; once there is room again it commits;
 // a store is not opened on a file system without room.
 func TestNoSpace(t *testing.T) {
-	dir := smallFS(t, 3*MinFree/2)
+	dir := tmpfs.Mount(t, 3*MinFree/2)
 	db := filepath.Join(dir, "meta")
 	s := openBadger(t, db)
 	require.NoError(t, s.Commit([]Op{put(1, 1, []uint64{3}, nil), put(2, 2, []uint64{1}, nil)}, true))
 
 	// Between the two marks: invalidations only.
-	filler := fill(t, dir, (MinFree+ReserveFree)/2)
+	filler := tmpfs.Fill(t, dir, (MinFree+ReserveFree)/2)
 	err := s.Commit([]Op{put(3, 3, []uint64{1}, nil)}, true)
 	require.ErrorIs(t, err, ErrNoSpace)
 	require.ErrorContains(t, err, dir)
@@ -58,7 +33,7 @@ func TestNoSpace(t *testing.T) {
 	require.NoError(t, os.Remove(filler))
 
 	// A full file system: without the check, the commits below end the test with SIGBUS.
-	filler = fill(t, dir, 0)
+	filler = tmpfs.Fill(t, dir, 0)
 	for i := range 1000 {
 		err := s.Commit([]Op{{Rec: Line{Line: uint64(i + 4), Slot: uint32(i + 4), Valid: []uint64{1, 2, 3, 4}}, Invalidates: i%2 == 0}}, i%100 == 0)
 		require.ErrorIs(t, err, ErrNoSpace)
