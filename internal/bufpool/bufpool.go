@@ -51,6 +51,14 @@ func Get(n int) *[]byte {
 	return &b
 }
 
+// Size is the capacity of the buffer Get(n) returns: what it holds of memory.
+func Size(n int) int {
+	if c := class(n); c < len(pools) {
+		return 1 << (c + minShift)
+	}
+	return n
+}
+
 // Put gives back a buffer from Get; one of a size no class has is dropped.
 func Put(bp *[]byte) {
 	c := class(cap(*bp))

@@ -17,6 +17,7 @@ func TestGetPut(t *testing.T) {
 		bp := Get(tc.n)
 		require.Len(t, *bp, tc.n)
 		require.Equal(t, tc.capacity, cap(*bp), "n=%d", tc.n)
+		require.Equal(t, tc.capacity, Size(tc.n), "n=%d", tc.n)
 		if tc.n > 0 {
 			require.Zero(t, uintptr(unsafe.Pointer(&(*bp)[0]))%Align, "n=%d", tc.n)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/proto"
@@ -92,7 +93,7 @@ func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
 			// NBD_OPT_EXPORT_NAME cannot carry an error: the protocol says to disconnect.
 			return true, protocolErrorf("unknown export %q", data)
 		}
-		c.enter(e)
+		c.enterWith(e, e.Device.Info(), false)
 		var b [proto.ExportNameReplySize + proto.ExportNamePadding]byte
 		binary.BigEndian.PutUint64(b[0:], uint64(c.info.Size))
 		binary.BigEndian.PutUint16(b[8:], c.tflags)
@@ -183,7 +184,7 @@ func (c *conn) handleInfo(opt uint32, data []byte) (done bool, err error) {
 	if opt != proto.OptGo {
 		return false, nil
 	}
-	c.enterWith(e, info)
+	c.enterWith(e, info, slices.Contains(infos, proto.InfoBlockSize))
 	return true, nil
 }
 
@@ -195,16 +196,20 @@ func (c *conn) optReply(opt, typ uint32, data []byte) {
 	c.bw.Write(data)
 }
 
-// enter fixes the export and the transmission parameters for the rest of the connection.
-func (c *conn) enter(e *Export) { c.enterWith(e, e.Device.Info()) }
-
-func (c *conn) enterWith(e *Export, info volume.Info) {
+// enterWith fixes the export and the transmission parameters for the rest of the connection. A
+// client that did not ask for the block sizes (NBD_OPT_EXPORT_NAME, or NBD_OPT_GO without
+// NBD_INFO_BLOCK_SIZE) may send requests of any length, which the protocol says a server SHOULD
+// then take: up to maxPayload here (nbdkit's limit too), within the connection's payload budget.
+func (c *conn) enterWith(e *Export, info volume.Info, sizesAsked bool) {
 	c.export = e
 	c.waiter, _ = e.Device.(backend.Waiter)
 	c.async, _ = e.Device.(backend.AsyncReader)
 	c.info = info
 	c.tflags = transmissionFlags(info, c.structured)
 	c.minBlock, _, c.maxBlock = blockSizes(info)
+	if !sizesAsked {
+		c.maxBlock = maxPayload
+	}
 }
 
 // transmissionFlags are the flags a client sees for a device.

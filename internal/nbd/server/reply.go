@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"unicode/utf8"
 
-	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
 	"github.com/tierblk/tierblk/internal/volume"
 )
@@ -49,7 +48,7 @@ type endedRead struct {
 // (readEnded), never by the device's own goroutine, whose other completions must not wait for a
 // client that is slow to take its replies.
 func (c *conn) readAsync(r proto.Request) (*[]byte, bool) {
-	buf := bufpool.Get(int(r.Length))
+	buf := c.getBuf(int(r.Length))
 	c.workers.Add(1)
 	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
 		return nil, true
@@ -116,7 +115,7 @@ func (c *conn) answerEnded(batch []endedRead) {
 		} else {
 			c.replyData(e.req, *e.buf)
 		}
-		bufpool.Put(e.buf)
+		c.putBuf(e.buf)
 	}
 	c.wmu.Lock()
 	c.endReply()

@@ -381,6 +381,7 @@ type conn struct {
 	unflushed int  // requests read since the reader last flushed the replies
 	jobs      chan job
 	slots     chan struct{}  // one per request being served: at most MaxInFlight
+	budget    *budget        // the payload bytes held (getBuf)
 	nworkers  int            // workers started; only the reader touches it
 	workers   sync.WaitGroup // workers, and readers started by the watchdog
 	readDone  chan error     // the error reading ended with, when a reader started by the watchdog read last

@@ -964,3 +964,80 @@ func TestMaxConnections(t *testing.T) {
 	b.Request(proto.Request{Type: proto.CmdFlush, Cookie: 1}, nil)
 	require.Equal(t, nbdtest.Reply{Cookie: 1}, b.Reply())
 }
+
+// A client that did not ask for the block sizes may send requests over the 32 MiB it would have
+// been told, as the protocol's reference test client does: up to maxPayload they are served; one
+// that asked is held to what it was told.
+func TestLargeRequestsWithoutBlockSizes(t *testing.T) {
+	const size, big = 64 << 20, 48 << 20
+	dev, mem := nbdtest.NewVolume(size, 0, volume.Options{})
+	ts := startServer(t, Config{Exports: []Export{{Name: "disk", Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
+	data := nbdtest.Pattern(7, big)
+	for _, tc := range []struct {
+		name    string
+		connect func(c *nbdtest.RawClient)
+		errno   uint32
+	}{
+		{"export name", func(c *nbdtest.RawClient) {
+			c.Greet()
+			c.Option(proto.OptExportName, []byte("disk"))
+			c.Recv(proto.ExportNameReplySize)
+		}, 0},
+		{"go without block sizes", func(c *nbdtest.RawClient) {
+			c.Greet()
+			c.Option(proto.OptGo, proto.AppendInfoRequest(nil, "disk"))
+			_, final := c.Infos(proto.OptGo)
+			require.Equal(c.T, proto.RepAck, final)
+		}, 0},
+		{"go asking for them", func(c *nbdtest.RawClient) { c.Connect("disk", false) }, proto.ErrnoOverflow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := nbdtest.DialRaw(t, "unix", ts.Sock)
+			tc.connect(c)
+			off := uint64(4096)
+			c.Request(proto.Request{Type: proto.CmdWrite, Cookie: 1, Offset: off, Length: big}, data)
+			require.Equal(t, tc.errno, c.Reply().Errno)
+			c.Request(proto.Request{Type: proto.CmdRead, Cookie: 2, Offset: off, Length: big}, nil)
+			r := c.Reply()
+			require.Equal(t, tc.errno, r.Errno)
+			if tc.errno == 0 {
+				require.True(t, bytes.Equal(data, r.Data), "the read returns the write")
+				require.True(t, bytes.Equal(data, mem.Snapshot()[off:off+big]))
+			}
+			c.Request(proto.Request{Type: proto.CmdDisc}, nil)
+			c.ExpectClosed()
+		})
+	}
+}
+
+// A client that sends large READs and never takes their replies holds at most the connection's
+// payload budget of the server's memory, not MaxInFlight replies' worth; it stalls only itself:
+// another client is served meanwhile.
+func TestClientThatDoesNotRead(t *testing.T) {
+	const size, each = 64 << 20, 16 << 20
+	dev, _ := nbdtest.NewVolume(size, 0x5a, volume.Options{})
+	ts := startServer(t, Config{Exports: []Export{{Name: "disk", Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+
+	c := nbdtest.DialRaw(t, "unix", ts.Sock)
+	c.Connect("disk", false)
+	for i := range defaultMaxInFlight {
+		c.Request(proto.Request{Type: proto.CmdRead, Cookie: uint64(i + 1), Offset: uint64(i%4) * each, Length: each}, nil)
+	}
+	time.Sleep(300 * time.Millisecond) // the server takes what it will
+
+	h := nbdtest.DialRaw(t, "tcp", ts.TCP)
+	h.Connect("disk", false)
+	h.Request(proto.Request{Type: proto.CmdRead, Cookie: 1, Length: 4096}, nil)
+	require.Zero(t, h.Reply().Errno, "another client is served")
+
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapInuse) - int64(before.HeapInuse)
+	require.Less(t, grew, int64(3*payloadBudget), "the server holds %d MiB for a client that does not read", grew>>20)
+	c.NC.Close()
+	h.NC.Close()
+	ts.waitIdle(t)
+}

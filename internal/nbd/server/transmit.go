@@ -29,6 +29,7 @@ func (c *conn) transmit() error {
 	c.order.cond.L = &c.order.mu
 	c.jobs = make(chan job)
 	c.slots = make(chan struct{}, c.s.maxInFlight)
+	c.budget = newBudget(payloadBudget)
 	c.readDone = make(chan error, 1)
 	c.s.watch()
 
@@ -77,7 +78,7 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		req, ok := proto.ParseRequest(hdr[:])
 		if !ok || req.Type == proto.CmdDisc {
 			if pre != nil {
-				bufpool.Put(pre)
+				c.putBuf(pre)
 			}
 			if !ok {
 				return protocolErrorf("bad request magic %#x", hdr[:4]), false
@@ -139,7 +140,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 	if !c.direct() || c.sock == nil {
 		return nil, 0, c.readFull(hdr)
 	}
-	pre = bufpool.Get(c.bigLen)
+	pre = c.getBuf(c.bigLen)
 	n, err := c.sock.recv2(hdr, *pre)
 	if err == nil && n == 0 {
 		err = io.EOF
@@ -150,7 +151,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 		}
 	}
 	if err != nil {
-		bufpool.Put(pre)
+		c.putBuf(pre)
 		return nil, 0, err
 	}
 	return pre, max(0, n-len(hdr)), nil
@@ -193,7 +194,7 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 		// Not the WRITE expected: what was read of the socket belongs to what follows.
 		c.src.giveBack((*pre)[:preN])
 		c.bigWrites = false
-		bufpool.Put(pre)
+		c.putBuf(pre)
 		pre = nil
 	}
 	var buf *[]byte
@@ -210,13 +211,13 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 		case pre != nil:
 			buf = pre
 			if err := c.readFull((*buf)[preN:]); err != nil {
-				bufpool.Put(buf)
+				c.putBuf(buf)
 				return job{}, false, c.readErr(err)
 			}
 		default:
-			buf = bufpool.Get(int(req.Length))
+			buf = c.getBuf(int(req.Length))
 			if err := c.readPayload(*buf); err != nil {
-				bufpool.Put(buf)
+				c.putBuf(buf)
 				return job{}, false, c.readErr(err)
 			}
 		}
@@ -340,15 +341,15 @@ func (c *conn) serve(j job) time.Duration {
 	case proto.CmdRead:
 		buf := j.buf
 		if buf == nil {
-			buf = bufpool.Get(int(r.Length))
+			buf = c.getBuf(int(r.Length))
 		}
 		if err = dev.ReadAt(*buf, off); err == nil {
 			c.replyData(r, *buf)
 		}
-		bufpool.Put(buf)
+		c.putBuf(buf)
 	case proto.CmdWrite:
 		err = dev.WriteAt(*j.buf, off, fua)
-		bufpool.Put(j.buf)
+		c.putBuf(j.buf)
 		c.order.finish(j.seq)
 	case proto.CmdTrim:
 		err = dev.Trim(off, n, fua)
