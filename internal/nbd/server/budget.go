@@ -2,6 +2,7 @@ package server
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 )
@@ -14,34 +15,55 @@ import (
 const payloadBudget = maxPayload
 
 // budget counts a connection's payload bytes. A request waits while its buffer would take the
-// count over max, unless nothing is held (so one request larger than the rest always goes).
+// count over max, unless nothing is held (so one request larger than the rest always goes). The
+// count is an atomic, taken and given back without a lock on the hit path (every request takes a
+// buffer); only a request that must wait, and whoever then gives bytes back, take the lock.
 type budget struct {
-	mu   sync.Mutex
-	cond sync.Cond
-	used int
-	max  int
+	used    atomic.Int64
+	max     int64
+	waiting atomic.Int32
+	mu      sync.Mutex
+	cond    sync.Cond
 }
 
 func newBudget(max int) *budget {
-	b := &budget{max: max}
+	b := &budget{max: int64(max)}
 	b.cond.L = &b.mu
 	return b
 }
 
+func (b *budget) tryAcquire(n int64) bool {
+	for {
+		u := b.used.Load()
+		if u > 0 && u+n > b.max {
+			return false
+		}
+		if b.used.CompareAndSwap(u, u+n) {
+			return true
+		}
+	}
+}
+
 func (b *budget) acquire(n int) {
+	if b.tryAcquire(int64(n)) {
+		return
+	}
 	b.mu.Lock()
-	for b.used > 0 && b.used+n > b.max {
+	b.waiting.Add(1) // before the next look: a release after it then takes the lock to wake us
+	for !b.tryAcquire(int64(n)) {
 		b.cond.Wait()
 	}
-	b.used += n
+	b.waiting.Add(-1)
 	b.mu.Unlock()
 }
 
 func (b *budget) release(n int) {
-	b.mu.Lock()
-	b.used -= n
-	b.mu.Unlock()
-	b.cond.Broadcast()
+	b.used.Add(-int64(n))
+	if b.waiting.Load() > 0 {
+		b.mu.Lock()
+		b.cond.Broadcast()
+		b.mu.Unlock()
+	}
 }
 
 // getBuf takes a payload buffer of n bytes from the pool, within the connection's budget: it waits
