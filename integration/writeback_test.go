@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,10 +445,11 @@ func (m *durableModel) issue(start, n int, id uint64) {
 
 // TestWriteBackPowerCut cuts the power of a VM (kills qemu) while the kernel's NBD client writes
 // through tierblk in write-back mode, with the SSD tier, its metadata and the backend on virtual
-// disks; then boots the VM again on the same disk images and requires every write the guest
-// had made durable (fsync on /dev/nbd0) to read back, and to reach the backend on `tierblk flush`.
+// disks, the first two losing what they had not flushed; then boots the VM again on the same
+// disk images and requires every write the guest had made durable (fsync on /dev/nbd0) to read
+// back, and to reach the backend on `tierblk flush`.
 func TestWriteBackPowerCut(t *testing.T) {
-	requireTools(t, "qemu-system-x86_64")
+	requireTools(t, "qemu-system-x86_64", "nbdkit")
 	const seed = 5
 	rng := rand.New(rand.NewPCG(seed, 0))
 	// The power goes after this many records: the guest writes a few per second under emulation.
@@ -468,7 +470,21 @@ func TestWriteBackPowerCut(t *testing.T) {
 	script, err := os.ReadFile("vm/guest/writeback-powercut.sh")
 	require.NoError(t, err)
 
-	console := bootVM(t, "phase=write\n"+string(script), disks, cutAfter)
+	// The SSD and the metadata disk have volatile write caches: nbdkit's cache filter keeps what
+	// the guest writes until it flushes, and the cut kills it too, as a power cut empties a
+	// disk's cache. The backend keeps everything (the host's page cache).
+	booted := slices.Clone(disks)
+	var caches []*daemon
+	for _, i := range []int{0, 2} {
+		sock := filepath.Join(shortTempDir(t), "disk.sock")
+		caches = append(caches, startDaemon(t, "nbdkit", []string{"-f", "-U", sock, "--filter=cache", "file", disks[i], "cache=writeback"}, "unix:"+sock))
+		booted[i] = "nbd+unix:///?socket=" + sock
+	}
+	console := bootVM(t, "phase=write\n"+string(script), booted, cutAfter)
+	for _, d := range caches {
+		require.NoError(t, d.cmd.Process.Kill())
+		<-d.exited
+	}
 	expect, durable := durableWrites(t, console)
 	require.Positive(t, durable, "the guest made no write durable before the power cut:\n%s", console)
 	t.Logf("power cut after %d records: %d durable writes on %d blocks", cutAfter, durable, len(expect))
@@ -521,8 +537,8 @@ func durableWrites(t *testing.T, console string) (map[int]int, int) {
 	return expect, durable
 }
 
-// bootVM boots the test VM (vm/run.sh) with the guest script text on the raw disk images and
-// returns its console. With cutAfter > 0 it kills qemu (a power cut for the guest) once the
+// bootVM boots the test VM (vm/run.sh) with the guest script text on the disks (raw images, or
+// NBD URIs) and returns its console. With cutAfter > 0 it kills qemu (a power cut for the guest) once the
 // guest has printed cutAfter TIERBLK-WB records, and fails the test if the guest ended first.
 func bootVM(t *testing.T, script string, disks []string, cutAfter int) string {
 	t.Helper()
@@ -531,7 +547,11 @@ func bootVM(t *testing.T, script string, disks []string, cutAfter int) string {
 	require.NoError(t, os.WriteFile(scriptPath, []byte(script), 0o644))
 	args := []string{"--script", scriptPath, "--tierblk", tierblkPath, "--timeout", "300"}
 	for _, d := range disks {
-		args = append(args, "--disk-file", d)
+		if strings.HasPrefix(d, "nbd") {
+			args = append(args, "--disk-nbd", d)
+		} else {
+			args = append(args, "--disk-file", d)
+		}
 	}
 	cmd := exec.Command("vm/run.sh", args...)
 	// run.sh's work directory, which a killed run.sh cannot remove, goes under the test's own.

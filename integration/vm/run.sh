@@ -4,10 +4,13 @@
 # archive appended to the initramfs, the tierblk binary at /bin/tierblk and the guest
 # script at /test.sh, and attaches any number of blank raw disks (/dev/vda, /dev/vdb, ...).
 #
-# Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE | --disk-file IMG]... [--timeout SECONDS]
+# Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE | --disk-file IMG | --disk-nbd URI]...
+#               [--timeout SECONDS]
 #   SIZE is anything truncate(1) takes (64M). Disks are sparse temporary files.
 #   IMG is an existing raw image, attached as it is and kept: a second boot on the same
 #   disks (after a power cut: killing qemu) passes the same images again.
+#   URI is an NBD export (nbd+unix:///?socket=PATH) that qemu attaches: a disk the host serves,
+#   such as one with a volatile write cache that a power cut empties.
 # Exit:  0 when the guest printed "TIERBLK-VM-RESULT: PASS", 1 otherwise.
 set -euo pipefail
 
@@ -20,6 +23,7 @@ while [ $# -gt 0 ]; do
 	--tierblk) tierblk=$2; shift 2 ;;
 	--disk) disks+=("size:$2"); shift 2 ;;
 	--disk-file) disks+=("file:$2"); shift 2 ;;
+	--disk-nbd) disks+=("nbd:$2"); shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -43,7 +47,9 @@ cat "$work/overlay.cpio" "$base/base.cpio.gz" >"$work/initrd"
 drives=()
 for i in "${!disks[@]}"; do
 	img=${disks[$i]#file:}
-	if [ "${disks[$i]}" != "file:$img" ]; then
+	if [ "${disks[$i]}" != "${disks[$i]#nbd:}" ]; then
+		img=${disks[$i]#nbd:}
+	elif [ "${disks[$i]}" != "file:$img" ]; then
 		img=$work/disk$i.img
 		truncate -s "${disks[$i]#size:}" "$img"
 	fi
