@@ -42,11 +42,15 @@ type Config struct {
 	// Each holds an OS thread while it waits for its client (sock.go), and Go ends a process
 	// at 10,000 threads. 0 = 1024.
 	MaxConnections int
+	// MaxConnectionsPerPeer bounds the TCP connections from one IP address, so that one host
+	// cannot take all of MaxConnections; unix-socket clients are this machine's own. 0 = 128.
+	MaxConnectionsPerPeer int
 }
 
 const (
 	defaultMaxInFlight    = 64
 	defaultMaxConnections = 1024
+	defaultMaxPerPeer     = 128
 	// defaultHandshakeTimeout bounds the whole handshake, so that a silent or dawdling client
 	// cannot hold a goroutine forever. Idle connections in transmission are legitimate and have no
 	// deadline.
@@ -76,6 +80,7 @@ type Server struct {
 	log         *slog.Logger
 	maxInFlight int
 	maxConns    int
+	maxPerPeer  int
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
@@ -83,6 +88,7 @@ type Server struct {
 	closing   bool
 	listeners map[net.Listener]struct{}
 	conns     map[*conn]struct{}
+	peers     map[string]int // TCP connections by remote IP address
 	connWG    sync.WaitGroup
 	watching  bool // the watchdog runs
 }
@@ -98,16 +104,21 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConnections < 0 {
 		return nil, fmt.Errorf("nbd: MaxConnections %d is negative (0 means %d)", cfg.MaxConnections, defaultMaxConnections)
 	}
+	if cfg.MaxConnectionsPerPeer < 0 {
+		return nil, fmt.Errorf("nbd: MaxConnectionsPerPeer %d is negative (0 means %d)", cfg.MaxConnectionsPerPeer, defaultMaxPerPeer)
+	}
 	s := &Server{
 		exports:     append([]Export(nil), cfg.Exports...),
 		byName:      map[string]*Export{},
 		log:         cfg.Logger,
 		maxInFlight: cfg.MaxInFlight,
 		maxConns:    cfg.MaxConnections,
+		maxPerPeer:  cfg.MaxConnectionsPerPeer,
 
 		handshakeTimeout: defaultHandshakeTimeout,
 		listeners:        map[net.Listener]struct{}{},
 		conns:            map[*conn]struct{}{},
+		peers:            map[string]int{},
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -117,6 +128,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if s.maxConns == 0 {
 		s.maxConns = defaultMaxConnections
+	}
+	if s.maxPerPeer == 0 {
+		s.maxPerPeer = defaultMaxPerPeer
 	}
 	for i := range s.exports {
 		e := &s.exports[i]
@@ -297,7 +311,17 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 		c.log.Warn("nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
 		return
 	}
+	peer := peerOf(nc)
+	if peer != "" && s.peers[peer] >= s.maxPerPeer {
+		s.mu.Unlock()
+		nc.Close()
+		c.log.Warn("nbd: connection refused: its host has the most connections one host may have", "max", s.maxPerPeer)
+		return
+	}
 	s.conns[c] = struct{}{}
+	if peer != "" {
+		s.peers[peer]++
+	}
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	defer func() {
@@ -307,6 +331,11 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 		}
 		s.mu.Lock()
 		delete(s.conns, c)
+		if peer != "" {
+			if s.peers[peer]--; s.peers[peer] == 0 {
+				delete(s.peers, peer)
+			}
+		}
 		s.mu.Unlock()
 		s.connWG.Done()
 	}()
@@ -511,4 +540,13 @@ func (c *conn) readErr(err error) error {
 		return errShuttingDown
 	}
 	return err
+}
+
+// peerOf is the IP address a TCP connection comes from, which MaxConnectionsPerPeer counts by, or
+// "" for any other connection.
+func peerOf(nc net.Conn) string {
+	if a, ok := nc.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return ""
 }

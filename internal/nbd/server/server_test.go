@@ -1041,3 +1041,28 @@ func TestClientThatDoesNotRead(t *testing.T) {
 	h.NC.Close()
 	ts.waitIdle(t)
 }
+
+// TestMaxConnectionsPerPeer: TCP connections from one host past MaxConnectionsPerPeer are closed
+// as they arrive, while unix-socket clients are not counted; one is taken again once another has
+// gone.
+func TestMaxConnectionsPerPeer(t *testing.T) {
+	dev, _ := nbdtest.NewVolume(4096, 0, volume.Options{})
+	ts := startServer(t, Config{Exports: []Export{{Device: dev}}, MaxConnectionsPerPeer: 2, Logger: slog.New(slog.DiscardHandler)})
+	a, b := nbdtest.DialRaw(t, "tcp", ts.TCP), nbdtest.DialRaw(t, "tcp", ts.TCP)
+	a.Connect("", false)
+	b.Connect("", false)
+	nbdtest.DialRaw(t, "tcp", ts.TCP).ExpectClosed()
+	for range 3 {
+		nbdtest.DialRaw(t, "unix", ts.Sock).Connect("", false)
+	}
+	a.Request(proto.Request{Type: proto.CmdDisc}, nil)
+	a.ExpectClosed()
+	require.Eventually(t, func() bool {
+		c := nbdtest.DialRaw(t, "tcp", ts.TCP)
+		defer c.NC.Close()
+		c.NC.SetReadDeadline(time.Now().Add(time.Second))
+		var greeting [18]byte
+		_, err := io.ReadFull(c.NC, greeting[:])
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond, "a connection from the host is served again once one has gone")
+}
