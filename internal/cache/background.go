@@ -42,3 +42,27 @@ func (b *background) halt() bool {
 
 // wait waits for the loops after halt.
 func (b *background) wait() { b.running.Wait() }
+
+// tickOrKick waits for the next tick or kick, and reports false once stop closes: how the
+// background loops wait between their rounds.
+func tickOrKick(stop <-chan struct{}, tick <-chan time.Time, kick <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return false
+	case <-tick:
+	case <-kick:
+	}
+	return true
+}
+
+// sleepOrStop waits d, or until stop closes; it reports whether d passed.
+func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}

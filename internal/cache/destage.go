@@ -251,13 +251,7 @@ func (c *Cache) destager(stop <-chan struct{}) {
 	backoff := time.Duration(0)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-		case <-w.kickCh:
-		}
+	for tickOrKick(stop, tick.C, w.kickCh) {
 		w.destaged.sample(time.Now(), w.destagedBytes.Load())
 		if w.waiting.Load() > 0 {
 			// Dirty lines also go without the destager (a write or trim through another mode
@@ -312,18 +306,6 @@ func (c *Cache) destager(stop <-chan struct{}) {
 			}
 		}
 		w.running.Store(false)
-	}
-}
-
-// sleepOrStop waits d, or until stop closes; it reports whether d passed.
-func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-stop:
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -22,13 +22,7 @@ func (j *journal) askCheckpoint() {
 func (j *journal) loop(stop <-chan struct{}) {
 	tick := time.NewTicker(checkpointEvery)
 	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-		case <-j.checkpointSoon:
-		}
+	for tickOrKick(stop, tick.C, j.checkpointSoon) {
 		if j.t.failed.Load() && !time.Now().Before(j.healAt()) {
 			if err := j.heal(); err != nil {
 				j.healFailed()

@@ -208,22 +208,17 @@ func Override(c *Config, given map[string][]string, fromFile bool) error {
 	return nil
 }
 
-// flagRenames turn, in an error about a command line, the fields of Flags into their flags, and
-// the daemon's prefixes for the first export into the flag that made it.
-var flagRenames = func() []struct {
+// rename replaces what re matches with with.
+type rename struct {
 	re   *regexp.Regexp
 	with string
-} {
-	var r []struct {
-		re   *regexp.Regexp
-		with string
-	}
-	add := func(pattern, with string) {
-		r = append(r, struct {
-			re   *regexp.Regexp
-			with string
-		}{regexp.MustCompile(pattern), with})
-	}
+}
+
+// flagRenames turn, in an error about a command line, the fields of Flags into their flags, and
+// the daemon's prefixes for the first export into the flag that made it.
+var flagRenames = func() []rename {
+	var r []rename
+	add := func(pattern, with string) { r = append(r, rename{regexp.MustCompile(pattern), with}) }
 	for _, f := range Flags {
 		if f.Field == "" {
 			continue

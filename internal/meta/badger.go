@@ -59,7 +59,7 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("meta: creating metadata directory: %w", err)
 	}
-	if err := room(dir, MinFree, nil); err != nil {
+	if err := room(dir, MinFree); err != nil {
 		return nil, err
 	}
 	lock, err := lockDir(dir)
@@ -105,18 +105,18 @@ func free(dir string) (uint64, error) {
 	return st.Bavail * uint64(st.Bsize), nil
 }
 
-// room returns an error wrapping ErrNoSpace when dir's file system has less than need free (the
-// free space last measured, or measured now when it is nil).
-func room(dir string, need uint64, measured *uint64) error {
-	var f uint64
-	if measured != nil {
-		f = *measured
-	} else {
-		var err error
-		if f, err = free(dir); err != nil {
-			return err
-		}
+// room returns an error wrapping ErrNoSpace when dir's file system has less than need free now.
+func room(dir string, need uint64) error {
+	f, err := free(dir)
+	if err != nil {
+		return err
 	}
+	return enough(dir, f, need)
+}
+
+// enough returns an error wrapping ErrNoSpace when f, the free space of dir's file system, is less
+// than need.
+func enough(dir string, f, need uint64) error {
 	if f < need {
 		return fmt.Errorf("meta: %w: the file system of %s has %d MiB free, less than the %d MiB the metadata store needs to write safely; free some space there (the SSD tier is bypassed until then, and tried again)",
 			ErrNoSpace, dir, f>>20, need>>20)
@@ -225,7 +225,7 @@ func (b *Badger) SetSuperblock(sb Superblock) error {
 		return err
 	}
 	defer b.active.Done()
-	if err := room(b.dir, MinFree, nil); err != nil {
+	if err := room(b.dir, MinFree); err != nil {
 		return err
 	}
 	v, err := json.Marshal(sb)
@@ -312,7 +312,7 @@ func (b *Badger) Close() error {
 	b.active.Wait()
 	close(b.reqs)
 	<-b.stopped
-	if err := room(b.dir, ReserveFree, nil); err != nil {
+	if err := room(b.dir, ReserveFree); err != nil {
 		// Closing flushes badger's memory table into a new table file: on a full file system
 		// that write ends the process (SIGBUS). Its log, synced, holds every commit, which the
 		// next open reads back.
@@ -359,7 +359,7 @@ func (b *Badger) write(group []*request) {
 	f, failed := free(b.dir)
 	for i := 0; i < len(group); {
 		if failed == nil {
-			if err := room(b.dir, need(group[i].ops), &f); err != nil {
+			if err := enough(b.dir, f, need(group[i].ops)); err != nil {
 				// This request alone is refused; later ones may need less room.
 				group[i].err = err
 				i++
@@ -373,7 +373,7 @@ func (b *Badger) write(group []*request) {
 		}
 		// The requests after it that have room too go in one transaction with it.
 		k := i + 1
-		for k < len(group) && room(b.dir, need(group[k].ops), &f) == nil {
+		for k < len(group) && enough(b.dir, f, need(group[k].ops)) == nil {
 			k++
 		}
 		n, err := b.writeTxn(group[i:k])

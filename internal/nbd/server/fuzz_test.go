@@ -19,7 +19,7 @@ import (
 // The fuzz targets play a client that sends arbitrary bytes and then hangs up. The server must
 // not panic, and must let go of the connection once the client is gone. Their seed corpora are
 // testdata/fuzz (inputs the fuzzer found interesting, kept) and the seeds below; make test fuzzes
-// each for a few seconds (make fuzz-short). Run them longer with
+// each over 50,000 inputs (make fuzz-short). Run them longer with
 //
 //	go test -run '^$' -fuzz FuzzHandshake ./internal/nbd/server/
 //	go test -run '^$' -fuzz FuzzRequests ./internal/nbd/server/
