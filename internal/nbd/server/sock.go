@@ -31,7 +31,8 @@ import (
 // batch), looks again a few times (spinTries, answering the asynchronous reads that end meanwhile:
 // conn.looking), then sleeps in the kernel through the runtime's
 // system-call path, which lets the runtime give the thread's P to other goroutines. One thread a
-// connection sleeps there, and the kernel wakes it, and only it, when the client sends. A large
+// connection sleeps there, and the kernel wakes it, and only it, when the client sends; a
+// connection that stays idle moves to a poller of its own and gives the thread back (idle.go). A large
 // payload is read with MSG_WAITALL: one call, whatever pieces it arrives in. Replies are written
 // the same way: without waiting first, then, if the socket is full, waiting in the kernel (bench
 // writeback's rows, in paired runs against the runtime's poller).
@@ -40,7 +41,7 @@ import (
 // call through the system-call path wakes it when every P has been idle (see Server.watchdog).
 //
 // Deadlines no longer reach a detached socket. Stopping the reader is shutdown(SHUT_RD), which
-// wakes a read sleeping in the kernel; hanging up is shutdown(SHUT_RDWR). The descriptor itself is
+// wakes a read sleeping in the kernel or in the idle poller; hanging up is shutdown(SHUT_RDWR). The descriptor itself is
 // closed only once the connection's goroutines are done with it, so that its number cannot be
 // given to another file under them.
 type sock struct {
@@ -56,6 +57,12 @@ type sock struct {
 	// The reader's recvmsg arguments, kept here so that a read allocates nothing.
 	msg unix.Msghdr
 	iov [2]unix.Iovec
+	// idle is where calls wait once they may not sleep in the kernel (idle.go); nil: the kernel
+	// only. want, the events waited for there, is the poller's, under its lock; each wait ends
+	// with a token on readable or writable.
+	idle               *idlePoller
+	want               uint32
+	readable, writable chan struct{}
 }
 
 // spinTries is how many more times a read that found the socket empty looks again, yielding to
@@ -97,7 +104,18 @@ func detach(nc net.Conn) (*sock, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("socket: %w", err)
 	}
-	return &sock{fd: fd}, nil
+	s := &sock{fd: fd}
+	if p := theIdlePoller(); p != nil {
+		// A sleep in the kernel ends after kernelWaitMax (EAGAIN), and the call waits on in the
+		// idle poller: a socket that refuses the timeouts sleeps there from the start.
+		tv := unix.NsecToTimeval(int64(kernelWaitMax))
+		if unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) == nil &&
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv) == nil {
+			s.idle = p
+			s.readable, s.writable = make(chan struct{}, 1), make(chan struct{}, 1)
+		}
+	}
+	return s, nil
 }
 
 // call makes one system call on p and returns how many bytes it moved.
@@ -170,7 +188,7 @@ func (s *sock) receive(wait uintptr, call func(flags uintptr) (int, syscall.Errn
 			s.looking(false)
 		}
 		if e == syscall.EAGAIN {
-			n, e = call(wait)
+			n, e = s.block(unix.EPOLLIN, wait, call)
 		}
 	}
 	if e != 0 {
@@ -215,9 +233,10 @@ func (s *sock) readFull(p []byte) error {
 func (s *sock) Write(p []byte) (int, error) {
 	done := 0
 	for done < len(p) {
-		n, e := s.call(unix.SYS_SENDTO, p[done:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		send := func(flags uintptr) (int, syscall.Errno) { return s.call(unix.SYS_SENDTO, p[done:], flags) }
+		n, e := send(unix.MSG_DONTWAIT | unix.MSG_NOSIGNAL)
 		if e == syscall.EAGAIN {
-			n, e = s.call(unix.SYS_SENDTO, p[done:], unix.MSG_NOSIGNAL)
+			n, e = s.block(unix.EPOLLOUT, unix.MSG_NOSIGNAL, send)
 		}
 		if e != 0 {
 			return done, e
@@ -230,13 +249,23 @@ func (s *sock) Write(p []byte) (int, error) {
 // writev writes bufs whole in as few system calls as the socket allows (a large reply: its
 // header and its data).
 func (s *sock) writev(bufs ...[]byte) error {
-	for len(bufs) > 0 {
-		n, err := unix.SendmsgBuffers(s.fd, bufs, nil, nil, unix.MSG_NOSIGNAL)
-		if errors.Is(err, syscall.EINTR) {
-			continue
+	send := func(flags uintptr) (int, syscall.Errno) {
+		for {
+			n, err := unix.SendmsgBuffers(s.fd, bufs, nil, nil, int(flags))
+			if err == nil {
+				return n, 0
+			}
+			if e := errnoOf(err); e != syscall.EINTR {
+				return 0, e
+			}
 		}
-		if err != nil {
-			return err
+	}
+	for len(bufs) > 0 {
+		// Waiting at once: a large reply rarely fits the socket's free space, and a try without
+		// waiting would cost a system call more for the part it leaves.
+		n, e := s.block(unix.EPOLLOUT, unix.MSG_NOSIGNAL, send)
+		if e != 0 {
+			return e
 		}
 		for len(bufs) > 0 && n >= len(bufs[0]) {
 			n -= len(bufs[0])
@@ -282,8 +311,19 @@ func (s *sock) close() {
 	defer s.mu.Unlock()
 	if !s.closed {
 		s.closed = true
+		if s.idle != nil {
+			s.idle.forget(s)
+		}
 		unix.Close(s.fd)
 	}
+}
+
+// errnoOf is the error number of err, which golang.org/x/sys's calls return as a syscall.Errno.
+func errnoOf(err error) syscall.Errno {
+	if e, ok := err.(syscall.Errno); ok {
+		return e
+	}
+	return syscall.EIO
 }
 
 // rawSleep sleeps for d in a raw system call: the goroutine keeps its P and the runtime counts it
