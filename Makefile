@@ -17,7 +17,7 @@ DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busy
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build run test unit integration standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
@@ -82,6 +82,30 @@ unit: deps-go
 
 integration: deps
 	$(GO) test -race -timeout $(TEST_TIMEOUT) -v ./integration/...
+
+# The crash campaign, an hour long and so not part of `make test`: the kill -9 tests run
+# KILL_CYCLES cycles in each of their three cases (334: over 1,000 kills in all) and the VM test
+# POWER_CUTS power cuts, each checked against the tests' models; the log goes to CAMPAIGNLOG, and
+# the end prints each test's count of crashes and verified sectors, the totals, and the result.
+# No -race: the tierblk that is killed is built by TestMain without it either way, so it would
+# only slow the tests' own client and models (which `make test` runs under -race).
+KILL_CYCLES ?= 334
+POWER_CUTS ?= 100
+CAMPAIGNLOG ?= $(CURDIR)/.cache/crash-campaign.log
+CAMPAIGN_TESTS := TestWriteBackKill9|TestCacheKill9|TestWriteBackPowerCut
+crash-campaign: deps
+	@mkdir -p $(dir $(CAMPAIGNLOG))
+	@echo "crash-campaign: $(KILL_CYCLES) kill -9 cycles in each of 3 cases, $(POWER_CUTS) power cuts; log: $(CAMPAIGNLOG)"
+	@TIERBLK_KILL_CYCLES=$(KILL_CYCLES) TIERBLK_POWER_CUTS=$(POWER_CUTS) $(GO) test -count=1 -v -timeout 0 \
+	  -run '^($(CAMPAIGN_TESTS))$$' ./integration/ > $(CAMPAIGNLOG) 2>&1; status=$$?; \
+	  grep -o 'crash-campaign: .*' $(CAMPAIGNLOG) | awk '{ print; sectors += $$(NF-2); n++ } \
+	    / kill -9 cycles, / { kills += $$3 } / power cuts, / { cuts += $$3 } \
+	    END { printf "crash-campaign total: %d kill -9 cycles, %d power cuts, %.0f sectors verified\n", kills, cuts, sectors; \
+	      exit (n != 4) }' || \
+	  if [ $$status = 0 ]; then echo "crash-campaign: want a count from each of the 4 tests (3 kill cases, the power cuts)"; status=1; fi; \
+	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(CAMPAIGNLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(CAMPAIGNLOG) | head -n 300; fi; \
+	  if [ $$status = 0 ]; then echo "crash-campaign: PASS"; else echo "crash-campaign: FAIL"; fi; \
+	  exit $$status
 
 # CACHESIM=/path/to/cachesim (libCacheSim, built outside this project) adds the comparison with it.
 bench: deps build

@@ -277,14 +277,15 @@ func TestCacheRestartWarm(t *testing.T) {
 // check data through it, restarts it on the same SSD tier each time, and requires every block
 // to hold the last write acknowledged before the kill (a write cut off by the kill may read as
 // the old data or the new). Each cycle runs in another mode, so a restart also changes the mode.
+// TIERBLK_KILL_CYCLES sets the number of cycles (make crash-campaign).
 func TestCacheKill9(t *testing.T) {
 	requireTools(t, "nbdkit")
 	const (
 		seed    = 9
-		cycles  = 10
 		region  = 8 << 20 // the blocks the workers use, twice the SSD tier
 		workers = 4
 	)
+	cycles := envCount(t, "TIERBLK_KILL_CYCLES", 10)
 	sock := startNbdkit(t, "memory", "16M")
 	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: "4MiB", line: "64KiB"}
 	m := newBlockModel(region / blockBytes)
@@ -347,6 +348,7 @@ func TestCacheKill9(t *testing.T) {
 	direct := dialNBD(t, sock)
 	m.verify(t, direct, "on the backend")
 	require.NoError(t, direct.Close())
+	logCampaign(t, cycles, "kill -9 cycles", m.sectors)
 }
 
 func dialNBD(t *testing.T, sock string) *client.Client {
@@ -371,6 +373,9 @@ const blockBytes = 512
 type blockModel struct {
 	blocks []blockState
 	ids    atomic.Uint64
+	// sectors counts the 512-byte sectors that verify found as the model allows: the checks
+	// after each restart and on the backend, not the workers' own checked reads.
+	sectors int64
 }
 
 type blockState struct {
@@ -451,6 +456,7 @@ func (m *blockModel) verify(t *testing.T, c io.ReaderAt, when string) {
 		require.NoError(t, err, "%s: reading at %d", when, first*blockBytes)
 		for i := range per {
 			require.NoError(t, m.check(first+i, buf[i*blockBytes:(i+1)*blockBytes]), when)
+			m.sectors += blockBytes / sectorBytes
 		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -84,6 +85,34 @@ func requireTools(t *testing.T, tools ...string) {
 				tool, toolPackages[tool])
 		}
 	}
+}
+
+// envCount returns the count in environment variable name, or def when it is unset: `make
+// crash-campaign` raises the crash tests' numbers of kills and power cuts this way, while `make
+// test` runs them as they are. A value that is not a whole number of at least 1 fails the test
+// rather than running it some other number of times than asked.
+func envCount(t *testing.T, name string, def int) int {
+	t.Helper()
+	s, ok := os.LookupEnv(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a whole number of at least 1 (unset: %d)", name, s, def)
+	}
+	return n
+}
+
+// sectorBytes is the unit in which the crash tests count what their checkers verified.
+const sectorBytes = 512
+
+// logCampaign logs the line of a crash test that `make crash-campaign` collects and sums: how many
+// crashes (kind: "kill -9 cycles" or "power cuts") the test ran, and how many 512-byte sectors its
+// checker compared with what the test's model allows after them.
+func logCampaign(t *testing.T, crashes int, kind string, sectors int64) {
+	t.Helper()
+	t.Logf("crash-campaign: %s: %d %s, %d sectors verified", t.Name(), crashes, kind, sectors)
 }
 
 // openBackend opens rawURL through the daemon's registry of backends.

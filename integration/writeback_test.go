@@ -129,14 +129,15 @@ func TestWriteBackClients(t *testing.T) {
 // a tier of 131,072 lines of 4 KiB that a reader fills meanwhile with 1 MiB reads elsewhere on
 // the disk (256 new lines each), with few flushes: there the kills land among checkpoints of
 // thousands of records (at least two metadata transactions' worth), which commit in parts.
+// TIERBLK_KILL_CYCLES sets the number of cycles of each (make crash-campaign).
 func TestWriteBackKill9(t *testing.T) {
 	requireTools(t, "nbdkit")
 	const (
 		seed    = 5
-		cycles  = 8
 		region  = 8 << 20 // the blocks the workers use
 		workers = 4
 	)
+	cycles := envCount(t, "TIERBLK_KILL_CYCLES", 8)
 	for _, tc := range []struct {
 		name, line, ssdSize string
 		// backend is the size of an nbdkit memory disk, or empty for a sparse file of region+fill
@@ -240,6 +241,7 @@ func TestWriteBackKill9(t *testing.T) {
 			if image == "" {
 				d.requireStop(syscall.SIGTERM)
 			}
+			logCampaign(t, cycles, "kill -9 cycles", m.sectors)
 		})
 	}
 }
@@ -256,6 +258,9 @@ type durableModel struct {
 	// durableOneIn, above 1, keeps only one flush or FUA write in that many (the others become
 	// plain writes), so that checkpoints come from the index's own schedule and grow large.
 	durableOneIn int
+	// sectors counts the 512-byte sectors that verify and verifyExact found as the model allows,
+	// not the workers' own checked reads.
+	sectors int64
 }
 
 type durableBlock struct {
@@ -342,6 +347,7 @@ func (m *durableModel) readAll(t *testing.T, c *client.Client, when string, chec
 		require.NoError(t, err, "%s: reading at %d", when, first*blockBytes)
 		for i := range per {
 			require.NoError(t, check(first+i, buf[i*blockBytes:(i+1)*blockBytes]), when)
+			m.sectors += blockBytes / sectorBytes
 		}
 	}
 }
@@ -447,10 +453,38 @@ func (m *durableModel) issue(start, n int, id uint64) {
 // through tierblk in write-back mode, with the SSD tier, its metadata and the backend on virtual
 // disks, the first two losing what they had not flushed; then boots the VM again on the same
 // disk images and requires every write the guest had made durable (fsync on /dev/nbd0) to read
-// back, and to reach the backend on `tierblk flush`.
+// back, and to reach the backend on `tierblk flush`. TIERBLK_POWER_CUTS sets the number of cuts
+// (make crash-campaign), each on fresh disks after its own seeded number of records.
 func TestWriteBackPowerCut(t *testing.T) {
 	requireTools(t, "qemu-system-x86_64", "nbdkit")
 	const seed = 5
+	cuts := envCount(t, "TIERBLK_POWER_CUTS", 1)
+	script, err := os.ReadFile("vm/guest/writeback-powercut.sh")
+	require.NoError(t, err)
+	var sectors int64
+	for i := range cuts {
+		ok := t.Run(fmt.Sprintf("cut-%d", i), func(t *testing.T) {
+			sectors += powerCut(t, string(script), seed+uint64(i))
+		})
+		if !ok {
+			// A failed check is what the cuts look for; the cuts after it would take minutes to
+			// say nothing more (the kill tests stop at their first failure too).
+			return
+		}
+	}
+	logCampaign(t, cuts, "power cuts", sectors)
+}
+
+// guestBlockBytes is the size of the power-cut guest's writes (vm/guest/writeback-powercut.sh).
+const guestBlockBytes = 4096
+
+// wbVerified is the line the power-cut guest prints after each check of the second boot: the
+// number of blocks it read back whole through /dev/nbd0, then on the backend after tierblk flush.
+var wbVerified = regexp.MustCompile(`(?m)^TIERBLK-WB: verified (nbd0|backend) (\d+)$`)
+
+// powerCut runs one power cut (seed picks when) and the boot that checks it, and returns the
+// number of 512-byte sectors the guest verified.
+func powerCut(t *testing.T, script string, seed uint64) int64 {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	// The power goes after this many records: the guest writes a few per second under emulation.
 	cutAfter := 40 + rng.IntN(60)
@@ -467,8 +501,6 @@ func TestWriteBackPowerCut(t *testing.T) {
 		require.NoError(t, f.Close())
 		disks = append(disks, path)
 	}
-	script, err := os.ReadFile("vm/guest/writeback-powercut.sh")
-	require.NoError(t, err)
 
 	// The SSD and the metadata disk have volatile write caches: nbdkit's cache filter keeps what
 	// the guest writes until it flushes, and the cut kills it too, as a power cut empties a
@@ -480,7 +512,7 @@ func TestWriteBackPowerCut(t *testing.T) {
 		caches = append(caches, startDaemon(t, "nbdkit", []string{"-f", "-U", sock, "--filter=cache", "file", disks[i], "cache=writeback"}, "unix:"+sock))
 		booted[i] = "nbd+unix:///?socket=" + sock
 	}
-	console := bootVM(t, "phase=write\n"+string(script), booted, cutAfter)
+	console := bootVM(t, "phase=write\n"+script, booted, cutAfter)
 	for _, d := range caches {
 		require.NoError(t, d.cmd.Process.Kill())
 		<-d.exited
@@ -493,12 +525,22 @@ func TestWriteBackPowerCut(t *testing.T) {
 	for blk, seq := range expect {
 		fmt.Fprintf(&list, "%d %d\n", blk, seq)
 	}
-	check := "phase=check\ncat >/tmp/expect <<'EOF'\n" + list.String() + "EOF\n" + string(script)
+	check := "phase=check\ncat >/tmp/expect <<'EOF'\n" + list.String() + "EOF\n" + script
 	out := bootVM(t, check, disks, 0)
 	require.Contains(t, out, "\n"+vmPassMarker, "the second boot did not pass:\n%s", out)
 	if m := regexp.MustCompile(`msg="SSD tier holds dirty data.*`).FindString(out); m != "" {
 		t.Logf("second boot: %s", m)
 	}
+	verified := wbVerified.FindAllStringSubmatch(out, -1)
+	require.Len(t, verified, 2, "the second boot's counts of verified blocks:\n%s", out)
+	var sectors int64
+	for _, v := range verified {
+		n, err := strconv.Atoi(v[2])
+		require.NoError(t, err)
+		require.Equal(t, len(expect), n, "blocks the guest verified (%s) of the %d durable ones", v[1], len(expect))
+		sectors += int64(n) * guestBlockBytes / sectorBytes
+	}
+	return sectors
 }
 
 // wbRecord is one line the power-cut guest prints: "TIERBLK-WB: written|durable BLOCK SEQ" or

@@ -10,6 +10,9 @@
 # phase=check: /tmp/expect holds "B MINSEQ" lines, each block's last durable write. tierblk starts
 #   again on the same disks; every block must hold a whole write of that block with seq >= MINSEQ.
 #   Then `tierblk flush` writes the dirty lines back and /dev/vdb itself must hold the same.
+#   After each of the two checks the guest prints how many blocks it verified, which the host
+#   requires to be every block of /tmp/expect and counts (make crash-campaign):
+#     TIERBLK-WB: verified nbd0 N | TIERBLK-WB: verified backend N
 sock=/tmp/t.sock
 admin=unix:/tmp/admin.sock
 
@@ -78,6 +81,7 @@ check)
 	cat /tmp/tierblk.log
 	step "checking $(wc -l </tmp/expect) durable blocks through /dev/nbd0"
 	: >/tmp/seen
+	verified=0
 	while read -r blk min; do
 		got=$(block /dev/nbd0 $blk | head -n 1)
 		case $got in
@@ -89,7 +93,9 @@ check)
 		[ "$(block /dev/nbd0 $blk | md5sum)" = "$(pattern $blk $seq | md5sum)" ] ||
 			fail "block $blk is not write $seq whole"
 		echo "$blk $seq" >>/tmp/seen
+		verified=$((verified + 1))
 	done </tmp/expect
+	echo "TIERBLK-WB: verified nbd0 $verified"
 	tierblk stats --admin $admin
 	step "tierblk flush"
 	tierblk flush --admin $admin || fail "tierblk flush exited $?"
@@ -99,10 +105,13 @@ check)
 	rc=$?
 	[ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
 	step "checking the backend /dev/vdb"
+	verified=0
 	while read -r blk seq; do
 		[ "$(block /dev/vdb $blk | md5sum)" = "$(pattern $blk $seq | md5sum)" ] ||
 			fail "the backend's block $blk is not write $seq after tierblk flush"
+		verified=$((verified + 1))
 	done </tmp/seen
+	echo "TIERBLK-WB: verified backend $verified"
 	step "all checks passed"
 	;;
 *) fail "phase is '$phase', want write or check" ;;
