@@ -17,6 +17,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,10 @@ type Config struct {
 	// MaxConnectionsPerPeer bounds the TCP connections from one IP address, so that one host
 	// cannot take all of MaxConnections; unix-socket clients are this machine's own. 0 = 128.
 	MaxConnectionsPerPeer int
+	// Allow lists the networks whose TCP clients may connect; a client from anywhere else is
+	// closed as it arrives, before the handshake. Empty: any. Unix-socket clients are this
+	// machine's own, which the socket file's mode governs.
+	Allow []netip.Prefix
 }
 
 const (
@@ -81,6 +86,8 @@ type Server struct {
 	maxInFlight int
 	maxConns    int
 	maxPerPeer  int
+	allow       []netip.Prefix
+	refused     [numRefusals]atomic.Uint64 // connections refused as they arrived, by Refusal
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
@@ -114,6 +121,7 @@ func New(cfg Config) (*Server, error) {
 		maxInFlight: cfg.MaxInFlight,
 		maxConns:    cfg.MaxConnections,
 		maxPerPeer:  cfg.MaxConnectionsPerPeer,
+		allow:       append([]netip.Prefix(nil), cfg.Allow...),
 
 		handshakeTimeout: defaultHandshakeTimeout,
 		listeners:        map[net.Listener]struct{}{},
@@ -290,6 +298,11 @@ func (s *Server) watchdog() {
 // server did not accept itself (one end of a socketpair whose other end goes to the kernel). remote
 // names the peer in the logs. It closes nc.
 func (s *Server) ServeConn(nc net.Conn, remote string) {
+	log := s.log.With("remote", remote)
+	if !allowed(s.allow, nc.RemoteAddr()) {
+		s.refuse(nc, log, NotAllowed, "nbd: connection refused: its address is in none of the allowed networks")
+		return
+	}
 	src := &source{r: nc}
 	c := &conn{
 		s:   s,
@@ -297,7 +310,7 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 		src: src,
 		br:  bufio.NewReaderSize(src, connBufSize),
 		bw:  bufio.NewWriterSize(nc, connBufSize),
-		log: s.log.With("remote", remote),
+		log: log,
 	}
 	s.mu.Lock()
 	if s.closing {
@@ -307,15 +320,13 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 	}
 	if len(s.conns) >= s.maxConns {
 		s.mu.Unlock()
-		nc.Close()
-		c.log.Warn("nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
+		s.refuse(nc, log, TooMany, "nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
 		return
 	}
 	peer := peerOf(nc)
 	if peer != "" && s.peers[peer] >= s.maxPerPeer {
 		s.mu.Unlock()
-		nc.Close()
-		c.log.Warn("nbd: connection refused: its host has the most connections one host may have", "max", s.maxPerPeer)
+		s.refuse(nc, log, TooManyFromHost, "nbd: connection refused: its host has the most connections one host may have", "max", s.maxPerPeer)
 		return
 	}
 	s.conns[c] = struct{}{}
