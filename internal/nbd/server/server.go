@@ -303,15 +303,7 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 		s.refuse(nc, log, NotAllowed, "nbd: connection refused: its address is in none of the allowed networks")
 		return
 	}
-	src := &source{r: nc}
-	c := &conn{
-		s:   s,
-		nc:  nc,
-		src: src,
-		br:  bufio.NewReaderSize(src, connBufSize),
-		bw:  bufio.NewWriterSize(nc, connBufSize),
-		log: log,
-	}
+	c := &conn{s: s, nc: nc, log: log}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -335,6 +327,9 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 	}
 	s.connWG.Add(1)
 	s.mu.Unlock()
+	// The buffers only for a connection admitted: refusing a flood costs no memory.
+	c.src = &source{r: nc}
+	c.br, c.bw = bufio.NewReaderSize(c.src, connBufSize), bufio.NewWriterSize(nc, connBufSize)
 	defer func() {
 		nc.Close()
 		if c.sock != nil {
