@@ -66,6 +66,10 @@ func OpenBadger(dir string, log *slog.Logger) (*Badger, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := removeEmptyLogs(dir, log); err != nil {
+		lock.Close()
+		return nil, err
+	}
 	db, err := badger.Open(badgerOptions(dir, log))
 	if err != nil {
 		lock.Close()
@@ -158,6 +162,36 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 		// One goroutine writes, so there are no conflicts to detect.
 		WithDetectConflicts(false).
 		WithMetricsEnabled(false)
+}
+
+// removeEmptyLogs removes the memory-table and value-log files of dir that are empty. Badger
+// creates such a file and then sizes it; a crash in between leaves it empty, and badger v4 then
+// refuses to open the directory, taking the sentinel its file code returns for a new file for a
+// failure (dgraph-io/badger#2207; make crash-campaign met it once in about 800 kills). A file
+// that was never written holds nothing. TestOpenAfterEmptyLogs.
+func removeEmptyLogs(dir string, log *slog.Logger) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("meta: reading metadata directory: %w", err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".mem") && !strings.HasSuffix(name, ".vlog") {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("meta: %w", err)
+		}
+		if !info.Mode().IsRegular() || info.Size() != 0 {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("meta: removing the empty file %s a crash left: %w", name, err)
+		}
+		log.Info("meta: removed an empty file a crash left", "file", filepath.Join(dir, name))
+	}
+	return nil
 }
 
 // lockDir takes an exclusive lock on dir for this process, so that a second daemon on the same

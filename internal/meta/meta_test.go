@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -321,6 +323,25 @@ func TestBadgerReopen(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, testSB, sb)
 	require.Equal(t, want[1:], allLines(t, b))
+}
+
+// A crash between badger's creating a memory-table or value-log file and its sizing leaves the
+// file empty; the store opens on such a directory, with what was committed before.
+func TestOpenAfterEmptyLogs(t *testing.T) {
+	for _, empty := range []string{"99999.mem", "999999.vlog"} { // the next files badger would make
+		t.Run(empty, func(t *testing.T) {
+			dir := t.TempDir()
+			b := openBadger(t, dir)
+			l := Line{Line: 7, Slot: 3, Valid: []uint64{1}}
+			require.NoError(t, b.Commit([]Op{{Rec: l}}, true))
+			require.NoError(t, b.Close())
+			require.NoError(t, os.WriteFile(filepath.Join(dir, empty), nil, 0o644))
+
+			b = openBadger(t, dir)
+			defer b.Close()
+			require.Equal(t, []Line{l}, allLines(t, b))
+		})
+	}
 }
 
 func TestBadgerDirectoryInUse(t *testing.T) {
