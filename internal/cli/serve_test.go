@@ -157,6 +157,9 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad ublk depth", []string{"--backend", "mem://1MiB", "--ublk", "--ublk-depth", "9999"}, "--ublk-depth: 9999 is out of range"},
 		{"bad nbd device", []string{"--backend", "mem://1MiB", "--nbd-device", "/dev/nbd"}, `--nbd-device: "/dev/nbd" is not a kernel NBD device`},
 		{"public admin", []string{"--backend", "mem://1MiB", "--admin", "0.0.0.0:9000"}, "--admin: "},
+		{"bad tls mode", []string{"--backend", "mem://1MiB", "--tls", "yes"}, `--tls: "yes" is not a TLS mode`},
+		{"tls without certificates", []string{"--backend", "mem://1MiB", "--tls", "require"}, "--tls-certificates: missing; with --tls require"},
+		{"verify peer without tls", []string{"--backend", "mem://1MiB", "--tls-verify-peer"}, "--tls-verify-peer: checks the certificates of TLS clients, and --tls is off: set --tls to on or require"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := buildConfig(serveArgs(t, tc.args...), testSchemes)

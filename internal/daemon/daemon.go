@@ -59,7 +59,12 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	for i, e := range cfg.Exports {
 		exports[i] = server.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
 	}
-	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight})
+	tlsCfg, stopTLS, err := serverTLS(cfg.TLS, log)
+	if err != nil {
+		return err
+	}
+	defer stopTLS()
+	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight, TLS: tlsCfg})
 	if err != nil {
 		return err
 	}

@@ -85,6 +85,9 @@ func Server(o Options) (*tls.Config, error) {
 	if o.Dir == "" {
 		return nil, errors.New("no certificates directory: a TLS server needs " + ServerCertFile + " and " + ServerKeyFile)
 	}
+	if err := checkDir(o.Dir); err != nil {
+		return nil, err
+	}
 	cert, err := loadKeyPair(o.Dir, ServerCertFile, ServerKeyFile, true)
 	if err != nil {
 		return nil, err
@@ -118,6 +121,9 @@ func Client(o Options) (*tls.Config, error) {
 		InsecureSkipVerify: true,
 	}
 	if o.Dir != "" {
+		if err := checkDir(o.Dir); err != nil {
+			return nil, err
+		}
 		cert, err := loadKeyPair(o.Dir, ClientCertFile, ClientKeyFile, false)
 		if err != nil {
 			return nil, err
@@ -135,6 +141,18 @@ func Client(o Options) (*tls.Config, error) {
 		cfg.VerifyConnection = v.check("server", x509.ExtKeyUsageServerAuth, o.Hostname)
 	}
 	return cfg, nil
+}
+
+// checkDir reports a certificates directory that is not one, rather than each file as missing.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("certificates directory: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("certificates directory %s is not a directory", dir)
+	}
+	return nil
 }
 
 // loadKeyPair loads the certificate (with any intermediates after it) and key of one side. Both
@@ -160,10 +178,16 @@ func loadKeyPair(dir, certName, keyName string, required bool) ([]tls.Certificat
 func readFile(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%s is missing: %w", path, fs.ErrNotExist)
+		return nil, missing(path)
 	}
 	return b, err
 }
+
+// missing is the path of a file of the directory that is not there.
+type missing string
+
+func (m missing) Error() string        { return string(m) + " is missing" }
+func (m missing) Is(target error) bool { return target == fs.ErrNotExist }
 
 // verifier checks a peer's certificate against the CA, and the CRL if there is one.
 type verifier struct {

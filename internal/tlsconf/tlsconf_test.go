@@ -99,6 +99,12 @@ func TestLoadErrors(t *testing.T) {
 	}
 	_, err := tlsconf.Server(tlsconf.Options{})
 	require.ErrorContains(t, err, "no certificates directory")
+	for _, load := range []func(tlsconf.Options) (*tls.Config, error){tlsconf.Server, tlsconf.Client} {
+		_, err = load(tlsconf.Options{Dir: "/nonexistent/pki"})
+		require.ErrorContains(t, err, "certificates directory: stat /nonexistent/pki: no such file or directory")
+		_, err = load(tlsconf.Options{Dir: "tlsconf_test.go"})
+		require.ErrorContains(t, err, "certificates directory tlsconf_test.go is not a directory")
+	}
 }
 
 // handshake runs a TLS handshake between the two configurations over loopback TCP (whose
