@@ -22,6 +22,7 @@ type session struct {
 	br         *bufio.Reader
 	export     Export
 	structured bool
+	overTLS    bool // the negotiation goes on over TLS
 }
 
 // connect dials the server and negotiates the export. Close or ctx abort it.
@@ -163,7 +164,7 @@ func (s *session) startTLS(cfg *tls.Config) error {
 	if err := tc.Handshake(); err != nil {
 		return fmt.Errorf("TLS handshake: %w", err)
 	}
-	s.nc = tc
+	s.nc, s.overTLS = tc, true
 	s.br.Reset(tc)
 	return nil
 }
@@ -180,7 +181,7 @@ func (s *session) sendOption(opt uint32, data []byte) error {
 func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	var h [proto.OptionReplyHeaderSize]byte
 	if _, err := io.ReadFull(s.br, h[:]); err != nil {
-		return 0, nil, fmt.Errorf("reading the reply to option %d: %w", opt, err)
+		return 0, nil, s.replyErr(opt, err)
 	}
 	o, typ, n, ok := proto.ParseOptionReplyHeader(h[:])
 	if !ok {
@@ -194,9 +195,19 @@ func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	}
 	data := make([]byte, n)
 	if _, err := io.ReadFull(s.br, data); err != nil {
-		return 0, nil, fmt.Errorf("reading the reply to option %d: %w", opt, err)
+		return 0, nil, s.replyErr(opt, err)
 	}
 	return typ, data, nil
+}
+
+// replyErr is the error of a failed read of the reply to opt. In TLS 1.3 the client's side of
+// the handshake ends before the server has checked the client's certificate: a server that
+// refuses it says so with an alert or by hanging up, which the next read finds.
+func (s *session) replyErr(opt uint32, err error) error {
+	if s.overTLS {
+		return fmt.Errorf("reading the reply to option %d over TLS (a server that refuses this client's certificate ends the session so): %w", opt, err)
+	}
+	return fmt.Errorf("reading the reply to option %d: %w", opt, err)
 }
 
 // optStructuredReply asks for structured replies; a server without them is fine.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/proto"
@@ -213,15 +214,17 @@ func (c *conn) startTLS(data []byte) error {
 	return nil
 }
 
-// tlsFailure says why a TLS handshake failed, in words for whoever reads the server's log: the
-// client's refusals come as alerts, or as a closed connection, which crypto/tls words vaguely.
+// tlsFailure says why a TLS handshake failed, in words for whoever reads the server's log: a
+// client refuses the server's certificate with an alert, or by hanging up (GnuTLS's clients do),
+// which crypto/tls words as an alert or a failed read.
 func tlsFailure(err error) string {
+	const why = "does it trust the CA that signed the server's certificate, is that certificate in its dates, and issued for the name the client asked for?"
 	var op *net.OpError
 	switch {
 	case errors.As(err, &op) && op.Op == "remote error":
-		return fmt.Sprintf("the client refused it (%v): does it trust the CA that signed the server's certificate, and has that certificate expired?", op.Err)
-	case errors.Is(err, io.EOF):
-		return "the client closed the connection during it (a client that does not trust the server's certificate may)"
+		return fmt.Sprintf("the client refused it (%v): %s", op.Err, why)
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		return fmt.Sprintf("the client hung up during it (%v): %s", err, why)
 	}
 	return err.Error()
 }
