@@ -186,24 +186,26 @@ type machine struct {
 	hist    [][]ack // per sector, oldest first
 }
 
-// ack is a write (id 0: zeroes) acknowledged at seq; fua writes are durable at once.
+// ack is a write (id 0: zeroes) acknowledged at seq; fua writes are durable at once. A pending
+// write is one a crash cut short, never acknowledged: it may have landed in whole, in part or not
+// at all, so a read after the restart may find it or what came before it, sector by sector.
 type ack struct {
-	id  int64
-	seq int64
-	fua bool
+	id      int64
+	seq     int64
+	fua     bool
+	pending bool
 }
 
 // acceptable returns the ids a read of sector s may return: if the crash may lose writes (power
 // loss, or kill -9 in write-back, which loses what no flush made durable), the last durable write
-// and every later one; otherwise only the last write.
+// and every later one; otherwise the last acknowledged write and the pending ones after it. A
+// pending write is never what an older value may be lost to: it is neither acknowledged nor
+// durable, even with FUA.
 func (m *machine) acceptable(s int, lossy bool) []int64 {
 	h := m.hist[s]
-	if !lossy {
-		return []int64{h[len(h)-1].id}
-	}
 	base := 0
 	for i, a := range h {
-		if a.fua || a.seq < m.durable.Load() {
+		if !a.pending && (!lossy || a.fua || a.seq < m.durable.Load()) {
 			base = i
 		}
 	}

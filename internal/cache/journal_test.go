@@ -1,9 +1,11 @@
 package cache
 
 import (
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/tierblk/tierblk/internal/meta"
@@ -18,6 +20,12 @@ import (
 // a crash the cache restarts on what is left, and the test checks which blocks of which lines the
 // tier holds, and that every sector reads as the backend holds it (in write-back, once the dirty
 // data found is written back) and as the writes before the crash allow.
+//
+// A crash may also cut a step short, just before or after a chosen call of the SSD, the backend or
+// the metadata store (cutAt): right after a write's SSD write, say, which the commit of its record
+// must precede, or between a destage's backend write and the backend's flush. The step's later
+// calls fail, as a request's would, and a write it cut short may read as the old or the new data
+// after the restart (sector by sector), but never anything else.
 
 // scenarioLayout has lines of two blocks on a tier of 8 slots, 7 of them for an LRU policy:
 // nothing is evicted but by a step. The device has scenarioLines lines.
@@ -41,7 +49,8 @@ const (
 	doEvict                    // the eviction policy lets the line go
 	doCheckpoint               // a checkpoint, as the background loop runs one
 	doFlush                    // a FLUSH
-	doCut                      // a checkpoint cut short by a crash once n commits have landed
+	doDestage                  // a pass of the destager over the dirty lines, as its background loop runs one
+	doCut                      // a step cut short by a crash at the nth call at a hook's point
 	doCrash                    // a crash, and a restart on what is left
 )
 
@@ -50,23 +59,41 @@ type step struct {
 	do    action
 	line  uint64
 	block int // the block of the line it touches; -1: all of them
-	n     int // doCut
 	// during is, for doCheckpoint, a step run while the checkpoint flushes the SSD: after it took
-	// its snapshot of the changes, before it commits them.
+	// its snapshot of the changes, before it commits them. For doCut it is the step cut short by a
+	// crash at the nth call at point.
 	during *step
+	point  hookAt
+	n      int
 	// kill and power are, for doCrash, what the restarted tier holds after either crash, as
 	// tierState writes it.
 	kill, power string
 }
 
 // The steps of the scenarios: do to a whole line (on), to one block of it (onBlock) or to no line
-// (at); a checkpoint with a step inside it (during), one cut short (cutAfter), a crash.
+// (at); a checkpoint with a step inside it (during); a step cut short by a crash at a point of it
+// (cutAt), a checkpoint cut short after n commits (cutAfter); a crash. A cut step is followed by a
+// crash step, which restarts on what the cut left.
 func on(do action, line uint64) step             { return step{do: do, line: line, block: -1} }
 func onBlock(do action, line uint64, b int) step { return step{do: do, line: line, block: b} }
 func at(do action) step                          { return step{do: do, block: -1} }
 func during(s step) step                         { return step{do: doCheckpoint, block: -1, during: &s} }
-func cutAfter(n int) step                        { return step{do: doCut, block: -1, n: n} }
+func cutAt(p hookAt, s step) step                { return cutNth(1, p, s) }
+func cutAfter(n int) step                        { return cutNth(n, afterCommit, at(doCheckpoint)) }
 func crash(kill, power string) step              { return step{do: doCrash, block: -1, kill: kill, power: power} }
+
+func cutNth(n int, p hookAt, s step) step {
+	return step{do: doCut, block: -1, during: &s, point: p, n: n}
+}
+
+// The points where the scenarios act inside a step: just before or just after a call lands.
+var (
+	afterSSDWrite      = hookAt{"ssd", "write", true}
+	beforeSSDFlush     = hookAt{"ssd", "flush", false}
+	beforeBackendFlush = hookAt{"backend", "flush", false}
+	afterBackendFlush  = hookAt{"backend", "flush", true}
+	afterCommit        = hookAt{"meta", "commit", true}
+)
 
 // span returns the bytes st touches.
 func (st step) span(line int64) (off, n int64) {
@@ -144,6 +171,59 @@ func TestJournalScenarios(t *testing.T) {
 		{"write-back overwrite of clean blocks", WriteBack, []step{
 			on(doRead, 0), at(doCheckpoint), onBlock(doWrite, 0, 0), crash(".. .. .. ..", "cc .. .. .."),
 		}},
+		// Crashes inside a request. A write-through write commits the invalidation of the blocks
+		// it overwrites (the deletion of the whole line: its clean block goes too), then writes
+		// the SSD, then the backend: cut after its SSD write, kill -9 keeps the new data on the
+		// SSD, and only the invalidation keeps a restart from serving it while the backend has the
+		// old (an SSD write before the invalidation fails here). A power loss takes the unsynced
+		// deletion and the unflushed SSD write: the checkpointed record and data are right again.
+		{"write-through write cut after its SSD write", WriteThrough, []step{
+			on(doRead, 0), at(doCheckpoint), cutAt(afterSSDWrite, onBlock(doWrite, 0, 1)),
+			crash(".. .. .. ..", "cc .. .. .."),
+		}},
+		// A FUA write's invalidation is synced: the power loss keeps it too.
+		{"write-through FUA write cut after its SSD write", WriteThrough, []step{
+			on(doRead, 0), at(doCheckpoint), cutAt(afterSSDWrite, onBlock(doFUA, 0, 1)),
+			crash(".. .. .. ..", ".. .. .. .."),
+		}},
+		// In write-back the invalidation of the clean blocks overwritten commits before the SSD
+		// write, as in write-through (one not committed fails here: the clean record finds the new
+		// data). The write itself is acknowledged, its record of dirty data not committed (it
+		// waits for a checkpoint): lost, as write-back may lose what no flush made durable.
+		{"write-back overwrite of clean blocks cut after its SSD write", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), cutAt(afterSSDWrite, onBlock(doWrite, 0, 0)),
+			crash(".. .. .. ..", "cc .. .. .."),
+		}},
+		// A write-back FUA write's record of dirty data commits at a checkpoint, after the SSD's
+		// flush: cut before that flush, nothing claims the data (a commit before the flush fails
+		// here: after power loss the record finds data the SSD lost).
+		{"write-back FUA write cut before the SSD flush", WriteBack, []step{
+			cutAt(beforeSSDFlush, on(doFUA, 0)), crash(".. .. .. ..", ".. .. .. .."),
+		}},
+		// A destage writes the backend, flushes it, then marks the line clean in memory; a later
+		// checkpoint commits that without flushing the backend (it flushes only for foreground
+		// changes). Cut before the backend flush or after it, the line is still dirty on the
+		// store, and the restart writes it back again. Committed clean, it must be on the backend
+		// through power loss (a destage that does not flush the backend fails the third).
+		{"destage cut before the backend flush", WriteBack, []step{
+			on(doWrite, 0), at(doFlush), cutAt(beforeBackendFlush, at(doDestage)),
+			crash("dd .. .. ..", "dd .. .. .."),
+		}},
+		{"destage cut after the backend flush, before the clean record", WriteBack, []step{
+			on(doWrite, 0), at(doFlush), cutAt(afterBackendFlush, at(doDestage)),
+			crash("dd .. .. ..", "dd .. .. .."),
+		}},
+		// A line evicted clean and written again in another slot (the old one waits for the
+		// deletion's commit) still has its old clean record stored: the destage deletes it, synced,
+		// before its backend write (one that does not fails here: the old record finds the old
+		// data where the backend has the new). The new dirty record was never committed: lost.
+		{"destage of a line that moved slots cut before the backend flush", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), on(doEvict, 0), on(doWrite, 0), cutAt(beforeBackendFlush, at(doDestage)),
+			crash(".. .. .. ..", ".. .. .. .."),
+		}},
+		{"destage, then a crash after the clean record commits", WriteBack, []step{
+			on(doWrite, 0), at(doFlush), at(doDestage), cutAfter(1), crash("cc .. .. ..", "cc .. .. .."),
+		}},
 	} {
 		for _, power := range []bool{false, true} {
 			name := sc.name + map[bool]string{false: "/kill9", true: "/powerloss"}[power]
@@ -162,10 +242,12 @@ type scenario struct {
 	power bool // crashes are power losses, not kill -9
 	m     *machine
 	g     *gate
-	store *hookedStore
-	ssd   *hookedDev
+	hooks *hooks // at the calls of the engine's SSD, backend and metadata store
 	c     *Cache
 	id    int64 // the last write's id
+	// cut is set while a step runs that a crash cuts short: its calls after the crash fail, and
+	// so may the step.
+	cut bool
 }
 
 func runScenario(t *testing.T, mode Mode, power bool, steps []step) {
@@ -190,10 +272,11 @@ func runScenario(t *testing.T, mode Mode, power bool, steps []step) {
 // start starts an engine on the machine, with its background checkpoints and destaging stopped
 // (Close finds them stopped).
 func (s *scenario) start() {
-	s.g = &gate{}
-	s.store = &hookedStore{Store: gatedStore{s.g, s.m.store}}
-	s.ssd = &hookedDev{Backend: gatedDev{s.g, s.m.ssd}}
-	s.c = newCache(s.t, gatedDev{s.g, s.m.back}, s.l, s.store, s.ssd)
+	s.g, s.hooks = &gate{}, &hooks{}
+	store := hookedStore{gatedStore{s.g, s.m.store}, s.hooks}
+	ssd := hookedDev{gatedDev{s.g, s.m.ssd}, "ssd", s.hooks}
+	back := hookedDev{gatedDev{s.g, s.m.back}, "backend", s.hooks}
+	s.c = newCache(s.t, back, s.l, store, ssd)
 	s.c.bg.halt()
 	s.c.bg.wait()
 }
@@ -206,7 +289,8 @@ func (s *scenario) do(i int, st step) {
 	case doRead:
 		buf := make([]byte, n)
 		if _, err := c.ReadAt(buf, off); err != nil {
-			t.Fatalf("step %d: read of line %d: %v", i, st.line, err)
+			s.check(i, "read", err)
+			return
 		}
 		for k, id := range stamps(buf, first) {
 			if want := m.acceptable(first+k, false)[0]; id != want {
@@ -232,9 +316,8 @@ func (s *scenario) do(i int, st step) {
 		default:
 			err = c.Trim(off, n)
 		}
-		if err != nil {
-			t.Fatalf("step %d: change of line %d: %v", i, st.line, err)
-		}
+		s.check(i, "change", err)
+		a.pending = err != nil // cut short: never acknowledged
 		a.seq = m.seq.Add(1)
 		m.record(first, sectors, a)
 	case doEvict:
@@ -253,34 +336,54 @@ func (s *scenario) do(i int, st step) {
 	case doCheckpoint:
 		ran := st.during == nil
 		if !ran {
-			s.ssd.beforeFlush = func() { ran = true; s.do(i, *st.during) }
+			s.hooks.set(beforeSSDFlush, func() { ran = true; s.do(i, *st.during) })
 		}
-		if backendErr, tierErr := c.ssd.j.checkpoint(); backendErr != nil || tierErr != nil {
-			t.Fatalf("step %d: checkpoint: %v, %v", i, backendErr, tierErr)
-		}
-		if !ran {
+		backendErr, tierErr := c.ssd.j.checkpoint()
+		s.check(i, "checkpoint", errors.Join(backendErr, tierErr))
+		if !ran && !s.cut {
 			t.Fatalf("step %d: the checkpoint did not flush the SSD", i)
 		}
 	case doFlush:
 		call := m.seq.Add(1)
-		if err := c.Flush(); err != nil {
-			t.Fatalf("step %d: flush: %v", i, err)
+		err := c.Flush()
+		if s.check(i, "flush", err); err == nil {
+			m.durable.Store(call)
 		}
-		m.durable.Store(call)
+	case doDestage:
+		var cursor uint64
+		_, found, err := c.destageNext(&cursor, false)
+		s.check(i, "destage", err)
+		if !found {
+			t.Fatalf("step %d: nothing dirty to destage", i)
+		}
 	case doCut:
+		// The crash comes at the nth call at st.point: the hook sets itself again until then.
 		left := st.n
-		s.store.afterCommit = func() {
+		var hook func()
+		hook = func() {
 			if left--; left == 0 {
 				s.g.crash()
+			} else {
+				s.hooks.set(st.point, hook)
 			}
 		}
-		c.ssd.j.checkpoint() // its errors are the crash's
-		s.store.afterCommit = nil
+		s.hooks.set(st.point, hook)
+		s.cut = true
+		s.do(i, *st.during)
+		s.cut = false
 		if left > 0 {
-			t.Fatalf("step %d: the checkpoint landed %d commits, not the %d to cut after", i, st.n-left, st.n)
+			t.Fatalf("step %d: the step made %d calls at %v, not the %d to crash at", i, st.n-left, st.point, st.n)
 		}
 	case doCrash:
 		s.crash(i, st)
+	}
+}
+
+// check fails the test if err, step i's, is not nil, unless a crash cuts the step short: then its
+// calls after the crash fail, and so may it.
+func (s *scenario) check(i int, what string, err error) {
+	if err != nil && !s.cut {
+		s.t.Fatalf("step %d: %s: %v", i, what, err)
 	}
 }
 
@@ -340,32 +443,87 @@ func tierState(c *Cache) string {
 	return b.String()
 }
 
-// hookedStore runs afterCommit, when set, after each commit that lands: a step's way to crash
-// between the parts of a checkpoint's commit, or right after its last.
-type hookedStore struct {
-	meta.Store
-	afterCommit func()
+// hookAt names a point in the calls of a scenario's engine: the device ("ssd", "backend") or the
+// metadata store ("meta"), the call ("write": WriteAt, Trim and WriteZeroes; "flush"; "commit"),
+// and whether it is just before the call or just after it landed.
+type hookAt struct {
+	dev, call string
+	after     bool
 }
 
-func (s *hookedStore) Commit(ops []meta.Op, sync bool) error {
-	err := s.Store.Commit(ops, sync)
-	if err == nil && s.afterCommit != nil {
-		s.afterCommit()
+func (p hookAt) String() string {
+	return map[bool]string{false: "before", true: "after"}[p.after] + " the " + p.dev + " " + p.call
+}
+
+// hooks holds functions to run at points of an engine's calls, each once, at the next call at its
+// point: a step's way to act (during) or crash (cutAt) inside another. A hook runs outside the call
+// and the gate, so it may crash the gate, which waits for the calls in flight.
+type hooks struct {
+	mu  sync.Mutex // the calls of a destage or a checkpoint run in goroutines of their own
+	fns map[hookAt]func()
+}
+
+func (h *hooks) set(p hookAt, fn func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fns == nil {
+		h.fns = map[hookAt]func(){}
+	}
+	h.fns[p] = fn
+}
+
+// fire runs and removes the hook at p, if any.
+func (h *hooks) fire(p hookAt) {
+	h.mu.Lock()
+	fn := h.fns[p]
+	delete(h.fns, p)
+	h.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+}
+
+// around runs dev's call between its hooks: the one after only if it landed.
+func (h *hooks) around(dev, call string, do func() error) error {
+	h.fire(hookAt{dev, call, false})
+	err := do()
+	if err == nil {
+		h.fire(hookAt{dev, call, true})
 	}
 	return err
 }
 
-// hookedDev runs beforeFlush, when set, once, at the next flush of the SSD: a step's way to act
-// inside a checkpoint, after its snapshot and before its commit.
-type hookedDev struct {
-	backend.Backend
-	beforeFlush func()
+// hookedStore is a metadata store whose commits run the hooks at them.
+type hookedStore struct {
+	meta.Store
+	h *hooks
 }
 
-func (d *hookedDev) Flush() error {
-	if f := d.beforeFlush; f != nil {
-		d.beforeFlush = nil
-		f()
-	}
-	return d.Backend.Flush()
+func (s hookedStore) Commit(ops []meta.Op, sync bool) error {
+	return s.h.around("meta", "commit", func() error { return s.Store.Commit(ops, sync) })
 }
+
+// hookedDev is a device (dev names it) whose writes and flushes run the hooks at them. It trims and
+// writes zeroes as the device it wraps does (gatedDev, here).
+type hookedDev struct {
+	backend.Backend
+	dev string
+	h   *hooks
+}
+
+func (d hookedDev) WriteAt(p []byte, off int64) (n int, err error) {
+	err = d.h.around(d.dev, "write", func() (e error) { n, e = d.Backend.WriteAt(p, off); return })
+	return
+}
+
+func (d hookedDev) Trim(off, length int64) error {
+	return d.h.around(d.dev, "write", func() error { return d.Backend.(backend.Trimmer).Trim(off, length) })
+}
+
+func (d hookedDev) WriteZeroes(off, length int64, mayUnmap bool) error {
+	return d.h.around(d.dev, "write", func() error {
+		return d.Backend.(backend.ZeroWriter).WriteZeroes(off, length, mayUnmap)
+	})
+}
+
+func (d hookedDev) Flush() error { return d.h.around(d.dev, "flush", d.Backend.Flush) }

@@ -50,6 +50,10 @@ all back and 'tierblk mode' switches a running cache's mode. --admin serves /met
 ublk_drv); --nbd-device /dev/nbdN attaches the kernel's NBD client to it (module nbd). Without
 --nbd, a command line with either of them opens no NBD listener. A stop removes the devices.
 
+--allow CIDR lets TCP clients connect only from the networks given (others are closed at once,
+logged and counted in /metrics); --socket-mode and --socket-group set the NBD unix sockets' mode
+and group, which govern local clients.
+
 SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
 backend and exits 0.`,
 		Example: `  tierblk serve --backend 'file:///srv/disk.img?size=8GiB' --nbd unix:/run/tierblk.sock --nbd 127.0.0.1:10809

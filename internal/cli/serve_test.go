@@ -122,6 +122,13 @@ exports:
 		require.Equal(t, config.UBLK{ID: &[]int{3}[0], Queues: 2}, *c.Exports[0].UBLK)
 		require.Empty(t, c.Listen, "a file that serves a device opens no listener it does not name")
 	})
+	t.Run("who may connect", func(t *testing.T) {
+		c := build(t, "--config", cfgFile, "--nbd", "unix:/s", "--nbd", "0.0.0.0:10809", "--allow", "10.0.0.0/8", "--allow", "192.168.1.7",
+			"--socket-mode", "0660", "--socket-group", "disk")
+		require.Equal(t, []string{"10.0.0.0/8", "192.168.1.7"}, c.Allow)
+		require.Equal(t, "0660", c.SocketMode)
+		require.Equal(t, "disk", c.SocketGroup)
+	})
 	t.Run("no cache flag, no cache", func(t *testing.T) {
 		c := build(t, "--backend", "mem://1GiB")
 		require.Nil(t, c.Exports[0].Cache)
@@ -160,6 +167,10 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad tls mode", []string{"--backend", "mem://1MiB", "--tls", "yes"}, `--tls: "yes" is not a TLS mode`},
 		{"tls without certificates", []string{"--backend", "mem://1MiB", "--tls", "require"}, "--tls-certificates: missing; with --tls require"},
 		{"verify peer without tls", []string{"--backend", "mem://1MiB", "--tls-verify-peer"}, "--tls-verify-peer: checks the certificates of TLS clients, and --tls is off: set --tls to on or require"},
+		{"bad allow", []string{"--backend", "mem://1MiB", "--allow", "10.0.0.0/8", "--allow", "10.0.0.0/33"}, `--allow: "10.0.0.0/33" is not a network in CIDR notation`},
+		{"allow without TCP", []string{"--backend", "mem://1MiB", "--nbd", "unix:/s", "--allow", "10.0.0.0/8"}, "--allow: is set but no listen address is HOST:PORT"},
+		{"bad socket mode", []string{"--backend", "mem://1MiB", "--nbd", "unix:/s", "--socket-mode", "660rw"}, `--socket-mode: "660rw" is not permission bits`},
+		{"socket group without a socket", []string{"--backend", "mem://1MiB", "--socket-group", "disk"}, "--socket-group: is set but no listen address is unix:/path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := buildConfig(serveArgs(t, tc.args...), testSchemes)

@@ -9,11 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -28,6 +31,14 @@ type Config struct {
 	Exports []Export `yaml:"exports"`
 	// Listen holds NBD listen addresses: "unix:/path/to.sock" or "HOST:PORT".
 	Listen []string `yaml:"listen"`
+	// Allow lists the networks (CIDR) and addresses whose clients may connect to the TCP
+	// listeners; empty: any. Unix-socket clients are governed by SocketMode and SocketGroup.
+	Allow []string `yaml:"allow"`
+	// SocketMode is the permission bits of the NBD unix sockets, in octal ("0660"); connecting
+	// needs write permission. Empty: as the umask leaves them.
+	SocketMode string `yaml:"socket_mode"`
+	// SocketGroup is the group of the NBD unix sockets, a name or a number. Empty: the daemon's.
+	SocketGroup string `yaml:"socket_group"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"log_level"`
 	// MaxInFlight bounds the requests served at once on one NBD connection.
@@ -265,16 +276,20 @@ func (c *Config) Validate(schemes []string) error {
 		errs = append(errs, fieldErr("listen", "no listen address and no block device; give --nbd unix:/path/to.sock, --nbd HOST:PORT, --ublk or --nbd-device /dev/nbdN"))
 	}
 	seen := map[string]bool{}
+	networks := map[string]bool{}
 	for i, a := range c.Listen {
 		f := fmt.Sprintf("listen[%d]", i)
-		if _, _, err := ParseListenAddr(a); err != nil {
+		network, _, err := ParseListenAddr(a)
+		if err != nil {
 			errs = append(errs, fieldErr(f, "%v", err))
 		}
+		networks[network] = true
 		if seen[a] {
 			errs = append(errs, fieldErr(f, "%q is listed twice", a))
 		}
 		seen[a] = true
 	}
+	errs = append(errs, c.validateAccess(networks)...)
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, fieldErr("log_level", "%v", err))
 	}
@@ -283,6 +298,80 @@ func (c *Config) Validate(schemes []string) error {
 	}
 	errs = append(errs, c.TLS.validate()...)
 	return errors.Join(errs...)
+}
+
+// validateAccess checks the settings of who may connect, given the networks of the listen
+// addresses ("tcp", "unix"): each would have no effect without a listener of its kind.
+func (c *Config) validateAccess(networks map[string]bool) []error {
+	var errs []error
+	if _, err := c.AllowPrefixes(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Allow) > 0 && !networks["tcp"] {
+		errs = append(errs, fieldErr("allow", "is set but no listen address is HOST:PORT; it governs TCP clients only"))
+	}
+	if c.SocketMode != "" {
+		if _, err := ParseSocketMode(c.SocketMode); err != nil {
+			errs = append(errs, fieldErr("socket_mode", "%v", err))
+		}
+	}
+	for _, s := range [...]struct{ field, value string }{{"socket_mode", c.SocketMode}, {"socket_group", c.SocketGroup}} {
+		if s.value != "" && !networks["unix"] {
+			errs = append(errs, fieldErr(s.field, "is set but no listen address is unix:/path; it governs the NBD unix sockets only"))
+		}
+	}
+	return errs
+}
+
+// ParseAllow parses an entry of allow: a network in CIDR notation (10.0.0.0/8, fd00::/64) or one
+// IP address (192.168.1.7, which stands for 192.168.1.7/32).
+func ParseAllow(s string) (netip.Prefix, error) {
+	const use = "write a network as 10.0.0.0/8 or fd00::/64, or one address as 192.168.1.7 or fd00::7"
+	var p netip.Prefix
+	if strings.Contains(s, "/") {
+		var err error
+		if p, err = netip.ParsePrefix(s); err != nil {
+			return p, fmt.Errorf("%q is not a network in CIDR notation; %s", s, use)
+		}
+		if p != p.Masked() {
+			return p, fmt.Errorf("%q has bits set past its /%d: write %s for the network, or %s for the one address", s, p.Bits(), p.Masked(), p.Addr())
+		}
+	} else {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return p, fmt.Errorf("%q is not an IP address or a network; %s", s, use)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		// Clients' IPv4-mapped addresses are compared as IPv4, so that such an entry would match no one.
+		return p, fmt.Errorf("%q is an IPv4-mapped IPv6 address; write the IPv4 form (10.0.0.0/8), which also covers IPv4 clients of a dual-stack listener", s)
+	}
+	return p, nil
+}
+
+// AllowPrefixes returns allow's networks; the error names every entry that is not one.
+func (c *Config) AllowPrefixes() ([]netip.Prefix, error) {
+	ps := make([]netip.Prefix, 0, len(c.Allow))
+	var errs []error
+	for i, a := range c.Allow {
+		p, err := ParseAllow(a)
+		if err != nil {
+			errs = append(errs, fieldErr(fmt.Sprintf("allow[%d]", i), "%v", err))
+			continue
+		}
+		ps = append(ps, p)
+	}
+	return ps, errors.Join(errs...)
+}
+
+// ParseSocketMode parses socket_mode: permission bits in octal, from 0 to 0777.
+func ParseSocketMode(s string) (fs.FileMode, error) {
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o777 {
+		return 0, fmt.Errorf("%q is not permission bits in octal (0 to 0777); e.g. 0660 lets the owner and the group connect, 0600 the owner only", s)
+	}
+	return fs.FileMode(m), nil
 }
 
 func checkBackendURL(raw string, schemes []string) error {

@@ -1,6 +1,9 @@
 package config
 
 import (
+	"fmt"
+	"io/fs"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -74,6 +77,11 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"empty unix", func(c *Config) { c.Listen = []string{"unix:"} }, "listen[0]"},
 		{"duplicate listen", func(c *Config) { c.Listen = []string{"unix:/a", "unix:/a"} }, "listen[1]"},
 		{"bad level", func(c *Config) { c.LogLevel = "loud" }, "log_level"},
+		{"allow not a network", func(c *Config) { c.Allow = []string{"10.0.0.0/8", "lan"} }, `allow[1]: "lan" is not an IP address or a network`},
+		{"allow without a TCP listener", func(c *Config) { c.Listen, c.Allow = []string{"unix:/a"}, []string{"10.0.0.0/8"} }, "allow: is set but no listen address is HOST:PORT"},
+		{"socket mode not octal", func(c *Config) { c.Listen, c.SocketMode = []string{"unix:/a"}, "rw-rw----" }, `socket_mode: "rw-rw----" is not permission bits`},
+		{"socket mode without a unix listener", func(c *Config) { c.SocketMode = "0660" }, "socket_mode: is set but no listen address is unix:/path"},
+		{"socket group without a unix listener", func(c *Config) { c.SocketGroup = "disk" }, "socket_group: is set but no listen address is unix:/path"},
 		{"in flight", func(c *Config) { c.MaxInFlight = 0 }, "max_in_flight"},
 		{"admin on the LAN", func(c *Config) { c.Admin = "0.0.0.0:9000" }, "admin: "},
 		{"cache without tiers", func(c *Config) { c.Exports[0].Cache = &Cache{} }, "exports[0].cache.ram: a cache needs"},
@@ -169,6 +177,70 @@ func TestWriteBackZero(t *testing.T) {
 	require.NoError(t, c.Validate(schemes))
 	d := cache.DefaultWriteBack
 	require.Equal(t, cache.WriteBackConfig{High: d.High, Low: 0, Max: d.Max}, c.Exports[0].Cache.WriteBack.Engine())
+}
+
+func TestParseAllow(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{in: "10.0.0.0/8", want: "10.0.0.0/8"},
+		{in: "192.168.1.7", want: "192.168.1.7/32"},
+		{in: "192.168.1.7/32", want: "192.168.1.7/32"},
+		{in: "0.0.0.0/0", want: "0.0.0.0/0"},
+		{in: "fd00::/64", want: "fd00::/64"},
+		{in: "::1", want: "::1/128"},
+		{in: "", err: `"" is not an IP address or a network`},
+		{in: "lan", err: `"lan" is not an IP address or a network`},
+		{in: "nas.local", err: `"nas.local" is not an IP address or a network`},
+		{in: " 10.0.0.1", err: `" 10.0.0.1" is not an IP address`},
+		{in: "10.0.0.0/33", err: `"10.0.0.0/33" is not a network in CIDR notation`},
+		{in: "10.0.0.0/", err: "not a network in CIDR notation"},
+		{in: "10/8", err: "not a network in CIDR notation"},
+		{in: "10.0.0.1/8", err: `"10.0.0.1/8" has bits set past its /8: write 10.0.0.0/8 for the network, or 10.0.0.1 for the one address`},
+		{in: "fe80::1%eth0", err: "is not an IP address or a network"},
+		{in: "::ffff:10.0.0.1", err: "IPv4-mapped"},
+		{in: "::ffff:10.0.0.0/104", err: "IPv4-mapped"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			p, err := ParseAllow(tc.in)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, p.String())
+		})
+	}
+}
+
+func TestParseSocketMode(t *testing.T) {
+	for in, want := range map[string]fs.FileMode{"0660": 0o660, "660": 0o660, "0600": 0o600, "0777": 0o777, "0": 0} {
+		m, err := ParseSocketMode(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, m, in)
+	}
+	for _, in := range []string{"", "0o660", "rw-rw----", "0680", "1777", "4660", "-1", "0x1b6"} {
+		_, err := ParseSocketMode(in)
+		require.ErrorContains(t, err, fmt.Sprintf("%q is not permission bits in octal", in))
+	}
+}
+
+// TestAccessFromFile: the settings of who may connect, as a config file gives them.
+func TestAccessFromFile(t *testing.T) {
+	c, err := Parse([]byte(`
+exports: [{backend: 'mem://1MiB'}]
+listen: [unix:/run/t.sock, '0.0.0.0:10809']
+allow: [192.168.1.0/24, 10.1.2.3, 'fd00::/64']
+socket_mode: 0660
+socket_group: disk
+`), "t.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	ps, err := c.AllowPrefixes()
+	require.NoError(t, err)
+	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("fd00::/64")}, ps)
+	require.Equal(t, "0660", c.SocketMode, "an unquoted mode is kept as written, not read as a YAML number")
+	require.Equal(t, "disk", c.SocketGroup)
 }
 
 func TestParseListenAddr(t *testing.T) {

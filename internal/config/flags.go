@@ -80,6 +80,13 @@ var Flags = []Flag{
 	{Name: "nbd", Field: "listen[]", Kind: List, Def: strings.Join(Defaults().Listen, ","),
 		Usage: "NBD listen address, unix:/path/to.sock or HOST:PORT; repeat for several",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Listen = v; return nil }},
+	{Name: "allow", Field: "allow[]", Kind: List,
+		Usage: "TCP clients may connect only from this network (CIDR, e.g. 192.168.1.0/24) or address; repeat for several (default: from anywhere)",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.Allow = v; return nil }},
+	{Name: "socket-mode", Field: "socket_mode", Usage: "permission bits of the NBD unix sockets in octal, e.g. 0660 (connecting needs write permission; default: as the umask leaves them)",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.SocketMode = last(v); return nil }},
+	{Name: "socket-group", Field: "socket_group", Usage: "group of the NBD unix sockets, a name or a GID (default: the daemon's)",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.SocketGroup = last(v); return nil }},
 	{Name: "read-only", Kind: Bool, Usage: "serve every export read-only",
 		apply: func(c *Config, v []string, _ func(string) bool) error {
 			ro, _ := strconv.ParseBool(last(v))
@@ -251,6 +258,7 @@ var flagRenames = func() []rename {
 	add(`exports\[0\] \("[^"]*"\)`, "--backend") // the daemon's errors opening the export's backend
 	add(`exports\[0\]\.cache: `, "")             // and making its cache
 	add(`(?m)^listen: no listen address`, "no listen address")
+	add(`(?m)^allow: `, "--allow: ") // the list as a whole, not one of its entries
 	return r
 }()
 

@@ -89,6 +89,7 @@ func TestFlagNames(t *testing.T) {
 		"log_level: use an admin endpoint":                    "--log-level: use an admin endpoint",
 		`exports[0] ("x"): open: no such file`:                "--backend: open: no such file",
 		"exports[0].cache: ssd: in use":                       "ssd: in use",
+		"allow: is set but no listen address is HOST:PORT":    "--allow: is set but no listen address is HOST:PORT",
 	} {
 		require.Equal(t, want, FlagNames(msg))
 	}

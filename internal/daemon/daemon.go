@@ -33,15 +33,39 @@ const ShutdownTimeout = 30 * time.Second
 // if not nil, is called once every listener accepts connections, with their addresses (useful when
 // a port was 0).
 func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, ready func(addrs []string)) (err error) {
+	// Before any backend is opened: a group that does not exist is a mistake of the
+	// configuration, and reading /etc/group changes nothing.
+	prepare, err := socketAccess(cfg)
+	if err != nil {
+		return err
+	}
 	vols, devs, sources, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
 
+	exports := make([]server.Export, len(cfg.Exports))
+	for i, e := range cfg.Exports {
+		exports[i] = server.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
+	}
+	allow, err := cfg.AllowPrefixes()
+	if err != nil {
+		return err
+	}
+	tlsCfg, stopTLS, err := serverTLS(cfg.TLS, log)
+	if err != nil {
+		return err
+	}
+	defer stopTLS()
+	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight, Allow: allow, TLS: tlsCfg})
+	if err != nil {
+		return err
+	}
+
 	if cfg.Admin != "" {
 		actx, stopAdmin := context.WithCancel(context.Background())
-		h := metrics.NewHandler(func() []metrics.Source { return sources })
+		h := metrics.NewHandler(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections))
 		bound, wait, err := metrics.Serve(actx, cfg.Admin, h, log)
 		if err != nil {
 			stopAdmin()
@@ -55,21 +79,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		}()
 	}
 
-	exports := make([]server.Export, len(cfg.Exports))
-	for i, e := range cfg.Exports {
-		exports[i] = server.Export{Name: e.Name, Description: e.Description, Device: devs[i]}
-	}
-	tlsCfg, stopTLS, err := serverTLS(cfg.TLS, log)
-	if err != nil {
-		return err
-	}
-	defer stopTLS()
-	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight, TLS: tlsCfg})
-	if err != nil {
-		return err
-	}
-
-	listeners, err := listenAll(cfg.Listen)
+	listeners, err := listenAll(cfg.Listen, prepare)
 	if err != nil {
 		return err
 	}
@@ -228,10 +238,12 @@ func openRecorder(e config.Export, log *slog.Logger) (*trace.FioLogWriter, func(
 	}, nil
 }
 
-func listenAll(addrs []string) ([]net.Listener, error) {
+// listenAll listens on every address; prepare, if not nil, prepares each unix socket's file
+// (socketAccess).
+func listenAll(addrs []string, prepare func(path string) error) ([]net.Listener, error) {
 	var ls []net.Listener
 	for _, a := range addrs {
-		l, err := listenOn(a)
+		l, err := listenOn(a, prepare)
 		if err != nil {
 			for _, l := range ls {
 				l.Close()
@@ -243,12 +255,21 @@ func listenAll(addrs []string) ([]net.Listener, error) {
 	return ls, nil
 }
 
-func listenOn(a string) (net.Listener, error) {
+func listenOn(a string, prepare func(path string) error) (net.Listener, error) {
 	network, address, err := config.ParseListenAddr(a)
 	if err != nil {
 		return nil, err
 	}
-	l, err := listen.Listen(network, address)
+	var l net.Listener
+	if network == "unix" {
+		l, err = listen.ListenUnix(address, prepare)
+	} else {
+		l, err = listen.Listen(network, address)
+	}
+	var setting *config.Error
+	if errors.As(err, &setting) {
+		return nil, err // prepare's, which names the setting and the path
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", a, err)
 	}

@@ -173,3 +173,19 @@ func constHistogram(h cache.Histogram, labels ...string) prometheus.Metric {
 	}
 	return prometheus.MustNewConstHistogram(requestDuration, total, h.Sum, buckets, labels...)
 }
+
+var refusedConnections = prometheus.NewDesc("tierblk_nbd_connections_refused_total",
+	"NBD connections closed as they arrived, before the handshake, by reason: not allowed (--allow), too many connections, too many from one host.",
+	[]string{"reason"}, nil)
+
+// RefusedConnections collects the NBD server's counts of connections refused as they arrived, by
+// reason (server.Server.RefusedConnections), read at every scrape.
+type RefusedConnections func() map[string]uint64
+
+func (c RefusedConnections) Describe(ch chan<- *prometheus.Desc) { ch <- refusedConnections }
+
+func (c RefusedConnections) Collect(ch chan<- prometheus.Metric) {
+	for reason, n := range c() {
+		ch <- prometheus.MustNewConstMetric(refusedConnections, prometheus.CounterValue, float64(n), reason)
+	}
+}

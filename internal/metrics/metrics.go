@@ -1,6 +1,7 @@
 // Package metrics is tierblk's admin HTTP endpoint: Prometheus metrics at /metrics and a JSON
 // snapshot of every export's cache at /stats, both built from cache.Stats snapshots taken at request
-// time, and the admin actions POST /flush and POST /mode (see actions.go).
+// time (and the NBD server's refused connections, counted by reason), and the admin actions POST
+// /flush and POST /mode (see actions.go).
 //
 // The endpoint has no authentication, so it must never listen anywhere but on loopback or a unix
 // socket. It must never change a cache but through those two actions, which the cache makes safe
@@ -71,14 +72,15 @@ func ParseAdminAddr(s string) (network, address string, err error) {
 
 // NewHandler serves GET /metrics (Prometheus text format), GET /stats (StatsResponse as JSON), Go's
 // profiles under /debug/pprof/ and a short index at /. sources is called on every request, so
-// exports may come and go.
-func NewHandler(sources func() []Source) http.Handler {
+// exports may come and go. more are further collectors for /metrics, such as RefusedConnections.
+func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		cacheCollector{sources: sources},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	reg.MustRegister(more...)
 	mux := http.NewServeMux()
 	// A "GET" pattern also matches HEAD; ServeMux answers other methods with 405 and other paths
 	// with 404.

@@ -292,6 +292,20 @@ func TestHandlerMetricsReadsSourcesPerScrape(t *testing.T) {
 	series(t, scrape(t, h), "tierblk_cache_hits_total", map[string]string{"export": "disk0", "tier": "ram"})
 }
 
+// The NBD server's refused connections are counters by reason, read at every scrape.
+func TestRefusedConnections(t *testing.T) {
+	counts := map[string]uint64{"not allowed": 3, "too many connections": 0}
+	h := NewHandler(fakeSources, RefusedConnections(func() map[string]uint64 { return counts }))
+	fams := scrape(t, h)
+	require.Equal(t, dto.MetricType_COUNTER, fams["tierblk_nbd_connections_refused_total"].GetType())
+	for reason, n := range counts {
+		m := series(t, fams, "tierblk_nbd_connections_refused_total", map[string]string{"reason": reason})
+		require.Equal(t, float64(n), m.GetCounter().GetValue(), reason)
+	}
+	counts = map[string]uint64{"not allowed": 4, "too many connections": 1}
+	require.Contains(t, get(t, h, "GET", "/metrics").Body.String(), `tierblk_nbd_connections_refused_total{reason="not allowed"} 4`+"\n")
+}
+
 func quietLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // fetch GETs path from an admin endpoint at bound, a ParseAdminAddr address.

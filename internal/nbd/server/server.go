@@ -22,6 +22,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,10 @@ type Config struct {
 	// MaxConnectionsPerPeer bounds the TCP connections from one IP address, so that one host
 	// cannot take all of MaxConnections; unix-socket clients are this machine's own. 0 = 128.
 	MaxConnectionsPerPeer int
+	// Allow lists the networks whose TCP clients may connect; a client from anywhere else is
+	// closed as it arrives, before the handshake. Empty: any. Unix-socket clients are this
+	// machine's own, which the socket file's mode governs.
+	Allow []netip.Prefix
 	// TLS is how connections from Serve and ServeConn are offered TLS; the zero value offers none.
 	TLS TLS
 }
@@ -98,6 +103,8 @@ type Server struct {
 	maxInFlight int
 	maxConns    int
 	maxPerPeer  int
+	allow       []netip.Prefix
+	refused     [numRefusals]atomic.Uint64 // connections refused as they arrived, by Refusal
 	tls         TLS
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
@@ -135,6 +142,7 @@ func New(cfg Config) (*Server, error) {
 		maxInFlight: cfg.MaxInFlight,
 		maxConns:    cfg.MaxConnections,
 		maxPerPeer:  cfg.MaxConnectionsPerPeer,
+		allow:       append([]netip.Prefix(nil), cfg.Allow...),
 		tls:         cfg.TLS,
 
 		handshakeTimeout: defaultHandshakeTimeout,
@@ -318,17 +326,12 @@ func (s *Server) ServeConn(nc net.Conn, remote string) { s.serveConn(nc, remote,
 func (s *Server) ServeLocalConn(nc net.Conn, remote string) { s.serveConn(nc, remote, tlsconf.Off) }
 
 func (s *Server) serveConn(nc net.Conn, remote string, tlsMode tlsconf.Mode) {
-	src := &source{r: nc}
-	c := &conn{
-		s:       s,
-		raw:     nc,
-		nc:      nc,
-		tlsMode: tlsMode,
-		src:     src,
-		br:      bufio.NewReaderSize(src, connBufSize),
-		bw:      bufio.NewWriterSize(nc, connBufSize),
-		log:     s.log.With("remote", remote),
+	log := s.log.With("remote", remote)
+	if !allowed(s.allow, nc.RemoteAddr()) {
+		s.refuse(nc, log, NotAllowed, "nbd: connection refused: its address is in none of the allowed networks")
+		return
 	}
+	c := &conn{s: s, raw: nc, nc: nc, tlsMode: tlsMode, log: log}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -337,15 +340,13 @@ func (s *Server) serveConn(nc net.Conn, remote string, tlsMode tlsconf.Mode) {
 	}
 	if len(s.conns) >= s.maxConns {
 		s.mu.Unlock()
-		nc.Close()
-		c.log.Warn("nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
+		s.refuse(nc, log, TooMany, "nbd: connection refused: the server serves its maximum of connections already", "max", s.maxConns)
 		return
 	}
 	peer := peerOf(nc)
 	if peer != "" && s.peers[peer] >= s.maxPerPeer {
 		s.mu.Unlock()
-		nc.Close()
-		c.log.Warn("nbd: connection refused: its host has the most connections one host may have", "max", s.maxPerPeer)
+		s.refuse(nc, log, TooManyFromHost, "nbd: connection refused: its host has the most connections one host may have", "max", s.maxPerPeer)
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -354,6 +355,9 @@ func (s *Server) serveConn(nc net.Conn, remote string, tlsMode tlsconf.Mode) {
 	}
 	s.connWG.Add(1)
 	s.mu.Unlock()
+	// The buffers only for a connection admitted: refusing a flood costs no memory.
+	c.src = &source{r: nc}
+	c.br, c.bw = bufio.NewReaderSize(c.src, connBufSize), bufio.NewWriterSize(nc, connBufSize)
 	defer func() {
 		c.nc.Close() // over TLS, after a close_notify alert, which the protocol asks of a server
 		if c.sock != nil {

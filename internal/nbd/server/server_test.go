@@ -953,6 +953,7 @@ func TestMaxConnections(t *testing.T) {
 	b.Connect("", false)
 	extra := nbdtest.DialRaw(t, "unix", ts.Sock)
 	extra.ExpectClosed()
+	require.Equal(t, uint64(1), ts.s.RefusedConnections()[TooMany.String()])
 	a.Request(proto.Request{Type: proto.CmdDisc}, nil)
 	a.ExpectClosed()
 	require.Eventually(t, func() bool {
@@ -1054,6 +1055,7 @@ func TestMaxConnectionsPerPeer(t *testing.T) {
 	a.Connect("", false)
 	b.Connect("", false)
 	nbdtest.DialRaw(t, "tcp", ts.TCP).ExpectClosed()
+	require.Equal(t, uint64(1), ts.s.RefusedConnections()[TooManyFromHost.String()])
 	for range 3 {
 		nbdtest.DialRaw(t, "unix", ts.Sock).Connect("", false)
 	}
