@@ -173,15 +173,17 @@ func (s *session) startTLS(cfg *tls.Config) error {
 func (s *session) sendOption(opt uint32, data []byte) error {
 	b := make([]byte, proto.OptionHeaderSize, proto.OptionHeaderSize+len(data))
 	proto.PutOptionHeader(b, opt, uint32(len(data)))
-	_, err := s.nc.Write(append(b, data...))
-	return err
+	if _, err := s.nc.Write(append(b, data...)); err != nil {
+		return s.ioErr(fmt.Sprintf("sending option %d", opt), err)
+	}
+	return nil
 }
 
 // readOptionReply reads one option reply to opt and returns its type and data.
 func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	var h [proto.OptionReplyHeaderSize]byte
 	if _, err := io.ReadFull(s.br, h[:]); err != nil {
-		return 0, nil, s.replyErr(opt, err)
+		return 0, nil, s.ioErr(fmt.Sprintf("reading the reply to option %d", opt), err)
 	}
 	o, typ, n, ok := proto.ParseOptionReplyHeader(h[:])
 	if !ok {
@@ -195,19 +197,20 @@ func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	}
 	data := make([]byte, n)
 	if _, err := io.ReadFull(s.br, data); err != nil {
-		return 0, nil, s.replyErr(opt, err)
+		return 0, nil, s.ioErr(fmt.Sprintf("reading the reply to option %d", opt), err)
 	}
 	return typ, data, nil
 }
 
-// replyErr is the error of a failed read of the reply to opt. In TLS 1.3 the client's side of
-// the handshake ends before the server has checked the client's certificate: a server that
-// refuses it says so with an alert or by hanging up, which the next read finds.
-func (s *session) replyErr(opt uint32, err error) error {
+// ioErr is the error of a failed read or write of the negotiation, what saying which. In TLS 1.3
+// the client's side of the handshake ends before the server has checked the client's certificate:
+// a server that refuses it says so with an alert or by hanging up, which the next read or write
+// finds.
+func (s *session) ioErr(what string, err error) error {
 	if s.overTLS {
-		return fmt.Errorf("reading the reply to option %d over TLS (a server that refuses this client's certificate ends the session so): %w", opt, err)
+		return fmt.Errorf("%s over TLS (a server that refuses this client's certificate ends the session so): %w", what, err)
 	}
-	return fmt.Errorf("reading the reply to option %d: %w", opt, err)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // optStructuredReply asks for structured replies; a server without them is fine.
