@@ -147,12 +147,8 @@ func (s *session) startTLS(cfg *tls.Config) error {
 		return err
 	case typ&proto.RepFlagError != 0:
 		_ = s.sendOption(proto.OptAbort, nil) // the connection is closed next whatever happens
-		why := ""
-		if len(data) > 0 {
-			why = fmt.Sprintf(" (server says: %q)", data)
-		}
 		return fmt.Errorf("%w: TLS was asked for, and the server does not offer it (NBD_OPT_STARTTLS: option error %d%s); the connection is not made without it",
-			ErrServerRefused, typ&^proto.RepFlagError, why)
+			ErrServerRefused, typ&^proto.RepFlagError, serverSays(data))
 	case typ != proto.RepAck:
 		return fmt.Errorf("%w: reply type %d to NBD_OPT_STARTTLS", ErrProtocol, typ)
 	case s.br.Buffered() > 0:
@@ -333,10 +329,7 @@ func (s *session) checkBlockSizes() error {
 // refused turns an option error reply into an error, and ends the negotiation politely.
 func (s *session) refused(typ uint32, msg []byte, export string) error {
 	_ = s.sendOption(proto.OptAbort, nil) // the connection is closed next whatever happens
-	why := ""
-	if len(msg) > 0 {
-		why = fmt.Sprintf(" (server says: %q)", msg)
-	}
+	why := serverSays(msg)
 	switch typ {
 	case proto.RepErrUnknown:
 		return fmt.Errorf("%w: %q%s", ErrExportNotFound, export, why)
@@ -348,4 +341,12 @@ func (s *session) refused(typ uint32, msg []byte, export string) error {
 		return fmt.Errorf("%w: it is shutting down%s", ErrServerRefused, why)
 	}
 	return fmt.Errorf("%w: option error %d%s", ErrServerRefused, typ&^proto.RepFlagError, why)
+}
+
+// serverSays quotes the message of an option error reply, if it has one, for an error.
+func serverSays(msg []byte) string {
+	if len(msg) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (server says: %q)", msg)
 }

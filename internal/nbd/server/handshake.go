@@ -196,8 +196,8 @@ func (c *conn) startTLS(data []byte) error {
 	}
 	tc := tls.Server(c.raw, c.s.tls.Config())
 	if err := tc.Handshake(); err != nil {
-		if err2 := c.handshakeReadErr(err); err2 != err {
-			return err2 // shutting down, or out of time
+		if herr := c.handshakeReadErr(err); errors.Is(herr, errShuttingDown) || isProtocolError(herr) {
+			return herr // shutting down, or out of time
 		}
 		return &tlsError{"TLS handshake failed: " + tlsFailure(err)}
 	}

@@ -2,8 +2,8 @@
 // NetworkBlockDevice/nbd; the wire format is internal/nbd/proto): the fixed-newstyle handshake,
 // then the transmission phase with simple and structured replies, each connection's requests
 // served concurrently and answered out of order. Connections come from listeners (Serve) or one at
-// a time from whoever made them (ServeConn: the sockets handed to the kernel's NBD client,
-// internal/nbd/kernel).
+// a time from whoever made them (ServeConn; ServeLocalConn for the sockets handed to the kernel's
+// NBD client, internal/nbd/kernel).
 //
 // TLS (NBD_OPT_STARTTLS, handshake.go) is offered, or required, as Config.TLS says; a connection
 // over TLS is served through its *tls.Conn and the runtime's poller, not a detached socket.
