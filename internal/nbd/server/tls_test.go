@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -48,9 +49,15 @@ func (b *logBuffer) String() string {
 // signed by ca, clients' checked against ca when verifyPeer. The server's log goes to log.
 func tlsServer(t *testing.T, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *logBuffer) {
 	t.Helper()
+	dev, _ := nbdtest.NewVolume(8<<20, 0, volume.Options{MultiConn: true})
+	return tlsServerOf(t, dev, ca, mode, verifyPeer)
+}
+
+// tlsServerOf is tlsServer with the export's device dev.
+func tlsServerOf(t *testing.T, dev volume.Device, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *logBuffer) {
+	t.Helper()
 	cfg, err := tlsconf.Server(tlsconf.Options{Dir: ca.ServerDir(t), VerifyPeer: verifyPeer})
 	require.NoError(t, err)
-	dev, _ := nbdtest.NewVolume(8<<20, 0, volume.Options{MultiConn: true})
 	log := &logBuffer{}
 	s, err := New(Config{
 		Exports: []Export{{Name: secretName, Description: secretDesc, Device: dev}},
@@ -325,4 +332,57 @@ func TestServeLocalConnWithoutTLS(t *testing.T) {
 	c.Request(proto.Request{Type: proto.CmdDisc}, nil)
 	c.ExpectClosed()
 	<-done
+}
+
+// Shutdown over TLS as without: connections in the handshake (the TLS one included) and idle
+// ones are closed at once, a request in flight is answered, then its connection closed; when the
+// context ends first, every connection is hung up on.
+func TestShutdownTLS(t *testing.T) {
+	ca := tlstest.NewCA(t, "ca")
+	cc, err := tlsconf.Client(tlsconf.Options{Dir: ca.ClientDir(t), VerifyPeer: true})
+	require.NoError(t, err)
+	// connect negotiates over TLS up to the transmission phase.
+	connect := func(ts *testServer) *nbdtest.RawClient {
+		c := nbdtest.DialRaw(t, "tcp", ts.TCP)
+		c.Greet()
+		startTLS(t, c, cc)
+		c.GoExport(secretName)
+		return c
+	}
+	for _, ctxEnds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("context ends first %v", ctxEnds), func(t *testing.T) {
+			vol, _ := nbdtest.NewVolume(1<<20, 0x33, volume.Options{})
+			release, stuck := make(chan struct{}), make(chan struct{})
+			dev := &hookDevice{Device: vol, onRead: func(int64) { close(stuck); <-release }}
+			s, _ := tlsServerOf(t, dev, ca, tlsconf.Require, false)
+			ts := serve(t, s)
+			c, idle := connect(ts), connect(ts)
+			shaking := nbdtest.DialRaw(t, "unix", ts.Sock)
+			shaking.Greet()
+			shaking.Option(proto.OptStartTLS, nil)
+			typ, _ := shaking.OptReply(proto.OptStartTLS)
+			require.Equal(t, proto.RepAck, typ)
+
+			c.Request(proto.Request{Type: proto.CmdRead, Cookie: 1, Length: 4096}, nil)
+			<-stuck
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- s.Shutdown(ctx) }()
+			shaking.ExpectClosed()
+			idle.ExpectClosed()
+			if ctxEnds {
+				cancel()
+				require.ErrorIs(t, <-done, context.Canceled)
+				c.ExpectClosed()
+				close(release)
+				ts.waitIdle(t)
+				return
+			}
+			close(release)
+			require.Equal(t, nbdtest.Reply{Cookie: 1, Data: bytes.Repeat([]byte{0x33}, 4096)}, c.Reply())
+			c.ExpectClosed()
+			require.NoError(t, <-done)
+		})
+	}
 }
