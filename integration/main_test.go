@@ -74,6 +74,7 @@ var toolPackages = map[string]string{
 	"nbdkit":             "nbdkit",
 	"qemu-system-x86_64": "qemu-system-x86",
 	"losetup":            "mount",
+	"certtool":           "gnutls-bin",
 }
 
 // requireTools fails the test (it does not skip: CI must run everything) when a tool is missing.

@@ -38,6 +38,7 @@ Backends are URLs:
   mem://SIZE                                         RAM, lost on exit
   nbd://HOST[:PORT]/EXPORT                           another NBD server over TCP
   nbd+unix:///EXPORT?socket=PATH                     another NBD server over a unix socket
+  nbds://HOST[:PORT]/EXPORT?tls-certificates=DIR     the same over TLS (also nbds+unix://; docs/operations.md#tls)
 
 A tiered cache goes in front of the backend with --ram and/or --ssd: reads look in RAM, then on
 the SSD, then go to the backend; --mode says what writes do. The SSD tier's index is kept in --meta,

@@ -22,6 +22,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 )
 
 // Config is the whole configuration of one daemon.
@@ -45,6 +46,35 @@ type Config struct {
 	// Admin is the address of the admin endpoint (/metrics, /stats): 127.0.0.1:PORT, [::1]:PORT,
 	// localhost:PORT or unix:/path. Empty: none.
 	Admin string `yaml:"admin"`
+	// TLS is how the NBD listeners offer TLS.
+	TLS TLS `yaml:"tls"`
+}
+
+// TLS configures TLS (X.509 certificates) on every NBD listener.
+type TLS struct {
+	// Mode is off, on (each client chooses) or require (nothing but TLS).
+	Mode string `yaml:"mode"`
+	// Certificates is a directory in nbdkit's layout: ca-cert.pem, server-cert.pem,
+	// server-key.pem, and optionally ca-crl.pem. The daemon loads it, and again on SIGHUP.
+	Certificates string `yaml:"certificates"`
+	// VerifyPeer requires every TLS client to present a certificate that the CA signed and
+	// the CRL does not revoke.
+	VerifyPeer bool `yaml:"verify_peer"`
+}
+
+func (t *TLS) validate() []error {
+	mode, err := tlsconf.ParseMode(t.Mode)
+	if err != nil {
+		return []error{fieldErr("tls.mode", "%v", err)}
+	}
+	var errs []error
+	if mode != tlsconf.Off && t.Certificates == "" {
+		errs = append(errs, fieldErr("tls.certificates", "missing; with tls.mode %s, give the directory of ca-cert.pem, server-cert.pem and server-key.pem", t.Mode))
+	}
+	if mode == tlsconf.Off && t.VerifyPeer {
+		errs = append(errs, fieldErr("tls.verify_peer", "checks the certificates of TLS clients, and tls.mode is off: set tls.mode to on or require"))
+	}
+	return errs
 }
 
 // Export is one named device.
@@ -113,6 +143,7 @@ func Defaults() Config {
 		Listen:      []string{"127.0.0.1:10809"},
 		LogLevel:    "info",
 		MaxInFlight: 64,
+		TLS:         TLS{Mode: tlsconf.Off.String()},
 	}
 }
 
@@ -265,6 +296,7 @@ func (c *Config) Validate(schemes []string) error {
 	if c.MaxInFlight < 1 || c.MaxInFlight > 4096 {
 		errs = append(errs, fieldErr("max_in_flight", "%d is out of range; use 1 to 4096 (default 64)", c.MaxInFlight))
 	}
+	errs = append(errs, c.TLS.validate()...)
 	return errors.Join(errs...)
 }
 

@@ -25,6 +25,21 @@ func TestExampleConfigIsValid(t *testing.T) {
 	require.Equal(t, []string{"unix:/run/tierblk/tierblk.sock", "127.0.0.1:10809"}, c.Listen)
 }
 
+// The TLS settings in a file: absent, TLS is off; YAML's bare on and off are the modes' names.
+func TestParseTLS(t *testing.T) {
+	c, err := Parse([]byte("tls: {certificates: /etc/pki/tierblk}\n"), "test.yaml")
+	require.NoError(t, err)
+	require.Equal(t, TLS{Mode: "off", Certificates: "/etc/pki/tierblk"}, c.TLS)
+	for _, mode := range []string{"off", "on", "require"} {
+		c, err := Parse([]byte("tls:\n  mode: "+mode+"\n  certificates: /d\n"), "test.yaml")
+		require.NoError(t, err)
+		require.Equal(t, mode, c.TLS.Mode)
+	}
+	c, err = Parse([]byte("tls: {mode: require, certificates: /d, verify_peer: true}\n"), "test.yaml")
+	require.NoError(t, err)
+	require.Equal(t, TLS{Mode: "require", Certificates: "/d", VerifyPeer: true}, c.TLS)
+}
+
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml, want string
@@ -114,6 +129,9 @@ func TestValidateNamesTheField(t *testing.T) {
 			c.Exports[0].Cache = &Cache{SSD: "/ssd"}
 			c.Exports = append(c.Exports, Export{Name: "b", Backend: "file:///b", Cache: &Cache{SSD: "/ssd"}})
 		}, "exports[1].cache.ssd"},
+		{"tls mode", func(c *Config) { c.TLS.Mode = "yes" }, `tls.mode: "yes" is not a TLS mode; use off, on or require`},
+		{"tls without certificates", func(c *Config) { c.TLS.Mode = "require" }, "tls.certificates: missing; with tls.mode require, give the directory"},
+		{"verify_peer without tls", func(c *Config) { c.TLS.VerifyPeer = true }, "tls.verify_peer: checks the certificates of TLS clients, and tls.mode is off: set tls.mode to on or require"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := good()

@@ -105,6 +105,18 @@ var Flags = []Flag{
 		}},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
+	{Name: "tls", Field: "tls.mode", Def: Defaults().TLS.Mode,
+		Usage: "TLS on the NBD listeners: off, on (each client chooses) or require (needs --tls-certificates)",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.TLS.Mode = last(v); return nil }},
+	{Name: "tls-certificates", Field: "tls.certificates",
+		Usage: "directory of ca-cert.pem, server-cert.pem, server-key.pem and optionally ca-crl.pem (nbdkit's layout); reloaded on SIGHUP",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.TLS.Certificates = last(v); return nil }},
+	{Name: "tls-verify-peer", Field: "tls.verify_peer", Kind: Bool,
+		Usage: "require TLS clients to present a certificate signed by ca-cert.pem (and not revoked by ca-crl.pem)",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			c.TLS.VerifyPeer, _ = strconv.ParseBool(last(v))
+			return nil
+		}},
 	firstExport("record-trace", "record_trace", "record every request to the (first) export into this new file, a fio iolog that 'tierblk sim' replays",
 		func(e *Export, v string) error { e.RecordTrace = v; return nil }),
 	cacheFlag("ram", "ram", "RAM tier size, e.g. 1GiB (0: none)", func(c *Cache, v string) { c.RAM = v }),

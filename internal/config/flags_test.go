@@ -67,6 +67,8 @@ func toText(v any) string {
 		return strconv.Itoa(x)
 	case float64:
 		return strconv.FormatFloat(x, 'g', -1, 64)
+	case bool:
+		return strconv.FormatBool(x)
 	}
 	return "<not a scalar>"
 }

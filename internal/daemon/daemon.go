@@ -53,7 +53,12 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	if err != nil {
 		return err
 	}
-	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight, Allow: allow})
+	tlsCfg, stopTLS, err := serverTLS(cfg.TLS, log)
+	if err != nil {
+		return err
+	}
+	defer stopTLS()
+	srv, err := server.New(server.Config{Exports: exports, Logger: log, MaxInFlight: cfg.MaxInFlight, Allow: allow, TLS: tlsCfg})
 	if err != nil {
 		return err
 	}

@@ -32,12 +32,18 @@ type running struct {
 // start runs the daemon in the background until stop is called; stop returns Run's error.
 func start(t *testing.T, cfg config.Config) running {
 	t.Helper()
+	return startLogging(t, cfg, io.Discard)
+}
+
+// startLogging is start with the daemon's log going to log.
+func startLogging(t *testing.T, cfg config.Config, log io.Writer) running {
+	t.Helper()
 	require.NoError(t, cfg.Validate(registry.Default().Schemes()))
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan []string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), func(a []string) { ready <- a })
+		done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(log, nil)), func(a []string) { ready <- a })
 	}()
 	select {
 	case a := <-ready:

@@ -3,7 +3,9 @@
 // negotiates an export (handshake.go), each connection has one reader goroutine that matches
 // replies to requests by cookie and reconnects when the connection drops (conn.go), and the
 // methods of Client split calls into wire requests and map errors. Handshake also negotiates
-// sockets that the kernel's NBD client takes over (internal/nbd/kernel).
+// sockets that the kernel's NBD client takes over (internal/nbd/kernel). With Config.TLS each
+// connection starts TLS before any other option, and a server that does not offer it is refused,
+// never spoken to in plain.
 //
 // The client never answers a read from anything but the server's reply, and never reports a write
 // as done before the server acknowledged it. It cannot know whether a server that crashed and came
@@ -15,6 +17,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +43,9 @@ type Config struct {
 	// before it fails (0 = 1 min).
 	MaxReconnectWait time.Duration
 	Logger           *slog.Logger // nil = slog.Default()
+	// TLS, if set, makes every connection start TLS with it (NBD_OPT_STARTTLS) before anything
+	// else, or fail: a client asked for TLS never goes on without it.
+	TLS *tls.Config
 }
 
 // Defaults for zero Config fields, and the reconnect backoff.

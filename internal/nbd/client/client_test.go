@@ -82,7 +82,7 @@ func FuzzClientHandshake(f *testing.F) {
 		a, b := net.Pipe()
 		go func() { _, _ = io.Copy(io.Discard, b) }()
 		go func() { _, _ = b.Write(in); b.Close() }()
-		s, err := handshake(a, "disk", true)
+		s, err := handshake(a, "disk", true, nil)
 		a.Close()
 		if err != nil {
 			return

@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -21,6 +22,7 @@ type session struct {
 	br         *bufio.Reader
 	export     Export
 	structured bool
+	overTLS    bool // the negotiation goes on over TLS
 }
 
 // connect dials the server and negotiates the export. Close or ctx abort it.
@@ -37,7 +39,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 	}
 	// The handshake does blocking reads; a deadline in the past makes them return at once.
 	interrupt := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	s, err := handshake(nc, c.cfg.Export, true)
+	s, err := handshake(nc, c.cfg.Export, true, c.cfg.TLS)
 	if !interrupt() {
 		err = errors.Join(ctx.Err(), err)
 	}
@@ -56,7 +58,7 @@ func (c *Client) connect(ctx context.Context) (*session, error) {
 // structured replies, and fails if the server sent anything past the handshake, which the peer
 // would never see. It returns what the server said of the export.
 func Handshake(nc net.Conn, export string) (Export, error) {
-	s, err := handshake(nc, export, false)
+	s, err := handshake(nc, export, false, nil)
 	if err != nil {
 		return Export{}, err
 	}
@@ -67,11 +69,11 @@ func Handshake(nc net.Conn, export string) (Export, error) {
 	return s.export, nil
 }
 
-// handshake runs the fixed newstyle negotiation: structured replies if structured asks for
-// them and the server has them, then NBD_OPT_GO asking for block sizes, or NBD_OPT_EXPORT_NAME for
-// servers too old for GO. The kernel's client, which takes over some sessions, knows only simple
-// replies.
-func handshake(nc net.Conn, export string, structured bool) (*session, error) {
+// handshake runs the fixed newstyle negotiation: TLS first if tlsCfg is set, structured replies
+// if structured asks for them and the server has them, then NBD_OPT_GO asking for block sizes, or
+// NBD_OPT_EXPORT_NAME for servers too old for GO. The kernel's client, which takes over some
+// sessions, knows only simple replies.
+func handshake(nc net.Conn, export string, structured bool, tlsCfg *tls.Config) (*session, error) {
 	if len(export) > proto.MaxExportNameLen {
 		return nil, fmt.Errorf("export name is %d bytes; the protocol allows %d", len(export), proto.MaxExportNameLen)
 	}
@@ -102,6 +104,14 @@ func handshake(nc net.Conn, export string, structured bool) (*session, error) {
 	if _, err := nc.Write(binary.BigEndian.AppendUint32(nil, cflags)); err != nil {
 		return nil, err
 	}
+	if tlsCfg != nil {
+		if hflags&proto.HandshakeFlagFixedNewstyle == 0 {
+			return nil, fmt.Errorf("%w: TLS was asked for, and the server does not speak the fixed newstyle negotiation that starts it", ErrServerRefused)
+		}
+		if err := s.startTLS(tlsCfg); err != nil {
+			return nil, err
+		}
+	}
 	if hflags&proto.HandshakeFlagFixedNewstyle == 0 {
 		// Plain newstyle knows no option but EXPORT_NAME.
 		return s, s.exportName(export, noZeroes)
@@ -123,19 +133,53 @@ func handshake(nc net.Conn, export string, structured bool) (*session, error) {
 	return s, nil
 }
 
+// startTLS upgrades the session to TLS with NBD_OPT_STARTTLS, before any other option, as the
+// protocol advises a client that wants TLS whatever the server offers: the options that follow
+// are then out of reach of a man in the middle. A server that refuses is not spoken to without
+// TLS.
+func (s *session) startTLS(cfg *tls.Config) error {
+	if err := s.sendOption(proto.OptStartTLS, nil); err != nil {
+		return err
+	}
+	typ, data, err := s.readOptionReply(proto.OptStartTLS)
+	switch {
+	case err != nil:
+		return err
+	case typ&proto.RepFlagError != 0:
+		_ = s.sendOption(proto.OptAbort, nil) // the connection is closed next whatever happens
+		return fmt.Errorf("%w: TLS was asked for, and the server does not offer it (NBD_OPT_STARTTLS: option error %d%s); the connection is not made without it",
+			ErrServerRefused, typ&^proto.RepFlagError, serverSays(data))
+	case typ != proto.RepAck:
+		return fmt.Errorf("%w: reply type %d to NBD_OPT_STARTTLS", ErrProtocol, typ)
+	case s.br.Buffered() > 0:
+		// The TLS handshake comes next, begun by the client: bytes the server sent before it
+		// would be taken as sent over TLS.
+		return fmt.Errorf("%w: %d bytes after the reply to NBD_OPT_STARTTLS", ErrProtocol, s.br.Buffered())
+	}
+	tc := tls.Client(s.nc, cfg)
+	if err := tc.Handshake(); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	s.nc, s.overTLS = tc, true
+	s.br.Reset(tc)
+	return nil
+}
+
 // sendOption writes one option request.
 func (s *session) sendOption(opt uint32, data []byte) error {
 	b := make([]byte, proto.OptionHeaderSize, proto.OptionHeaderSize+len(data))
 	proto.PutOptionHeader(b, opt, uint32(len(data)))
-	_, err := s.nc.Write(append(b, data...))
-	return err
+	if _, err := s.nc.Write(append(b, data...)); err != nil {
+		return s.ioErr(fmt.Sprintf("sending option %d", opt), err)
+	}
+	return nil
 }
 
 // readOptionReply reads one option reply to opt and returns its type and data.
 func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	var h [proto.OptionReplyHeaderSize]byte
 	if _, err := io.ReadFull(s.br, h[:]); err != nil {
-		return 0, nil, fmt.Errorf("reading the reply to option %d: %w", opt, err)
+		return 0, nil, s.ioErr(fmt.Sprintf("reading the reply to option %d", opt), err)
 	}
 	o, typ, n, ok := proto.ParseOptionReplyHeader(h[:])
 	if !ok {
@@ -149,9 +193,20 @@ func (s *session) readOptionReply(opt uint32) (uint32, []byte, error) {
 	}
 	data := make([]byte, n)
 	if _, err := io.ReadFull(s.br, data); err != nil {
-		return 0, nil, fmt.Errorf("reading the reply to option %d: %w", opt, err)
+		return 0, nil, s.ioErr(fmt.Sprintf("reading the reply to option %d", opt), err)
 	}
 	return typ, data, nil
+}
+
+// ioErr is the error of a failed read or write of the negotiation, what saying which. In TLS 1.3
+// the client's side of the handshake ends before the server has checked the client's certificate:
+// a server that refuses it says so with an alert or by hanging up, which the next read or write
+// finds.
+func (s *session) ioErr(what string, err error) error {
+	if s.overTLS {
+		return fmt.Errorf("%s over TLS (a server that refuses this client's certificate ends the session so): %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // optStructuredReply asks for structured replies; a server without them is fine.
@@ -274,19 +329,24 @@ func (s *session) checkBlockSizes() error {
 // refused turns an option error reply into an error, and ends the negotiation politely.
 func (s *session) refused(typ uint32, msg []byte, export string) error {
 	_ = s.sendOption(proto.OptAbort, nil) // the connection is closed next whatever happens
-	why := ""
-	if len(msg) > 0 {
-		why = fmt.Sprintf(" (server says: %q)", msg)
-	}
+	why := serverSays(msg)
 	switch typ {
 	case proto.RepErrUnknown:
 		return fmt.Errorf("%w: %q%s", ErrExportNotFound, export, why)
 	case proto.RepErrTLSReqd:
-		return fmt.Errorf("%w: it requires TLS, which this client does not support%s", ErrServerRefused, why)
+		return fmt.Errorf("%w: it requires TLS (ask for it with an nbds:// or nbds+unix:// URL)%s", ErrServerRefused, why)
 	case proto.RepErrPolicy:
 		return fmt.Errorf("%w: its policy forbids export %q%s", ErrServerRefused, export, why)
 	case proto.RepErrShutdown:
 		return fmt.Errorf("%w: it is shutting down%s", ErrServerRefused, why)
 	}
 	return fmt.Errorf("%w: option error %d%s", ErrServerRefused, typ&^proto.RepFlagError, why)
+}
+
+// serverSays quotes the message of an option error reply, if it has one, for an error.
+func serverSays(msg []byte) string {
+	if len(msg) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (server says: %q)", msg)
 }

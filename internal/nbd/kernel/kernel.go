@@ -53,8 +53,9 @@ const (
 
 // Server serves the connections of a device: the NBD server (*server.Server).
 type Server interface {
-	// ServeConn serves one connection until it ends, and closes it.
-	ServeConn(nc net.Conn, remote string)
+	// ServeLocalConn serves one connection of this process's own until it ends, and closes it
+	// (no TLS: the kernel's client speaks none).
+	ServeLocalConn(nc net.Conn, remote string)
 	// ShuttingDown reports whether the server has begun to shut down (and so ends connections).
 	ShuttingDown() bool
 }
@@ -264,7 +265,7 @@ func (k *Device) socket(export string, i int) (*os.File, client.Export, error) {
 	k.conns.Add(1)
 	go func() {
 		defer k.conns.Done()
-		k.srv.ServeConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
+		k.srv.ServeLocalConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
 		if k.attached.Load() && !k.detaching.Load() && !k.srv.ShuttingDown() {
 			// The kernel gave up on the connection: a request took longer than its timeout, or
 			// someone disconnected the device. Its requests go to the other connections, if any.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/tlsconf"
+	"github.com/tierblk/tierblk/internal/tlsconf/tlstest"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
@@ -24,16 +27,24 @@ import (
 //	go test -run '^$' -fuzz FuzzHandshake ./internal/nbd/server/
 //	go test -run '^$' -fuzz FuzzRequests ./internal/nbd/server/
 
-// fuzzServer serves a small writable export and a read-only one.
-func fuzzServer(f *testing.F) *Server {
+// fuzzServer serves a small writable export and a read-only one, with TLS as t says.
+func fuzzServer(f *testing.F, t TLS) *Server {
 	rw, _ := nbdtest.NewVolume(1<<20, 0x5a, volume.Options{})
 	ro, _ := nbdtest.NewVolume(64<<10, 0x5a, volume.Options{ReadOnly: true})
 	s, err := New(Config{
 		Exports: []Export{{Name: "disk", Description: "fuzz", Device: rw}, {Name: "ro", Device: ro}},
 		Logger:  slog.New(slog.DiscardHandler),
+		TLS:     t,
 	})
 	require.NoError(f, err)
 	return s
+}
+
+// requireTLS is a TLS configuration that requires TLS.
+func requireTLS(f *testing.F) TLS {
+	cfg, err := tlsconf.Server(tlsconf.Options{Dir: tlstest.NewCA(f, "fuzz").ServerDir(f)})
+	require.NoError(f, err)
+	return TLS{Mode: tlsconf.Require, Config: func() *tls.Config { return cfg }}
 }
 
 // socketPair returns the two ends of a connected unix stream socket: real sockets, so that the
@@ -97,14 +108,20 @@ func FuzzHandshake(f *testing.F) {
 		cat(be32(0), option(proto.OptExportName, []byte("disk"))),
 		cat(flags, option(proto.OptExportName, []byte("nope"))),
 		cat(flags, option(proto.OptStartTLS, nil), option(proto.OptSetMetaContext, []byte("xxxxxxxxxxxx")), option(proto.OptGo, []byte{0, 0, 0, 200})),
+		cat(flags, option(proto.OptList, nil), option(proto.OptStartTLS, []byte("x")), option(proto.OptStartTLS, nil)),
+		cat(flags, option(proto.OptStartTLS, nil), []byte{0x16, 0x03, 0x01, 0x00, 0x05, 1, 0, 0, 1, 0}), // the start of a ClientHello
 		cat(flags, option(proto.OptInfo, proto.AppendInfoRequest(nil, "nope", 1, 2, 3))),
 		cat(flags, []byte("IHAVEOPT"), be32(proto.OptGo), be32(1<<30)),
 		[]byte("GET / HTTP/1.0\r\n\r\n"),
 	} {
 		f.Add(seed)
 	}
-	s := fuzzServer(f)
-	f.Fuzz(func(t *testing.T, in []byte) { fuzzConn(t, s, in) })
+	// Each input goes to a server without TLS, and to one that requires it.
+	plain, tlsOnly := fuzzServer(f, TLS{}), fuzzServer(f, requireTLS(f))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		fuzzConn(t, plain, in)
+		fuzzConn(t, tlsOnly, in)
+	})
 }
 
 func FuzzRequests(f *testing.F) {
@@ -128,7 +145,7 @@ func FuzzRequests(f *testing.F) {
 		f.Add(true, "disk", seed)
 		f.Add(true, "ro", seed)
 	}
-	s := fuzzServer(f)
+	s := fuzzServer(f, TLS{})
 	f.Fuzz(func(t *testing.T, structured bool, export string, in []byte) {
 		hs := be32(proto.ClientFlagFixedNewstyle | proto.ClientFlagNoZeroes)
 		if structured {

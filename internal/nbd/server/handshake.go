@@ -1,15 +1,19 @@
 package server
 
 import (
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -17,8 +21,9 @@ import (
 // handshake runs the fixed newstyle negotiation. It returns true when the client chose an export
 // (c.export and the transmission parameters are set), false when the client aborted.
 func (c *conn) handshake() (bool, error) {
-	// One deadline for the whole negotiation: renewed at each option, it would let a client that
-	// sends one every little while hold its connection (and a thread) for ever.
+	// One deadline for the whole negotiation, TLS handshake included: renewed at each option, it
+	// would let a client that sends one every little while hold its connection (and a thread) for
+	// ever.
 	if err := c.setDeadline(time.Now().Add(c.s.handshakeTimeout)); err != nil {
 		return false, err
 	}
@@ -38,6 +43,13 @@ func (c *conn) handshake() (bool, error) {
 		return false, protocolErrorf("unknown client flags %#x", cflags)
 	}
 	c.noZeroes = cflags&proto.ClientFlagNoZeroes != 0
+	if cflags&proto.ClientFlagFixedNewstyle == 0 {
+		// The protocol allows TLS only after the fixed newstyle negotiation.
+		if c.tlsMode == tlsconf.Require {
+			return false, &tlsError{"TLS is required, and the client does not speak the fixed newstyle negotiation that starts it"}
+		}
+		c.tlsMode = tlsconf.Off
+	}
 
 	for {
 		opt, data, err := c.readOption()
@@ -86,6 +98,22 @@ func (c *conn) handshakeReadErr(err error) error {
 // handleOption answers one option. done is true when the handshake is over: the client chose an
 // export or aborted.
 func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
+	if opt == proto.OptStartTLS {
+		return false, c.startTLS(data)
+	}
+	if c.tlsMode == tlsconf.Require && !c.tlsOn && opt != proto.OptAbort {
+		// Nothing but a refusal, so that a client without TLS learns nothing of the exports.
+		if !c.tlsWanted {
+			c.tlsWanted = true
+			c.log.Warn("nbd: refusing options until the client starts TLS, which the server requires", "option", opt)
+		}
+		if opt == proto.OptExportName {
+			// It cannot carry an error: the protocol says to end the session.
+			return true, &tlsError{"TLS is required, and the client asked for an export without it (NBD_OPT_EXPORT_NAME)"}
+		}
+		c.optReply(opt, proto.RepErrTLSReqd, []byte("TLS is required: send NBD_OPT_STARTTLS first"))
+		return false, nil
+	}
 	switch opt {
 	case proto.OptExportName:
 		e := c.s.byName[string(data)]
@@ -136,11 +164,69 @@ func (c *conn) handleOption(opt uint32, data []byte) (done bool, err error) {
 		return false, nil
 
 	default:
-		// STARTTLS, metadata contexts, extended headers and anything newer.
+		// Metadata contexts, extended headers and anything newer.
 		c.log.Debug("nbd: unsupported option", "option", opt)
 		c.optReply(opt, proto.RepErrUnsup, fmt.Appendf(nil, "option %d is not supported", opt))
 		return false, nil
 	}
+}
+
+// startTLS answers NBD_OPT_STARTTLS and, when it accepts, runs the TLS handshake, after which
+// the negotiation starts again over TLS.
+func (c *conn) startTLS(data []byte) error {
+	const opt = proto.OptStartTLS
+	switch {
+	case c.tlsMode == tlsconf.Off:
+		c.optReply(opt, proto.RepErrPolicy, []byte("TLS is not enabled on this server"))
+		return nil
+	case c.tlsOn:
+		c.optReply(opt, proto.RepErrInvalid, []byte("TLS is already on"))
+		return nil
+	case len(data) != 0:
+		c.optReply(opt, proto.RepErrInvalid, []byte("NBD_OPT_STARTTLS takes no data"))
+		return nil
+	case c.br.Buffered() > 0:
+		// A client waits for the ACK before it starts the handshake. Bytes it sent before would
+		// be taken as sent over TLS, where a man in the middle could have put them.
+		return protocolErrorf("%d bytes after NBD_OPT_STARTTLS, before its reply", c.br.Buffered())
+	}
+	c.optReply(opt, proto.RepAck, nil)
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	tc := tls.Server(c.raw, c.s.tls.Config())
+	if err := tc.Handshake(); err != nil {
+		if herr := c.handshakeReadErr(err); errors.Is(herr, errShuttingDown) || isProtocolError(herr) {
+			return herr // shutting down, or out of time
+		}
+		return &tlsError{"TLS handshake failed: " + tlsFailure(err)}
+	}
+	c.stopMu.Lock()
+	c.nc = tc
+	c.stopMu.Unlock()
+	c.src.r = tc
+	c.bw.Reset(tc)
+	c.tlsOn = true
+	// The protocol: nothing negotiated before TLS holds after it.
+	c.structured = false
+	v := tc.ConnectionState()
+	c.log.Debug("nbd: TLS on", "version", tls.VersionName(v.Version), "cipher", tls.CipherSuiteName(v.CipherSuite))
+	return nil
+}
+
+// tlsFailure says why a TLS handshake failed, in words for whoever reads the server's log: a
+// client refuses the server's certificate with an alert, or by hanging up (GnuTLS's clients do),
+// which crypto/tls words as an alert or a failed read.
+func tlsFailure(err error) string {
+	const why = "does it trust the CA that signed the server's certificate, is that certificate in its dates, and issued for the name the client asked for?"
+	var op *net.OpError
+	switch {
+	case errors.As(err, &op) && op.Op == "remote error":
+		return fmt.Sprintf("the client refused it (%v): %s", op.Err, why)
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		return fmt.Sprintf("the client hung up during it (%v): %s", err, why)
+	}
+	return err.Error()
 }
 
 // handleInfo answers NBD_OPT_INFO and NBD_OPT_GO; after a successful GO the handshake is over.

@@ -2,16 +2,21 @@
 // NetworkBlockDevice/nbd; the wire format is internal/nbd/proto): the fixed-newstyle handshake,
 // then the transmission phase with simple and structured replies, each connection's requests
 // served concurrently and answered out of order. Connections come from listeners (Serve) or one at
-// a time from whoever made them (ServeConn: the sockets handed to the kernel's NBD client,
-// internal/nbd/kernel).
+// a time from whoever made them (ServeConn; ServeLocalConn for the sockets handed to the kernel's
+// NBD client, internal/nbd/kernel).
+//
+// TLS (NBD_OPT_STARTTLS, handshake.go) is offered, or required, as Config.TLS says; a connection
+// over TLS is served through its *tls.Conn and the runtime's poller, not a detached socket.
 //
 // The server must never let one connection's bad input harm another connection or write anything
-// a client did not ask for: malformed requests get an error reply or a closed connection.
+// a client did not ask for: malformed requests get an error reply or a closed connection. With TLS
+// required it must never tell a client that has not started TLS anything about its exports.
 package server
 
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +29,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -50,6 +56,17 @@ type Config struct {
 	// closed as it arrives, before the handshake. Empty: any. Unix-socket clients are this
 	// machine's own, which the socket file's mode governs.
 	Allow []netip.Prefix
+	// TLS is how connections from Serve and ServeConn are offered TLS; the zero value offers none.
+	TLS TLS
+}
+
+// TLS is how the server offers TLS.
+type TLS struct {
+	Mode tlsconf.Mode // Off, On (each client chooses) or Require
+	// Config returns the configuration of a new TLS session. It is called at each
+	// NBD_OPT_STARTTLS, so that certificates loaded again meanwhile serve the next session
+	// (tlsconf.Reloadable's Config). Needed unless Mode is Off.
+	Config func() *tls.Config
 }
 
 const (
@@ -88,6 +105,7 @@ type Server struct {
 	maxPerPeer  int
 	allow       []netip.Prefix
 	refused     [numRefusals]atomic.Uint64 // connections refused as they arrived, by Refusal
+	tls         TLS
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
@@ -114,6 +132,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConnectionsPerPeer < 0 {
 		return nil, fmt.Errorf("nbd: MaxConnectionsPerPeer %d is negative (0 means %d)", cfg.MaxConnectionsPerPeer, defaultMaxPerPeer)
 	}
+	if cfg.TLS.Mode != tlsconf.Off && cfg.TLS.Config == nil {
+		return nil, fmt.Errorf("nbd: TLS mode %s without a TLS configuration", cfg.TLS.Mode)
+	}
 	s := &Server{
 		exports:     append([]Export(nil), cfg.Exports...),
 		byName:      map[string]*Export{},
@@ -122,6 +143,7 @@ func New(cfg Config) (*Server, error) {
 		maxConns:    cfg.MaxConnections,
 		maxPerPeer:  cfg.MaxConnectionsPerPeer,
 		allow:       append([]netip.Prefix(nil), cfg.Allow...),
+		tls:         cfg.TLS,
 
 		handshakeTimeout: defaultHandshakeTimeout,
 		listeners:        map[net.Listener]struct{}{},
@@ -294,16 +316,22 @@ func (s *Server) watchdog() {
 	}
 }
 
-// ServeConn serves one connection to its end, as Serve does each it accepts: for a connection the
-// server did not accept itself (one end of a socketpair whose other end goes to the kernel). remote
-// names the peer in the logs. It closes nc.
-func (s *Server) ServeConn(nc net.Conn, remote string) {
+// ServeConn serves one connection to its end, as Serve does each it accepts, TLS included: for a
+// connection the server did not accept itself. remote names the peer in the logs. It closes nc.
+func (s *Server) ServeConn(nc net.Conn, remote string) { s.serveConn(nc, remote, s.tls.Mode) }
+
+// ServeLocalConn is ServeConn for a connection this process made to itself: one end of a
+// socketpair whose other end goes to the kernel's NBD client (internal/nbd/kernel), which cannot
+// speak TLS and needs none, as nothing it sends crosses a network. Config.TLS does not apply.
+func (s *Server) ServeLocalConn(nc net.Conn, remote string) { s.serveConn(nc, remote, tlsconf.Off) }
+
+func (s *Server) serveConn(nc net.Conn, remote string, tlsMode tlsconf.Mode) {
 	log := s.log.With("remote", remote)
 	if !allowed(s.allow, nc.RemoteAddr()) {
 		s.refuse(nc, log, NotAllowed, "nbd: connection refused: its address is in none of the allowed networks")
 		return
 	}
-	c := &conn{s: s, nc: nc, log: log}
+	c := &conn{s: s, raw: nc, nc: nc, tlsMode: tlsMode, log: log}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -331,7 +359,7 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 	c.src = &source{r: nc}
 	c.br, c.bw = bufio.NewReaderSize(c.src, connBufSize), bufio.NewWriterSize(nc, connBufSize)
 	defer func() {
-		nc.Close()
+		c.nc.Close() // over TLS, after a close_notify alert, which the protocol asks of a server
 		if c.sock != nil {
 			c.sock.close()
 		}
@@ -351,7 +379,7 @@ func (s *Server) ServeConn(nc net.Conn, remote string) {
 	switch {
 	case err == nil:
 		c.log.Debug("nbd: connection closed")
-	case isProtocolError(err):
+	case isProtocolError(err) || errors.As(err, new(*tlsError)):
 		c.log.Warn("nbd: closing connection", "err", err)
 	default:
 		// The client went away or the server is shutting down: nothing anyone must act on.
@@ -380,11 +408,23 @@ func isProtocolError(err error) bool {
 	return errors.As(err, &pe)
 }
 
+// tlsError ends a connection for TLS: a handshake that failed, or a client that asked for an
+// export without the TLS the server requires. It breaks no rule of the protocol, but someone has a
+// certificate or a client's settings to fix, so it is logged as a warning too.
+type tlsError struct{ msg string }
+
+func (e *tlsError) Error() string { return e.msg }
+
 var errShuttingDown = errors.New("nbd: server shutting down")
 
 // conn is one client connection: the handshake, then the transmission phase.
 type conn struct {
-	s  *Server
+	s *Server
+	// raw is the connection as it came; its deadlines and its closing reach the client whatever
+	// runs over it.
+	raw net.Conn
+	// nc is what the protocol runs over: raw, or the TLS session on it after NBD_OPT_STARTTLS
+	// (set under stopMu, before the transmission phase).
 	nc net.Conn
 	br *bufio.Reader // read only by the connection's own goroutine
 	// src is what br reads: nc during the handshake, then sock. It is read directly only while br
@@ -400,6 +440,9 @@ type conn struct {
 	stopping bool // Shutdown was called: no new deadline may be set, no socket detached
 
 	// Negotiated in the handshake, read-only afterwards.
+	tlsMode    tlsconf.Mode // the server's, or Off for a local connection or a client that cannot
+	tlsOn      bool         // the handshake went on over TLS
+	tlsWanted  bool         // an option was refused for want of TLS (logged once)
 	noZeroes   bool
 	structured bool
 	export     *Export
@@ -463,7 +506,7 @@ func (c *conn) setDeadline(t time.Time) error {
 	if c.stopping {
 		return errShuttingDown
 	}
-	return c.nc.SetDeadline(t)
+	return c.raw.SetDeadline(t)
 }
 
 // stop makes the connection's next read of the socket fail, so that its reader stops taking
@@ -475,7 +518,7 @@ func (c *conn) stop() {
 	if c.sock != nil {
 		c.sock.stopReading()
 	} else {
-		c.nc.SetReadDeadline(time.Now())
+		c.raw.SetReadDeadline(time.Now())
 	}
 }
 
@@ -487,7 +530,7 @@ func (c *conn) hangUp() {
 	if sk != nil {
 		sk.hangUp()
 	} else {
-		c.nc.Close()
+		c.raw.Close()
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 	"github.com/tierblk/tierblk/internal/volume"
 )
 
@@ -115,6 +116,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 		{"empty name not first", Config{Exports: []Export{{Name: "a", Device: dev}, {Device: dev}}}, "empty name"},
 		{"long name", Config{Exports: []Export{{Name: strings.Repeat("x", 5000), Device: dev}}}, "longer than"},
 		{"negative in-flight", Config{Exports: []Export{{Device: dev}}, MaxInFlight: -1}, "negative"},
+		{"TLS without its configuration", Config{Exports: []Export{{Device: dev}}, TLS: TLS{Mode: tlsconf.Require}}, "TLS mode require without a TLS configuration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.cfg)
@@ -363,7 +365,7 @@ func TestBadInput(t *testing.T) {
 		}},
 		{"unknown options then go", func(c *nbdtest.RawClient) {
 			c.Greet()
-			for _, opt := range []uint32{proto.OptStartTLS, proto.OptListMetaContext, proto.OptSetMetaContext, 11, 4, 0, 12345, 1 << 31} {
+			for _, opt := range []uint32{proto.OptListMetaContext, proto.OptSetMetaContext, 11, 4, 0, 12345, 1 << 31} {
 				c.Option(opt, []byte("some data"))
 				typ, _ := c.OptReply(opt)
 				require.Equal(c.T, proto.RepErrUnsup, typ)

@@ -1,12 +1,14 @@
 // Package nbdbackend opens an export of a remote NBD server as a backend.Backend, from the URI
 // forms of doc/uri.md of the NBD project: nbd://HOST[:PORT]/EXPORT over TCP (port 10809 by
 // default) and nbd+unix:///EXPORT?socket=PATH over a Unix socket, each with an optional
-// connections=N query.
+// connections=N query; nbds:// and nbds+unix:// are the same over TLS, with libnbd's queries
+// tls-certificates=DIR (internal/tlsconf's layout), tls-verify-peer and tls-hostname.
 //
 // It is a thin layer over the client in internal/nbd/client, which pipelines requests, splits
 // large ones and reconnects. It must never claim an ability the server lacks: without the
 // server's TRIM or WRITE_ZEROES the call fails with backend.ErrNotSupported (so the volume above
-// emulates or skips it), never with a silent success.
+// emulates or skips it), never with a silent success; and never speak in plain to a server that a
+// URL asking for TLS names.
 package nbdbackend
 
 import (
@@ -20,40 +22,43 @@ import (
 
 	"github.com/tierblk/tierblk/internal/nbd/client"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// Example URLs of the two schemes, for help texts and error messages.
+// Example URLs of the schemes, for help texts and error messages.
 const (
-	Usage     = "nbd://HOST[:PORT]/EXPORT[?connections=N]"
-	UnixUsage = "nbd+unix:///EXPORT?socket=PATH[&connections=N]"
+	Usage        = "nbd://HOST[:PORT]/EXPORT[?connections=N]"
+	UnixUsage    = "nbd+unix:///EXPORT?socket=PATH[&connections=N]"
+	TLSUsage     = "nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N]"
+	TLSUnixUsage = "nbds+unix:///EXPORT?socket=PATH[&tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N]"
 )
 
 // maxConnections bounds connections=N: more connections than this only cost the server threads.
 const maxConnections = 64
 
-// clientConfig turns an NBD URL into a client configuration (without a logger or timeouts).
-func clientConfig(u *url.URL) (client.Config, error) {
+// usages are the example URLs by scheme.
+var usages = map[string]string{"nbd": Usage, "nbd+unix": UnixUsage, "nbds": TLSUsage, "nbds+unix": TLSUnixUsage}
+
+// clientConfig turns an NBD URL into a client configuration (without a logger or timeouts), and
+// the TLS it asks for: nil for none, else what to load its configuration from.
+func clientConfig(u *url.URL) (client.Config, *tlsconf.Options, error) {
 	var cfg client.Config
-	usage := Usage
-	if u.Scheme == "nbd+unix" {
-		usage = UnixUsage
+	usage, known := usages[u.Scheme]
+	if !known {
+		usage = Usage
 	}
-	bad := func(format string, args ...any) (client.Config, error) {
-		return client.Config{}, fmt.Errorf("nbd URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), usage)
+	bad := func(format string, args ...any) (client.Config, *tlsconf.Options, error) {
+		return client.Config{}, nil, fmt.Errorf("nbd URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), usage)
 	}
-	switch u.Scheme {
-	case "nbd", "nbd+unix":
-	case "nbds", "nbds+unix":
-		return bad("TLS is not supported")
-	default:
-		return bad("scheme %q is not nbd or nbd+unix", u.Scheme)
+	if !known {
+		return bad("scheme %q is not nbd, nbd+unix, nbds or nbds+unix", u.Scheme)
 	}
 	if u.Opaque != "" {
 		return bad("expected %s:// followed by a host or a third slash", u.Scheme)
 	}
 	if u.User != nil {
-		return bad("user names are for TLS, which is not supported")
+		return bad("user names are for TLS with pre-shared keys, which is not offered (Go's TLS has none); use X.509 certificates")
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
@@ -66,12 +71,12 @@ func clientConfig(u *url.URL) (client.Config, error) {
 	}
 	cfg.Export = strings.TrimPrefix(u.Path, "/")
 
-	if u.Scheme == "nbd" {
+	if !strings.HasSuffix(u.Scheme, "+unix") {
 		if u.Host == "" {
 			return bad("no host")
 		}
 		if _, ok := q["socket"]; ok {
-			return bad("socket= needs the nbd+unix scheme (%s)", UnixUsage)
+			return bad("socket= needs the nbd+unix or nbds+unix scheme")
 		}
 		port := u.Port()
 		if port == "" {
@@ -99,22 +104,55 @@ func clientConfig(u *url.URL) (client.Config, error) {
 		cfg.Connections = n
 		delete(q, "connections")
 	}
+	var tlsOpts *tlsconf.Options
+	if strings.HasPrefix(u.Scheme, "nbds") {
+		// libnbd's defaults: check the server's certificate, for the URL's host if it has one.
+		tlsOpts = &tlsconf.Options{Dir: q.Get("tls-certificates"), VerifyPeer: true, Hostname: u.Hostname()}
+		if _, ok := q["tls-certificates"]; ok && tlsOpts.Dir == "" {
+			return bad("tls-certificates= is empty; give the directory of ca-cert.pem, client-cert.pem and client-key.pem")
+		}
+		if v, ok := q["tls-verify-peer"]; ok {
+			b, err := strconv.ParseBool(v[0])
+			if err != nil {
+				return bad("tls-verify-peer=%s is not true or false", v[0])
+			}
+			tlsOpts.VerifyPeer = b
+		}
+		if v, ok := q["tls-hostname"]; ok {
+			tlsOpts.Hostname = v[0]
+		}
+		delete(q, "tls-certificates")
+		delete(q, "tls-verify-peer")
+		delete(q, "tls-hostname")
+	}
+	if _, ok := q["tls-psk-file"]; ok {
+		return bad("tls-psk-file: pre-shared keys are not offered (Go's TLS has none); use X.509 certificates with tls-certificates=DIR")
+	}
 	if len(q) > 0 {
 		var unknown []string
 		for k := range q {
 			unknown = append(unknown, k)
 		}
 		sort.Strings(unknown)
+		if tlsOpts == nil && strings.HasPrefix(unknown[0], "tls-") {
+			return bad("%s= is for TLS, which the %s scheme does not ask for (%s does)", unknown[0], u.Scheme,
+				strings.Replace(u.Scheme, "nbd", "nbds", 1))
+		}
 		return bad("unknown query parameter %s", strings.Join(unknown, ", "))
 	}
-	return cfg, nil
+	return cfg, tlsOpts, nil
 }
 
 // Open connects to the export the URL names. It matches backend.Factory.
 func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
-	cfg, err := clientConfig(u)
+	cfg, tlsOpts, err := clientConfig(u)
 	if err != nil {
 		return nil, backend.BadURL(err)
+	}
+	if tlsOpts != nil {
+		if cfg.TLS, err = tlsconf.Client(*tlsOpts); err != nil {
+			return nil, fmt.Errorf("nbd URL %q: TLS: %w", u.Redacted(), err)
+		}
 	}
 	cfg.Logger = opts.Logger
 	c, err := client.Dial(context.Background(), cfg)

@@ -16,5 +16,7 @@ func Default() *backend.Registry {
 	r.Register("mem", "mem://SIZE", mem.Open)
 	r.Register("nbd", "nbd://HOST[:PORT]/EXPORT", nbdbackend.Open)
 	r.Register("nbd+unix", "nbd+unix:///EXPORT?socket=PATH", nbdbackend.Open)
+	r.Register("nbds", "nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR]", nbdbackend.Open)
+	r.Register("nbds+unix", "nbds+unix:///EXPORT?socket=PATH[&tls-certificates=DIR]", nbdbackend.Open)
 	return r
 }
