@@ -2,11 +2,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // vmPassMarker is the line vm/init prints when the guest script succeeded.
@@ -52,4 +56,29 @@ func runVMWith(t *testing.T, o vmOptions, guestScript string, disks ...string) {
 
 func TestKernelNBDClient(t *testing.T) {
 	runVM(t, "vm/guest/nbd-client.sh", "64M")
+}
+
+// TestKernelNBDClientTLS: the kernel's client (nbd-client with its certificate) over TLS, ext4 on
+// top, against --tls require --tls-verify-peer; plain clients and clients without a certificate
+// refused (vm/guest/nbd-client-tls.sh).
+func TestKernelNBDClientTLS(t *testing.T) {
+	ca := newPKI(t, "tierblk VM test CA")
+	dirs := map[string]string{"server": ca.issue(serverCert, false, ca), "client": ca.issue(clientCert, false, ca)}
+	var script strings.Builder
+	for _, name := range []string{"server", "client"} {
+		fmt.Fprintf(&script, "mkdir -p /tmp/%s\n", name)
+		files, err := os.ReadDir(dirs[name])
+		require.NoError(t, err)
+		for _, f := range files {
+			b, err := os.ReadFile(filepath.Join(dirs[name], f.Name()))
+			require.NoError(t, err)
+			fmt.Fprintf(&script, "cat >/tmp/%s/%s <<'EOF'\n%sEOF\n", name, f.Name(), b)
+		}
+	}
+	guest, err := os.ReadFile("vm/guest/nbd-client-tls.sh")
+	require.NoError(t, err)
+	script.Write(guest)
+	path := filepath.Join(t.TempDir(), "nbd-client-tls.sh")
+	require.NoError(t, os.WriteFile(path, []byte(script.String()), 0o644))
+	runVM(t, path, "64M")
 }
