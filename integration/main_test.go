@@ -18,7 +18,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,13 +27,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
@@ -144,29 +143,11 @@ func freeTCPAddr(t *testing.T) string {
 	return addr
 }
 
-// syncBuffer collects a child's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // daemon is a running server: `tierblk serve`, or nbdkit as a backend.
 type daemon struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	output *syncBuffer
+	output *nbdtest.Buffer
 	exited chan struct{} // closed when the process has been reaped
 	err    error         // the result of Wait, valid once exited is closed
 	// Unix and TCP are the listen addresses startServe chose (a socket path and HOST:PORT).
@@ -190,7 +171,7 @@ func startServe(t *testing.T, args ...string) *daemon {
 // status 0, and logs the daemon's output when the test failed.
 func startDaemon(t *testing.T, program string, args []string, listen ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, output: &syncBuffer{}, exited: make(chan struct{})}
+	d := &daemon{t: t, output: &nbdtest.Buffer{}, exited: make(chan struct{})}
 	// Registered first so it runs last, after the stop below has collected everything.
 	t.Cleanup(func() {
 		if t.Failed() {

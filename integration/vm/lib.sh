@@ -47,3 +47,54 @@ write_files() {
 check_files() {
 	(cd "$1" && md5sum -c /tmp/sums) || fail "checksums differ $2"
 }
+
+# nbd_sized DEV: wait until the kernel has finished negotiating /dev/DEV: its size shows up.
+nbd_sized() {
+	i=0
+	while [ "$(cat /sys/block/$1/size)" = 0 ]; do
+		i=$((i + 1))
+		[ $i -le 100 ] || fail "/dev/$1 has no size"
+		sleep 0.1
+	done
+}
+
+# ext4_roundtrip WHAT DEV: through /dev/nbd0, which the caller's connect and disconnect attach and
+# detach and which must have the size of DEV (the disk tierblk serves), an ext4 file system and
+# files on it must read back after a reconnect with the guest's page cache dropped; WHAT names the
+# connection in the messages. Leaves in want the md5 of what /dev/nbd0 showed last, for the
+# caller to compare with DEV.
+ext4_roundtrip() {
+	step "connecting /dev/nbd0 $1"
+	connect
+	[ "$(blockdev --getsize64 /dev/nbd0)" = "$(blockdev --getsize64 "$2")" ] ||
+		fail "/dev/nbd0 size $(blockdev --getsize64 /dev/nbd0) != $2 size"
+	step "mkfs.ext4 and writing files"
+	mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
+	mount -t ext4 /dev/nbd0 /mnt || fail "mount"
+	write_files /mnt
+	umount /mnt || fail "umount"
+	disconnect
+
+	step "dropping caches and reconnecting $1"
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	connect
+	mount -t ext4 /dev/nbd0 /mnt || fail "mount after reconnect"
+	check_files /mnt "after reconnect $1"
+	umount /mnt || fail "umount after reconnect"
+	want=$(md5sum </dev/nbd0)
+	disconnect
+}
+
+# stop_and_compare DEV: tierblk ($pid) must exit 0 on SIGTERM, and then DEV hold what /dev/nbd0
+# showed last (want, from ext4_roundtrip), read past the guest's page cache.
+stop_and_compare() {
+	step "stopping tierblk"
+	kill -TERM $pid
+	wait $pid
+	rc=$?
+	cat /tmp/tierblk.log
+	[ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
+	echo 3 >/proc/sys/vm/drop_caches
+	[ "$(md5sum <"$1")" = "$want" ] || fail "$1 differs from what /dev/nbd0 showed"
+}

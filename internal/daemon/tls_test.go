@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,28 +15,11 @@ import (
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/client"
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"github.com/tierblk/tierblk/internal/tlsconf"
 	"github.com/tierblk/tierblk/internal/tlsconf/tlstest"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
-
-// syncBuffer is a log the test reads while the daemon writes it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // The daemon serves with TLS required, and SIGHUP loads its certificates again: a renewed
 // certificate serves the next clients, and one that does not load leaves the old in use.
@@ -49,7 +31,7 @@ func TestTLSAndReload(t *testing.T) {
 	cfg.Exports = []config.Export{{Name: "disk", Backend: "mem://1MiB"}}
 	cfg.Listen = []string{"unix:" + sock}
 	cfg.TLS = config.TLS{Mode: "require", Certificates: certs}
-	log := &syncBuffer{}
+	log := &nbdtest.Buffer{}
 	startLogging(t, cfg, log)
 	require.Contains(t, log.String(), "TLS certificates loaded")
 

@@ -21,12 +21,7 @@ done
 connect() {
 	nbd-client 127.0.0.1 10809 -N vda /dev/nbd0 -tlshostname localhost -cacertfile /tmp/client/ca-cert.pem \
 		-certfile /tmp/client/client-cert.pem -keyfile /tmp/client/client-key.pem || fail "nbd-client connect over TLS"
-	i=0
-	while [ "$(cat /sys/block/nbd0/size)" = 0 ]; do
-		i=$((i + 1))
-		[ $i -le 100 ] || fail "/dev/nbd0 has no size"
-		sleep 0.1
-	done
+	nbd_sized nbd0
 }
 disconnect() { nbd-client -d /dev/nbd0 || fail "nbd-client disconnect"; }
 
@@ -39,34 +34,8 @@ nbd-client 127.0.0.1 10809 -N vda /dev/nbd1 -tlshostname localhost -cacertfile /
 	fail "nbd-client without a client certificate connected to --tls-verify-peer"
 [ "$(cat /sys/block/nbd1/size)" = 0 ] || fail "/dev/nbd1 has a size after a refused connection"
 
-step "connecting /dev/nbd0 over TLS"
-connect
-[ "$(blockdev --getsize64 /dev/nbd0)" = "$(blockdev --getsize64 /dev/vda)" ] ||
-	fail "/dev/nbd0 size $(blockdev --getsize64 /dev/nbd0) != /dev/vda size"
+ext4_roundtrip "over TLS" /dev/vda
 
-step "mkfs.ext4 and writing files"
-mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
-mount -t ext4 /dev/nbd0 /mnt || fail "mount"
-write_files /mnt
-umount /mnt || fail "umount"
-disconnect
-
-step "dropping caches and reconnecting over TLS"
-sync
-echo 3 >/proc/sys/vm/drop_caches
-connect
-mount -t ext4 /dev/nbd0 /mnt || fail "mount after reconnect"
-check_files /mnt "after reconnect over TLS"
-umount /mnt || fail "umount after reconnect"
-want=$(md5sum </dev/nbd0)
-disconnect
-
-step "stopping tierblk"
-kill -TERM $pid
-wait $pid
-rc=$?
-cat /tmp/tierblk.log
-[ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
-[ "$(md5sum </dev/vda)" = "$want" ] || fail "/dev/vda differs from what /dev/nbd0 showed"
+stop_and_compare /dev/vda
 grep -q 'TLS' /tmp/tierblk.log || fail "tierblk logged nothing about the refused clients"
 step "all checks passed"

@@ -25,12 +25,7 @@ start_tierblk() {
 	pid=$!
 	wait_for $sock 60
 	nbd-client -unix $sock -N wb /dev/nbd0 || fail "nbd-client connect"
-	i=0
-	while [ "$(cat /sys/block/nbd0/size)" = 0 ]; do
-		i=$((i + 1))
-		[ $i -le 100 ] || fail "/dev/nbd0 has no size"
-		sleep 0.1
-	done
+	nbd_sized nbd0
 	# Without a volatile write cache the kernel never sends a flush, and fsync proves nothing.
 	[ "$(cat /sys/block/nbd0/queue/write_cache)" = "write back" ] ||
 		fail "/dev/nbd0 write_cache is '$(cat /sys/block/nbd0/queue/write_cache)', want 'write back' (tierblk must advertise FLUSH)"

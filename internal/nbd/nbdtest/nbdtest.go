@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -58,6 +59,24 @@ type Plain struct{ backend.Backend }
 // Logger sends what is logged at level and above to the test's output.
 func Logger(t testing.TB, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+}
+
+// Buffer collects what a logger or a child process writes while the test reads it.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // Server is what Serve serves: the NBD server (*server.Server).

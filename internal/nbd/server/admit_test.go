@@ -1,13 +1,11 @@
 package server
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,31 +53,13 @@ func TestAllowed(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects a logger's output while a test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestAllowList: a TCP client from an address in none of Allow is closed before the server sends
 // it a byte, counted, and logged with its address; a client from an allowed address and a
 // unix-socket client are served. Linux routes all of 127/8 to lo, so a client bound to 127.0.0.2
 // stands for another host.
 func TestAllowList(t *testing.T) {
 	dev, _ := nbdtest.NewVolume(4096, 0, volume.Options{})
-	logs := &lockedBuffer{}
+	logs := &nbdtest.Buffer{}
 	ts := startServer(t, Config{Exports: []Export{{Device: dev}}, Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 

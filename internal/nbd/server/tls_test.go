@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,38 +26,20 @@ const (
 	secretDesc = "the payroll database"
 )
 
-// logBuffer is a log a test reads while the server writes it.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // tlsServer serves an 8 MiB export named secretName with TLS in mode, the server's certificate
 // signed by ca, clients' checked against ca when verifyPeer. The server's log goes to log.
-func tlsServer(t *testing.T, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *logBuffer) {
+func tlsServer(t *testing.T, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *nbdtest.Buffer) {
 	t.Helper()
 	dev, _ := nbdtest.NewVolume(8<<20, 0, volume.Options{MultiConn: true})
 	return tlsServerOf(t, dev, ca, mode, verifyPeer)
 }
 
 // tlsServerOf is tlsServer with the export's device dev.
-func tlsServerOf(t *testing.T, dev volume.Device, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *logBuffer) {
+func tlsServerOf(t *testing.T, dev volume.Device, ca *tlstest.CA, mode tlsconf.Mode, verifyPeer bool) (*Server, *nbdtest.Buffer) {
 	t.Helper()
 	cfg, err := tlsconf.Server(tlsconf.Options{Dir: ca.ServerDir(t), VerifyPeer: verifyPeer})
 	require.NoError(t, err)
-	log := &logBuffer{}
+	log := &nbdtest.Buffer{}
 	s, err := New(Config{
 		Exports: []Export{{Name: secretName, Description: secretDesc, Device: dev}},
 		Logger:  slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelWarn})),
