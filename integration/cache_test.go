@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -279,15 +280,16 @@ func TestCacheRestartWarm(t *testing.T) {
 // the old data or the new). Each cycle runs in another mode, so a restart also changes the mode.
 // TIERBLK_KILL_CYCLES sets the number of cycles (make crash-campaign).
 func TestCacheKill9(t *testing.T) {
-	requireTools(t, "nbdkit")
 	const (
 		seed    = 9
 		region  = 8 << 20 // the blocks the workers use, twice the SSD tier
 		workers = 4
 	)
 	cycles := envCount(t, "TIERBLK_KILL_CYCLES", 10)
-	sock := startNbdkit(t, "memory", "16M")
-	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "512KiB", ssdSize: "4MiB", line: "64KiB"}
+	// A file, not an nbdkit disk: nbdkit 1.32 aborts (an assertion in raw_send_socket) when a
+	// client dies while it sends a reply, which one kill in a few hundred does.
+	image := filepath.Join(shortTempDir(t), "disk.img")
+	o := cacheOpts{backend: fmt.Sprintf("file://%s?size=%d", image, 2*region), dir: shortTempDir(t), ram: "512KiB", ssdSize: "4MiB", line: "64KiB"}
 	m := newBlockModel(region / blockBytes)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	var acked atomic.Int64
@@ -345,9 +347,10 @@ func TestCacheKill9(t *testing.T) {
 		require.NoError(t, c.Close())
 		d.requireStop(syscall.SIGTERM)
 	}
-	direct := dialNBD(t, sock)
+	direct, err := os.Open(image)
+	require.NoError(t, err)
+	defer direct.Close()
 	m.verify(t, direct, "on the backend")
-	require.NoError(t, direct.Close())
 	logCampaign(t, cycles, "kill -9 cycles", m.sectors)
 }
 

@@ -140,27 +140,19 @@ func TestWriteBackKill9(t *testing.T) {
 	cycles := envCount(t, "TIERBLK_KILL_CYCLES", 8)
 	for _, tc := range []struct {
 		name, line, ssdSize string
-		// backend is the size of an nbdkit memory disk, or empty for a sparse file of region+fill
-		// bytes: nbdkit 1.32 aborts (an assertion in raw_send_socket) when a client dies while it
-		// sends a large reply, which the kills in the middle of the reader's 1 MiB reads cause.
-		backend       string
 		fill          int64 // bytes after region that a reader keeps reading
 		durableOneIn  int
 		run           time.Duration // the least a cycle runs before its kill
 		minCheckpoint uint64
 	}{
-		{"64KiB-lines", "64KiB", "4MiB", "16M", 0, 1, 100 * time.Millisecond, 0}, // the region is twice the SSD tier
-		{"4KiB-lines-131k", "4KiB", "512MiB", "", 1 << 30, 100, 1500 * time.Millisecond, 8192},
+		{"64KiB-lines", "64KiB", "4MiB", 0, 1, 100 * time.Millisecond, 0}, // the region is twice the SSD tier
+		{"4KiB-lines-131k", "4KiB", "512MiB", 1 << 30, 100, 1500 * time.Millisecond, 8192},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var sock, image, backend string
-			if tc.backend == "" {
-				image = filepath.Join(shortTempDir(t), "disk.img")
-				backend = fmt.Sprintf("file://%s?size=%d", image, region+tc.fill)
-			} else {
-				sock = startNbdkit(t, "memory", tc.backend)
-				backend = unixURI(sock, "")
-			}
+			// A file, not an nbdkit disk: nbdkit 1.32 aborts (an assertion in raw_send_socket)
+			// when a client dies while it sends a reply, which one kill in a few hundred does.
+			image := filepath.Join(shortTempDir(t), "disk.img")
+			backend := fmt.Sprintf("file://%s?size=%d", image, region+tc.fill)
 			o := cacheOpts{backend: backend, dir: shortTempDir(t), ram: "512KiB", ssdSize: tc.ssdSize, line: tc.line, mode: "writeback"}
 			m := newDurableModel(region / blockBytes)
 			m.durableOneIn = tc.durableOneIn
@@ -231,16 +223,10 @@ func TestWriteBackKill9(t *testing.T) {
 			m.verify(t, c, "after the last restart")
 			require.NoError(t, c.Close())
 			flushAdmin(t, o.admin())
-			if image != "" {
-				d.requireStop(syscall.SIGTERM)
-				sock = startNbdkit(t, "file", image)
-			}
-			direct := dialNBD(t, sock)
+			d.requireStop(syscall.SIGTERM)
+			direct := dialNBD(t, startNbdkit(t, "file", image))
 			m.verifyExact(t, direct, "on the backend after tierblk flush")
 			require.NoError(t, direct.Close())
-			if image == "" {
-				d.requireStop(syscall.SIGTERM)
-			}
 			logCampaign(t, cycles, "kill -9 cycles", m.sectors)
 		})
 	}
