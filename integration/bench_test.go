@@ -1,7 +1,7 @@
 package integration
 
-// Smoke tests of `tierblk bench cache`, `bench writeback` and `bench cold` (internal/bench), which
-// run fio against tierblk, nbdkit and qemu-nbd: with tiny working sets and run times they prove
+// Smoke tests of `tierblk bench nbd`, `bench cache`, `bench writeback` and `bench cold`
+// (internal/bench), which run fio against tierblk, nbdkit and qemu-nbd: with tiny working sets and run times they prove
 // that the servers start, restart, flush and answer and that every row of the tables comes out,
 // not how fast anything is. The benchmarks' arguments, tables and parsers are tested beside them.
 
@@ -66,6 +66,25 @@ func rowNames(re *regexp.Regexp, s string) []string {
 		names = append(names, m[1])
 	}
 	return names
+}
+
+// TestBenchNBDSmoke runs `tierblk bench nbd` with a tiny region and run time: both parts, the
+// unix sockets and TLS over TCP (a certificate made by the benchmark, ports it picked).
+func TestBenchNBDSmoke(t *testing.T) {
+	requireTools(t, "fio", "nbdkit")
+	stdout, _ := runBench(t, benchWorkDir(t), "nbd", "--rounds", "1", "--runtime", "1s", "--size", "8m")
+	var want []string
+	for _, r := range bench.DefaultRows() {
+		want = append(want, r.Name)
+	}
+	// Each part: its caption, then the rows with both servers' figures and the paired ratio.
+	parts := regexp.MustCompile(`(?m)^fio, nbd engine, one job, (.+), 8m of a 1 GiB RAM disk, `).FindAllStringSubmatch(stdout, -1)
+	require.Len(t, parts, 2, "stdout:\n%s", stdout)
+	require.Equal(t, "unix socket", parts[0][1])
+	require.Equal(t, "TCP on 127.0.0.1 with "+bench.TLSCipher, parts[1][1])
+	fig := `([1-9]\d*) (IOPS|MiB/s)`
+	row := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| \d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\) \|$`)
+	require.Equal(t, append(want, want...), rowNames(row, stdout), "stdout:\n%s", stdout)
 }
 
 // TestBenchCacheSmoke runs `tierblk bench cache` with a tiny working set and run times.

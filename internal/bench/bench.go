@@ -1,8 +1,8 @@
 // Package bench holds the measurements behind `tierblk bench`: tierblk against a peer NBD server
-// with fio, in the same run, alternating between them, reported as medians and ratios; tierblk
-// with its cache against tierblk without one where the cache starts cold, with fio and with real
-// block traces replayed through tierblk's NBD client; the simulator's speed; and the restart time
-// and memory of a large SSD tier. Figures from one noisy shared machine mean little alone; the
+// with fio (over unix sockets, or TCP with TLS), in the same run, alternating between them,
+// reported as medians and ratios; tierblk with its cache against tierblk without one where the
+// cache starts cold, with fio and with real block traces replayed through tierblk's NBD client;
+// the simulator's speed; and the restart time and memory of a large SSD tier. Figures from one noisy shared machine mean little alone; the
 // ratio against a peer measured seconds apart (for the SSD tier, an empty tier of the same size)
 // is what we report.
 //
@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,14 +25,78 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/client"
+	"github.com/tierblk/tierblk/internal/tlsconf"
 )
 
 // Target is one NBD server under test.
 type Target struct {
 	Name string
-	// Command starts the server listening on the unix socket sock. It must serve a writable disk of
-	// Options.Size bytes.
+	// Command starts the server listening on the unix socket sock, or where Listen says if it is
+	// set (sock is then not used). It must serve a writable disk of Options.Size bytes.
 	Command func(sock string) *exec.Cmd
+	// Listen, if set, is where the server listens instead of a unix socket of the run's choosing:
+	// a TCP port, with TLS or not.
+	Listen *Endpoint
+}
+
+// endpoint is where t is reached when its unix socket, if it uses one, is sock.
+func (t Target) endpoint(sock string) Endpoint {
+	if t.Listen != nil {
+		return *t.Listen
+	}
+	return Endpoint{Sock: sock}
+}
+
+// Endpoint is where a client reaches a server: a unix socket, or a TCP address, plain or with TLS.
+// URI says it to fio's nbd engine (libnbd), clientConfig to tierblk's NBD client, which checks
+// that a server is ready.
+type Endpoint struct {
+	Sock string // a unix socket's path; or
+	Addr string // HOST:PORT over TCP
+	// TLSDir, if set (with Addr), is a directory WriteTLS wrote: clients start TLS and
+	// tierblk's client checks the server's certificate against its ca-cert.pem, for Addr's host.
+	// fio runs with its GnuTLS priority file (see WriteTLS) and does not check the certificate:
+	// its nbd engine does not let libnbd read tls-certificates= from a URI.
+	TLSDir string
+}
+
+// URI is the endpoint as libnbd reads it: nbd+unix:///?socket=SOCK, nbd://ADDR/ or
+// nbds://ADDR/?tls-verify-peer=false.
+func (e Endpoint) URI() string {
+	switch {
+	case e.Sock != "":
+		return "nbd+unix:///?socket=" + e.Sock
+	case e.TLSDir != "":
+		return "nbds://" + e.Addr + "/?tls-verify-peer=false"
+	default:
+		return "nbd://" + e.Addr + "/"
+	}
+}
+
+// fioEnv is what fio's environment needs beyond this process's to reach the endpoint.
+func (e Endpoint) fioEnv() []string {
+	if e.Sock != "" || e.TLSDir == "" {
+		return nil
+	}
+	return []string{"GNUTLS_SYSTEM_PRIORITY_FILE=" + filepath.Join(e.TLSDir, GnuTLSPriorityFile)}
+}
+
+// clientConfig is tierblk's NBD client's configuration for the endpoint, without a logger.
+func (e Endpoint) clientConfig() (client.Config, error) {
+	if e.Sock != "" {
+		return client.Config{Network: "unix", Address: e.Sock}, nil
+	}
+	cfg := client.Config{Network: "tcp", Address: e.Addr}
+	if e.TLSDir != "" {
+		host, _, err := net.SplitHostPort(e.Addr)
+		if err != nil {
+			return client.Config{}, err
+		}
+		if cfg.TLS, err = tlsconf.Client(tlsconf.Options{Dir: e.TLSDir, VerifyPeer: true, Hostname: host}); err != nil {
+			return client.Config{}, fmt.Errorf("TLS client for %s: %w", e.URI(), err)
+		}
+	}
+	return cfg, nil
 }
 
 // Row is one fio workload.
@@ -75,7 +140,7 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		return nil, errors.New("fio is not installed; run `make deps` (Debian package fio)")
 	}
-	socks := make([]string, len(targets))
+	probes := make([]probe, len(targets))
 	for i, t := range targets {
 		sock := filepath.Join(o.WorkDir, fmt.Sprintf("bench%d.sock", i))
 		stop, err := start(ctx, t, sock)
@@ -83,16 +148,13 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 			return nil, err
 		}
 		defer stop()
-		socks[i] = sock
+		ep := t.endpoint(sock)
 		fmt.Fprintf(o.Log, "prefilling %s (%s)\n", t.Name, o.Size)
 		// Fill the region first so that reads touch written data on every target, not a sparse fast path.
-		if _, err := fio(ctx, sock, o.Size, 0, 0, []string{"--rw=write", "--bs=1M", "--iodepth=8"}); err != nil {
+		if _, err := fio(ctx, ep, o.Size, 0, 0, []string{"--rw=write", "--bs=1M", "--iodepth=8"}); err != nil {
 			return nil, fmt.Errorf("prefill %s: %w", t.Name, err)
 		}
-	}
-	probes := make([]probe, len(targets))
-	for i, t := range targets {
-		probes[i] = probe{name: t.Name, sock: socks[i], runtime: o.Runtime, ramp: time.Second}
+		probes[i] = probe{name: t.Name, ep: ep, runtime: o.Runtime, ramp: time.Second}
 	}
 	var results []Result
 	for _, row := range o.Rows {
@@ -107,7 +169,8 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 
 // probe is how one row is measured on one running server.
 type probe struct {
-	name, sock    string
+	name          string
+	ep            Endpoint
 	runtime, ramp time.Duration
 }
 
@@ -123,7 +186,7 @@ func measure(ctx context.Context, row Row, probes []probe, rounds int, size stri
 		}
 		for _, i := range roundOrder(len(probes), round) {
 			p := probes[i]
-			v, err := fio(ctx, p.sock, size, p.runtime, p.ramp, row.FioArgs)
+			v, err := fio(ctx, p.ep, size, p.runtime, p.ramp, row.FioArgs)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
 			}
@@ -175,8 +238,17 @@ func Table(results []Result, targets []Target) string {
 	return b.String()
 }
 
+// start starts t, its unix socket (unless it has Listen) at sock, and waits until it serves.
 func start(ctx context.Context, t Target, sock string) (stop func(), err error) {
-	os.Remove(sock)
+	ep := t.endpoint(sock)
+	cfg, err := ep.clientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", t.Name, err)
+	}
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	if ep.Sock != "" {
+		os.Remove(ep.Sock)
+	}
 	cmd := t.Command(sock)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -195,10 +267,10 @@ func start(ctx context.Context, t Target, sock string) (stop func(), err error) 
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
-		// A whole handshake, then a polite disconnect: a bare connect and hang-up makes nbdkit
-		// log an error.
+		// A whole handshake (TLS included), then a polite disconnect: a bare connect and hang-up
+		// makes nbdkit log an error.
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		c, err := client.Dial(dctx, client.Config{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
+		c, err := client.Dial(dctx, cfg)
 		cancel()
 		if err == nil {
 			c.Close()
@@ -207,14 +279,18 @@ func start(ctx context.Context, t Target, sock string) (stop func(), err error) 
 		time.Sleep(50 * time.Millisecond)
 	}
 	stop()
-	return nil, fmt.Errorf("%s did not listen on %s within 20s", t.Name, sock)
+	return nil, fmt.Errorf("%s did not serve on %s within 20s", t.Name, ep.URI())
 }
 
 type fioResult struct{ value, bytesPerSec float64 }
 
-// fio runs one job against the socket (see fioArgs).
-func fio(ctx context.Context, sock, size string, runtime, ramp time.Duration, args []string) (fioResult, error) {
-	out, err := exec.CommandContext(ctx, "fio", fioArgs(sock, size, runtime, ramp, args)...).Output()
+// fio runs one job against the endpoint (see fioArgs).
+func fio(ctx context.Context, ep Endpoint, size string, runtime, ramp time.Duration, args []string) (fioResult, error) {
+	cmd := exec.CommandContext(ctx, "fio", fioArgs(ep.URI(), size, runtime, ramp, args)...)
+	if env := ep.fioEnv(); env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
@@ -225,11 +301,11 @@ func fio(ctx context.Context, sock, size string, runtime, ramp time.Duration, ar
 	return parseFio(out)
 }
 
-// fioArgs are fio's arguments for one job with args against the socket; runtime 0 means "once over
-// the size". The first ramp of a timed run is not counted.
-func fioArgs(sock, size string, runtime, ramp time.Duration, args []string) []string {
+// fioArgs are fio's arguments for one job with args against the NBD URI; runtime 0 means "once
+// over the size". The first ramp of a timed run is not counted.
+func fioArgs(uri, size string, runtime, ramp time.Duration, args []string) []string {
 	full := append([]string{
-		"--name=bench", "--ioengine=nbd", "--uri=nbd+unix:///?socket=" + sock,
+		"--name=bench", "--ioengine=nbd", "--uri=" + uri,
 		"--size=" + size, "--numjobs=1", "--output-format=json", "--random_generator=tausworthe64",
 	}, args...)
 	if runtime > 0 {
@@ -267,6 +343,39 @@ func parseFio(out []byte) (fioResult, error) {
 		return fioResult{}, fmt.Errorf("fio job error %d", j.Error)
 	}
 	return fioResult{value: j.Read.IOPS + j.Write.IOPS, bytesPerSec: j.Read.BwBytes + j.Write.BwBytes}, nil
+}
+
+// Ratio is the median of the per-round ratios a/b (two targets measured back to back in each
+// round), and the lowest and highest of them.
+func (r Result) Ratio(a, b string) (mid, lo, hi float64) {
+	ratios := pairedRatios(r.Samples[a], r.Samples[b])
+	return median(ratios), slices.Min(ratios), slices.Max(ratios)
+}
+
+// pairedTable renders results as a Markdown table: the median of each of the targets named, and
+// for each pair {a, b} the median of the per-round ratios a/b, with the lowest and highest.
+func pairedTable(w io.Writer, results []Result, names []string, pairs [][2]string) {
+	var b strings.Builder
+	b.WriteString("| workload |")
+	for _, n := range names {
+		fmt.Fprintf(&b, " %s |", n)
+	}
+	for _, p := range pairs {
+		fmt.Fprintf(&b, " %s / %s (min-max) |", p[0], p[1])
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---:|", len(names)+len(pairs)) + "\n")
+	for _, r := range results {
+		fmt.Fprintf(&b, "| %s |", r.Row)
+		for _, n := range names {
+			fmt.Fprintf(&b, " %.0f %s |", median(r.Samples[n]), r.Unit)
+		}
+		for _, p := range pairs {
+			m, lo, hi := r.Ratio(p[0], p[1])
+			fmt.Fprintf(&b, " %.2f (%.2f-%.2f) |", m, lo, hi)
+		}
+		b.WriteString("\n")
+	}
+	io.WriteString(w, b.String())
 }
 
 // pairedRatios are a[i]/b[i], round by round: two servers measured back to back in each round.

@@ -125,6 +125,9 @@ func (s *server) start(ctx context.Context) error {
 	return err
 }
 
+// endpoint is where clients reach s.
+func (s *server) endpoint() Endpoint { return s.Target.endpoint(s.sock) }
+
 func (s *server) close() {
 	if s.stop != nil {
 		s.stop()
@@ -178,9 +181,9 @@ func RunCache(ctx context.Context, o CacheOptions) ([]Result, error) {
 	}
 	probes := func(ramp time.Duration) []probe {
 		return []probe{
-			{name: tb.Name, sock: tb.sock, runtime: o.Runtime, ramp: ramp},
-			{name: nk.Name, sock: nk.sock, runtime: o.Runtime, ramp: ramp},
-			{name: slow.Name, sock: slow.sock, runtime: o.SlowRuntime, ramp: ramp},
+			{name: tb.Name, ep: tb.endpoint(), runtime: o.Runtime, ramp: ramp},
+			{name: nk.Name, ep: nk.endpoint(), runtime: o.Runtime, ramp: ramp},
+			{name: slow.Name, ep: slow.endpoint(), runtime: o.SlowRuntime, ramp: ramp},
 		}
 	}
 	var results []Result
@@ -214,7 +217,7 @@ func RunCache(ctx context.Context, o CacheOptions) ([]Result, error) {
 func (o CacheOptions) pass(ctx context.Context, s *server, what, rw string) error {
 	fmt.Fprintf(o.Log, "%s %s (%s)\n", what, s.Name, o.Size)
 	began := time.Now()
-	if _, err := fio(ctx, s.sock, o.Size, 0, 0, []string{rw, "--bs=1M", "--iodepth=8"}); err != nil {
+	if _, err := fio(ctx, s.endpoint(), o.Size, 0, 0, []string{rw, "--bs=1M", "--iodepth=8"}); err != nil {
 		return fmt.Errorf("%s %s: %w", what, s.Name, err)
 	}
 	fmt.Fprintf(o.Log, "%s %s took %.1fs\n", what, s.Name, time.Since(began).Seconds())

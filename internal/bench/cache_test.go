@@ -28,7 +28,7 @@ func TestFioArgs(t *testing.T) {
 		{"timed without a ramp", 3 * time.Second, 0, []string{"--time_based", "--runtime=3s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := fioArgs("/s.sock", "128m", tc.runtime, tc.ramp, []string{"--rw=randread"})
+			got := fioArgs("nbd+unix:///?socket=/s.sock", "128m", tc.runtime, tc.ramp, []string{"--rw=randread"})
 			require.Equal(t, append(append([]string{}, base...), tc.tail...), got)
 		})
 	}

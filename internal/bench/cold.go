@@ -370,7 +370,7 @@ func (c *coldRun) measure(ctx context.Context, row ColdRow, sock, name string) (
 			runtime = c.o.SlowRuntime
 		}
 		// No ramp: the cache is cold from the start, and a measurement covers the start.
-		res, err := fio(ctx, sock, c.o.Size, runtime, 0, row.Fio.FioArgs)
+		res, err := fio(ctx, Endpoint{Sock: sock}, c.o.Size, runtime, 0, row.Fio.FioArgs)
 		if err != nil {
 			return 0, fmt.Errorf("%s on %s: %w", row.Name, name, err)
 		}
@@ -437,7 +437,7 @@ func (c *coldRun) commands(rows []ColdRow) []string {
 		if row.Backend == ColdSlow {
 			runtime = c.o.SlowRuntime
 		}
-		args := append([]string{"fio"}, fioArgs(filepath.Join(c.dir, "ROUND", "nbd.sock"), c.o.Size, runtime, 0, row.Fio.FioArgs)...)
+		args := append([]string{"fio"}, fioArgs(Endpoint{Sock: filepath.Join(c.dir, "ROUND", "nbd.sock")}.URI(), c.o.Size, runtime, 0, row.Fio.FioArgs)...)
 		out = append(out, row.Name+" ("+row.Backend+"): "+work(args))
 	}
 	if slices.ContainsFunc(rows, func(r ColdRow) bool { return r.Replay != nil }) {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 )
@@ -69,10 +68,9 @@ type HitResult struct {
 	Samples   map[string][]float64
 }
 
-// Ratio is the median of the per-round ratios a/b.
+// Ratio is the median of the per-round ratios a/b, and the lowest and highest of them.
 func (r HitResult) Ratio(a, b string) (mid, lo, hi float64) {
-	ratios := pairedRatios(r.Samples[a], r.Samples[b])
-	return median(ratios), slices.Min(ratios), slices.Max(ratios)
+	return Result{Samples: r.Samples}.Ratio(a, b)
 }
 
 // RunHits measures the cache's hit paths: 4K and 1M random reads of a working set (o.Size) that
@@ -110,7 +108,7 @@ func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
 				return nil, err
 			}
 		}
-		probes = append(probes, probe{name: t.Name, sock: s.sock, runtime: o.Runtime, ramp: time.Second})
+		probes = append(probes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})
 	}
 	var results []HitResult
 	for _, row := range HitRows() {
@@ -127,21 +125,9 @@ func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
 // per-round ratios that its goals name (tierblk without a RAM tier against qemu-nbd; with a small
 // RAM tier against without), with their lowest and highest.
 func HitTable(w io.Writer, results []HitResult) {
-	pairs := [][2]string{{nameHitsSSD, nameQemuNBD}, {nameHitsRAM, nameHitsSSD}}
-	fmt.Fprintf(w, "| workload | %s | %s | %s |", nameHitsSSD, nameHitsRAM, nameQemuNBD)
-	for _, p := range pairs {
-		fmt.Fprintf(w, " %s / %s (min-max) |", p[0], p[1])
+	rs := make([]Result, len(results))
+	for i, r := range results {
+		rs[i] = Result{Row: r.Row, Unit: r.Unit, Samples: r.Samples}
 	}
-	fmt.Fprintf(w, "\n|---|---:|---:|---:|---:|---:|\n")
-	for _, r := range results {
-		fmt.Fprintf(w, "| %s |", r.Row)
-		for _, name := range []string{nameHitsSSD, nameHitsRAM, nameQemuNBD} {
-			fmt.Fprintf(w, " %.0f %s |", median(r.Samples[name]), r.Unit)
-		}
-		for _, p := range pairs {
-			m, lo, hi := r.Ratio(p[0], p[1])
-			fmt.Fprintf(w, " %.2f (%.2f-%.2f) |", m, lo, hi)
-		}
-		fmt.Fprintln(w)
-	}
+	pairedTable(w, rs, []string{nameHitsSSD, nameHitsRAM, nameQemuNBD}, [][2]string{{nameHitsSSD, nameQemuNBD}, {nameHitsRAM, nameHitsSSD}})
 }

@@ -146,9 +146,9 @@ func RunWriteBack(ctx context.Context, o WriteBackOptions) (WriteBackReport, err
 	var rep WriteBackReport
 	for _, row := range WriteBackRows() {
 		probes := []probe{
-			{name: tb.Name, sock: tb.sock, runtime: o.Runtime, ramp: time.Second},
-			{name: nk.Name, sock: nk.sock, runtime: o.Runtime, ramp: time.Second},
-			{name: slow.Name, sock: slow.sock, runtime: o.SlowRuntime, ramp: time.Second},
+			{name: tb.Name, ep: tb.endpoint(), runtime: o.Runtime, ramp: time.Second},
+			{name: nk.Name, ep: nk.endpoint(), runtime: o.Runtime, ramp: time.Second},
+			{name: slow.Name, ep: slow.endpoint(), runtime: o.SlowRuntime, ramp: time.Second},
 		}
 		r, err := measure(ctx, row, probes, o.Rounds, o.Size, o.Log, func() error { return o.flush(ctx, tb.Name, admin) })
 		if err != nil {
@@ -158,9 +158,9 @@ func RunWriteBack(ctx context.Context, o WriteBackOptions) (WriteBackReport, err
 	}
 	// The burst: once over o.Burst on each, the burst tierblk under the tierblk column.
 	probes := []probe{
-		{name: nameTierblk, sock: tbBurst.sock},
-		{name: nk.Name, sock: nk.sock},
-		{name: slow.Name, sock: slow.sock},
+		{name: nameTierblk, ep: tbBurst.endpoint()},
+		{name: nk.Name, ep: nk.endpoint()},
+		{name: slow.Name, ep: slow.endpoint()},
 	}
 	sampler := startDirtySampler(ctx, burstAdmin, burstSample)
 	r, err := measure(ctx, BurstRow(o.Burst), probes, o.Rounds, o.Burst, o.Log, func() error { return o.flush(ctx, "the burst tierblk", burstAdmin) })

@@ -23,6 +23,8 @@ type benchOpts struct {
 	rounds  int
 	runtime time.Duration
 	size    string
+	parts   []string
+	work    string
 	out     io.Writer
 	log     io.Writer
 }
@@ -45,7 +47,15 @@ func newBenchNBDCmd() *cobra.Command {
 		Short: "Measure tierblk against nbdkit with fio (needs fio and nbdkit)",
 		Long: `Runs fio's nbd engine against 'tierblk serve --backend mem://1GiB' and 'nbdkit memory 1G'
 in the same run, alternating between them each round, and prints the median of each row and the
-ratio tierblk/nbdkit (above 1.0: tierblk is faster).`,
+median of the per-round ratios tierblk/nbdkit with their lowest and highest (above 1.0: tierblk is
+faster). The parts (--parts):
+  plain   both on a unix socket
+  tls     both on a TCP port of 127.0.0.1 each, requiring TLS (--tls require, --tls=require),
+          with a certificate made for the run (ECDSA P-256, for 127.0.0.1); fio's GnuTLS may
+          offer only ` + bench.TLSCipher + `, so that both serve the same
+          cipher (left to choose, nbdkit takes AES-256-GCM and tierblk AES-128-GCM)`,
+		Example: `  tierblk bench nbd
+  tierblk bench nbd --parts tls --rounds 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -56,12 +66,30 @@ ratio tierblk/nbdkit (above 1.0: tierblk is faster).`,
 	f.IntVar(&o.rounds, "rounds", 3, "measurements per row and server (the median is reported)")
 	f.DurationVar(&o.runtime, "runtime", 10*time.Second, "fio run time per measurement")
 	f.StringVar(&o.size, "size", "512m", "region of the 1 GiB disk that fio works on (fio size syntax)")
+	f.StringSliceVar(&o.parts, "parts", bench.NBDParts(), "what to measure: plain (over a unix socket), tls (over TCP with TLS)")
+	f.StringVar(&o.work, "work", "", "directory for the sockets and the TLS certificates (default: a temporary directory)")
 	return cmd
+}
+
+// checkParts checks the parts a --parts flag names against the known ones.
+func checkParts(parts []string, known ...string) error {
+	for _, p := range parts {
+		if !slices.Contains(known, p) {
+			return usageErrorf("--parts: unknown part %q; parts: %s", p, strings.Join(known, ", "))
+		}
+	}
+	if len(parts) == 0 {
+		return usageErrorf("--parts is empty; parts: %s", strings.Join(known, ", "))
+	}
+	return nil
 }
 
 func runBench(ctx context.Context, o benchOpts) error {
 	if o.rounds < 1 || o.runtime < time.Second {
 		return usageErrorf("--rounds must be at least 1 and --runtime at least 1s")
+	}
+	if err := checkParts(o.parts, bench.NBDParts()...); err != nil {
+		return err
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -70,27 +98,43 @@ func runBench(ctx context.Context, o benchOpts) error {
 	if _, err := exec.LookPath("nbdkit"); err != nil {
 		return fmt.Errorf("nbdkit is not installed; run `make deps` (Debian package nbdkit)")
 	}
-	dir, err := os.MkdirTemp("", "tierblk-bench")
+	work, done, err := workDir(o.work, "tierblk-bench")
+	if err != nil {
+		return err
+	}
+	defer done()
+	for _, part := range bench.NBDParts() {
+		if !slices.Contains(o.parts, part) {
+			continue
+		}
+		if err := runBenchPart(ctx, o, part, self, work); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runBenchPart measures one part of `bench nbd` in a directory of its own under work, removed at
+// the end.
+func runBenchPart(ctx context.Context, o benchOpts, part, self, work string) error {
+	dir, err := os.MkdirTemp(work, part)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	targets := []bench.Target{
-		{Name: "tierblk", Command: func(sock string) *exec.Cmd {
-			return exec.Command(self, "serve", "--backend", "mem://1GiB", "--nbd", "unix:"+sock, "--log-level", "warn")
-		}},
-		{Name: "nbdkit", Command: func(sock string) *exec.Cmd {
-			return exec.Command("nbdkit", "-f", "-U", sock, "memory", "1G")
-		}},
+	setup, err := bench.NBDTargets(part, self, dir)
+	if err != nil {
+		return err
 	}
-	res, err := bench.Run(ctx, targets, bench.Options{
+	res, err := bench.Run(ctx, setup.Targets, bench.Options{
 		Rows: bench.DefaultRows(), Rounds: o.rounds, Runtime: o.runtime, Size: o.size, WorkDir: dir, Log: o.log,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, unix socket, %s of a 1 GiB RAM disk, median of %d runs of %s:\n\n%s",
-		o.size, o.rounds, o.runtime, bench.Table(res, targets))
+	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, %s, %s of a 1 GiB RAM disk, median of %d runs of %s; ratio: median of the per-round ratios (lowest-highest):\n\n",
+		setup.Transport, o.size, o.rounds, o.runtime)
+	bench.NBDTable(o.out, res)
 	return nil
 }
 
@@ -176,10 +220,8 @@ func workDir(dir, prefix string) (string, func(), error) {
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
-	for _, p := range o.parts {
-		if p != "slow" && p != "hits" {
-			return usageErrorf("--parts: unknown part %q; parts: slow, hits", p)
-		}
+	if err := checkParts(o.parts, "slow", "hits"); err != nil {
+		return err
 	}
 	done, err := prepareCache(&o.CacheOptions)
 	if err != nil {

@@ -14,8 +14,11 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "sim", "--rounds", "0"},
 		{"bench", "sim", "--policy", "lru,nope"},
 		{"bench", "nbd", "--rounds", "0"},
+		{"bench", "nbd", "--parts", "plain,udp"},
+		{"bench", "nbd", "--parts", ""},
 		{"bench", "cache", "--rounds", "0"},
 		{"bench", "cache", "--slow-runtime", "500ms"},
+		{"bench", "cache", "--parts", "slow,warm"},
 		{"bench", "writeback", "--rounds", "0"},
 		{"bench", "writeback", "--runtime", "0s"},
 		{"bench", "writeback", "--burst", ""},
@@ -39,4 +42,19 @@ func TestBenchUsageErrors(t *testing.T) {
 		require.Error(t, err, "%v", args)
 		require.Equal(t, 2, ExitCode(err), "%v: %v", args, err)
 	}
+}
+
+func TestBenchNBDParts(t *testing.T) {
+	cmd := newBenchNBDCmd()
+	require.Equal(t, "[plain,tls]", cmd.Flags().Lookup("parts").DefValue, "both parts unless told")
+	require.NoError(t, cmd.Flags().Parse([]string{"--parts", "tls"}))
+	parts, err := cmd.Flags().GetStringSlice("parts")
+	require.NoError(t, err)
+	require.Equal(t, []string{"tls"}, parts)
+
+	require.NoError(t, checkParts([]string{"tls", "plain"}, "plain", "tls"))
+	err = checkParts([]string{"plain", "udp"}, "plain", "tls")
+	require.EqualError(t, err, `--parts: unknown part "udp"; parts: plain, tls`)
+	require.Equal(t, 2, ExitCode(err))
+	require.EqualError(t, checkParts(nil, "slow", "hits"), "--parts is empty; parts: slow, hits")
 }
