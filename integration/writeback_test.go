@@ -140,10 +140,10 @@ func TestWriteBackKill9(t *testing.T) {
 	cycles := envCount(t, "TIERBLK_KILL_CYCLES", 8)
 	for _, tc := range []struct {
 		name, line, ssdSize string
-		fill          int64 // bytes after region that a reader keeps reading
-		durableOneIn  int
-		run           time.Duration // the least a cycle runs before its kill
-		minCheckpoint uint64
+		fill                int64 // bytes after region that a reader keeps reading
+		durableOneIn        int
+		run                 time.Duration // the least a cycle runs before its kill
+		minCheckpoint       uint64
 	}{
 		{"64KiB-lines", "64KiB", "4MiB", 0, 1, 100 * time.Millisecond, 0}, // the region is twice the SSD tier
 		{"4KiB-lines-131k", "4KiB", "512MiB", 1 << 30, 100, 1500 * time.Millisecond, 8192},
