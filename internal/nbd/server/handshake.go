@@ -194,7 +194,8 @@ func (c *conn) startTLS(data []byte) error {
 	if err := c.bw.Flush(); err != nil {
 		return err
 	}
-	tc := tls.Server(c.raw, c.s.tls.Config())
+	c.wire = &wire{Conn: c.raw}
+	tc := tls.Server(c.wire, c.s.tls.Config())
 	if err := tc.Handshake(); err != nil {
 		if herr := c.handshakeReadErr(err); errors.Is(herr, errShuttingDown) || isProtocolError(herr) {
 			return herr // shutting down, or out of time

@@ -185,13 +185,13 @@ func (c *conn) writeLarge(hdr, data []byte) {
 			return
 		}
 	}
+	if c.sock != nil && !c.bigSendBuf {
+		c.bigSendBuf = true
+		c.sock.setSendBuffer(sendBufSize)
+	}
 	var err error
-	if c.sock != nil {
-		if !c.bigSendBuf {
-			c.bigSendBuf = true
-			c.sock.setSendBuffer(sendBufSize)
-		}
-		err = c.sock.writev(hdr, data)
+	if c.plain != nil {
+		err = c.plain.writev(hdr, data)
 	} else {
 		bufs := net.Buffers{hdr, data}
 		_, err = bufs.WriteTo(c.nc)

@@ -359,6 +359,9 @@ func (s *Server) serveConn(nc net.Conn, remote string, tlsMode tlsconf.Mode) {
 	c.src = &source{r: nc}
 	c.br, c.bw = bufio.NewReaderSize(c.src, connBufSize), bufio.NewWriterSize(nc, connBufSize)
 	defer func() {
+		if c.wire != nil {
+			c.wire.closing.Store(true)
+		}
 		c.nc.Close() // over TLS, after a close_notify alert, which the protocol asks of a server
 		if c.sock != nil {
 			c.sock.close()
@@ -427,13 +430,16 @@ type conn struct {
 	// (set under stopMu, before the transmission phase).
 	nc net.Conn
 	br *bufio.Reader // read only by the connection's own goroutine
-	// src is what br reads: nc during the handshake, then sock. It is read directly only while br
-	// has nothing buffered.
+	// src is what br reads: nc during the handshake, then plain, or still nc over TLS. It is read
+	// directly only while br has nothing buffered.
 	src *source
 	// sock is the socket detached from the runtime's poller for the transmission phase (see
-	// sock.go); nil while nc is no socket, which then serves the transmission itself. Set by the
-	// connection's goroutine under stopMu before any other goroutine uses it.
-	sock *sock
+	// sock.go); nil while raw is no socket, which then serves the transmission itself. Set by the
+	// connection's goroutine under stopMu before any other goroutine uses it. plain is sock when
+	// the protocol runs on it directly, nil over TLS: only plain may be read or written past nc.
+	sock, plain *sock
+	// wire, over TLS, is what the TLS session reads and writes: raw, then sock (see wire).
+	wire *wire
 	log  *slog.Logger
 
 	stopMu   sync.Mutex
@@ -548,14 +554,78 @@ func (c *conn) detach() error {
 	if err := c.bw.Flush(); err != nil {
 		return err
 	}
-	sk, err := detach(c.nc)
+	raw := c.nc
+	if c.wire != nil {
+		raw = c.wire.Conn
+	}
+	sk, err := detach(raw)
 	if err != nil || sk == nil {
 		return err
 	}
 	sk.beforeWait, sk.looking = c.beforeWait, c.looking
-	c.sock, c.src.r = sk, sk
+	c.sock = sk
+	if c.wire != nil {
+		c.wire.sock = sk // the TLS records go through the socket, the requests stay behind nc
+		return nil
+	}
+	c.plain, c.src.r = sk, sk
 	c.bw.Reset(sk)
 	return nil
+}
+
+// wire is the connection under a TLS session: raw during the handshake, through the runtime's
+// poller, then the detached socket once the transmission phase starts, so that a client over TLS
+// is served as a plain one is (sock.go): the reader looks again before it sleeps, sends the
+// replies held back when the socket is empty (through the session, which encrypts them), and
+// sleeps in the kernel or the idle poller. bench nbd --parts tls measures it against nbdkit.
+type wire struct {
+	net.Conn
+	// sock is set by the connection's goroutine before the transmission phase, before any other
+	// goroutine reads or writes the session.
+	sock *sock
+	// closing is set when the connection ends: the session's last words (close_notify) are sent
+	// only if the socket takes them at once, as a client that does not read would hold them.
+	closing atomic.Bool
+}
+
+func (w *wire) Read(p []byte) (int, error) {
+	if w.sock != nil {
+		return w.sock.Read(p)
+	}
+	return w.Conn.Read(p)
+}
+
+func (w *wire) Write(p []byte) (int, error) {
+	switch {
+	case w.sock == nil:
+		return w.Conn.Write(p)
+	case w.closing.Load():
+		return w.sock.tryWrite(p)
+	}
+	return w.sock.Write(p)
+}
+
+// Deadlines do not reach a detached socket (sock.go): the session's are let pass.
+
+func (w *wire) SetDeadline(t time.Time) error {
+	if w.sock != nil {
+		return nil
+	}
+	return w.Conn.SetDeadline(t)
+}
+
+func (w *wire) SetReadDeadline(t time.Time) error {
+	if w.sock != nil {
+		return nil
+	}
+	return w.Conn.SetReadDeadline(t)
+}
+
+func (w *wire) SetWriteDeadline(t time.Time) error {
+	if w.sock != nil {
+		return nil
+	}
+	return w.Conn.SetWriteDeadline(t)
 }
 
 // source is a reader whose underlying reader can change under a bufio.Reader, and which can be

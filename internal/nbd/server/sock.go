@@ -246,6 +246,18 @@ func (s *sock) Write(p []byte) (int, error) {
 	return done, nil
 }
 
+// tryWrite writes what of p the socket takes without waiting.
+func (s *sock) tryWrite(p []byte) (int, error) {
+	n, e := s.call(unix.SYS_SENDTO, p, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+	if e != 0 {
+		return 0, e
+	}
+	if n < len(p) {
+		return n, io.ErrShortWrite
+	}
+	return n, nil
+}
+
 // writev writes bufs whole in as few system calls as the socket allows (a large reply: its
 // header and its data).
 func (s *sock) writev(bufs ...[]byte) error {

@@ -93,7 +93,35 @@ func TestTLSModes(t *testing.T) {
 							require.ErrorContains(t, err, c.err)
 							return
 						}
+						ts.waitIdle(t) // the connections of the cases before have ended
 						nbdtest.Exercise(t, nbdtest.Dial(t, cfg))
+						// Served as plain clients are, on the detached socket (sock.go), and over
+						// TLS only through the session.
+						require.Eventually(t, func() bool {
+							s.mu.Lock()
+							defer s.mu.Unlock()
+							for sc := range s.conns {
+								sc.stopMu.Lock()
+								detached := sc.sock != nil
+								sc.stopMu.Unlock()
+								if !detached {
+									return false
+								}
+							}
+							return true
+						}, 5*time.Second, time.Millisecond, "the transmission phase runs on the detached socket")
+						s.mu.Lock()
+						defer s.mu.Unlock()
+						for sc := range s.conns {
+							sc.stopMu.Lock()
+							overTLS := sc.wire != nil
+							require.Equal(t, c.tls != nil, overTLS)
+							require.Equal(t, overTLS, sc.plain == nil, "over TLS nothing reads or writes the socket past the session")
+							if overTLS {
+								require.Same(t, sc.sock, sc.wire.sock)
+							}
+							sc.stopMu.Unlock()
+						}
 					})
 				}
 			}

@@ -137,16 +137,16 @@ const directRead = 16 << 10
 // before. dispatch gives those bytes back to br when the request is not such a WRITE: one system
 // call a request fewer in bench writeback's 64K sequential write row.
 func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
-	if !c.direct() || c.sock == nil {
+	if !c.direct() || c.plain == nil {
 		return nil, 0, c.readFull(hdr)
 	}
 	pre = c.getBuf(c.bigLen)
-	n, err := c.sock.recv2(hdr, *pre)
+	n, err := c.plain.recv2(hdr, *pre)
 	if err == nil && n == 0 {
 		err = io.EOF
 	}
 	if err == nil && n < len(hdr) {
-		if err = c.sock.readFull(hdr[n:]); err == io.EOF {
+		if err = c.plain.readFull(hdr[n:]); err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
 	}
@@ -170,8 +170,8 @@ func (c *conn) readFull(p []byte) error {
 		_, err := io.ReadFull(c.br, p)
 		return err
 	}
-	if c.sock != nil {
-		return c.sock.readFull(p)
+	if c.plain != nil {
+		return c.plain.readFull(p)
 	}
 	_, err := io.ReadFull(c.src, p)
 	return err
