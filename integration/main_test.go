@@ -74,6 +74,8 @@ var toolPackages = map[string]string{
 	"qemu-system-x86_64": "qemu-system-x86",
 	"losetup":            "mount",
 	"certtool":           "gnutls-bin",
+	"tgtd":               "tgt",
+	"tgtadm":             "tgt",
 }
 
 // requireTools fails the test (it does not skip: CI must run everything) when a tool is missing.

@@ -1,0 +1,716 @@
+package iscsi
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// A session in full feature phase (RFC 7143 sections 4.2 and 11): any number of goroutines run
+// commands on it at once; one reader goroutine receives every PDU the target sends and hands it to
+// the task its Initiator Task Tag names. A command's own goroutine sends its PDUs (the command,
+// unsolicited data, the data each R2T asks for), so the reader never waits on the connection's
+// sending side, and a buffer is touched only while its command is in flight.
+
+// maxInFlight bounds the commands a session has outstanding, whatever the target's window allows:
+// each holds its caller's buffer, and the NBD server above does not queue deeper.
+const maxInFlight = 128
+
+// timing is how a session watches its connection. Tests shorten it.
+type timing struct {
+	tick      time.Duration // how often the keepalive looks
+	pingAfter time.Duration // idle time after which we ping the target (a NOP-Out)
+	deadAfter time.Duration // silence after which the connection is given up
+	logout    time.Duration // how long Close waits for the Logout Response
+}
+
+var defaultTiming = timing{tick: time.Second, pingAfter: 5 * time.Second, deadAfter: 30 * time.Second, logout: 2 * time.Second}
+
+// taskKind says which PDUs may answer a task.
+type taskKind int
+
+const (
+	kindSCSI   taskKind = iota // SCSI Data-In, R2T, SCSI Response
+	kindPing                   // NOP-In
+	kindLogout                 // Logout Response
+)
+
+// task is one command, ping or logout waiting for the target. The reader goroutine fills in the
+// results and closes done; nothing else writes a task once it is registered.
+type task struct {
+	kind   taskKind
+	itt    uint32
+	read   []byte // where Data-In goes
+	write  []byte // where Data-Out comes from
+	got    int    // Data-In bytes received so far
+	dataSN uint32 // the next Data-In's DataSN
+	r2tSN  uint32 // the next R2T's R2TSN
+	r2ts   chan r2t
+	done   chan struct{}
+
+	status   byte   // SCSI status
+	sense    []byte // the sense data of a CHECK CONDITION
+	digest   error  // a Data-In's data digest failed
+	response byte   // iSCSI response of a SCSI Response or Logout Response
+	err      error  // the task failed: rejected, or the session ended
+}
+
+// r2t is what one Ready To Transfer asks for.
+type r2t struct {
+	ttt      uint32
+	off, len int
+}
+
+// nopReply is a NOP-Out answering a ping of the target, with the ping's data.
+type nopReply struct {
+	h    bhs
+	data []byte
+}
+
+// session is one logged-in session over one connection.
+type session struct {
+	conn   net.Conn
+	p      params
+	lun    uint64 // the LUN field of our PDUs
+	name   string // "TARGET at HOST:PORT", for messages
+	log    *slog.Logger
+	timing timing
+	rd     *pduReader
+
+	wmu sync.Mutex // one PDU at a time on the connection, and commands in CmdSN order
+	wr  *pduWriter
+
+	mu       sync.Mutex
+	window   *sync.Cond // broadcast when MaxCmdSN grows or the session ends
+	cmdSN    uint32     // the CmdSN of the next non-immediate command
+	expCmdSN uint32
+	maxCmdSN uint32
+	tasks    map[uint32]*task
+	lastITT  uint32
+	err      error // why the session ended; set once
+
+	expStatSN  atomic.Uint32 // the StatSN we expect next; the reader's alone to advance
+	lastRecv   atomic.Int64  // when the last PDU came, in Unix nanoseconds
+	pinging    atomic.Bool
+	slots      chan struct{} // one per command in flight
+	nopReplies chan nopReply // answers to the target's pings, for nopSender
+	done       chan struct{} // closed when the reader has ended and failed every task
+	stop       chan struct{} // closed by close, to stop the helpers
+	stopOnce   sync.Once
+}
+
+func newSession(conn net.Conn, res *loginResult, lun uint64, name string, log *slog.Logger, tm timing) *session {
+	s := &session{
+		conn: conn, p: res.params, lun: encodeLUN(lun), name: name, log: log, timing: tm,
+		rd:       newPDUReader(conn, res.params.maxRecvData),
+		wr:       &pduWriter{w: conn},
+		cmdSN:    res.cmdSN,
+		expCmdSN: res.expCmdSN, maxCmdSN: res.maxCmdSN,
+		tasks:      map[uint32]*task{},
+		slots:      make(chan struct{}, maxInFlight),
+		nopReplies: make(chan nopReply, 4),
+		done:       make(chan struct{}),
+		stop:       make(chan struct{}),
+	}
+	s.rd.headerDigest, s.rd.dataDigest = res.params.headerDigest, res.params.dataDigest
+	s.wr.headerDigest, s.wr.dataDigest = res.params.headerDigest, res.params.dataDigest
+	s.window = sync.NewCond(&s.mu)
+	s.expStatSN.Store(res.expStatSN)
+	s.lastRecv.Store(time.Now().UnixNano())
+	go s.receive()
+	go s.keepalive()
+	go s.nopSender()
+	return s
+}
+
+// encodeLUN puts a LUN in SAM's 8-byte form: peripheral addressing below 256, flat space above.
+func encodeLUN(lun uint64) uint64 {
+	if lun < 256 {
+		return lun << 48
+	}
+	return (0x4000 | lun) << 48
+}
+
+// serialLess compares sequence numbers in RFC 1982's serial arithmetic, as RFC 7143 does.
+func serialLess(a, b uint32) bool { return a != b && int32(b-a) > 0 }
+
+// fail ends the session with err (the first error wins) and closes the connection, which ends the
+// reader, which fails every task.
+func (s *session) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.window.Broadcast()
+	s.mu.Unlock()
+	s.stopOnce.Do(func() { close(s.stop) })
+	_ = s.conn.Close()
+}
+
+// ended returns why the session ended, nil while it runs.
+func (s *session) ended() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// register gives t an Initiator Task Tag and makes the reader route PDUs to it.
+func (s *session) register(t *task) error {
+	t.done = make(chan struct{})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	for {
+		s.lastITT++
+		if _, used := s.tasks[s.lastITT]; !used && s.lastITT != reservedTag {
+			break
+		}
+	}
+	t.itt = s.lastITT
+	s.tasks[t.itt] = t
+	return nil
+}
+
+// complete ends t with err; only the reader calls it.
+func (s *session) complete(t *task, err error) {
+	s.mu.Lock()
+	delete(s.tasks, t.itt)
+	s.mu.Unlock()
+	t.err = err
+	close(t.done)
+}
+
+// lockForCommand takes the write lock with a CmdSN in the target's window, waiting for the window
+// to open without holding the lock (the answers to the target's pings need it meanwhile). The
+// caller sends its command and unlocks wmu.
+func (s *session) lockForCommand() (uint32, error) {
+	for {
+		s.wmu.Lock()
+		s.mu.Lock()
+		if s.err != nil {
+			err := s.err
+			s.mu.Unlock()
+			s.wmu.Unlock()
+			return 0, err
+		}
+		if !serialLess(s.maxCmdSN, s.cmdSN) {
+			sn := s.cmdSN
+			s.cmdSN++
+			s.mu.Unlock()
+			return sn, nil
+		}
+		s.wmu.Unlock()
+		s.window.Wait()
+		s.mu.Unlock()
+	}
+}
+
+// nextCmdSN is the CmdSN an immediate PDU carries (it does not advance it).
+func (s *session) nextCmdSN() uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cmdSN
+}
+
+// send writes one PDU; the caller holds wmu. A failed write ends the session.
+func (s *session) send(h *bhs, data []byte) error {
+	h.setExpStatSN(s.expStatSN.Load())
+	if err := s.wr.write(h, data); err != nil {
+		err = fmt.Errorf("iscsi: sending to %s: %w", s.name, err)
+		s.fail(err)
+		return err
+	}
+	return nil
+}
+
+// command runs one SCSI command with cdb, reading into read or writing write (at most one of them
+// non-empty), and returns when the target has answered. The task's results are then the caller's.
+func (s *session) command(cdb []byte, read, write []byte) (*task, error) {
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.done:
+		return nil, s.ended()
+	}
+	defer func() { <-s.slots }()
+	t := &task{kind: kindSCSI, read: read, write: write}
+	if len(write) > 0 {
+		t.r2ts = make(chan r2t, s.p.maxOutstandingR2T)
+	}
+	if err := s.register(t); err != nil {
+		return nil, err
+	}
+	var h bhs
+	h.setOpcode(opSCSICmd, false)
+	h[1] = attrSimple
+	h.setLUN(s.lun)
+	h.setITT(t.itt)
+	copy(h[32:], cdb)
+	var immediate, unsolicited int
+	switch {
+	case len(read) > 0:
+		h[1] |= flagRead
+		h.setU32(20, uint32(len(read)))
+	case len(write) > 0:
+		h[1] |= flagWrite
+		h.setU32(20, uint32(len(write)))
+		if s.p.immediateData {
+			immediate = min(len(write), s.p.firstBurst, s.p.maxSendData)
+		}
+		unsolicited = immediate
+		if !s.p.initialR2T {
+			unsolicited = min(len(write), s.p.firstBurst)
+		}
+	}
+	if unsolicited == immediate {
+		h[1] |= flagFinal // no unsolicited Data-Out follows
+	}
+	sn, err := s.lockForCommand()
+	if err == nil {
+		h.setCmdSN(sn)
+		err = s.send(&h, write[:immediate])
+		if err == nil && unsolicited > immediate {
+			err = s.sendData(t, reservedTag, immediate, unsolicited-immediate)
+		}
+		s.wmu.Unlock()
+	}
+wait:
+	for err == nil {
+		select {
+		case r := <-t.r2ts:
+			s.wmu.Lock()
+			err = s.sendData(t, r.ttt, r.off, r.len)
+			s.wmu.Unlock()
+		case <-t.done:
+			break wait
+		}
+	}
+	// Every path waits for the reader to let go of the task: until then Data-In may land in read.
+	<-t.done
+	return t, t.err
+}
+
+// sendData sends t.write[off:off+n] in Data-Out PDUs of at most the target's
+// MaxRecvDataSegmentLength, for the R2T with ttt (reservedTag: unsolicited data). The caller holds
+// wmu.
+func (s *session) sendData(t *task, ttt uint32, off, n int) error {
+	end := off + n
+	for sn := uint32(0); off < end; sn++ {
+		m := min(end-off, s.p.maxSendData)
+		var h bhs
+		h.setOpcode(opDataOut, false)
+		if off+m == end {
+			h[1] = flagFinal
+		}
+		h.setLUN(s.lun)
+		h.setITT(t.itt)
+		h.setTTT(ttt)
+		h.setU32(36, sn)
+		h.setU32(40, uint32(off))
+		if err := s.send(&h, t.write[off:off+m]); err != nil {
+			return err
+		}
+		off += m
+	}
+	return nil
+}
+
+// receive is the reader goroutine.
+func (s *session) receive() {
+	err := s.receiveLoop()
+	s.fail(err)
+	s.mu.Lock()
+	err, tasks := s.err, s.tasks
+	s.tasks = nil
+	s.mu.Unlock()
+	for _, t := range tasks {
+		t.err = err
+		close(t.done)
+	}
+	close(s.done)
+}
+
+func (s *session) receiveLoop() error {
+	for {
+		h, err := s.rd.next()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("iscsi: connection to %s closed", s.name)
+			}
+			if errors.Is(err, ErrProtocol) {
+				return fmt.Errorf("%s: %w", s.name, err)
+			}
+			return fmt.Errorf("iscsi: connection to %s: %w", s.name, err)
+		}
+		s.lastRecv.Store(time.Now().UnixNano())
+		s.updateWindow(h)
+		switch h.opcode() {
+		case opDataIn:
+			err = s.dataIn(h)
+		case opSCSIResp:
+			err = s.scsiResponse(h)
+		case opR2T:
+			err = s.r2t(h)
+		case opNOPIn:
+			err = s.nopIn(h)
+		case opLogoutResp:
+			err = s.logoutResponse(h)
+		case opReject:
+			err = s.reject(h)
+		case opAsync:
+			err = s.async(h)
+		default:
+			err = fmt.Errorf("%w: unexpected %s", ErrProtocol, h)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+}
+
+// updateWindow takes ExpCmdSN and MaxCmdSN from any PDU of the target; every one carries them.
+func (s *session) updateWindow(h *bhs) {
+	exp, maxSN := h.expCmdSN(), h.maxCmdSN()
+	if serialLess(maxSN, exp-1) {
+		return // RFC 7143 section 4.2.2.1: such a pair is to be ignored
+	}
+	s.mu.Lock()
+	if serialLess(s.expCmdSN, exp) {
+		s.expCmdSN = exp
+	}
+	if serialLess(s.maxCmdSN, maxSN) {
+		s.maxCmdSN = maxSN
+		s.window.Broadcast()
+	}
+	s.mu.Unlock()
+}
+
+// status checks the StatSN of a PDU that carries a status and advances ours: with error recovery
+// level 0, a gap means a status was lost, and the session cannot go on.
+func (s *session) status(h *bhs) error {
+	want := s.expStatSN.Load()
+	if got := h.statSN(); got != want {
+		return fmt.Errorf("%w: %s has StatSN %d, expected %d", ErrProtocol, h, got, want)
+	}
+	s.expStatSN.Store(want + 1)
+	return nil
+}
+
+// taskFor finds the task a PDU answers; one for no task of ours, or of another kind, is an error.
+func (s *session) taskFor(h *bhs, kind taskKind) (*task, error) {
+	s.mu.Lock()
+	t := s.tasks[h.itt()]
+	s.mu.Unlock()
+	if t == nil || t.kind != kind {
+		return nil, fmt.Errorf("%w: %s for no such task of ours", ErrProtocol, h)
+	}
+	return t, nil
+}
+
+func (s *session) dataIn(h *bhs) error {
+	t, err := s.taskFor(h, kindSCSI)
+	if err != nil {
+		return err
+	}
+	n, off := h.dataLen(), int64(h.bufferOffset())
+	switch {
+	case h.dataSN() != t.dataSN:
+		return fmt.Errorf("%w: %s has DataSN %d, expected %d", ErrProtocol, h, h.dataSN(), t.dataSN)
+	case off != int64(t.got):
+		return fmt.Errorf("%w: %s at buffer offset %d, expected %d (data in order was negotiated)", ErrProtocol, h, off, t.got)
+	case n > len(t.read)-t.got:
+		return fmt.Errorf("%w: %s brings %d bytes at offset %d, beyond the %d asked for", ErrProtocol, h, n, off, len(t.read))
+	}
+	t.dataSN++
+	if err := s.rd.readInto(t.read[t.got : t.got+n]); errors.Is(err, errDataDigest) {
+		t.digest = err // the stream is still in step: fail this command only
+	} else if err != nil {
+		return err
+	}
+	t.got += n
+	if h.flags()&flagStatus == 0 {
+		return nil
+	}
+	if h.flags()&flagFinal == 0 {
+		return fmt.Errorf("%w: %s carries a status without the final bit", ErrProtocol, h)
+	}
+	if err := s.status(h); err != nil {
+		return err
+	}
+	t.status = h[3]
+	s.complete(t, nil)
+	return nil
+}
+
+func (s *session) scsiResponse(h *bhs) error {
+	t, err := s.taskFor(h, kindSCSI)
+	if err != nil {
+		return err
+	}
+	if err := s.status(h); err != nil {
+		return err
+	}
+	data, err := s.rd.readData()
+	if err != nil && !errors.Is(err, errDataDigest) {
+		return err
+	}
+	t.response, t.status = h[2], h[3]
+	if err != nil {
+		t.digest = err
+	} else if len(data) >= 2 {
+		n := int(data[0])<<8 | int(data[1])
+		if n > len(data)-2 {
+			return fmt.Errorf("%w: %s: SenseLength %d in a data segment of %d bytes", ErrProtocol, h, n, len(data))
+		}
+		t.sense = append([]byte(nil), data[2:2+n]...)
+	}
+	s.complete(t, nil)
+	return nil
+}
+
+func (s *session) r2t(h *bhs) error {
+	t, err := s.taskFor(h, kindSCSI)
+	if err != nil {
+		return err
+	}
+	if err := s.rd.skip(); err != nil {
+		return err
+	}
+	off, n := int64(h.bufferOffset()), int64(h.desiredLength())
+	switch {
+	case len(t.write) == 0:
+		return fmt.Errorf("%w: %s for a command that writes nothing", ErrProtocol, h)
+	case h.dataSN() != t.r2tSN:
+		return fmt.Errorf("%w: %s has R2TSN %d, expected %d", ErrProtocol, h, h.dataSN(), t.r2tSN)
+	case h.ttt() == reservedTag:
+		return fmt.Errorf("%w: %s without a Target Transfer Tag", ErrProtocol, h)
+	case n == 0 || n > int64(s.p.maxBurst) || off+n > int64(len(t.write)):
+		return fmt.Errorf("%w: %s asks for %d bytes at offset %d of a %d-byte write (MaxBurstLength %d)",
+			ErrProtocol, h, n, off, len(t.write), s.p.maxBurst)
+	}
+	t.r2tSN++
+	select {
+	case t.r2ts <- r2t{ttt: h.ttt(), off: int(off), len: int(n)}:
+		return nil
+	default:
+		return fmt.Errorf("%w: %s beyond MaxOutstandingR2T=%d", ErrProtocol, h, s.p.maxOutstandingR2T)
+	}
+}
+
+func (s *session) nopIn(h *bhs) error {
+	if h.itt() == reservedTag {
+		// The target's own: a ping to answer if it has a Target Transfer Tag, else only news of
+		// the window. Its StatSN does not advance.
+		data, err := s.rd.readData()
+		if err != nil {
+			return err
+		}
+		if h.ttt() == reservedTag {
+			return nil
+		}
+		var out bhs
+		out.setOpcode(opNOPOut, true)
+		out[1] = flagFinal
+		copy(out[8:16], h[8:16])
+		out.setITT(reservedTag)
+		out.setTTT(h.ttt())
+		echo := append([]byte(nil), data[:min(len(data), s.p.maxSendData)]...)
+		select {
+		case s.nopReplies <- nopReply{out, echo}:
+		default:
+			s.log.Warn("iscsi: the target pings faster than we can answer; dropping a ping", "target", s.name)
+		}
+		return nil
+	}
+	t, err := s.taskFor(h, kindPing)
+	if err != nil {
+		return err
+	}
+	if err := s.status(h); err != nil {
+		return err
+	}
+	if err := s.rd.skip(); err != nil {
+		return err
+	}
+	s.complete(t, nil)
+	return nil
+}
+
+func (s *session) logoutResponse(h *bhs) error {
+	t, err := s.taskFor(h, kindLogout)
+	if err != nil {
+		return err
+	}
+	if err := s.status(h); err != nil {
+		return err
+	}
+	if err := s.rd.skip(); err != nil {
+		return err
+	}
+	t.response = h[2]
+	s.complete(t, nil)
+	return nil
+}
+
+// rejectReasons names the reasons of a Reject (RFC 7143 section 11.17.1).
+var rejectReasons = map[byte]string{
+	0x02: "data digest error", 0x03: "SNACK reject", 0x04: "protocol error",
+	0x05: "command not supported", 0x06: "immediate command reject", 0x07: "task in progress",
+	0x08: "invalid data ack", 0x09: "invalid PDU field", 0x0a: "long operation reject",
+	0x0c: "waiting for logout",
+}
+
+func (s *session) reject(h *bhs) error {
+	if err := s.status(h); err != nil {
+		return err
+	}
+	data, err := s.rd.readData()
+	if err != nil {
+		return err
+	}
+	if len(data) < bhsLen {
+		return fmt.Errorf("%w: Reject without the rejected header (%d bytes)", ErrProtocol, len(data))
+	}
+	var rejected bhs
+	copy(rejected[:], data)
+	why := rejectReasons[h[2]]
+	if why == "" {
+		why = "unknown reason"
+	}
+	rerr := fmt.Errorf("iscsi: %s rejected our %s: %s (reason %#02x)", s.name, opName(rejected.opcode()), why, h[2])
+	s.mu.Lock()
+	t := s.tasks[rejected.itt()]
+	s.mu.Unlock()
+	if t == nil || rejected.itt() == reservedTag {
+		s.log.Warn(rerr.Error())
+		return nil
+	}
+	s.complete(t, rerr)
+	return nil
+}
+
+func (s *session) async(h *bhs) error {
+	if err := s.status(h); err != nil {
+		return err
+	}
+	data, err := s.rd.readData()
+	if err != nil {
+		return err
+	}
+	switch event := h[36]; event {
+	case 0: // a SCSI asynchronous event, with sense data
+		msg := "no sense data"
+		if len(data) >= 2 {
+			if sn, err := parseSense(data[2:min(len(data), 2+(int(data[0])<<8|int(data[1])))]); err == nil {
+				msg = sn.String()
+			}
+		}
+		s.log.Warn("iscsi: asynchronous SCSI event", "target", s.name, "sense", msg)
+	case 1, 2, 3:
+		// Logging in again is not implemented yet: end the session with a clear reason rather
+		// than wait for the target to drop us.
+		return fmt.Errorf("iscsi: the target asks us to log out or is dropping the connection (asynchronous event %d)", event)
+	default:
+		s.log.Warn("iscsi: ignored asynchronous message", "target", s.name, "event", event, "code", h[37])
+	}
+	return nil
+}
+
+// keepalive pings an idle target and gives up a connection that has gone silent.
+func (s *session) keepalive() {
+	tick := time.NewTicker(s.timing.tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+		}
+		idle := time.Since(time.Unix(0, s.lastRecv.Load()))
+		switch {
+		case idle > s.timing.deadAfter:
+			s.fail(fmt.Errorf("iscsi: %s sent nothing for %v, not even an answer to a ping", s.name, idle.Round(time.Second)))
+			return
+		case idle > s.timing.pingAfter && !s.pinging.Swap(true):
+			go s.ping()
+		}
+	}
+}
+
+// ping sends a NOP-Out that the target must answer, so that a silent connection is found out.
+func (s *session) ping() {
+	defer s.pinging.Store(false)
+	t := &task{kind: kindPing}
+	if s.register(t) != nil {
+		return
+	}
+	var h bhs
+	h.setOpcode(opNOPOut, true)
+	h[1] = flagFinal
+	h.setITT(t.itt)
+	h.setTTT(reservedTag)
+	s.wmu.Lock()
+	h.setCmdSN(s.nextCmdSN())
+	_ = s.send(&h, nil) // a failure ends the session, and so the task
+	s.wmu.Unlock()
+	<-t.done
+}
+
+// nopSender answers the target's pings, off the reader goroutine.
+func (s *session) nopSender() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case r := <-s.nopReplies:
+			s.wmu.Lock()
+			r.h.setCmdSN(s.nextCmdSN())
+			err := s.send(&r.h, r.data)
+			s.wmu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}
+}
+
+// close logs out (briefly: a target that does not answer is dropped) and ends the session; every
+// call after it fails with backend.ErrClosed.
+func (s *session) close() {
+	if s.ended() == nil {
+		s.logout()
+	}
+	s.fail(fmt.Errorf("%w: iscsi session with %s", backend.ErrClosed, s.name))
+	<-s.done
+}
+
+func (s *session) logout() {
+	t := &task{kind: kindLogout}
+	if s.register(t) != nil {
+		return
+	}
+	var h bhs
+	h.setOpcode(opLogoutReq, true)
+	h[1] = flagFinal // reason 0: close the session
+	h.setITT(t.itt)
+	s.wmu.Lock()
+	h.setCmdSN(s.nextCmdSN())
+	err := s.send(&h, nil)
+	s.wmu.Unlock()
+	if err != nil {
+		return
+	}
+	select {
+	case <-t.done:
+	case <-time.After(s.timing.logout):
+		s.log.Warn("iscsi: no answer to our logout", "target", s.name)
+	}
+}
