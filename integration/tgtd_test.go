@@ -113,7 +113,8 @@ type lunOptions struct {
 	password string
 	// targetUser and targetPassword make the target prove itself (mutual CHAP).
 	targetUser, targetPassword string
-	blockSize                  int // 0: tgtd's 512
+	blockSize                  int  // 0: tgtd's 512
+	digests                    bool // accept only CRC32C header and data digests
 }
 
 // newTarget adds a target whose LUN 1 is the file img, and returns its name.
@@ -141,6 +142,11 @@ func (s *tgtdServer) newTarget(t *testing.T, img string, o lunOptions) string {
 	if o.targetUser != "" {
 		s.mustAdm(t, "--op", "new", "--mode", "account", "--user", o.targetUser, "--password", o.targetPassword)
 		s.mustAdm(t, "--op", "bind", "--mode", "account", "--tid", tid, "--user", o.targetUser, "--outgoing")
+	}
+	if o.digests {
+		for _, d := range []string{"HeaderDigest", "DataDigest"} {
+			s.mustAdm(t, "--op", "update", "--mode", "target", "--tid", tid, "--name", d, "--value", "CRC32C")
+		}
 	}
 	s.mustAdm(t, "--op", "bind", "--mode", "target", "--tid", tid, "-I", "ALL")
 	return iqn

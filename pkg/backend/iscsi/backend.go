@@ -11,9 +11,9 @@
 // negotiated and asked for, sequence numbers, task tags. A malformed or hostile PDU ends the
 // session with an error naming it, never a panic or an allocation sized by the target.
 //
-// It must never claim an ability the LUN lacks (trim without UNMAP fails with
-// backend.ErrNotSupported, write-zeroes falls back to writing zeroes), never report a write done
-// before the target's GOOD status, and never put a CHAP secret in a message.
+// It must never claim an ability the LUN lacks (trim without UNMAP and write-zeroes without WRITE
+// SAME fail with backend.ErrNotSupported, so that the volume above skips or emulates them), never
+// report a write done before the target's GOOD status, and never put a CHAP secret in a message.
 //
 // Error recovery level 0 only, and one connection per session: a lost connection ends the session,
 // and calls fail (with a retryable error) until the backend is opened again.
@@ -76,8 +76,6 @@ type Backend struct {
 	noWriteSame, noWriteSameUnmap, noSync16 atomic.Bool
 	// rmwLocks serialises read-modify-write of partial blocks, striped by block number.
 	rmwLocks [64]sync.Mutex
-	zeroOnce sync.Once
-	zeroes   []byte // one command's worth, for write-zeroes without WRITE SAME
 }
 
 // dial connects, follows redirects, logs in and asks the LUN what it is.
@@ -405,13 +403,18 @@ func (b *Backend) Trim(off, length int64) error {
 
 // WriteZeroes implements backend.ZeroWriter: WRITE SAME(16) of a zero block over the whole blocks
 // (with its UNMAP bit when mayUnmap and the LUN reads unmapped blocks as zeroes), the partial
-// blocks at the ends through read-modify-write. A LUN without WRITE SAME gets zeroes written.
+// blocks at the ends through read-modify-write. A LUN without WRITE SAME(16) fails with
+// backend.ErrNotSupported, so that the caller writes zeroes as data, or not at all where it asked
+// for a fast zero.
 func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
 	if err := b.check(off, length, true); err != nil {
 		return err
 	}
 	if length == 0 {
 		return nil
+	}
+	if b.noWriteSame.Load() {
+		return fmt.Errorf("%w: LUN of %s has no WRITE SAME(16)", backend.ErrNotSupported, b.s.name)
 	}
 	bs := b.li.blockSize
 	lba, end := (off+bs-1)/bs, (off+length)/bs
@@ -433,37 +436,28 @@ func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
 	return b.zeroBlocks(lba, end-lba, mayUnmap)
 }
 
-// zeroBlocks zeroes whole blocks with WRITE SAME, or with writes where the LUN refuses it.
+// zeroBlocks zeroes whole blocks with WRITE SAME(16). The UNMAP bit is set only where unmapped
+// blocks read as zeroes (LBPRZ), as Linux's sd driver does: elsewhere it could leave other data.
 func (b *Backend) zeroBlocks(lba, n int64, mayUnmap bool) error {
-	if !b.noWriteSame.Load() {
-		most := int64(maxWriteSameDefault)
-		if b.li.maxWriteSame > 0 {
-			most = int64(min(b.li.maxWriteSame, 1<<32-1))
-		}
-		block := make([]byte, b.li.blockSize)
-		unmap := mayUnmap && b.li.lbpws && b.li.lbprz && !b.noWriteSameUnmap.Load()
-		err := pieces(lba, n, most, func(l, m int64) error {
-			var flags byte
-			if unmap {
-				flags = cdbUnmapBit
-			}
-			_, err := b.s.exec(cdbBlocks(scsiWriteSame16, flags, uint64(l), uint32(m)), nil, block)
-			if unmap && errors.Is(err, backend.ErrNotSupported) {
-				b.noWriteSameUnmap.Store(true)
-				_, err = b.s.exec(cdbBlocks(scsiWriteSame16, 0, uint64(l), uint32(m)), nil, block)
-			}
-			return err
-		})
-		if !errors.Is(err, backend.ErrNotSupported) {
-			return err
-		}
-		b.noWriteSame.Store(true)
-		b.s.log.Info("iscsi: the LUN has no WRITE SAME(16); writing zeroes instead", "target", b.s.name)
+	most := int64(maxWriteSameDefault)
+	if b.li.maxWriteSame > 0 {
+		most = int64(min(b.li.maxWriteSame, 1<<32-1))
 	}
-	b.zeroOnce.Do(func() { b.zeroes = make([]byte, b.cmdBlocks*b.li.blockSize) })
-	bs := b.li.blockSize
-	return pieces(lba, n, b.cmdBlocks, func(l, m int64) error {
-		_, err := b.s.exec(cdbBlocks(scsiWrite16, 0, uint64(l), uint32(m)), nil, b.zeroes[:m*bs])
+	block := make([]byte, b.li.blockSize)
+	unmap := mayUnmap && b.li.lbpws && b.li.lbprz && !b.noWriteSameUnmap.Load()
+	err := pieces(lba, n, most, func(l, m int64) error {
+		if unmap {
+			_, err := b.s.exec(cdbBlocks(scsiWriteSame16, cdbUnmapBit, uint64(l), uint32(m)), nil, block)
+			if !errors.Is(err, backend.ErrNotSupported) {
+				return err
+			}
+			b.noWriteSameUnmap.Store(true)
+		}
+		_, err := b.s.exec(cdbBlocks(scsiWriteSame16, 0, uint64(l), uint32(m)), nil, block)
 		return err
 	})
+	if errors.Is(err, backend.ErrNotSupported) {
+		b.noWriteSame.Store(true)
+	}
+	return err
 }

@@ -189,11 +189,7 @@ var errNotDisk = errors.New("not a disk")
 // probe asks the LUN what it is: it must be a disk; then its size, limits and abilities.
 func (s *session) probe(lun uint64) (lunInfo, error) {
 	var li lunInfo
-	// TEST UNIT READY takes the UNIT ATTENTION a new session usually starts with, through exec's
-	// retries, before anything whose answer matters.
-	if _, err := s.exec(make([]byte, 6), nil, nil); err != nil {
-		return li, err
-	}
+	// INQUIRY first: it answers even for a LUN that does not exist, and reports no UNIT ATTENTION.
 	inq := make([]byte, 96)
 	n, err := s.exec(cdbInquiry(0, false, uint16(len(inq))), inq, nil)
 	if err != nil {
@@ -209,6 +205,11 @@ func (s *session) probe(lun uint64) (lunInfo, error) {
 		return li, fmt.Errorf("iscsi: LUN %d of %s is %w (peripheral qualifier %d, device type %#02x)", lun, s.name, errNotDisk, q, dt)
 	}
 	li.vendor, li.product = trimASCII(inq[8:16]), trimASCII(inq[16:32])
+	// TEST UNIT READY takes the UNIT ATTENTION a new session usually starts with, through exec's
+	// retries, before anything whose answer matters.
+	if _, err := s.exec(make([]byte, 6), nil, nil); err != nil {
+		return li, err
+	}
 
 	rc := make([]byte, 32)
 	if err := s.readFull(cdbReadCapacity16(uint32(len(rc))), rc); err != nil {
