@@ -88,7 +88,9 @@ func TestISCSIBackendCHAP(t *testing.T) {
 	u, _ := srv.newLUN(t, 1<<20, lunOptions{user: "alice", password: "alice-secret-12"})
 	host, rest, _ := strings.Cut(strings.TrimPrefix(u, "iscsi://"), "/")
 	withUser := func(userinfo string) string { return "iscsi://" + userinfo + "@" + host + "/" + rest }
-	open := func(rawURL string) (backend.Backend, error) { return registry.Default().Open(rawURL, backend.Options{}) }
+	open := func(rawURL string) (backend.Backend, error) {
+		return registry.Default().Open(rawURL, backend.Options{})
+	}
 
 	t.Run("libiscsi form", func(t *testing.T) {
 		b, err := open(withUser("alice%alice-secret-12"))

@@ -238,7 +238,7 @@ func (n *negotiation) params() (params, error) {
 		asked, on bool
 	}{{"HeaderDigest", n.ours["HeaderDigest"] == "CRC32C", p.headerDigest}, {"DataDigest", n.ours["DataDigest"] == "CRC32C", p.dataDigest}} {
 		if d.asked != d.on {
-			return params{}, fmt.Errorf("%w: the target did not agree to %s=%s (it answered %s)", ErrProtocol, d.key, n.ours[d.key], get(d.key))
+			return params{}, fmt.Errorf("%w: the target did not agree to %s=%s (the outcome is %s)", ErrProtocol, d.key, n.ours[d.key], get(d.key))
 		}
 	}
 	if e := get("ErrorRecoveryLevel"); e != "0" {
