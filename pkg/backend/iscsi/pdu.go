@@ -89,7 +89,6 @@ func (h *bhs) expCmdSN() uint32          { return h.u32(28) }
 func (h *bhs) maxCmdSN() uint32          { return h.u32(32) }
 func (h *bhs) dataSN() uint32            { return h.u32(36) } // DataSN of a Data-In, R2TSN of an R2T
 func (h *bhs) bufferOffset() uint32      { return h.u32(40) }
-func (h *bhs) residual() uint32          { return h.u32(44) } // of a SCSI Response or Data-In
 func (h *bhs) desiredLength() uint32     { return h.u32(44) } // of an R2T
 func (h *bhs) lun() uint64               { return binary.BigEndian.Uint64(h[8:]) }
 func (h *bhs) setLUN(l uint64)           { binary.BigEndian.PutUint64(h[8:], l) }
@@ -251,8 +250,14 @@ func (p *pduWriter) write(h *bhs, data []byte) error {
 		binary.LittleEndian.PutUint32(p.tail[len(tail):], crc32c(data, tail))
 		tail = p.tail[:len(tail)+digestLen]
 	}
-	p.bufs = [3][]byte{hdr, data, tail}
-	bufs := net.Buffers(p.bufs[:])
+	// Empty pieces are left out: a connection without vectored writes (net.Pipe) would otherwise
+	// see a zero-length Write, which on a pipe waits for a reader.
+	bufs := net.Buffers(p.bufs[:0])
+	for _, b := range [][]byte{hdr, data, tail} {
+		if len(b) > 0 {
+			bufs = append(bufs, b)
+		}
+	}
 	_, err := bufs.WriteTo(p.w)
 	return err
 }

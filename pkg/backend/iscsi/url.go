@@ -206,7 +206,7 @@ func credentials(u *url.URL, getenv func(string) string) (*secret, error) {
 func checkName(n string) error {
 	lower := strings.ToLower(n)
 	if !strings.HasPrefix(lower, "iqn.") && !strings.HasPrefix(lower, "eui.") && !strings.HasPrefix(lower, "naa.") {
-		return errors.New("an iSCSI name begins with iqn., eui. or naa.")
+		return errors.New(`an iSCSI name begins with "iqn.", "eui." or "naa."`)
 	}
 	if len(n) > maxNameLen {
 		return fmt.Errorf("longer than %d bytes", maxNameLen)

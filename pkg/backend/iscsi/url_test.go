@@ -46,7 +46,7 @@ func TestParseConfig(t *testing.T) {
 		{url: "iscsi://nas/" + iqn, err: "is not /TARGET-IQN/LUN"},
 		{url: "iscsi://nas/" + iqn + "/1/2", err: "is not /TARGET-IQN/LUN"},
 		{url: "iscsi://nas//1", err: "is not /TARGET-IQN/LUN"},
-		{url: "iscsi://nas/disk1/1", err: `target name "disk1": an iSCSI name begins with iqn., eui. or naa.`},
+		{url: "iscsi://nas/disk1/1", err: `target name "disk1": an iSCSI name begins with "iqn.", "eui." or "naa."`},
 		{url: "iscsi://nas/iqn.x%20y/1", err: `holds the character ' '`},
 		{url: "iscsi://nas/" + iqn + "/x", err: `LUN "x" is not a number from 0 to 16383`},
 		{url: "iscsi://nas/" + iqn + "/16384", err: `LUN "16384"`},
