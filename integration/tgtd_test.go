@@ -27,6 +27,8 @@ type tgtdServer struct {
 	control int    // tgtadm's --control-port
 	nextTID int
 	output  *nbdtest.Buffer
+	// accounts are the CHAP accounts made so far, by user: an account is tgtd's, bound to targets.
+	accounts map[string]string
 }
 
 // tgtdControlPorts hands out control ports. tgtd listens for tgtadm on a Unix socket named after
@@ -40,7 +42,8 @@ func startTGTD(t *testing.T) *tgtdServer {
 	t.Helper()
 	requireTools(t, "tgtd", "tgtadm")
 	for attempt := 0; ; attempt++ {
-		srv := &tgtdServer{Addr: freeTCPAddr(t), control: int(tgtdControlPorts.Add(1)), output: &nbdtest.Buffer{}}
+		srv := &tgtdServer{Addr: freeTCPAddr(t), control: int(tgtdControlPorts.Add(1)), output: &nbdtest.Buffer{},
+			accounts: map[string]string{}}
 		cmd := exec.Command("tgtd", "-f", "--iscsi", "portal="+srv.Addr, "--control-port", strconv.Itoa(srv.control))
 		cmd.Stdout, cmd.Stderr = srv.output, srv.output
 		// Its own process group, so that the test's end takes its I/O threads with it.
@@ -136,11 +139,11 @@ func (s *tgtdServer) newTarget(t *testing.T, img string, o lunOptions) string {
 		s.mustAdm(t, "--op", "update", "--mode", "logicalunit", "--tid", tid, "--lun", "1", "--params", "readonly=1")
 	}
 	if o.user != "" {
-		s.mustAdm(t, "--op", "new", "--mode", "account", "--user", o.user, "--password", o.password)
+		s.account(t, o.user, o.password)
 		s.mustAdm(t, "--op", "bind", "--mode", "account", "--tid", tid, "--user", o.user)
 	}
 	if o.targetUser != "" {
-		s.mustAdm(t, "--op", "new", "--mode", "account", "--user", o.targetUser, "--password", o.targetPassword)
+		s.account(t, o.targetUser, o.targetPassword)
 		s.mustAdm(t, "--op", "bind", "--mode", "account", "--tid", tid, "--user", o.targetUser, "--outgoing")
 	}
 	if o.digests {
@@ -152,11 +155,22 @@ func (s *tgtdServer) newTarget(t *testing.T, img string, o lunOptions) string {
 	return iqn
 }
 
+// account makes a CHAP account, once per user.
+func (s *tgtdServer) account(t *testing.T, user, password string) {
+	t.Helper()
+	if p, ok := s.accounts[user]; ok {
+		require.Equal(t, password, p, "tgtd account %s made with another password", user)
+		return
+	}
+	s.mustAdm(t, "--op", "new", "--mode", "account", "--user", user, "--password", password)
+	s.accounts[user] = password
+}
+
 // newLUN creates a file of size bytes (zeroes) for a new target and returns the iSCSI URL of its
 // LUN 1 and the file.
 func (s *tgtdServer) newLUN(t *testing.T, size int64, o lunOptions) (string, string) {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "lun.img")
+	img := filepath.Join(shortTempDir(t), "lun.img") // tgtadm's parameters are split at commas, which test names have
 	f, err := os.Create(img)
 	require.NoError(t, err)
 	require.NoError(t, f.Truncate(size))
