@@ -66,8 +66,6 @@ const (
 	flagRead     = 0x40 // R of a SCSI Command
 	flagWrite    = 0x20 // W of a SCSI Command
 	flagStatus   = 0x01 // S of a Data-In: it carries the status
-	flagUnder    = 0x02 // U of a SCSI Response or Data-In: residual underflow
-	flagOver     = 0x04 // O: residual overflow
 	flagTransit  = 0x80 // T of a Login: go to the next stage
 	attrSimple   = 0x01 // task attribute Simple of a SCSI Command
 	bitImmediate = 0x40 // I in byte 0: deliver now, outside the CmdSN order

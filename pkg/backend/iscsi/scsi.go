@@ -207,7 +207,7 @@ func (s *session) probe(lun uint64) (lunInfo, error) {
 	li.vendor, li.product = trimASCII(inq[8:16]), trimASCII(inq[16:32])
 	// TEST UNIT READY takes the UNIT ATTENTION a new session usually starts with, through exec's
 	// retries, before anything whose answer matters.
-	if _, err := s.exec(make([]byte, 6), nil, nil); err != nil {
+	if _, err := s.exec([]byte{scsiTestUnitReady, 0, 0, 0, 0, 0}, nil, nil); err != nil {
 		return li, err
 	}
 

@@ -1,6 +1,7 @@
 package iscsi
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,9 @@ import (
 // the task its Initiator Task Tag names. A command's own goroutine sends its PDUs (the command,
 // unsolicited data, the data each R2T asks for), so the reader never waits on the connection's
 // sending side, and a buffer is touched only while its command is in flight.
+
+// readBuffer is the size of the session's read buffer.
+const readBuffer = 64 << 10
 
 // maxInFlight bounds the commands a session has outstanding, whatever the target's window allows:
 // each holds its caller's buffer, and the NBD server above does not queue deeper.
@@ -109,7 +113,9 @@ type session struct {
 func newSession(conn net.Conn, res *loginResult, lun uint64, name string, log *slog.Logger, tm timing) *session {
 	s := &session{
 		conn: conn, p: res.params, lun: encodeLUN(lun), name: name, log: log, timing: tm,
-		rd:       newPDUReader(conn, res.params.maxRecvData),
+		// Buffered: a small PDU (a status, an R2T) costs no read of its own, and data longer
+		// than the buffer still goes straight to the caller's buffer.
+		rd:       newPDUReader(bufio.NewReaderSize(conn, readBuffer), res.params.maxRecvData),
 		wr:       &pduWriter{w: conn},
 		cmdSN:    res.cmdSN,
 		expCmdSN: res.expCmdSN, maxCmdSN: res.maxCmdSN,

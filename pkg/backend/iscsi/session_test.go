@@ -113,7 +113,7 @@ func TestSessionCheckCondition(t *testing.T) {
 	res := goCommand(s, cdbBlocks(scsiRead16, 0, 0, 1), buf, nil)
 	req, _ := f.recvOp(opSCSICmd)
 	f.send(dataIn(req, 0, 0, -1), make([]byte, 100))
-	resp := reply(opSCSIResp, flagFinal|flagUnder, req)
+	resp := reply(opSCSIResp, flagFinal|0x02, req) // U: residual underflow
 	resp[3] = statusCheckCondition
 	resp.setU32(44, 412)
 	sense := []byte{0x70, 0, 0x03, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x11, 0x00, 0, 0, 0, 0}
