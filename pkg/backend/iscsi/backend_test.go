@@ -29,7 +29,7 @@ type fakeLUN struct {
 	provisioning byte   // byte 5 of the Logical Block Provisioning VPD page; 0 for no page
 	deviceParam  byte   // the mode parameter header's device-specific byte (WP 0x80, DPOFUA 0x10)
 	refuse       map[byte]bool
-	refuseUnmap  bool // WRITE SAME with the UNMAP bit: invalid field in CDB
+	refuseUnmap  bool   // WRITE SAME with the UNMAP bit: invalid field in CDB
 	failWrites   *Sense // writes end in CHECK CONDITION with this sense
 	mu           sync.Mutex
 	cmds         [][]byte
@@ -240,7 +240,9 @@ func openFake(t *testing.T, lun *fakeLUN) (*Backend, error) {
 	return bk, err
 }
 
-func newFakeLUN(size int) *fakeLUN { return &fakeLUN{disk: make([]byte, size), refuse: map[byte]bool{}} }
+func newFakeLUN(size int) *fakeLUN {
+	return &fakeLUN{disk: make([]byte, size), refuse: map[byte]bool{}}
+}
 
 // A LUN without FUA, SYNCHRONIZE CACHE(16), WRITE SAME or provisioning: FUA writes flush, flush
 // falls back to SYNCHRONIZE CACHE(10) for good, write-zeroes and trim are not supported.
