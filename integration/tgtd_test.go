@@ -62,6 +62,9 @@ func startTGTD(t *testing.T) *tgtdServer {
 		t.Cleanup(func() {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
+			for _, f := range []string{"", ".lock"} { // its control socket, left behind by a kill
+				os.Remove(fmt.Sprintf("/var/run/tgtd/socket.%d%s", srv.control, f))
+			}
 			if t.Failed() {
 				t.Logf("tgtd output:\n%s", srv.output.String())
 			}
