@@ -14,7 +14,7 @@ SSD_SIZE ?= 256MiB
 # Debian packages the tests and benchmarks use: real NBD peers, a kernel under qemu, losetup (mount),
 # certtool (gnutls-bin) for the TLS tests' certificates.
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 

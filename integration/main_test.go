@@ -2,11 +2,13 @@
 // driven over real sockets by real NBD peers (nbdinfo, qemu-io, nbdcopy, fio, nbdkit) and, in a
 // virtual machine, by the Linux kernel's own NBD client.
 //
-// Every test of the other packages that runs one of these tools, qemu-nbd or losetup lives here
+// Every test of the other packages that runs one of these tools, qemu-nbd, tgtd or losetup lives here
 // too, the others beside their packages:
 //   - the NBD server and client (internal/nbd), in this process, against the same peers and
 //     qemu-nbd (nbdserver_test.go, nbdclient_test.go);
 //   - the NBD backend (pkg/backend/nbd) against nbdkit (nbdbackend_test.go);
+//   - the iSCSI backend (pkg/backend/iscsi) against tgtd, alone and under `tierblk serve`
+//     (iscsibackend_test.go, tgtd_test.go);
 //   - the file backend (pkg/backend/file) on a loop device that losetup attaches
 //     (filebackend_test.go);
 //   - fio replaying a log of the trace recorder (internal/trace) (fiolog_test.go);
@@ -74,6 +76,8 @@ var toolPackages = map[string]string{
 	"qemu-system-x86_64": "qemu-system-x86",
 	"losetup":            "mount",
 	"certtool":           "gnutls-bin",
+	"tgtd":               "tgt",
+	"tgtadm":             "tgt",
 }
 
 // requireTools fails the test (it does not skip: CI must run everything) when a tool is missing.

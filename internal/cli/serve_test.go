@@ -142,7 +142,7 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		want string
 	}{
 		{"nothing to serve", nil, "no export"},
-		{"bad scheme", []string{"--backend", "iscsi://nas/lun"}, `--backend: "iscsi://nas/lun" has unknown scheme`},
+		{"bad scheme", []string{"--backend", "tape:///dev/st0"}, `--backend: "tape:///dev/st0" has unknown scheme`},
 		{"bad listen", []string{"--backend", "mem://1MiB", "--nbd", "nowhere"}, `--nbd: "nowhere" is neither`},
 		{"bad level", []string{"--backend", "mem://1MiB", "--log-level", "chatty"}, "--log-level: "},
 		{"bad max in flight", []string{"--backend", "mem://1MiB", "--max-in-flight", "0"}, "--max-in-flight: 0 is out of range"},

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/tlsconf"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // Config is the whole configuration of one daemon.
@@ -81,7 +82,9 @@ func (t *TLS) validate() []error {
 type Export struct {
 	Name        string `yaml:"name"`
 	Description string `yaml:"description"`
-	// Backend is a URL: file:///path, mem://SIZE, nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH.
+	// Backend is a URL: file:///path, mem://SIZE, nbd://HOST:PORT/EXPORT, nbd+unix:///EXPORT?socket=PATH,
+	// iscsi://HOST[:PORT]/TARGET-IQN/LUN (CHAP credentials best from the environment: see
+	// pkg/backend/iscsi).
 	Backend  string `yaml:"backend"`
 	ReadOnly bool   `yaml:"read_only"`
 	// RecordTrace, if set, is a new file that receives every request to this export as a fio
@@ -378,16 +381,19 @@ func checkBackendURL(raw string, schemes []string) error {
 	if raw == "" {
 		return errors.New("missing; give a URL such as file:///srv/disk.img or mem://1GiB")
 	}
-	u, err := url.Parse(raw)
+	// Checked without its password, which may hold what url.Parse refuses (libiscsi's
+	// iscsi://USER%PASSWORD@HOST/...: the backend's own parser reads it) and must not be shown.
+	shown := backend.Redact(raw)
+	u, err := url.Parse(shown)
 	if err != nil {
-		return fmt.Errorf("%q is not a URL: %v", raw, err)
+		return fmt.Errorf("%q is not a URL: %v", shown, err)
 	}
 	for _, s := range schemes {
 		if u.Scheme == s {
 			return nil
 		}
 	}
-	return fmt.Errorf("%q has unknown scheme %q; use one of %s", raw, u.Scheme, strings.Join(schemes, ", "))
+	return fmt.Errorf("%q has unknown scheme %q; use one of %s", shown, u.Scheme, strings.Join(schemes, ", "))
 }
 
 // ParseListenAddr splits "unix:/path" into ("unix", "/path") and "HOST:PORT" into ("tcp", "HOST:PORT").

@@ -42,7 +42,7 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, log *s
 		Mode:       mode,
 		RAM:        cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
 		SSD:        cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
-		BackendID:  e.Backend,
+		BackendID:  backend.Redact(e.Backend), // stored on the SSD tier: no password there
 		WriteBack:  cc.WriteBack.Engine(),
 		Log:        log.With("export", e.Name),
 	}

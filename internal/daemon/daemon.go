@@ -186,7 +186,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 			})
 		}
 		devs = append(devs, dev)
-		log.Info("export", "name", e.Name, "backend", e.Backend, "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
+		log.Info("export", "name", e.Name, "backend", backend.Redact(e.Backend), "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
 	return vols, devs, sources, closeAll, nil
 }

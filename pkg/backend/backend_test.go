@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -115,6 +116,7 @@ func TestRegistryErrors(t *testing.T) {
 		{"tape:///dev/st0", `unknown scheme "tape"; use one of: file:///path, mem://SIZE`},
 		{"/srv/disk.img", `unknown scheme ""`},
 		{"mem://%zz", `backend URL "mem://%zz"`},
+		{"mem://user:secret@%zz", `backend URL "mem://user:xxxxx@%zz"`},
 		{"mem://1Gx", "backend mem://1Gx: mem backend: size"},
 		{"file:///nonexistent-dir/x.img", "backend file:///nonexistent-dir/x.img: /nonexistent-dir/x.img does not exist"},
 	}
@@ -124,6 +126,54 @@ func TestRegistryErrors(t *testing.T) {
 			require.ErrorContains(t, err, c.wantErr)
 			require.Nil(t, b)
 		})
+	}
+}
+
+// A scheme with a parser of its own gets the raw URL through it, and a URL that fails to parse is
+// a mistake in the URL (a usage error) whose message hides the password.
+func TestRegistryParser(t *testing.T) {
+	r := newRegistry()
+	r.Register("odd", "odd://USER%PASSWORD@SIZE", func(u *url.URL, opts backend.Options) (backend.Backend, error) {
+		return mem.Open(&url.URL{Scheme: "mem", Host: u.Host}, opts)
+	})
+	var got string
+	r.RegisterParser("odd", func(raw string) (*url.URL, error) {
+		got = raw
+		if strings.Contains(raw, "bad") {
+			return nil, errors.New("parser says no")
+		}
+		return &url.URL{Scheme: "odd", Host: "1MiB"}, nil
+	})
+	b, err := r.Open("odd://u%p@1MiB", backend.Options{})
+	require.NoError(t, err)
+	require.Equal(t, "odd://u%p@1MiB", got)
+	require.Equal(t, int64(1<<20), b.Size())
+	require.NoError(t, b.Close())
+
+	_, err = r.Open("odd://u%secret@bad", backend.Options{})
+	require.ErrorIs(t, err, backend.ErrBadURL)
+	require.ErrorContains(t, err, `backend URL "odd://u:xxxxx@bad": parser says no`)
+	require.NotContains(t, err.Error(), "secret")
+
+	require.PanicsWithValue(t, "backend: parser for an unregistered scheme: tape", func() {
+		r.RegisterParser("tape", url.Parse)
+	})
+}
+
+func TestRedact(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"iscsi://nas/iqn.2001-04.com.example:disk/1", "iscsi://nas/iqn.2001-04.com.example:disk/1"},
+		{"iscsi://alice@nas/iqn.x:y/1", "iscsi://alice@nas/iqn.x:y/1"},
+		{"iscsi://alice%s3cret@nas:3261/iqn.x:y/1", "iscsi://alice:xxxxx@nas:3261/iqn.x:y/1"},
+		{"iscsi://alice:s3cret@nas/iqn.x:y/1?header_digest=crc32c", "iscsi://alice:xxxxx@nas/iqn.x:y/1?header_digest=crc32c"},
+		{"iscsi://alice:p@ss@nas/x", "iscsi://alice:xxxxx@nas/x"},
+		{"iscsi://:only@nas/x", "iscsi://:xxxxx@nas/x"},
+		{"nbd://nas/export@x", "nbd://nas/export@x"},
+		{"file:///srv/a:b@c.img", "file:///srv/a:b@c.img"},
+		{"mem://1GiB", "mem://1GiB"},
+		{"not a url", "not a url"},
+	} {
+		require.Equal(t, c.want, backend.Redact(c.in), c.in)
 	}
 }
 

@@ -5,6 +5,7 @@ package registry
 import (
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/file"
+	"github.com/tierblk/tierblk/pkg/backend/iscsi"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 	nbdbackend "github.com/tierblk/tierblk/pkg/backend/nbd"
 )
@@ -13,6 +14,8 @@ import (
 func Default() *backend.Registry {
 	r := backend.NewRegistry()
 	r.Register("file", "file:///path/to/disk.img[?size=SIZE][&direct=true]", file.Open)
+	r.Register("iscsi", iscsi.Usage, iscsi.Open)
+	r.RegisterParser("iscsi", iscsi.ParseURL)
 	r.Register("mem", "mem://SIZE", mem.Open)
 	r.Register("nbd", "nbd://HOST[:PORT]/EXPORT", nbdbackend.Open)
 	r.Register("nbd+unix", "nbd+unix:///EXPORT?socket=PATH", nbdbackend.Open)

@@ -1,0 +1,361 @@
+// Package iscsi is a native iSCSI initiator (RFC 7143) that opens one LUN of a target as a
+// backend.Backend: iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN, the URL form of libiscsi
+// and qemu. It logs in with no authentication or with CHAP (MD5; mutual CHAP when the target's
+// credentials are set), negotiates digests and burst sizes, and runs many commands at once over one
+// session: READ(16) and WRITE(16) (with FUA), SYNCHRONIZE CACHE(16) for flush, UNMAP for trim and
+// WRITE SAME(16) for write-zeroes where the LUN has them. Requests at any byte offset are served:
+// partial blocks are read, patched and written back under a lock on those blocks.
+//
+// It is written from the RFC in Go, without cgo or another iSCSI library, so that tierblk owns its
+// protocols. Everything a target sends is checked before it is used: lengths against what was
+// negotiated and asked for, sequence numbers, task tags. A malformed or hostile PDU ends the
+// session with an error naming it, never a panic or an allocation sized by the target.
+//
+// It must never claim an ability the LUN lacks (trim without UNMAP and write-zeroes without WRITE
+// SAME fail with backend.ErrNotSupported, so that the volume above skips or emulates them), never
+// report a write done before the target's GOOD status, and never put a CHAP secret in a message.
+//
+// Error recovery level 0 only, and one connection per session: a lost connection ends the session,
+// and calls fail (with a retryable error) until the backend is opened again.
+package iscsi
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+const (
+	dialTimeout  = 10 * time.Second
+	loginTimeout = 30 * time.Second
+	maxRedirects = 4
+	// maxCommand caps the bytes of one READ or WRITE whatever the target allows, so that a request
+	// is split into commands that can run at once.
+	maxCommand = 1 << 20
+	// maxParallel bounds the commands one request runs at once.
+	maxParallel = 16
+	// maxUnmapDescs bounds the extents of one UNMAP (its parameter list: 8 + 16 per extent).
+	maxUnmapDescs = 64
+	// maxWriteSameDefault bounds one WRITE SAME when the LUN states no limit: a target without
+	// UNMAP writes each block, and one command should not take minutes.
+	maxWriteSameDefault = 1 << 16
+)
+
+// Open logs in to the LUN the URL names. It matches backend.Factory; the registry parses the URL
+// with ParseURL.
+func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
+	cfg, err := parseConfig(u, os.Getenv)
+	if err != nil {
+		return nil, backend.BadURL(err)
+	}
+	return dial(cfg, opts, defaultTiming)
+}
+
+// Backend is one LUN. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter,
+// ReadOnlyReporter and Waiter.
+type Backend struct {
+	s        *session
+	li       lunInfo
+	size     int64
+	readOnly bool
+	// cmdBlocks is the most blocks one READ or WRITE moves.
+	cmdBlocks int64
+	closed    atomic.Bool
+	waits     atomic.Uint64
+	// What the LUN refused once is not asked again.
+	noWriteSame, noWriteSameUnmap, noSync16 atomic.Bool
+	// rmwLocks serialises read-modify-write of partial blocks, striped by block number.
+	rmwLocks [64]sync.Mutex
+}
+
+// dial connects, follows redirects, logs in and asks the LUN what it is.
+func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	initiator := cfg.initiator
+	if initiator == "" {
+		initiator = defaultInitiator()
+	}
+	var isid [6]byte
+	_, _ = rand.Read(isid[1:]) // never fails (crypto/rand)
+	isid[0] = 0x80             // format "random" (RFC 7143 section 11.12.5)
+	addr := cfg.addr
+	for redirects := 0; ; redirects++ {
+		conn, err := net.DialTimeout("tcp", addr, dialTimeout)
+		if err != nil {
+			return nil, fmt.Errorf("iscsi: %w", err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(loginTimeout))
+		res, err := login(conn, &cfg, addr, initiator, isid)
+		var redirect *redirectError
+		if errors.As(err, &redirect) && redirects < maxRedirects {
+			conn.Close()
+			log.Info("iscsi: login redirected", "target", cfg.target, "from", addr, "to", redirect.addr)
+			addr = redirect.addr
+			continue
+		}
+		if err != nil {
+			conn.Close()
+			return nil, err
+		}
+		_ = conn.SetDeadline(time.Time{})
+		s := newSession(conn, res, cfg.lun, cfg.target+" at "+addr, log, tm)
+		b, err := newBackend(s, cfg.lun, opts)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		log.Debug("iscsi: logged in", "target", s.name, "lun", cfg.lun, "vendor", b.li.vendor, "product", b.li.product,
+			"block_size", b.li.blockSize, "size", b.size, "params", fmt.Sprintf("%+v", res.params))
+		return b, nil
+	}
+}
+
+func newBackend(s *session, lun uint64, opts backend.Options) (*Backend, error) {
+	li, err := s.probe(lun)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{s: s, li: li, size: int64(li.blocks) * li.blockSize, readOnly: opts.ReadOnly || li.writeProtect}
+	cmd := min(int64(maxCommand), int64(s.p.maxBurst)) / li.blockSize
+	if li.maxTransfer > 0 {
+		cmd = min(cmd, int64(li.maxTransfer))
+	}
+	b.cmdBlocks = max(cmd, 1)
+	return b, nil
+}
+
+// check validates a request before it reaches the target.
+func (b *Backend) check(off, length int64, write bool) error {
+	switch {
+	case b.closed.Load():
+		return fmt.Errorf("%w: iscsi %s", backend.ErrClosed, b.s.name)
+	case write && b.readOnly:
+		return fmt.Errorf("%w: iscsi %s", backend.ErrReadOnly, b.s.name)
+	}
+	return backend.CheckRange(off, length, b.size)
+}
+
+// Size implements backend.Backend.
+func (b *Backend) Size() int64 { return b.size }
+
+// ReadOnly implements backend.ReadOnlyReporter: opened read-only, or the LUN is write-protected.
+func (b *Backend) ReadOnly() bool { return b.readOnly }
+
+// Waits implements backend.Waiter: every request goes over the network.
+func (b *Backend) Waits() uint64 { return b.waits.Load() }
+
+// Close logs out and closes the connection. It does not flush.
+func (b *Backend) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.s.close()
+	return nil
+}
+
+// ReadAt implements backend.Backend.
+func (b *Backend) ReadAt(p []byte, off int64) (int, error) {
+	if err := b.check(off, int64(len(p)), false); err != nil {
+		return 0, err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b.waits.Add(1)
+	bs := b.li.blockSize
+	if off%bs == 0 && int64(len(p))%bs == 0 {
+		return b.done(len(p), b.readBlocks(p, off/bs))
+	}
+	// Unaligned: read the blocks around the request into a bounce buffer, a window at a time.
+	for rest, pos := p, off; len(rest) > 0; {
+		w, we := b.window(pos, pos+int64(len(rest)))
+		buf := bufpool.Get(int(we - w))
+		err := b.readBlocks((*buf)[:we-w], w/bs)
+		n := copy(rest, (*buf)[pos-w:we-w])
+		bufpool.Put(buf)
+		if err != nil {
+			return 0, err
+		}
+		rest, pos = rest[n:], pos+int64(n)
+	}
+	return len(p), nil
+}
+
+// done is a request's result: all of it, or nothing and the error.
+func (b *Backend) done(n int, err error) (int, error) {
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// WriteAt implements backend.Backend.
+func (b *Backend) WriteAt(p []byte, off int64) (int, error) {
+	return b.write(p, off, false)
+}
+
+// WriteAtFUA implements backend.FUAWriter: the FUA bit where the LUN honours it, else a write and
+// a SYNCHRONIZE CACHE of its blocks.
+func (b *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
+	return b.write(p, off, true)
+}
+
+func (b *Backend) write(p []byte, off int64, fua bool) (int, error) {
+	if err := b.check(off, int64(len(p)), true); err != nil {
+		return 0, err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b.waits.Add(1)
+	bs := b.li.blockSize
+	if off%bs == 0 && int64(len(p))%bs == 0 {
+		return b.done(len(p), b.writeBlocks(p, off/bs, fua))
+	}
+	for rest, pos := p, off; len(rest) > 0; {
+		w, we := b.window(pos, pos+int64(len(rest)))
+		n := int(min(int64(len(rest)), we-pos))
+		buf := bufpool.Get(int(we - w))
+		err := b.rmw((*buf)[:we-w], w, rest[:n], pos, fua)
+		bufpool.Put(buf)
+		if err != nil {
+			return 0, err
+		}
+		rest, pos = rest[n:], pos+int64(n)
+	}
+	return len(p), nil
+}
+
+// Flush implements backend.Backend with a SYNCHRONIZE CACHE of the whole LUN.
+func (b *Backend) Flush() error {
+	if err := b.check(0, 0, false); err != nil {
+		return err
+	}
+	b.waits.Add(1)
+	return b.syncCache(0, 0)
+}
+
+// syncCache makes blocks [lba, lba+n) durable (0, 0: all of them), with SYNCHRONIZE CACHE(16), or
+// (10) on a LUN without it.
+func (b *Backend) syncCache(lba uint64, n uint32) error {
+	if !b.noSync16.Load() {
+		_, err := b.s.exec(cdbBlocks(scsiSyncCache16, 0, lba, n), nil, nil)
+		if !errors.Is(err, backend.ErrNotSupported) {
+			return err
+		}
+		b.noSync16.Store(true)
+	}
+	// The 10-byte form has a 32-bit LBA and a 16-bit count: flush everything.
+	_, err := b.s.exec([]byte{scsiSyncCache10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
+	return err
+}
+
+// Trim implements backend.Trimmer with UNMAP of the whole blocks in the range; the partial blocks
+// at its ends are left as they are (a trim is advisory). A LUN without UNMAP fails with
+// backend.ErrNotSupported.
+func (b *Backend) Trim(off, length int64) error {
+	if err := b.check(off, length, true); err != nil {
+		return err
+	}
+	if !b.li.lbpu {
+		return fmt.Errorf("%w: LUN of %s has no UNMAP", backend.ErrNotSupported, b.s.name)
+	}
+	bs := b.li.blockSize
+	lba, end := (off+bs-1)/bs, (off+length)/bs
+	if lba >= end {
+		return nil
+	}
+	b.waits.Add(1)
+	most := int64(b.li.maxUnmapBlocks)
+	if most == 0 {
+		most = 1<<32 - 1
+	}
+	descs := int(min(max(b.li.maxUnmapDescs, 1), maxUnmapDescs))
+	for l := lba; l < end; {
+		var extents [][2]uint64
+		for l < end && len(extents) < descs {
+			n := min(most, end-l)
+			extents = append(extents, [2]uint64{uint64(l), uint64(n)})
+			l += n
+		}
+		list := unmapList(extents)
+		if _, err := b.s.exec(cdbUnmap(len(list)), nil, list); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WriteZeroes implements backend.ZeroWriter: WRITE SAME(16) of a zero block over the whole blocks
+// (with its UNMAP bit when mayUnmap and the LUN reads unmapped blocks as zeroes), the partial
+// blocks at the ends through read-modify-write. A LUN without WRITE SAME(16) fails with
+// backend.ErrNotSupported, so that the caller writes zeroes as data, or not at all where it asked
+// for a fast zero.
+func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
+	if err := b.check(off, length, true); err != nil {
+		return err
+	}
+	if length == 0 {
+		return nil
+	}
+	if b.noWriteSame.Load() {
+		return fmt.Errorf("%w: LUN of %s has no WRITE SAME(16)", backend.ErrNotSupported, b.s.name)
+	}
+	bs := b.li.blockSize
+	lba, end := (off+bs-1)/bs, (off+length)/bs
+	if lba >= end { // within one block, or across the boundary of two
+		_, err := b.write(make([]byte, length), off, false)
+		return err
+	}
+	if head := lba*bs - off; head > 0 {
+		if _, err := b.write(make([]byte, head), off, false); err != nil {
+			return err
+		}
+	}
+	if tail := off + length - end*bs; tail > 0 {
+		if _, err := b.write(make([]byte, tail), end*bs, false); err != nil {
+			return err
+		}
+	}
+	b.waits.Add(1)
+	return b.zeroBlocks(lba, end-lba, mayUnmap)
+}
+
+// zeroBlocks zeroes whole blocks with WRITE SAME(16). The UNMAP bit is set only where unmapped
+// blocks read as zeroes (LBPRZ), as Linux's sd driver does: elsewhere it could leave other data.
+func (b *Backend) zeroBlocks(lba, n int64, mayUnmap bool) error {
+	most := int64(maxWriteSameDefault)
+	if b.li.maxWriteSame > 0 {
+		most = int64(min(b.li.maxWriteSame, 1<<32-1))
+	}
+	block := make([]byte, b.li.blockSize)
+	unmap := mayUnmap && b.li.lbpws && b.li.lbprz && !b.noWriteSameUnmap.Load()
+	err := pieces(lba, n, most, func(l, m int64) error {
+		if unmap {
+			_, err := b.s.exec(cdbBlocks(scsiWriteSame16, cdbUnmapBit, uint64(l), uint32(m)), nil, block)
+			if !errors.Is(err, backend.ErrNotSupported) {
+				return err
+			}
+			b.noWriteSameUnmap.Store(true)
+		}
+		_, err := b.s.exec(cdbBlocks(scsiWriteSame16, 0, uint64(l), uint32(m)), nil, block)
+		return err
+	})
+	if errors.Is(err, backend.ErrNotSupported) {
+		b.noWriteSame.Store(true)
+	}
+	return err
+}

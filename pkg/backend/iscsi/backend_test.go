@@ -1,0 +1,385 @@
+package iscsi
+
+// The backend's own choices, against a LUN with the abilities each test gives it: what it does
+// where a LUN lacks a command, how it splits requests by the LUN's limits, what it makes of the
+// LUN's errors. The conformance suite runs against tgtd (integration/iscsibackend_test.go), which
+// has every ability.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+const fakeBlock = 512
+
+// fakeLUN is the SCSI side of a fake target: a disk of 512-byte blocks with the abilities a test
+// gives it, that records every command's CDB.
+type fakeLUN struct {
+	disk         []byte
+	devType      byte   // peripheral byte of the standard INQUIRY (0: a disk)
+	blockLimits  []byte // the Block Limits VPD page; nil for none
+	provisioning byte   // byte 5 of the Logical Block Provisioning VPD page; 0 for no page
+	deviceParam  byte   // the mode parameter header's device-specific byte (WP 0x80, DPOFUA 0x10)
+	refuse       map[byte]bool
+	refuseUnmap  bool   // WRITE SAME with the UNMAP bit: invalid field in CDB
+	failWrites   *Sense // writes end in CHECK CONDITION with this sense
+	mu           sync.Mutex
+	cmds         [][]byte
+}
+
+func checkCondition(key, asc, ascq byte) (byte, []byte) {
+	return statusCheckCondition, []byte{0x70, 0, key, 0, 0, 0, 0, 10, 0, 0, 0, 0, asc, ascq, 0, 0, 0, 0}
+}
+
+// handle runs one command: out is its Data-Out, in what goes back.
+func (l *fakeLUN) handle(cdb, out []byte) (status byte, sense, in []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cmds = append(l.cmds, bytes.Clone(cdb))
+	if l.refuse[cdb[0]] {
+		status, sense = checkCondition(keyIllegalRequest, 0x20, 0)
+		return status, sense, nil
+	}
+	lba, n := int(binary.BigEndian.Uint64(cdb[2:])), int(binary.BigEndian.Uint32(cdb[10:]))
+	blocks := func() []byte { return l.disk[lba*fakeBlock : (lba+n)*fakeBlock] }
+	switch cdb[0] {
+	case scsiInquiry:
+		if cdb[1]&cdbEVPD == 0 {
+			in = make([]byte, 96)
+			in[0] = l.devType
+			copy(in[8:], "TIERBLK FAKE            ")
+			return statusGood, nil, in
+		}
+		switch cdb[2] {
+		case vpdSupported:
+			in = []byte{0, 0, 0, 1, vpdSupported}
+			if l.blockLimits != nil {
+				in = append(in, vpdBlockLimits)
+			}
+			if l.provisioning != 0 {
+				in = append(in, vpdProvisioning)
+			}
+			in[3] = byte(len(in) - 4)
+		case vpdBlockLimits:
+			in = l.blockLimits
+		case vpdProvisioning:
+			in = []byte{0, vpdProvisioning, 0, 4, 0, l.provisioning, 0, 0}
+		}
+	case scsiTestUnitReady, scsiSyncCache16, scsiSyncCache10:
+	case scsiServiceIn16:
+		in = make([]byte, 32)
+		binary.BigEndian.PutUint64(in, uint64(len(l.disk)/fakeBlock-1))
+		binary.BigEndian.PutUint32(in[8:], fakeBlock)
+	case scsiModeSense6:
+		in = []byte{3, 0, l.deviceParam, 0}
+	case scsiRead16:
+		in = blocks()
+	case scsiWrite16, scsiWriteSame16:
+		if f := l.failWrites; f != nil {
+			status, sense = checkCondition(f.Key, f.ASC, f.ASCQ)
+			return status, sense, nil
+		}
+		if cdb[0] == scsiWrite16 {
+			copy(blocks(), out)
+			break
+		}
+		if cdb[1]&cdbUnmapBit != 0 && l.refuseUnmap {
+			status, sense = checkCondition(keyIllegalRequest, 0x24, 0)
+			return status, sense, nil
+		}
+		for b := range n {
+			copy(l.disk[(lba+b)*fakeBlock:], out)
+		}
+	case scsiUnmap:
+		for d := out[8:]; len(d) >= 16; d = d[16:] {
+			lba, n := int(binary.BigEndian.Uint64(d)), int(binary.BigEndian.Uint32(d[8:]))
+			clear(l.disk[lba*fakeBlock : (lba+n)*fakeBlock])
+		}
+	default:
+		status, sense = checkCondition(keyIllegalRequest, 0x20, 0)
+	}
+	return status, sense, in
+}
+
+// take returns the CDBs run so far, and forgets them.
+func (l *fakeLUN) take() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cmds := l.cmds
+	l.cmds = nil
+	return cmds
+}
+
+// commands returns the opcodes run so far, and forgets them.
+func (l *fakeLUN) commands() []byte {
+	var ops []byte
+	for _, c := range l.take() {
+		ops = append(ops, c[0])
+	}
+	return ops
+}
+
+// fakeParams have the target ask for every byte of a write beyond the immediate data.
+var fakeParams = params{maxRecvData: 8192, maxSendData: 4096, maxBurst: 16384, firstBurst: 8192,
+	initialR2T: true, immediateData: true, maxOutstandingR2T: 1}
+
+// serveLUN is the target's side of a session for lun, on its own goroutine: it ends when conn
+// closes or the initiator sends what it does not expect, and reports nothing (the test's checks
+// are on what the backend returns and what lun recorded).
+func serveLUN(conn net.Conn, lun *fakeLUN) {
+	rd, wr := newPDUReader(conn, 1<<20), &pduWriter{w: conn}
+	statSN, maxCmdSN := uint32(100), uint32(1000)
+	send := func(h bhs, status bool, data []byte) error {
+		if status {
+			h.setU32(24, statSN)
+			statSN++
+		}
+		h.setU32(28, 1)
+		h.setU32(32, maxCmdSN)
+		maxCmdSN++
+		return wr.write(&h, data)
+	}
+	for {
+		hp, err := rd.next()
+		if err != nil {
+			return
+		}
+		req := *hp
+		data, err := rd.readData()
+		if err != nil {
+			return
+		}
+		switch req.opcode() {
+		case opNOPOut, opLogoutReq:
+			op := byte(opNOPIn)
+			if req.opcode() == opLogoutReq {
+				op = opLogoutResp
+			}
+			if send(reply(op, flagFinal, req), true, nil) != nil {
+				return
+			}
+			continue
+		case opSCSICmd:
+		default:
+			return
+		}
+		edtl := int(req.u32(20))
+		var out []byte
+		if req.flags()&flagWrite != 0 {
+			out = append(out, data...)
+			if len(out) < edtl { // one R2T for the rest: the backend's commands fit MaxBurstLength
+				r := reply(opR2T, flagFinal, req)
+				r.setTTT(1)
+				r.setU32(40, uint32(len(out)))
+				r.setU32(44, uint32(edtl-len(out)))
+				if send(r, false, nil) != nil {
+					return
+				}
+				for len(out) < edtl {
+					if _, err := rd.next(); err != nil {
+						return
+					}
+					d, err := rd.readData()
+					if err != nil {
+						return
+					}
+					out = append(out, d...)
+				}
+			}
+		}
+		status, sense, in := lun.handle(req[32:48], out)
+		if status == statusGood && req.flags()&flagRead != 0 {
+			in = in[:min(len(in), edtl)]
+			for off := 0; ; off += fakeParams.maxRecvData {
+				chunk := in[off:min(len(in), off+fakeParams.maxRecvData)]
+				last := off+len(chunk) == len(in)
+				h := dataIn(req, uint32(off/fakeParams.maxRecvData), uint32(off), -1)
+				if last {
+					h = dataIn(req, uint32(off/fakeParams.maxRecvData), uint32(off), statusGood)
+				}
+				if send(h, last, chunk) != nil {
+					return
+				}
+				if last {
+					break
+				}
+			}
+			continue
+		}
+		resp := reply(opSCSIResp, flagFinal, req)
+		resp[3] = status
+		var seg []byte
+		if len(sense) > 0 {
+			seg = append([]byte{0, byte(len(sense))}, sense...)
+		}
+		if send(resp, true, seg) != nil {
+			return
+		}
+	}
+}
+
+// openFake opens a backend on lun, probing it as a real one would be.
+func openFake(t *testing.T, lun *fakeLUN) (*Backend, error) {
+	a, b := net.Pipe()
+	go serveLUN(b, lun)
+	s := newSession(a, &loginResult{params: fakeParams, cmdSN: 1, expCmdSN: 1, maxCmdSN: 32, expStatSN: 100},
+		1, "iqn.2026-01.test:fake at pipe", testLog, quietTiming)
+	t.Cleanup(func() { s.close(); b.Close() })
+	bk, err := newBackend(s, 1, backend.Options{})
+	if err == nil {
+		lun.commands() // the probe's
+	}
+	return bk, err
+}
+
+func newFakeLUN(size int) *fakeLUN {
+	return &fakeLUN{disk: make([]byte, size), refuse: map[byte]bool{}}
+}
+
+// A LUN without FUA, SYNCHRONIZE CACHE(16), WRITE SAME or provisioning: FUA writes flush, flush
+// falls back to SYNCHRONIZE CACHE(10) for good, write-zeroes and trim are not supported.
+func TestBackendWithoutAbilities(t *testing.T) {
+	lun := newFakeLUN(1 << 20)
+	lun.refuse[scsiSyncCache16] = true
+	lun.refuse[scsiWriteSame16] = true
+	b, err := openFake(t, lun)
+	require.NoError(t, err)
+
+	_, err = b.WriteAtFUA(bytes.Repeat([]byte{7}, 4096), 8192)
+	require.NoError(t, err)
+	require.Equal(t, []byte{scsiWrite16, scsiSyncCache16, scsiSyncCache10}, lun.commands(), "FUA without DPOFUA: write, then flush")
+	require.Equal(t, bytes.Repeat([]byte{7}, 4096), lun.disk[8192:12288])
+	require.NoError(t, b.Flush())
+	require.Equal(t, []byte{scsiSyncCache10}, lun.commands(), "SYNCHRONIZE CACHE(16) is not tried again")
+
+	err = b.WriteZeroes(0, 8192, true)
+	require.ErrorIs(t, err, backend.ErrNotSupported)
+	require.Equal(t, []byte{scsiWriteSame16}, lun.commands())
+	require.ErrorIs(t, b.WriteZeroes(0, 8192, false), backend.ErrNotSupported)
+	require.Empty(t, lun.commands(), "WRITE SAME is not tried again")
+
+	require.ErrorIs(t, b.Trim(0, 8192), backend.ErrNotSupported)
+	require.Empty(t, lun.commands())
+}
+
+// A LUN with every ability: FUA in the write, UNMAP split by the LUN's limits, WRITE SAME with
+// UNMAP where unmapped blocks read as zeroes, and without it once the LUN refuses the bit.
+func TestBackendWithAbilities(t *testing.T) {
+	lun := newFakeLUN(1 << 20)
+	lun.deviceParam = 0x10 // DPOFUA
+	lun.provisioning = 0xe4
+	lun.blockLimits = make([]byte, 64)
+	binary.BigEndian.PutUint32(lun.blockLimits[8:], 4)   // maximum transfer: 4 blocks
+	binary.BigEndian.PutUint32(lun.blockLimits[20:], 8)  // maximum unmap LBA count
+	binary.BigEndian.PutUint32(lun.blockLimits[24:], 2)  // maximum unmap descriptors
+	binary.BigEndian.PutUint64(lun.blockLimits[36:], 16) // maximum WRITE SAME length
+	b, err := openFake(t, lun)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), b.cmdBlocks)
+
+	pattern := bytes.Repeat([]byte("0123456789abcdef"), 640) // 10240 bytes: 20 blocks
+	_, err = b.WriteAtFUA(pattern, 0)
+	require.NoError(t, err)
+	cmds := lun.take()
+	require.Len(t, cmds, 5, "20 blocks, 4 at a time")
+	for _, c := range cmds {
+		require.Equal(t, byte(scsiWrite16), c[0])
+		require.Equal(t, byte(cdbFUA), c[1], "the FUA bit, no flush")
+	}
+	got := make([]byte, len(pattern)-3)
+	_, err = b.ReadAt(got, 3)
+	require.NoError(t, err)
+	require.Equal(t, pattern[3:], got)
+	require.Len(t, lun.commands(), 5)
+
+	// Blocks 1 to 20 whole; the 100 bytes of block 0 and the end of block 21 are left.
+	lun.disk = bytes.Repeat([]byte{1}, len(lun.disk))
+	require.NoError(t, b.Trim(412, 20*fakeBlock+200))
+	require.Equal(t, []byte{scsiUnmap, scsiUnmap}, lun.commands(), "20 blocks: 8+8 in one UNMAP, 4 in a second")
+	require.Equal(t, bytes.Repeat([]byte{1}, fakeBlock), lun.disk[:fakeBlock])
+	require.Equal(t, make([]byte, 20*fakeBlock), lun.disk[fakeBlock:21*fakeBlock])
+	require.Equal(t, byte(1), lun.disk[21*fakeBlock])
+
+	lun.disk = bytes.Repeat([]byte{1}, len(lun.disk))
+	require.NoError(t, b.WriteZeroes(fakeBlock, 32*fakeBlock, true))
+	cmds = lun.take()
+	require.Len(t, cmds, 2, "32 blocks, 16 at a time")
+	require.Equal(t, byte(cdbUnmapBit), cmds[0][1]&cdbUnmapBit)
+	require.Equal(t, make([]byte, 32*fakeBlock), lun.disk[fakeBlock:33*fakeBlock])
+
+	lun.refuseUnmap = true
+	require.NoError(t, b.WriteZeroes(0, 16*fakeBlock, true))
+	require.Equal(t, []byte{scsiWriteSame16, scsiWriteSame16}, lun.commands(), "refused with UNMAP, then without")
+	require.NoError(t, b.WriteZeroes(0, 16*fakeBlock, true))
+	require.Equal(t, []byte{scsiWriteSame16}, lun.commands(), "UNMAP not asked again")
+	require.NoError(t, b.WriteZeroes(0, 16*fakeBlock, false))
+	require.Zero(t, lun.take()[0][1]&cdbUnmapBit)
+}
+
+func TestBackendErrors(t *testing.T) {
+	t.Run("write-protected LUN", func(t *testing.T) {
+		lun := newFakeLUN(1 << 20)
+		lun.deviceParam = 0x80
+		b, err := openFake(t, lun)
+		require.NoError(t, err)
+		require.True(t, b.ReadOnly())
+		_, err = b.WriteAt(make([]byte, 512), 0)
+		require.ErrorIs(t, err, backend.ErrReadOnly)
+		require.Empty(t, lun.commands(), "refused without asking")
+	})
+	for _, c := range []struct {
+		name  string
+		sense Sense
+		is    error
+		msg   string
+	}{
+		{"write protected", Sense{Key: keyDataProtect, ASC: 0x27}, backend.ErrReadOnly,
+			"WRITE(16) of 1 blocks at LBA 0: CHECK CONDITION, DATA PROTECT: write protected"},
+		{"thin LUN out of space", Sense{Key: keyDataProtect, ASC: 0x27, ASCQ: 0x07}, syscall.ENOSPC,
+			"space allocation failed write protect"},
+		{"medium error", Sense{Key: 0x3, ASC: 0x0c}, nil, "MEDIUM ERROR: write error (ASC 0x0c ASCQ 0x00)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lun := newFakeLUN(1 << 20)
+			b, err := openFake(t, lun)
+			require.NoError(t, err)
+			lun.failWrites = &c.sense
+			_, err = b.WriteAt(make([]byte, 512), 0)
+			require.ErrorContains(t, err, c.msg)
+			if c.is != nil {
+				require.ErrorIs(t, err, c.is)
+			}
+			var serr *SCSIError
+			require.ErrorAs(t, err, &serr)
+		})
+	}
+	t.Run("not a disk", func(t *testing.T) {
+		lun := newFakeLUN(1 << 20)
+		lun.devType = 0x05
+		_, err := openFake(t, lun)
+		require.ErrorIs(t, err, errNotDisk)
+		require.ErrorContains(t, err, "LUN 1 of iqn.2026-01.test:fake at pipe is not a disk (peripheral qualifier 0, device type 0x05)")
+	})
+	t.Run("no such LUN", func(t *testing.T) {
+		lun := newFakeLUN(1 << 20)
+		lun.devType = 0x7f
+		_, err := openFake(t, lun)
+		require.ErrorContains(t, err, "iqn.2026-01.test:fake at pipe has no LUN 1")
+	})
+	t.Run("closed", func(t *testing.T) {
+		b, err := openFake(t, newFakeLUN(1<<20))
+		require.NoError(t, err)
+		require.NoError(t, b.Close())
+		_, err = b.ReadAt(make([]byte, 512), 0)
+		require.ErrorIs(t, err, backend.ErrClosed)
+		require.NoError(t, b.Close(), "a second Close")
+	})
+}
