@@ -62,6 +62,9 @@ func login(rw io.ReadWriter, cfg *config, addr, initiator string, isid [6]byte) 
 		res: loginResult{cmdSN: 1},
 	}
 	first := []pair{{"InitiatorName", initiator}, {"SessionType", "Normal"}, {"TargetName", cfg.target}}
+	if cfg.target == "" {
+		first = []pair{{"InitiatorName", initiator}, {"SessionType", "Discovery"}}
+	}
 	var err error
 	if cfg.chap == nil {
 		err = l.securityNone(first)
@@ -76,7 +79,7 @@ func login(rw io.ReadWriter, cfg *config, addr, initiator string, isid [6]byte) 
 		return nil, err
 	}
 	if l.res.params, err = n.params(); err != nil {
-		return nil, fmt.Errorf("login to %s at %s: %w", cfg.target, addr, err)
+		return nil, fmt.Errorf("login to %s: %w", l.peer(), err)
 	}
 	return &l.res, nil
 }
@@ -92,9 +95,17 @@ func (l *loginConn) securityNone(first []pair) error {
 		})
 }
 
+// peer names whom we log in to, for messages: a target, or a portal for discovery.
+func (l *loginConn) peer() string {
+	if l.cfg.target == "" {
+		return "discovery portal " + l.addr
+	}
+	return "target " + l.cfg.target + " at " + l.addr
+}
+
 func (l *loginConn) needCredentials(method string) error {
-	return fmt.Errorf("%w: target %s at %s asks for authentication (AuthMethod=%s); set %s and %s",
-		ErrAuthFailed, l.cfg.target, l.addr, truncate([]byte(method)), EnvUser, EnvPassword)
+	return fmt.Errorf("%w: %s asks for authentication (AuthMethod=%s); set %s and %s",
+		ErrAuthFailed, l.peer(), truncate([]byte(method)), EnvUser, EnvPassword)
 }
 
 // securityCHAP authenticates with CHAP, and the target too where mutual CHAP is configured. CHAP
@@ -106,13 +117,13 @@ func (l *loginConn) securityCHAP(first []pair) error {
 		return err
 	}
 	if m := lookup(ps, "AuthMethod"); m != "CHAP" || transit {
-		return fmt.Errorf("%w: target %s at %s answered AuthMethod=%s to CHAP", ErrAuthFailed, target, l.addr, truncate([]byte(m)))
+		return fmt.Errorf("%w: %s answered AuthMethod=%s to CHAP", ErrAuthFailed, l.peer(), truncate([]byte(m)))
 	}
 	if ps, _, err = l.exchange(stageSecurity, stageOperational, false, []pair{{"CHAP_A", chapMD5}}); err != nil {
 		return err
 	}
 	if a := lookup(ps, "CHAP_A"); a != chapMD5 {
-		return fmt.Errorf("%w: target %s at %s answered CHAP_A=%s to CHAP_A=5 (MD5, the only algorithm offered)", ErrAuthFailed, target, l.addr, truncate([]byte(a)))
+		return fmt.Errorf("%w: %s answered CHAP_A=%s to CHAP_A=5 (MD5, the only algorithm offered)", ErrAuthFailed, l.peer(), truncate([]byte(a)))
 	}
 	answer, want, err := chapAnswer(toMap(ps), l.cfg.chap, l.cfg.targetCHAP)
 	if err != nil {
@@ -132,7 +143,7 @@ func (l *loginConn) securityCHAP(first []pair) error {
 		return err
 	}
 	if !verified {
-		return fmt.Errorf("%w: target %s at %s ended the security stage without answering our mutual CHAP challenge", ErrAuthFailed, target, l.addr)
+		return fmt.Errorf("%w: %s ended the security stage without answering our mutual CHAP challenge", ErrAuthFailed, l.peer())
 	}
 	return nil
 }
@@ -161,13 +172,13 @@ func (l *loginConn) untilTransit(csg, nsg byte, keys []pair, handle func([]pair)
 			return err
 		}
 		if keys, err = handle(ps); err != nil {
-			return fmt.Errorf("login to %s at %s: %w", l.cfg.target, l.addr, err)
+			return fmt.Errorf("login to %s: %w", l.peer(), err)
 		}
 		if transit {
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: target %s at %s did not leave login stage %d after %d requests", ErrProtocol, l.cfg.target, l.addr, csg, maxLoginRounds)
+	return fmt.Errorf("%w: %s did not leave login stage %d after %d requests", ErrProtocol, l.peer(), csg, maxLoginRounds)
 }
 
 // exchange sends one Login Request with keys, and returns the target's keys (gathered from as many
@@ -205,7 +216,7 @@ func (l *loginConn) exchange(csg, nsg byte, transit bool, keys []pair) ([]pair, 
 		}
 		switch {
 		case resp.opcode() == opReject && len(d) > 0:
-			return nil, false, fmt.Errorf("%w: target %s at %s rejected our login request (reason %#02x)", ErrProtocol, l.cfg.target, l.addr, resp[2])
+			return nil, false, fmt.Errorf("%w: %s rejected our login request (reason %#02x)", ErrProtocol, l.peer(), resp[2])
 		case resp.opcode() != opLoginResp:
 			return nil, false, fmt.Errorf("%w: %s during login to %s", ErrProtocol, &resp, l.addr)
 		case resp[36] != 0:
@@ -252,7 +263,7 @@ func (l *loginConn) statusError(class, detail byte, data []byte) error {
 				return &redirectError{to}
 			}
 		}
-		return fmt.Errorf("%w: target %s at %s redirects the login without a usable TargetAddress", ErrProtocol, target, addr)
+		return fmt.Errorf("%w: %s redirects the login without a usable TargetAddress", ErrProtocol, l.peer())
 	}
 	code := uint16(class)<<8 | uint16(detail)
 	switch code {
@@ -260,9 +271,9 @@ func (l *loginConn) statusError(class, detail byte, data []byte) error {
 		if l.cfg.chap == nil {
 			return l.needCredentials("CHAP")
 		}
-		return fmt.Errorf("%w: target %s at %s refused CHAP user %q: wrong secret, or not an account of this target", ErrAuthFailed, target, addr, l.cfg.chap.user)
+		return fmt.Errorf("%w: %s refused CHAP user %q: wrong secret, or not an account of this target", ErrAuthFailed, l.peer(), l.cfg.chap.user)
 	case 0x0202:
-		return fmt.Errorf("%w: target %s at %s does not let initiator %s in (authorization failure: check its ACL)", ErrAuthFailed, target, addr, l.initiator)
+		return fmt.Errorf("%w: %s does not let initiator %s in (authorization failure: check its ACL)", ErrAuthFailed, l.peer(), l.initiator)
 	case 0x0203:
 		return fmt.Errorf("iscsi: login to %s: target %s not found (check the IQN in the URL)", addr, target)
 	}
@@ -275,7 +286,7 @@ func (l *loginConn) statusError(class, detail byte, data []byte) error {
 	if !ok {
 		why = "unknown status"
 	}
-	return fmt.Errorf("iscsi: login to %s at %s failed: %s (status class %d, detail %#02x)", target, addr, why, class, detail)
+	return fmt.Errorf("iscsi: login to %s failed: %s (status class %d, detail %#02x)", l.peer(), why, class, detail)
 }
 
 // parseTargetAddress turns a TargetAddress value (HOST[:PORT][,TPGT], an IPv6 host in brackets)

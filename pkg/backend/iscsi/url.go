@@ -16,6 +16,9 @@ import (
 // Usage is the URL form of the scheme, for help texts and error messages.
 const Usage = "iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN[?header_digest=crc32c][&data_digest=crc32c][&initiator-name=IQN]"
 
+// DiscoveryUsage is the URL form of a portal to discover targets at.
+const DiscoveryUsage = "iscsi://[USER[%PASSWORD]@]HOST[:PORT]"
+
 // DefaultPort is the iSCSI port assigned by IANA.
 const DefaultPort = 3260
 
@@ -88,22 +91,13 @@ func ParseURL(raw string) (*url.URL, error) {
 // parseConfig reads a parsed iscsi URL (from ParseURL) and the CHAP variables of getenv.
 func parseConfig(u *url.URL, getenv func(string) string) (config, error) {
 	var c config
+	var err error
 	bad := func(format string, args ...any) (config, error) {
 		return config{}, fmt.Errorf("iscsi URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), Usage)
 	}
-	if u.Scheme != "iscsi" {
-		return bad("scheme %q is not iscsi", u.Scheme)
+	if c.addr, err = portal(u); err != nil {
+		return bad("%v", err)
 	}
-	if u.Opaque != "" || u.Host == "" {
-		return bad("no host: write iscsi://HOST/")
-	}
-	port := u.Port()
-	if port == "" {
-		port = strconv.Itoa(DefaultPort)
-	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
-		return bad("port %q is not a number from 1 to 65535", port)
-	}
-	c.addr = net.JoinHostPort(u.Hostname(), port)
 
 	parts := strings.Split(strings.TrimPrefix(u.Path, "/"), "/")
 	if len(parts) != 2 || parts[0] == "" {
@@ -164,20 +158,65 @@ func parseConfig(u *url.URL, getenv func(string) string) (config, error) {
 		return bad("unknown query parameter %s", strings.Join(unknown, ", "))
 	}
 
-	if c.chap, err = credentials(u, getenv); err != nil {
+	if c.chap, c.targetCHAP, err = chapConfig(u, getenv); err != nil {
 		return bad("%v", err)
+	}
+	return c, nil
+}
+
+// parseDiscoveryConfig reads a discovery URL, iscsi://[USER[%PASSWORD]@]HOST[:PORT] (from
+// ParseURL), and the CHAP variables of getenv: a portal and credentials, no target.
+func parseDiscoveryConfig(u *url.URL, getenv func(string) string) (config, error) {
+	var c config
+	var err error
+	bad := func(format string, args ...any) (config, error) {
+		return config{}, fmt.Errorf("iscsi URL %q: %s; use %s", u.Redacted(), fmt.Sprintf(format, args...), DiscoveryUsage)
+	}
+	if c.addr, err = portal(u); err != nil {
+		return bad("%v", err)
+	}
+	if strings.Trim(u.Path, "/") != "" || u.RawQuery != "" {
+		return bad("discovery takes a portal only, not a target or options")
+	}
+	if c.chap, c.targetCHAP, err = chapConfig(u, getenv); err != nil {
+		return bad("%v", err)
+	}
+	return c, nil
+}
+
+// portal returns the HOST:PORT of an iscsi URL.
+func portal(u *url.URL) (string, error) {
+	if u.Scheme != "iscsi" {
+		return "", fmt.Errorf("scheme %q is not iscsi", u.Scheme)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return "", errors.New("no host: write iscsi://HOST/")
+	}
+	port := u.Port()
+	if port == "" {
+		port = strconv.Itoa(DefaultPort)
+	} else if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return net.JoinHostPort(u.Hostname(), port), nil
+}
+
+// chapConfig returns the initiator's CHAP credentials (from the URL or the environment) and, for
+// mutual CHAP, the target's (from the environment only); nil for none.
+func chapConfig(u *url.URL, getenv func(string) string) (chap, targetCHAP *secret, err error) {
+	if chap, err = credentials(u, getenv); err != nil {
+		return nil, nil, err
 	}
 	tu, tp := getenv(EnvTargetUser), getenv(EnvTargetPassword)
 	switch {
 	case tu == "" && tp == "":
+		return chap, nil, nil
 	case tu == "" || tp == "":
-		return bad("mutual CHAP needs both %s and %s", EnvTargetUser, EnvTargetPassword)
-	case c.chap == nil:
-		return bad("mutual CHAP (%s) needs the initiator's CHAP credentials too (a user in the URL or %s, and %s)", EnvTargetUser, EnvUser, EnvPassword)
-	default:
-		c.targetCHAP = &secret{tu, tp}
+		return nil, nil, fmt.Errorf("mutual CHAP needs both %s and %s", EnvTargetUser, EnvTargetPassword)
+	case chap == nil:
+		return nil, nil, fmt.Errorf("mutual CHAP (%s) needs the initiator's CHAP credentials too (a user in the URL or %s, and %s)", EnvTargetUser, EnvUser, EnvPassword)
 	}
-	return c, nil
+	return chap, &secret{tu, tp}, nil
 }
 
 // credentials returns the initiator's CHAP name and secret: the URL's, else the environment's; nil
