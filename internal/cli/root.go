@@ -59,7 +59,7 @@ Quick start:
 	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
 	root.AddCommand(platformCommands()...)
-	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd())
+	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newISCSILsCmd())
 	return root
 }
 

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/url"
 	"time"
+
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // SendTargets discovery (RFC 7143 section 6.9 and appendix D): a session of type Discovery, one
@@ -22,11 +24,12 @@ type Target struct {
 }
 
 // Discover asks the portal of a URL in DiscoveryUsage's form (from ParseURL) for its targets,
-// logging in with the CHAP credentials of the URL or getenv as Open does.
+// logging in with the CHAP credentials of the URL or getenv as Open does. A mistake in the URL
+// is marked backend.ErrBadURL.
 func Discover(u *url.URL, getenv func(string) string) ([]Target, error) {
 	cfg, err := parseDiscoveryConfig(u, getenv)
 	if err != nil {
-		return nil, err
+		return nil, backend.BadURL(err)
 	}
 	conn, err := net.DialTimeout("tcp", cfg.addr, dialTimeout)
 	if err != nil {
