@@ -1,7 +1,7 @@
 package integration
 
-// tierblk iscsi-ls against tgtd: SendTargets discovery lists every target, each as a --backend
-// URL that opens once its LUN is filled in.
+// tierblk iscsi-ls against tgtd: SendTargets discovery lists every target, and each target's disk
+// LUNs with their sizes, each line a --backend URL that opens.
 
 import (
 	"strings"
@@ -16,20 +16,20 @@ import (
 func TestISCSILs(t *testing.T) {
 	srv := startTGTD(t)
 	u1, _ := srv.newLUN(t, 1<<20, lunOptions{})
-	u2, _ := srv.newLUN(t, 1<<20, lunOptions{})
+	u2, _ := srv.newLUN(t, 3<<20, lunOptions{blockSize: 4096})
 
 	code, out := runTierblk(t, "iscsi-ls", "iscsi://"+srv.Addr)
 	require.Zero(t, code, out)
 	t.Logf("tierblk iscsi-ls iscsi://%s:\n%s", srv.Addr, out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	require.Len(t, lines, 2, out)
-	for i, want := range []string{u1, u2} {
-		url, portals, ok := strings.Cut(lines[i], "\t")
-		require.True(t, ok, lines[i])
-		require.Equal(t, strings.TrimSuffix(want, "/1")+"/LUN", url)
-		require.Contains(t, portals, srv.Addr[strings.LastIndex(srv.Addr, ":"):], "a portal on tgtd's port")
-		b, err := registry.Default().Open(strings.TrimSuffix(url, "LUN")+"1", backend.Options{})
-		require.NoError(t, err, "the listed URL with its LUN opens")
+	for i, want := range []struct{ url, size string }{{u1, "1MiB"}, {u2, "3MiB"}} {
+		fields := strings.Split(lines[i], "\t")
+		require.Len(t, fields, 3, lines[i])
+		require.Equal(t, []string{want.url, want.size}, fields[:2], "the controller at LUN 0 is left out")
+		require.Contains(t, fields[2], srv.Addr[strings.LastIndex(srv.Addr, ":"):], "a portal on tgtd's port")
+		b, err := registry.Default().Open(fields[0], backend.Options{})
+		require.NoError(t, err, "the listed URL opens")
 		require.NoError(t, b.Close())
 	}
 

@@ -84,18 +84,32 @@ func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	s, res, err := connect(cfg, log, tm)
+	if err != nil {
+		return nil, err
+	}
+	b, err := newBackend(s, cfg.lun, opts)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	log.Debug("iscsi: logged in", "target", s.name, "lun", cfg.lun, "vendor", b.li.vendor, "product", b.li.product,
+		"block_size", b.li.blockSize, "size", b.size, "params", fmt.Sprintf("%+v", res.params))
+	return b, nil
+}
+
+// connect connects, follows redirects and logs in to cfg's target, for a session on cfg's LUN.
+func connect(cfg config, log *slog.Logger, tm timing) (*session, *loginResult, error) {
 	initiator := cfg.initiator
 	if initiator == "" {
 		initiator = defaultInitiator()
 	}
-	var isid [6]byte
-	_, _ = rand.Read(isid[1:]) // never fails (crypto/rand)
-	isid[0] = 0x80             // format "random" (RFC 7143 section 11.12.5)
+	isid := newISID()
 	addr := cfg.addr
 	for redirects := 0; ; redirects++ {
 		conn, err := net.DialTimeout("tcp", addr, dialTimeout)
 		if err != nil {
-			return nil, fmt.Errorf("iscsi: %w", err)
+			return nil, nil, fmt.Errorf("iscsi: %w", err)
 		}
 		_ = conn.SetDeadline(time.Now().Add(loginTimeout))
 		res, err := login(conn, &cfg, addr, initiator, isid)
@@ -108,19 +122,19 @@ func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
 		}
 		if err != nil {
 			conn.Close()
-			return nil, err
+			return nil, nil, err
 		}
 		_ = conn.SetDeadline(time.Time{})
-		s := newSession(conn, res, cfg.lun, cfg.target+" at "+addr, log, tm)
-		b, err := newBackend(s, cfg.lun, opts)
-		if err != nil {
-			s.close()
-			return nil, err
-		}
-		log.Debug("iscsi: logged in", "target", s.name, "lun", cfg.lun, "vendor", b.li.vendor, "product", b.li.product,
-			"block_size", b.li.blockSize, "size", b.size, "params", fmt.Sprintf("%+v", res.params))
-		return b, nil
+		return newSession(conn, res, cfg.lun, cfg.target+" at "+addr, log, tm), res, nil
 	}
+}
+
+// newISID returns a random session identifier.
+func newISID() [6]byte {
+	var isid [6]byte
+	_, _ = rand.Read(isid[1:]) // never fails (crypto/rand)
+	isid[0] = 0x80             // format "random" (RFC 7143 section 11.12.5)
+	return isid
 }
 
 func newBackend(s *session, lun uint64, opts backend.Options) (*Backend, error) {

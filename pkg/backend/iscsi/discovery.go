@@ -2,9 +2,10 @@ package iscsi
 
 import (
 	"bytes"
-	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"time"
@@ -37,10 +38,7 @@ func Discover(u *url.URL, getenv func(string) string) ([]Target, error) {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(loginTimeout))
-	var isid [6]byte
-	_, _ = rand.Read(isid[1:]) // never fails (crypto/rand)
-	isid[0] = 0x80             // format "random"
-	return discover(conn, &cfg, cfg.addr, defaultInitiator(), isid)
+	return discover(conn, &cfg, cfg.addr, defaultInitiator(), newISID())
 }
 
 // discover runs a discovery session over rw (connected to addr). cfg names no target.
@@ -156,4 +154,48 @@ func parseSendTargets(text []byte) ([]Target, error) {
 		}
 	}
 	return targets, nil
+}
+
+// LUN is one disk of a target.
+type LUN struct {
+	Number    uint64
+	Size      int64 // in bytes
+	BlockSize int64
+}
+
+// LUNs logs in to target at the portal of u (credentials as for Discover) and lists its disks with
+// their sizes: REPORT LUNS, then what each LUN says about itself, as Open asks it. LUNs that are
+// not disks, such as tgtd's controller at LUN 0, are left out.
+func LUNs(u *url.URL, target string, getenv func(string) string) ([]LUN, error) {
+	cfg, err := parseDiscoveryConfig(u, getenv)
+	if err != nil {
+		return nil, backend.BadURL(err)
+	}
+	if err := checkName(target); err != nil {
+		return nil, fmt.Errorf("iscsi: target name %q: %w", target, err)
+	}
+	cfg.target = target
+	s, _, err := connect(cfg, slog.Default(), defaultTiming)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	numbers, err := s.reportLUNs()
+	if err != nil {
+		return nil, err
+	}
+	var luns []LUN
+	for _, n := range numbers {
+		// The session's commands run one at a time here, so its LUN can change between them.
+		s.lun = encodeLUN(n)
+		li, err := s.probe(n)
+		if errors.Is(err, errNotDisk) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		luns = append(luns, LUN{Number: n, Size: int64(li.blocks) * li.blockSize, BlockSize: li.blockSize})
+	}
+	return luns, nil
 }

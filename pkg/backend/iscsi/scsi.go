@@ -21,13 +21,14 @@ const (
 	scsiSyncCache16   = 0x91
 	scsiWriteSame16   = 0x93
 	scsiServiceIn16   = 0x9e // READ CAPACITY(16) is its service action 0x10
+	scsiReportLUNs    = 0xa0
 )
 
 var scsiNames = map[byte]string{
 	scsiTestUnitReady: "TEST UNIT READY", scsiInquiry: "INQUIRY", scsiModeSense6: "MODE SENSE(6)",
 	scsiSyncCache10: "SYNCHRONIZE CACHE(10)", scsiUnmap: "UNMAP", scsiRead16: "READ(16)",
 	scsiWrite16: "WRITE(16)", scsiSyncCache16: "SYNCHRONIZE CACHE(16)", scsiWriteSame16: "WRITE SAME(16)",
-	scsiServiceIn16: "READ CAPACITY(16)",
+	scsiServiceIn16: "READ CAPACITY(16)", scsiReportLUNs: "REPORT LUNS",
 }
 
 // CDB bits.
@@ -285,4 +286,37 @@ func (li *lunInfo) parseProvisioning(p []byte) {
 	}
 	li.lbpu, li.lbpws = p[5]&0x80 != 0, p[5]&0x40 != 0
 	li.lbprz = li.lbprz || p[5]>>2&7 == 1 // SBC-4's three-bit LBPRZ: 1 means zeroes
+}
+
+// maxReportedLUNs bounds the LUNs reportLUNs lists: a NAS has a handful, and the answer's buffer
+// is ours to size.
+const maxReportedLUNs = 256
+
+// reportLUNs lists the target's LUNs (REPORT LUNS): those in the two addressing methods we encode,
+// the first maxReportedLUNs of them.
+func (s *session) reportLUNs() ([]uint64, error) {
+	buf := make([]byte, 8+8*maxReportedLUNs)
+	cdb := make([]byte, 12)
+	cdb[0] = scsiReportLUNs
+	binary.BigEndian.PutUint32(cdb[6:], uint32(len(buf)))
+	n, err := s.exec(cdb, buf, nil)
+	if err != nil {
+		return nil, err
+	}
+	if n < 8 {
+		return nil, fmt.Errorf("iscsi: REPORT LUNS: %s sent %d bytes, want at least 8", s.name, n)
+	}
+	list := buf[8:min(n, 8+int(min(binary.BigEndian.Uint32(buf), uint32(len(buf)))))]
+	var luns []uint64
+	for ; len(list) >= 8; list = list[8:] {
+		switch list[0] >> 6 {
+		case 0: // peripheral device addressing, bus 0
+			if list[0] == 0 {
+				luns = append(luns, uint64(list[1]))
+			}
+		case 1: // flat space
+			luns = append(luns, uint64(list[0]&0x3f)<<8|uint64(list[1]))
+		}
+	}
+	return luns, nil
 }
