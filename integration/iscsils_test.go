@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/iscsi"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
 
@@ -39,5 +40,22 @@ func TestISCSILs(t *testing.T) {
 		require.Equal(t, 1, code, out)
 		require.Contains(t, out, "cannot reach "+addr)
 		require.Contains(t, out, "connection refused")
+	})
+
+	t.Run("CHAP", func(t *testing.T) {
+		u3, _ := srv.newLUN(t, 1<<20, lunOptions{user: "alice", password: "alice-secret-12"})
+		t.Setenv(iscsi.EnvUser, "alice")
+		t.Setenv(iscsi.EnvPassword, "wrong-secret-12")
+		code, out := runTierblk(t, "iscsi-ls", "iscsi://"+srv.Addr)
+		require.Equal(t, 1, code, out)
+		require.Contains(t, out, strings.TrimSuffix(u3, "/1")+"/LUN\t?\t", "the target is still listed")
+		require.Contains(t, out, `authentication failed: target `+u3[len("iscsi://"+srv.Addr)+1:len(u3)-2]+" at "+srv.Addr+` refused CHAP user "alice"`)
+		require.NotContains(t, out, "wrong-secret-12")
+
+		t.Setenv(iscsi.EnvPassword, "alice-secret-12")
+		code, out = runTierblk(t, "iscsi-ls", "iscsi://"+srv.Addr)
+		t.Logf("with alice's CHAP:\n%s", out)
+		require.Equal(t, 1, code, "the first two targets do not take alice's CHAP:\n%s", out)
+		require.Contains(t, out, u3+"\t1MiB\t")
 	})
 }

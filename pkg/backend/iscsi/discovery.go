@@ -25,13 +25,29 @@ type Target struct {
 }
 
 // Discover asks the portal of a URL in DiscoveryUsage's form (from ParseURL) for its targets,
-// logging in with the CHAP credentials of the URL or getenv as Open does. A mistake in the URL
-// is marked backend.ErrBadURL.
+// logging in with the CHAP credentials of the URL or getenv as Open does, or without them where
+// the portal refuses them for discovery. A mistake in the URL is marked backend.ErrBadURL.
 func Discover(u *url.URL, getenv func(string) string) ([]Target, error) {
 	cfg, err := parseDiscoveryConfig(u, getenv)
 	if err != nil {
 		return nil, backend.BadURL(err)
 	}
+	targets, err := discoverAt(cfg)
+	if errors.Is(err, ErrAuthFailed) && cfg.chap != nil {
+		// Many targets (tgtd, most NAS) ask no authentication for discovery and refuse CHAP there,
+		// having no account for it: the credentials are the targets'. What discovery tells
+		// without them is only names and addresses; the targets' logins keep to CHAP.
+		noAuth := cfg
+		noAuth.chap, noAuth.targetCHAP = nil, nil
+		if t, err := discoverAt(noAuth); err == nil {
+			return t, nil
+		}
+	}
+	return targets, err
+}
+
+// discoverAt connects to cfg's portal and runs a discovery session.
+func discoverAt(cfg config) ([]Target, error) {
 	conn, err := net.DialTimeout("tcp", cfg.addr, dialTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("iscsi: %w", err)
