@@ -306,7 +306,16 @@ func (s *session) reportLUNs() ([]uint64, error) {
 	if n < 8 {
 		return nil, fmt.Errorf("iscsi: REPORT LUNS: %s sent %d bytes, want at least 8", s.name, n)
 	}
-	list := buf[8:min(n, 8+int(min(binary.BigEndian.Uint32(buf), uint32(len(buf)))))]
+	return parseReportLUNs(buf[:n]), nil
+}
+
+// parseReportLUNs reads REPORT LUNS parameter data: a list length, then 8-byte LUNs, of which
+// those in peripheral addressing on bus 0 or in flat space are kept (the methods encodeLUN writes).
+func parseReportLUNs(data []byte) []uint64 {
+	list := data[8:]
+	if n := binary.BigEndian.Uint32(data); uint64(n) < uint64(len(list)) {
+		list = list[:n]
+	}
 	var luns []uint64
 	for ; len(list) >= 8; list = list[8:] {
 		switch list[0] >> 6 {
@@ -318,5 +327,5 @@ func (s *session) reportLUNs() ([]uint64, error) {
 			luns = append(luns, uint64(list[0]&0x3f)<<8|uint64(list[1]))
 		}
 	}
-	return luns, nil
+	return luns
 }

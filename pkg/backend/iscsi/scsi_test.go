@@ -23,7 +23,8 @@ func TestCDBs(t *testing.T) {
 	require.Equal(t, "WRITE(16) of 8 blocks at LBA 4660", cdbName(cdbBlocks(scsiWrite16, 0, 0x1234, 8)))
 	require.Equal(t, "INQUIRY of VPD page 0xb2", cdbName(cdbInquiry(0xb2, true, 64)))
 	require.Equal(t, "INQUIRY", cdbName(cdbInquiry(0, false, 96)))
-	require.Equal(t, "SCSI command 0xa0", cdbName([]byte{0xa0}))
+	require.Equal(t, "REPORT LUNS", cdbName([]byte{0xa0}))
+	require.Equal(t, "SCSI command 0xa3", cdbName([]byte{0xa3}))
 }
 
 func TestParseCapacity(t *testing.T) {
@@ -71,4 +72,32 @@ func TestParseVPD(t *testing.T) {
 	require.Equal(t, lunInfo{lbpws: true}, li)
 	li.parseProvisioning([]byte{0, 0xb2, 0}) // cut short: nothing learnt
 	require.Equal(t, lunInfo{lbpws: true}, li)
+}
+
+func TestParseReportLUNs(t *testing.T) {
+	answer := func(listLen uint32, entries ...[]byte) []byte {
+		b := binary.BigEndian.AppendUint32(nil, listLen)
+		b = append(b, 0, 0, 0, 0)
+		for _, e := range entries {
+			b = append(b, append(e, make([]byte, 8-len(e))...)...)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		data []byte
+		want []uint64
+	}{
+		{"none", answer(0), nil},
+		{"peripheral", answer(16, []byte{0, 0}, []byte{0, 1}), []uint64{0, 1}},
+		{"flat space", answer(8, []byte{0x41, 0x2c}), []uint64{300}},
+		{"another bus, logical unit addressing: left out", answer(16, []byte{0x01, 5}, []byte{0x80, 1}), nil},
+		{"list longer than sent", answer(800, []byte{0, 2}, []byte{0, 3}), []uint64{2, 3}},
+		{"list shorter than sent", answer(8, []byte{0, 2}, []byte{0, 3}), []uint64{2}},
+		{"partial entry", answer(16, []byte{0, 2})[:12], nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, parseReportLUNs(c.data))
+		})
+	}
 }
