@@ -1,20 +1,14 @@
 package bench
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/tlsconf"
+	"github.com/tierblk/tierblk/internal/tlsconf/pki"
 )
 
 // GnuTLSPriorityFile is the file WriteTLS writes beside the certificates for fio's GnuTLS (libnbd's
@@ -51,47 +45,11 @@ const tlsValid = 7 * 24 * time.Hour
 // and GnuTLSPriorityFile. Every server of a run serves the same certificate; the CA's key is not
 // kept.
 func WriteTLS(dir string) error {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca, err := pki.NewCA("tierblk bench CA", tlsValid)
 	if err != nil {
 		return err
 	}
-	now := time.Now()
-	caTmpl := &x509.Certificate{
-		SerialNumber:          serial(),
-		Subject:               pkix.Name{CommonName: "tierblk bench CA"},
-		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(tlsValid),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	ca, err := x509.ParseCertificate(caDER)
-	if err != nil {
-		return err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(tlsValid),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	srv, err := ca.Issue("localhost", false, time.Now().Add(tlsValid))
 	if err != nil {
 		return err
 	}
@@ -103,9 +61,9 @@ func WriteTLS(dir string) error {
 		data []byte
 		mode os.FileMode
 	}{
-		{tlsconf.CACertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644},
-		{tlsconf.ServerCertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644},
-		{tlsconf.ServerKeyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600},
+		{tlsconf.CACertFile, ca.PEM, 0o644},
+		{tlsconf.ServerCertFile, srv.CertPEM, 0o644},
+		{tlsconf.ServerKeyFile, srv.KeyPEM, 0o600},
 		{GnuTLSPriorityFile, []byte(gnutlsPriority), 0o644},
 	} {
 		if err := os.WriteFile(filepath.Join(dir, f.name), f.data, f.mode); err != nil {
@@ -113,12 +71,6 @@ func WriteTLS(dir string) error {
 		}
 	}
 	return nil
-}
-
-// serial is a random certificate serial number of 128 bits.
-func serial() *big.Int {
-	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
-	return n.Add(n, big.NewInt(1)) // positive
 }
 
 // FreePorts returns n distinct TCP ports of 127.0.0.1 that nothing listened on a moment ago: each

@@ -1,19 +1,13 @@
-// Package tlstest makes certificates for tests with crypto/x509: a CA, certificates it issues
-// for servers and clients, its CRLs, and certificates directories in the layout internal/tlsconf
-// loads. The integration tests make theirs with GnuTLS's certtool instead, as users do.
+// Package tlstest makes certificates for tests (internal/tlsconf/pki's, failing the test on an
+// error): a CA, certificates it issues for servers and clients, its CRLs, and certificates
+// directories in the layout internal/tlsconf loads. The integration tests make theirs with
+// GnuTLS's certtool instead, as users do.
 //
 // It is for tests only: nothing the daemon builds may import it.
 package tlstest
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -22,85 +16,38 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/tlsconf"
+	"github.com/tierblk/tierblk/internal/tlsconf/pki"
 )
 
-// CA is a certificate authority.
-type CA struct {
-	Cert   *x509.Certificate
-	PEM    []byte // Cert, PEM-encoded
-	key    *ecdsa.PrivateKey
-	serial int64
-}
+// CA is a certificate authority (internal/tlsconf/pki's) whose calls fail the test on an error.
+type CA struct{ *pki.CA }
+
+// Leaf is a certificate the CA issued, and its key.
+type Leaf = pki.Leaf
 
 // NewCA makes a self-signed CA named name.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
-	ca := &CA{key: newKey(t), serial: 1}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &ca.key.PublicKey, ca.key)
+	ca, err := pki.NewCA(name, Valid)
 	require.NoError(t, err)
-	ca.Cert, err = x509.ParseCertificate(der)
-	require.NoError(t, err)
-	ca.PEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	return ca
-}
-
-// Leaf is a certificate the CA issued, and its key.
-type Leaf struct {
-	Serial  *big.Int
-	CertPEM []byte
-	KeyPEM  []byte
+	return &CA{ca}
 }
 
 // Issue makes a certificate for name (also valid for localhost and 127.0.0.1), for a client or a
 // server, valid until notAfter (in the past for an expired one).
 func (ca *CA) Issue(t testing.TB, name string, client bool, notAfter time.Time) Leaf {
 	t.Helper()
-	key := newKey(t)
-	ca.serial++
-	usage := x509.ExtKeyUsageServerAuth
-	if client {
-		usage = x509.ExtKeyUsageClientAuth
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(ca.serial),
-		Subject:      pkix.Name{CommonName: name},
-		DNSNames:     []string{name, "localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    notAfter.Add(-2 * Valid),
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
+	l, err := ca.CA.Issue(name, client, notAfter)
 	require.NoError(t, err)
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	require.NoError(t, err)
-	return Leaf{
-		Serial:  tmpl.SerialNumber,
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
-	}
+	return l
 }
 
 // CRL makes a CRL of the CA that revokes the given serial numbers.
 func (ca *CA) CRL(t testing.TB, revoked ...*big.Int) []byte {
 	t.Helper()
-	tmpl := &x509.RevocationList{Number: big.NewInt(1), ThisUpdate: time.Now().Add(-time.Hour), NextUpdate: time.Now().Add(24 * time.Hour)}
-	for _, s := range revoked {
-		tmpl.RevokedCertificateEntries = append(tmpl.RevokedCertificateEntries, x509.RevocationListEntry{SerialNumber: s, RevocationTime: time.Now()})
-	}
-	der, err := x509.CreateRevocationList(rand.Reader, tmpl, ca.Cert, ca.key)
+	crl, err := ca.CA.CRL(revoked...)
 	require.NoError(t, err)
-	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
+	return crl
 }
 
 // Valid is how long the certificates of ServerDir and ClientDir are valid.
@@ -130,11 +77,4 @@ func WriteDir(t testing.TB, files map[string][]byte) string {
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
 	}
 	return dir
-}
-
-func newKey(t testing.TB) *ecdsa.PrivateKey {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	return k
 }
