@@ -200,13 +200,24 @@ func TestFioVerify(t *testing.T) {
 // returns the bytes written.
 func fioVerify(t *testing.T, uri string, jobs int, args ...string) (written int64) {
 	t.Helper()
+	args, report := fioVerifyArgs(t, uri, jobs, args...)
+	return checkFioVerify(t, report, mustRunTool(t, "fio", args...), jobs)
+}
+
+// fioVerifyArgs are fioVerify's fio arguments, and the file its JSON report goes to.
+func fioVerifyArgs(t *testing.T, uri string, jobs int, args ...string) ([]string, string) {
 	report := filepath.Join(t.TempDir(), "fio.json")
-	args = append(args, "--ioengine=nbd", "--uri="+uri, fmt.Sprintf("--numjobs=%d", jobs),
+	return append(args, "--ioengine=nbd", "--uri="+uri, fmt.Sprintf("--numjobs=%d", jobs),
 		"--verify=crc32c", "--verify_fatal=1", "--verify_state_save=0",
-		"--output-format=json", "--output="+report)
-	out := mustRunTool(t, "fio", args...)
+		"--output-format=json", "--output="+report), report
+}
+
+// checkFioVerify requires that fioVerify's run (out: what fio printed) wrote and verified
+// everything, and returns the bytes written.
+func checkFioVerify(t *testing.T, report, out string, jobs int) (written int64) {
+	t.Helper()
 	js, err := os.ReadFile(report)
-	require.NoError(t, err)
+	require.NoError(t, err, "fio:\n%s", out)
 	var res fioResult
 	require.NoError(t, json.Unmarshal(jsonPart(js), &res), "fio report:\n%s\n%s", js, out)
 	require.Len(t, res.Jobs, jobs)

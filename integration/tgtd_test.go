@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -29,6 +30,16 @@ type tgtdServer struct {
 	output  *nbdtest.Buffer
 	// accounts are the CHAP accounts made so far, by user: an account is tgtd's, bound to targets.
 	accounts map[string]string
+	// targets are the targets made so far, which restart makes again.
+	targets []tgtdTarget
+	kill    func() // kills the running tgtd and waits for it
+}
+
+// tgtdTarget is one target as newTarget made it.
+type tgtdTarget struct {
+	tid int
+	img string
+	o   lunOptions
 }
 
 // tgtdControlPorts hands out control ports. tgtd listens for tgtadm on a Unix socket named after
@@ -44,32 +55,65 @@ func startTGTD(t *testing.T) *tgtdServer {
 	for attempt := 0; ; attempt++ {
 		srv := &tgtdServer{Addr: freeTCPAddr(t), control: int(tgtdControlPorts.Add(1)), output: &nbdtest.Buffer{},
 			accounts: map[string]string{}}
-		cmd := exec.Command("tgtd", "-f", "--iscsi", "portal="+srv.Addr, "--control-port", strconv.Itoa(srv.control))
-		cmd.Stdout, cmd.Stderr = srv.output, srv.output
-		// Its own process group, so that the test's end takes its I/O threads with it.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		require.NoError(t, cmd.Start())
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		if err := srv.waitReady(exited); err != nil {
-			_ = cmd.Process.Kill()
-			<-exited
-			if attempt < 5 {
-				continue // a port taken between choosing and binding it
-			}
+		err := srv.start()
+		if err == nil {
+			t.Cleanup(func() {
+				srv.kill()
+				if t.Failed() {
+					t.Logf("tgtd output:\n%s", srv.output.String())
+				}
+			})
+			return srv
+		}
+		if attempt >= 5 {
 			t.Fatalf("tgtd did not start: %v\n%s", err, srv.output.String())
 		}
-		t.Cleanup(func() {
+		// a port taken between choosing and binding it: another one
+	}
+}
+
+// start runs tgtd on s's portal and control port, and sets s.kill.
+func (s *tgtdServer) start() error {
+	cmd := exec.Command("tgtd", "-f", "--iscsi", "portal="+s.Addr, "--control-port", strconv.Itoa(s.control))
+	cmd.Stdout, cmd.Stderr = s.output, s.output
+	// Its own process group, so that a kill takes its I/O threads with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var once sync.Once
+	s.kill = func() {
+		once.Do(func() {
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-exited
 			for _, f := range []string{"", ".lock"} { // its control socket, left behind by a kill
-				os.Remove(fmt.Sprintf("/var/run/tgtd/socket.%d%s", srv.control, f))
-			}
-			if t.Failed() {
-				t.Logf("tgtd output:\n%s", srv.output.String())
+				os.Remove(fmt.Sprintf("/var/run/tgtd/socket.%d%s", s.control, f))
 			}
 		})
-		return srv
+	}
+	if err := s.waitReady(exited); err != nil {
+		s.kill()
+		return err
+	}
+	return nil
+}
+
+// restart kills tgtd (SIGKILL, as a crash would) and starts it again on the same portal, with the
+// same targets and accounts; down is how long the portal stays dark.
+func (s *tgtdServer) restart(t *testing.T, down time.Duration) {
+	t.Helper()
+	s.kill()
+	time.Sleep(down)
+	require.NoError(t, s.start(), "tgtd restart\n%s", s.output.String())
+	accounts := s.accounts
+	s.accounts = map[string]string{}
+	for user, password := range accounts {
+		s.account(t, user, password)
+	}
+	for _, tg := range s.targets {
+		s.configure(t, tg)
 	}
 }
 
@@ -127,10 +171,18 @@ type lunOptions struct {
 func (s *tgtdServer) newTarget(t *testing.T, img string, o lunOptions) string {
 	t.Helper()
 	s.nextTID++
-	tid := strconv.Itoa(s.nextTID)
-	iqn := fmt.Sprintf("iqn.2026-01.test.tierblk:t%d", s.nextTID)
+	tg := tgtdTarget{tid: s.nextTID, img: img, o: o}
+	s.targets = append(s.targets, tg)
+	return s.configure(t, tg)
+}
+
+// configure makes target tg in tgtd, and returns its name.
+func (s *tgtdServer) configure(t *testing.T, tg tgtdTarget) string {
+	t.Helper()
+	tid, o := strconv.Itoa(tg.tid), tg.o
+	iqn := fmt.Sprintf("iqn.2026-01.test.tierblk:t%d", tg.tid)
 	s.mustAdm(t, "--op", "new", "--mode", "target", "--tid", tid, "-T", iqn)
-	lu := []string{"--op", "new", "--mode", "logicalunit", "--tid", tid, "--lun", "1", "-b", img}
+	lu := []string{"--op", "new", "--mode", "logicalunit", "--tid", tid, "--lun", "1", "-b", tg.img}
 	if o.blockSize != 0 {
 		lu = append(lu, "--blocksize", strconv.Itoa(o.blockSize))
 	}

@@ -15,8 +15,8 @@
 // SAME fail with backend.ErrNotSupported, so that the volume above skips or emulates them), never
 // report a write done before the target's GOOD status, and never put a CHAP secret in a message.
 //
-// Error recovery level 0 only, and one connection per session: a lost connection ends the session,
-// and calls fail (with a retryable error) until the backend is opened again.
+// Error recovery level 0 and one connection per session: a lost connection ends the session, and
+// the backend logs in again and runs the commands that were in flight on the new one (link.go).
 package iscsi
 
 import (
@@ -64,7 +64,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 // Backend is one LUN. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter,
 // ReadOnlyReporter and Waiter.
 type Backend struct {
-	s        *session
+	l        *link
 	li       lunInfo
 	size     int64
 	readOnly bool
@@ -84,11 +84,18 @@ func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s, res, err := connect(cfg, log, tm)
+	isid := newISID()
+	s, res, err := connect(cfg, isid, log, tm)
 	if err != nil {
 		return nil, err
 	}
-	b, err := newBackend(s, cfg.lun, opts)
+	// Logging in again uses the same ISID, so that the target reinstates the session (RFC 7143
+	// section 6.3.5) and drops what the lost one left running.
+	again := func() (*session, error) {
+		s, _, err := connect(cfg, isid, log, tm)
+		return s, err
+	}
+	b, err := newBackend(s, cfg.lun, opts, again, cfg.reconnectWait, log)
 	if err != nil {
 		s.close()
 		return nil, err
@@ -98,13 +105,13 @@ func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
 	return b, nil
 }
 
-// connect connects, follows redirects and logs in to cfg's target, for a session on cfg's LUN.
-func connect(cfg config, log *slog.Logger, tm timing) (*session, *loginResult, error) {
+// connect connects, follows redirects and logs in to cfg's target with isid, for a session on
+// cfg's LUN.
+func connect(cfg config, isid [6]byte, log *slog.Logger, tm timing) (*session, *loginResult, error) {
 	initiator := cfg.initiator
 	if initiator == "" {
 		initiator = defaultInitiator()
 	}
-	isid := newISID()
 	addr := cfg.addr
 	for redirects := 0; ; redirects++ {
 		conn, err := net.DialTimeout("tcp", addr, dialTimeout)
@@ -137,17 +144,35 @@ func newISID() [6]byte {
 	return isid
 }
 
-func newBackend(s *session, lun uint64, opts backend.Options) (*Backend, error) {
+// newBackend probes the LUN on s. When s ends, connect logs in again; a command waits up to
+// maxWait for it.
+func newBackend(s *session, lun uint64, opts backend.Options, connect func() (*session, error), maxWait time.Duration, log *slog.Logger) (*Backend, error) {
 	li, err := s.probe(lun)
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{s: s, li: li, size: int64(li.blocks) * li.blockSize, readOnly: opts.ReadOnly || li.writeProtect}
+	b := &Backend{li: li, size: int64(li.blocks) * li.blockSize, readOnly: opts.ReadOnly || li.writeProtect}
 	cmd := min(int64(maxCommand), int64(s.p.maxBurst)) / li.blockSize
 	if li.maxTransfer > 0 {
 		cmd = min(cmd, int64(li.maxTransfer))
 	}
 	b.cmdBlocks = max(cmd, 1)
+	b.l = newLink(s, maxWait, log, func() (*session, error) {
+		s, err := connect()
+		if err != nil {
+			return nil, err
+		}
+		got, err := s.probe(lun)
+		if err == nil && (got.blocks != li.blocks || got.blockSize != li.blockSize) {
+			err = fmt.Errorf("iscsi: LUN %d of %s is now %d blocks of %d bytes, not %d of %d as when opened; not using it",
+				lun, s.name, got.blocks, got.blockSize, li.blocks, li.blockSize)
+		}
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		return s, nil
+	})
 	return b, nil
 }
 
@@ -155,9 +180,9 @@ func newBackend(s *session, lun uint64, opts backend.Options) (*Backend, error) 
 func (b *Backend) check(off, length int64, write bool) error {
 	switch {
 	case b.closed.Load():
-		return fmt.Errorf("%w: iscsi %s", backend.ErrClosed, b.s.name)
+		return fmt.Errorf("%w: iscsi %s", backend.ErrClosed, b.l.name)
 	case write && b.readOnly:
-		return fmt.Errorf("%w: iscsi %s", backend.ErrReadOnly, b.s.name)
+		return fmt.Errorf("%w: iscsi %s", backend.ErrReadOnly, b.l.name)
 	}
 	return backend.CheckRange(off, length, b.size)
 }
@@ -176,7 +201,7 @@ func (b *Backend) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
-	b.s.close()
+	b.l.close()
 	return nil
 }
 
@@ -253,28 +278,28 @@ func (b *Backend) write(p []byte, off int64, fua bool) (int, error) {
 	return len(p), nil
 }
 
-// Flush implements backend.Backend with a SYNCHRONIZE CACHE of the whole LUN.
+// Flush implements backend.Backend with a SYNCHRONIZE CACHE of the whole LUN. It fails, once, if
+// a session ended with acknowledged writes that no flush had covered (link.go).
 func (b *Backend) Flush() error {
 	if err := b.check(0, 0, false); err != nil {
 		return err
 	}
 	b.waits.Add(1)
-	return b.syncCache(0, 0)
+	return b.syncCache(0, 0, true, 0)
 }
 
-// syncCache makes blocks [lba, lba+n) durable (0, 0: all of them), with SYNCHRONIZE CACHE(16), or
-// (10) on a LUN without it.
-func (b *Backend) syncCache(lba uint64, n uint32) error {
+// syncCache makes blocks [lba, lba+n) durable (0, 0: all of them; all: a whole flush), with
+// SYNCHRONIZE CACHE(16), or (10) on a LUN without it; see link.sync for losses.
+func (b *Backend) syncCache(lba uint64, n uint32, all bool, losses uint64) error {
 	if !b.noSync16.Load() {
-		_, err := b.s.exec(cdbBlocks(scsiSyncCache16, 0, lba, n), nil, nil)
+		err := b.l.sync(cdbBlocks(scsiSyncCache16, 0, lba, n), all, losses)
 		if !errors.Is(err, backend.ErrNotSupported) {
 			return err
 		}
 		b.noSync16.Store(true)
 	}
 	// The 10-byte form has a 32-bit LBA and a 16-bit count: flush everything.
-	_, err := b.s.exec([]byte{scsiSyncCache10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
-	return err
+	return b.l.sync([]byte{scsiSyncCache10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, all, losses)
 }
 
 // Trim implements backend.Trimmer with UNMAP of the whole blocks in the range; the partial blocks
@@ -285,7 +310,7 @@ func (b *Backend) Trim(off, length int64) error {
 		return err
 	}
 	if !b.li.lbpu {
-		return fmt.Errorf("%w: LUN of %s has no UNMAP", backend.ErrNotSupported, b.s.name)
+		return fmt.Errorf("%w: LUN of %s has no UNMAP", backend.ErrNotSupported, b.l.name)
 	}
 	bs := b.li.blockSize
 	lba, end := (off+bs-1)/bs, (off+length)/bs
@@ -306,7 +331,7 @@ func (b *Backend) Trim(off, length int64) error {
 			l += n
 		}
 		list := unmapList(extents)
-		if _, err := b.s.exec(cdbUnmap(len(list)), nil, list); err != nil {
+		if _, err := b.l.exec(cdbUnmap(len(list)), nil, list); err != nil {
 			return err
 		}
 	}
@@ -326,7 +351,7 @@ func (b *Backend) WriteZeroes(off, length int64, mayUnmap bool) error {
 		return nil
 	}
 	if b.noWriteSame.Load() {
-		return fmt.Errorf("%w: LUN of %s has no WRITE SAME(16)", backend.ErrNotSupported, b.s.name)
+		return fmt.Errorf("%w: LUN of %s has no WRITE SAME(16)", backend.ErrNotSupported, b.l.name)
 	}
 	bs := b.li.blockSize
 	lba, end := (off+bs-1)/bs, (off+length)/bs
@@ -359,13 +384,13 @@ func (b *Backend) zeroBlocks(lba, n int64, mayUnmap bool) error {
 	unmap := mayUnmap && b.li.lbpws && b.li.lbprz && !b.noWriteSameUnmap.Load()
 	err := pieces(lba, n, most, func(l, m int64) error {
 		if unmap {
-			_, err := b.s.exec(cdbBlocks(scsiWriteSame16, cdbUnmapBit, uint64(l), uint32(m)), nil, block)
+			_, err := b.l.exec(cdbBlocks(scsiWriteSame16, cdbUnmapBit, uint64(l), uint32(m)), nil, block)
 			if !errors.Is(err, backend.ErrNotSupported) {
 				return err
 			}
 			b.noWriteSameUnmap.Store(true)
 		}
-		_, err := b.s.exec(cdbBlocks(scsiWriteSame16, 0, uint64(l), uint32(m)), nil, block)
+		_, err := b.l.exec(cdbBlocks(scsiWriteSame16, 0, uint64(l), uint32(m)), nil, block)
 		return err
 	})
 	if errors.Is(err, backend.ErrNotSupported) {

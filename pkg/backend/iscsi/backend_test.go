@@ -10,8 +10,10 @@ import (
 	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -31,8 +33,10 @@ type fakeLUN struct {
 	refuse       map[byte]bool
 	refuseUnmap  bool   // WRITE SAME with the UNMAP bit: invalid field in CDB
 	failWrites   *Sense // writes end in CHECK CONDITION with this sense
-	mu           sync.Mutex
-	cmds         [][]byte
+	// before, if set, sees each command before it runs (outside mu): a test drops the connection.
+	before atomic.Pointer[func(cdb []byte)]
+	mu     sync.Mutex
+	cmds   [][]byte
 }
 
 func checkCondition(key, asc, ascq byte) (byte, []byte) {
@@ -41,6 +45,9 @@ func checkCondition(key, asc, ascq byte) (byte, []byte) {
 
 // handle runs one command: out is its Data-Out, in what goes back.
 func (l *fakeLUN) handle(cdb, out []byte) (status byte, sense, in []byte) {
+	if f := l.before.Load(); f != nil {
+		(*f)(cdb)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cmds = append(l.cmds, bytes.Clone(cdb))
@@ -228,16 +235,63 @@ func serveLUN(conn net.Conn, lun *fakeLUN) {
 
 // openFake opens a backend on lun, probing it as a real one would be.
 func openFake(t *testing.T, lun *fakeLUN) (*Backend, error) {
-	a, b := net.Pipe()
-	go serveLUN(b, lun)
-	s := newSession(a, &loginResult{params: fakeParams, cmdSN: 1, expCmdSN: 1, maxCmdSN: 32, expStatSN: 100},
-		1, "iqn.2026-01.test:fake at pipe", testLog, quietTiming)
-	t.Cleanup(func() { s.close(); b.Close() })
-	bk, err := newBackend(s, 1, backend.Options{})
-	if err == nil {
-		lun.commands() // the probe's
-	}
+	bk, _, err := openFakeLink(t, lun, time.Minute)
 	return bk, err
+}
+
+// fakeLinks hands out the connections of a backend on a fake LUN, a new one each time the backend
+// logs in; a test drops the current one, as a target that restarts would.
+type fakeLinks struct {
+	mu      sync.Mutex
+	lun     *fakeLUN
+	targets []net.Conn // the target's ends, the last one current
+	refuse  bool       // fail logins, as a target that is away
+}
+
+func (f *fakeLinks) connect() (*session, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refuse {
+		return nil, syscall.ECONNREFUSED
+	}
+	a, b := net.Pipe()
+	f.targets = append(f.targets, b)
+	go serveLUN(b, f.lun)
+	return newSession(a, &loginResult{params: fakeParams, cmdSN: 1, expCmdSN: 1, maxCmdSN: 32, expStatSN: 100},
+		1, "iqn.2026-01.test:fake at pipe", testLog, quietTiming), nil
+}
+
+// drop closes the current connection from the target's end.
+func (f *fakeLinks) drop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.targets[len(f.targets)-1].Close()
+}
+
+func (f *fakeLinks) setRefuse(refuse bool) {
+	f.mu.Lock()
+	f.refuse = refuse
+	f.mu.Unlock()
+}
+
+func openFakeLink(t *testing.T, lun *fakeLUN, maxWait time.Duration) (*Backend, *fakeLinks, error) {
+	f := &fakeLinks{lun: lun}
+	s, _ := f.connect()
+	bk, err := newBackend(s, 1, backend.Options{}, f.connect, maxWait, testLog)
+	if err != nil {
+		s.close()
+		return nil, nil, err
+	}
+	t.Cleanup(func() {
+		bk.Close()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, c := range f.targets {
+			c.Close()
+		}
+	})
+	lun.commands() // the probe's
+	return bk, f, nil
 }
 
 func newFakeLUN(size int) *fakeLUN {

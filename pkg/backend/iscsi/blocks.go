@@ -87,7 +87,7 @@ func (b *Backend) readBlocks(p []byte, lba int64) error {
 	bs := b.li.blockSize
 	return pieces(lba, int64(len(p))/bs, b.cmdBlocks, func(l, n int64) error {
 		buf := p[(l-lba)*bs : (l-lba+n)*bs]
-		return b.s.readFull(cdbBlocks(scsiRead16, 0, uint64(l), uint32(n)), buf)
+		return b.l.readFull(cdbBlocks(scsiRead16, 0, uint64(l), uint32(n)), buf)
 	})
 }
 
@@ -98,12 +98,13 @@ func (b *Backend) writeBlocks(p []byte, lba int64, fua bool) error {
 	if fua && b.li.fua {
 		flags = cdbFUA
 	}
+	losses := b.l.lossCount()
 	err := pieces(lba, int64(len(p))/bs, b.cmdBlocks, func(l, n int64) error {
-		_, err := b.s.exec(cdbBlocks(scsiWrite16, flags, uint64(l), uint32(n)), nil, p[(l-lba)*bs:(l-lba+n)*bs])
+		_, err := b.l.exec(cdbBlocks(scsiWrite16, flags, uint64(l), uint32(n)), nil, p[(l-lba)*bs:(l-lba+n)*bs])
 		return err
 	})
 	if err == nil && fua && !b.li.fua {
-		err = b.syncCache(uint64(lba), uint32(int64(len(p))/bs))
+		err = b.syncCache(uint64(lba), uint32(int64(len(p))/bs), false, losses)
 	}
 	return err
 }

@@ -191,7 +191,7 @@ func LUNs(u *url.URL, target string, getenv func(string) string) ([]LUN, error) 
 		return nil, fmt.Errorf("iscsi: target name %q: %w", target, err)
 	}
 	cfg.target = target
-	s, _, err := connect(cfg, slog.Default(), defaultTiming)
+	s, _, err := connect(cfg, newISID(), slog.Default(), defaultTiming)
 	if err != nil {
 		return nil, err
 	}

@@ -304,8 +304,8 @@ func (s *session) async(h *bhs) error {
 		}
 		s.log.Warn("iscsi: asynchronous SCSI event", "target", s.name, "sense", msg)
 	case 1, 2, 3:
-		// Logging in again is not implemented yet: end the session with a clear reason rather
-		// than wait for the target to drop us.
+		// End the session now, with a clear reason, rather than wait for the target to drop us:
+		// the backend logs in again (link.go), where the target will have us.
 		return fmt.Errorf("iscsi: the target asks us to log out or is dropping the connection (asynchronous event %d)", event)
 	default:
 		s.log.Warn("iscsi: ignored asynchronous message", "target", s.name, "event", event, "code", h[37])

@@ -98,6 +98,11 @@ type session struct {
 	lastITT  uint32
 	err      error // why the session ended; set once
 
+	// writesAcked counts the commands with data out (WRITE, WRITE SAME, UNMAP) that ended GOOD,
+	// counted by the reader before their callers learn it; writesSynced, how many of them the last
+	// successful SYNCHRONIZE CACHE covered (link.flush).
+	writesAcked, writesSynced atomic.Uint64
+
 	expStatSN  atomic.Uint32 // the StatSN we expect next; the reader's alone to advance
 	lastRecv   atomic.Int64  // when the last PDU came, in Unix nanoseconds
 	pinging    atomic.Bool
@@ -158,6 +163,13 @@ func (s *session) fail(err error) {
 	_ = s.conn.Close()
 }
 
+// endedError is the error of a command that the session's end cut short: it may have run or not,
+// and can be run again on another session (link.exec).
+type endedError struct{ err error }
+
+func (e *endedError) Error() string { return e.err.Error() }
+func (e *endedError) Unwrap() error { return e.err }
+
 // ended returns why the session ended, nil while it runs.
 func (s *session) ended() error {
 	s.mu.Lock()
@@ -189,6 +201,9 @@ func (s *session) complete(t *task, err error) {
 	s.mu.Lock()
 	delete(s.tasks, t.itt)
 	s.mu.Unlock()
+	if err == nil && len(t.write) > 0 && t.response == 0 && t.status == statusGood && t.digest == nil {
+		s.writesAcked.Add(1)
+	}
 	t.err = err
 	close(t.done)
 }
@@ -242,7 +257,7 @@ func (s *session) command(cdb []byte, read, write []byte) (*task, error) {
 	select {
 	case s.slots <- struct{}{}:
 	case <-s.done:
-		return nil, s.ended()
+		return nil, &endedError{s.ended()}
 	}
 	defer func() { <-s.slots }()
 	t := &task{kind: kindSCSI, read: read, write: write}
@@ -250,7 +265,7 @@ func (s *session) command(cdb []byte, read, write []byte) (*task, error) {
 		t.r2ts = make(chan r2t, s.p.maxOutstandingR2T)
 	}
 	if err := s.register(t); err != nil {
-		return nil, err
+		return nil, &endedError{err}
 	}
 	var h bhs
 	h.setOpcode(opSCSICmd, false)
@@ -299,7 +314,13 @@ wait:
 	}
 	// Every path waits for the reader to let go of the task: until then Data-In may land in read.
 	<-t.done
-	return t, t.err
+	if t.err != nil || err == nil {
+		err = t.err // the reader's account of why, where it has one
+	}
+	if err != nil && s.ended() != nil {
+		return t, &endedError{err}
+	}
+	return t, err
 }
 
 // sendData sends t.write[off:off+n] in Data-Out PDUs of at most the target's

@@ -9,12 +9,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // Usage is the URL form of the scheme, for help texts and error messages.
-const Usage = "iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN[?header_digest=crc32c][&data_digest=crc32c][&initiator-name=IQN]"
+const Usage = "iscsi://[USER[%PASSWORD]@]HOST[:PORT]/TARGET-IQN/LUN[?header_digest=crc32c][&data_digest=crc32c][&initiator-name=IQN][&reconnect-wait=DURATION]"
 
 // DiscoveryUsage is the URL form of a portal to discover targets at.
 const DiscoveryUsage = "iscsi://[USER[%PASSWORD]@]HOST[:PORT]"
@@ -49,6 +50,8 @@ type config struct {
 	chap, targetCHAP *secret
 	headerDigest     bool // ask for CRC32C header digests
 	dataDigest       bool // ask for CRC32C data digests
+	// reconnectWait bounds how long a command waits for a lost target to come back.
+	reconnectWait time.Duration
 }
 
 // secret is one side's CHAP name and secret.
@@ -136,6 +139,15 @@ func parseConfig(u *url.URL, getenv func(string) string) (config, error) {
 			}
 			delete(q, d.key)
 		}
+	}
+	c.reconnectWait = DefaultReconnectWait
+	if v, ok := q["reconnect-wait"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d <= 0 {
+			return bad("reconnect-wait=%s is not a duration above zero, such as 30s or 5m", v[0])
+		}
+		c.reconnectWait = d
+		delete(q, "reconnect-wait")
 	}
 	if v, ok := q["initiator-name"]; ok {
 		if err := checkName(v[0]); err != nil {

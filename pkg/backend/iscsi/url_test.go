@@ -2,6 +2,7 @@ package iscsi
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -36,6 +37,7 @@ func TestParseConfig(t *testing.T) {
 		{url: "iscsi://nas/" + iqn + "/1?header_digest=crc32c&data_digest=CRC32C&initiator-name=iqn.2026-01.org.example:me",
 			want: config{addr: "nas:3260", target: iqn, lun: 1, headerDigest: true, dataDigest: true, initiator: "iqn.2026-01.org.example:me"}},
 		{url: "iscsi://nas/" + iqn + "/1?header_digest=none", want: config{addr: "nas:3260", target: iqn, lun: 1}},
+		{url: "iscsi://nas/" + iqn + "/1?reconnect-wait=10m", want: config{addr: "nas:3260", target: iqn, lun: 1, reconnectWait: 10 * time.Minute}},
 
 		{url: "nbd://nas/x", err: "does not begin with iscsi://"},
 		{url: "iscsi:nas/" + iqn + "/1", err: "does not begin with iscsi://"},
@@ -54,6 +56,8 @@ func TestParseConfig(t *testing.T) {
 		{url: "iscsi://nas/" + iqn + "/1?data_digest=md5", err: "data_digest=md5 is neither crc32c nor none"},
 		{url: "iscsi://nas/" + iqn + "/1?header_digest=crc32c&header_digest=none", err: "header_digest= is given 2 times"},
 		{url: "iscsi://nas/" + iqn + "/1?initiator-name=me", err: `initiator-name "me"`},
+		{url: "iscsi://nas/" + iqn + "/1?reconnect-wait=0s", err: "reconnect-wait=0s is not a duration above zero"},
+		{url: "iscsi://nas/" + iqn + "/1?reconnect-wait=soon", err: "reconnect-wait=soon is not a duration"},
 		{url: "iscsi://nas/" + iqn + "/1?target_password=x", err: "target_password= would put the target's CHAP secret in the URL; set TIERBLK_ISCSI_TARGET_USER"},
 		{url: "iscsi://nas/" + iqn + "/1?zz=1&aa=2", err: "unknown query parameter aa, zz"},
 		{url: "iscsi://nas/" + iqn + "/1?a=%zz", err: "query"},
@@ -70,6 +74,9 @@ func TestParseConfig(t *testing.T) {
 				c, err = parseConfig(u, func(k string) string { return tc.env[k] })
 				if tc.err == "" {
 					require.NoError(t, err)
+					if tc.want.reconnectWait == 0 {
+						tc.want.reconnectWait = DefaultReconnectWait
+					}
 					require.Equal(t, tc.want, c)
 					return
 				}
