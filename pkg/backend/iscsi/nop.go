@@ -26,7 +26,23 @@ func (s *session) keepalive() {
 		case idle > s.timing.pingAfter && !s.pinging.Swap(true):
 			go s.ping()
 		}
+		if t := s.overdue(); t != nil {
+			s.fail(fmt.Errorf("iscsi: %s did not answer %s in %v", s.name, cdbName(t.cdb), s.timing.command))
+			return
+		}
 	}
+}
+
+// overdue returns a SCSI command that has waited for its answer longer than timing.command.
+func (s *session) overdue() *task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range s.tasks {
+		if t.kind == kindSCSI && time.Since(t.sent) > s.timing.command {
+			return t
+		}
+	}
+	return nil
 }
 
 // ping sends a NOP-Out that the target must answer, so that a silent connection is found out.

@@ -31,9 +31,13 @@ type timing struct {
 	pingAfter time.Duration // idle time after which we ping the target (a NOP-Out)
 	deadAfter time.Duration // silence after which the connection is given up
 	logout    time.Duration // how long Close waits for the Logout Response
+	// command bounds how long a SCSI command may go unanswered while the target still talks:
+	// past it the session is given up, and the commands run again on a new one (link.go), as a
+	// target that lost one has lost its state (Linux's SCSI layer aborts at 30 s, then resets).
+	command time.Duration
 }
 
-var defaultTiming = timing{tick: time.Second, pingAfter: 5 * time.Second, deadAfter: 30 * time.Second, logout: 2 * time.Second}
+var defaultTiming = timing{tick: time.Second, pingAfter: 5 * time.Second, deadAfter: 30 * time.Second, logout: 2 * time.Second, command: time.Minute}
 
 // taskKind says which PDUs may answer a task.
 type taskKind int
@@ -49,11 +53,13 @@ const (
 type task struct {
 	kind   taskKind
 	itt    uint32
-	read   []byte // where Data-In goes
-	write  []byte // where Data-Out comes from
-	got    int    // Data-In bytes received so far
-	dataSN uint32 // the next Data-In's DataSN
-	r2tSN  uint32 // the next R2T's R2TSN
+	sent   time.Time // when it was registered
+	cdb    []byte    // a SCSI command's, for messages
+	read   []byte    // where Data-In goes
+	write  []byte    // where Data-Out comes from
+	got    int       // Data-In bytes received so far
+	dataSN uint32    // the next Data-In's DataSN
+	r2tSN  uint32    // the next R2T's R2TSN
 	r2ts   chan r2t
 	done   chan struct{}
 
@@ -192,6 +198,7 @@ func (s *session) register(t *task) error {
 		}
 	}
 	t.itt = s.lastITT
+	t.sent = time.Now()
 	s.tasks[t.itt] = t
 	return nil
 }
@@ -260,7 +267,7 @@ func (s *session) command(cdb []byte, read, write []byte) (*task, error) {
 		return nil, &endedError{s.ended()}
 	}
 	defer func() { <-s.slots }()
-	t := &task{kind: kindSCSI, read: read, write: write}
+	t := &task{kind: kindSCSI, cdb: cdb, read: read, write: write}
 	if len(write) > 0 {
 		t.r2ts = make(chan r2t, s.p.maxOutstandingR2T)
 	}

@@ -19,7 +19,7 @@ var testParams = params{maxRecvData: 8192, maxSendData: 4096, maxBurst: 16384, f
 	immediateData: true, maxOutstandingR2T: 1}
 
 // quietTiming keeps the keepalive out of tests that do not test it.
-var quietTiming = timing{tick: time.Hour, pingAfter: time.Hour, deadAfter: time.Hour, logout: 50 * time.Millisecond}
+var quietTiming = timing{tick: time.Hour, pingAfter: time.Hour, deadAfter: time.Hour, logout: 50 * time.Millisecond, command: time.Hour}
 
 // startSession connects a session in full feature phase to a fake target.
 func startSession(t *testing.T, p params, tm timing) (*session, *fakeTarget) {
@@ -274,7 +274,7 @@ func TestSessionAnswersTargetPing(t *testing.T) {
 // An idle session pings the target, and gives up a target that stops answering.
 func TestSessionKeepalive(t *testing.T) {
 	s, f := startSession(t, testParams, timing{tick: 10 * time.Millisecond, pingAfter: 50 * time.Millisecond,
-		deadAfter: 400 * time.Millisecond, logout: 50 * time.Millisecond})
+		deadAfter: 400 * time.Millisecond, logout: 50 * time.Millisecond, command: time.Hour})
 	ping, _ := f.recvOp(opNOPOut)
 	require.NotEqual(t, uint32(reservedTag), ping.itt())
 	require.Equal(t, uint32(reservedTag), ping.ttt())
@@ -287,6 +287,19 @@ func TestSessionKeepalive(t *testing.T) {
 	}
 	_, err := s.command(make([]byte, 6), nil, nil)
 	require.ErrorContains(t, err, "sent nothing for")
+}
+
+// A command the target never answers ends the session after timing.command, however lively the
+// connection, so that the backend runs it again on a new one.
+func TestSessionCommandTimeout(t *testing.T) {
+	s, f := startSession(t, testParams, timing{tick: 10 * time.Millisecond, pingAfter: time.Hour,
+		deadAfter: time.Hour, logout: 50 * time.Millisecond, command: 300 * time.Millisecond})
+	res := goCommand(s, cdbBlocks(scsiRead16, 0, 8, 1), make([]byte, 512), nil)
+	f.recvOp(opSCSICmd) // never answered
+	r := wait(t, res)
+	require.ErrorContains(t, r.err, "did not answer READ(16) of 1 blocks at LBA 8 in 300ms")
+	var ended *endedError
+	require.ErrorAs(t, r.err, &ended, "to be run again on a new session")
 }
 
 // What a target sends that breaks the protocol ends the session with an error saying what it was:
