@@ -207,13 +207,9 @@ func (b *Backend) Close() error {
 
 // ReadAt implements backend.Backend.
 func (b *Backend) ReadAt(p []byte, off int64) (int, error) {
-	if err := b.check(off, int64(len(p)), false); err != nil {
+	if send, err := b.begin(off, len(p), false); !send {
 		return 0, err
 	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	b.waits.Add(1)
 	bs := b.li.blockSize
 	if off%bs == 0 && int64(len(p))%bs == 0 {
 		return b.done(len(p), b.readBlocks(p, off/bs))
@@ -231,6 +227,19 @@ func (b *Backend) ReadAt(p []byte, off int64) (int, error) {
 		rest, pos = rest[n:], pos+int64(n)
 	}
 	return len(p), nil
+}
+
+// begin checks a read or write of n bytes at off and counts it; it reports false, with the error
+// if any, where there is nothing to send.
+func (b *Backend) begin(off int64, n int, write bool) (bool, error) {
+	if err := b.check(off, int64(n), write); err != nil {
+		return false, err
+	}
+	if n == 0 {
+		return false, nil
+	}
+	b.waits.Add(1)
+	return true, nil
 }
 
 // done is a request's result: all of it, or nothing and the error.
@@ -253,13 +262,9 @@ func (b *Backend) WriteAtFUA(p []byte, off int64) (int, error) {
 }
 
 func (b *Backend) write(p []byte, off int64, fua bool) (int, error) {
-	if err := b.check(off, int64(len(p)), true); err != nil {
+	if send, err := b.begin(off, len(p), true); !send {
 		return 0, err
 	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	b.waits.Add(1)
 	bs := b.li.blockSize
 	if off%bs == 0 && int64(len(p))%bs == 0 {
 		return b.done(len(p), b.writeBlocks(p, off/bs, fua))

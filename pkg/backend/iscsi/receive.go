@@ -51,7 +51,7 @@ func (s *session) receiveLoop() error {
 		case opNOPIn:
 			err = s.nopIn(h)
 		case opLogoutResp:
-			err = s.logoutResponse(h)
+			err = s.endTask(h, kindLogout)
 		case opReject:
 			err = s.reject(h)
 		case opAsync:
@@ -90,6 +90,30 @@ func (s *session) status(h *bhs) error {
 		return fmt.Errorf("%w: %s has StatSN %d, expected %d", ErrProtocol, h, got, want)
 	}
 	s.expStatSN.Store(want + 1)
+	return nil
+}
+
+// answer finds the task of kind that a PDU with a status answers, and checks its StatSN.
+func (s *session) answer(h *bhs, kind taskKind) (*task, error) {
+	t, err := s.taskFor(h, kind)
+	if err != nil {
+		return nil, err
+	}
+	return t, s.status(h)
+}
+
+// endTask ends the task of a NOP-In or Logout Response, whose data is of no use: the response
+// byte is the whole answer.
+func (s *session) endTask(h *bhs, kind taskKind) error {
+	t, err := s.answer(h, kind)
+	if err != nil {
+		return err
+	}
+	if err := s.rd.skip(); err != nil {
+		return err
+	}
+	t.response = h[2]
+	s.complete(t, nil)
 	return nil
 }
 
@@ -140,11 +164,8 @@ func (s *session) dataIn(h *bhs) error {
 }
 
 func (s *session) scsiResponse(h *bhs) error {
-	t, err := s.taskFor(h, kindSCSI)
+	t, err := s.answer(h, kindSCSI)
 	if err != nil {
-		return err
-	}
-	if err := s.status(h); err != nil {
 		return err
 	}
 	data, err := s.rd.readData()
@@ -219,34 +240,7 @@ func (s *session) nopIn(h *bhs) error {
 		}
 		return nil
 	}
-	t, err := s.taskFor(h, kindPing)
-	if err != nil {
-		return err
-	}
-	if err := s.status(h); err != nil {
-		return err
-	}
-	if err := s.rd.skip(); err != nil {
-		return err
-	}
-	s.complete(t, nil)
-	return nil
-}
-
-func (s *session) logoutResponse(h *bhs) error {
-	t, err := s.taskFor(h, kindLogout)
-	if err != nil {
-		return err
-	}
-	if err := s.status(h); err != nil {
-		return err
-	}
-	if err := s.rd.skip(); err != nil {
-		return err
-	}
-	t.response = h[2]
-	s.complete(t, nil)
-	return nil
+	return s.endTask(h, kindPing)
 }
 
 // rejectReasons names the reasons of a Reject (RFC 7143 section 11.17.1).
