@@ -62,7 +62,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 }
 
 // Backend is one LUN. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter,
-// ReadOnlyReporter and Waiter.
+// ReadOnlyReporter, Waiter and AsyncReader.
 type Backend struct {
 	l        *link
 	li       lunInfo
@@ -240,6 +240,36 @@ func (b *Backend) begin(off int64, n int, write bool) (bool, error) {
 	}
 	b.waits.Add(1)
 	return true, nil
+}
+
+// ReadAtAsync implements backend.AsyncReader for a read of whole blocks that one command moves:
+// it sends the command and returns, and the session's reader calls done when the target has
+// answered, so that no goroutine waits for each read (bench nbd --parts iscsi measures it). What
+// the plain way handles (a status to retry, a session lost meanwhile) goes to it, on a goroutine of
+// its own; a read that needs more than one command is not started.
+func (b *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	bs := b.li.blockSize
+	n := int64(len(p))
+	if n == 0 || off%bs != 0 || n%bs != 0 || n/bs > b.cmdBlocks || b.check(off, n, false) != nil {
+		return false
+	}
+	s := b.l.current()
+	if s == nil {
+		return false
+	}
+	lba := off / bs
+	cdb := cdbBlocks(scsiRead16, 0, uint64(lba), uint32(n/bs))
+	started := s.startRead(cdb, p, func(t *task) {
+		if t.err == nil && t.response == 0 && t.digest == nil && t.status == statusGood && t.got == len(p) {
+			done(nil)
+			return
+		}
+		go func() { done(b.readBlocks(p, lba)) }()
+	})
+	if started {
+		b.waits.Add(1)
+	}
+	return started
 }
 
 // done is a request's result: all of it, or nothing and the error.

@@ -33,6 +33,8 @@ type fakeLUN struct {
 	refuse       map[byte]bool
 	refuseUnmap  bool   // WRITE SAME with the UNMAP bit: invalid field in CDB
 	failWrites   *Sense // writes end in CHECK CONDITION with this sense
+	failReads    *Sense // reads too
+	senseOnce    *Sense // the next command does, once
 	// before, if set, sees each command before it runs (outside mu): a test drops the connection.
 	before atomic.Pointer[func(cdb []byte)]
 	mu     sync.Mutex
@@ -51,6 +53,15 @@ func (l *fakeLUN) handle(cdb, out []byte) (status byte, sense, in []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cmds = append(l.cmds, bytes.Clone(cdb))
+	if f := l.senseOnce; f != nil {
+		l.senseOnce = nil
+		status, sense = checkCondition(f.Key, f.ASC, f.ASCQ)
+		return status, sense, nil
+	}
+	if f := l.failReads; f != nil && cdb[0] == scsiRead16 {
+		status, sense = checkCondition(f.Key, f.ASC, f.ASCQ)
+		return status, sense, nil
+	}
 	if l.refuse[cdb[0]] {
 		status, sense = checkCondition(keyIllegalRequest, 0x20, 0)
 		return status, sense, nil
@@ -436,4 +447,85 @@ func TestBackendErrors(t *testing.T) {
 		require.ErrorIs(t, err, backend.ErrClosed)
 		require.NoError(t, b.Close(), "a second Close")
 	})
+}
+
+// readAsync runs ReadAtAsync and waits for its end; started is false where it was not started.
+func readAsync(t *testing.T, b *Backend, p []byte, off int64) (started bool, err error) {
+	t.Helper()
+	done := make(chan error, 1)
+	if !b.ReadAtAsync(p, off, func(err error) { done <- err }) {
+		return false, nil
+	}
+	select {
+	case err := <-done:
+		return true, err
+	case <-time.After(10 * time.Second):
+		t.Fatal("an asynchronous read never ended")
+		return true, nil
+	}
+}
+
+// ReadAtAsync starts what one READ(16) moves; what needs more (partial blocks, several commands)
+// is left to ReadAt. What the target answers other than GOOD, and a session lost under the read,
+// end it through the plain path: the retry of a UNIT ATTENTION, the reissue on a new session, the
+// error of a failed read.
+func TestBackendReadAsync(t *testing.T) {
+	lun := newFakeLUN(1 << 20)
+	for i := range lun.disk {
+		lun.disk[i] = byte(i / fakeBlock)
+	}
+	b, links, err := openFakeLink(t, lun, time.Minute)
+	require.NoError(t, err)
+	want := func(off, n int) []byte { return lun.disk[off : off+n] }
+
+	p := make([]byte, 4096)
+	started, err := readAsync(t, b, p, 8192)
+	require.True(t, started)
+	require.NoError(t, err)
+	require.Equal(t, want(8192, 4096), p)
+	require.Equal(t, []byte{scsiRead16}, lun.commands())
+
+	for _, c := range []struct {
+		name string
+		off  int64
+		n    int
+	}{
+		{"partial block", 100, 512},
+		{"not whole blocks", 512, 1000},
+		{"more than one command", 0, fakeParams.maxBurst + fakeBlock},
+		{"beyond the end", 1 << 20, 512},
+		{"empty", 0, 0},
+	} {
+		started, _ := readAsync(t, b, make([]byte, c.n), c.off)
+		require.False(t, started, c.name)
+	}
+	require.Empty(t, lun.commands(), "nothing sent for what was not started")
+
+	// A UNIT ATTENTION: retried, by the plain path.
+	ua := &Sense{Key: keyUnitAttention, ASC: 0x29}
+	lun.mu.Lock()
+	lun.senseOnce = ua
+	lun.mu.Unlock()
+	clear(p)
+	started, err = readAsync(t, b, p, 0)
+	require.True(t, started)
+	require.NoError(t, err)
+	require.Equal(t, want(0, 4096), p)
+	require.Equal(t, []byte{scsiRead16, scsiRead16}, lun.commands())
+
+	// The session lost under the read: run again on the next one.
+	onCommand(lun, scsiRead16, func() bool { links.drop(); return false })
+	clear(p)
+	started, err = readAsync(t, b, p, 4096)
+	require.True(t, started)
+	require.NoError(t, err)
+	require.Equal(t, want(4096, 4096), p)
+	require.EqualValues(t, 1, b.l.reconnects.Load())
+
+	// A medium error: the read fails with it.
+	lun.mu.Lock()
+	lun.failReads = &Sense{Key: 0x3, ASC: 0x11} // MEDIUM ERROR, unrecovered read error
+	lun.mu.Unlock()
+	_, err = readAsync(t, b, p, 0)
+	require.ErrorContains(t, err, "MEDIUM ERROR")
 }

@@ -61,6 +61,13 @@ func newLink(s *session, maxWait time.Duration, log *slog.Logger, dial func() (*
 	return &link{name: s.name, log: log, maxWait: maxWait, dial: dial, s: s, up: make(chan struct{}), stop: make(chan struct{})}
 }
 
+// current returns the current session, nil while the target is away.
+func (l *link) current() *session {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.s
+}
+
 // session returns the current session, waiting for one while the target is away; since is when
 // the caller's command first found it away (zero: not yet).
 func (l *link) session(since time.Time) (*session, error) {

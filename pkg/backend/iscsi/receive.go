@@ -22,7 +22,7 @@ func (s *session) receive() {
 	s.mu.Unlock()
 	for _, t := range tasks {
 		t.err = err
-		close(t.done)
+		s.finish(t)
 	}
 	close(s.done)
 }

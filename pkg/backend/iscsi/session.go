@@ -61,7 +61,10 @@ type task struct {
 	dataSN uint32    // the next Data-In's DataSN
 	r2tSN  uint32    // the next R2T's R2TSN
 	r2ts   chan r2t
-	done   chan struct{}
+	done   chan struct{} // closed when the task ends, unless it has cb
+	// cb, for a command started with startRead, is called on the reader goroutine when the task
+	// ends, instead of closing done; it must not block.
+	cb func(*task)
 
 	status   byte   // SCSI status
 	sense    []byte // the sense data of a CHECK CONDITION
@@ -185,7 +188,9 @@ func (s *session) ended() error {
 
 // register gives t an Initiator Task Tag and makes the reader route PDUs to it.
 func (s *session) register(t *task) error {
-	t.done = make(chan struct{})
+	if t.cb == nil {
+		t.done = make(chan struct{})
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {
@@ -212,7 +217,29 @@ func (s *session) complete(t *task, err error) {
 		s.writesAcked.Add(1)
 	}
 	t.err = err
-	close(t.done)
+	s.finish(t)
+}
+
+// finish tells whoever waits for t that it has ended.
+func (s *session) finish(t *task) {
+	if t.cb == nil {
+		close(t.done)
+		return
+	}
+	<-s.slots
+	t.cb(t)
+}
+
+// unregister takes back a task that was never sent; it reports false if the session's end took
+// it first (and so ends it).
+func (s *session) unregister(t *task) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tasks[t.itt] != t {
+		return false
+	}
+	delete(s.tasks, t.itt)
+	return true
 }
 
 // lockForCommand takes the write lock with a CmdSN in the target's window, waiting for the window
@@ -220,24 +247,35 @@ func (s *session) complete(t *task, err error) {
 // caller sends its command and unlocks wmu.
 func (s *session) lockForCommand() (uint32, error) {
 	for {
-		s.wmu.Lock()
+		sn, ok, err := s.tryLockForCommand()
+		if ok || err != nil {
+			return sn, err
+		}
 		s.mu.Lock()
-		if s.err != nil {
-			err := s.err
-			s.mu.Unlock()
-			s.wmu.Unlock()
-			return 0, err
+		if s.err == nil && serialLess(s.maxCmdSN, s.cmdSN) {
+			s.window.Wait()
 		}
-		if !serialLess(s.maxCmdSN, s.cmdSN) {
-			sn := s.cmdSN
-			s.cmdSN++
-			s.mu.Unlock()
-			return sn, nil
-		}
-		s.wmu.Unlock()
-		s.window.Wait()
 		s.mu.Unlock()
 	}
+}
+
+// tryLockForCommand is lockForCommand where the window is open; ok is false, with wmu not held,
+// where it is shut or the session has ended (err).
+func (s *session) tryLockForCommand() (sn uint32, ok bool, err error) {
+	s.wmu.Lock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.err != nil:
+		s.wmu.Unlock()
+		return 0, false, s.err
+	case serialLess(s.maxCmdSN, s.cmdSN):
+		s.wmu.Unlock()
+		return 0, false, nil
+	}
+	sn = s.cmdSN
+	s.cmdSN++
+	return sn, true, nil
 }
 
 // nextCmdSN is the CmdSN an immediate PDU carries (it does not advance it).
@@ -274,31 +312,7 @@ func (s *session) command(cdb []byte, read, write []byte) (*task, error) {
 	if err := s.register(t); err != nil {
 		return nil, &endedError{err}
 	}
-	var h bhs
-	h.setOpcode(opSCSICmd, false)
-	h[1] = attrSimple
-	h.setLUN(s.lun)
-	h.setITT(t.itt)
-	copy(h[32:], cdb)
-	var immediate, unsolicited int
-	switch {
-	case len(read) > 0:
-		h[1] |= flagRead
-		h.setU32(20, uint32(len(read)))
-	case len(write) > 0:
-		h[1] |= flagWrite
-		h.setU32(20, uint32(len(write)))
-		if s.p.immediateData {
-			immediate = min(len(write), s.p.firstBurst, s.p.maxSendData)
-		}
-		unsolicited = immediate
-		if !s.p.initialR2T {
-			unsolicited = min(len(write), s.p.firstBurst)
-		}
-	}
-	if unsolicited == immediate {
-		h[1] |= flagFinal // no unsolicited Data-Out follows
-	}
+	h, immediate, unsolicited := s.header(t)
 	sn, err := s.lockForCommand()
 	if err == nil {
 		h.setCmdSN(sn)
@@ -328,6 +342,64 @@ wait:
 		return t, &endedError{err}
 	}
 	return t, err
+}
+
+// header is the SCSI Command PDU of t (but its CmdSN), with how many bytes of a write go in it
+// (immediate) and how many go before the target asks for more (unsolicited).
+func (s *session) header(t *task) (h bhs, immediate, unsolicited int) {
+	h.setOpcode(opSCSICmd, false)
+	h[1] = attrSimple
+	h.setLUN(s.lun)
+	h.setITT(t.itt)
+	copy(h[32:], t.cdb)
+	switch {
+	case len(t.read) > 0:
+		h[1] |= flagRead
+		h.setU32(20, uint32(len(t.read)))
+	case len(t.write) > 0:
+		h[1] |= flagWrite
+		h.setU32(20, uint32(len(t.write)))
+		if s.p.immediateData {
+			immediate = min(len(t.write), s.p.firstBurst, s.p.maxSendData)
+		}
+		unsolicited = immediate
+		if !s.p.initialR2T {
+			unsolicited = min(len(t.write), s.p.firstBurst)
+		}
+	}
+	if unsolicited == immediate {
+		h[1] |= flagFinal // no unsolicited Data-Out follows
+	}
+	return h, immediate, unsolicited
+}
+
+// startRead sends a command that reads into read, and returns: the reader calls cb when the
+// target has answered, or the session has ended. It reports false, having sent nothing, where the
+// session has no free slot or CmdSN for it at once, or has ended.
+func (s *session) startRead(cdb, read []byte, cb func(*task)) bool {
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		return false
+	}
+	t := &task{kind: kindSCSI, cdb: cdb, read: read, cb: cb}
+	if s.register(t) != nil {
+		<-s.slots
+		return false
+	}
+	h, _, _ := s.header(t)
+	sn, ok, err := s.tryLockForCommand()
+	if !ok {
+		if err == nil && s.unregister(t) {
+			<-s.slots
+			return false
+		}
+		return true // the session has ended: its reader ends t
+	}
+	h.setCmdSN(sn)
+	_ = s.send(&h, nil) // a failure ends the session, and its reader t
+	s.wmu.Unlock()
+	return true
 }
 
 // sendData sends t.write[off:off+n] in Data-Out PDUs of at most the target's
