@@ -149,6 +149,16 @@ func (v *Volume) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	return a.ReadAtAsync(p, off, done)
 }
 
+// WriteAtAsync implements backend.AsyncWriter where the backend does (an iSCSI LUN); it leaves a
+// request it would refuse to WriteAt.
+func (v *Volume) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool {
+	a, ok := v.b.(backend.AsyncWriter)
+	if !ok || v.check(off, int64(len(p)), true) != nil {
+		return false
+	}
+	return a.WriteAtAsync(p, off, fua, done)
+}
+
 // WriteAt implements Device. With fua the write is durable when WriteAt returns.
 func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {

@@ -106,6 +106,14 @@ type AsyncReader interface {
 	ReadAtAsync(p []byte, off int64, done func(error)) bool
 }
 
+// AsyncWriter is AsyncReader's counterpart for writes (an iSCSI LUN, whose writes are a PDU out
+// and a status back): WriteAtAsync starts a write of p at off, durable when done reports success
+// if fua, and returns; it reports false, having done nothing, where it cannot (the caller writes
+// with WriteAt, or WriteAtFUA). done is called as AsyncReader's is; p is the backend's until then.
+type AsyncWriter interface {
+	WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool
+}
+
 // DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
 // device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
 // counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's

@@ -291,6 +291,7 @@ func (c *conn) enterWith(e *Export, info volume.Info, sizesAsked bool) {
 	c.export = e
 	c.waiter, _ = e.Device.(backend.Waiter)
 	c.async, _ = e.Device.(backend.AsyncReader)
+	c.asyncW, _ = e.Device.(backend.AsyncWriter)
 	c.info = info
 	c.tflags = transmissionFlags(info, c.structured)
 	c.minBlock, _, c.maxBlock = blockSizes(info)

@@ -34,9 +34,9 @@ var deviceErrorMessages = map[uint32]string{
 	proto.ErrnoInval:  "invalid request for the export",
 }
 
-// endedRead is a read the device started asynchronously and ended: its request, its buffer and
+// ended is a read or write the device started asynchronously and ended: its request, its buffer and
 // the device's error.
-type endedRead struct {
+type ended struct {
 	req proto.Request
 	buf *[]byte
 	err error
@@ -45,23 +45,38 @@ type endedRead struct {
 // readAsync starts a READ on the device and reports true, or false where the device leaves it to
 // ReadAt, returning then the buffer it took, for serve to read into. The reader goes on with the
 // next request at once; the read's end is answered by the reader or a replier goroutine
-// (readEnded), never by the device's own goroutine, whose other completions must not wait for a
+// (requestEnded), never by the device's own goroutine, whose other completions must not wait for a
 // client that is slow to take its replies.
 func (c *conn) readAsync(r proto.Request) (*[]byte, bool) {
 	buf := c.getBuf(int(r.Length))
 	c.workers.Add(1)
-	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.readEnded(endedRead{r, buf, err}) }) {
+	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.requestEnded(ended{r, buf, err}) }) {
 		return nil, true
 	}
 	c.workers.Done()
 	return buf, false
 }
 
-// readEnded queues an ended read. The reader answers it if it is looking for work at an empty
+// writeAsync starts a WRITE on the device and reports true, or false where the device leaves it
+// to WriteAt. Its end is answered as an asynchronous read's is.
+func (c *conn) writeAsync(j job) bool {
+	c.workers.Add(1)
+	fua := j.req.Flags&proto.CmdFlagFUA != 0
+	if c.asyncW.WriteAtAsync(*j.buf, int64(j.req.Offset), fua, func(err error) {
+		c.order.finish(j.seq)
+		c.requestEnded(ended{j.req, j.buf, err})
+	}) {
+		return true
+	}
+	c.workers.Done()
+	return false
+}
+
+// requestEnded queues an ended read or write. The reader answers it if it is looking for work at an empty
 // socket; else a replier goroutine does, started if none runs. Each start of a replier wakes a
 // thread, and one that finds nothing more to do goes back to sleep: while the reader waits for a
 // client whose requests are all in flight, answering on it saves both (bench cache --parts hits).
-func (c *conn) readEnded(e endedRead) {
+func (c *conn) requestEnded(e ended) {
 	c.endedMu.Lock()
 	c.ended = append(c.ended, e)
 	start := !c.replying && !c.readerLooking
@@ -74,7 +89,7 @@ func (c *conn) readEnded(e endedRead) {
 
 // replyEnded answers the ended reads, those queued meanwhile too, then leaves.
 func (c *conn) replyEnded() {
-	var batch []endedRead
+	var batch []ended
 	for {
 		c.endedMu.Lock()
 		batch, c.ended = c.ended, batch[:0]
@@ -107,20 +122,23 @@ func (c *conn) looking(on bool) {
 
 // answerEnded answers a batch of ended reads. Their replies are flushed together, as endReply
 // flushes those of workers that finish together.
-func (c *conn) answerEnded(batch []endedRead) {
+func (c *conn) answerEnded(batch []ended) {
 	c.queued.Add(1) // no reply of the batch flushes: the last step does
 	for _, e := range batch {
-		if e.err != nil {
+		switch {
+		case e.err != nil:
 			c.replyFailed(e.req, e.err)
-		} else {
+		case e.req.Type == proto.CmdRead:
 			c.replyData(e.req, *e.buf)
+		default:
+			c.replyErrno(e.req, 0, "")
 		}
 		c.putBuf(e.buf)
 	}
 	c.wmu.Lock()
 	c.endReply()
 	for i := range batch {
-		batch[i] = endedRead{}
+		batch[i] = ended{}
 		<-c.slots
 		c.workers.Done()
 	}

@@ -454,6 +454,7 @@ type conn struct {
 	export     *Export
 	waiter     backend.Waiter      // the device's count of requests that waited, if it keeps one
 	async      backend.AsyncReader // the device, if it starts reads that end on their own
+	asyncW     backend.AsyncWriter // and writes
 	info       volume.Info
 	tflags     uint16
 	minBlock   uint32
@@ -476,10 +477,10 @@ type conn struct {
 	// Reads the device started asynchronously wait in ended until a replier goroutine, one at
 	// a time (replying), answers them, or the reader does while it looks for work (readerLooking).
 	endedMu       sync.Mutex
-	ended         []endedRead
+	ended         []ended
 	replying      bool
 	readerLooking bool
-	spare         []endedRead // the reader's batch, kept between its turns
+	spare         []ended // the reader's batch, kept between its turns
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).

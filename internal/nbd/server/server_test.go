@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -941,6 +942,94 @@ func TestAsyncReads(t *testing.T) {
 	c.ExpectClosed()
 	require.LessOrEqual(t, dev.peak.Load(), int32(maxInFlight))
 	require.Equal(t, int32(9), dev.started.Load())
+}
+
+// asyncWriter starts the writes of the upper half of a volume asynchronously, holding each until
+// the test releases it; the write at failAt fails. Flushes count the writes ended before them.
+type asyncWriter struct {
+	volume.Device
+	release       chan struct{}
+	failAt        int64
+	started, fuas atomic.Int32
+	ended         atomic.Int32
+	endedAtFlush  []int32
+	flushMu       sync.Mutex
+}
+
+func (d *asyncWriter) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool {
+	if off < 1<<19 {
+		return false
+	}
+	d.started.Add(1)
+	if fua {
+		d.fuas.Add(1)
+	}
+	go func() {
+		<-d.release
+		err := d.Device.WriteAt(p, off, fua)
+		if off == d.failAt {
+			err = syscall.EIO
+		}
+		d.ended.Add(1)
+		done(err)
+	}()
+	return true
+}
+
+func (d *asyncWriter) Flush() error {
+	d.flushMu.Lock()
+	d.endedAtFlush = append(d.endedAtFlush, d.ended.Load())
+	d.flushMu.Unlock()
+	return d.Device.Flush()
+}
+
+// TestAsyncWrites: writes a device starts asynchronously (backend.AsyncWriter, an iSCSI LUN)
+// leave the reader free, are answered with success or their error once they end, land where they
+// were sent, carry FUA through, and a FLUSH sent after them waits for them all.
+func TestAsyncWrites(t *testing.T) {
+	vol, mem := nbdtest.NewVolume(1<<20, 0, volume.Options{})
+	dev := &asyncWriter{Device: vol, release: make(chan struct{}), failAt: 1<<19 + 2*4096}
+	ts := startServer(t, Config{Exports: []Export{{Device: dev}}, MaxInFlight: 16})
+	c := nbdtest.DialRaw(t, "unix", ts.Sock)
+	c.Connect("", true)
+
+	for i := range uint64(4) {
+		var flags uint16
+		if i == 3 {
+			flags = proto.CmdFlagFUA
+		}
+		c.Request(proto.Request{Type: proto.CmdWrite, Flags: flags, Cookie: 100 + i, Offset: 1<<19 + 4096*i, Length: 4096},
+			bytes.Repeat([]byte{byte(0x40 + i)}, 4096))
+	}
+	c.Request(proto.Request{Type: proto.CmdFlush, Cookie: 200}, nil)
+	// A synchronous write behind them is answered meanwhile.
+	c.Request(proto.Request{Type: proto.CmdWrite, Cookie: 10, Offset: 0, Length: 4096}, bytes.Repeat([]byte{7}, 4096))
+	r := c.Reply()
+	require.Equal(t, uint64(10), r.Cookie, "a write behind asynchronous ones that have not ended")
+	require.Eventually(t, func() bool { return dev.started.Load() == 4 }, 5*time.Second, time.Millisecond)
+	require.Equal(t, int32(1), dev.fuas.Load())
+	close(dev.release)
+	seen := map[uint64]bool{}
+	for range 5 {
+		r := c.Reply()
+		if r.Cookie == 102 { // offset failAt
+			require.Equal(t, proto.ErrnoIO, r.Errno, "the failed asynchronous write")
+		} else {
+			require.Zero(t, r.Errno, "cookie %d", r.Cookie)
+		}
+		seen[r.Cookie] = true
+	}
+	dev.flushMu.Lock()
+	require.Len(t, seen, 5)
+	// Replies may come in any order (an ended write's waits for a replier, the FLUSH's worker
+	// answers at once), but the device flushed only after the writes sent before the FLUSH ended.
+	require.Equal(t, []int32{4}, dev.endedAtFlush)
+	dev.flushMu.Unlock()
+	for _, i := range []int{0, 1, 3} {
+		require.Equal(t, bytes.Repeat([]byte{byte(0x40 + i)}, 4096), mem.Snapshot()[1<<19+4096*i:1<<19+4096*(i+1)])
+	}
+	c.Request(proto.Request{Type: proto.CmdDisc}, nil)
+	c.ExpectClosed()
 }
 
 // TestMaxConnections: connections past MaxConnections are closed as they arrive, and one is taken

@@ -100,6 +100,9 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 				continue
 			}
 		}
+		if req.Type == proto.CmdWrite && c.asyncW != nil && j.buf != nil && c.writeAsync(j) {
+			continue
+		}
 		inline, probe, gen := c.plan.next()
 		j.gen = gen
 		if !inline {

@@ -62,7 +62,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 }
 
 // Backend is one LUN. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter,
-// ReadOnlyReporter, Waiter and AsyncReader.
+// ReadOnlyReporter, Waiter, AsyncReader and AsyncWriter.
 type Backend struct {
 	l        *link
 	li       lunInfo
@@ -248,9 +248,20 @@ func (b *Backend) begin(off int64, n int, write bool) (bool, error) {
 // the plain way handles (a status to retry, a session lost meanwhile) goes to it, on a goroutine of
 // its own; a read that needs more than one command is not started.
 func (b *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	return b.startAsync(p, off, false, false, done)
+}
+
+// WriteAtAsync implements backend.AsyncWriter as ReadAtAsync does reads, for a write of whole
+// blocks whose data fits in its command's PDU (immediate data), with the FUA bit where asked (a
+// LUN without it is not started: its FUA writes are a write and a flush).
+func (b *Backend) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool {
+	return b.startAsync(p, off, true, fua, done)
+}
+
+func (b *Backend) startAsync(p []byte, off int64, write, fua bool, done func(error)) bool {
 	bs := b.li.blockSize
 	n := int64(len(p))
-	if n == 0 || off%bs != 0 || n%bs != 0 || n/bs > b.cmdBlocks || b.check(off, n, false) != nil {
+	if n == 0 || off%bs != 0 || n%bs != 0 || n/bs > b.cmdBlocks || fua && !b.li.fua || b.check(off, n, write) != nil {
 		return false
 	}
 	s := b.l.current()
@@ -258,13 +269,25 @@ func (b *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		return false
 	}
 	lba := off / bs
-	cdb := cdbBlocks(scsiRead16, 0, uint64(lba), uint32(n/bs))
-	started := s.startRead(cdb, p, func(t *task) {
-		if t.err == nil && t.response == 0 && t.digest == nil && t.status == statusGood && t.got == len(p) {
+	op, flags, read, data := byte(scsiRead16), byte(0), p, []byte(nil)
+	if write {
+		op, read, data = scsiWrite16, nil, p
+		if fua {
+			flags = cdbFUA
+		}
+	}
+	started := s.start(cdbBlocks(op, flags, uint64(lba), uint32(n/bs)), read, data, func(t *task) {
+		if t.good() {
 			done(nil)
 			return
 		}
-		go func() { done(b.readBlocks(p, lba)) }()
+		go func() {
+			if write {
+				done(b.writeBlocks(p, lba, fua))
+			} else {
+				done(b.readBlocks(p, lba))
+			}
+		}()
 	})
 	if started {
 		b.waits.Add(1)

@@ -529,3 +529,38 @@ func TestBackendReadAsync(t *testing.T) {
 	_, err = readAsync(t, b, p, 0)
 	require.ErrorContains(t, err, "MEDIUM ERROR")
 }
+
+// WriteAtAsync starts a write whose data fits in its command's PDU, with FUA where the LUN honours
+// it; a failed status ends it through the plain path, with its error.
+func TestBackendWriteAsync(t *testing.T) {
+	lun := newFakeLUN(1 << 20)
+	lun.deviceParam = 0x10 // DPOFUA
+	b, _, err := openFakeLink(t, lun, time.Minute)
+	require.NoError(t, err)
+	write := func(p []byte, off int64, fua bool) (bool, error) {
+		done := make(chan error, 1)
+		if !b.WriteAtAsync(p, off, fua, func(err error) { done <- err }) {
+			return false, nil
+		}
+		return true, <-done
+	}
+	started, err := write(bytes.Repeat([]byte{5}, 4096), 4096, true)
+	require.True(t, started)
+	require.NoError(t, err)
+	require.Equal(t, bytes.Repeat([]byte{5}, 4096), lun.disk[4096:8192])
+	cmds := lun.take()
+	require.Len(t, cmds, 1)
+	require.Equal(t, []byte{scsiWrite16, cdbFUA}, cmds[0][:2], "one WRITE(16) with FUA")
+
+	started, _ = write(make([]byte, fakeParams.maxSendData+fakeBlock), 0, false)
+	require.False(t, started, "more than one PDU of data")
+	started, _ = write(make([]byte, 100), 0, false)
+	require.False(t, started, "a partial block")
+
+	lun.mu.Lock()
+	lun.failWrites = &Sense{Key: 0x3, ASC: 0x0c} // MEDIUM ERROR, write error
+	lun.mu.Unlock()
+	started, err = write(make([]byte, 512), 0, false)
+	require.True(t, started)
+	require.ErrorContains(t, err, "MEDIUM ERROR")
+}

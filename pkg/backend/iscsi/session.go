@@ -73,6 +73,11 @@ type task struct {
 	err      error  // the task failed: rejected, or the session ended
 }
 
+// good reports whether t ended with GOOD status and all its data.
+func (t *task) good() bool {
+	return t.err == nil && t.response == 0 && t.digest == nil && t.status == statusGood && t.got == len(t.read)
+}
+
 // r2t is what one Ready To Transfer asks for.
 type r2t struct {
 	ttt      uint32
@@ -373,16 +378,20 @@ func (s *session) header(t *task) (h bhs, immediate, unsolicited int) {
 	return h, immediate, unsolicited
 }
 
-// startRead sends a command that reads into read, and returns: the reader calls cb when the
-// target has answered, or the session has ended. It reports false, having sent nothing, where the
-// session has no free slot or CmdSN for it at once, or has ended.
-func (s *session) startRead(cdb, read []byte, cb func(*task)) bool {
+// start sends a command that reads into read, or writes write whole in its own PDU (immediate
+// data), and returns: the reader calls cb when the target has answered, or the session has ended.
+// It reports false, having sent nothing, where the write needs more PDUs, or the session has no
+// free slot or CmdSN for it at once, or has ended.
+func (s *session) start(cdb, read, write []byte, cb func(*task)) bool {
+	if len(write) > 0 && (!s.p.immediateData || len(write) > min(s.p.firstBurst, s.p.maxSendData)) {
+		return false
+	}
 	select {
 	case s.slots <- struct{}{}:
 	default:
 		return false
 	}
-	t := &task{kind: kindSCSI, cdb: cdb, read: read, cb: cb}
+	t := &task{kind: kindSCSI, cdb: cdb, read: read, write: write, cb: cb}
 	if s.register(t) != nil {
 		<-s.slots
 		return false
@@ -397,7 +406,7 @@ func (s *session) startRead(cdb, read []byte, cb func(*task)) bool {
 		return true // the session has ended: its reader ends t
 	}
 	h.setCmdSN(sn)
-	_ = s.send(&h, nil) // a failure ends the session, and its reader t
+	_ = s.send(&h, write) // a failure ends the session, and its reader t
 	s.wmu.Unlock()
 	return true
 }
