@@ -12,9 +12,10 @@ SIZE ?= 1GiB
 RAM ?= 64MiB
 SSD_SIZE ?= 256MiB
 # Debian packages the tests and benchmarks use: real NBD peers, a kernel under qemu, losetup (mount),
-# certtool (gnutls-bin) for the TLS tests' certificates.
+# certtool (gnutls-bin) for the TLS tests' certificates, tgtd (tgt) as an iSCSI target, and qemu's
+# iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
@@ -109,8 +110,12 @@ crash-campaign: deps
 	  exit $$status
 
 # CACHESIM=/path/to/cachesim (libCacheSim, built outside this project) adds the comparison with it.
+# bench nbd's iscsi part (against qemu-nbd over a tgtd LUN) runs only as root: tgtd needs it.
+comma := ,
+NBD_PARTS ?= plain$(comma)tls$(if $(filter 0,$(shell id -u)),$(comma)iscsi)
 bench: deps build
-	$(BIN) bench nbd
+	@case ",$(NBD_PARTS)," in *,iscsi,*) ;; *) echo "bench nbd: parts $(NBD_PARTS), no iscsi (tgtd needs root)";; esac
+	$(BIN) bench nbd --parts $(NBD_PARTS)
 	$(BIN) bench cache --work $(CURDIR)/.cache/bench-cache
 	$(BIN) bench writeback --work $(CURDIR)/.cache/bench-writeback
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))

@@ -114,6 +114,8 @@ type Options struct {
 	Size    string        // fio --size, e.g. "512m": the region the rows work on
 	WorkDir string
 	Log     io.Writer // progress
+	// Watch are processes whose CPU is recorded besides the servers' (see Result.CPU).
+	Watch []Watch
 }
 
 // Result is the median of one row on one target.
@@ -122,6 +124,25 @@ type Result struct {
 	Unit    string
 	Medians map[string]float64 // by target name
 	Samples map[string][]float64
+	// CPU is, by target name, what the CPUs did during that target's measurements, where the run
+	// watched them (Run does; nil otherwise).
+	CPU map[string]*CPUUse
+}
+
+// CPUUse is what the CPUs did during one target's measurements of a row, round by round: each from
+// just before fio started to just after it ended (its ramp included).
+type CPUUse struct {
+	Busy []float64 // the share of the machine's CPUs that were busy, 0 to 1
+	// Cores are the cores each watched process used: the target's server under the target's name,
+	// the others (Options.Watch) under theirs.
+	Cores map[string][]float64
+}
+
+// Watch is a process whose CPU a run records during every measurement, besides the servers': one
+// that serves them all, such as the iSCSI target behind both.
+type Watch struct {
+	Name string
+	PID  int
 }
 
 // DefaultRows are the rows of `make bench`: 4K random read and write at iodepth 32, 1M sequential
@@ -135,7 +156,8 @@ func DefaultRows() []Row {
 }
 
 // Run measures every row on every target, alternating targets within each round, and which goes
-// first from round to round, so that drifts in machine load hit both alike.
+// first from round to round, so that drifts in machine load hit both alike. Around every
+// measurement it records the CPU of the target's server and of o.Watch (Result.CPU).
 func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 	if _, err := exec.LookPath("fio"); err != nil {
 		return nil, errors.New("fio is not installed; run `make deps` (Debian package fio)")
@@ -143,6 +165,13 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 	probes := make([]probe, len(targets))
 	for i, t := range targets {
 		sock := filepath.Join(o.WorkDir, fmt.Sprintf("bench%d.sock", i))
+		// The server's process, for its CPU.
+		var proc *exec.Cmd
+		command := t.Command
+		t.Command = func(sock string) *exec.Cmd {
+			proc = command(sock)
+			return proc
+		}
 		stop, err := start(ctx, t, sock)
 		if err != nil {
 			return nil, err
@@ -154,7 +183,8 @@ func Run(ctx context.Context, targets []Target, o Options) ([]Result, error) {
 		if _, err := fio(ctx, ep, o.Size, 0, 0, []string{"--rw=write", "--bs=1M", "--iodepth=8"}); err != nil {
 			return nil, fmt.Errorf("prefill %s: %w", t.Name, err)
 		}
-		probes[i] = probe{name: t.Name, ep: ep, runtime: o.Runtime, ramp: time.Second}
+		cpu := append([]Watch{{Name: t.Name, PID: proc.Process.Pid}}, o.Watch...)
+		probes[i] = probe{name: t.Name, ep: ep, runtime: o.Runtime, ramp: time.Second, cpu: cpu}
 	}
 	var results []Result
 	for _, row := range o.Rows {
@@ -172,6 +202,8 @@ type probe struct {
 	name          string
 	ep            Endpoint
 	runtime, ramp time.Duration
+	// cpu, if not empty, are the processes whose CPU is recorded during each measurement.
+	cpu []Watch
 }
 
 // measure runs row on every probe for the given rounds, alternating as Run describes, and returns
@@ -186,9 +218,23 @@ func measure(ctx context.Context, row Row, probes []probe, rounds int, size stri
 		}
 		for _, i := range roundOrder(len(probes), round) {
 			p := probes[i]
+			var cpu0 cpuSnap
+			if len(p.cpu) > 0 {
+				var err error
+				if cpu0, err = snapCPU(p.cpu); err != nil {
+					return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
+				}
+			}
 			v, err := fio(ctx, p.ep, size, p.runtime, p.ramp, row.FioArgs)
 			if err != nil {
 				return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
+			}
+			if len(p.cpu) > 0 {
+				cpu1, err := snapCPU(p.cpu)
+				if err != nil {
+					return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
+				}
+				r.addCPU(p.name, p.cpu, cpu1, cpu0)
 			}
 			if row.Unit == "MiB/s" {
 				v.value = v.bytesPerSec / (1 << 20)

@@ -130,7 +130,11 @@ func TestFreePorts(t *testing.T) {
 func TestNBDTargets(t *testing.T) {
 	plain, err := NBDTargets(NBDPlain, "/bin/tierblk", t.TempDir())
 	require.NoError(t, err)
+	defer plain.Close() // nothing to stop
 	require.Equal(t, "unix socket", plain.Transport)
+	require.Equal(t, "a 1 GiB RAM disk", plain.Disk)
+	require.Equal(t, DefaultRows(), plain.Rows)
+	require.Empty(t, plain.Watch)
 	require.Len(t, plain.Targets, 2)
 	require.Equal(t, "/bin/tierblk serve --backend mem://1GiB --nbd unix:/t.sock --log-level warn", strings.Join(plain.Targets[0].Command("/t.sock").Args, " "))
 	require.Equal(t, "nbdkit -f -U /t.sock memory 1G", strings.Join(plain.Targets[1].Command("/t.sock").Args, " "))
@@ -142,6 +146,7 @@ func TestNBDTargets(t *testing.T) {
 	s, err := NBDTargets(NBDTLS, "/bin/tierblk", work)
 	require.NoError(t, err)
 	require.Equal(t, "TCP on 127.0.0.1 with TLS 1.3, TLS_AES_256_GCM_SHA384", s.Transport)
+	require.Equal(t, DefaultRows(), s.Rows)
 	dir := filepath.Join(work, "tls")
 	require.FileExists(t, filepath.Join(dir, tlsconf.ServerKeyFile))
 	require.Len(t, s.Targets, 2)
@@ -163,9 +168,42 @@ func TestNBDTargets(t *testing.T) {
 	require.ErrorContains(t, err, `unknown part "udp"`)
 }
 
+func TestNBDParts(t *testing.T) {
+	require.Equal(t, []string{"plain", "tls", "iscsi"}, NBDParts())
+	require.Equal(t, []string{"plain", "tls"}, NBDDefaultParts(), "iscsi needs root: not by default")
+}
+
+// TestISCSITargets: the command lines of the iSCSI part's servers, on the same LUN URL, and its
+// rows: DefaultRows and 1M sequential writes.
+func TestISCSITargets(t *testing.T) {
+	url := iscsiURL("127.0.0.1:3260", ISCSIIQN, 1)
+	require.Equal(t, "iscsi://127.0.0.1:3260/iqn.2026-11.org.tierblk:bench/1", url)
+	ts := iscsiTargets("/bin/tierblk", url)
+	require.Len(t, ts, 2)
+	require.Equal(t, []string{"tierblk", "qemu-nbd"}, []string{ts[0].Name, ts[1].Name})
+	require.Equal(t, "/bin/tierblk serve --backend "+url+" --nbd unix:/t.sock --log-level warn", strings.Join(ts[0].Command("/t.sock").Args, " "))
+	require.Equal(t, "qemu-nbd -t -f raw --cache=none -k /q.sock "+url, strings.Join(ts[1].Command("/q.sock").Args, " "))
+	for _, tg := range ts {
+		require.Nil(t, tg.Listen, tg.Name)
+	}
+
+	rows := ISCSIRows()
+	require.Equal(t, DefaultRows(), rows[:len(DefaultRows())])
+	require.Len(t, rows, len(DefaultRows())+1)
+	require.Equal(t, Row{Name: "1M sequential write, QD8", FioArgs: []string{"--rw=write", "--bs=1M", "--iodepth=8"}, Unit: "MiB/s"}, rows[3])
+	require.Len(t, DefaultRows(), 3, "other parts keep their rows")
+}
+
 func TestNBDTable(t *testing.T) {
 	var b bytes.Buffer
-	NBDTable(&b, []Result{{Row: "4K", Unit: "IOPS", Samples: map[string][]float64{"tierblk": {110, 90, 300}, "nbdkit": {100, 100, 100}}}})
+	s := NBDSetup{Targets: []Target{{Name: "tierblk"}, {Name: "nbdkit"}}}
+	s.Table(&b, []Result{{Row: "4K", Unit: "IOPS", Samples: map[string][]float64{"tierblk": {110, 90, 300}, "nbdkit": {100, 100, 100}}}})
 	require.Equal(t, "| workload | tierblk | nbdkit | tierblk / nbdkit (min-max) |\n|---|---:|---:|---:|\n"+
 		"| 4K | 110 IOPS | 100 IOPS | 1.10 (0.90-3.00) |\n", b.String())
+
+	b.Reset()
+	s = NBDSetup{Targets: []Target{{Name: "tierblk"}, {Name: "qemu-nbd"}}}
+	s.Table(&b, []Result{{Row: "1M", Unit: "MiB/s", Samples: map[string][]float64{"tierblk": {50}, "qemu-nbd": {100}}}})
+	require.Equal(t, "| workload | tierblk | qemu-nbd | tierblk / qemu-nbd (min-max) |\n|---|---:|---:|---:|\n"+
+		"| 1M | 50 MiB/s | 100 MiB/s | 0.50 (0.50-0.50) |\n", b.String())
 }

@@ -32,7 +32,7 @@ type benchOpts struct {
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Benchmarks: 'bench nbd' (fio against nbdkit), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier), 'bench cold' (the cache against no cache on cold workloads)",
+		Short: "Benchmarks: 'bench nbd' (fio against nbdkit, and qemu-nbd over iSCSI), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier), 'bench cold' (the cache against no cache on cold workloads)",
 		Args:  noSuchCommand("unknown benchmark %q; use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup' or 'tierblk bench cold'"),
 		RunE:  showHelp,
 	}
@@ -44,18 +44,25 @@ func newBenchNBDCmd() *cobra.Command {
 	o := benchOpts{}
 	cmd := &cobra.Command{
 		Use:   "nbd",
-		Short: "Measure tierblk against nbdkit with fio (needs fio and nbdkit)",
+		Short: "Measure tierblk against nbdkit (and qemu-nbd over iSCSI) with fio (needs fio and nbdkit)",
 		Long: `Runs fio's nbd engine against 'tierblk serve --backend mem://1GiB' and 'nbdkit memory 1G'
 in the same run, alternating between them each round, and prints the median of each row and the
 median of the per-round ratios tierblk/nbdkit with their lowest and highest (above 1.0: tierblk is
-faster). The parts (--parts):
+faster), then the CPU each server used. The parts (--parts):
   plain   both on a unix socket
   tls     both on a TCP port of 127.0.0.1 each, requiring TLS (--tls require, --tls=require),
           with a certificate made for the run (ECDSA P-256, for 127.0.0.1); fio's GnuTLS may
           offer only ` + bench.TLSCipher + `, so that both serve the same
-          cipher (left to choose, nbdkit takes AES-256-GCM and tierblk AES-128-GCM)`,
+          cipher (left to choose, nbdkit takes AES-256-GCM and tierblk AES-128-GCM)
+  iscsi   not by default: needs root, tgtd (Debian package tgt) and qemu-nbd with qemu's iSCSI
+          driver (qemu-utils, qemu-block-extra). A tgtd on a free port of 127.0.0.1 serves a
+          1 GiB sparse file in the work directory as LUN 1 of ` + bench.ISCSIIQN + `;
+          'tierblk serve --backend iscsi://127.0.0.1:PORT/IQN/1' (no cache) and
+          'qemu-nbd -t -f raw --cache=none iscsi://127.0.0.1:PORT/IQN/1' serve it on unix
+          sockets; the rows add 1M sequential write, QD8, and the CPU table tgtd's CPU`,
 		Example: `  tierblk bench nbd
-  tierblk bench nbd --parts tls --rounds 5`,
+  tierblk bench nbd --parts tls --rounds 5
+  sudo tierblk bench nbd --parts iscsi --rounds 5 --runtime 5s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -66,8 +73,8 @@ faster). The parts (--parts):
 	f.IntVar(&o.rounds, "rounds", 3, "measurements per row and server (the median is reported)")
 	f.DurationVar(&o.runtime, "runtime", 10*time.Second, "fio run time per measurement")
 	f.StringVar(&o.size, "size", "512m", "region of the 1 GiB disk that fio works on (fio size syntax)")
-	f.StringSliceVar(&o.parts, "parts", bench.NBDParts(), "what to measure: plain (over a unix socket), tls (over TCP with TLS)")
-	f.StringVar(&o.work, "work", "", "directory for the sockets and the TLS certificates (default: a temporary directory)")
+	f.StringSliceVar(&o.parts, "parts", bench.NBDDefaultParts(), "what to measure: plain (over a unix socket), tls (over TCP with TLS), iscsi (against qemu-nbd, both over a tgtd LUN; needs root)")
+	f.StringVar(&o.work, "work", "", "directory for the sockets, the TLS certificates and the iSCSI LUN's file (default: a temporary directory)")
 	return cmd
 }
 
@@ -95,8 +102,16 @@ func runBench(ctx context.Context, o benchOpts) error {
 	if err != nil {
 		return err
 	}
-	if _, err := exec.LookPath("nbdkit"); err != nil {
-		return fmt.Errorf("nbdkit is not installed; run `make deps` (Debian package nbdkit)")
+	// What a part lacks fails the run before the first part, not after minutes of others.
+	if slices.Contains(o.parts, bench.NBDPlain) || slices.Contains(o.parts, bench.NBDTLS) {
+		if _, err := exec.LookPath("nbdkit"); err != nil {
+			return fmt.Errorf("nbdkit is not installed; run `make deps` (Debian package nbdkit)")
+		}
+	}
+	if slices.Contains(o.parts, bench.NBDISCSI) {
+		if err := bench.CheckISCSI(); err != nil {
+			return err
+		}
 	}
 	work, done, err := workDir(o.work, "tierblk-bench")
 	if err != nil {
@@ -126,15 +141,19 @@ func runBenchPart(ctx context.Context, o benchOpts, part, self, work string) err
 	if err != nil {
 		return err
 	}
+	// After Run has stopped the servers.
+	defer setup.Close()
 	res, err := bench.Run(ctx, setup.Targets, bench.Options{
-		Rows: bench.DefaultRows(), Rounds: o.rounds, Runtime: o.runtime, Size: o.size, WorkDir: dir, Log: o.log,
+		Rows: setup.Rows, Rounds: o.rounds, Runtime: o.runtime, Size: o.size, WorkDir: dir, Log: o.log, Watch: setup.Watch,
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, %s, %s of a 1 GiB RAM disk, median of %d runs of %s; ratio: median of the per-round ratios (lowest-highest):\n\n",
-		setup.Transport, o.size, o.rounds, o.runtime)
-	bench.NBDTable(o.out, res)
+	fmt.Fprintf(o.out, "\nfio, nbd engine, one job, %s, %s of %s, median of %d runs of %s; ratio: median of the per-round ratios (lowest-highest):\n\n",
+		setup.Transport, o.size, setup.Disk, o.rounds, o.runtime)
+	setup.Table(o.out, res)
+	fmt.Fprintf(o.out, "\nCPU during each server's runs (fio's ramp included), medians; µs per I/O (IOPS rows) or per MiB (MiB/s rows):\n\n")
+	setup.CPUTable(o.out, res)
 	return nil
 }
 
