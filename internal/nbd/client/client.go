@@ -86,9 +86,11 @@ type Client struct {
 	next       atomic.Uint64 // round-robin position over conns
 	cookie     atomic.Uint64 // source of request cookies, unique for the client's lifetime
 	reconnects atomic.Int64
-	// Writes acknowledged, and how many of them the last successful flush covered: a reconnect
-	// with writes not yet flushed is worth a warning, as a server that crashed may have lost them.
+	// Writes acknowledged, and how many of them the last successful flush covered: a connection
+	// lost with writes not yet flushed may have lost them with a server that crashed. losses counts
+	// such connections; reported, those a failed Flush has owned up to.
 	writesDone, writesFlushed atomic.Uint64
+	losses, reported          atomic.Uint64
 	calls                     atomic.Uint64 // calls sent (Waits)
 
 	ctx       context.Context // cancelled by Close: stops reconnects and dials
@@ -264,22 +266,30 @@ func (c *Client) WriteAtFUA(p []byte, off int64) (int, error) {
 }
 
 // Flush makes every write that completed before the call durable. A server that does not offer
-// flush has no volatile cache, so there is nothing to do.
+// flush has no volatile cache, so there is nothing to do. It fails, once, where a connection was
+// lost with acknowledged writes no flush had covered (before or while it ran): the server may have
+// restarted and lost them, and cannot say so, so the caller must write them again (the
+// write-back destager keeps such lines dirty).
 func (c *Client) Flush() error {
 	if !c.has(proto.FlagSendFlush) {
 		return nil
 	}
 	covered := c.writesDone.Load()
-	_, err := c.run(proto.CmdFlush, 0, 0, 0, nil)
-	if err == nil {
-		for {
-			old := c.writesFlushed.Load()
-			if old >= covered || c.writesFlushed.CompareAndSwap(old, covered) {
-				break
-			}
+	if _, err := c.run(proto.CmdFlush, 0, 0, 0, nil); err != nil {
+		return err
+	}
+	for {
+		old := c.writesFlushed.Load()
+		if old >= covered || c.writesFlushed.CompareAndSwap(old, covered) {
+			break
 		}
 	}
-	return err
+	losses := c.losses.Load()
+	if n := losses - c.reported.Swap(losses); n > 0 {
+		return fmt.Errorf("nbd: %d connection(s) to %s %s were lost with acknowledged writes not yet flushed; a server that restarted may have lost them, so they must be written again",
+			n, c.cfg.Network, c.cfg.Address)
+	}
+	return nil
 }
 
 // Trim discards a range. It fails with backend.ErrNotSupported if the server cannot trim.

@@ -360,7 +360,8 @@ func (cn *conn) lost(s *session, cause error) {
 	c := cn.c
 	flushed := c.writesFlushed.Load() // loaded first: it never passes writesDone
 	if unflushed := c.writesDone.Load() - flushed; unflushed > 0 {
-		cn.log.Warn("nbd: connection lost with acknowledged writes not yet flushed; if the server crashed they may be lost",
+		c.losses.Add(1)
+		cn.log.Warn("nbd: connection lost with acknowledged writes not yet flushed; if the server crashed they may be lost, and the next flush will fail",
 			"unflushed_writes", unflushed)
 	}
 	cn.log.Warn("nbd: connection lost; reconnecting", "err", cause, "requests_to_resend", waiting)
