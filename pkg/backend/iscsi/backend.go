@@ -89,8 +89,8 @@ func dial(cfg config, opts backend.Options, tm timing) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Logging in again uses the same ISID, so that the target reinstates the session (RFC 7143
-	// section 6.3.5) and drops what the lost one left running.
+	// Logging in again uses the same ISID, so that the target reinstates the session (session
+	// reinstatement, RFC 7143) and drops what the lost one left running.
 	again := func() (*session, error) {
 		s, _, err := connect(cfg, isid, log, tm)
 		return s, err

@@ -12,8 +12,8 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// The backend's hold on its target across sessions. At error recovery level 0 (RFC 7143 section
-// 7.1.5) a session that loses its connection is over, and with it every command in flight: link
+// The backend's hold on its target across sessions. At error recovery level 0 (RFC 7143) a
+// session that loses its connection is over, and with it every command in flight: link
 // logs in again, with the same ISID so that the target reinstates the session and drops what the
 // old one left, and runs the commands again on the new session. Block reads and writes are
 // idempotent, so running one twice is harmless. A NAS that reboots stalls its callers until it is
