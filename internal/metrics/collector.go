@@ -67,9 +67,9 @@ var (
 		{tierDesc("tierblk_cache_rejected_total", "Missed lines this tier's admission policy turned away."), prometheus.CounterValue,
 			func(t tierSnap) float64 { return float64(t.Rejected) }},
 		// node_exporter's bcache collector calls the I/O that skipped the cache bypassed
-		// (node_bcache_bypassed_bytes_total); here it is the missed lines a tier did not take,
-		// counted whole, as the admission policy decides per line.
-		{tierDesc("tierblk_cache_bypassed_bytes_total", "Bytes of missed lines this tier's admission policy turned away, which bypassed the tier (rejected lines times the line size)."), prometheus.CounterValue,
+		// (node_bcache_bypassed_bytes_total); here it is the lines a tier did not take (read
+		// misses, lines written through), counted whole, as the admission policy decides per line.
+		{tierDesc("tierblk_cache_bypassed_bytes_total", "Bytes of lines this tier's admission policy turned away (read misses, lines written through), which bypassed the tier: rejected lines times the line size."), prometheus.CounterValue,
 			func(t tierSnap) float64 { return float64(t.Rejected * t.lineSize) }},
 		{tierDesc("tierblk_cache_congested_total", "Missed lines turned away because this tier's device was congested (within rejected)."), prometheus.CounterValue,
 			func(t tierSnap) float64 { return float64(t.Congested) }},
