@@ -15,7 +15,7 @@ SSD_SIZE ?= 256MiB
 # certtool (gnutls-bin) for the TLS tests' certificates, tgtd (tgt) as an iSCSI target, and qemu's
 # iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 

@@ -78,6 +78,8 @@ var toolPackages = map[string]string{
 	"certtool":           "gnutls-bin",
 	"tgtd":               "tgt",
 	"tgtadm":             "tgt",
+	"prometheus":         "prometheus",
+	"promtool":           "prometheus",
 }
 
 // requireTools fails the test (it does not skip: CI must run everything) when a tool is missing.

@@ -27,9 +27,12 @@ func (l ActionLine) Final() bool { return l.OK || l.Error != "" }
 // action runs on a validated export; progress streams ActionLines.
 type action func(ctx context.Context, s Source, progress func(done, total int64)) error
 
-func handleActions(mux *http.ServeMux, sources func() []Source) {
+// handleActions serves the actions; flushes learns of every flush and mode switch while it runs
+// (a mode switch may write every dirty line back too), for /metrics.
+func handleActions(mux *http.ServeMux, sources func() []Source, flushes *flushTracker) {
 	mux.Handle("POST /flush", actionHandler(sources, func(r *http.Request) (action, error) {
 		return func(ctx context.Context, s Source, progress func(done, total int64)) error {
+			defer flushes.begin(s.Export)()
 			return s.FlushAll(ctx, progress)
 		}, nil
 	}))
@@ -43,6 +46,7 @@ func handleActions(mux *http.ServeMux, sources func() []Source) {
 			return nil, err
 		}
 		return func(ctx context.Context, s Source, progress func(done, total int64)) error {
+			defer flushes.begin(s.Export)()
 			return s.SetMode(ctx, m, progress)
 		}, nil
 	}))

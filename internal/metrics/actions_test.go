@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -205,4 +207,62 @@ func TestStoppingCancelsActions(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, `{"error":"context canceled"}`+"\n", string(body))
 	require.NoError(t, wait())
+}
+
+// A flush (and a mode switch) of the admin endpoint shows in /metrics while it runs, with the time
+// it started, and is gone once it has returned.
+func TestFlushInProgressMetrics(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 2)
+	wait := func(ctx context.Context, _ func(done, total int64)) error {
+		started <- struct{}{}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	src := Source{Export: "disk0", Stats: fakeStats, FlushAll: wait,
+		SetMode: func(ctx context.Context, _ cache.Mode, p func(done, total int64)) error { return wait(ctx, p) }}
+	h := NewHandler(func() []Source { return []Source{src} })
+	labels := map[string]string{"export": "disk0"}
+	gauge := func(name string) float64 {
+		return series(t, scrape(t, h), name, labels).GetGauge().GetValue()
+	}
+	require.Zero(t, gauge("tierblk_cache_flushes_in_progress"))
+	require.Zero(t, gauge("tierblk_cache_flush_start_time_seconds"))
+
+	before := float64(time.Now().UnixNano()) / 1e9
+	// The requests run in goroutines of their own, which must not fail the test (post would):
+	// their answers are checked here.
+	done := make(chan *httptest.ResponseRecorder, 2)
+	serve := func(target string) {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest("POST", target, nil)
+		req.Host = "127.0.0.1:9810"
+		h.ServeHTTP(rec, req)
+		done <- rec
+	}
+	go serve("/flush?export=disk0")
+	<-started
+	after := float64(time.Now().UnixNano()) / 1e9
+	require.Equal(t, 1.0, gauge("tierblk_cache_flushes_in_progress"))
+	start := gauge("tierblk_cache_flush_start_time_seconds")
+	require.GreaterOrEqual(t, start, before)
+	require.LessOrEqual(t, start, after)
+
+	go serve("/mode?export=disk0&mode=writethrough")
+	<-started
+	require.Equal(t, 2.0, gauge("tierblk_cache_flushes_in_progress"))
+	require.Equal(t, start, gauge("tierblk_cache_flush_start_time_seconds"), "the oldest flush's start")
+
+	close(release)
+	for range 2 {
+		rec := <-done
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		require.True(t, strings.HasSuffix(rec.Body.String(), `{"ok":true}`+"\n"), rec.Body.String())
+	}
+	require.Zero(t, gauge("tierblk_cache_flushes_in_progress"))
+	require.Zero(t, gauge("tierblk_cache_flush_start_time_seconds"))
 }

@@ -1,12 +1,15 @@
 package metrics
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// statMetric is one series read from a part S of a snapshot: a TierStats per tier, the backend's
+// statMetric is one series read from a part S of a snapshot: a tierSnap per tier, the backend's
 // IOStats or the DirtyStats per export.
 type statMetric[S any] struct {
 	desc  *prometheus.Desc
@@ -23,51 +26,67 @@ func exportDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, []string{"export"}, nil)
 }
 
+// tierSnap is one tier's counters with the cache's line size, which turns counts of lines into
+// bytes.
+type tierSnap struct {
+	cache.TierStats
+	lineSize uint64
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 var (
-	tierMetrics = []statMetric[cache.TierStats]{
+	tierMetrics = []statMetric[tierSnap]{
 		{tierDesc("tierblk_cache_hits_total", "Line lookups answered by this tier."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Hits) }},
+			func(t tierSnap) float64 { return float64(t.Hits) }},
 		{tierDesc("tierblk_cache_misses_total", "Line lookups this tier could not answer."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Misses) }},
+			func(t tierSnap) float64 { return float64(t.Misses) }},
 		{tierDesc("tierblk_cache_hit_bytes_total", "Bytes served from this tier."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.HitBytes) }},
+			func(t tierSnap) float64 { return float64(t.HitBytes) }},
 		{tierDesc("tierblk_cache_promotions_total", "Lines promoted into this tier."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Promotions) }},
+			func(t tierSnap) float64 { return float64(t.Promotions) }},
 		{tierDesc("tierblk_cache_evictions_total", "Lines evicted from this tier."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Evictions) }},
+			func(t tierSnap) float64 { return float64(t.Evictions) }},
 		{tierDesc("tierblk_cache_invalidations_total", "Lines dropped because a write made them stale."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Invalidations) }},
+			func(t tierSnap) float64 { return float64(t.Invalidations) }},
 		{tierDesc("tierblk_cache_errors_total", "I/O errors of this tier's storage."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Errors) }},
+			func(t tierSnap) float64 { return float64(t.Errors) }},
 		{tierDesc("tierblk_cache_lines", "Lines held by this tier now."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 { return float64(t.Lines) }},
+			func(t tierSnap) float64 { return float64(t.Lines) }},
 		{tierDesc("tierblk_cache_capacity_lines", "Lines this tier can hold."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 { return float64(t.Capacity) }},
+			func(t tierSnap) float64 { return float64(t.Capacity) }},
 		{tierDesc("tierblk_cache_bytes", "Bytes held by this tier now."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 { return float64(t.LineBytes) }},
+			func(t tierSnap) float64 { return float64(t.LineBytes) }},
 		{tierDesc("tierblk_cache_admitted_total", "Missed lines this tier's admission policy took."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Admitted) }},
+			func(t tierSnap) float64 { return float64(t.Admitted) }},
 		{tierDesc("tierblk_cache_rejected_total", "Missed lines this tier's admission policy turned away."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Rejected) }},
+			func(t tierSnap) float64 { return float64(t.Rejected) }},
+		// node_exporter's bcache collector calls the I/O that skipped the cache bypassed
+		// (node_bcache_bypassed_bytes_total); here it is the lines a tier did not take (read
+		// misses, lines written through), counted whole, as the admission policy decides per line.
+		{tierDesc("tierblk_cache_bypassed_bytes_total", "Bytes of lines this tier's admission policy turned away (read misses, lines written through), which bypassed the tier: rejected lines times the line size."), prometheus.CounterValue,
+			func(t tierSnap) float64 { return float64(t.Rejected * t.lineSize) }},
 		{tierDesc("tierblk_cache_congested_total", "Missed lines turned away because this tier's device was congested (within rejected)."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Congested) }},
+			func(t tierSnap) float64 { return float64(t.Congested) }},
+		{tierDesc("tierblk_cache_tier_congested", "1 while this tier's device is congested and the tier admits no missed line, else 0."), prometheus.GaugeValue,
+			func(t tierSnap) float64 { return boolValue(t.CongestedNow) }},
 		{tierDesc("tierblk_cache_device_latency_seconds", "This tier's device's time per request, as the kernel measured it, over the last interval with requests (0: not measured)."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 { return t.DeviceLatency }},
+			func(t tierSnap) float64 { return t.DeviceLatency }},
 		{tierDesc("tierblk_cache_tier_bypasses_total", "Times this tier was bypassed after I/O or metadata errors."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Bypasses) }},
+			func(t tierSnap) float64 { return float64(t.Bypasses) }},
 		{tierDesc("tierblk_cache_tier_heals_total", "Times this tier came back into service after a bypass."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Heals) }},
+			func(t tierSnap) float64 { return float64(t.Heals) }},
 		{tierDesc("tierblk_cache_set_aside_lines", "Lines a bypassed tier keeps for its return, out of use."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 { return float64(t.SetAside) }},
+			func(t tierSnap) float64 { return float64(t.SetAside) }},
 		{tierDesc("tierblk_cache_checkpoints_total", "Checkpoints that committed this tier's index."), prometheus.CounterValue,
-			func(t cache.TierStats) float64 { return float64(t.Checkpoints) }},
+			func(t tierSnap) float64 { return float64(t.Checkpoints) }},
 		{tierDesc("tierblk_cache_tier_failed", "1 while this tier is bypassed after I/O or metadata errors (it is tried again with backoff), else 0."), prometheus.GaugeValue,
-			func(t cache.TierStats) float64 {
-				if t.Failed {
-					return 1
-				}
-				return 0
-			}},
+			func(t tierSnap) float64 { return boolValue(t.Failed) }},
 	}
 	backendMetrics = []statMetric[cache.IOStats]{
 		{exportDesc("tierblk_backend_reads_total", "Read requests sent to the backend."), prometheus.CounterValue,
@@ -91,12 +110,16 @@ var (
 	dirtyMetrics = []statMetric[cache.DirtyStats]{
 		{exportDesc("tierblk_cache_dirty_lines", "Lines of the SSD tier holding data the backend does not have yet (write-back)."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return float64(d.Lines) }},
-		{exportDesc("tierblk_cache_dirty_bytes", "Bytes on the SSD tier the backend does not have yet (write-back)."), prometheus.GaugeValue,
+		{exportDesc("tierblk_cache_dirty_data_bytes", "Bytes on the SSD tier the backend does not have yet (write-back)."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return float64(d.Bytes) }},
 		{exportDesc("tierblk_cache_dirty_ratio", "Dirty lines over the SSD tier's lines (write-back)."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return d.Ratio }},
 		{exportDesc("tierblk_cache_destaged_bytes_total", "Dirty bytes written back to the backend."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return float64(d.DestagedBytes) }},
+		{exportDesc("tierblk_cache_destage_writes_total", "Backend writes that wrote dirty data back (after coalescing)."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.DestageWrites) }},
+		{exportDesc("tierblk_cache_destaging", "1 while the destager is writing dirty data back, else 0."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return boolValue(d.Destaging) }},
 		{exportDesc("tierblk_cache_destage_errors_total", "Write-backs to the backend that failed (and are retried)."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return float64(d.DestageErrors) }},
 		{exportDesc("tierblk_cache_destage_bytes_per_second", "How fast dirty data was written back over about the last second."), prometheus.GaugeValue,
@@ -108,6 +131,16 @@ var (
 		{exportDesc("tierblk_cache_throttle_seconds_total", "Delay given to throttled writes."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return d.ThrottleSeconds }},
 	}
+	// dirtyWatermark is present for a cache with write-back set up (a maximum above 0).
+	dirtyWatermark = prometheus.NewDesc("tierblk_cache_dirty_watermark_ratio",
+		"Write-back's watermarks, as ratios of the SSD tier's lines (compare tierblk_cache_dirty_ratio): destage starts above high and stops below low; writes wait at max.",
+		[]string{"export", "watermark"}, nil)
+	modeInfo = prometheus.NewDesc("tierblk_cache_mode_info", "The cache's mode now, in the mode label (always 1).",
+		[]string{"export", "mode"}, nil)
+	flushesInProgress = exportDesc("tierblk_cache_flushes_in_progress",
+		"Flushes and mode switches of the admin endpoint (tierblk flush, tierblk mode) running now; they write every dirty line back.")
+	flushStart = exportDesc("tierblk_cache_flush_start_time_seconds",
+		"When the oldest flush or mode switch of the admin endpoint running now started, in seconds since the Unix epoch; 0 while none runs.")
 	requestDuration = prometheus.NewDesc("tierblk_request_duration_seconds",
 		"Time to complete a client request through the cache.", []string{"export", "op"}, nil)
 )
@@ -116,6 +149,7 @@ var (
 // keeps its own lock-free counters and nothing is registered or unregistered as exports change.
 type cacheCollector struct {
 	sources func() []Source
+	flushes *flushTracker
 }
 
 func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -131,6 +165,10 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range dirtyMetrics {
 		ch <- m.desc
 	}
+	ch <- dirtyWatermark
+	ch <- modeInfo
+	ch <- flushesInProgress
+	ch <- flushStart
 	ch <- requestDuration
 }
 
@@ -140,9 +178,11 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		s := src.Stats()
+		ch <- prometheus.MustNewConstMetric(modeInfo, prometheus.GaugeValue, 1, src.Export, s.Mode)
 		for _, t := range s.Tiers {
+			ts := tierSnap{TierStats: t, lineSize: uint64(s.LineSize)}
 			for _, m := range tierMetrics {
-				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(t), src.Export, t.Name)
+				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(ts), src.Export, t.Name)
 			}
 		}
 		for _, m := range backendMetrics {
@@ -154,6 +194,21 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		for _, m := range dirtyMetrics {
 			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Dirty), src.Export)
 		}
+		if s.Dirty.Max > 0 {
+			for _, w := range []struct {
+				name  string
+				ratio float64
+			}{{"low", s.Dirty.Low}, {"high", s.Dirty.High}, {"max", s.Dirty.Max}} {
+				ch <- prometheus.MustNewConstMetric(dirtyWatermark, prometheus.GaugeValue, w.ratio, src.Export, w.name)
+			}
+		}
+		n, start := c.flushes.running(src.Export)
+		ch <- prometheus.MustNewConstMetric(flushesInProgress, prometheus.GaugeValue, float64(n), src.Export)
+		var started float64
+		if n > 0 {
+			started = float64(start.UnixNano()) / 1e9
+		}
+		ch <- prometheus.MustNewConstMetric(flushStart, prometheus.GaugeValue, started, src.Export)
 		ch <- constHistogram(s.ReadLatency, src.Export, "read")
 		ch <- constHistogram(s.WriteLatency, src.Export, "write")
 	}
@@ -188,4 +243,55 @@ func (c RefusedConnections) Collect(ch chan<- prometheus.Metric) {
 	for reason, n := range c() {
 		ch <- prometheus.MustNewConstMetric(refusedConnections, prometheus.CounterValue, float64(n), reason)
 	}
+}
+
+// flushTracker knows which flushes and mode switches the admin endpoint is running, per export,
+// and since when: the cache itself keeps no such record, and a flush that never ends (a backend
+// that stopped answering) is what an alert must see.
+type flushTracker struct {
+	mu      sync.Mutex
+	started map[string][]time.Time // per export, in the order they started
+	now     func() time.Time
+}
+
+func newFlushTracker() *flushTracker {
+	return &flushTracker{started: map[string][]time.Time{}, now: time.Now}
+}
+
+// begin records a flush of export starting now; the func it returns records its end.
+func (f *flushTracker) begin(export string) (end func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.now()
+	f.started[export] = append(f.started[export], t)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			ts := f.started[export]
+			for i, s := range ts {
+				if s.Equal(t) {
+					ts = append(ts[:i:i], ts[i+1:]...)
+					break
+				}
+			}
+			if len(ts) == 0 {
+				delete(f.started, export)
+			} else {
+				f.started[export] = ts
+			}
+		})
+	}
+}
+
+// running returns how many flushes of export run now and when the oldest of them started.
+func (f *flushTracker) running(export string) (int, time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ts := f.started[export]
+	if len(ts) == 0 {
+		return 0, time.Time{}
+	}
+	return len(ts), ts[0]
 }

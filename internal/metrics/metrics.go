@@ -74,9 +74,10 @@ func ParseAdminAddr(s string) (network, address string, err error) {
 // profiles under /debug/pprof/ and a short index at /. sources is called on every request, so
 // exports may come and go. more are further collectors for /metrics, such as RefusedConnections.
 func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Handler {
+	flushes := newFlushTracker()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
-		cacheCollector{sources: sources},
+		cacheCollector{sources: sources, flushes: flushes},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -106,7 +107,7 @@ func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Hand
 			"POST /heal?export=NAME          retry a bypassed SSD tier now (tierblk heal)\n"+
 			"/debug/pprof/                   Go profiles: CPU, heap, goroutines, mutex contention (go tool pprof)\n")
 	})
-	handleActions(mux, sources)
+	handleActions(mux, sources, flushes)
 	handleProfiles(mux)
 	return guard(mux)
 }

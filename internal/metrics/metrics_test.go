@@ -33,7 +33,7 @@ func fakeStats() cache.Stats {
 				Promotions: 7, Evictions: 5, Invalidations: 3, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536, Errors: 0},
 			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
 				Promotions: 11, Evictions: 13, Invalidations: 17, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
-				Errors: 2, Failed: true, Reason: "write: input/output error"},
+				Errors: 2, Failed: true, Reason: "write: input/output error", Rejected: 19, Congested: 5, CongestedNow: true},
 		},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20 * 4096, Errors: 1},
 		Dirty: cache.DirtyStats{Lines: 300, Bytes: 300 * 65536, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9,
@@ -210,6 +210,10 @@ func TestHandlerMetricsTiersAndBackend(t *testing.T) {
 		{"tierblk_cache_bytes", "ram", dto.MetricType_GAUGE, 512 * 65536},
 		{"tierblk_cache_tier_failed", "ram", dto.MetricType_GAUGE, 0},
 		{"tierblk_cache_tier_failed", "ssd", dto.MetricType_GAUGE, 1},
+		{"tierblk_cache_bypassed_bytes_total", "ram", dto.MetricType_COUNTER, 0},
+		{"tierblk_cache_bypassed_bytes_total", "ssd", dto.MetricType_COUNTER, 19 * 65536},
+		{"tierblk_cache_tier_congested", "ram", dto.MetricType_GAUGE, 0},
+		{"tierblk_cache_tier_congested", "ssd", dto.MetricType_GAUGE, 1},
 		{"tierblk_backend_reads_total", "", dto.MetricType_COUNTER, 40},
 		{"tierblk_backend_writes_total", "", dto.MetricType_COUNTER, 20},
 		{"tierblk_backend_read_bytes_total", "", dto.MetricType_COUNTER, 40 * 65536},
@@ -268,7 +272,15 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 		`tierblk_request_duration_seconds_bucket{export="disk0",op="read",le="+Inf"} 10`,
 		`tierblk_request_duration_seconds_count{export="disk0",op="read"} 10`,
 		`tierblk_cache_dirty_lines{export="disk0"} 300`,
-		`tierblk_cache_dirty_bytes{export="disk0"} 1.96608e+07`,
+		`tierblk_cache_dirty_data_bytes{export="disk0"} 1.96608e+07`,
+		`tierblk_cache_destage_writes_total{export="disk0"} 21`,
+		`tierblk_cache_destaging{export="disk0"} 1`,
+		`tierblk_cache_dirty_watermark_ratio{export="disk0",watermark="low"} 0.25`,
+		`tierblk_cache_dirty_watermark_ratio{export="disk0",watermark="high"} 0.5`,
+		`tierblk_cache_dirty_watermark_ratio{export="disk0",watermark="max"} 0.9`,
+		`tierblk_cache_mode_info{export="disk0",mode="write-back"} 1`,
+		`tierblk_cache_flushes_in_progress{export="disk0"} 0`,
+		`tierblk_cache_flush_start_time_seconds{export="disk0"} 0`,
 		`tierblk_cache_dirty_ratio{export="disk0"} 0.125`,
 		`tierblk_cache_destaged_bytes_total{export="disk0"} 7.340032e+06`,
 		`tierblk_cache_destage_errors_total{export="disk0"} 4`,
@@ -282,6 +294,19 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 	// The Go and process collectors are registered too.
 	require.Contains(t, body, "\ngo_goroutines ")
 	require.Contains(t, body, "\nprocess_")
+}
+
+// A cache without write-back has no watermarks, rather than watermarks of 0 that its dirty ratio
+// of 0 would stand at.
+func TestHandlerMetricsNoWatermarksWithoutWriteBack(t *testing.T) {
+	stats := func() cache.Stats {
+		s := fakeStats()
+		s.Dirty = cache.DirtyStats{}
+		return s
+	}
+	fams := scrape(t, NewHandler(func() []Source { return []Source{{Export: "disk0", Stats: stats}} }))
+	require.NotContains(t, fams, "tierblk_cache_dirty_watermark_ratio")
+	require.Zero(t, series(t, fams, "tierblk_cache_dirty_ratio", map[string]string{"export": "disk0"}).GetGauge().GetValue())
 }
 
 func TestHandlerMetricsReadsSourcesPerScrape(t *testing.T) {
