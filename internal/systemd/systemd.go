@@ -131,7 +131,8 @@ func fileListener(fd int) (net.Listener, error) {
 		return nil, fmt.Errorf("not an open descriptor (%v); LISTEN_FDS counts more sockets than were passed", err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
-		return nil, errors.New("not a socket; tierblk takes only listening stream sockets (ListenStream= in the .socket unit)")
+		// Go's runtime may hold a descriptor of its own (epoll, a pipe) at a number nobody passed.
+		return nil, errors.New("not a socket: LISTEN_FDS counts more sockets than were passed, or something else was passed; tierblk takes listening stream sockets (ListenStream= in the .socket unit)")
 	}
 	unix.CloseOnExec(fd)
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
