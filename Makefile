@@ -14,17 +14,40 @@ SSD_SIZE ?= 256MiB
 # Debian packages the tests and benchmarks use: real NBD peers, a kernel under qemu, losetup (mount),
 # certtool (gnutls-bin) for the TLS tests' certificates, tgtd (tgt) as an iSCSI target, and qemu's
 # iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
+# prometheus (with promtool) for the dashboard test; systemd: systemd-socket-activate and
+# systemd-analyze for the service tests.
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build install run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
 build: deps-go
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $(BIN) ./cmd/tierblk
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary to $(PREFIX)/bin, the systemd units to
+# $(PREFIX)/lib/systemd/system (systemd's search path for locally installed units; /etc/systemd/system
+# stays the administrator's) with ExecStart= pointing at that binary, and the example config to
+# /etc/tierblk/example.yaml, never over an existing file (it may have been edited).
+PREFIX ?= /usr/local
+UNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSCONFDIR ?= /etc
+install: build
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/tierblk
+	install -d $(DESTDIR)$(UNITDIR)
+	for u in configs/tierblk@.service configs/tierblk@.socket; do \
+	  sed -e 's#/usr/local/bin/tierblk#$(PREFIX)/bin/tierblk#g' -e 's#/etc/tierblk/#$(SYSCONFDIR)/tierblk/#g' "$$u" > $(DESTDIR)$(UNITDIR)/$$(basename "$$u") && \
+	  chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename "$$u") || exit 1; \
+	done
+	install -d -m 0755 $(DESTDIR)$(SYSCONFDIR)/tierblk
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/tierblk/example.yaml ]; then \
+	  echo "install: keeping the existing $(DESTDIR)$(SYSCONFDIR)/tierblk/example.yaml"; \
+	else install -m 0644 configs/tierblk.example.yaml $(DESTDIR)$(SYSCONFDIR)/tierblk/example.yaml; fi
+	@echo "installed; next: copy $(SYSCONFDIR)/tierblk/example.yaml to $(SYSCONFDIR)/tierblk/NAME.yaml, edit it, then"
+	@echo "  systemctl daemon-reload && systemctl enable --now tierblk@NAME.service"
 
 # The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
 run: build

@@ -5,6 +5,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"runtime"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/daemon"
+	"github.com/tierblk/tierblk/internal/systemd"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
@@ -55,7 +57,13 @@ logged and counted in /metrics); --socket-mode and --socket-group set the NBD un
 and group, which govern local clients.
 
 SIGINT or SIGTERM stops accepting connections, finishes the requests in flight, flushes every
-backend and exits 0.`,
+backend and exits 0.
+
+Under systemd (configs/tierblk@.service, Type=notify) serve reports READY=1 once every listener
+accepts and every device is attached, STATUS= lines, STOPPING=1, and WATCHDOG=1 when WatchdogSec=
+is set. Socket-activated (LISTEN_FDS, e.g. configs/tierblk@.socket or systemd-socket-activate),
+it serves NBD on the passed unix and TCP sockets and opens none of the listen addresses of the
+config or --nbd, as nbdkit does; --allow still governs TCP clients.`,
 		Example: `  tierblk serve --backend 'file:///srv/disk.img?size=8GiB' --nbd unix:/run/tierblk.sock --nbd 127.0.0.1:10809
   tierblk serve --backend nbd://nas:10809/lun0 --ram 2GiB --ssd /dev/nvme0n1p3 --meta /var/lib/tierblk/lun0.meta --admin 127.0.0.1:9810
   tierblk serve --backend file:///srv/nas.img --ssd /var/cache/tierblk/ssd.img --ssd-size 32GiB --mode writeback --ublk
@@ -102,32 +110,43 @@ func (v settingValue) Set(s string) error {
 	return nil
 }
 
-// buildConfig merges the config file and the flags that were given, then validates.
-func buildConfig(o serveOpts, schemes []string) (config.Config, error) {
+// buildConfig merges the config file and the flags that were given, puts the sockets passed by
+// socket activation in place of the listen addresses (returning those it replaced), then validates.
+func buildConfig(o serveOpts, schemes []string, activated []systemd.Listener) (config.Config, []string, error) {
 	cfg := config.Defaults()
 	if o.configFile != "" {
 		var err error
 		if cfg, err = config.Load(o.configFile); err != nil {
-			return cfg, &UsageError{Err: err}
+			return cfg, nil, &UsageError{Err: err}
 		}
 	}
 	if err := config.Override(&cfg, o.given, o.configFile != ""); err != nil {
-		return cfg, &UsageError{Err: err}
+		return cfg, nil, &UsageError{Err: err}
 	}
+	replaced := daemon.UseActivated(&cfg, activated)
 	if err := cfg.Validate(schemes); err != nil {
 		var ce *config.Error
 		if errors.As(err, &ce) && o.configFile == "" {
 			// Without a config file the user typed flags: name those.
 			err = errors.New(config.FlagNames(err.Error()))
 		}
-		return cfg, &UsageError{Err: err}
+		return cfg, nil, &UsageError{Err: err}
 	}
-	return cfg, nil
+	return cfg, replaced, nil
 }
 
 func runServe(ctx context.Context, o serveOpts) error {
 	reg := registry.Default()
-	cfg, err := buildConfig(o, reg.Schemes())
+	// The service manager's environment is malformed input like a bad flag: said, exit status 2.
+	activated, err := systemd.Listeners()
+	if err != nil {
+		return &UsageError{Err: fmt.Errorf("socket activation: %w", err)}
+	}
+	watchdog, err := systemd.WatchdogInterval()
+	if err != nil {
+		return &UsageError{Err: fmt.Errorf("watchdog: %w", err)}
+	}
+	cfg, replaced, err := buildConfig(o, reg.Schemes(), activated)
 	if err != nil {
 		return err
 	}
@@ -135,9 +154,18 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err != nil {
 		return err
 	}
+	if len(activated) > 0 {
+		names := make([]string, len(activated))
+		for i, l := range activated {
+			names[i] = l.Name
+		}
+		log.Info("socket-activated: serving NBD on the passed sockets, not on the listen addresses of the config or --nbd", "sockets", cfg.Listen, "names", names, "ignored_listen", replaced)
+	}
 	raiseProcs()
 	runtime.SetMutexProfileFraction(mutexFraction)
-	err = daemon.Run(ctx, cfg, reg, log, o.ready)
+	err = daemon.Run(ctx, cfg, reg, log, daemon.Options{
+		Ready: o.ready, Activated: activated, Notify: systemd.Notify, Watchdog: watchdog,
+	})
 	if err == nil {
 		return nil
 	}

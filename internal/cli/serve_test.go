@@ -46,7 +46,7 @@ log_level: debug
 `), 0o644))
 	build := func(t *testing.T, args ...string) config.Config {
 		t.Helper()
-		c, err := buildConfig(serveArgs(t, args...), testSchemes)
+		c, _, err := buildConfig(serveArgs(t, args...), testSchemes, nil)
 		require.NoError(t, err)
 		return c
 	}
@@ -59,7 +59,7 @@ log_level: debug
 		require.Equal(t, 64, c.MaxInFlight)
 	})
 	t.Run("no flags, the defaults", func(t *testing.T) {
-		c, err := buildConfig(serveArgs(t), testSchemes)
+		c, _, err := buildConfig(serveArgs(t), testSchemes, nil)
 		require.ErrorContains(t, err, "no export")
 		require.Equal(t, config.Defaults(), c)
 	})
@@ -173,7 +173,7 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"socket group without a socket", []string{"--backend", "mem://1MiB", "--socket-group", "disk"}, "--socket-group: is set but no listen address is unix:/path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := buildConfig(serveArgs(t, tc.args...), testSchemes)
+			_, _, err := buildConfig(serveArgs(t, tc.args...), testSchemes, nil)
 			require.ErrorContains(t, err, tc.want)
 			require.Equal(t, 2, ExitCode(err))
 		})

@@ -43,7 +43,7 @@ func TestSocketAccess(t *testing.T) {
 
 	cfg.SocketGroup = "no-such-group-tierblk"
 	require.NoError(t, cfg.Validate(registry.Default().Schemes()))
-	err = Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	err = Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	require.ErrorContains(t, err, `socket_group: no group "no-such-group-tierblk" on this machine`)
 	require.NoFileExists(t, nbd)
 }

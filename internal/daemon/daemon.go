@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/config"
@@ -29,21 +30,39 @@ import (
 // ShutdownTimeout bounds how long a stop waits for in-flight requests before closing connections.
 const ShutdownTimeout = 30 * time.Second
 
-// Run serves cfg until ctx is cancelled, then stops cleanly. cfg must have passed Validate. ready,
-// if not nil, is called once every listener accepts connections, with their addresses (useful when
-// a port was 0).
-func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, ready func(addrs []string)) (err error) {
+// Run serves cfg until ctx is cancelled, then stops cleanly. cfg must have passed Validate (after
+// UseActivated, when opts.Activated holds sockets).
+func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slog.Logger, opts Options) (err error) {
 	// Before any backend is opened: a group that does not exist is a mistake of the
 	// configuration, and reading /etc/group changes nothing.
 	prepare, err := socketAccess(cfg)
 	if err != nil {
 		return err
 	}
+	if err := checkActivated(cfg, opts.Activated); err != nil {
+		return err
+	}
+	n := &notifier{send: opts.Notify, log: log}
+	// The sources the watchdog checks: none until the exports are open, so that a long open
+	// (an SSD tier's index) is bounded by the unit's start timeout, not the watchdog.
+	var watched atomic.Pointer[[]metrics.Source]
+	if opts.Watchdog > 0 {
+		wctx, stopWatchdog := context.WithCancel(context.Background())
+		wait := runWatchdog(wctx, opts.Watchdog, func() {
+			if s := watched.Load(); s != nil {
+				alive(*s)
+			}
+		}, n, log)
+		defer func() { stopWatchdog(); wait() }()
+		log.Info("watchdog", "interval", opts.Watchdog, "ping_every", opts.Watchdog/2)
+	}
+	n.setStatus(fmt.Sprintf("opening %d export%s", len(cfg.Exports), plural(len(cfg.Exports))))
 	vols, devs, sources, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
+	watched.Store(&sources)
 
 	exports := make([]server.Export, len(cfg.Exports))
 	for i, e := range cfg.Exports {
@@ -79,8 +98,12 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		}()
 	}
 
-	listeners, err := listenAll(cfg.Listen, prepare)
-	if err != nil {
+	var listeners []net.Listener
+	if len(opts.Activated) > 0 {
+		for _, l := range opts.Activated {
+			listeners = append(listeners, l.Listener)
+		}
+	} else if listeners, err = listenAll(cfg.Listen, prepare); err != nil {
 		return err
 	}
 	serveErr := make(chan error, len(listeners))
@@ -99,17 +122,30 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		return errors.Join(err, srv.Shutdown(sctx))
 	}
 	log.Info("serving", "exports", len(exports), "listen", addrs)
-	if ready != nil {
-		ready(addrs)
+	// READY=1 only now: every listener accepts and every device is attached, so a unit ordered
+	// after this one (a mount of /dev/nbdN, a client) finds them.
+	n.setStatus(servingStatus(len(exports), addrs, sources), "READY=1")
+	if opts.Ready != nil {
+		opts.Ready(addrs)
 	}
 
 	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("stopping: finishing in-flight requests")
-	case runErr = <-serveErr:
-		log.Error("listener failed; stopping", "err", runErr)
+	status := time.NewTicker(statusInterval)
+	defer status.Stop()
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping: finishing in-flight requests")
+			break wait
+		case runErr = <-serveErr:
+			log.Error("listener failed; stopping", "err", runErr)
+			break wait
+		case <-status.C:
+			n.setStatus(servingStatus(len(exports), addrs, sources))
+		}
 	}
+	n.setStatus("stopping: finishing in-flight requests", "STOPPING=1")
 	// The devices go first: their last requests (the page cache's writes, the flush of a
 	// clean removal) still need the server and the volumes.
 	if err := stopDevices(); err != nil {
@@ -126,6 +162,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 			ul.Close()
 		}
 	}
+	n.setStatus(fmt.Sprintf("stopping: flushing %d export%s", len(vols), plural(len(vols))))
 	for i, v := range vols {
 		if err := v.Flush(); err != nil {
 			runErr = errors.Join(runErr, fmt.Errorf("flush export %q: %w", cfg.Exports[i].Name, err))

@@ -43,7 +43,7 @@ func startLogging(t *testing.T, cfg config.Config, log io.Writer) running {
 	ready := make(chan []string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(log, nil)), func(a []string) { ready <- a })
+		done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(log, nil)), Options{Ready: func(a []string) { ready <- a }})
 	}()
 	select {
 	case a := <-ready:
@@ -155,7 +155,7 @@ func TestRecordTrace(t *testing.T) {
 
 	// A second daemon refuses to overwrite the recording.
 	cfg.Listen = []string{"unix:" + filepath.Join(dir, "u.sock")}
-	err = Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	err = Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	require.ErrorContains(t, err, "exists")
 }
 
@@ -168,7 +168,7 @@ func TestSocketPaths(t *testing.T) {
 		cfg.Listen = []string{listen}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // stop as soon as it is serving
-		return Run(ctx, cfg, registry.Default(), quiet, nil)
+		return Run(ctx, cfg, registry.Default(), quiet, Options{})
 	}
 
 	// A stale socket left by a killed daemon is replaced.
@@ -205,13 +205,13 @@ func TestBackendFailureClosesOthers(t *testing.T) {
 	cfg.Listen = []string{"unix:" + filepath.Join(dir, "t.sock")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	err := Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	require.ErrorContains(t, err, `exports[1] ("b")`)
 	// The first file was closed (its lock released): it opens again.
 	cfg.Exports = cfg.Exports[:1]
 	cancelled, stop := context.WithCancel(context.Background())
 	stop()
-	require.NoError(t, Run(cancelled, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil))
+	require.NoError(t, Run(cancelled, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{}))
 }
 
 // adminClient talks to the admin endpoint on the unix socket sock.

@@ -79,6 +79,6 @@ func TestTLSCertificatesMissing(t *testing.T) {
 	cfg.Exports = []config.Export{{Name: "disk", Backend: "mem://1MiB"}}
 	cfg.Listen = []string{"unix:" + filepath.Join(dir, "t.sock")}
 	cfg.TLS = config.TLS{Mode: "on", Certificates: dir}
-	err := Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	err := Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	require.ErrorContains(t, err, "tls.certificates: "+filepath.Join(dir, "server-cert.pem")+" is missing")
 }
