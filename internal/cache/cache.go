@@ -290,7 +290,11 @@ func (c *Cache) ReadOnly() bool {
 
 // Flush implements backend.Backend: the backend flushes, and with an SSD tier a checkpoint does it
 // (write-through data on the SSD must not be older than what a FLUSH made durable).
-func (c *Cache) Flush() error {
+func (c *Cache) Flush() error { return c.flush(true) }
+
+// flush is Flush; FlushAll, which has written back the dirty data a bypassed tier's Flush needs on
+// the backend, calls it with drain false, not to write back the data dirtied since.
+func (c *Cache) flush(drain bool) error {
 	if c.closed.Load() {
 		return backend.ErrClosed
 	}
@@ -298,7 +302,7 @@ func (c *Cache) Flush() error {
 		if c.ssd == nil {
 			return c.b.Flush()
 		}
-		if c.ssd.dirtyCount.Load() > 0 {
+		if drain && c.ssd.dirtyCount.Load() > 0 {
 			// A bypassed tier's records of dirty data may never be committed: that data is
 			// durable only once written back to the backend (FlushAll ends here again).
 			return c.FlushAll(context.Background(), nil)
@@ -314,7 +318,7 @@ func (c *Cache) Flush() error {
 	if tierErr != nil {
 		c.ssd.fail(tierErr.Error())
 		if backendErr == nil {
-			backendErr = c.Flush() // the bypassed tier's way, above
+			backendErr = c.flush(drain) // the bypassed tier's way, above
 		}
 	}
 	return backendErr

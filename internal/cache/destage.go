@@ -1,8 +1,6 @@
 package cache
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -315,64 +313,10 @@ func (c *Cache) destageState() policy.DestageState {
 		Ratio:      c.ratio(),
 		Running:    w.running.Load(),
 		Idle:       time.Duration(time.Now().UnixNano() - w.lastIO.Load()),
-		Draining:   w.draining.Load() > 0 || c.Mode() != WriteBack,
+		Draining:   c.Mode() != WriteBack,
 		Waiting:    w.waiting.Load() > 0,
 		Watermarks: w.cfg.watermarks(),
 	}
-}
-
-// FlushAll writes every dirty line back and flushes the backend; when it returns nil the backend
-// holds everything the cache has acknowledged. progress, if not nil, is told the dirty bytes
-// written back so far and the dirty bytes there were at the start.
-func (c *Cache) FlushAll(ctx context.Context, progress func(done, total int64)) error {
-	if c.closed.Load() {
-		return errors.New("cache: closed")
-	}
-	if c.ssd != nil && c.wb != nil {
-		w := c.wb
-		w.draining.Add(1)
-		defer w.draining.Add(-1)
-		c.ssd.mu.Lock()
-		total := int64(c.ssd.dirtyBlocks) * blockSize
-		c.ssd.mu.Unlock()
-		var done int64
-		var cursor uint64
-		for c.ssd.dirtyCount.Load() > 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			n, _, err := c.destageNext(&cursor, true)
-			w.wake()
-			if err != nil {
-				return err
-			}
-			done += n
-			if progress != nil {
-				progress(min(done, total), total)
-			}
-		}
-	}
-	return c.Flush()
-}
-
-// SetMode switches the cache's mode. Leaving write-back, new writes stop being absorbed at once
-// and every dirty line is written back before SetMode returns.
-func (c *Cache) SetMode(ctx context.Context, m Mode, progress func(done, total int64)) error {
-	if m == WriteBack && c.wb == nil {
-		return errors.New("cache: write-back needs an SSD tier")
-	}
-	if c.wb != nil {
-		c.wb.modeMu.Lock() // waits for the write-back writes under way (write)
-	}
-	old := Mode(c.mode.Swap(int32(m)))
-	if c.wb != nil {
-		c.wb.modeMu.Unlock()
-	}
-	c.log.Info("cache mode", "from", old, "to", m)
-	if m == WriteBack || c.wb == nil {
-		return nil
-	}
-	return c.FlushAll(ctx, progress)
 }
 
 func (c *Cache) dirtyStats() DirtyStats {

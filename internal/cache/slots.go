@@ -176,6 +176,13 @@ func (t *tier) setLocked(line uint64, slot uint32, valid, dirty lineBits) {
 	}
 	old := t.dirty.get(slot)
 	t.dirty.set(slot, dirty)
+	if len(t.snaps) > 0 {
+		if gone := old.andNot(dirty); !gone.isZero() {
+			for _, s := range t.snaps {
+				s.cleaned(slot, gone)
+			}
+		}
+	}
 	t.dirtyBlocks += dirty.count() - old.count()
 	switch {
 	case old.isZero() && !dirty.isZero():

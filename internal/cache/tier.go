@@ -62,6 +62,9 @@ type tier struct {
 	// doomedWake tells the destager a line was doomed (called with mu held; must not block).
 	doomedWake func()
 	dirtyCount atomic.Int64 // dirtyLines, readable without the mutex
+	// snaps are the dirty data that the flushes under way write back (FlushAll): setLocked takes
+	// from each the blocks it marks clean.
+	snaps []*dirtySnap
 
 	policyName, admissionName string
 

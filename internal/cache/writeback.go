@@ -67,7 +67,6 @@ type writeBack struct {
 	closed   bool
 
 	lastIO    atomic.Int64 // unix nanoseconds of the last client request
-	draining  atomic.Int32 // flush commands and mode switches under way
 	running   atomic.Bool
 	blockTime atomic.Int64 // nanoseconds per block destaged, moving average
 	kickCh    chan struct{}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +24,8 @@ type actionOpts struct {
 	stdout io.Writer
 	// bar draws the progress as a bar redrawn in place (stdout is a terminal) rather than as lines.
 	bar bool
+	// now is the clock the progress's estimate of the time left reads; nil: time.Now.
+	now func() time.Time
 }
 
 func (o *actionOpts) flags(cmd *cobra.Command) {
@@ -41,12 +44,14 @@ func newFlushCmd() *cobra.Command {
 	o := actionOpts{}
 	cmd := &cobra.Command{
 		Use:   "flush",
-		Short: "Write every dirty line of a running daemon's cache back to the backend",
-		Long: `Asks a running daemon to write every dirty line of an export's cache (write-back) back to the
-backend and flush the backend, and shows the progress. It exits 0 only once the backend holds
-everything the cache has acknowledged, e.g. before taking a snapshot of the backend. The cache
-stays in its mode: new writes are absorbed as before. Interrupting it stops the flush; the dirty
-data stays safe on the SSD.`,
+		Short: "Write the dirty data of a running daemon's cache back to the backend",
+		Long: `Asks a running daemon to write the dirty data of an export's cache (write-back) back to the
+backend and flush the backend, and shows the progress with an estimate of the time left. It exits
+0 only once the backend holds every write the cache acknowledged before the flush started, e.g.
+before taking a snapshot of the backend (stop the writers first for a consistent one). It ends
+while clients keep writing: it writes back the data that was dirty when it started, not what is
+written meanwhile, which the cache absorbs as before (it stays in its mode). Interrupting it stops
+the flush; the dirty data stays safe on the SSD.`,
 		Example: `  tierblk flush --admin unix:/run/tierblk/admin.sock
   tierblk flush --admin 127.0.0.1:9810 --export nas`,
 		Args: cobra.NoArgs,
@@ -63,7 +68,7 @@ func runFlush(ctx context.Context, o actionOpts) error {
 	if err := runAction(ctx, o, "flush", nil); err != nil {
 		return err
 	}
-	fmt.Fprintf(o.stdout, "%s: every dirty line written back; the backend holds everything written\n", exportLabel(o.export))
+	fmt.Fprintf(o.stdout, "%s: dirty data written back; the backend holds every write acknowledged before the flush\n", exportLabel(o.export))
 	return nil
 }
 
@@ -98,7 +103,7 @@ func runAction(ctx context.Context, o actionOpts, path string, query url.Values)
 		return fmt.Errorf("no tierblk admin endpoint at %s: %w", o.admin, err)
 	}
 	defer resp.Body.Close()
-	p := progress{w: o.stdout, bar: o.bar}
+	p := progress{w: o.stdout, bar: o.bar, now: o.now}
 	defer p.end()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -129,11 +134,17 @@ func exportLabel(export string) string {
 	return fmt.Sprintf("export %q", export)
 }
 
-// progress shows dirty bytes written back: a bar redrawn in place on a terminal, else a line each.
+// progress shows dirty bytes written back, with an estimate of the time left from the rate
+// measured since the first report: a bar redrawn in place on a terminal, else a line each.
 type progress struct {
 	w     io.Writer
 	bar   bool
-	drawn bool
+	now   func() time.Time
+	drawn int // the length of the bar's line last drawn, 0 if none
+
+	started bool
+	t0      time.Time
+	done0   int64
 }
 
 const barWidth = 40
@@ -143,19 +154,54 @@ func (p *progress) show(done, total int64) {
 	if total > 0 {
 		pct = done * 100 / total
 	}
+	eta := p.eta(done, total)
 	if !p.bar {
-		fmt.Fprintf(p.w, "written back %s of %s (%d%%)\n", humanBytes(uint64(done)), humanBytes(uint64(total)), pct)
+		fmt.Fprintf(p.w, "written back %s of %s (%d%%)%s\n", humanBytes(uint64(done)), humanBytes(uint64(total)), pct, eta)
 		return
 	}
 	n := int(pct * barWidth / 100)
-	fmt.Fprintf(p.w, "\r[%s%s] %3d%% %s of %s", strings.Repeat("#", n), strings.Repeat(" ", barWidth-n), pct,
-		humanBytes(uint64(done)), humanBytes(uint64(total)))
-	p.drawn = true
+	line := fmt.Sprintf("[%s%s] %3d%% %s of %s%s", strings.Repeat("#", n), strings.Repeat(" ", barWidth-n), pct,
+		humanBytes(uint64(done)), humanBytes(uint64(total)), eta)
+	// Spaces over what is left of a longer line drawn before (its estimate).
+	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", max(0, p.drawn-len(line))))
+	p.drawn = len(line)
+}
+
+// eta is ", about D left" from the rate since the first report, or nothing before there is one
+// (the first report, no progress yet) or once done.
+func (p *progress) eta(done, total int64) string {
+	now := time.Now
+	if p.now != nil {
+		now = p.now
+	}
+	t := now()
+	if !p.started {
+		p.started, p.t0, p.done0 = true, t, done
+		return ""
+	}
+	elapsed := t.Sub(p.t0)
+	if done >= total || done <= p.done0 || elapsed <= 0 {
+		return ""
+	}
+	left := time.Duration(float64(elapsed) * float64(total-done) / float64(done-p.done0))
+	return ", about " + roughDuration(left) + " left"
+}
+
+// roughDuration rounds d for an estimate: to seconds, to minutes from an hour on.
+func roughDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return "1s"
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	default:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
 }
 
 // end leaves the line of the bar, so what follows starts on its own.
 func (p *progress) end() {
-	if p.drawn {
+	if p.drawn > 0 {
 		fmt.Fprintln(p.w)
 	}
 }

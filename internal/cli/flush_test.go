@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -86,7 +88,7 @@ func TestFlushWritesEverythingBack(t *testing.T) {
 	d := serveActions(t)
 	out, err := flushCmd(actionOpts{admin: d.admin, export: "disk0"})
 	require.NoError(t, err)
-	require.Contains(t, out, `export "disk0": every dirty line written back`)
+	require.Contains(t, out, `export "disk0": dirty data written back; the backend holds every write acknowledged before the flush`)
 	require.Zero(t, d.cache.Stats().Dirty.Lines)
 	d.backendHoldsData(t)
 }
@@ -95,24 +97,45 @@ func TestFlushDefaultExport(t *testing.T) {
 	d := serveActions(t)
 	out, err := flushCmd(actionOpts{admin: d.admin})
 	require.NoError(t, err)
-	require.Contains(t, out, "the default export: every dirty line written back")
+	require.Contains(t, out, "the default export: dirty data written back")
 	d.backendHoldsData(t)
 }
 
+// TestFlushProgress: the progress of the fake export's flush (1, 2, then 4 MiB of 4), read one
+// second apart on a fake clock: the estimate of the time left comes from the rate since the first
+// report (1 MiB/s, 2 MiB left: 2s), and goes once done.
 func TestFlushProgress(t *testing.T) {
 	d := serveActions(t)
+	clock := func() func() time.Time {
+		t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+		n := -1
+		return func() time.Time { n++; return t0.Add(time.Duration(n) * time.Second) }
+	}
 	t.Run("lines", func(t *testing.T) {
-		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake"})
+		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake", now: clock()})
 		require.NoError(t, err)
-		require.Equal(t, "written back 1MiB of 4MiB (25%)\nwritten back 2MiB of 4MiB (50%)\nwritten back 4MiB of 4MiB (100%)\n"+
-			`export "fake": every dirty line written back; the backend holds everything written`+"\n", out)
+		require.Equal(t, "written back 1MiB of 4MiB (25%)\nwritten back 2MiB of 4MiB (50%), about 2s left\n"+
+			"written back 4MiB of 4MiB (100%)\n"+
+			`export "fake": dirty data written back; the backend holds every write acknowledged before the flush`+"\n", out)
 	})
 	t.Run("bar", func(t *testing.T) {
-		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake", bar: true})
+		out, err := flushCmd(actionOpts{admin: d.admin, export: "fake", bar: true, now: clock()})
 		require.NoError(t, err)
-		require.Contains(t, out, "\r[##########                              ]  25% 1MiB of 4MiB")
-		require.Contains(t, out, "\r[########################################] 100% 4MiB of 4MiB\n"+`export "fake": every`)
+		require.Contains(t, out, "\r[##########                              ]  25% 1MiB of 4MiB\r")
+		require.Contains(t, out, "\r[####################                    ]  50% 2MiB of 4MiB, about 2s left\r")
+		// Spaces over the estimate of the line before.
+		require.Contains(t, out, "\r[########################################] 100% 4MiB of 4MiB"+
+			strings.Repeat(" ", len(", about 2s left"))+"\n"+`export "fake": dirty data`)
 	})
+}
+
+func TestRoughDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "1s", 300 * time.Millisecond: "1s", 1500 * time.Millisecond: "2s", 83 * time.Second: "1m23s",
+		59*time.Minute + 59*time.Second: "59m59s", 2*time.Hour + 10*time.Minute + 31*time.Second: "2h11m",
+	} {
+		require.Equal(t, want, roughDuration(d), "%v", d)
+	}
 }
 
 func TestActionErrors(t *testing.T) {

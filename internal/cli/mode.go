@@ -16,9 +16,12 @@ func newModeCmd() *cobra.Command {
 		Use:   "mode writethrough|writearound|passthrough|writeback",
 		Short: "Switch the cache mode of a running daemon's export",
 		Long: `Switches the cache of an export of a running daemon to another mode. Leaving write-back, new
-writes stop being absorbed at once and every dirty line is written back first, with the progress
-shown; the command returns once the backend holds everything. Switching to write-back needs an SSD
-tier. The switch lasts until the daemon stops: the next start takes the configured mode.`,
+writes stop being absorbed at once (they take the new mode's way), then the dirty data is written
+back, with the progress and an estimate of the time left shown; the command returns once the
+backend holds everything, and it ends while clients keep writing, since nothing new is dirtied.
+Interrupted, the cache stays in the new mode and writes the rest back in the background. Switching
+to write-back needs an SSD tier. The switch lasts until the daemon stops: the next start takes the
+configured mode.`,
 		Example: `  tierblk mode --admin unix:/run/tierblk/admin.sock writethrough
   tierblk mode --admin 127.0.0.1:9810 --export nas writeback`,
 		Args: func(_ *cobra.Command, args []string) error {

@@ -12,7 +12,8 @@ import (
 )
 
 // ActionLine is one line of the JSON-lines answer of POST /flush, POST /mode and POST /heal: progress lines
-// {"done":N,"total":N} (dirty bytes written back so far, and at the start), then one final line,
+// {"done":N,"total":N} (of the bytes dirty when the flush started, total, those on the backend so
+// far, done; the first line comes at the start, with done 0), then one final line,
 // {"ok":true} or {"error":"..."}. An answer without a final line was cut short.
 type ActionLine struct {
 	Done  int64  `json:"done,omitempty"`

@@ -17,7 +17,7 @@ type DestageState struct {
 	Ratio    float64       // dirty lines / SSD tier lines
 	Running  bool          // the destager is writing back now
 	Idle     time.Duration // since the last client request
-	Draining bool          // everything must go (a flush command, a mode switch, another mode)
+	Draining bool          // everything must go (the cache left write-back; a flush drains its own snapshot)
 	Waiting  bool          // writes are waiting for room below the maximum
 	Watermarks
 }
