@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -96,7 +97,36 @@ type Export struct {
 	UBLK *UBLK `yaml:"ublk"`
 	// NBDDevice, if set, attaches the kernel's NBD client (/dev/nbdN) to the export through netlink.
 	NBDDevice string `yaml:"nbd_device"`
+	// NBDDeviceTimeout is how long the kernel holds the NBD device's I/O while no tierblk serves
+	// it (a restart, a crash) before failing it: a duration ("" is DefaultNBDDeviceTimeout; "0"
+	// fails it at once, as before tierblk could take a device over).
+	NBDDeviceTimeout string `yaml:"nbd_device_timeout"`
+	// NBDDeviceOnStop is what stopping tierblk (SIGTERM) does with the NBD device: "keep" (the
+	// default) leaves it attached, its I/O held, for the next tierblk serving this export to take
+	// over; "release" disconnects it.
+	NBDDeviceOnStop string `yaml:"nbd_device_on_stop"`
 }
+
+// DefaultNBDDeviceTimeout is the default of Export.NBDDeviceTimeout.
+const DefaultNBDDeviceTimeout = 2 * time.Minute
+
+// NBDDeadConnTimeout parses NBDDeviceTimeout: whole seconds, as the kernel counts them.
+func (e *Export) NBDDeadConnTimeout() (time.Duration, error) {
+	if e.NBDDeviceTimeout == "" {
+		return DefaultNBDDeviceTimeout, nil
+	}
+	d, err := time.ParseDuration(e.NBDDeviceTimeout)
+	if e.NBDDeviceTimeout == "0" {
+		d, err = 0, nil
+	}
+	if err != nil || d < 0 || d%time.Second != 0 {
+		return 0, fieldErr("nbd_device_timeout", "%q: use whole seconds such as 120s or 5m (default %v), or 0 to fail I/O at once", e.NBDDeviceTimeout, DefaultNBDDeviceTimeout)
+	}
+	return d, nil
+}
+
+// KeepNBDDevice reports whether a stop leaves the NBD device attached (NBDDeviceOnStop).
+func (e *Export) KeepNBDDevice() bool { return e.NBDDeviceOnStop != "release" }
 
 // UBLK configures an export's ublk device. The zero value asks for a new device with the defaults.
 type UBLK struct {
@@ -258,6 +288,16 @@ func (c *Config) Validate(schemes []string) error {
 				errs = append(errs, fieldErr(f+".nbd_device", "%q is also the device of exports[%d]; each export needs its own", e.NBDDevice, j))
 			}
 			nbdDevs[e.NBDDevice] = i
+			if _, err := e.NBDDeadConnTimeout(); err != nil {
+				var fe *Error
+				if errors.As(err, &fe) {
+					err = fieldErr(f+"."+fe.Field, "%s", fe.Msg)
+				}
+				errs = append(errs, err)
+			}
+			if e.NBDDeviceOnStop != "" && e.NBDDeviceOnStop != "keep" && e.NBDDeviceOnStop != "release" {
+				errs = append(errs, fieldErr(f+".nbd_device_on_stop", "%q: use keep or release", e.NBDDeviceOnStop))
+			}
 		}
 	}
 	// IDs must differ too; -1 (any) may repeat.

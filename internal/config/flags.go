@@ -149,6 +149,10 @@ var Flags = []Flag{
 	ublkFlag("ublk-depth", "depth", "0", "requests in flight per ublk queue (0: 128)", func(u *UBLK, n int) { u.Depth = n }),
 	firstExport("nbd-device", "nbd_device", "attach the kernel's NBD client to the export as this device, e.g. /dev/nbd0 (no nbd-client needed)",
 		func(e *Export, v string) error { e.NBDDevice = v; return nil }),
+	firstExport("nbd-device-timeout", "nbd_device_timeout", "how long the kernel holds the NBD device's I/O while no tierblk serves it (a restart, a crash) before failing it, e.g. 2m (0: fail at once)",
+		func(e *Export, v string) error { e.NBDDeviceTimeout = v; return nil }),
+	firstExport("nbd-device-on-stop", "nbd_device_on_stop", "what a stop does with the NBD device: keep (attached, its I/O held for the next tierblk to take over) or release",
+		func(e *Export, v string) error { e.NBDDeviceOnStop = v; return nil }),
 }
 
 // last is the value a flag given several times keeps.

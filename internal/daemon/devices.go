@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +13,7 @@ import (
 	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/ublk"
 	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // kernelDevice is a block device the kernel serves from an export: ublk or the kernel NBD client.
@@ -42,16 +45,44 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 			stops = append(stops, d.Stop)
 		}
 		if e.NBDDevice != "" {
-			// One connection per CPU, as nbd-client -C does: the kernel maps each to a hardware queue.
-			d, err := kernel.Attach(srv, e.NBDDevice, e.Name, min(runtime.NumCPU(), 8), log)
+			timeout, err := e.NBDDeadConnTimeout()
+			if err != nil {
+				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), stop())
+			}
+			d, err := kernel.Attach(srv, e.NBDDevice, kernel.Options{
+				Export: e.Name,
+				// One connection per CPU, as nbd-client -C does: the kernel maps each to a hardware queue.
+				Conns:           min(runtime.NumCPU(), 8),
+				DeadConnTimeout: timeout,
+				Identity:        nbdIdentity(e),
+				Log:             log,
+			})
 			if err != nil {
 				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): nbd_device: %w", i, e.Name, err), stop())
 			}
 			logDevice(log, "nbd", e.Name, d)
-			stops = append(stops, d.Detach)
+			if e.KeepNBDDevice() {
+				stops = append(stops, d.Leave)
+			} else {
+				stops = append(stops, d.Detach)
+			}
 		}
 	}
 	return stop, nil
+}
+
+// nbdIdentity is the backend identifier an export's kernel NBD device carries: what the data
+// behind the device is, the backend (its URL without credentials) and the SSD tier in front of it
+// (its device and metadata), hashed to keep it short. A restarted tierblk takes over a device
+// that carries its own identity and refuses one that carries another's: the requests the kernel
+// holds were meant for that data.
+func nbdIdentity(e config.Export) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "backend=%s\n", backend.Redact(e.Backend))
+	if e.Cache != nil && e.Cache.SSD != "" {
+		fmt.Fprintf(h, "ssd=%s\nmeta=%s\n", e.Cache.SSD, e.Cache.MetaDir())
+	}
+	return kernel.IdentityPrefix + hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 func logDevice(log *slog.Logger, kind, export string, d kernelDevice) {

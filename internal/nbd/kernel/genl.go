@@ -1,8 +1,8 @@
 package kernel
 
 // Generic netlink by hand, just what attaching the kernel's NBD client needs: the controller's
-// CTRL_CMD_GETFAMILY to find the "nbd" family's id, and that family's CONNECT and DISCONNECT
-// (include/uapi/linux/nbd-netlink.h and drivers/block/nbd.c of Linux). Headers and attribute
+// CTRL_CMD_GETFAMILY to find the "nbd" family's id, and that family's CONNECT, DISCONNECT and
+// RECONFIGURE (include/uapi/linux/nbd-netlink.h and drivers/block/nbd.c of Linux). Headers and attribute
 // payloads are in the host's byte order.
 
 import (
@@ -21,6 +21,10 @@ const (
 
 	nbdCmdConnect    = 1
 	nbdCmdDisconnect = 2
+	// nbdCmdReconfigure gives a bound device new sockets in place of its dead connections
+	// (nbd_genl_reconfigure, nbd_reconnect_socket); it needs the backend identifier the device
+	// was connected with, if it was given one.
+	nbdCmdReconfigure = 3
 
 	nbdAttrIndex           = 1 // u32
 	nbdAttrSizeBytes       = 2 // u64
@@ -29,6 +33,9 @@ const (
 	nbdAttrServerFlags     = 5 // u64, the transmission flags
 	nbdAttrSockets         = 7 // nested NBD_SOCK_ITEMs
 	nbdAttrDeadConnTimeout = 8 // u64, seconds
+	// nbdAttrBackendIdentifier is a string the kernel keeps with the device
+	// (/sys/block/nbdN/backend) and compares on reconfigure.
+	nbdAttrBackendIdentifier = 10
 
 	nbdSockItem = 1 // nested, holding nbdSockFD
 	nbdSockFD   = 1 // u32
@@ -265,22 +272,44 @@ type kernelConfig struct {
 	flags           uint16 // transmission flags, as negotiated
 	timeout         uint64 // seconds before a request is deemed lost
 	deadConnTimeout uint64 // seconds a request waits for a dead connection to be replaced
+	backend         string // the backend identifier ("": none)
 	fds             []int
 }
 
 func connectAttrs(c kernelConfig) nlAttrs {
-	var socks nlAttrs
-	for _, fd := range c.fds {
-		socks = socks.nested(nbdSockItem, nlAttrs(nil).u32(nbdSockFD, uint32(fd)))
-	}
-	return nlAttrs(nil).
+	a := nlAttrs(nil).
 		u32(nbdAttrIndex, c.index).
 		u64(nbdAttrSizeBytes, c.size).
 		u64(nbdAttrBlockSizeBytes, c.blockSize).
 		u64(nbdAttrServerFlags, uint64(c.flags)).
 		u64(nbdAttrTimeout, c.timeout).
-		u64(nbdAttrDeadConnTimeout, c.deadConnTimeout).
-		nested(nbdAttrSockets, socks)
+		u64(nbdAttrDeadConnTimeout, c.deadConnTimeout)
+	if c.backend != "" {
+		a = a.str(nbdAttrBackendIdentifier, c.backend)
+	}
+	return a.nested(nbdAttrSockets, sockAttrs(c.fds))
+}
+
+// reconfigureAttrs gives a bound device the sockets c.fds in place of dead connections, and
+// sets its timeouts. The size, block size and flags stay as the device has them: the kernel
+// cannot change the flags, and changing the size of a mounted device is not a restart's business.
+func reconfigureAttrs(c kernelConfig) nlAttrs {
+	a := nlAttrs(nil).
+		u32(nbdAttrIndex, c.index).
+		u64(nbdAttrTimeout, c.timeout).
+		u64(nbdAttrDeadConnTimeout, c.deadConnTimeout)
+	if c.backend != "" {
+		a = a.str(nbdAttrBackendIdentifier, c.backend)
+	}
+	return a.nested(nbdAttrSockets, sockAttrs(c.fds))
+}
+
+func sockAttrs(fds []int) nlAttrs {
+	var socks nlAttrs
+	for _, fd := range fds {
+		socks = socks.nested(nbdSockItem, nlAttrs(nil).u32(nbdSockFD, uint32(fd)))
+	}
+	return socks
 }
 
 func disconnectAttrs(index uint32) nlAttrs { return nlAttrs(nil).u32(nbdAttrIndex, index) }

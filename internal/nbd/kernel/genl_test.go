@@ -64,6 +64,34 @@ func TestGenlEncoding(t *testing.T) {
 		       1c00 0780
 		         0c00 0180 0800 0100 05000000
 		         0c00 0180 0800 0100 06000000`,
+	}, {
+		name: "connect attributes with a backend identifier",
+		got: connectAttrs(kernelConfig{
+			index: 1, size: 1 << 30, blockSize: 512, flags: proto.FlagHasFlags,
+			timeout: 30, deadConnTimeout: 120, backend: "tierblk:ab", fds: []int{5},
+		}),
+		want: `0800 0100 01000000
+		       0c00 0200 00000040 00000000
+		       0c00 0300 00020000 00000000
+		       0c00 0500 01000000 00000000
+		       0c00 0400 1e000000 00000000
+		       0c00 0800 78000000 00000000
+		       0f00 0a00 74696572626c6b3a616200 00
+		       1000 0780
+		         0c00 0180 0800 0100 05000000`,
+	}, {
+		name: "reconfigure attributes: index, timeouts, identifier, sockets; no size or flags",
+		got: genlRequest(0x1a, nbdCmdReconfigure, nbdGenlVersion, 2, reconfigureAttrs(kernelConfig{
+			index: 2, size: 1 << 30, blockSize: 512, flags: proto.FlagHasFlags,
+			timeout: 30, deadConnTimeout: 120, backend: "tierblk:ab", fds: []int{7},
+		})),
+		want: `54000000 1a00 0500 02000000 00000000  03 01 0000
+		       0800 0100 02000000
+		       0c00 0400 1e000000 00000000
+		       0c00 0800 78000000 00000000
+		       0f00 0a00 74696572626c6b3a616200 00
+		       1000 0780
+		         0c00 0180 0800 0100 07000000`,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

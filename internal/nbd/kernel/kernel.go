@@ -5,13 +5,17 @@
 // (genl.go).
 //
 // A kernel device must never be left attached to connections nobody serves while the server
-// lives: Detach releases it, and a device left by a dead process is released before it is taken
-// again. Nothing here serves requests or speaks the protocol itself: the server and the client do.
+// lives: Detach releases it. Leave lets go of it without releasing it, for the next tierblk
+// serving the same export to take over: the kernel holds its I/O meanwhile (Options.DeadConnTimeout).
+// A device left by a dead process is taken over when it carries this export's backend identifier
+// (Options.Identity), refused when it carries another's, and released before it is taken again
+// when it carries none (an older tierblk's, nbd-client's). Nothing here serves requests or speaks the protocol itself: the server and the client do.
 package kernel
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -29,12 +33,16 @@ import (
 	"github.com/tierblk/tierblk/internal/nbd/proto"
 )
 
-// Timeouts of the kernel's client. When tierblk dies (kill -9), the kernel reads EOF on every
-// socket and marks the connections dead; from then on:
-//   - a new request finds no live connection and, as no one will ever reconnect (deadConnTimeout
-//     0), fails at once with EIO;
-//   - a request that was in flight fails when its timeout (requestTimeout) expires: the
-//     kernel does not fail those on EOF.
+// Timeouts of the kernel's client. When tierblk stops without releasing the device (Leave) or
+// dies (kill -9), the kernel reads EOF on every socket and marks the connections dead; from then on:
+//   - a new request finds no live connection and waits for one, up to Options.DeadConnTimeout
+//     (NBD_ATTR_DEAD_CONN_TIMEOUT; with 0 it fails at once with EIO), then fails with EIO;
+//   - a request that was in flight (sent, unanswered) waits for its timeout (requestTimeout):
+//     the kernel does not fail those on EOF. When it expires the kernel requeues the request,
+//     which then waits for a live connection as a new one does.
+//
+// A tierblk that takes the device over (NBD_CMD_RECONFIGURE) ends the wait: the held requests
+// go to its connections.
 //
 // The request timeout also applies while tierblk is alive, and there expiring kills the
 // connection (the kernel shuts the socket and resends the request on another one), so it must
@@ -47,6 +55,12 @@ const (
 	releaseTimeout    = 10 * time.Second
 	drainTimeout      = 5 * time.Second
 	releasePollPeriod = 20 * time.Millisecond
+	// takeOverSettle is how long a take-over waits to see which new sockets the kernel refused
+	// (they read EOF at once), takeOverRetry how long it waits before trying again when it took
+	// none, up to takeOverTries times.
+	takeOverSettle = 100 * time.Millisecond
+	takeOverRetry  = 500 * time.Millisecond
+	takeOverTries  = 10
 	// sysBlock is where the kernel shows block devices.
 	sysBlock = "/sys/block"
 )
@@ -72,37 +86,99 @@ type Device struct {
 	// is worth a warning.
 	attached, detaching atomic.Bool
 
+	// ended counts the connections whose serving has ended.
+	ended atomic.Int32
+	// lock keeps other tierblks off the device while this one serves it (lockDevice).
+	lock io.Closer
+
 	detachOnce sync.Once
 	detachErr  error
 }
 
-// Attach connects the kernel NBD device at path (/dev/nbdN) to export over conns connections that
-// srv serves (one if the export does not allow several). The server needs no listener. log is
-// told of the attachment and of connections the kernel gives up on (nil = slog.Default()).
-func Attach(srv Server, path, export string, conns int, log *slog.Logger) (*Device, error) {
+// Options configure Attach.
+type Options struct {
+	// Export is the name of the export negotiated on every connection.
+	Export string
+	// Conns is the number of connections to make (one if the export does not allow several).
+	Conns int
+	// DeadConnTimeout is how long the kernel holds the device's requests while none of its
+	// connections is alive (tierblk restarting, or killed) before it fails them; whole seconds.
+	// 0: they fail at once.
+	DeadConnTimeout time.Duration
+	// Identity is the backend identifier the kernel keeps with the device
+	// (/sys/block/nbdN/backend): a device left by a tierblk with the same Identity is taken over
+	// (NBD_CMD_RECONFIGURE), one left with another Identity is refused. "": none.
+	Identity string
+	// Log is told of the attachment and of connections the kernel gives up on
+	// (nil: slog.Default()).
+	Log *slog.Logger
+}
+
+// IdentityPrefix begins every backend identifier tierblk gives the kernel.
+const IdentityPrefix = "tierblk:"
+
+// Attach connects the kernel NBD device at path (/dev/nbdN) to o.Export over o.Conns connections
+// that srv serves. The server needs no listener. A device that a tierblk with the same
+// o.Identity left attached (stopped with Leave, or killed) is taken over: the kernel gets new
+// connections in place of the dead ones, and the requests it held go on.
+func Attach(srv Server, path string, o Options) (*Device, error) {
 	index, err := nbdIndex(path)
 	if err != nil {
 		return nil, err
 	}
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	lock, err := lockDevice(path, index)
+	if err != nil {
+		return nil, err
+	}
+	k, err := attach(srv, path, index, o, log)
+	if err != nil {
+		lock.Close()
+		return nil, err
+	}
+	k.lock = lock
+	return k, nil
+}
+
+func attach(srv Server, path string, index uint32, o Options, log *slog.Logger) (*Device, error) {
 	g, family, err := dialNBDFamily()
 	if err != nil {
 		return nil, err
 	}
 	defer g.Close()
 
-	if log == nil {
-		log = slog.Default()
-	}
 	k := &Device{path: path, index: index, srv: srv, log: log}
-	if err := k.releaseStale(g, family); err != nil {
-		return nil, err
+	st := readState(index)
+	switch {
+	case st.pid == 0:
+		// Not connected.
+	case st.backend == "":
+		// Attached without an identifier (nbd-client, an older tierblk): released if its
+		// process is gone, refused by the kernel (in use) otherwise.
+		if err := k.releaseStale(g, family, st.pid); err != nil {
+			return nil, err
+		}
+	case o.Identity != "" && st.backend == o.Identity:
+		// No tierblk serves it (we hold the lock): it was left by one serving this export.
+		return k, k.takeOver(g, family, o, st)
+	case !strings.HasPrefix(st.backend, IdentityPrefix) && processAlive(st.pid):
+		return nil, connectError(path, unix.EBUSY)
+	default:
+		return nil, fmt.Errorf("nbd: %s is attached to another export (backend identifier %q, this export's is %q): "+
+			"refusing to take it, as the I/O it holds belongs to that export; start the tierblk that serves it, "+
+			"or release it (nbd-client -d %s: I/O it holds fails)", path, st.backend, o.Identity, path)
 	}
-	files, ex, err := k.sockets(export, max(conns, 1))
+	files, ex, err := k.sockets(o.Export, max(o.Conns, 1))
 	if err != nil {
 		k.conns.Wait()
 		return nil, fmt.Errorf("nbd: %s: %w", path, err)
 	}
 	cfg, err := kernelConfigFor(index, ex, files)
+	cfg.deadConnTimeout = uint64(o.DeadConnTimeout / time.Second)
+	cfg.backend = o.Identity
 	if err == nil {
 		_, err = g.request(family, nbdCmdConnect, nbdGenlVersion, connectAttrs(cfg))
 		err = connectError(path, err)
@@ -116,9 +192,117 @@ func Attach(srv Server, path, export string, conns int, log *slog.Logger) (*Devi
 		return nil, err
 	}
 	k.attached.Store(true)
-	k.log.Info("nbd: kernel device attached", "device", path, "export", export,
-		"size", ex.Size, "block_size", cfg.blockSize, "connections", len(files))
+	k.log.Info("nbd: kernel device attached", "device", path, "export", o.Export,
+		"size", ex.Size, "block_size", cfg.blockSize, "connections", len(files),
+		"dead_conn_timeout", o.DeadConnTimeout, "identity", o.Identity)
 	return k, nil
+}
+
+// takeOver gives a device left attached by a tierblk serving the same export new connections in
+// place of its dead ones (NBD_CMD_RECONFIGURE). The kernel takes a new socket only in place of a
+// connection it has seen die; one it does not take reads EOF at once, as nobody else holds its
+// other end, and its serving goroutine ends: then, if it took none, takeOver tries again a few
+// times (the previous process's sockets may not have been seen closed yet).
+func (k *Device) takeOver(g *genlConn, family uint16, o Options, st deviceState) error {
+	n := st.queues
+	if n <= 0 {
+		n = max(o.Conns, 1)
+	}
+	for try := 1; ; try++ {
+		files, ex, err := k.sockets(o.Export, n)
+		if err != nil {
+			k.conns.Wait()
+			return fmt.Errorf("nbd: %s: %w", k.path, err)
+		}
+		if want := st.sectors * 512; st.sectors > 0 && uint64(ex.Size) != want {
+			closeAll(files)
+			k.conns.Wait()
+			return fmt.Errorf("nbd: %s was left attached with %d bytes, the export now has %d: refusing to take it over (release it first: nbd-client -d %s)",
+				k.path, want, ex.Size, k.path)
+		}
+		cfg, err := kernelConfigFor(k.index, ex, files)
+		if err == nil {
+			cfg.deadConnTimeout = uint64(o.DeadConnTimeout / time.Second)
+			cfg.backend = o.Identity
+			_, err = g.request(family, nbdCmdReconfigure, nbdGenlVersion, reconfigureAttrs(cfg))
+		}
+		before := k.ended.Load()
+		closeAll(files)
+		if err != nil {
+			k.conns.Wait()
+			return fmt.Errorf("nbd: reconfigure %s (left attached by a tierblk serving this export): %w", k.path, err)
+		}
+		// A socket the kernel did not take ends at once.
+		time.Sleep(takeOverSettle)
+		taken := len(files) - int(k.ended.Load()-before)
+		if taken > 0 {
+			k.attached.Store(true)
+			k.log.Info("nbd: kernel device attached: took over the device a previous tierblk left", "device", k.path,
+				"export", o.Export, "size", ex.Size, "connections", taken, "offered", len(files), "pid_before", st.pid,
+				"dead_conn_timeout", o.DeadConnTimeout, "identity", o.Identity)
+			return nil
+		}
+		if try == takeOverTries {
+			k.conns.Wait()
+			return fmt.Errorf("nbd: %s: the kernel took none of %d new connections in place of its old ones (are they still alive?)", k.path, len(files))
+		}
+		time.Sleep(takeOverRetry)
+	}
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// deviceState is what /sys/block/nbdN shows of a device.
+type deviceState struct {
+	pid     int    // the thread that connected it; 0: not connected
+	backend string // its backend identifier
+	sectors uint64 // its size in 512-byte sectors
+	queues  int    // its hardware queues: one per connection
+}
+
+func readState(index uint32) deviceState {
+	var st deviceState
+	if b, err := os.ReadFile(sysBlockFile(index, "pid")); err == nil {
+		st.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if b, err := os.ReadFile(sysBlockFile(index, "backend")); err == nil {
+		st.backend = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile(sysBlockFile(index, "size")); err == nil {
+		st.sectors, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	}
+	if ents, err := os.ReadDir(sysBlockFile(index, "mq")); err == nil {
+		st.queues = len(ents)
+	}
+	return st
+}
+
+// processAlive reports whether the thread pid exists (the kernel records the connecting
+// thread's id; /proc/ID exists for threads too).
+func processAlive(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return !errors.Is(err, os.ErrNotExist)
+}
+
+// lockDevice makes sure that one tierblk at a time serves device index: it binds an abstract
+// unix socket named after it, which the kernel frees when the process ends, even killed.
+func lockDevice(path string, index uint32) (io.Closer, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: lock %s: %w", path, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: fmt.Sprintf("@tierblk/nbd%d", index)}); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EADDRINUSE) {
+			return nil, fmt.Errorf("nbd: %s is in use (another tierblk serves it)", path)
+		}
+		return nil, fmt.Errorf("nbd: lock %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), "tierblk-nbd-lock"), nil
 }
 
 // Path is the device's path.
@@ -130,8 +314,30 @@ func (k *Device) Path() string { return k.path }
 // Detach returns once the kernel has released the device (size 0). If the device stays open
 // (a mounted file system), the kernel fails its I/O and Detach says so after a while.
 func (k *Device) Detach() error {
-	k.detachOnce.Do(func() { k.detachErr = k.detach() })
+	k.detachOnce.Do(func() {
+		k.detachErr = k.detach()
+		k.lock.Close()
+	})
 	return k.detachErr
+}
+
+// Leave lets go of the device without releasing it, for a restart: the server's shutdown ends
+// the connections once it has answered the requests it read, the kernel sees them die and holds
+// the device's I/O, up to Options.DeadConnTimeout, until a tierblk serving the same export takes
+// it over. A request the kernel sent after the server stopped reading stays unanswered and is
+// sent again to the next tierblk after the request timeout (30 s). Leave or Detach: the first
+// called wins.
+func (k *Device) Leave() error {
+	k.detachOnce.Do(func() {
+		k.detaching.Store(true)
+		k.log.Info("nbd: leaving the kernel device attached for the next tierblk", "device", k.path)
+		go func() {
+			// The device is ours until its connections are closed.
+			k.conns.Wait()
+			k.lock.Close()
+		}()
+	})
+	return nil
 }
 
 func (k *Device) detach() error {
@@ -205,17 +411,8 @@ func connectError(path string, err error) error {
 
 // releaseStale disconnects the device when the process that connected it no longer exists (a
 // tierblk killed with -9): its connections are dead and nothing else will ever release it.
-func (k *Device) releaseStale(g *genlConn, family uint16) error {
-	b, err := os.ReadFile(sysBlockFile(k.index, "pid"))
-	if err != nil {
-		return nil // not connected, or no such device yet (the kernel creates it on connect)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
-		return nil
-	}
-	// The kernel records the connecting thread's id; /proc/ID exists for threads too.
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); !errors.Is(err, os.ErrNotExist) {
+func (k *Device) releaseStale(g *genlConn, family uint16, pid int) error {
+	if pid <= 0 || processAlive(pid) {
 		return nil
 	}
 	k.log.Warn("nbd: device left connected by a process that is gone; disconnecting it", "device", k.path, "pid", pid)
@@ -266,6 +463,7 @@ func (k *Device) socket(export string, i int) (*os.File, client.Export, error) {
 	go func() {
 		defer k.conns.Done()
 		k.srv.ServeLocalConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
+		k.ended.Add(1)
 		if k.attached.Load() && !k.detaching.Load() && !k.srv.ShuttingDown() {
 			// The kernel gave up on the connection: a request took longer than its timeout, or
 			// someone disconnected the device. Its requests go to the other connections, if any.
