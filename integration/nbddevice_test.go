@@ -8,3 +8,11 @@ import "testing"
 func TestNBDDevice(t *testing.T) {
 	runVMWith(t, vmOptions{fio: true}, "vm/guest/nbd-device.sh", "256M", "128M")
 }
+
+// TestNBDDeviceRestart runs vm/guest/nbd-restart.sh: ext4 on tierblk's /dev/nbd0 under a writer
+// that fsyncs every file, while tierblk is stopped (SIGTERM) and killed (kill -9) and started
+// again: the new tierblk takes the device over, the writer sees no error, the files are intact
+// and the SSD tier is warm; a tierblk with another backend refuses the device.
+func TestNBDDeviceRestart(t *testing.T) {
+	runVMWith(t, vmOptions{}, "vm/guest/nbd-restart.sh", "256M", "128M")
+}

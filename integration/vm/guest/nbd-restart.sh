@@ -1,0 +1,124 @@
+# Guest test: restarts of `tierblk serve --nbd-device /dev/nbd0` (write-back, /dev/vda the backend,
+# /dev/vdb the SSD tier) under a mounted ext4 and a writer that fsyncs every file:
+#   1. SIGTERM (default --nbd-device-on-stop keep): tierblk exits 0 and /dev/nbd0 stays attached;
+#      a new tierblk takes it over (NBD_CMD_RECONFIGURE) and finds its SSD tier warm.
+#   2. kill -9, then a tierblk with another backend: it refuses the device, naming both backend
+#      identifiers; then the right one takes it over, SSD tier warm.
+#   3. The writer saw no error, and every file it wrote reads back with its checksum after a
+#      remount with the page cache dropped.
+# (Whether reads after the restart are SSD hits is not checked here: the log's "SSD tier warm",
+# with the lines it loaded, is.)
+starts=0
+
+# start_tierblk starts tierblk and waits until it has attached /dev/nbd0.
+start_tierblk() {
+	starts=$((starts + 1))
+	serve_log=/tmp/tierblk.$starts.log
+	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
+		--nbd-device /dev/nbd0 2>$serve_log &
+	pid=$!
+	i=0
+	until grep -q 'kernel device attached' $serve_log; do
+		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd0"; }
+		i=$((i + 1))
+		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd0 within 60 s"; }
+		sleep 0.1
+	done
+}
+
+# took_over_warm: the last tierblk took the device over and found its SSD tier warm.
+took_over_warm() {
+	grep 'took over the device' $serve_log || { cat $serve_log; fail "tierblk did not take the device over"; }
+	warm=$(grep 'SSD tier warm' $serve_log) || { cat $serve_log; fail "the SSD tier is not warm after the restart"; }
+	echo "$warm"
+	case "$warm" in *"lines=0 "*) fail "the SSD tier came back empty" ;; esac
+}
+
+# files_written: how many files the writer has finished.
+files_written() { wc -l </tmp/wsums; }
+
+# wait_files N: wait until the writer has finished N more files than now.
+wait_files() {
+	target=$(($(files_written) + $1))
+	i=0
+	until [ "$(files_written)" -ge $target ]; do
+		kill -0 $writer 2>/dev/null || { cat /tmp/writer.err; fail "the writer ended"; }
+		i=$((i + 1))
+		[ $i -le 1800 ] || fail "the writer made no progress for 180 s"
+		sleep 0.1
+	done
+}
+
+mkdir -p /tmp/meta
+step "tierblk --nbd-device /dev/nbd0 (write-back, SSD tier), ext4, a writer that fsyncs every file"
+start_tierblk
+mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
+mount -t ext4 /dev/nbd0 /mnt || fail "mount"
+: >/tmp/wsums
+: >/tmp/writer.err
+(
+	n=0
+	while [ ! -e /tmp/stop ]; do
+		n=$((n + 1))
+		dd if=/dev/urandom of=/tmp/src bs=64k count=4 2>/dev/null
+		dd if=/tmp/src of=/mnt/f$n bs=64k conv=fsync 2>/tmp/dd.err || { cat /tmp/dd.err >>/tmp/writer.err; echo "writing f$n failed" >>/tmp/writer.err; exit 1; }
+		echo "$(md5sum </tmp/src | cut -d' ' -f1)  f$n" >>/tmp/wsums
+	done
+) &
+writer=$!
+wait_files 5
+
+step "SIGTERM: tierblk exits 0, /dev/nbd0 stays attached; a new tierblk takes it over"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || { cat $serve_log; fail "tierblk exited $rc after SIGTERM"; }
+[ "$(cat /sys/block/nbd0/size)" != 0 ] || fail "/dev/nbd0 was released by SIGTERM"
+echo "device left: backend $(cat /sys/block/nbd0/backend), pid $(cat /sys/block/nbd0/pid)"
+sleep 1
+start_tierblk
+took_over_warm
+wait_files 5
+
+step "kill -9; a tierblk with another backend refuses the device; the right one takes it over"
+kill -9 $pid
+wait $pid
+timeout 60 tierblk serve --backend mem://256MiB --nbd-device /dev/nbd0 2>/tmp/other.log
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat /tmp/other.log; fail "the tierblk with another backend exited $rc, want an error"; }
+grep 'is attached to another export' /tmp/other.log || { cat /tmp/other.log; fail "no clear refusal from the tierblk with another backend"; }
+[ "$(cat /sys/block/nbd0/size)" != 0 ] || fail "the refused tierblk released /dev/nbd0"
+start_tierblk
+took_over_warm
+wait_files 5
+
+step "the writer saw no error; every file reads back after a remount"
+touch /tmp/stop
+wait $writer
+rc=$?
+[ $rc -eq 0 ] || { cat /tmp/writer.err; fail "the writer failed (exit $rc)"; }
+[ ! -s /tmp/writer.err ] || { cat /tmp/writer.err; fail "the writer printed errors"; }
+echo "writer: $(files_written) files, no error"
+umount /mnt || fail "umount"
+echo 3 >/proc/sys/vm/drop_caches
+mount -t ext4 /dev/nbd0 /mnt || fail "mount again"
+(cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ"; }
+umount /mnt || fail "umount after the check"
+
+step "nbd-device-on-stop release: SIGTERM releases the device"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || { cat $serve_log; fail "tierblk exited $rc after SIGTERM"; }
+tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
+	--nbd-device /dev/nbd0 --nbd-device-on-stop release 2>/tmp/release.log &
+pid=$!
+i=0
+until grep -q 'kernel device attached' /tmp/release.log; do
+	kill -0 $pid 2>/dev/null || { cat /tmp/release.log; fail "tierblk exited before attaching /dev/nbd0"; }
+	i=$((i + 1)); [ $i -le 600 ] || fail "not attached within 60 s"; sleep 0.1
+done
+kill -TERM $pid
+wait $pid || { cat /tmp/release.log; fail "tierblk exited $? after SIGTERM"; }
+[ "$(cat /sys/block/nbd0/size)" = 0 ] || fail "/dev/nbd0 still attached after a stop with release"
+step "all checks passed"
