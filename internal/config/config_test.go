@@ -124,6 +124,12 @@ func TestValidateNamesTheField(t *testing.T) {
 			c.Exports[0].NBDDevice = "/dev/nbd1"
 			c.Exports = append(c.Exports, Export{Name: "b", Backend: "mem://1MiB", NBDDevice: "/dev/nbd1"})
 		}, "exports[1].nbd_device"},
+		{"nbd device timeout", func(c *Config) {
+			c.Exports[0].NBDDevice, c.Exports[0].NBDDeviceTimeout = "/dev/nbd1", "1.5s"
+		}, `exports[0].nbd_device_timeout: "1.5s": use whole seconds`},
+		{"nbd device on stop", func(c *Config) {
+			c.Exports[0].NBDDevice, c.Exports[0].NBDDeviceOnStop = "/dev/nbd1", "detach"
+		}, `exports[0].nbd_device_on_stop: "detach": use keep or release`},
 		{"ssd over mem", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/ssd"} }, "exports[0].cache.ssd: the backend \"mem://1GiB\" loses its data"},
 		{"shared ssd", func(c *Config) {
 			c.Exports[0].Backend = "file:///a"
@@ -314,4 +320,15 @@ func TestBackendURLWithLibiscsiPassword(t *testing.T) {
 	c := Defaults()
 	c.Exports = []Export{{Name: "a", Backend: "iscsi://alice%pa%ss@nas/iqn.2001-04.com.example:disk/1"}}
 	require.NoError(t, c.Validate(append(schemes, "iscsi")))
+}
+
+func TestNBDDeadConnTimeout(t *testing.T) {
+	for in, want := range map[string]time.Duration{"": DefaultNBDDeviceTimeout, "0": 0, "5m": 5 * time.Minute, "3s": 3 * time.Second} {
+		e := Export{NBDDeviceTimeout: in}
+		got, err := e.NBDDeadConnTimeout()
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	require.True(t, (&Export{}).KeepNBDDevice())
+	require.False(t, (&Export{NBDDeviceOnStop: "release"}).KeepNBDDevice())
 }
