@@ -10,9 +10,11 @@ func TestNBDDevice(t *testing.T) {
 }
 
 // TestNBDDeviceRestart runs vm/guest/nbd-restart.sh: ext4 on tierblk's /dev/nbd0 under a writer
-// that fsyncs every file, while tierblk is stopped (SIGTERM) and killed (kill -9) and started
-// again: the new tierblk takes the device over, the writer sees no error, the files are intact
-// and the SSD tier is warm; a tierblk with another backend refuses the device.
+// that fsyncs every file, while tierblk is stopped (SIGTERM) and started again: the new tierblk
+// takes the device over, the writer sees no error, the files are intact and the SSD tier is warm.
+// After a kill -9 in write-back the device is released rather than taken over, and every fsynced
+// file is there; without an SSD tier a kill -9 is taken over under the writer, with no error. A
+// tierblk with another backend refuses the device.
 func TestNBDDeviceRestart(t *testing.T) {
 	runVMWith(t, vmOptions{}, "vm/guest/nbd-restart.sh", "256M", "128M")
 }

@@ -112,7 +112,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		addrs[i] = l.Addr().String()
 		go func() { serveErr <- srv.Serve(l) }()
 	}
-	stopDevices, err := attachDevices(cfg, devs, srv, log)
+	stopDevices, left, err := attachDevices(cfg, devs, srv, log)
 	if err != nil {
 		for _, l := range listeners {
 			l.Close()
@@ -169,6 +169,9 @@ wait:
 		}
 	}
 	if runErr == nil {
+		if err := markLeft(left); err != nil {
+			log.Warn("could not mark the kernel devices left attached as left cleanly: the next tierblk will release them", "err", err)
+		}
 		log.Info("stopped cleanly; every volume flushed")
 	}
 	return runErr

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/kernel"
@@ -24,7 +27,7 @@ type kernelDevice interface {
 // attachDevices creates the exports' ublk devices and attaches their kernel NBD devices. The
 // returned stop removes them all, newest first, before the server stops, so that the kernel's
 // last writes and flushes still reach the volumes. On failure it removes what it had created.
-func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, log *slog.Logger) (stop func() error, err error) {
+func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
 	var stops []func() error
 	stop = func() error {
 		var errs []error
@@ -39,7 +42,7 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 				ID: e.UBLK.DeviceID(), Queues: e.UBLK.Queues, Depth: e.UBLK.Depth, Logger: log,
 			})
 			if err != nil {
-				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): ublk: %w", i, e.Name, err), stop())
+				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): ublk: %w", i, e.Name, err), stop())
 			}
 			logDevice(log, "ublk", e.Name, d)
 			stops = append(stops, d.Stop)
@@ -47,29 +50,75 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 		if e.NBDDevice != "" {
 			timeout, err := e.NBDDeadConnTimeout()
 			if err != nil {
-				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), stop())
+				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), stop())
 			}
+			identity := nbdIdentity(e)
 			d, err := kernel.Attach(srv, e.NBDDevice, kernel.Options{
 				Export: e.Name,
 				// One connection per CPU, as nbd-client -C does: the kernel maps each to a hardware queue.
 				Conns:           min(runtime.NumCPU(), 8),
 				DeadConnTimeout: timeout,
-				Identity:        nbdIdentity(e),
+				Identity:        identity,
+				TakeOver:        takeLeft(e.NBDDevice, identity) || !mayWriteBack(e),
 				Log:             log,
 			})
 			if err != nil {
-				return nil, errors.Join(fmt.Errorf("exports[%d] (%q): nbd_device: %w", i, e.Name, err), stop())
+				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): nbd_device: %w", i, e.Name, err), stop())
 			}
 			logDevice(log, "nbd", e.Name, d)
 			if e.KeepNBDDevice() {
 				stops = append(stops, d.Leave)
+				left = append(left, leftDevice{e.NBDDevice, identity})
 			} else {
 				stops = append(stops, d.Detach)
 			}
 		}
 	}
-	return stop, nil
+	return stop, left, nil
 }
+
+// A kernel NBD device that a stop leaves attached is taken over by the next tierblk only if it
+// cannot have lost a write the kernel believes done. Writes acknowledged in write-back live on
+// the SSD tier, but the records that find them are committed at checkpoints: a tierblk killed in
+// between takes them with it, and the next one, answering the kernel's FLUSH, would vouch for
+// them. So a stop that ends with every volume flushed marks the device left cleanly (a file in
+// LeftDir, removed when read); a device found without the mark is taken over only where the
+// export has no SSD tier, and so no write-back (TestNBDDeviceRestart).
+
+// LeftDir holds the marks of devices left by a clean stop; like the devices, it does not outlive a
+// reboot.
+var LeftDir = "/run/tierblk"
+
+// leftDevice is a kernel NBD device a stop leaves attached, with its identity.
+type leftDevice struct{ path, identity string }
+
+func leftMark(path string) string {
+	return filepath.Join(LeftDir, "left-"+filepath.Base(path))
+}
+
+// markLeft records that a clean stop left the devices, after every volume was flushed.
+func markLeft(devs []leftDevice) error {
+	var errs []error
+	for _, d := range devs {
+		if err := os.MkdirAll(LeftDir, 0o755); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, os.WriteFile(leftMark(d.path), []byte(d.identity+"\n"), 0o644))
+	}
+	return errors.Join(errs...)
+}
+
+// takeLeft reports whether a clean stop left the device with this identity, and forgets the mark.
+func takeLeft(path, identity string) bool {
+	b, err := os.ReadFile(leftMark(path))
+	_ = os.Remove(leftMark(path))
+	return err == nil && strings.TrimSpace(string(b)) == identity
+}
+
+// mayWriteBack reports whether an export can hold writes in write-back: it has an SSD tier (the
+// mode can be switched at run time, so the configured one does not say).
+func mayWriteBack(e config.Export) bool { return e.Cache != nil && e.Cache.SSD != "" }
 
 // nbdIdentity is the backend identifier an export's kernel NBD device carries: what the data
 // behind the device is, the backend (its URL without credentials) and the SSD tier in front of it

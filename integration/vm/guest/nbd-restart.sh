@@ -1,11 +1,17 @@
 # Guest test: restarts of `tierblk serve --nbd-device /dev/nbd0` (write-back, /dev/vda the backend,
 # /dev/vdb the SSD tier) under a mounted ext4 and a writer that fsyncs every file:
 #   1. SIGTERM (default --nbd-device-on-stop keep): tierblk exits 0 and /dev/nbd0 stays attached;
-#      a new tierblk takes it over (NBD_CMD_RECONFIGURE) and finds its SSD tier warm.
+#      a new tierblk takes it over (NBD_CMD_RECONFIGURE) and finds its SSD tier warm. The writer
+#      saw no error, and every file reads back with its checksum after a remount with the page
+#      cache dropped.
 #   2. kill -9, then a tierblk with another backend: it refuses the device, naming both backend
-#      identifiers; then the right one takes it over, SSD tier warm.
-#   3. The writer saw no error, and every file it wrote reads back with its checksum after a
-#      remount with the page cache dropped.
+#      identifiers. The right one does not take it over: writes acknowledged in write-back since
+#      the last checkpoint died with the killed process, and a FLUSH the new one answered would
+#      vouch for them. It releases the device and attaches it anew; every fsynced file is there.
+#   3. An export without an SSD tier (nothing acknowledged lives in the process alone) on
+#      /dev/nbd1: kill -9 under the writer, and the new tierblk takes the device over; the writer
+#      sees no error and its files are intact.
+#   4. --nbd-device-on-stop release: SIGTERM releases the device.
 # (Whether reads after the restart are SSD hits is not checked here: the log's "SSD tier warm",
 # with the lines it loaded, is.)
 starts=0
@@ -49,23 +55,51 @@ wait_files() {
 	done
 }
 
+# start_writer writes files of random data into /mnt in a loop, each with conv=fsync, recording
+# the checksum of each one whose fsync succeeded, until /tmp/stop appears.
+start_writer() {
+	rm -f /tmp/stop
+	: >/tmp/wsums
+	: >/tmp/writer.err
+	(
+		n=0
+		while [ ! -e /tmp/stop ]; do
+			n=$((n + 1))
+			dd if=/dev/urandom of=/tmp/src bs=64k count=4 2>/dev/null
+			dd if=/tmp/src of=/mnt/f$n bs=64k conv=fsync 2>/tmp/dd.err || { cat /tmp/dd.err >>/tmp/writer.err; echo "writing f$n failed" >>/tmp/writer.err; exit 1; }
+			echo "$(md5sum </tmp/src | cut -d' ' -f1)  f$n" >>/tmp/wsums
+		done
+	) &
+	writer=$!
+}
+
+# stop_writer stops the writer, which must have seen no error.
+stop_writer() {
+	touch /tmp/stop
+	wait $writer
+	rc=$?
+	[ $rc -eq 0 ] || { cat /tmp/writer.err; fail "the writer failed (exit $rc)"; }
+	[ ! -s /tmp/writer.err ] || { cat /tmp/writer.err; fail "the writer printed errors"; }
+	echo "writer: $(files_written) files, no error"
+}
+
+# check_sums DIR: every file the writer finished reads back from DIR, remounted with the page
+# cache dropped, with its checksum; DIR is left unmounted.
+check_sums() {
+	dev=$(awk -v d="$1" '$2 == d {print $1}' /proc/mounts)
+	umount "$1" || fail "umount $1"
+	echo 3 >/proc/sys/vm/drop_caches
+	mount -t ext4 "$dev" "$1" || fail "mount $dev again"
+	(cd "$1" && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ"; }
+	umount "$1" || fail "umount $1 after the check"
+}
+
 mkdir -p /tmp/meta
 step "tierblk --nbd-device /dev/nbd0 (write-back, SSD tier), ext4, a writer that fsyncs every file"
 start_tierblk
 mkfs.ext4 -q -F /dev/nbd0 || fail "mkfs.ext4"
 mount -t ext4 /dev/nbd0 /mnt || fail "mount"
-: >/tmp/wsums
-: >/tmp/writer.err
-(
-	n=0
-	while [ ! -e /tmp/stop ]; do
-		n=$((n + 1))
-		dd if=/dev/urandom of=/tmp/src bs=64k count=4 2>/dev/null
-		dd if=/tmp/src of=/mnt/f$n bs=64k conv=fsync 2>/tmp/dd.err || { cat /tmp/dd.err >>/tmp/writer.err; echo "writing f$n failed" >>/tmp/writer.err; exit 1; }
-		echo "$(md5sum </tmp/src | cut -d' ' -f1)  f$n" >>/tmp/wsums
-	done
-) &
-writer=$!
+start_writer
 wait_files 5
 
 step "SIGTERM: tierblk exits 0, /dev/nbd0 stays attached; a new tierblk takes it over"
@@ -80,7 +114,11 @@ start_tierblk
 took_over_warm
 wait_files 5
 
-step "kill -9; a tierblk with another backend refuses the device; the right one takes it over"
+step "the writer saw no error; every file reads back after a remount"
+stop_writer
+check_sums /mnt
+
+step "kill -9; a tierblk with another backend refuses the device; the right one releases it and attaches anew"
 kill -9 $pid
 wait $pid
 timeout 60 tierblk serve --backend mem://256MiB --nbd-device /dev/nbd0 2>/tmp/other.log
@@ -88,22 +126,50 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat /tmp/other.log; fail "the tierblk with another backend exited $rc, want an error"; }
 grep 'is attached to another export' /tmp/other.log || { cat /tmp/other.log; fail "no clear refusal from the tierblk with another backend"; }
 [ "$(cat /sys/block/nbd0/size)" != 0 ] || fail "the refused tierblk released /dev/nbd0"
+umount /mnt 2>/dev/null
+start_tierblk
+grep 'did not stop cleanly' $serve_log || { cat $serve_log; fail "the write-back device was not released after the kill"; }
+! grep 'took over the device' $serve_log || fail "a device left by a killed write-back tierblk was taken over"
+mount -t ext4 /dev/nbd0 /mnt || fail "mount after the kill"
+(cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "fsynced files differ after the kill"; }
+umount /mnt || fail "umount"
+echo "write-back: every fsynced file is there after kill -9 and a fresh attach"
+kill -TERM $pid
+wait $pid || { cat $serve_log; fail "tierblk exited $? after SIGTERM"; }
+
+step "no SSD tier, /dev/nbd1: kill -9 under the writer; the new tierblk takes the device over"
+dd if=/dev/zero of=/tmp/ram-backend.img bs=1M count=96 2>/dev/null
+ram_start() {
+	starts=$((starts + 1))
+	serve_log=/tmp/tierblk.$starts.log
+	tierblk serve --backend file:///tmp/ram-backend.img --ram 16MiB --nbd-device /dev/nbd1 2>$serve_log &
+	pid=$!
+	i=0
+	until grep -q 'kernel device attached' $serve_log; do
+		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd1"; }
+		i=$((i + 1))
+		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd1 within 60 s"; }
+		sleep 0.1
+	done
+}
+ram_start
+mkfs.ext4 -q -F /dev/nbd1 || fail "mkfs.ext4 /dev/nbd1"
+mount -t ext4 /dev/nbd1 /mnt || fail "mount /dev/nbd1"
+start_writer
+wait_files 5
+kill -9 $pid
+wait $pid
+ram_start
+grep 'took over the device' $serve_log || { cat $serve_log; fail "tierblk did not take /dev/nbd1 over"; }
+wait_files 5
+stop_writer
+check_sums /mnt
+kill -TERM $pid
+wait $pid || { cat $serve_log; fail "tierblk exited $? after SIGTERM"; }
+
+step "/dev/nbd0, stopped cleanly after the fresh attach: taken over"
 start_tierblk
 took_over_warm
-wait_files 5
-
-step "the writer saw no error; every file reads back after a remount"
-touch /tmp/stop
-wait $writer
-rc=$?
-[ $rc -eq 0 ] || { cat /tmp/writer.err; fail "the writer failed (exit $rc)"; }
-[ ! -s /tmp/writer.err ] || { cat /tmp/writer.err; fail "the writer printed errors"; }
-echo "writer: $(files_written) files, no error"
-umount /mnt || fail "umount"
-echo 3 >/proc/sys/vm/drop_caches
-mount -t ext4 /dev/nbd0 /mnt || fail "mount again"
-(cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ"; }
-umount /mnt || fail "umount after the check"
 
 step "nbd-device-on-stop release: SIGTERM releases the device"
 kill -TERM $pid

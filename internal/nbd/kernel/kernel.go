@@ -107,8 +107,15 @@ type Options struct {
 	DeadConnTimeout time.Duration
 	// Identity is the backend identifier the kernel keeps with the device
 	// (/sys/block/nbdN/backend): a device left by a tierblk with the same Identity is taken over
-	// (NBD_CMD_RECONFIGURE), one left with another Identity is refused. "": none.
+	// (NBD_CMD_RECONFIGURE) where TakeOver allows, one left with another Identity is refused.
+	// "": none.
 	Identity string
+	// TakeOver says whether a device left with this Identity may be taken over: only where no
+	// write the kernel believes done can have been lost with the process that left it (it
+	// stopped cleanly, or the export keeps nothing acknowledged in that process's memory alone).
+	// Else the device is released, and the I/O it holds fails: a FLUSH this process answered
+	// would otherwise vouch for writes it never saw.
+	TakeOver bool
 	// Log is told of the attachment and of connections the kernel gives up on
 	// (nil: slog.Default()).
 	Log *slog.Logger
@@ -161,9 +168,15 @@ func attach(srv Server, path string, index uint32, o Options, log *slog.Logger) 
 		if err := k.releaseStale(g, family, st.pid); err != nil {
 			return nil, err
 		}
-	case o.Identity != "" && st.backend == o.Identity:
+	case o.Identity != "" && st.backend == o.Identity && o.TakeOver:
 		// No tierblk serves it (we hold the lock): it was left by one serving this export.
 		return k, k.takeOver(g, family, o, st)
+	case o.Identity != "" && st.backend == o.Identity:
+		k.log.Warn("nbd: the tierblk that served this device did not stop cleanly, and writes it acknowledged may be lost with it: "+
+			"releasing the device rather than take it over (the I/O it holds fails)", "device", path, "pid", st.pid)
+		if err := k.release(g, family, st.pid); err != nil {
+			return nil, err
+		}
 	case !strings.HasPrefix(st.backend, IdentityPrefix) && processAlive(st.pid):
 		return nil, connectError(path, unix.EBUSY)
 	default:
@@ -416,6 +429,11 @@ func (k *Device) releaseStale(g *genlConn, family uint16, pid int) error {
 		return nil
 	}
 	k.log.Warn("nbd: device left connected by a process that is gone; disconnecting it", "device", k.path, "pid", pid)
+	return k.release(g, family, pid)
+}
+
+// release disconnects the device, which the dead process pid had connected.
+func (k *Device) release(g *genlConn, family uint16, pid int) error {
 	if _, err := g.request(family, nbdCmdDisconnect, nbdGenlVersion, disconnectAttrs(k.index)); err != nil {
 		return fmt.Errorf("nbd: disconnect stale %s (connected by the dead process %d): %w", k.path, pid, err)
 	}
