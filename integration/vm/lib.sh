@@ -23,6 +23,23 @@ wait_for() {
 	done
 }
 
+# serve_nbd_device DEV LOG ARGS...: start `tierblk serve ARGS --nbd-device DEV` in the background,
+# its output in LOG and its PID in $pid, and wait until it has attached DEV. (The device's size
+# alone does not tell: after a kill -9 the kernel keeps the dead configuration and its size.)
+serve_nbd_device() {
+	dev=$1 log=$2
+	shift 2
+	tierblk serve "$@" --nbd-device "$dev" 2>"$log" &
+	pid=$!
+	i=0
+	until grep -q 'kernel device attached' "$log"; do
+		kill -0 $pid 2>/dev/null || { cat "$log"; fail "tierblk exited before attaching $dev"; }
+		i=$((i + 1))
+		[ $i -le 600 ] || { cat "$log"; fail "tierblk did not attach $dev within 60 s"; }
+		sleep 0.1
+	done
+}
+
 # gone PATH: wait up to 20 seconds for PATH (a device node) to disappear.
 gone() {
 	i=0

@@ -15,21 +15,11 @@
 #      durable write is there.
 starts=0
 
-# start_tierblk [ARGS...] starts tierblk with ARGS too and waits until it has attached /dev/nbd0. (The device's size
-# alone does not tell: after a kill -9 the kernel keeps the dead configuration and its size.)
+# start_tierblk [ARGS...] starts tierblk with ARGS too and waits until it has attached /dev/nbd0.
 start_tierblk() {
 	starts=$((starts + 1))
 	serve_log=/tmp/tierblk.$starts.log
-	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
-		--nbd-device /dev/nbd0 "$@" 2>$serve_log &
-	pid=$!
-	i=0
-	until grep -q 'kernel device attached' $serve_log; do
-		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd0"; }
-		i=$((i + 1))
-		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd0 within 60 s"; }
-		sleep 0.1
-	done
+	serve_nbd_device /dev/nbd0 $serve_log --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback "$@"
 	[ "$(blockdev --getsize64 /dev/nbd0)" = "$(blockdev --getsize64 /dev/vda)" ] ||
 		fail "/dev/nbd0 size $(blockdev --getsize64 /dev/nbd0) != /dev/vda size $(blockdev --getsize64 /dev/vda)"
 }

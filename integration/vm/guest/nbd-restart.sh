@@ -16,20 +16,11 @@
 # with the lines it loaded, is.)
 starts=0
 
-# start_tierblk starts tierblk and waits until it has attached /dev/nbd0.
+# start_tierblk starts tierblk (write-back, SSD tier) and waits until it has attached /dev/nbd0.
 start_tierblk() {
 	starts=$((starts + 1))
 	serve_log=/tmp/tierblk.$starts.log
-	tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
-		--nbd-device /dev/nbd0 2>$serve_log &
-	pid=$!
-	i=0
-	until grep -q 'kernel device attached' $serve_log; do
-		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd0"; }
-		i=$((i + 1))
-		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd0 within 60 s"; }
-		sleep 0.1
-	done
+	serve_nbd_device /dev/nbd0 $serve_log --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback
 }
 
 # took_over_warm: the last tierblk took the device over and found its SSD tier warm.
@@ -142,15 +133,7 @@ dd if=/dev/zero of=/tmp/ram-backend.img bs=1M count=96 2>/dev/null
 ram_start() {
 	starts=$((starts + 1))
 	serve_log=/tmp/tierblk.$starts.log
-	tierblk serve --backend file:///tmp/ram-backend.img --ram 16MiB --nbd-device /dev/nbd1 2>$serve_log &
-	pid=$!
-	i=0
-	until grep -q 'kernel device attached' $serve_log; do
-		kill -0 $pid 2>/dev/null || { cat $serve_log; fail "tierblk exited before attaching /dev/nbd1"; }
-		i=$((i + 1))
-		[ $i -le 600 ] || { cat $serve_log; fail "tierblk did not attach /dev/nbd1 within 60 s"; }
-		sleep 0.1
-	done
+	serve_nbd_device /dev/nbd1 $serve_log --backend file:///tmp/ram-backend.img --ram 16MiB
 }
 ram_start
 mkfs.ext4 -q -F /dev/nbd1 || fail "mkfs.ext4 /dev/nbd1"
@@ -176,14 +159,8 @@ kill -TERM $pid
 wait $pid
 rc=$?
 [ $rc -eq 0 ] || { cat $serve_log; fail "tierblk exited $rc after SIGTERM"; }
-tierblk serve --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
-	--nbd-device /dev/nbd0 --nbd-device-on-stop release 2>/tmp/release.log &
-pid=$!
-i=0
-until grep -q 'kernel device attached' /tmp/release.log; do
-	kill -0 $pid 2>/dev/null || { cat /tmp/release.log; fail "tierblk exited before attaching /dev/nbd0"; }
-	i=$((i + 1)); [ $i -le 600 ] || fail "not attached within 60 s"; sleep 0.1
-done
+serve_nbd_device /dev/nbd0 /tmp/release.log --backend file:///dev/vda --ssd /dev/vdb --meta /tmp/meta --mode writeback \
+	--nbd-device-on-stop release
 kill -TERM $pid
 wait $pid || { cat /tmp/release.log; fail "tierblk exited $? after SIGTERM"; }
 [ "$(cat /sys/block/nbd0/size)" = 0 ] || fail "/dev/nbd0 still attached after a stop with release"
