@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/kernel"
@@ -38,8 +39,17 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 	}
 	for i, e := range cfg.Exports {
 		if e.UBLK != nil {
-			d, err := ublk.Start(devs[i], ublk.Options{
-				ID: e.UBLK.DeviceID(), Queues: e.UBLK.Queues, Depth: e.UBLK.Depth, Logger: log,
+			dev, recovered := devs[i], func() {}
+			if mayWriteBack(e) {
+				d := &distrustFlush{Device: devs[i]}
+				dev, recovered = d, func() {
+					d.armed.Store(true)
+					log.Warn("ublk: taking back a device whose daemon was killed: writes it acknowledged in write-back since its last checkpoint "+
+						"may have died with it, so the first flush fails rather than vouch for them", "export", e.Name)
+				}
+			}
+			d, err := ublk.Start(dev, ublk.Options{
+				ID: e.UBLK.DeviceID(), Queues: e.UBLK.Queues, Depth: e.UBLK.Depth, Logger: log, BeforeRecover: recovered,
 			})
 			if err != nil {
 				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): ublk: %w", i, e.Name, err), stop())
@@ -84,6 +94,25 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 // them. So a stop that ends with every volume flushed marks the device left cleanly (a file in
 // LeftDir, removed when read); a device found without the mark is taken over only where the
 // export has no SSD tier, and so no write-back (TestNBDDeviceRestart).
+
+// distrustFlush fails the first FLUSH once armed: a ublk device taken back from a killed daemon
+// (user recovery) holds the kernel's belief that writes the killed process acknowledged were
+// done, and in write-back those written since its last checkpoint died with it. The kernel's next
+// FLUSH must not succeed as if they were durable (TestUBLKRecovery).
+type distrustFlush struct {
+	volume.Device
+	armed atomic.Bool
+}
+
+// errKilledDaemon is what the first FLUSH after taking a device back from a killed daemon fails with.
+var errKilledDaemon = errors.New("the daemon this device was taken back from was killed: writes it acknowledged since its last checkpoint may be lost")
+
+func (d *distrustFlush) Flush() error {
+	if d.armed.Swap(false) {
+		return errKilledDaemon
+	}
+	return d.Device.Flush()
+}
 
 // LeftDir holds the marks of devices left by a clean stop; like the devices, it does not outlive a
 // reboot.

@@ -47,6 +47,9 @@ type Options struct {
 	Queues int // 0: one per CPU
 	Depth  int // 0: 128
 	Logger *slog.Logger
+	// BeforeRecover, if set, is called when Start takes back a device a killed daemon left,
+	// before the requests the kernel held reach the volume.
+	BeforeRecover func()
 }
 
 // Defaults and limits of a device.
@@ -70,6 +73,8 @@ type Device struct {
 	charFD int
 	queues []*queue
 	wg     sync.WaitGroup // queue loops
+	// beforeRecover is Options.BeforeRecover.
+	beforeRecover func()
 
 	stopOnce sync.Once
 	stopErr  error
@@ -90,7 +95,7 @@ func Start(dev volume.Device, o Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1}
+	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1, beforeRecover: o.BeforeRecover}
 	if err := d.start(o); err != nil {
 		c.Close()
 		return nil, err
@@ -396,6 +401,9 @@ func (d *Device) recover(info devInfo) error {
 	}
 	if err != nil {
 		return err
+	}
+	if d.beforeRecover != nil {
+		d.beforeRecover()
 	}
 	err = d.startQueues(info)
 	if err == nil {

@@ -5,11 +5,15 @@
 #   2. ext4 is mounted on /dev/ublkb0 and tierblk is killed with -9 while a writer fsyncs to it:
 #      /dev/ublkb0 stays. A read issued while no daemon runs waits (Linux 6.12) or fails
 #      (kernels with UBLK_F_USER_RECOVERY_FAIL_IO), but does not hang past the restart.
-#   3. tierblk --ublk-id 0 takes the device back; on Linux 6.12 (requests in flight at the kill
-#      are reissued) the writer saw no error and its file is whole; the still mounted file
-#      system reads its old files, takes new ones, and they survive an unmount and a dropped
-#      page cache.
-#   4. SIGTERM: tierblk exits 0 and the device is gone.
+#   3. tierblk --ublk-id 0 takes the device back, but in write-back the writes the killed daemon
+#      acknowledged since its last checkpoint may have died with it: the first flush fails (the
+#      file system learns it, the writer sees an error) rather than vouch for them, and what was
+#      synced before the kill is intact after an fsck.
+#   4. An export without an SSD tier (nothing acknowledged lives in the daemon alone), device 1:
+#      kill -9 under the writer and --ublk-id 1 takes it back; on Linux 6.12 (requests in flight
+#      at the kill are reissued) the writer saw no error and its file is whole; the still mounted
+#      file system takes new files, and they survive an unmount and a dropped page cache.
+#   5. SIGTERM: tierblk exits 0 and the device is gone.
 # Each daemon logs to its own file, /tmp/tierblk.N.log.
 n=0
 
@@ -91,6 +95,50 @@ else
 	[ $rc -eq 0 ] || fail "a read queued while no daemon ran failed after the recovery (fio exited $rc)"
 fi
 
+grep -q "the first flush fails rather than vouch for them" $log || fail "no warning that the killed daemon's writes may be lost"
+wait $writer
+rc=$?
+step "the writer exited $rc (a failed flush after the recovery is the expected end)"
+umount /mnt 2>/dev/null || umount -l /mnt
+e2fsck -fy /dev/ublkb0 >/tmp/fsck.out 2>&1
+[ $? -le 1 ] || { cat /tmp/fsck.out; fail "e2fsck could not repair /dev/ublkb0"; }
+mount -t ext4 /dev/ublkb0 /mnt || fail "mount after the recovery"
+(cd /mnt && md5sum -c /tmp/sums) || fail "/mnt/before, synced before the kill, differs after the recovery"
+umount /mnt || fail "umount after the recovery"
+kill -TERM $pid
+wait $pid || fail "tierblk exited $? after SIGTERM"
+
+step "no SSD tier, device 1: kill -9 while a writer fsyncs; --ublk-id 1 takes it back"
+dd if=/dev/zero of=/tmp/ram-backend.img bs=1M count=96 2>/dev/null
+start_ram() {
+	n=$((n + 1))
+	log=/tmp/tierblk.$n.log
+	tierblk serve --backend file:///tmp/ram-backend.img --ram 16MiB --ublk --ublk-id 1 2>$log &
+	pid=$!
+	wait_log 'msg="block device"'
+}
+start_ram
+mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ublkb1 || fail "mkfs.ext4 /dev/ublkb1"
+mount -t ext4 /dev/ublkb1 /mnt || fail "mount /dev/ublkb1"
+dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null || fail "write /mnt/before"
+sync
+(cd /mnt && md5sum before) >/tmp/sums
+(
+	i=0
+	while [ $i -lt 1000 ]; do
+		dd if=/tmp/during of=/mnt/during bs=4k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null ||
+			{ echo "TIERBLK-VM: the writer's block $i failed"; exit 1; }
+		i=$((i + 1))
+	done
+) &
+writer=$!
+sleep 3
+kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
+kill9
+sleep 1
+[ -e /dev/ublkb1 ] || fail "/dev/ublkb1 went away: the device was not left for recovery"
+start_ram
+grep -q "ublk device taken back" $log || fail "tierblk did not take device 1 back"
 wait $writer
 rc=$?
 if [ $((flags & 0x200)) -eq 0 ]; then
@@ -105,7 +153,7 @@ dd if=/dev/urandom of=/mnt/after bs=1M count=8 2>/dev/null || fail "write /mnt/a
 (cd /mnt && md5sum after) >>/tmp/sums
 umount /mnt || fail "umount"
 echo 3 >/proc/sys/vm/drop_caches
-mount -t ext4 /dev/ublkb0 /mnt || fail "mount after the recovery"
+mount -t ext4 /dev/ublkb1 /mnt || fail "mount after the recovery"
 (cd /mnt && md5sum -c /tmp/sums) || fail "checksums differ after the recovery and a remount"
 umount /mnt || fail "umount after the recovery"
 
@@ -114,7 +162,7 @@ kill -TERM $pid
 wait $pid
 rc=$?
 [ $rc -eq 0 ] || fail "tierblk exited $rc after SIGTERM"
-[ ! -e /dev/ublkb0 ] || fail "/dev/ublkb0 still exists after tierblk exited"
-[ ! -e /dev/ublkc0 ] || fail "/dev/ublkc0 still exists after tierblk exited"
+[ ! -e /dev/ublkb1 ] || fail "/dev/ublkb1 still exists after tierblk exited"
+[ ! -e /dev/ublkc1 ] || fail "/dev/ublkc1 still exists after tierblk exited"
 cat /tmp/tierblk.*.log
 step "all checks passed"
