@@ -43,6 +43,24 @@ kill9() {
 	wait $pid
 }
 
+# kill_under_writer: a writer copies /tmp/during into /mnt/during block after block, each with an
+# fsync, in the background ($writer); three seconds in, the daemon is killed with -9.
+kill_under_writer() {
+	(
+		i=0
+		while [ $i -lt 1000 ]; do
+			dd if=/tmp/during of=/mnt/during bs=4k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null ||
+				{ echo "TIERBLK-VM: the writer's block $i failed"; exit 1; }
+			i=$((i + 1))
+		done
+	) &
+	writer=$!
+	sleep 3
+	kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
+	kill9
+	sleep 1
+}
+
 step "a daemon without --ublk-id, killed, leaves a stopped device 0"
 start_tierblk
 kill9
@@ -61,19 +79,7 @@ sync
 
 step "kill -9 with the file system mounted, while a writer fsyncs block after block"
 dd if=/dev/urandom of=/tmp/during bs=4k count=1000 2>/dev/null
-(
-	i=0
-	while [ $i -lt 1000 ]; do
-		dd if=/tmp/during of=/mnt/during bs=4k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null ||
-			{ echo "TIERBLK-VM: the writer's block $i failed"; exit 1; }
-		i=$((i + 1))
-	done
-) &
-writer=$!
-sleep 3
-kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
-kill9
-sleep 1
+kill_under_writer
 [ -e /dev/ublkb0 ] || fail "/dev/ublkb0 went away: the device was not left for recovery"
 flags=$(grep -o 'msg="ublk device added".*flags=0x[0-9a-f]*' $log | sed 's/.*flags=//')
 step "device flags $flags"
@@ -123,19 +129,7 @@ mount -t ext4 /dev/ublkb1 /mnt || fail "mount /dev/ublkb1"
 dd if=/dev/urandom of=/mnt/before bs=1M count=8 2>/dev/null || fail "write /mnt/before"
 sync
 (cd /mnt && md5sum before) >/tmp/sums
-(
-	i=0
-	while [ $i -lt 1000 ]; do
-		dd if=/tmp/during of=/mnt/during bs=4k skip=$i seek=$i count=1 conv=notrunc,fsync 2>/dev/null ||
-			{ echo "TIERBLK-VM: the writer's block $i failed"; exit 1; }
-		i=$((i + 1))
-	done
-) &
-writer=$!
-sleep 3
-kill -0 $writer 2>/dev/null || step "note: the writer finished before the kill"
-kill9
-sleep 1
+kill_under_writer
 [ -e /dev/ublkb1 ] || fail "/dev/ublkb1 went away: the device was not left for recovery"
 start_ram
 grep -q "ublk device taken back" $log || fail "tierblk did not take device 1 back"
