@@ -74,7 +74,7 @@ func (f *File) rmw(buf []byte, w int64, data []byte, off int64, dsync bool) erro
 	tail := off+int64(len(data)) < we
 	if head || tail {
 		first, last := w/dioAlign, (we-1)/dioAlign
-		unlock := f.lockBlocks(first, last)
+		unlock := f.rmwLocks.Lock(first, last)
 		defer unlock()
 		if head {
 			if err := f.pread(buf[:min(dioAlign, len(buf))], w); err != nil {
@@ -89,19 +89,4 @@ func (f *File) rmw(buf []byte, w int64, data []byte, off int64, dsync bool) erro
 	}
 	copy(buf[off-w:], data)
 	return f.pwrite(buf, w, dsync)
-}
-
-// lockBlocks locks the stripes of blocks first and last, in a fixed order so that two writers
-// cannot deadlock, and returns the unlock function.
-func (f *File) lockBlocks(first, last int64) func() {
-	a, b := first%int64(len(f.rmwLocks)), last%int64(len(f.rmwLocks))
-	if a > b {
-		a, b = b, a
-	}
-	f.rmwLocks[a].Lock()
-	if a == b {
-		return f.rmwLocks[a].Unlock
-	}
-	f.rmwLocks[b].Lock()
-	return func() { f.rmwLocks[b].Unlock(); f.rmwLocks[a].Unlock() }
 }

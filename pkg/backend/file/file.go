@@ -28,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/blocklock"
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -63,7 +64,7 @@ type File struct {
 	noTrim, noPunch, noZeroRange atomic.Bool
 
 	// rmwLocks serialises read-modify-write of partial blocks in direct mode, striped by block number.
-	rmwLocks [64]sync.Mutex
+	rmwLocks blocklock.Stripes
 }
 
 // control runs fn on the file's descriptor, again while it fails with EINTR; Close waits for it, so

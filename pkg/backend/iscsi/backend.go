@@ -27,10 +27,10 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/blocklock"
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -75,7 +75,7 @@ type Backend struct {
 	// What the LUN refused once is not asked again.
 	noWriteSame, noWriteSameUnmap, noSync16 atomic.Bool
 	// rmwLocks serialises read-modify-write of partial blocks, striped by block number.
-	rmwLocks [64]sync.Mutex
+	rmwLocks blocklock.Stripes
 }
 
 // dial connects, follows redirects, logs in and asks the LUN what it is.

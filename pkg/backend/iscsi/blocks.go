@@ -24,7 +24,7 @@ func (b *Backend) rmw(buf []byte, w int64, data []byte, off int64, fua bool) err
 	head, tail := off > w, off+int64(len(data)) < we
 	first, last := w/bs, (we-1)/bs
 	if head || tail {
-		unlock := b.lockBlocks(first, last)
+		unlock := b.rmwLocks.Lock(first, last)
 		defer unlock()
 	}
 	if head {
@@ -39,22 +39,6 @@ func (b *Backend) rmw(buf []byte, w int64, data []byte, off int64, fua bool) err
 	}
 	copy(buf[off-w:], data)
 	return b.writeBlocks(buf, first, fua)
-}
-
-// lockBlocks locks the stripes of blocks first and last, in a fixed order so that two writers
-// cannot deadlock, and returns the unlock function.
-func (b *Backend) lockBlocks(first, last int64) func() {
-	n := int64(len(b.rmwLocks))
-	x, y := first%n, last%n
-	if x > y {
-		x, y = y, x
-	}
-	b.rmwLocks[x].Lock()
-	if x == y {
-		return b.rmwLocks[x].Unlock
-	}
-	b.rmwLocks[y].Lock()
-	return func() { b.rmwLocks[y].Unlock(); b.rmwLocks[x].Unlock() }
 }
 
 // pieces runs fn on each piece of at most most blocks of the blocks [lba, lba+blocks), up to
