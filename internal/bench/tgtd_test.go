@@ -38,13 +38,14 @@ func TestTGTDCommands(t *testing.T) {
 	require.ErrorContains(t, err, "comma")
 }
 
-// TestISCSISetup starts the iSCSI part's tgtd (where tgtd is installed and this runs as root):
+// TestISCSISetup starts the iSCSI part's tgtd (where this runs as root; `make deps` installs the
+// tools, so a missing one fails the test):
 // it serves the LUN on a sparse file of ISCSISize, the servers' URL names it, and Close stops tgtd
 // and removes its control socket.
 func TestISCSISetup(t *testing.T) {
 	for _, tool := range []string{"tgtd", "tgtadm", "qemu-nbd"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed", tool)
+			t.Fatalf("%s is not installed: `make deps` installs it (Debian packages tgt, qemu-utils, qemu-block-extra)", tool)
 		}
 	}
 	if os.Geteuid() != 0 {
