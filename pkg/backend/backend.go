@@ -114,6 +114,17 @@ type AsyncWriter interface {
 	WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool
 }
 
+// Plugger is an asynchronous backend that can hold the reads and writes started on it and send
+// them together, as the kernel's block layer plugs a queue: a caller that knows more requests
+// follow at once (an NBD server with pipelined requests in its buffer) calls Plug, starts them,
+// then Unplug, which sends what was held. Requests started while no caller holds the plug go at
+// once. A caller must unplug before it waits for anything a held request may be needed for (a
+// completion, a slot, the client).
+type Plugger interface {
+	Plug()
+	Unplug()
+}
+
 // DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
 // device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
 // counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's

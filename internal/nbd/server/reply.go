@@ -48,7 +48,7 @@ type ended struct {
 // (requestEnded), never by the device's own goroutine, whose other completions must not wait for a
 // client that is slow to take its replies.
 func (c *conn) readAsync(r proto.Request) (*[]byte, bool) {
-	buf := c.getBuf(int(r.Length))
+	buf := c.readerBuf(int(r.Length))
 	c.workers.Add(1)
 	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.requestEnded(ended{r, buf, err}) }) {
 		return nil, true

@@ -455,6 +455,7 @@ type conn struct {
 	waiter     backend.Waiter      // the device's count of requests that waited, if it keeps one
 	async      backend.AsyncReader // the device, if it starts reads that end on their own
 	asyncW     backend.AsyncWriter // and writes
+	plug       backend.Plugger     // the device, if it can hold what it starts to send it together
 	info       volume.Info
 	tflags     uint16
 	minBlock   uint32
@@ -464,6 +465,8 @@ type conn struct {
 	bigWrites bool // the last WRITE's payload was read past br (see readPayload)
 	bigLen    int  // that payload's length, which the next request is expected to carry too
 	unflushed int  // requests read since the reader last flushed the replies
+	plugged   bool // the reader holds the device's plug (plugFor)
+	pluggedN  int  // requests started since it took it
 	jobs      chan job
 	slots     chan struct{}  // one per request being served: at most MaxInFlight
 	budget    *budget        // the payload bytes held (getBuf)
