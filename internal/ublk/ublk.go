@@ -76,6 +76,8 @@ type Device struct {
 	wg     sync.WaitGroup // queue loops
 	// beforeRecover is Options.BeforeRecover.
 	beforeRecover func() error
+	// recoverable: made with a fixed ID, and so with user recovery (Leave needs it).
+	recoverable bool
 
 	stopOnce sync.Once
 	stopErr  error
@@ -96,7 +98,7 @@ func Start(dev volume.Device, o Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1, beforeRecover: o.BeforeRecover}
+	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1, beforeRecover: o.BeforeRecover, recoverable: o.ID >= 0}
 	if err := d.start(o); err != nil {
 		c.Close()
 		return nil, err
@@ -129,8 +131,12 @@ func (d *Device) Stop() error {
 // Leave stops serving the device and leaves it, with the requests the kernel holds, for the next
 // Start with its ID to take back (user recovery): the requests being served finish on the
 // volume, the queues' threads exit, and the kernel holds what comes next. Requests served but
-// not yet answered are sent to the next daemon again. Only a device with a fixed ID can be left.
+// not yet answered are sent to the next daemon again. A device without a fixed ID cannot be
+// taken back: Leave removes it, as Stop does.
 func (d *Device) Leave() error {
+	if !d.recoverable {
+		return d.Stop()
+	}
 	d.stopOnce.Do(func() {
 		d.abandon()
 		d.stopErr = d.ctrl.Close()
