@@ -1,9 +1,10 @@
 # Guest test: restarts of `tierblk serve --ublk --ublk-id 0` (write-back, /dev/vda the backend,
 # /dev/vdb the SSD tier) under a mounted ext4 and a writer that fsyncs every file:
 #   1. SIGTERM (--ublk-on-stop keep, the default with --ublk-id): tierblk exits 0, /dev/ublkb0
-#      stays and /run/tierblk marks it left cleanly; the writer's I/O waits. A new tierblk takes
-#      the device back (user recovery) and trusts its flushes (every volume was flushed before
-#      the mark). The writer saw no error; a file written before the stop reads back from the
+#      stays and /run/tierblk marks it left cleanly; the writer's I/O waits, and so does that of
+#      a reader of the raw device, which keeps requests in flight at the stop (they are sent
+#      again to the next tierblk). A new tierblk takes the device back (user recovery) and
+#      trusts its flushes (every volume was flushed before the mark). Neither saw an error; a file written before the stop reads back from the
 #      SSD tier (its hits in `tierblk stats`, next to nothing read from the backend); every file
 #      reads back with its checksum after a remount with the page cache dropped.
 #   2. SIGTERM, then a tierblk with another backend: it refuses the device, naming both
@@ -46,6 +47,25 @@ taken_back() {
 	[ ! -e /run/tierblk/left-ublkb0 ] || fail "the mark outlived the take-back"
 }
 
+# start_reader reads the first 64 MiB of /dev/ublkb0 past the page cache in a loop ($reader), so
+# that requests are in flight when tierblk stops, until /tmp/stop-reader appears.
+start_reader() {
+	rm -f /tmp/stop-reader
+	(
+		while [ ! -e /tmp/stop-reader ]; do
+			dd if=/dev/ublkb0 of=/dev/null bs=1M count=64 iflag=direct 2>/tmp/reader.err || exit 1
+		done
+	) &
+	reader=$!
+}
+
+# stop_reader: the reader saw no error.
+stop_reader() {
+	touch /tmp/stop-reader
+	wait $reader || { cat /tmp/reader.err; fail "a read of /dev/ublkb0 failed across the restart"; }
+	echo "reader of /dev/ublkb0: no error"
+}
+
 mkdir -p /tmp/meta
 step "tierblk --ublk --ublk-id 0 (write-back, SSD tier), ext4, a writer that fsyncs every file"
 start_tierblk
@@ -53,6 +73,7 @@ mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 /dev/ublkb0 || fail "m
 mount -t ext4 /dev/ublkb0 /mnt || fail "mount"
 write_warm /mnt
 start_writer
+start_reader
 wait_files 5
 
 step "SIGTERM: tierblk exits 0, /dev/ublkb0 stays; a new tierblk takes it back"
@@ -63,7 +84,8 @@ start_tierblk
 taken_back
 wait_files 5
 
-step "the writer saw no error; what was written before the stop reads back from the SSD tier; every file reads back after a remount"
+step "the writer and the reader saw no error; what was written before the stop reads back from the SSD tier; every file reads back after a remount"
+stop_reader
 stop_writer
 ssd_warm $admin /mnt/warm
 check_sums /mnt
