@@ -162,6 +162,7 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"dirty high", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-high", "0.95"}, "--dirty-high: 0.95 must be at most max"},
 		{"ublk tuning without --ublk", []string{"--backend", "mem://1MiB", "--ublk-id", "1"}, "give --ublk too"},
 		{"bad ublk depth", []string{"--backend", "mem://1MiB", "--ublk", "--ublk-depth", "9999"}, "--ublk-depth: 9999 is out of range"},
+		{"ublk kept without an id", []string{"--backend", "mem://1MiB", "--ublk", "--ublk-on-stop", "keep"}, "--ublk-on-stop: keep needs a fixed device number"},
 		{"bad nbd device", []string{"--backend", "mem://1MiB", "--nbd-device", "/dev/nbd"}, `--nbd-device: "/dev/nbd" is not a kernel NBD device`},
 		{"public admin", []string{"--backend", "mem://1MiB", "--admin", "0.0.0.0:9000"}, "--admin: "},
 		{"bad tls mode", []string{"--backend", "mem://1MiB", "--tls", "yes"}, `--tls: "yes" is not a TLS mode`},

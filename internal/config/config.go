@@ -137,6 +137,15 @@ type UBLK struct {
 	Queues int `yaml:"queues"`
 	// Depth is the number of requests each queue holds at once (default 128).
 	Depth int `yaml:"depth"`
+	// OnStop is what stopping tierblk (SIGTERM) does with the device: "keep" leaves it, its I/O
+	// held, for the next tierblk serving this export to take back; "remove" deletes it. The
+	// default is keep with a fixed ID (only such a device can be taken back), else remove.
+	OnStop string `yaml:"on_stop"`
+}
+
+// KeepOnStop reports whether a stop leaves the device for the next tierblk (OnStop).
+func (u *UBLK) KeepOnStop() bool {
+	return u != nil && (u.OnStop == "keep" || u.OnStop == "" && u.DeviceID() >= 0)
 }
 
 // DeviceID is the configured device number, or -1 for any.
@@ -163,6 +172,15 @@ func (u *UBLK) validate() []error {
 	}
 	if u.Depth < 0 || u.Depth > UBLKMaxDepth {
 		errs = append(errs, fieldErr("depth", "%d is out of range; use 1 to %d, or 0 for 128", u.Depth, UBLKMaxDepth))
+	}
+	switch u.OnStop {
+	case "", "remove":
+	case "keep":
+		if u.DeviceID() < 0 {
+			errs = append(errs, fieldErr("on_stop", "keep needs a fixed device number (ublk.id, --ublk-id N): only a device made with one can be taken back"))
+		}
+	default:
+		errs = append(errs, fieldErr("on_stop", "%q: use keep or remove", u.OnStop))
 	}
 	return errs
 }

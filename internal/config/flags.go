@@ -143,10 +143,12 @@ var Flags = []Flag{
 			}
 			return nil
 		}},
-	ublkFlag("ublk-id", "id", "-1", "ublk device number N (-1: the kernel chooses); a restart with the same N takes back a device left by a killed daemon",
+	ublkFlag("ublk-id", "id", "-1", "ublk device number N (-1: the kernel chooses); a restart with the same N takes back the device a stop (or a killed daemon) left",
 		func(u *UBLK, n int) { u.ID = &n }),
 	ublkFlag("ublk-queues", "queues", "0", "ublk hardware queues, each with its own io_uring (0: one per CPU)", func(u *UBLK, n int) { u.Queues = n }),
 	ublkFlag("ublk-depth", "depth", "0", "requests in flight per ublk queue (0: 128)", func(u *UBLK, n int) { u.Depth = n }),
+	ublkOption("ublk-on-stop", "on_stop", "what a stop does with the ublk device: keep (its I/O held for the next tierblk to take back; the default with --ublk-id) or remove",
+		func(u *UBLK, v string) { u.OnStop = v }),
 	firstExport("nbd-device", "nbd_device", "attach the kernel's NBD client to the export as this device, e.g. /dev/nbd0 (no nbd-client needed)",
 		func(e *Export, v string) error { e.NBDDevice = v; return nil }),
 	firstExport("nbd-device-timeout", "nbd_device_timeout", "how long the kernel holds the NBD device's I/O while no tierblk serves it (a restart, a crash) before failing it, e.g. 2m (0: fail at once)",
@@ -201,16 +203,23 @@ func dirtyFlag(name, field string, def float64, usage string, ratio func(*WriteB
 
 // ublkFlag declares a setting of the first export's ublk device, which --ublk or the file gives.
 func ublkFlag(name, field, def, usage string, set func(*UBLK, int)) Flag {
-	f := firstExport(name, "ublk."+field, usage, func(e *Export, v string) error {
-		if e.UBLK == nil {
-			return errors.New("--ublk-id, --ublk-queues and --ublk-depth tune the device of --ublk; give --ublk too")
-		}
+	f := ublkOption(name, field, usage, func(u *UBLK, v string) {
 		n, _ := strconv.Atoi(v)
-		set(e.UBLK, n)
-		return nil
+		set(u, n)
 	})
 	f.Kind, f.Def = Int, def
 	return f
+}
+
+// ublkOption declares a string flag that sets field of the first export's ublk device.
+func ublkOption(name, field, usage string, set func(*UBLK, string)) Flag {
+	return firstExport(name, "ublk."+field, usage, func(e *Export, v string) error {
+		if e.UBLK == nil {
+			return errors.New("--ublk-id, --ublk-queues, --ublk-depth and --ublk-on-stop tune the device of --ublk; give --ublk too")
+		}
+		set(e.UBLK, v)
+		return nil
+	})
 }
 
 // Override stores the flags that were given (given[name] holds a flag's values, each checked
