@@ -173,6 +173,13 @@ func (v *Volume) Unplug() {
 	}
 }
 
+// AtRunEnd implements backend.RunDeferrer where the backend does (an iSCSI LUN); elsewhere it
+// reports false.
+func (v *Volume) AtRunEnd(f func()) bool {
+	r, ok := v.b.(backend.RunDeferrer)
+	return ok && r.AtRunEnd(f)
+}
+
 // WriteAt implements Device. With fua the write is durable when WriteAt returns.
 func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {

@@ -125,6 +125,16 @@ type Plugger interface {
 	Unplug()
 }
 
+// RunDeferrer is an asynchronous backend that calls its requests' done functions in runs, one
+// after the other on a goroutine of its own (an iSCSI session's reader, for what one read of its
+// socket brought). AtRunEnd, called from a done, has that goroutine call f after the run's last
+// done, before it waits for more, and reports true; it reports false, having done nothing, where
+// no run is under way. A server answers a run's requests there, together, rather than hand them
+// to a goroutine it wakes. f must not block: other completions wait for it.
+type RunDeferrer interface {
+	AtRunEnd(f func()) bool
+}
+
 // DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
 // device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
 // counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's

@@ -62,7 +62,7 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 }
 
 // Backend is one LUN. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter,
-// ReadOnlyReporter, Waiter, AsyncReader, AsyncWriter and Plugger.
+// ReadOnlyReporter, Waiter, AsyncReader, AsyncWriter, Plugger and RunDeferrer.
 type Backend struct {
 	l        *link
 	li       lunInfo
@@ -275,6 +275,13 @@ func (b *Backend) Unplug() {
 	if s := b.l.current(); s != nil {
 		s.unplug(&b.plugs)
 	}
+}
+
+// AtRunEnd implements backend.RunDeferrer: f is called by the session's reader once it has
+// ended the commands that one read of its socket answered.
+func (b *Backend) AtRunEnd(f func()) bool {
+	s := b.l.current()
+	return s != nil && s.atRunEnd(f)
 }
 
 func (b *Backend) startAsync(p []byte, off int64, write, fua bool, done func(error)) bool {

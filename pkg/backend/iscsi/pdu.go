@@ -150,6 +150,15 @@ func newPDUReader(r io.Reader, maxData int) *pduReader {
 	return &pduReader{r: r, maxData: maxData}
 }
 
+// buffered is how many bytes the reader holds read ahead of the socket, where it reads through a
+// buffer (the session's does).
+func (p *pduReader) buffered() int {
+	if b, ok := p.r.(interface{ Buffered() int }); ok {
+		return b.Buffered()
+	}
+	return 0
+}
+
 // next reads the next header (with any additional header segments, which no PDU we handle needs,
 // and its digest) and checks its data segment's length against maxData.
 func (p *pduReader) next() (*bhs, error) {

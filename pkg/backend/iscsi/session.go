@@ -122,9 +122,16 @@ type session struct {
 	pinging    atomic.Bool
 	slots      chan struct{} // one per command in flight
 	nopReplies chan nopReply // answers to the target's pings, for nopSender
-	done       chan struct{} // closed when the reader has ended and failed every task
-	stop       chan struct{} // closed by close, to stop the helpers
-	stopOnce   sync.Once
+
+	// The reader's run (receive.go): runMu guards inRun and atEnd; running (inRun as the reader
+	// last set it) and atEndSpare are the reader's.
+	runMu             sync.Mutex
+	inRun, running    bool
+	atEnd, atEndSpare []func()
+
+	done     chan struct{} // closed when the reader has ended and failed every task
+	stop     chan struct{} // closed by close, to stop the helpers
+	stopOnce sync.Once
 }
 
 func newSession(conn net.Conn, res *loginResult, lun uint64, name string, log *slog.Logger, tm timing) *session {
