@@ -135,23 +135,33 @@ func (c *conn) looking(on bool) {
 	c.spare = batch[:0]
 }
 
-// answerEnded answers a batch of ended reads. Their replies are flushed together, as endReply
-// flushes those of workers that finish together.
+// answerEnded answers a batch of ended reads. Their replies are written together and flushed
+// together, as endReply flushes those of workers that finish together.
 func (c *conn) answerEnded(batch []ended) {
-	c.queued.Add(1) // no reply of the batch flushes: the last step does
+	c.beginReply()
+	c.putEnded(batch)
+	c.endReply()
+	c.releaseEnded(batch)
+}
+
+// putEnded writes the replies of a batch of ended requests, with the writer held, and gives back
+// their buffers.
+func (c *conn) putEnded(batch []ended) {
 	for _, e := range batch {
 		switch {
 		case e.err != nil:
-			c.replyFailed(e.req, e.err)
+			c.putFailed(e.req, e.err)
 		case e.req.Type == proto.CmdRead:
-			c.replyData(e.req, *e.buf)
+			c.putData(e.req, *e.buf)
 		default:
-			c.replyErrno(e.req, 0, "")
+			c.putErrno(e.req, 0, "")
 		}
 		c.putBuf(e.buf)
 	}
-	c.wmu.Lock()
-	c.endReply()
+}
+
+// releaseEnded frees the slots of a batch of answered requests.
+func (c *conn) releaseEnded(batch []ended) {
 	for i := range batch {
 		batch[i] = ended{}
 		<-c.slots
@@ -306,14 +316,19 @@ func (c *conn) beginReply() {
 // endReply releases the writer, flushing the buffer when no other reply is waiting to be
 // written: replies finished together leave in one system call.
 func (c *conn) endReply() {
-	// The last reply of a burst flushes, unless the reader has more requests buffered: it flushes
-	// before it next waits for the client, so replies to pipelined requests share system calls.
+	c.flushIfLast()
+	c.wmu.Unlock()
+}
+
+// flushIfLast ends a reply with the writer held. The last reply of a burst flushes, unless the
+// reader has more requests buffered: it flushes before it next waits for the client, so replies
+// to pipelined requests share system calls.
+func (c *conn) flushIfLast() {
 	if c.queued.Add(-1) == 0 && c.werr == nil && !c.moreInput.Load() {
 		if err := c.flush(); err != nil {
 			c.writeFailed(err)
 		}
 	}
-	c.wmu.Unlock()
 }
 
 // flushReplies sends what replies are buffered.

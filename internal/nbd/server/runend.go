@@ -38,32 +38,14 @@ func (c *conn) replyAtRunEnd() {
 	c.ended = c.runSpare[:0]
 	c.endedMu.Unlock()
 
+	c.queued.Add(1)
 	c.out.try = true
-	for _, e := range batch {
-		switch {
-		case e.err != nil:
-			c.putFailed(e.req, e.err)
-		case e.req.Type == proto.CmdRead:
-			c.putData(e.req, *e.buf)
-		default:
-			c.putErrno(e.req, 0, "")
-		}
-		c.putBuf(e.buf)
-	}
-	// As endReply: the last of a burst flushes, unless the reader flushes before it waits.
-	if c.queued.Load() == 0 && c.werr == nil && !c.moreInput.Load() {
-		if err := c.bw.Flush(); err != nil {
-			c.writeFailed(err)
-		}
-	}
+	c.putEnded(batch)
+	c.flushIfLast()
 	c.out.try = false
 	left := len(c.out.left) > 0
 	c.wmu.Unlock()
-	for i := range batch {
-		batch[i] = ended{}
-		<-c.slots
-		c.workers.Done()
-	}
+	c.releaseEnded(batch)
 
 	c.endedMu.Lock()
 	c.runSpare = batch[:0]
