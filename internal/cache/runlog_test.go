@@ -1,0 +1,152 @@
+package cache
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/runlog"
+)
+
+// killed is a crash step for TestRunLogScenarios: a kill -9 with the SSD tier's run log, after
+// which the restarted tier holds want (as tierState writes it).
+func killed(want string) step { return step{do: doCrash, block: -1, kill: want} }
+
+// TestRunLogScenarios walks the journal through the steps of TestJournalScenarios with a run log:
+// after a kill -9 the restart replays it, so every acknowledged write reads back (dirty data
+// included, flushed or not), and nothing reads older data than the last write, trim or zeroing
+// acknowledged before the kill (checkRestart, with no loss allowed). A write the kill cut short
+// may read old or new.
+func TestRunLogScenarios(t *testing.T) {
+	fill4 := []step{on(doWrite, 0), on(doWrite, 1), on(doWrite, 2), on(doWrite, 3)}
+	for _, sc := range []struct {
+		name  string
+		mode  Mode
+		steps []step
+	}{
+		// Without a flush, a write-back write's dirty record is only in the log.
+		{"write-back writes kept without a flush", WriteBack, []step{
+			on(doWrite, 0), onBlock(doWrite, 1, 1), killed("dd .d .. .."),
+		}},
+		{"write-back overwrite of clean blocks", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), onBlock(doWrite, 0, 0), killed("dc .. .. .."),
+		}},
+		// Invalidations are logged in order: a trim or zeroing after a write is not undone by
+		// the write's record. (A trim writes the line's dirty blocks back first.)
+		{"write-back write, then a trim and a zeroing", WriteBack, []step{
+			on(doWrite, 0), on(doWrite, 1), onBlock(doTrim, 0, 1), on(doZero, 1), killed("c. .. .. .."),
+		}},
+		{"write-through fill, then an overwrite", WriteThrough, []step{
+			on(doRead, 0), on(doRead, 1), onBlock(doWrite, 1, 0), killed("cc cc .. .."),
+		}},
+		// A line evicted and its slot reused: the deletion is replayed before the new line.
+		{"evicted slot reused after the deletion commits", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), on(doEvict, 0), at(doCheckpoint), on(doWrite, 1),
+			killed(".. dd .. .."),
+		}},
+		{"eviction not committed", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), on(doEvict, 0), on(doWrite, 1), killed(".. dd .. .."),
+		}},
+		// Records logged before a checkpoint's snapshot and changes during its commit.
+		{"write during a checkpoint", WriteBack, []step{
+			on(doWrite, 0), during(on(doWrite, 1)), killed("dd dd .. .."),
+		}},
+		{"zeroing during a checkpoint", WriteBack, []step{
+			on(doWrite, 0), on(doWrite, 1), during(on(doZero, 0)), killed(".. dd .. .."),
+		}},
+		// A checkpoint cut after its first part leaves the log's watermark where it was.
+		{"checkpoint cut after its first part", WriteBack, slices.Concat(fill4, []step{
+			cutAfter(1), killed("dd dd dd dd"),
+		})},
+		{"checkpoint cut after its last part", WriteBack, slices.Concat(fill4, []step{
+			cutAfter(2), killed("dd dd dd dd"),
+		})},
+		// A write cut after its SSD write was never acknowledged: the log has the invalidation of
+		// the clean block it overwrites, not its record (old or new may be read).
+		{"write-back overwrite cut after its SSD write", WriteBack, []step{
+			on(doRead, 0), at(doCheckpoint), cutAt(afterSSDWrite, onBlock(doWrite, 0, 0)), killed(".c .. .. .."),
+		}},
+		{"destage, then a kill before a checkpoint", WriteBack, []step{
+			on(doWrite, 0), at(doFlush), at(doDestage), killed("cc .. .. .."),
+		}},
+		// Two kills: the second replays the second run's log, not the first's (the first restart
+		// read every line and wrote the dirty data back).
+		{"a kill after a replay", WriteBack, []step{
+			on(doWrite, 0), killed("dd .. .. .."), on(doWrite, 2), killed("cc cc dd cc"),
+		}},
+	} {
+		t.Run(sc.name, func(t *testing.T) {
+			t.Parallel()
+			runScenario(t, sc.mode, kill9Logged, sc.steps)
+		})
+	}
+}
+
+// A run log is replayed only on the store it was written beside, by the last run: one copied from
+// another SSD tier, or an older one put back after a later run, is refused (Recovered says why),
+// and the start goes on as without a log. Replayed, either would bring back data that is not the
+// tier's (another tier's slots), or older than a trim the later run committed.
+func TestRunLogRefused(t *testing.T) {
+	l := layout{line: 8 << 10, ssd: 8, mode: WriteBack, policy: "lru"}
+	type node struct {
+		m *machine
+		l layout
+	}
+	newNode := func() *node {
+		n := &node{m: newMachine(4*l.line, l.ssd*l.line), l: l}
+		n.m.withRunLog(t.TempDir(), &n.l)
+		return n
+	}
+	// start starts an engine on n's machine; kill kills it, keeping the run log as it was.
+	start := func(n *node) (*Cache, *gate) {
+		g := &gate{}
+		n.m.keepRunLog(g, kill9Logged)
+		c := newCache(t, gatedDev{g, n.m.back}, n.l, gatedStore{g, n.m.store}, gatedDev{g, n.m.ssd})
+		return c, g
+	}
+	kill := func(c *Cache, g *gate) { g.crash(); c.Close() }
+	write := func(c *Cache, line int64, id int64) {
+		buf := make([]byte, l.line)
+		stamp(buf, int(line*l.line/sector), id)
+		_, err := c.WriteAt(buf, line*l.line)
+		require.NoError(t, err)
+	}
+	read := func(c *Cache, line int64) int64 {
+		buf := make([]byte, sector)
+		_, err := c.ReadAt(buf, line*l.line)
+		require.NoError(t, err)
+		return stamps(buf, int(line*l.line/sector))[0]
+	}
+
+	a, b := newNode(), newNode()
+	c, g := start(b)
+	c.Close()
+	c, g = start(a)
+	write(c, 0, 7)
+	kill(c, g)
+	// A's log at B's path: another tier's.
+	b.m.killed = a.m.killed
+	b.m.restoreRunLog(t)
+	c, _ = start(b)
+	require.ErrorIs(t, c.Recovered(), runlog.ErrUnusable)
+	require.ErrorContains(t, c.Recovered(), "written for SSD tier")
+	require.Equal(t, int64(0), read(c, 0), "B's backend, not A's slot")
+	c.Close()
+
+	// A's log, replayed by the next run, which then trims the line and stops cleanly: put back,
+	// the old log is older than that run.
+	old := a.m.killed
+	a.m.restoreRunLog(t)
+	c, _ = start(a)
+	require.NoError(t, c.Recovered())
+	require.Equal(t, int64(7), read(c, 0))
+	require.NoError(t, c.Trim(0, l.line))
+	require.NoError(t, c.Close())
+	a.m.killed = old
+	a.m.restoreRunLog(t)
+	c, _ = start(a)
+	require.ErrorIs(t, c.Recovered(), runlog.ErrUnusable)
+	require.Equal(t, int64(0), read(c, 0), "the trim, not the old log's record of the data before it")
+	c.Close()
+}
