@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/kernel"
 	"github.com/tierblk/tierblk/internal/nbd/server"
@@ -28,7 +29,7 @@ type kernelDevice interface {
 // attachDevices creates the exports' ublk devices and attaches their kernel NBD devices. The
 // returned stop removes them all, newest first, before the server stops, so that the kernel's
 // last writes and flushes still reach the volumes. On failure it removes what it had created.
-func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
+func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cache, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
 	var stops []func() error
 	stop = func() error {
 		var errs []error
@@ -38,14 +39,15 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 		return errors.Join(errs...)
 	}
 	for i, e := range cfg.Exports {
+		lastRun := lostWith(e, caches[i])
 		if e.UBLK != nil {
 			dev, recovered := devs[i], func() {}
-			if mayWriteBack(e) {
+			if lastRun != nil {
 				d := &distrustFlush{Device: devs[i]}
 				dev, recovered = d, func() {
 					d.armed.Store(true)
 					log.Warn("ublk: taking back a device whose daemon was killed: writes it acknowledged in write-back since its last checkpoint "+
-						"may have died with it, so the first flush fails rather than vouch for them", "export", e.Name)
+						"may have died with it, so the first flush fails rather than vouch for them", "export", e.Name, "why", lastRun)
 				}
 			}
 			d, err := ublk.Start(dev, ublk.Options{
@@ -69,7 +71,7 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 				Conns:           min(runtime.NumCPU(), 8),
 				DeadConnTimeout: timeout,
 				Identity:        identity,
-				TakeOver:        takeLeft(e.NBDDevice, identity) || !mayWriteBack(e),
+				TakeOver:        takeLeft(cfg.RunDir, e.NBDDevice, identity) || lastRun == nil,
 				Log:             log,
 			})
 			if err != nil {
@@ -89,16 +91,18 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 
 // A kernel NBD device that a stop leaves attached is taken over by the next tierblk only if it
 // cannot have lost a write the kernel believes done. Writes acknowledged in write-back live on
-// the SSD tier, but the records that find them are committed at checkpoints: a tierblk killed in
-// between takes them with it, and the next one, answering the kernel's FLUSH, would vouch for
-// them. So a stop that ends with every volume flushed marks the device left cleanly (a file in
-// LeftDir, removed when read); a device found without the mark is taken over only where the
-// export has no SSD tier, and so no write-back (TestNBDDeviceRestart).
+// the SSD tier, and the records that find them are committed at checkpoints and, in between, kept
+// in the tier's run log (in the run directory, config's run_dir), which outlives a kill of the process: the next start replays
+// it. So a device is taken over when the export's cache found every record of its last run
+// (cache.Recovered), or when the export has no SSD tier, and so no write-back; a device found
+// otherwise is taken over only if a stop that ended with every volume flushed marked it left
+// cleanly (a file in the run directory, removed when read), and released else (TestNBDDeviceRestart).
 
 // distrustFlush fails the first FLUSH once armed: a ublk device taken back from a killed daemon
 // (user recovery) holds the kernel's belief that writes the killed process acknowledged were
-// done, and in write-back those written since its last checkpoint died with it. The kernel's next
-// FLUSH must not succeed as if they were durable (TestUBLKRecovery).
+// done, and in write-back those written since its last checkpoint died with it unless its run log
+// was replayed (lostWith). The kernel's next FLUSH must not succeed as if they were durable
+// (TestUBLKRecovery).
 type distrustFlush struct {
 	volume.Device
 	armed atomic.Bool
@@ -114,35 +118,48 @@ func (d *distrustFlush) Flush() error {
 	return d.Device.Flush()
 }
 
-// LeftDir holds the marks of devices left by a clean stop; like the devices, it does not outlive a
-// reboot.
-var LeftDir = "/run/tierblk"
-
 // leftDevice is a kernel NBD device a stop leaves attached, with its identity.
 type leftDevice struct{ path, identity string }
 
-func leftMark(path string) string {
-	return filepath.Join(LeftDir, "left-"+filepath.Base(path))
+func leftMark(dir, path string) string {
+	return filepath.Join(dir, "left-"+filepath.Base(path))
 }
 
 // markLeft records that a clean stop left the devices, after every volume was flushed.
-func markLeft(devs []leftDevice) error {
+func markLeft(dir string, devs []leftDevice) error {
 	var errs []error
 	for _, d := range devs {
-		if err := os.MkdirAll(LeftDir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, os.WriteFile(leftMark(d.path), []byte(d.identity+"\n"), 0o644))
+		errs = append(errs, os.WriteFile(leftMark(dir, d.path), []byte(d.identity+"\n"), 0o644))
 	}
 	return errors.Join(errs...)
 }
 
 // takeLeft reports whether a clean stop left the device with this identity, and forgets the mark.
-func takeLeft(path, identity string) bool {
-	b, err := os.ReadFile(leftMark(path))
-	_ = os.Remove(leftMark(path))
+func takeLeft(dir, path, identity string) bool {
+	b, err := os.ReadFile(leftMark(dir, path))
+	_ = os.Remove(leftMark(dir, path))
 	return err == nil && strings.TrimSpace(string(b)) == identity
+}
+
+// lostWith returns nil if no write the kernel believes done can have been lost with the last run
+// of export e, whose cache is c (nil: none): the export has no SSD tier, or c found every index
+// record that run wrote. Else it says why not.
+func lostWith(e config.Export, c *cache.Cache) error {
+	if !mayWriteBack(e) || c == nil {
+		return nil
+	}
+	return c.Recovered()
+}
+
+// runLog is the path in dir of the run log of export e's SSD tier, named after the tier (its
+// device and metadata) as the kernel NBD device's identity is.
+func runLog(dir string, e config.Export) string {
+	h := sha256.Sum256([]byte("ssd=" + e.Cache.SSD + "\nmeta=" + e.Cache.MetaDir() + "\n"))
+	return filepath.Join(dir, "runlog-"+hex.EncodeToString(h[:8]))
 }
 
 // mayWriteBack reports whether an export can hold writes in write-back: it has an SSD tier (the

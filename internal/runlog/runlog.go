@@ -8,8 +8,10 @@
 // no system call, so it can be done on every write before its acknowledgement. Each record
 // carries its sequence number and a CRC, so a record torn by a kill in the middle of its copy, and
 // whatever the ring held before, end the replay. A header ties the log to one SSD tier (its
-// identity) and one run of it (an epoch the metadata store bumps at every start), and says up to
-// which record the metadata store holds everything (the watermark, moved by each checkpoint).
+// identity), one run of it (an epoch the metadata store bumps at every start) and one boot of the
+// machine (the kernel's boot ID, so that a log kept on a file system that outlives a reboot is
+// refused after one), and says up to which record the metadata store holds everything (the
+// watermark, moved by each checkpoint).
 //
 // The log must never be replayed on a store it was not written for, nor replayed when a record of
 // it was not written (a full ring): Open refuses both.
@@ -21,6 +23,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"os"
+	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -49,11 +52,13 @@ const (
 	hCap       = 16
 	hEpoch     = 24
 	hWords     = 32
-	hTierLen   = 36
-	hTier      = 40
+	hBoot      = 36 // the boot's ID (bootIDLen bytes)
+	hTierLen   = hBoot + bootIDLen
+	hTier      = hTierLen + 4
 	hCRC       = hTier + maxTierID // over [0, hCRC)
-	hWatermark = 128               // every record up to it is in the metadata store
-	hLost      = 136               // the last record the ring had no room for
+	hWatermark = 152               // every record up to it is in the metadata store
+	hLost      = 160               // the last record the ring had no room for
+	bootIDLen  = 36
 
 	// record fields
 	rSeq   = 0
@@ -128,6 +133,7 @@ func Create(path string, id Identity, words int, size int64) (*Log, error) {
 	le.PutUint32(m[hWords:], uint32(words))
 	le.PutUint32(m[hTierLen:], uint32(len(id.Tier)))
 	copy(m[hTier:], id.Tier)
+	copy(m[hBoot:hBoot+bootIDLen], bootID())
 	le.PutUint32(m[hCRC:], crc32.Checksum(m[:hCRC], castagnoli))
 	return l, nil
 }
@@ -223,6 +229,11 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 	if tier := string(b[hTier : hTier+tierLen]); tier != id.Tier {
 		return true, unusable("written for SSD tier %q, this one is %q", tier, id.Tier)
 	}
+	if boot := string(b[hBoot : hBoot+bootIDLen]); boot != string(bootID()) {
+		// The SSD's page cache, which held the data that the records find, did not survive the
+		// reboot: a log kept on a file system that does is refused.
+		return true, unusable("written before the machine last booted (boot %q)", strings.TrimRight(boot, "\x00"))
+	}
 	if e := le.Uint64(b[hEpoch:]); e != id.Epoch {
 		return true, unusable("written by run %d of this SSD tier, the last was %d", e, id.Epoch)
 	}
@@ -254,6 +265,15 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 		}
 	}
 	return true, nil
+}
+
+// bootID returns the ID the kernel gave this boot, padded to bootIDLen bytes (zeros where the
+// kernel does not say).
+func bootID() []byte {
+	id := make([]byte, bootIDLen)
+	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	copy(id, strings.TrimSpace(string(b)))
+	return id
 }
 
 // words64 decodes n little-endian words, nil if all are zero (as the store reads empty bitmaps).

@@ -1,6 +1,8 @@
 package runlog
 
 import (
+	"encoding/binary"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -88,8 +90,8 @@ func TestTornTail(t *testing.T) {
 	}
 }
 
-// A log written for another SSD tier or another run of this one, or one whose ring overflowed
-// since the last checkpoint, is refused before anything is replayed.
+// A log written for another SSD tier, another run of this one or before the last boot, or one whose
+// ring overflowed since the last checkpoint, is refused before anything is replayed.
 func TestRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
 	l, err := Create(path, id, 1, headerSize+16*int64(RecordSize(1)))
@@ -118,6 +120,14 @@ func TestRefused(t *testing.T) {
 	require.Equal(t, []meta.Op{put(9, 9, 1, 0)}, got)
 
 	b, _ := os.ReadFile(path)
+	b[hBoot] ^= 1 // another boot's
+	crc := crc32.Checksum(b[:hCRC], castagnoli)
+	binary.LittleEndian.PutUint32(b[hCRC:], crc)
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	_, err = replayAll(t, path, id)
+	require.ErrorIs(t, err, ErrUnusable, "another boot")
+	require.ErrorContains(t, err, "before the machine last booted")
+
 	b[hTier] ^= 1
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 	_, err = replayAll(t, path, id)
