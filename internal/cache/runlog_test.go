@@ -1,12 +1,17 @@
 package cache
 
 import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/runlog"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
 // killed is a crash step for TestRunLogScenarios: a kill -9 with the SSD tier's run log, after
@@ -149,4 +154,38 @@ func TestRunLogRefused(t *testing.T) {
 	require.ErrorIs(t, c.Recovered(), runlog.ErrUnusable)
 	require.Equal(t, int64(0), read(c, 0), "the trim, not the old log's record of the data before it")
 	c.Close()
+}
+
+// BenchmarkWriteBack4K measures 4 KiB random writes in write-back, over a RAM backend and SSD,
+// without and with a run log (on /dev/shm where there is one): what logging every record costs a
+// write.
+func BenchmarkWriteBack4K(b *testing.B) {
+	dir := b.TempDir()
+	if shm, err := os.MkdirTemp("/dev/shm", "tierblk-bench"); err == nil {
+		dir = shm
+		defer os.RemoveAll(shm)
+	}
+	for _, logged := range []bool{false, true} {
+		b.Run(map[bool]string{false: "nolog", true: "runlog"}[logged], func(b *testing.B) {
+			l := layout{line: 64 << 10, ssd: 1024, mode: WriteBack}
+			if logged {
+				l.runLog = filepath.Join(dir, b.Name())
+				require.NoError(b, os.MkdirAll(filepath.Dir(l.runLog), 0o755))
+			}
+			const size = 24 << 20 // below the high watermark of the SSD tier: no destage
+			c := newCache(b, mem.New(size), l, nil, nil)
+			defer c.Close()
+			buf := make([]byte, 4096)
+			b.SetBytes(int64(len(buf)))
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+				for pb.Next() {
+					if _, err := c.WriteAt(buf, rng.Int64N(size/4096)*4096); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
