@@ -66,7 +66,7 @@ type step struct {
 	point  hookAt
 	n      int
 	// kill and power are, for doCrash, what the restarted tier holds after either crash, as
-	// tierState writes it.
+	// tierState writes it ("": not checked).
 	kill, power string
 }
 
@@ -251,6 +251,15 @@ type scenario struct {
 }
 
 func runScenario(t *testing.T, mode Mode, kind crashKind, steps []step) {
+	s := newScenario(t, mode, kind)
+	defer func() { s.c.Close() }()
+	for i, st := range steps {
+		s.do(i, st)
+	}
+}
+
+// newScenario starts a scenario's first engine, on a backend stamped with initialID.
+func newScenario(t *testing.T, mode Mode, kind crashKind) *scenario {
 	l := scenarioLayout
 	l.mode = mode
 	size := scenarioLines * l.line
@@ -267,10 +276,7 @@ func runScenario(t *testing.T, mode Mode, kind crashKind, steps []step) {
 		s.m.hist[sec] = []ack{{id: initialID}}
 	}
 	s.start()
-	defer func() { s.c.Close() }()
-	for i, st := range steps {
-		s.do(i, st)
-	}
+	return s
 }
 
 // start starts an engine on the machine, with its background checkpoints and destaging stopped
@@ -412,7 +418,7 @@ func (s *scenario) crash(i int, st step) {
 	}
 	s.c.Close() // every call of the engine fails now
 	s.start()
-	if got := tierState(s.c); got != want {
+	if got := tierState(s.c); want != "" && got != want {
 		t.Fatalf("step %d: after the restart the SSD tier holds %q, want %q", i, got, want)
 	}
 	if err := s.c.Recovered(); s.kind == kill9Logged && err != nil {

@@ -1,10 +1,12 @@
 package cache
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,6 +89,93 @@ func TestRunLogScenarios(t *testing.T) {
 			runScenario(t, sc.mode, kill9Logged, sc.steps)
 		})
 	}
+}
+
+// TestRunLogRandom runs seeded random scenarios: reads, writes (some FUA), zeroings, trims,
+// evictions, checkpoints (some with a write, zeroing or trim inside), flushes and destages on the
+// lines of TestJournalScenarios' tiny tier, in write-back and write-through, killed with -9 now and
+// then and restarted on the run log: after each restart every sector must read its last
+// acknowledged write (checkRestart, no loss allowed), and the engine's own reads must never be
+// stale. CACHE_TEST_SEED changes the seeds; a failure names the seed and the steps.
+func TestRunLogRandom(t *testing.T) {
+	base := testSeed(t)
+	runs := 40
+	if testing.Short() {
+		runs = 10
+	}
+	for r := range runs {
+		seed := base*1000 + uint64(r)
+		mode := []Mode{WriteBack, WriteThrough}[r%2]
+		t.Run(fmt.Sprintf("%v-seed%d", mode, seed), func(t *testing.T) {
+			t.Parallel()
+			rng := rand.New(rand.NewPCG(seed, 1))
+			s := newScenario(t, mode, kill9Logged)
+			defer func() { s.c.Close() }()
+			var done []string
+			defer func() {
+				if t.Failed() {
+					t.Logf("seed %d (CACHE_TEST_SEED=%d), steps: %s", seed, base, strings.Join(done, ", "))
+				}
+			}()
+			// change draws a write, zeroing or trim; inside a checkpoint no FUA write, which
+			// would wait for the checkpoint the hook holds up.
+			change := func(fua bool) step {
+				line := uint64(rng.IntN(scenarioLines))
+				do := []action{doWrite, doWrite, doZero, doTrim, doWrite, doFUA}[rng.IntN(map[bool]int{false: 5, true: 6}[fua])]
+				if rng.IntN(2) == 0 {
+					return onBlock(do, line, rng.IntN(2))
+				}
+				return on(do, line)
+			}
+			for i := range 40 {
+				var st step
+				switch r := rng.IntN(20); {
+				case r < 4:
+					st = on(doRead, uint64(rng.IntN(scenarioLines)))
+				case r < 12:
+					st = change(true)
+				case r < 13:
+					line := uint64(rng.IntN(scenarioLines))
+					if v, d := s.c.ssd.bits(line); v.isZero() || !d.isZero() {
+						continue // not cached, or dirty (doomed rather than evicted)
+					}
+					st = on(doEvict, line)
+				case r < 15:
+					st = at(doCheckpoint)
+					if rng.IntN(2) == 0 {
+						st = during(change(false))
+					}
+				case r < 16:
+					st = at(doFlush)
+				case r < 17:
+					if s.c.ssd.dirtyCount.Load() == 0 {
+						continue
+					}
+					st = at(doDestage)
+				default:
+					st = killed("")
+				}
+				done = append(done, stepString(st))
+				s.do(i, st)
+			}
+			s.do(40, killed(""))
+		})
+	}
+}
+
+// stepString writes a step for a failure's log.
+func stepString(st step) string {
+	name := [...]string{"read", "write", "fua", "zero", "trim", "evict", "checkpoint", "flush", "destage", "cut", "kill"}[st.do]
+	if st.during != nil {
+		return name + "{" + stepString(*st.during) + "}"
+	}
+	if st.do >= doCheckpoint {
+		return name
+	}
+	if st.block >= 0 {
+		return fmt.Sprintf("%s %d.%d", name, st.line, st.block)
+	}
+	return fmt.Sprintf("%s %d", name, st.line)
 }
 
 // A run log is replayed only on the store it was written beside, by the last run: one copied from
