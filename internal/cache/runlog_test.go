@@ -215,9 +215,9 @@ func TestRunLogRefused(t *testing.T) {
 	}
 
 	a, b := newNode(), newNode()
-	c, g := start(b)
+	c, _ := start(b)
 	c.Close()
-	c, g = start(a)
+	c, g := start(a)
 	write(c, 0, 7)
 	kill(c, g)
 	// A's log at B's path: another tier's.
