@@ -270,7 +270,9 @@ func (c *Cache) openSSD(cfg Config) error {
 		case found:
 			c.lastRun = nil
 		}
-		if err := j.load(logged); err != nil {
+		if err := j.load(logged); errors.Is(err, errRunLogRecord) {
+			return fmt.Errorf("SSD tier: %w. Delete %s to start without it (the writes the last run acknowledged since its last checkpoint are lost)", err, cfg.RunLog)
+		} else if err != nil {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
 		if len(logged) > 0 {

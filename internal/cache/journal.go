@@ -35,6 +35,9 @@ const checkpointOps = 16 * meta.PartOps
 //   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
 //     record can point at a slot that now holds another line's data.
 //
+// With a run log, every record queued for a checkpoint also goes to the log as it is queued, so
+// that a kill of the process between checkpoints loses none (journal_runlog.go).
+//
 // Its state, and what guards each part of it:
 //
 //   - The tier's mu guards what is not committed yet, and the run log that holds it: log, changed (the latest record of each line
@@ -389,7 +392,7 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 			continue
 		}
 		if err := add(op.Rec); err != nil {
-			return fmt.Errorf("%w: the run log: %w", ErrCorrupt, err)
+			return fmt.Errorf("%w: %w", errRunLogRecord, err)
 		}
 	}
 	t.free, t.fresh = t.free[:0], t.slots

@@ -95,3 +95,7 @@ func (j *journal) closeLog() error {
 
 // errNoRunLog is what Recovered reports when the last run left no log to replay.
 var errNoRunLog = errors.New("no run log of the last run")
+
+// errRunLogRecord wraps load's error for a record of the run log that the store's index cannot take
+// (a slot another line holds, bits that do not fit): the log, not the store, is wrong.
+var errRunLogRecord = errors.New("a record of the run log does not fit the SSD tier's index")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/runlog"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -291,4 +292,26 @@ func BenchmarkWriteBack4K(b *testing.B) {
 			})
 		}
 	}
+}
+
+// A run log of this tier and run whose record the store's index cannot take (a slot another line
+// holds) fails the start with an error that names the log, not the metadata, as what to delete.
+func TestRunLogBadRecord(t *testing.T) {
+	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack, runLog: filepath.Join(t.TempDir(), "log")}
+	b, store, ssd := mem.New(64*l.line), meta.NewMem(), mem.New(8*l.line)
+	newCache(t, b, l, store, ssd).Close()
+	store.Crash() // reopens it; Close synced everything
+	all := []uint64{0xf}
+	require.NoError(t, store.Commit([]meta.Op{{Rec: meta.Line{Line: 1, Slot: 2, Valid: all}}}, true))
+	sb, _, err := store.Superblock()
+	require.NoError(t, err)
+	log, err := runlog.Create(l.runLog, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, 1, 0)
+	require.NoError(t, err)
+	log.Append(meta.Op{Rec: meta.Line{Line: 3, Slot: 2, Valid: all, Dirty: all}})
+	require.NoError(t, log.Close())
+	_, err = New(b, testConfig(l, store, ssd))
+	require.ErrorContains(t, err, "a record of the run log does not fit")
+	require.ErrorContains(t, err, "slot 2 is out of range or used twice")
+	require.ErrorContains(t, err, "Delete "+l.runLog)
+	require.NotErrorIs(t, err, ErrCorrupt)
 }
