@@ -7,8 +7,8 @@
 // The engine must never return data older than a write acknowledged before the read was issued,
 // whatever races with it (another connection, promotion, eviction), never lets a crash make the
 // SSD tier's metadata call stale data valid (see journal), and, with a run log, never loses a write
-// it acknowledged to a kill of the process (journal_runlog.go). Every request locks the lines it touches,
-// in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
+// it acknowledged to a kill of the process (journal_runlog.go). Every request locks the lines it
+// touches, in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
 // failing is bypassed, never trusted; reads then go on from the backend.
 package cache
 

@@ -92,11 +92,12 @@ func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cach
 // A kernel NBD device that a stop leaves attached is taken over by the next tierblk only if it
 // cannot have lost a write the kernel believes done. Writes acknowledged in write-back live on
 // the SSD tier, and the records that find them are committed at checkpoints and, in between, kept
-// in the tier's run log (in the run directory, config's run_dir), which outlives a kill of the process: the next start replays
-// it. So a device is taken over when the export's cache found every record of its last run
-// (cache.Recovered), or when the export has no SSD tier, and so no write-back; a device found
-// otherwise is taken over only if a stop that ended with every volume flushed marked it left
-// cleanly (a file in the run directory, removed when read), and released else (TestNBDDeviceRestart).
+// in the tier's run log (in the run directory, run_dir), which outlives a kill of the process: the
+// next start replays it. So a device is taken over when the export's cache found every record of
+// its last run (cache.Recovered), or when the export has no SSD tier, and so no write-back; a
+// device found otherwise is taken over only if a stop that ended with every volume flushed marked
+// it left cleanly (a file in the run directory, removed when read), and released else
+// (TestNBDDeviceRestart).
 
 // distrustFlush fails the first FLUSH once armed: a ublk device taken back from a killed daemon
 // (user recovery) holds the kernel's belief that writes the killed process acknowledged were
