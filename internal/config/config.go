@@ -50,6 +50,9 @@ type Config struct {
 	Admin string `yaml:"admin"`
 	// TLS is how the NBD listeners offer TLS.
 	TLS TLS `yaml:"tls"`
+	// RunDir holds what must outlive a tierblk process but not a reboot, as the kernel's block
+	// devices do: the SSD tiers' run logs and the marks of devices a clean stop left. A tmpfs.
+	RunDir string `yaml:"run_dir"`
 }
 
 // TLS configures TLS (X.509 certificates) on every NBD listener.
@@ -195,6 +198,7 @@ func Defaults() Config {
 		LogLevel:    "info",
 		MaxInFlight: 64,
 		TLS:         TLS{Mode: tlsconf.Off.String()},
+		RunDir:      "/run/tierblk",
 	}
 }
 
@@ -353,6 +357,9 @@ func (c *Config) Validate(schemes []string) error {
 	errs = append(errs, c.validateAccess(networks)...)
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, fieldErr("log_level", "%v", err))
+	}
+	if c.RunDir == "" {
+		errs = append(errs, fieldErr("run_dir", "is empty; give a directory on a tmpfs (default /run/tierblk)"))
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > 4096 {
 		errs = append(errs, fieldErr("max_in_flight", "%d is out of range; use 1 to 4096 (default 64)", c.MaxInFlight))

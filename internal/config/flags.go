@@ -103,6 +103,9 @@ var Flags = []Flag{
 			c.MaxInFlight, _ = strconv.Atoi(last(v))
 			return nil
 		}},
+	{Name: "run-dir", Field: "run_dir", Def: Defaults().RunDir,
+		Usage: "directory on a tmpfs for the SSD tiers' run logs and the marks of kernel devices left attached",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.RunDir = last(v); return nil }},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
 	{Name: "tls", Field: "tls.mode", Def: Defaults().TLS.Mode,

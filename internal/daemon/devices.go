@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/kernel"
 	"github.com/tierblk/tierblk/internal/nbd/server"
@@ -29,7 +30,7 @@ type kernelDevice interface {
 // devices. The returned stop removes them all, or leaves those kept on stop, newest first, before
 // the server stops, so that the kernel's last writes and flushes still reach the volumes; left
 // lists the devices a clean stop leaves, for markLeft. On failure it removes what it had created.
-func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
+func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cache, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
 	var stops []func() error
 	stop = func() error {
 		var errs []error
@@ -40,27 +41,28 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 	}
 	for i, e := range cfg.Exports {
 		identity := deviceIdentity(e)
+		lastRun := lostWith(e, caches[i])
 		if e.UBLK != nil {
 			dev, distrust := devs[i], func() {}
-			if mayWriteBack(e) {
+			if lastRun != nil {
 				d := &distrustFlush{Device: devs[i]}
 				dev, distrust = d, func() {
 					d.armed.Store(true)
 					log.Warn("ublk: taking back a device whose daemon was killed: writes it acknowledged in write-back since its last checkpoint "+
-						"may have died with it, so the first flush fails rather than vouch for them", "export", e.Name)
+						"may have died with it, so the first flush fails rather than vouch for them", "export", e.Name, "why", lastRun)
 				}
 			}
 			id := e.UBLK.DeviceID()
 			path := ublk.PathOf(id)
 			d, err := ublk.Start(dev, ublk.Options{
 				ID: id, Queues: e.UBLK.Queues, Depth: e.UBLK.Depth, Logger: log,
-				BeforeRecover: func() error { return mayTakeBack(log, e.Name, path, identity, distrust) },
+				BeforeRecover: func() error { return mayTakeBack(log, cfg.RunDir, e.Name, path, identity, distrust) },
 			})
 			if err != nil {
 				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): ublk: %w", i, e.Name, err), stop())
 			}
 			if id >= 0 {
-				forgetLeft(path) // taken back, or a mark outlived its device
+				forgetLeft(cfg.RunDir, path) // taken back, or a mark outlived its device
 			}
 			logDevice(log, "ublk", e.Name, d)
 			if e.UBLK.KeepOnStop() {
@@ -81,13 +83,13 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 				Conns:           min(runtime.NumCPU(), 8),
 				DeadConnTimeout: timeout,
 				Identity:        identity,
-				TakeOver:        leftBy(e.NBDDevice) == identity || !mayWriteBack(e),
+				TakeOver:        leftBy(cfg.RunDir, e.NBDDevice) == identity || lastRun == nil,
 				Log:             log,
 			})
 			if err != nil {
 				return nil, nil, errors.Join(fmt.Errorf("exports[%d] (%q): nbd_device: %w", i, e.Name, err), stop())
 			}
-			forgetLeft(e.NBDDevice)
+			forgetLeft(cfg.RunDir, e.NBDDevice)
 			logDevice(log, "nbd", e.Name, d)
 			if e.KeepNBDDevice() {
 				stops = append(stops, d.Leave)
@@ -104,9 +106,10 @@ func attachDevices(cfg config.Config, devs []volume.Device, srv *server.Server, 
 // taken back for the export with this identity: yes if a clean stop of this export left it
 // (every volume was flushed first); no if the mark names another export (the requests the
 // kernel holds belong to that data); and with no mark, a killed daemon's device, yes, but in
-// front of an SSD tier the first flush fails (distrust: see distrustFlush).
-func mayTakeBack(log *slog.Logger, export, path, identity string, distrust func()) error {
-	switch by := leftBy(path); by {
+// front of an SSD tier whose run log did not give back every record, the first flush fails
+// (distrust: see distrustFlush).
+func mayTakeBack(log *slog.Logger, dir, export, path, identity string, distrust func()) error {
+	switch by := leftBy(dir, path); by {
 	case identity:
 		log.Info("ublk: taking back the device a clean stop left", "export", export, "path", path)
 	case "":
@@ -121,19 +124,21 @@ func mayTakeBack(log *slog.Logger, export, path, identity string, distrust func(
 
 // A kernel device (NBD or ublk) that a stop leaves is taken over by the next tierblk only if it
 // cannot have lost a write the kernel believes done. Writes acknowledged in write-back live on
-// the SSD tier, but the records that find them are committed at checkpoints: a tierblk killed in
-// between takes them with it, and the next one, answering the kernel's FLUSH, would vouch for
-// them. So a stop that ends with every volume flushed marks the device left cleanly (a file in
-// LeftDir naming the export's identity, removed once the device is taken back or made anew). An
-// NBD device found without the mark is taken over only where the export has no SSD tier, and so
-// no write-back (TestNBDDeviceRestart); a ublk device is taken back, with distrustFlush in front
-// of an SSD tier (TestUBLKRecovery). A ublk device carries no identity in the kernel, so its mark
-// is what refuses another export (TestUBLKRestart).
+// the SSD tier, and the records that find them are committed at checkpoints and, in between, kept
+// in the tier's run log (in the run directory, run_dir), which outlives a kill of the process: the
+// next start replays it. So a device is taken over when the export's cache found every record of
+// its last run (cache.Recovered), or when the export has no SSD tier, and so no write-back
+// (TestNBDDeviceRestart, TestUBLKRecovery). A stop that ends with every volume flushed also marks
+// the device left cleanly (a file in the run directory naming the export's identity, removed once
+// the device is taken back or made anew); a device found without the mark and without its run's
+// records is released (NBD) or taken back with distrustFlush (ublk). A ublk device carries no
+// identity in the kernel, so its mark is what refuses another export (TestUBLKRestart).
 
 // distrustFlush fails the first FLUSH once armed: a ublk device taken back from a killed daemon
 // (user recovery) holds the kernel's belief that writes the killed process acknowledged were
-// done, and in write-back those written since its last checkpoint died with it. The kernel's next
-// FLUSH must not succeed as if they were durable (TestUBLKRecovery).
+// done, and in write-back those written since its last checkpoint died with it unless its run log
+// was replayed (lostWith). The kernel's next FLUSH must not succeed as if they were durable
+// (TestUBLKRecovery).
 type distrustFlush struct {
 	volume.Device
 	armed atomic.Bool
@@ -149,33 +154,29 @@ func (d *distrustFlush) Flush() error {
 	return d.Device.Flush()
 }
 
-// LeftDir holds the marks of devices left by a clean stop; like the devices, it does not outlive a
-// reboot.
-var LeftDir = "/run/tierblk"
-
 // leftDevice is a kernel device a stop leaves, with its export's identity.
 type leftDevice struct{ path, identity string }
 
-func leftMark(path string) string {
-	return filepath.Join(LeftDir, "left-"+filepath.Base(path))
+func leftMark(dir, path string) string {
+	return filepath.Join(dir, "left-"+filepath.Base(path))
 }
 
 // markLeft records that a clean stop left the devices, after every volume was flushed.
-func markLeft(devs []leftDevice) error {
+func markLeft(dir string, devs []leftDevice) error {
 	var errs []error
 	for _, d := range devs {
-		if err := os.MkdirAll(LeftDir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		errs = append(errs, os.WriteFile(leftMark(d.path), []byte(d.identity+"\n"), 0o644))
+		errs = append(errs, os.WriteFile(leftMark(dir, d.path), []byte(d.identity+"\n"), 0o644))
 	}
 	return errors.Join(errs...)
 }
 
 // leftBy returns the identity of the export whose clean stop left the device, "" if none did.
-func leftBy(path string) string {
-	b, err := os.ReadFile(leftMark(path))
+func leftBy(dir, path string) string {
+	b, err := os.ReadFile(leftMark(dir, path))
 	if err != nil {
 		return ""
 	}
@@ -183,7 +184,24 @@ func leftBy(path string) string {
 }
 
 // forgetLeft removes the device's mark once a start has taken it (or made it anew).
-func forgetLeft(path string) { _ = os.Remove(leftMark(path)) }
+func forgetLeft(dir, path string) { _ = os.Remove(leftMark(dir, path)) }
+
+// lostWith returns nil if no write the kernel believes done can have been lost with the last run
+// of export e, whose cache is c (nil: none): the export has no SSD tier, or c found every index
+// record that run wrote. Else it says why not.
+func lostWith(e config.Export, c *cache.Cache) error {
+	if !mayWriteBack(e) || c == nil {
+		return nil
+	}
+	return c.Recovered()
+}
+
+// runLog is the path in dir of the run log of export e's SSD tier, named after the tier (its
+// device and metadata) as the kernel NBD device's identity is.
+func runLog(dir string, e config.Export) string {
+	h := sha256.Sum256([]byte("ssd=" + e.Cache.SSD + "\nmeta=" + e.Cache.MetaDir() + "\n"))
+	return filepath.Join(dir, "runlog-"+hex.EncodeToString(h[:8]))
+}
 
 // mayWriteBack reports whether an export can hold writes in write-back: it has an SSD tier (the
 // mode can be switched at run time, so the configured one does not say).

@@ -5,10 +5,14 @@
 #      written before the stop reads back from the SSD tier (its hits in `tierblk stats`, next to
 #      nothing read from the backend). The writer saw no error, and every file reads back with
 #      its checksum after a remount with the page cache dropped.
-#   2. kill -9, then a tierblk with another backend: it refuses the device, naming both backend
-#      identifiers. The right one does not take it over: writes acknowledged in write-back since
-#      the last checkpoint died with the killed process, and a FLUSH the new one answered would
-#      vouch for them. It releases the device and attaches it anew; every fsynced file is there.
+#   2. kill -9 under the writer, then a tierblk with another backend: it refuses the device,
+#      naming both backend identifiers. The right one replays the SSD tier's run log (the index
+#      records the killed process wrote since its last checkpoint, in /run/tierblk) and takes the
+#      device over: the writer sees no error, and every fsynced file is intact after a remount.
+#   2b. kill -9 with the run log removed: the writes acknowledged in write-back since the last
+#      checkpoint may have died with the process, and a FLUSH the new one answered would vouch for
+#      them; it releases the device and attaches it anew, and every file synced before the kill
+#      is there.
 #   3. An export without an SSD tier (nothing acknowledged lives in the process alone) on
 #      /dev/nbd1: kill -9 under the writer, and the new tierblk takes the device over; the writer
 #      sees no error and its files are intact.
@@ -57,7 +61,10 @@ stop_writer
 ssd_warm $admin /mnt/warm
 check_sums /mnt
 
-step "kill -9; a tierblk with another backend refuses the device; the right one releases it and attaches anew"
+step "kill -9 under the writer; a tierblk with another backend refuses the device; the right one replays its run log and takes it over"
+mount -t ext4 /dev/nbd0 /mnt || fail "mount before the kill"
+start_writer
+wait_files 5
 kill -9 $pid
 wait $pid
 timeout 60 tierblk serve --backend mem://256MiB --nbd-device /dev/nbd0 2>/tmp/other.log
@@ -65,14 +72,28 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || { cat /tmp/other.log; fail "the tierblk with another backend exited $rc, want an error"; }
 grep 'is attached to another export' /tmp/other.log || { cat /tmp/other.log; fail "no clear refusal from the tierblk with another backend"; }
 [ "$(cat /sys/block/nbd0/size)" != 0 ] || fail "the refused tierblk released /dev/nbd0"
-umount /mnt 2>/dev/null
+start_tierblk
+took_over_warm
+grep "replayed the last run's log" $serve_log || echo "(the run log held nothing since the last checkpoint)"
+! grep -i 'run log.*cannot be used\|no run log' $serve_log || { cat $serve_log; fail "the run log was not used"; }
+wait_files 5
+stop_writer
+check_sums /mnt
+echo "write-back: every fsynced file is intact after kill -9 and a take-over"
+
+step "kill -9 with the run log removed: the write-back device is released and attached anew"
+mount -t ext4 /dev/nbd0 /mnt || fail "mount before the second kill"
+umount /mnt || fail "umount before the second kill"
+kill -9 $pid
+wait $pid
+rm -f /run/tierblk/runlog-*
 start_tierblk
 grep 'did not stop cleanly' $serve_log || { cat $serve_log; fail "the write-back device was not released after the kill"; }
-! grep 'took over the device' $serve_log || fail "a device left by a killed write-back tierblk was taken over"
+! grep 'took over the device' $serve_log || fail "a device left by a killed write-back tierblk without its run log was taken over"
 mount -t ext4 /dev/nbd0 /mnt || fail "mount after the kill"
 (cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "fsynced files differ after the kill"; }
 umount /mnt || fail "umount"
-echo "write-back: every fsynced file is there after kill -9 and a fresh attach"
+echo "write-back without a run log: every file synced before the kill is there after a fresh attach"
 kill -TERM $pid
 wait $pid || { cat $serve_log; fail "tierblk exited $? after SIGTERM"; }
 
