@@ -16,10 +16,11 @@ SSD_SIZE ?= 256MiB
 # iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
 # prometheus (with promtool) for the dashboard test; systemd: systemd-socket-activate and
 # systemd-analyze for the service tests; podman and runc (IMAGE_DEB_PACKAGES) for the image and its
-# test.
+# test, podman-compose for the test of configs/compose.yaml.
 IMAGE_DEB_PACKAGES := podman runc
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES)
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES) \
+	podman-compose
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
