@@ -68,8 +68,8 @@ image: build
 	  --label org.opencontainers.image.title=tierblk --label org.opencontainers.image.version=$(VERSION) \
 	  --label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 	  --label org.opencontainers.image.licenses=Apache-2.0 $(IMAGE_CONTEXT)
-	@echo "image $(IMAGE):$(VERSION); run it (docs/operations.md#containers):"
-	@echo "  podman run -d --name tierblk -v tierblk-state:/var/lib/tierblk -v /run/tierblk:/run/tierblk $(IMAGE):$(VERSION)"
+	@echo "image $(IMAGE):$(VERSION); run it as docs/operations.md#containers says, e.g."
+	@echo "  podman run -d --name tierblk -v tierblk-state:/var/lib/tierblk -v tierblk-run:/run/tierblk $(IMAGE):$(VERSION)"
 
 # The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
 run: build
