@@ -157,6 +157,7 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"bad congestion", []string{"--backend", "file:///srv/a.img", "--ssd", "/srv/s.img", "--congestion", "soon"}, "--congestion: "},
 		{"writeback without ssd", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--mode", "writeback"}, "--mode: writeback needs an SSD tier"},
 		{"dirty max", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "2"}, "--dirty-max: 2 is out of range"},
+		{"dirty on stop", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-on-stop", "drop"}, `--dirty-on-stop: "drop": use keep`},
 		{"dirty low", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-low", "0.7"}, "--dirty-low: 0.7 must be below high"},
 		{"dirty max 0", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "0"}, "--dirty-max: 0 must be at least high"},
 		{"dirty high", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-high", "0.95"}, "--dirty-high: 0.95 must be at most max"},

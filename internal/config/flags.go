@@ -135,6 +135,8 @@ var Flags = []Flag{
 	dirtyFlag("dirty-high", "high", cache.DefaultWriteBack.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty", func(w *WriteBack) **float64 { return &w.High }),
 	dirtyFlag("dirty-low", "low", cache.DefaultWriteBack.Low, "write-back: destage stops below this ratio of dirty lines", func(w *WriteBack) **float64 { return &w.Low }),
 	dirtyFlag("dirty-max", "max", cache.DefaultWriteBack.Max, "write-back: writes wait rather than let dirty lines pass this ratio", func(w *WriteBack) **float64 { return &w.Max }),
+	cacheFlag("dirty-on-stop", "write_back.on_stop", "what a stop (SIGTERM) does with write-back's dirty data: keep (on the SSD tier for the next start; the default) or flush (written back to the backend before exiting)",
+		func(c *Cache, v string) { c.WriteBack.OnStop = v }),
 	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
 		apply: func(c *Config, v []string, _ func(string) bool) error {
 			on, _ := strconv.ParseBool(last(v))

@@ -169,6 +169,14 @@ wait:
 			runErr = errors.Join(runErr, fmt.Errorf("flush export %q: %w", cfg.Exports[i].Name, err))
 		}
 	}
+	for i, e := range cfg.Exports {
+		if e.Cache == nil || !e.Cache.WriteBack.FlushOnStop() || sources[i].FlushAll == nil {
+			continue
+		}
+		if err := flushOnStop(e.Name, sources[i], n, log); err != nil {
+			runErr = errors.Join(runErr, fmt.Errorf("write back export %q at stop: %w", e.Name, err))
+		}
+	}
 	if runErr == nil {
 		if err := markLeft(cfg.RunDir, left); err != nil {
 			log.Warn("could not mark the kernel devices left attached as left cleanly: the next tierblk will release them", "err", err)
@@ -176,6 +184,28 @@ wait:
 		log.Info("stopped cleanly; every volume flushed")
 	}
 	return runErr
+}
+
+// flushOnStop writes back the dirty data of an export's cache (write_back.on_stop: flush), once
+// no client can write: the frontends are down. It has no deadline of its own: the service
+// manager's stop timeout (podman stop -t, TimeoutStopSec=) bounds it, and a kill that cuts it
+// short leaves the rest dirty on the SSD tier, where the next start finds it.
+func flushOnStop(name string, s metrics.Source, n *notifier, log *slog.Logger) error {
+	log.Info("stopping: writing back dirty data", "export", name)
+	last := time.Now()
+	var written int64
+	err := s.FlushAll(context.Background(), func(done, total int64) {
+		written = done
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			n.setStatus(fmt.Sprintf("stopping: export %s: written back %s of %s", name, units.FormatSize(done), units.FormatSize(total)))
+			log.Info("stopping: writing back", "export", name, "done", units.FormatSize(done), "total", units.FormatSize(total))
+		}
+	})
+	if err == nil {
+		log.Info("stopping: dirty data written back", "export", name, "bytes", units.FormatSize(written))
+	}
+	return err
 }
 
 // openExports opens every backend, and the trace recorders of the exports that have one; on
