@@ -8,8 +8,8 @@ import (
 	"github.com/tierblk/tierblk/internal/trace"
 )
 
-// progressEvery is how often a progress line is redrawn.
-const progressEvery = time.Second
+// progressEvery is how often a progress line is redrawn (a variable for tests).
+var progressEvery = time.Second
 
 // startProgress redraws a line on w every progressEvery while a pass runs: what it does, the
 // requests done, the rate, and where r reports its position in a file of known size, the share

@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/metrics"
 	"sync"
@@ -119,4 +122,44 @@ func TestStreamInBoundedMemory(t *testing.T) {
 	require.Less(t, peak, uint64(bound), "peak heap %d MiB", peak>>20)
 	require.Less(t, uint64(bound), 36*requests/4, "the bound is far below what holding the trace takes")
 	t.Logf("%d requests, peak heap %.1f MiB", requests, float64(peak)/(1<<20))
+}
+
+// Progress redraws one line per pass (what, requests, rate, share and time left of a file of known
+// size) and ends it with the total.
+func TestProgress(t *testing.T) {
+	defer func(d time.Duration) { progressEvery = d }(progressEvery)
+	progressEvery = time.Millisecond
+	path := filepath.Join(t.TempDir(), "t.oracleGeneral")
+	f, err := os.Create(path)
+	require.NoError(t, err)
+	_, err = io.Copy(f, &oracleGeneralStream{n: 300_000, objects: 1000, x: 3})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	r, err := trace.Open(path, "oraclegeneral")
+	require.NoError(t, err)
+	defer r.Close()
+	var out syncBuffer
+	_, err = Run(context.Background(), r, []Job{{Policy: "lru", Size: 10}, {Policy: "lirs", Size: 100}}, Options{Progress: &out})
+	require.NoError(t, err)
+	got := out.String()
+	require.Regexp(t, `^\r2 caches: [0-9.]+[kM]? requests, [0-9.]+M/s, [0-9]+%, [0-9]+s left`, got)
+	require.Regexp(t, `\r2 caches: 300k requests in [0-9.]+m?s, [0-9.]+M/s +\n$`, got)
+}
+
+// syncBuffer is a bytes.Buffer that the progress goroutine and the test may share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
