@@ -183,7 +183,7 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	}
 	// The cache size is fixed once, as for cachesim, so that the timed rounds need not count the
 	// distinct objects.
-	distinct, err := countDistinct(o.TracePath)
+	distinct, err := countDistinct(ctx, o.TracePath)
 	if err != nil {
 		return nil, err
 	}
@@ -217,13 +217,13 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	return out, nil
 }
 
-func countDistinct(path string) (int, error) {
+func countDistinct(ctx context.Context, path string) (int, error) {
 	tr, err := trace.Open(path, "oraclegeneral")
 	if err != nil {
 		return 0, err
 	}
 	defer tr.Close()
-	s, err := sim.CountKeys(context.Background(), tr, sim.Options{})
+	s, err := sim.CountKeys(ctx, tr, sim.Options{})
 	return int(s.Distinct), err
 }
 
