@@ -153,6 +153,9 @@ func runSim(ctx context.Context, o simOpts) error {
 			return err
 		}
 		distinct = sum.Distinct
+		if int64(o.warmup) >= sum.Requests {
+			return usageErrorf("--warmup %d must be below the %d requests of the trace", o.warmup, sum.Requests)
+		}
 		debug.FreeOSMemory()
 	}
 	var jobs []sim.Job
