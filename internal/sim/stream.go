@@ -155,7 +155,7 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 	if err != nil {
 		return n, err
 	}
-	for {
+	for read := 1; ; read++ {
 		req, err := r.Next()
 		if errors.Is(err, io.EOF) {
 			break
@@ -164,6 +164,10 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 			return n, err
 		}
 		if o.ReadsOnly && req.Op != trace.OpRead {
+			// Skipped requests fill no batch, so take never sees a cancellation among them.
+			if read%batchRequests == 0 && ctx.Err() != nil {
+				return n, ctx.Err()
+			}
 			continue
 		}
 		if err := b.add(&req, o.BlockSize); err != nil {

@@ -49,7 +49,8 @@ func Open(path, format string) (Reader, error) {
 }
 
 // NewReader is Open for a stream: name is only used in error messages and as the extension hint
-// of "auto". Closing the returned reader does not close r.
+// of "auto". Closing the returned reader does not close r, but waits for a read of r in progress
+// (r is read ahead of the decoder, in a goroutine of its own).
 func NewReader(r io.Reader, name, format string) (Reader, error) {
 	return newReader(r, name, format, nil, 0)
 }
