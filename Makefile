@@ -15,13 +15,16 @@ SSD_SIZE ?= 256MiB
 # certtool (gnutls-bin) for the TLS tests' certificates, tgtd (tgt) as an iSCSI target, and qemu's
 # iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
 # prometheus (with promtool) for the dashboard test; systemd: systemd-socket-activate and
-# systemd-analyze for the service tests.
+# systemd-analyze for the service tests; podman and runc (IMAGE_DEB_PACKAGES) for the image and its
+# test, podman-compose for the test of configs/compose.yaml.
+IMAGE_DEB_PACKAGES := podman runc
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd
+	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES) \
+	podman-compose
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build install run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build install image run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
@@ -48,6 +51,25 @@ install: build
 	else install -m 0644 configs/tierblk.example.yaml $(DESTDIR)$(SYSCONFDIR)/tierblk/example.yaml; fi
 	@echo "installed; next: copy $(SYSCONFDIR)/tierblk/example.yaml to $(SYSCONFDIR)/tierblk/NAME.yaml, edit it, then"
 	@echo "  systemctl daemon-reload && systemctl enable --now tierblk@NAME.service"
+
+# make image [IMAGE=localhost/tierblk]: the OCI image of Containerfile, tagged $(VERSION) and latest:
+# the static binary on an empty base (nothing is pulled, so it builds offline), the default config
+# configs/container.yaml as /etc/tierblk/tierblk.yaml, and the state and socket directories owned by
+# the image's user. Only podman and runc are installed for it, not every test's packages.
+IMAGE ?= localhost/tierblk
+IMAGE_CONTEXT ?= $(CURDIR)/.cache/image
+image: build
+	@$(MAKE) -s deps-deb DEB_PACKAGES="$(IMAGE_DEB_PACKAGES)"
+	rm -rf $(IMAGE_CONTEXT)
+	install -D -m 0755 $(BIN) $(IMAGE_CONTEXT)/rootfs/usr/local/bin/tierblk
+	install -D -m 0644 configs/container.yaml $(IMAGE_CONTEXT)/rootfs/etc/tierblk/tierblk.yaml
+	install -d -m 0755 $(IMAGE_CONTEXT)/state
+	podman build --pull=never -f Containerfile -t $(IMAGE):$(VERSION) -t $(IMAGE):latest \
+	  --label org.opencontainers.image.title=tierblk --label org.opencontainers.image.version=$(VERSION) \
+	  --label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --label org.opencontainers.image.licenses=Apache-2.0 $(IMAGE_CONTEXT)
+	@echo "image $(IMAGE):$(VERSION); run it as docs/operations.md#containers says, e.g."
+	@echo "  podman run -d --name tierblk -v tierblk-state:/var/lib/tierblk -v tierblk-run:/run/tierblk $(IMAGE):$(VERSION)"
 
 # The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
 run: build

@@ -50,7 +50,7 @@ func (o cacheOpts) meta() string { return filepath.Join(o.dir, "meta") }
 
 func (o cacheOpts) args() []string {
 	return []string{"--backend", o.backend, "--ram", o.ram, "--ssd", o.ssd(), "--ssd-size", o.ssdSize,
-		"--meta", o.meta(), "--line", o.line, "--mode", o.mode, "--admin", o.admin()}
+		"--meta", o.meta(), "--line", o.line, "--mode", o.mode, "--admin", o.admin(), "--run-dir", filepath.Join(o.dir, "run")}
 }
 
 // startNbdkit runs nbdkit with args (filters, plugin, parameters) on a new unix socket and returns

@@ -25,8 +25,9 @@ import (
 // every panel query and every alert expression it is sent must find series.
 
 const (
-	dashboardFile = "../configs/grafana-dashboard.json"
-	alertsFile    = "../configs/prometheus-alerts.yaml"
+	dashboardFile  = "../configs/grafana-dashboard.json"
+	alertsFile     = "../configs/prometheus-alerts.yaml"
+	alertTestsFile = "../configs/prometheus-alerts.test.yaml"
 	// dashboardExport is the export the daemon serves, which the dashboard's $export selects.
 	dashboardExport = "dash"
 	// rateInterval stands for Grafana's $__rate_interval: at least four scrapes of 1s.
@@ -55,6 +56,43 @@ type grafanaDashboard struct {
 			Definition string `json:"definition"`
 		} `json:"list"`
 	} `json:"templating"`
+}
+
+// TestAlertRulesFire runs promtool's unit tests of the alert rules
+// (configs/prometheus-alerts.test.yaml): input series under which each alert fires, with its
+// labels and rendered annotations, and series under which it must not. Every alert of the rules
+// file must be shown firing there.
+func TestAlertRulesFire(t *testing.T) {
+	requireTools(t, "promtool")
+	out, err := runTool(t, "promtool", "test", "rules", alertTestsFile)
+	require.NoError(t, err, "promtool test rules:\n%s", out)
+
+	var rules alertRules
+	ys, err := os.ReadFile(alertsFile)
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(ys, &rules))
+	var tests struct {
+		Tests []struct {
+			AlertRuleTest []struct {
+				Alertname string `yaml:"alertname"`
+				ExpAlerts []any  `yaml:"exp_alerts"`
+			} `yaml:"alert_rule_test"`
+		} `yaml:"tests"`
+	}
+	ys, err = os.ReadFile(alertTestsFile)
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal(ys, &tests))
+	fires := map[string]bool{}
+	for _, tc := range tests.Tests {
+		for _, a := range tc.AlertRuleTest {
+			fires[a.Alertname] = fires[a.Alertname] || len(a.ExpAlerts) > 0
+		}
+	}
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			require.True(t, fires[r.Alert], "alert %s: no test in %s shows it firing", r.Alert, alertTestsFile)
+		}
+	}
 }
 
 // alertRules is the part of the rules file the test reads.

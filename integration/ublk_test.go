@@ -19,3 +19,12 @@ func TestUBLK(t *testing.T) {
 func TestUBLKRecovery(t *testing.T) {
 	runVMWith(t, vmOptions{fio: true}, "vm/guest/ublk-recovery.sh", "256M", "64M")
 }
+
+// TestUBLKRestart runs vm/guest/ublk-restart.sh: ext4 on /dev/ublkb0 (--ublk-id 0, write-back
+// with an SSD tier) under a writer that fsyncs every file, while tierblk is stopped (SIGTERM) and
+// started again: the stop leaves the device, the new tierblk takes it back, the writer sees no
+// error, the files are intact and data written before the stop is read from the SSD tier. A
+// tierblk with another backend refuses the device; --ublk-on-stop remove removes it.
+func TestUBLKRestart(t *testing.T) {
+	runVMWith(t, vmOptions{}, "vm/guest/ublk-restart.sh", "256M", "128M")
+}

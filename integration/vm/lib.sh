@@ -115,3 +115,104 @@ stop_and_compare() {
 	echo 3 >/proc/sys/vm/drop_caches
 	[ "$(md5sum <"$1")" = "$want" ] || fail "$1 differs from what /dev/nbd0 showed"
 }
+
+# files_written: how many files the writer has finished.
+files_written() { wc -l </tmp/wsums; }
+
+# wait_files N: wait until the writer has finished N more files than now.
+wait_files() {
+	target=$(($(files_written) + $1))
+	i=0
+	until [ "$(files_written)" -ge $target ]; do
+		kill -0 $writer 2>/dev/null || { cat /tmp/writer.err; fail "the writer ended"; }
+		i=$((i + 1))
+		[ $i -le 1800 ] || fail "the writer made no progress for 180 s"
+		sleep 0.1
+	done
+}
+
+# start_writer writes files of random data into /mnt in a loop, each with conv=fsync, recording
+# the checksum of each one whose fsync succeeded, until /tmp/stop appears.
+start_writer() {
+	rm -f /tmp/stop
+	: >/tmp/wsums
+	: >/tmp/writer.err
+	(
+		n=0
+		while [ ! -e /tmp/stop ]; do
+			n=$((n + 1))
+			dd if=/dev/urandom of=/tmp/src bs=64k count=4 2>/dev/null
+			dd if=/tmp/src of=/mnt/f$n bs=64k conv=fsync 2>/tmp/dd.err || { cat /tmp/dd.err >>/tmp/writer.err; echo "writing f$n failed" >>/tmp/writer.err; exit 1; }
+			echo "$(md5sum </tmp/src | cut -d' ' -f1)  f$n" >>/tmp/wsums
+		done
+	) &
+	writer=$!
+}
+
+# stop_writer stops the writer, which must have seen no error.
+stop_writer() {
+	touch /tmp/stop
+	wait $writer
+	rc=$?
+	[ $rc -eq 0 ] || { cat /tmp/writer.err; fail "the writer failed (exit $rc)"; }
+	[ ! -s /tmp/writer.err ] || { cat /tmp/writer.err; fail "the writer printed errors"; }
+	echo "writer: $(files_written) files, no error"
+}
+
+# check_sums DIR: every file the writer finished reads back from DIR, remounted with the page
+# cache dropped, with its checksum; DIR is left unmounted.
+check_sums() {
+	dev=$(awk -v d="$1" '$2 == d {print $1}' /proc/mounts)
+	umount "$1" || fail "umount $1"
+	echo 3 >/proc/sys/vm/drop_caches
+	mount -t ext4 "$dev" "$1" || fail "mount $dev again"
+	(cd "$1" && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ"; }
+	umount "$1" || fail "umount $1 after the check"
+}
+
+# tier_stat ADMIN TIER FIELD: a figure of `tierblk stats --json` from the admin endpoint ADMIN:
+# FIELD of the cache tier TIER (ram, ssd), or of the backend's traffic where TIER is backend.
+tier_stat() {
+	tierblk stats --admin "$1" --json | awk -v tier="\"$2\"" -v field="\"$3\":" '
+		$1 == "\"name\":" && $2 ~ "^" tier { found = 1 }
+		tier == "\"backend\"" && $1 == "\"backend\":" { found = 1 }
+		found && $1 == field { sub(/,$/, "", $2); print $2; exit }'
+}
+
+# write_warm DIR: DIR/warm, 8 MiB of random data, synced, its checksum in /tmp/warm.sum, for
+# ssd_warm to read after a restart.
+write_warm() {
+	dd if=/dev/urandom of="$1/warm" bs=1M count=8 2>/dev/null || fail "write $1/warm"
+	sync
+	(cd "$1" && md5sum warm) >/tmp/warm.sum
+}
+
+# ssd_warm ADMIN FILE: FILE, read with the page cache dropped, comes from the SSD tier of the
+# tierblk at ADMIN: at least 90 % of its lookups there hit, and the backend reads less than a
+# tenth of the file; and it has the checksum of /tmp/warm.sum. After a restart this shows that
+# the SSD tier came back warm.
+ssd_warm() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	hits=$(tier_stat "$1" ssd hits) misses=$(tier_stat "$1" ssd misses) back=$(tier_stat "$1" backend read_bytes)
+	[ -n "$hits" ] && [ -n "$misses" ] && [ -n "$back" ] || { tierblk stats --admin "$1" --json; fail "no SSD tier figures from tierblk stats"; }
+	cat "$2" >/dev/null || fail "read $2"
+	hits=$(($(tier_stat "$1" ssd hits) - hits)) misses=$(($(tier_stat "$1" ssd misses) - misses))
+	back=$(($(tier_stat "$1" backend read_bytes) - back))
+	size=$(wc -c <"$2")
+	echo "reading $2 ($size bytes): $hits SSD-tier hits, $misses misses, $back bytes read from the backend"
+	[ $hits -gt 0 ] && [ $((hits * 10)) -ge $(((hits + misses) * 9)) ] || fail "reads of $2 were not SSD-tier hits ($hits hits, $misses misses)"
+	[ $((back * 10)) -lt "$size" ] || fail "reading $2 read $back bytes from the backend: the SSD tier did not serve it"
+	(cd "$(dirname "$2")" && md5sum -c /tmp/warm.sum) || fail "$2 differs"
+}
+
+# wait_log TEXT: wait up to 60 seconds for the daemon $pid to log TEXT in $log.
+wait_log() {
+	i=0
+	until grep -q "$1" $log; do
+		kill -0 $pid 2>/dev/null || fail "tierblk exited before logging '$1'"
+		i=$((i + 1))
+		[ $i -le 600 ] || fail "tierblk did not log '$1'"
+		sleep 0.1
+	done
+}

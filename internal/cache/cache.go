@@ -5,9 +5,10 @@
 // a read from the backend.
 //
 // The engine must never return data older than a write acknowledged before the read was issued,
-// whatever races with it (another connection, promotion, eviction), and never lets a crash make the
-// SSD tier's metadata call stale data valid (see journal). Every request locks the lines it touches,
-// in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
+// whatever races with it (another connection, promotion, eviction), never lets a crash make the
+// SSD tier's metadata call stale data valid (see journal), and, with a run log, never loses a write
+// it acknowledged to a kill of the process (journal_runlog.go). Every request locks the lines it
+// touches, in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
 // failing is bypassed, never trusted; reads then go on from the backend.
 package cache
 
@@ -101,6 +102,10 @@ type Config struct {
 	// BackendID identifies the backend in the superblock (its URL), so that an SSD tier is never
 	// used in front of another backend.
 	BackendID string
+	// RunLog is the SSD tier's run log, a file on tmpfs (/run) that keeps the index records
+	// written since the last checkpoint across a kill of the process (internal/runlog); empty:
+	// none, and a kill loses those records (and in write-back the writes they find).
+	RunLog string
 	// WriteBack tunes write-back (zero: DefaultWriteBack).
 	WriteBack WriteBackConfig
 	Log       *slog.Logger
@@ -131,6 +136,9 @@ type Cache struct {
 	// ssdAsync is the SSD tier's device when it reads asynchronously (ReadAtAsync).
 	ssdAsync backend.AsyncReader
 	closed   atomic.Bool
+	// lastRun is nil when the start found every index record the SSD tier's last run wrote (its
+	// run log replayed), else why not; see Recovered.
+	lastRun error
 
 	backendStats ioCounters
 	// streams follows sequential readers, whose misses fetch on to their line's end.
@@ -243,21 +251,42 @@ func (c *Cache) openSSD(cfg Config) error {
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
 		BackendSize: c.size, Slots: uint32(slots)}
 	sb, ok, err := cfg.Meta.Superblock()
+	c.lastRun = errNoRunLog
 	switch {
 	case err != nil:
 		return fmt.Errorf("SSD tier metadata: %w", err)
 	case !ok:
-		if err := cfg.Meta.SetSuperblock(want); err != nil {
-			return fmt.Errorf("SSD tier metadata: %w", err)
-		}
+		sb = want
 	default:
 		if err := sb.Mismatch(want); err != nil {
 			return fmt.Errorf("%w: %s", ErrMismatch, strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
-		if err := j.load(); err != nil {
+		logged, found, err := j.readRunLog(cfg.RunLog, sb)
+		switch {
+		case err != nil:
+			c.lastRun = err
+			c.log.Warn("the run log of the SSD tier's last run cannot be used: if that run was killed, the index records it wrote since its last checkpoint are lost",
+				"err", err)
+		case found:
+			c.lastRun = nil
+		}
+		if err := j.load(logged); errors.Is(err, errRunLogRecord) {
+			return fmt.Errorf("SSD tier: %w. Delete %s to start without it (the writes the last run acknowledged since its last checkpoint are lost)", err, cfg.RunLog)
+		} else if err != nil {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
+		if len(logged) > 0 {
+			// Committed before anything is served, and before the epoch moves on (startRun): a
+			// kill in between replays the same log again.
+			if backendErr, tierErr := j.checkpoint(); tierErr != nil || backendErr != nil {
+				return fmt.Errorf("SSD tier: committing the records of the run log: %w", errors.Join(tierErr, backendErr))
+			}
+			c.log.Info("SSD tier: replayed the last run's log", "lines", len(logged), "log", cfg.RunLog)
+		}
 		c.log.Info("SSD tier warm", "lines", t.index.Len(), "slots", slots)
+	}
+	if err := j.startRun(cfg.RunLog, sb); err != nil {
+		return err
 	}
 	if t.dirtyLines > 0 {
 		c.log.Info("SSD tier holds dirty data from the last run; it will be written back",
@@ -268,6 +297,18 @@ func (c *Cache) openSSD(cfg Config) error {
 	c.bg.run(j.loop)
 	c.bg.run(c.destager)
 	return nil
+}
+
+// Recovered returns nil when the start found every index record that the SSD tier's last run
+// wrote, however it ended (its run log, Config.RunLog, replayed): then every write that run
+// acknowledged reads back, as before a kill -9, and a kernel device that outlived the run may be
+// taken over. Otherwise it says why not (no log, another tier's, records lost); a cache without an
+// SSD tier holds nothing to recover, and returns nil.
+func (c *Cache) Recovered() error {
+	if c.ssd == nil {
+		return nil
+	}
+	return c.lastRun
 }
 
 // Size implements backend.Backend.
@@ -364,7 +405,7 @@ func (c *Cache) Close() error {
 			backendErr, tierErr := c.ssd.j.checkpoint()
 			errs = append(errs, backendErr, tierErr)
 		}
-		errs = append(errs, c.ssd.j.store.Close(), c.ssd.dev.Close())
+		errs = append(errs, c.ssd.j.closeLog(), c.ssd.j.store.Close(), c.ssd.dev.Close())
 	}
 	if backendOpen {
 		errs = append(errs, c.b.Close())

@@ -20,6 +20,7 @@ type layout struct {
 	// admission of both tiers; empty for the default (whose first epoch of lookups, longer than
 	// most tests, admits every miss)
 	admission string
+	runLog    string // the SSD tier's run log (Config.RunLog)
 }
 
 var layouts = []layout{
@@ -50,7 +51,7 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 func testConfig(l layout, store meta.Store, ssdDev backend.Backend) Config {
 	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
 	// the delays would only slow the tests (writes still wait at the maximum).
-	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"},
+	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"}, RunLog: l.runLog,
 		RAM: TierConfig{Size: l.ram * l.line, Policy: l.policy, Admission: l.admission},
 		SSD: TierConfig{Size: l.ssd * l.line, Policy: l.policy, Admission: l.admission}}
 	if l.ssd > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,9 @@ func (d *crashDev) powerLoss(rng *rand.Rand, keep float64) {
 type gate struct {
 	mu  sync.RWMutex
 	cut bool
+	// onCrash, if set, runs at the crash, once the calls in flight are done: the machine keeps
+	// what a kill leaves of the files that outlive the process (machine.runLog).
+	onCrash func()
 }
 
 var errCut = fmt.Errorf("crashed: %w", backend.ErrClosed)
@@ -114,8 +118,11 @@ func (g *gate) do(fn func() error) error {
 
 func (g *gate) crash() {
 	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.cut && g.onCrash != nil {
+		g.onCrash()
+	}
 	g.cut = true
-	g.mu.Unlock()
 }
 
 // gatedDev is a crashDev behind a gate; Close leaves the device open for the next engine.
@@ -184,6 +191,58 @@ type machine struct {
 	durable atomic.Int64
 	mu      sync.Mutex
 	hist    [][]ack // per sector, oldest first
+	// runLog is the path of the SSD tier's run log ("": none); killed is what the last crash left
+	// of it: the engine that wrote it may go on appending to its mapping after the crash, as a
+	// killed process would not.
+	runLog string
+	killed []byte
+}
+
+// crashKind is how an engine ends: killed (kill -9, with or without a run log), or by a power loss.
+type crashKind int
+
+const (
+	kill9       crashKind = iota // kill -9, no run log
+	kill9Logged                  // kill -9, the SSD tier's run log on tmpfs
+	powerLoss                    // power loss: unsynced metadata, unflushed writes and /run lost
+)
+
+func (k crashKind) String() string { return [...]string{"kill9-nolog", "kill9", "powerloss"}[k] }
+
+// lossy reports whether a crash of this kind may lose acknowledged writes that no flush made
+// durable, in mode: after a power loss, and in write-back after a kill without a run log.
+func (k crashKind) lossy(mode Mode) bool { return k == powerLoss || (k == kill9 && mode == WriteBack) }
+
+// withRunLog sets m's run log at a path in dir, and the layout's.
+func (m *machine) withRunLog(dir string, l *layout) {
+	m.runLog = dir + "/tierblk.runlog"
+	l.runLog = m.runLog
+}
+
+// keepRunLog keeps what a crash of kind leaves of the run log: its content at the kill (set as
+// g's onCrash), nothing after a power loss.
+func (m *machine) keepRunLog(g *gate, kind crashKind) {
+	if m.runLog == "" {
+		return
+	}
+	g.onCrash = func() {
+		m.killed = nil
+		if kind != powerLoss {
+			m.killed, _ = os.ReadFile(m.runLog)
+		}
+	}
+}
+
+// restoreRunLog puts back what the last crash left of the run log, before the next engine starts.
+func (m *machine) restoreRunLog(t testing.TB) {
+	if m.runLog == "" {
+		return
+	}
+	if m.killed == nil {
+		require.NoError(t, os.RemoveAll(m.runLog))
+		return
+	}
+	require.NoError(t, os.WriteFile(m.runLog, m.killed, 0o600))
 }
 
 // ack is a write (id 0: zeroes) acknowledged at seq; fua writes are durable at once. A pending
@@ -288,21 +347,20 @@ func TestCrashRestart(t *testing.T) {
 	}
 	seed := testSeed(t)
 	for i, tc := range cases {
-		for _, power := range []bool{false, true} {
-			name := tc.name + map[bool]string{false: "-kill9", true: "-powerloss"}[power]
-			t.Run(name, func(t *testing.T) {
+		kinds := []crashKind{kill9Logged, powerLoss}
+		if tc.l.mode == WriteBack {
+			kinds = append(kinds, kill9)
+		}
+		for _, kind := range kinds {
+			t.Run(tc.name+"-"+kind.String(), func(t *testing.T) {
 				t.Parallel()
-				s := seed + uint64(i)*1000
-				if power {
-					s += 500
-				}
-				runCrashes(t, tc.l, power, seed, s)
+				runCrashes(t, tc.l, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)
 			})
 		}
 	}
 }
 
-func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
+func runCrashes(t *testing.T, l layout, kind crashKind, base, seed uint64) {
 	const (
 		devSize = 128 << 10
 		clients = 4
@@ -312,19 +370,27 @@ func runCrashes(t *testing.T, l layout, power bool, base, seed uint64) {
 		cycles = 4
 	}
 	rng := rand.New(rand.NewPCG(seed, 0))
-	lossy := power || l.mode == WriteBack
+	power, lossy := kind == powerLoss, kind.lossy(l.mode)
 	m := newMachine(devSize, l.ssd*l.line)
+	if kind != kill9 {
+		m.withRunLog(t.TempDir(), &l)
+	}
 	fail := func(format string, args ...any) {
 		t.Helper()
 		t.Fatalf("seed %d (replay with CACHE_TEST_SEED=%d): %s", seed, base, fmt.Sprintf(format, args...))
 	}
 	for cycle := range cycles {
 		g := &gate{}
+		m.keepRunLog(g, kind)
 		opts := fault.Options{Seed: int64(seed) + int64(cycle), MaxDelay: 100 * time.Microsecond}
 		b := fault.New(gatedDev{g, m.back}, opts)
 		opts.Seed++
 		ssd := fault.New(gatedDev{g, m.ssd}, opts)
+		m.restoreRunLog(t)
 		c := newCache(t, b, l, gatedStore{g, m.store}, ssd)
+		if err := c.Recovered(); kind == kill9Logged && cycle > 0 && err != nil {
+			fail("cycle %d: the restart after a kill found no run log: %v", cycle, err)
+		}
 
 		// After a restart every sector must read as the model allows, and as the backend has it.
 		all, split, err := m.checkRestart(c, lossy)

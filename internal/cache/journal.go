@@ -2,6 +2,7 @@ package cache
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/runlog"
 )
 
 // checkpointEvery is how often changes to the SSD tier's index are committed when nothing else
@@ -33,9 +35,12 @@ const checkpointOps = 16 * meta.PartOps
 //   - A slot whose line was evicted is reused only after the record's deletion is committed, so no
 //     record can point at a slot that now holds another line's data.
 //
+// With a run log, every record queued for a checkpoint also goes to the log as it is queued, so
+// that a kill of the process between checkpoints loses none (journal_runlog.go).
+//
 // Its state, and what guards each part of it:
 //
-//   - The tier's mu guards what is not committed yet: changed (the latest record of each line
+//   - The tier's mu guards what is not committed yet, and the run log that holds it: log, changed (the latest record of each line
 //     changed since the last checkpoint's snapshot), snapshot (the records the checkpoint under
 //     way is committing), stored (what the store holds of each line in either),
 //     invalidatedSinceSnapshot (the blocks the checkpoint under way must not commit valid) and
@@ -85,6 +90,9 @@ type journal struct {
 	// freeAfterCommit holds the slots whose lines left the tier: they are free once a checkpoint
 	// has committed the deletion of their records.
 	freeAfterCommit []uint32
+	// log holds every record put in changed, in order, where a kill of the process does not lose
+	// it (journal_runlog.go); nil without one.
+	log *runlog.Log
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
 	// checkpoint never commits a line's older record after a newer invalidation.
@@ -136,9 +144,14 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 // record notes a change of a line; the caller holds the tier's mutex, and called keepStoredLocked
 // before it changed the line. Reaching checkpointOps changed lines asks for a checkpoint at once,
 // which bounds both their memory and how long a checkpoint's commit holds invalidations up.
+//
+// The record also goes to the run log, if the tier has one, before the caller lets go of the mutex:
+// a write is acknowledged only after validate recorded it, so a run killed after that leaves the
+// record for the next run to replay (TestCrashRestart's kill-9 cases in write-back).
 func (j *journal) record(op meta.Op) {
 	j.changed[op.Rec.Line] = op
-	if len(j.changed) == checkpointOps {
+	half := j.log != nil && j.log.Append(op)
+	if half || len(j.changed) == checkpointOps {
 		j.askCheckpoint()
 	}
 }
@@ -223,9 +236,9 @@ func (j *journal) dropStale(spans []span) error {
 		del := deleteOp(s.line)
 		// The line stays changed, so that the next checkpoint stores it as it is now.
 		if cached {
-			j.changed[s.line] = t.recordLocked(s.line, slot)
+			j.record(t.recordLocked(s.line, slot))
 		} else {
-			j.changed[s.line] = del
+			j.record(del)
 		}
 		if _, ok := j.invalidatedSinceSnapshot[s.line]; !ok {
 			// Present, even with no block: the checkpoint under way must not store the old slot
@@ -270,7 +283,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			delete(t.setAside, s.line)
 			t.releaseWhenUnpinnedLocked(slot)
 			del := deleteOp(s.line)
-			j.changed[s.line] = del
+			j.record(del)
 			j.invalidatedSinceSnapshot[s.line] = rangeBits(0, t.blocks)
 			j.committedLocked(del)
 			ops = append(ops, del)
@@ -289,13 +302,13 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			// committed now. The stored record without these blocks can: it claims nothing the
 			// store did not, and keeps the dirty blocks it finds. The next checkpoint, after a
 			// flush, stores the line as it is.
-			j.changed[s.line] = op
+			j.record(op)
 			op = storedOp
 		default:
 			// Committed without its clean blocks below, the stored record is no longer the one
 			// in memory: changed, the line keeps what the store holds in stored, and the next
 			// checkpoint stores it whole.
-			j.changed[s.line] = op
+			j.record(op)
 		}
 		// A checkpoint under way must not commit these blocks valid again after this.
 		j.invalidatedSinceSnapshot[s.line] = j.invalidatedSinceSnapshot[s.line].or(gone)
@@ -327,13 +340,16 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	return err
 }
 
-// load rebuilds the tier's index from the store after a restart.
-func (j *journal) load() error {
+// load rebuilds the tier's index from the store after a restart, with the records of logged (the
+// last record of each line the run log holds, runlog.Replay) in place of the store's: the store's
+// record of such a line is kept in stored, and the line in changed, for the checkpoint that the
+// caller runs before anything else.
+func (j *journal) load(logged map[uint64]meta.Op) error {
 	t := j.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	used := make([]bool, t.slots)
-	err := j.store.Lines(func(r meta.Line) error {
+	add := func(r meta.Line) error {
 		if int(r.Slot) >= t.slots || used[r.Slot] {
 			return fmt.Errorf("line %d: slot %d is out of range or used twice (%d slots)", r.Line, r.Slot, t.slots)
 		}
@@ -355,9 +371,29 @@ func (j *journal) load() error {
 		t.index.Put(r.Line, int32(r.Slot))
 		t.setLocked(r.Line, r.Slot, v, d)
 		return nil
+	}
+	err := j.store.Lines(func(r meta.Line) error {
+		if _, ok := logged[r.Line]; ok {
+			j.stored[r.Line] = meta.Op{Rec: r}
+			return nil
+		}
+		return add(r)
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	for _, line := range slices.Sorted(maps.Keys(logged)) {
+		op := logged[line]
+		if _, ok := j.stored[line]; !ok {
+			j.stored[line] = deleteOp(line)
+		}
+		j.changed[line] = op
+		if op.Delete {
+			continue
+		}
+		if err := add(op.Rec); err != nil {
+			return fmt.Errorf("%w: %w", errRunLogRecord, err)
+		}
 	}
 	t.free, t.fresh = t.free[:0], t.slots
 	for s := t.slots - 1; s >= 0; s-- {

@@ -102,6 +102,8 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t.mu.Lock()
 	snap, toFree := j.changed, j.freeAfterCommit
 	records := len(snap) // snapshot is snap, and its lines leave it as their parts commit
+	// Every record logged so far is in snap: once it is committed, a replay may skip them.
+	logged := j.loggedLocked()
 	j.changed, j.snapshot, j.freeAfterCommit = map[uint64]meta.Op{}, snap, nil
 	clear(j.invalidatedSinceSnapshot)
 	t.mu.Unlock()
@@ -161,6 +163,11 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 		}
 		j.freeAfterCommit = append(j.freeAfterCommit, toFree...)
 		return backendErr, tierErr
+	}
+	// The log's watermark moves before the freed slots can be reused: a record of a line that
+	// left one of them must never be replayed over the slot's next line.
+	if j.log != nil {
+		j.log.Committed(logged)
 	}
 	t.free = append(t.free, toFree...)
 	j.durableCovered = covers

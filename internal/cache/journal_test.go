@@ -66,7 +66,7 @@ type step struct {
 	point  hookAt
 	n      int
 	// kill and power are, for doCrash, what the restarted tier holds after either crash, as
-	// tierState writes it.
+	// tierState writes it ("": not checked).
 	kill, power string
 }
 
@@ -225,11 +225,11 @@ func TestJournalScenarios(t *testing.T) {
 			on(doWrite, 0), at(doFlush), at(doDestage), cutAfter(1), crash("cc .. .. ..", "cc .. .. .."),
 		}},
 	} {
-		for _, power := range []bool{false, true} {
-			name := sc.name + map[bool]string{false: "/kill9", true: "/powerloss"}[power]
+		for _, kind := range []crashKind{kill9, powerLoss} {
+			name := sc.name + map[crashKind]string{kill9: "/kill9", powerLoss: "/powerloss"}[kind]
 			t.Run(name, func(t *testing.T) {
 				t.Parallel()
-				runScenario(t, sc.mode, power, sc.steps)
+				runScenario(t, sc.mode, kind, sc.steps)
 			})
 		}
 	}
@@ -239,7 +239,7 @@ func TestJournalScenarios(t *testing.T) {
 type scenario struct {
 	t     *testing.T
 	l     layout
-	power bool // crashes are power losses, not kill -9
+	kind  crashKind // what the crashes are
 	m     *machine
 	g     *gate
 	hooks *hooks // at the calls of the engine's SSD, backend and metadata store
@@ -250,11 +250,24 @@ type scenario struct {
 	cut bool
 }
 
-func runScenario(t *testing.T, mode Mode, power bool, steps []step) {
+func runScenario(t *testing.T, mode Mode, kind crashKind, steps []step) {
+	s := newScenario(t, mode, kind)
+	defer func() { s.c.Close() }()
+	for i, st := range steps {
+		s.do(i, st)
+	}
+}
+
+// newScenario starts a scenario's first engine, on a backend stamped with initialID.
+func newScenario(t *testing.T, mode Mode, kind crashKind) *scenario {
 	l := scenarioLayout
 	l.mode = mode
 	size := scenarioLines * l.line
-	s := &scenario{t: t, l: l, power: power, m: newMachine(size, l.ssd*l.line), id: initialID}
+	m := newMachine(size, l.ssd*l.line)
+	if kind == kill9Logged {
+		m.withRunLog(t.TempDir(), &l)
+	}
+	s := &scenario{t: t, l: l, kind: kind, m: m, id: initialID}
 	data := make([]byte, size)
 	stamp(data, 0, initialID)
 	s.m.back.WriteAt(data, 0)
@@ -263,19 +276,18 @@ func runScenario(t *testing.T, mode Mode, power bool, steps []step) {
 		s.m.hist[sec] = []ack{{id: initialID}}
 	}
 	s.start()
-	defer func() { s.c.Close() }()
-	for i, st := range steps {
-		s.do(i, st)
-	}
+	return s
 }
 
 // start starts an engine on the machine, with its background checkpoints and destaging stopped
 // (Close finds them stopped).
 func (s *scenario) start() {
 	s.g, s.hooks = &gate{}, &hooks{}
+	s.m.keepRunLog(s.g, s.kind)
 	store := hookedStore{gatedStore{s.g, s.m.store}, s.hooks}
 	ssd := hookedDev{gatedDev{s.g, s.m.ssd}, "ssd", s.hooks}
 	back := hookedDev{gatedDev{s.g, s.m.back}, "backend", s.hooks}
+	s.m.restoreRunLog(s.t)
 	s.c = newCache(s.t, back, s.l, store, ssd)
 	s.c.bg.halt()
 	s.c.bg.wait()
@@ -317,7 +329,9 @@ func (s *scenario) do(i int, st step) {
 			err = c.Trim(off, n)
 		}
 		s.check(i, "change", err)
-		a.pending = err != nil // cut short: never acknowledged
+		// Cut short by a crash: never acknowledged, even where the engine, which goes on after
+		// the crash as a killed process would not, returned no error.
+		a.pending = err != nil || s.cut
 		a.seq = m.seq.Add(1)
 		m.record(first, sectors, a)
 	case doEvict:
@@ -395,7 +409,7 @@ func (s *scenario) crash(i int, st step) {
 	t := s.t
 	s.g.crash()
 	want := st.kill
-	if s.power {
+	if s.kind == powerLoss {
 		want = st.power
 		s.m.store.Crash()
 		keepNone := rand.New(rand.NewPCG(0, 0)) // drawn from in vain: nothing is kept
@@ -404,10 +418,13 @@ func (s *scenario) crash(i int, st step) {
 	}
 	s.c.Close() // every call of the engine fails now
 	s.start()
-	if got := tierState(s.c); got != want {
+	if got := tierState(s.c); want != "" && got != want {
 		t.Fatalf("step %d: after the restart the SSD tier holds %q, want %q", i, got, want)
 	}
-	_, split, err := s.m.checkRestart(s.c, s.power || s.l.mode == WriteBack)
+	if err := s.c.Recovered(); s.kind == kill9Logged && err != nil {
+		t.Fatalf("step %d: the restart found no run log: %v", i, err)
+	}
+	_, split, err := s.m.checkRestart(s.c, s.kind.lossy(s.l.mode))
 	if err != nil {
 		t.Fatalf("step %d: %v", i, err)
 	}

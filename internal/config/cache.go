@@ -52,7 +52,15 @@ type WriteBack struct {
 	Max      *float64 `yaml:"max"`
 	Destage  string   `yaml:"destage"`
 	Throttle string   `yaml:"throttle"`
+	// OnStop is what a clean stop (SIGTERM) does with dirty data: "keep" (or "") leaves it on the
+	// SSD tier for the next start, "flush" writes it back to the backend before exiting, for a
+	// cache that may not come back (a container whose cache volume is dropped, a volume that moves
+	// to another host).
+	OnStop string `yaml:"on_stop"`
 }
+
+// FlushOnStop reports whether a clean stop writes the dirty data back (OnStop).
+func (w WriteBack) FlushOnStop() bool { return w.OnStop == "flush" }
 
 // Ratio is a watermark given in Go: WriteBack{Low: config.Ratio(0)}.
 func Ratio(v float64) *float64 { return &v }
@@ -114,6 +122,11 @@ func (w WriteBack) validate() []error {
 		if f.v != "" && !slices.Contains(f.valid, f.v) {
 			errs = append(errs, fieldErr("write_back."+f.name, "unknown policy %q; use one of %s", f.v, strings.Join(f.valid, ", ")))
 		}
+	}
+	switch w.OnStop {
+	case "", "keep", "flush":
+	default:
+		errs = append(errs, fieldErr("write_back.on_stop", "%q: use keep (dirty data stays on the SSD tier for the next start) or flush (written back before exiting)", w.OnStop))
 	}
 	return errs
 }

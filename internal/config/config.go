@@ -50,6 +50,9 @@ type Config struct {
 	Admin string `yaml:"admin"`
 	// TLS is how the NBD listeners offer TLS.
 	TLS TLS `yaml:"tls"`
+	// RunDir holds what must outlive a tierblk process but not a reboot, as the kernel's block
+	// devices do: the SSD tiers' run logs and the marks of devices a clean stop left. A tmpfs.
+	RunDir string `yaml:"run_dir"`
 }
 
 // TLS configures TLS (X.509 certificates) on every NBD listener.
@@ -137,6 +140,15 @@ type UBLK struct {
 	Queues int `yaml:"queues"`
 	// Depth is the number of requests each queue holds at once (default 128).
 	Depth int `yaml:"depth"`
+	// OnStop is what stopping tierblk (SIGTERM) does with the device: "keep" leaves it, its I/O
+	// held, for the next tierblk serving this export to take back; "remove" deletes it. The
+	// default is keep with a fixed ID (only such a device can be taken back), else remove.
+	OnStop string `yaml:"on_stop"`
+}
+
+// KeepOnStop reports whether a stop leaves the device for the next tierblk (OnStop).
+func (u *UBLK) KeepOnStop() bool {
+	return u != nil && (u.OnStop == "keep" || u.OnStop == "" && u.DeviceID() >= 0)
 }
 
 // DeviceID is the configured device number, or -1 for any.
@@ -164,6 +176,15 @@ func (u *UBLK) validate() []error {
 	if u.Depth < 0 || u.Depth > UBLKMaxDepth {
 		errs = append(errs, fieldErr("depth", "%d is out of range; use 1 to %d, or 0 for 128", u.Depth, UBLKMaxDepth))
 	}
+	switch u.OnStop {
+	case "", "remove":
+	case "keep":
+		if u.DeviceID() < 0 {
+			errs = append(errs, fieldErr("on_stop", "keep needs a fixed device number (ublk.id, --ublk-id N): only a device made with one can be taken back"))
+		}
+	default:
+		errs = append(errs, fieldErr("on_stop", "%q: use keep or remove", u.OnStop))
+	}
 	return errs
 }
 
@@ -177,6 +198,7 @@ func Defaults() Config {
 		LogLevel:    "info",
 		MaxInFlight: 64,
 		TLS:         TLS{Mode: tlsconf.Off.String()},
+		RunDir:      "/run/tierblk",
 	}
 }
 
@@ -335,6 +357,9 @@ func (c *Config) Validate(schemes []string) error {
 	errs = append(errs, c.validateAccess(networks)...)
 	if _, err := ParseLogLevel(c.LogLevel); err != nil {
 		errs = append(errs, fieldErr("log_level", "%v", err))
+	}
+	if c.RunDir == "" {
+		errs = append(errs, fieldErr("run_dir", "is empty; give a directory on a tmpfs (default /run/tierblk)"))
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > 4096 {
 		errs = append(errs, fieldErr("max_in_flight", "%d is out of range; use 1 to 4096 (default 64)", c.MaxInFlight))

@@ -114,6 +114,8 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"ublk id", func(c *Config) { id := -2; c.Exports[0].UBLK = &UBLK{ID: &id} }, "exports[0].ublk.id: -2 is out of range"},
 		{"ublk queues", func(c *Config) { c.Exports[0].UBLK = &UBLK{Queues: 5000} }, "exports[0].ublk.queues: 5000 is out of range"},
 		{"ublk depth", func(c *Config) { c.Exports[0].UBLK = &UBLK{Depth: -1} }, "exports[0].ublk.depth: -1 is out of range"},
+		{"ublk on_stop", func(c *Config) { c.Exports[0].UBLK = &UBLK{OnStop: "detach"} }, `exports[0].ublk.on_stop: "detach": use keep or remove`},
+		{"ublk kept without an id", func(c *Config) { c.Exports[0].UBLK = &UBLK{OnStop: "keep"} }, "exports[0].ublk.on_stop: keep needs a fixed device number"},
 		{"shared ublk id", func(c *Config) {
 			id := 3
 			c.Exports[0].UBLK = &UBLK{ID: &id}
@@ -331,4 +333,18 @@ func TestNBDDeadConnTimeout(t *testing.T) {
 	}
 	require.True(t, (&Export{}).KeepNBDDevice())
 	require.False(t, (&Export{NBDDeviceOnStop: "release"}).KeepNBDDevice())
+}
+
+// A ublk device is kept on stop where it can be taken back (a fixed ID), unless asked otherwise.
+func TestUBLKKeepOnStop(t *testing.T) {
+	id := 0
+	require.False(t, (*UBLK)(nil).KeepOnStop())
+	require.False(t, (&UBLK{}).KeepOnStop(), "a device the kernel numbered cannot be taken back")
+	require.True(t, (&UBLK{ID: &id}).KeepOnStop())
+	require.False(t, (&UBLK{ID: &id, OnStop: "remove"}).KeepOnStop())
+	require.True(t, (&UBLK{ID: &id, OnStop: "keep"}).KeepOnStop())
+	c, err := Parse([]byte("exports: [{backend: 'mem://1MiB', ublk: {id: 2, on_stop: remove}}]\nlisten: []\n"), "t.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	require.False(t, c.Exports[0].UBLK.KeepOnStop())
 }

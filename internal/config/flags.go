@@ -103,6 +103,9 @@ var Flags = []Flag{
 			c.MaxInFlight, _ = strconv.Atoi(last(v))
 			return nil
 		}},
+	{Name: "run-dir", Field: "run_dir", Def: Defaults().RunDir,
+		Usage: "directory on a tmpfs for the SSD tiers' run logs and the marks of kernel devices left attached",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.RunDir = last(v); return nil }},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
 	{Name: "tls", Field: "tls.mode", Def: Defaults().TLS.Mode,
@@ -132,6 +135,8 @@ var Flags = []Flag{
 	dirtyFlag("dirty-high", "high", cache.DefaultWriteBack.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty", func(w *WriteBack) **float64 { return &w.High }),
 	dirtyFlag("dirty-low", "low", cache.DefaultWriteBack.Low, "write-back: destage stops below this ratio of dirty lines", func(w *WriteBack) **float64 { return &w.Low }),
 	dirtyFlag("dirty-max", "max", cache.DefaultWriteBack.Max, "write-back: writes wait rather than let dirty lines pass this ratio", func(w *WriteBack) **float64 { return &w.Max }),
+	cacheFlag("dirty-on-stop", "write_back.on_stop", "what a stop (SIGTERM) does with write-back's dirty data: keep (on the SSD tier for the next start; the default) or flush (written back to the backend before exiting)",
+		func(c *Cache, v string) { c.WriteBack.OnStop = v }),
 	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
 		apply: func(c *Config, v []string, _ func(string) bool) error {
 			on, _ := strconv.ParseBool(last(v))
@@ -143,10 +148,12 @@ var Flags = []Flag{
 			}
 			return nil
 		}},
-	ublkFlag("ublk-id", "id", "-1", "ublk device number N (-1: the kernel chooses); a restart with the same N takes back a device left by a killed daemon",
+	ublkFlag("ublk-id", "id", "-1", "ublk device number N (-1: the kernel chooses); a restart with the same N takes back the device a stop (or a killed daemon) left",
 		func(u *UBLK, n int) { u.ID = &n }),
 	ublkFlag("ublk-queues", "queues", "0", "ublk hardware queues, each with its own io_uring (0: one per CPU)", func(u *UBLK, n int) { u.Queues = n }),
 	ublkFlag("ublk-depth", "depth", "0", "requests in flight per ublk queue (0: 128)", func(u *UBLK, n int) { u.Depth = n }),
+	ublkOption("ublk-on-stop", "on_stop", "what a stop does with the ublk device: keep (its I/O held for the next tierblk to take back; the default with --ublk-id) or remove",
+		func(u *UBLK, v string) { u.OnStop = v }),
 	firstExport("nbd-device", "nbd_device", "attach the kernel's NBD client to the export as this device, e.g. /dev/nbd0 (no nbd-client needed)",
 		func(e *Export, v string) error { e.NBDDevice = v; return nil }),
 	firstExport("nbd-device-timeout", "nbd_device_timeout", "how long the kernel holds the NBD device's I/O while no tierblk serves it (a restart, a crash) before failing it, e.g. 2m (0: fail at once)",
@@ -201,16 +208,23 @@ func dirtyFlag(name, field string, def float64, usage string, ratio func(*WriteB
 
 // ublkFlag declares a setting of the first export's ublk device, which --ublk or the file gives.
 func ublkFlag(name, field, def, usage string, set func(*UBLK, int)) Flag {
-	f := firstExport(name, "ublk."+field, usage, func(e *Export, v string) error {
-		if e.UBLK == nil {
-			return errors.New("--ublk-id, --ublk-queues and --ublk-depth tune the device of --ublk; give --ublk too")
-		}
+	f := ublkOption(name, field, usage, func(u *UBLK, v string) {
 		n, _ := strconv.Atoi(v)
-		set(e.UBLK, n)
-		return nil
+		set(u, n)
 	})
 	f.Kind, f.Def = Int, def
 	return f
+}
+
+// ublkOption declares a string flag that sets field of the first export's ublk device.
+func ublkOption(name, field, usage string, set func(*UBLK, string)) Flag {
+	return firstExport(name, "ublk."+field, usage, func(e *Export, v string) error {
+		if e.UBLK == nil {
+			return errors.New("--ublk-id, --ublk-queues, --ublk-depth and --ublk-on-stop tune the device of --ublk; give --ublk too")
+		}
+		set(e.UBLK, v)
+		return nil
+	})
 }
 
 // Override stores the flags that were given (given[name] holds a flag's values, each checked

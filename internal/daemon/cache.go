@@ -19,7 +19,8 @@ import (
 // openCache puts the export's cache in front of b. The cache owns b from then on: closing the
 // cache closes b, the SSD and the metadata. Its errors begin with the field of the export they are
 // about ("cache.ssd: ", "cache: "), for the caller to put the export's path before.
-func openCache(e config.Export, b backend.Backend, reg *backend.Registry, log *slog.Logger) (*cache.Cache, error) {
+// The SSD tier's run log goes in runDir.
+func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir string, log *slog.Logger) (*cache.Cache, error) {
 	cc := e.Cache
 	sizes, err := cc.Sizes()
 	if err != nil {
@@ -67,6 +68,11 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, log *s
 			return nil, fmt.Errorf("cache.meta: %w", err)
 		}
 		cfg.SSDDevice, cfg.Meta = dev, store
+		if err := os.MkdirAll(runDir, 0o755); err != nil {
+			log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "export", e.Name, "err", err)
+		} else {
+			cfg.RunLog = runLog(runDir, e)
+		}
 	}
 	c, err := cache.New(b, cfg)
 	switch {

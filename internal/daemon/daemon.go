@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/listen"
 	"github.com/tierblk/tierblk/internal/metrics"
@@ -57,7 +58,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		log.Info("watchdog", "interval", opts.Watchdog, "ping_every", opts.Watchdog/2)
 	}
 	n.setStatus(fmt.Sprintf("opening %d export%s", len(cfg.Exports), plural(len(cfg.Exports))))
-	vols, devs, sources, closeAll, err := openExports(cfg, reg, log)
+	vols, devs, caches, sources, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
@@ -112,7 +113,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		addrs[i] = l.Addr().String()
 		go func() { serveErr <- srv.Serve(l) }()
 	}
-	stopDevices, left, err := attachDevices(cfg, devs, srv, log)
+	stopDevices, left, err := attachDevices(cfg, devs, caches, srv, log)
 	if err != nil {
 		for _, l := range listeners {
 			l.Close()
@@ -168,8 +169,16 @@ wait:
 			runErr = errors.Join(runErr, fmt.Errorf("flush export %q: %w", cfg.Exports[i].Name, err))
 		}
 	}
+	for i, e := range cfg.Exports {
+		if e.Cache == nil || !e.Cache.WriteBack.FlushOnStop() || sources[i].FlushAll == nil {
+			continue
+		}
+		if err := flushOnStop(e.Name, sources[i], n, log); err != nil {
+			runErr = errors.Join(runErr, fmt.Errorf("write back export %q at stop: %w", e.Name, err))
+		}
+	}
 	if runErr == nil {
-		if err := markLeft(left); err != nil {
+		if err := markLeft(cfg.RunDir, left); err != nil {
 			log.Warn("could not mark the kernel devices left attached as left cleanly: the next tierblk will release them", "err", err)
 		}
 		log.Info("stopped cleanly; every volume flushed")
@@ -177,36 +186,59 @@ wait:
 	return runErr
 }
 
+// flushOnStop writes back the dirty data of an export's cache (write_back.on_stop: flush), once
+// no client can write: the frontends are down. It has no deadline of its own: the service
+// manager's stop timeout (podman stop -t, TimeoutStopSec=) bounds it, and a kill that cuts it
+// short leaves the rest dirty on the SSD tier, where the next start finds it.
+func flushOnStop(name string, s metrics.Source, n *notifier, log *slog.Logger) error {
+	log.Info("stopping: writing back dirty data", "export", name)
+	last := time.Now()
+	var written int64
+	err := s.FlushAll(context.Background(), func(done, total int64) {
+		written = done
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			n.setStatus(fmt.Sprintf("stopping: export %s: written back %s of %s", name, units.FormatSize(done), units.FormatSize(total)))
+			log.Info("stopping: writing back", "export", name, "done", units.FormatSize(done), "total", units.FormatSize(total))
+		}
+	})
+	if err == nil {
+		log.Info("stopping: dirty data written back", "export", name, "bytes", units.FormatSize(written))
+	}
+	return err
+}
+
 // openExports opens every backend, and the trace recorders of the exports that have one; on
-// failure it closes what it had opened.
-func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]*volume.Volume, []volume.Device, []metrics.Source, func() error, error) {
+// failure it closes what it had opened. caches has each export's cache, nil for one without.
+func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vols []*volume.Volume, devs []volume.Device, caches []*cache.Cache,
+	sources []metrics.Source, closeAll func() error, err error) {
 	var closers []func() error
-	closeAll := func() error {
+	closeAll = func() error {
 		var errs []error
 		for i := len(closers) - 1; i >= 0; i-- {
 			errs = append(errs, closers[i]())
 		}
 		return errors.Join(errs...)
 	}
-	vols := make([]*volume.Volume, 0, len(cfg.Exports))
-	devs := make([]volume.Device, 0, len(cfg.Exports))
-	var sources []metrics.Source
+	vols = make([]*volume.Volume, 0, len(cfg.Exports))
+	devs = make([]volume.Device, 0, len(cfg.Exports))
+	caches = make([]*cache.Cache, len(cfg.Exports))
 	for i, e := range cfg.Exports {
 		fail := func(err error) error {
 			return errors.Join(fmt.Errorf("exports[%d] (%q): %w", i, e.Name, err), closeAll())
 		}
 		b, err := reg.Open(e.Backend, backend.Options{ReadOnly: e.ReadOnly, Logger: log})
 		if err != nil {
-			return nil, nil, nil, nil, fail(err)
+			return nil, nil, nil, nil, nil, fail(err)
 		}
 		if e.Cache != nil {
-			c, err := openCache(e, b, reg, log)
+			c, err := openCache(e, b, reg, cfg.RunDir, log)
 			if err != nil {
 				b.Close()
-				return nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].%w", i, err), closeAll())
+				return nil, nil, nil, nil, nil, errors.Join(fmt.Errorf("exports[%d].%w", i, err), closeAll())
 			}
 			sources = append(sources, metrics.CacheSource(e.Name, c))
-			b = c
+			caches[i], b = c, c
 		} else {
 			// Listed without a cache so that an admin action on it says so rather than "no export".
 			sources = append(sources, metrics.Source{Export: e.Name})
@@ -218,7 +250,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 		if e.RecordTrace != "" {
 			rec, closeRec, err := openRecorder(e, log)
 			if err != nil {
-				return nil, nil, nil, nil, fail(err)
+				return nil, nil, nil, nil, nil, fail(err)
 			}
 			closers = append(closers, closeRec)
 			dev = volume.Recording(v, rec, func(err error) {
@@ -228,7 +260,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) ([]
 		devs = append(devs, dev)
 		log.Info("export", "name", e.Name, "backend", backend.Redact(e.Backend), "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
-	return vols, devs, sources, closeAll, nil
+	return vols, devs, caches, sources, closeAll, nil
 }
 
 // recordFlushInterval bounds what a crash of the daemon loses of a recorded trace.

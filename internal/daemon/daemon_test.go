@@ -249,6 +249,7 @@ func TestWriteBackFlushAndMode(t *testing.T) {
 	}
 	cfg.Listen = []string{"unix:" + sock}
 	cfg.Admin = "unix:" + admin
+	cfg.RunDir = filepath.Join(dir, "run")
 	d := start(t, cfg)
 
 	c := dial(t, sock, "disk")

@@ -23,6 +23,12 @@ type Superblock struct {
 	Backend     string `json:"backend"`      // the backend's identity (its URL)
 	BackendSize int64  `json:"backend_size"` // bytes
 	Slots       uint32 `json:"slots"`        // lines the SSD tier holds
+	// ID names this SSD tier, random, from its creation on; Epoch counts the runs that opened it.
+	// Together they say which run wrote a run log (internal/runlog), so that a log is replayed
+	// only on the store it was written beside, before any other run changed the store. Neither
+	// is compared by Mismatch.
+	ID    string `json:"id,omitempty"`
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // Mismatch describes how a stored superblock differs from want, or returns nil when they match.

@@ -98,7 +98,7 @@ func (q *queue) run(ready chan<- error) {
 	if err != nil {
 		return
 	}
-	if err := q.serve(r); err != nil {
+	if err := q.serve(r); err != nil && !errors.Is(err, errAbandoned) {
 		q.log.Error("ublk queue stopped", "queue", q.id, "err", err)
 	}
 	r.Close()
@@ -182,7 +182,7 @@ func (q *queue) serve(r *uring.Ring) error {
 		}
 		done, quit := q.takeDone()
 		if quit {
-			return errors.New("abandoned")
+			return errAbandoned
 		}
 		for _, c := range done {
 			if err := q.prepIO(r, ioCommitAndFetchRq, c); err != nil {
@@ -195,6 +195,9 @@ func (q *queue) serve(r *uring.Ring) error {
 	}
 	return nil
 }
+
+// errAbandoned ends a queue loop that abandon asked to leave.
+var errAbandoned = errors.New("abandoned")
 
 // takeDone empties the list of finished requests. The eventfd is read first: a completion
 // added after the read writes it again, so none is left waiting without a wake-up.
@@ -225,7 +228,8 @@ func (q *queue) complete(c completion) {
 }
 
 // abandon makes the loop return without waiting for the kernel; its thread's exit then makes
-// the kernel fail the queue's requests. For a start that failed half-way.
+// the kernel cancel the queue's fetches: it fails the queue's requests, or with user recovery
+// holds them for the next daemon. For a start that failed half-way, and Device.Leave.
 func (q *queue) abandon() {
 	q.mu.Lock()
 	q.quit = true

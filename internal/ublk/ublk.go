@@ -6,15 +6,15 @@
 //   - Start with Options.ID -1 creates a device with the first free number. If the daemon is
 //     killed, the kernel fails the requests in flight and every later one, and removes
 //     /dev/ublkbN; the stopped device's number stays taken until someone deletes it.
-//   - Start with a fixed ID creates the device with user recovery: if the daemon is killed,
-//     /dev/ublkbN stays, so a mounted file system survives, and a later Start with the same ID
-//     takes the device back when its size matches. Meanwhile, where the kernel has
-//     UBLK_F_USER_RECOVERY_FAIL_IO, requests fail (those in flight at the kill too); without it
-//     (Linux 6.12) they wait for the next daemon, and those in flight at the kill are sent to
-//     it again (UBLK_F_USER_RECOVERY_REISSUE: a block request can run twice with the same
+//   - Start with a fixed ID creates the device with user recovery: once its daemon is gone
+//     (Leave, or a kill), /dev/ublkbN stays, so a mounted file system survives, and a later
+//     Start with the same ID takes the device back when its size matches. Meanwhile requests
+//     wait for the next daemon, and those it had been given but not answered are sent to the
+//     next one again (UBLK_F_USER_RECOVERY_REISSUE: a block request can run twice with the same
 //     result), so the file system sees no error at all. A stopped device of that number whose
 //     daemon is gone is deleted and created anew; a device with a live daemon is an error.
 //   - Stop removes the device (STOP_DEV, then DEL_DEV) after the kernel's last requests.
+//   - Leave stops serving a device with a fixed ID and leaves it for the next Start.
 //
 // A known Linux 6.12 limit: a daemon killed while START_DEV is still scanning the new disk for
 // partitions (the first moments of Start, longer if reading sector 0 is a slow backend miss)
@@ -47,9 +47,10 @@ type Options struct {
 	Queues int // 0: one per CPU
 	Depth  int // 0: 128
 	Logger *slog.Logger
-	// BeforeRecover, if set, is called when Start takes back a device a killed daemon left,
-	// before the requests the kernel held reach the volume.
-	BeforeRecover func()
+	// BeforeRecover, if set, is called when Start finds a device a previous daemon left (by
+	// Leave or by dying) to take back, before the requests the kernel held reach the volume; an
+	// error refuses the device, which stays as it is, and Start returns that error.
+	BeforeRecover func() error
 }
 
 // Defaults and limits of a device.
@@ -74,7 +75,9 @@ type Device struct {
 	queues []*queue
 	wg     sync.WaitGroup // queue loops
 	// beforeRecover is Options.BeforeRecover.
-	beforeRecover func()
+	beforeRecover func() error
+	// recoverable: made with a fixed ID, and so with user recovery (Leave needs it).
+	recoverable bool
 
 	stopOnce sync.Once
 	stopErr  error
@@ -95,7 +98,7 @@ func Start(dev volume.Device, o Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1, beforeRecover: o.BeforeRecover}
+	d := &Device{vol: dev, log: o.Logger, ctrl: c, charFD: -1, beforeRecover: o.BeforeRecover, recoverable: o.ID >= 0}
 	if err := d.start(o); err != nil {
 		c.Close()
 		return nil, err
@@ -104,7 +107,10 @@ func Start(dev volume.Device, o Options) (*Device, error) {
 }
 
 // Path is the block device's path, /dev/ublkbN.
-func (d *Device) Path() string { return fmt.Sprintf("/dev/ublkb%d", d.id) }
+func (d *Device) Path() string { return PathOf(int(d.id)) }
+
+// PathOf is the path of block device id, /dev/ublkbN.
+func PathOf(id int) string { return fmt.Sprintf("/dev/ublkb%d", id) }
 
 // Stop removes the device: the kernel finishes the requests in flight, fails every fetch, and
 // /dev/ublkbN and /dev/ublkcN go away.
@@ -117,6 +123,25 @@ func (d *Device) Stop() error {
 		d.stopErr = errors.Join(d.teardown(d.ctrl.stopDev(d.id)), d.ctrl.Close())
 		if d.stopErr == nil {
 			d.log.Info("ublk device removed", "path", d.Path())
+		}
+	})
+	return d.stopErr
+}
+
+// Leave stops serving the device and leaves it, with the requests the kernel holds, for the next
+// Start with its ID to take back (user recovery): the requests being served finish on the
+// volume, the queues' threads exit, and the kernel holds what comes next. Requests served but
+// not yet answered are sent to the next daemon again. A device without a fixed ID cannot be
+// taken back: Leave removes it, as Stop does.
+func (d *Device) Leave() error {
+	if !d.recoverable {
+		return d.Stop()
+	}
+	d.stopOnce.Do(func() {
+		d.abandon()
+		d.stopErr = d.ctrl.Close()
+		if d.stopErr == nil {
+			d.log.Info("ublk device left for the next tierblk to take back", "path", d.Path())
 		}
 	})
 	return d.stopErr
@@ -191,7 +216,7 @@ func (d *Device) start(o Options) error {
 	}
 	if o.ID >= 0 {
 		info.DevID = uint32(o.ID)
-		info.Flags |= recoveryFlags(features)
+		info.Flags |= recoveryFlags
 	}
 	if err := d.ctrl.addDev(&info); err != nil {
 		return err
@@ -218,15 +243,12 @@ func (d *Device) start(o Options) error {
 	return nil
 }
 
-// recoveryFlags are the user recovery flags of a device with a fixed ID on a kernel with
-// features: fail requests while no daemon runs where the kernel can, else queue them and send
-// those in flight at the kill to the next daemon again.
-func recoveryFlags(features uint64) uint64 {
-	if features&flagUserRecoveryFailIO != 0 {
-		return flagUserRecovery | flagUserRecoveryFailIO
-	}
-	return flagUserRecovery | flagUserRecoveryReissue
-}
+// recoveryFlags are the user recovery flags of a device with a fixed ID: while no daemon runs,
+// the kernel queues requests, and those the last daemon had been given but not answered are
+// requeued and sent to the next one; so a restart is a pause, never an error (TestUBLKRestart).
+// UBLK_F_USER_RECOVERY_FAIL_IO would fail them all instead, and recovery without REISSUE fails
+// the ones in flight.
+const recoveryFlags = flagUserRecovery | flagUserRecoveryReissue
 
 // maxIO is the largest request to ask of the kernel: maxIOBytes, or less if the volume takes
 // less, in whole pages.
@@ -324,8 +346,8 @@ func openRetry(path string) (int, error) {
 	}
 }
 
-// takeBack deals with an existing device numbered id: it recovers one left quiesced by a killed
-// daemon (true), deletes one that is stopped with no daemon (false: create it anew), and
+// takeBack deals with an existing device numbered id: it recovers one left quiesced by a previous
+// daemon (true) unless beforeRecover refuses it, deletes one that is stopped with no daemon (false: create it anew), and
 // refuses one that a live process serves.
 func (d *Device) takeBack(id uint32) (bool, error) {
 	info, err := d.settle(id)
@@ -337,6 +359,11 @@ func (d *Device) takeBack(id uint32) (bool, error) {
 	}
 	switch {
 	case info.State == stateQuiesced || info.State == stateFailIO:
+		if d.beforeRecover != nil {
+			if err := d.beforeRecover(); err != nil {
+				return true, err
+			}
+		}
 		return true, d.recover(info)
 	case info.State == stateDead && !alive(int(info.UblksrvPID)):
 		d.log.Info("deleting a stopped ublk device left by a previous daemon", "id", id)
@@ -377,7 +404,7 @@ func alive(pid int) bool {
 	return true
 }
 
-// recover takes back a device whose daemon was killed: START_USER_RECOVERY (once the old
+// recover takes back a device whose daemon is gone: START_USER_RECOVERY (once the old
 // daemon's files are closed), fetch on new queues, END_USER_RECOVERY, which lets the requests
 // that waited go.
 func (d *Device) recover(info devInfo) error {
@@ -402,9 +429,6 @@ func (d *Device) recover(info devInfo) error {
 	if err != nil {
 		return err
 	}
-	if d.beforeRecover != nil {
-		d.beforeRecover()
-	}
 	err = d.startQueues(info)
 	if err == nil {
 		err = d.ctrl.endRecovery(d.id, os.Getpid())
@@ -418,8 +442,10 @@ func (d *Device) recover(info devInfo) error {
 	return nil
 }
 
-// abandon leaves a device being recovered as it was, for another attempt: the queue loops exit
-// and their threads' exit makes the kernel cancel their fetches.
+// abandon leaves a device for another daemon: the queue loops exit once the requests they serve
+// are done, and their threads' exit makes the kernel cancel their fetches (with recovery, it
+// then holds the device's requests for the next daemon). For a recovery that failed half-way,
+// and Leave.
 func (d *Device) abandon() {
 	for _, q := range d.queues {
 		q.abandon()

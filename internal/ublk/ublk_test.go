@@ -87,16 +87,3 @@ func TestStartWithoutDriver(t *testing.T) {
 	require.ErrorIs(t, err, unix.ENOENT)
 	require.ErrorContains(t, err, "ublk_drv")
 }
-
-func TestRecoveryFlags(t *testing.T) {
-	for _, tc := range []struct {
-		features uint64
-		want     uint64
-	}{
-		{0, flagUserRecovery | flagUserRecoveryReissue},
-		{0x1fe, flagUserRecovery | flagUserRecoveryReissue}, // Linux 6.12
-		{0x3fe, flagUserRecovery | flagUserRecoveryFailIO},
-	} {
-		require.Equal(t, tc.want, recoveryFlags(tc.features), "features %#x", tc.features)
-	}
-}

@@ -159,6 +159,27 @@ func (v *Volume) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) b
 	return a.WriteAtAsync(p, off, fua, done)
 }
 
+// Plug implements backend.Plugger where the backend does (an iSCSI LUN); elsewhere it does nothing.
+func (v *Volume) Plug() {
+	if p, ok := v.b.(backend.Plugger); ok {
+		p.Plug()
+	}
+}
+
+// Unplug implements backend.Plugger, as Plug does.
+func (v *Volume) Unplug() {
+	if p, ok := v.b.(backend.Plugger); ok {
+		p.Unplug()
+	}
+}
+
+// AtRunEnd implements backend.RunDeferrer where the backend does (an iSCSI LUN); elsewhere it
+// reports false.
+func (v *Volume) AtRunEnd(f func()) bool {
+	r, ok := v.b.(backend.RunDeferrer)
+	return ok && r.AtRunEnd(f)
+}
+
 // WriteAt implements Device. With fua the write is durable when WriteAt returns.
 func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {

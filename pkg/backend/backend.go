@@ -114,6 +114,27 @@ type AsyncWriter interface {
 	WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool
 }
 
+// Plugger is an asynchronous backend that can hold the reads and writes started on it and send
+// them together, as the kernel's block layer plugs a queue: a caller that knows more requests
+// follow at once (an NBD server with pipelined requests in its buffer) calls Plug, starts them,
+// then Unplug, which sends what was held. Requests started while no caller holds the plug go at
+// once. A caller must unplug before it waits for anything a held request may be needed for (a
+// completion, a slot, the client).
+type Plugger interface {
+	Plug()
+	Unplug()
+}
+
+// RunDeferrer is an asynchronous backend that calls its requests' done functions in runs, one
+// after the other on a goroutine of its own (an iSCSI session's reader, for what one read of its
+// socket brought). AtRunEnd, called from a done, has that goroutine call f after the run's last
+// done, before it waits for more, and reports true; it reports false, having done nothing, where
+// no run is under way. A server answers a run's requests there, together, rather than hand them
+// to a goroutine it wakes. f must not block: other completions wait for it.
+type RunDeferrer interface {
+	AtRunEnd(f func()) bool
+}
+
 // DeviceTimer is a backend on a block device whose requests the kernel times (a file or block
 // device on Linux: the device's /sys/dev/block/MAJ:MIN/stat). Go's own clock around a request also
 // counts the wait for a CPU, which on a saturated machine swamps a device's latency; the kernel's

@@ -44,9 +44,14 @@ func (b *budget) tryAcquire(n int64) bool {
 	}
 }
 
-func (b *budget) acquire(n int) {
+// acquire takes n bytes, waiting for them while they would take the count over max; before it
+// waits it calls beforeWait, if set.
+func (b *budget) acquire(n int, beforeWait func()) {
 	if b.tryAcquire(int64(n)) {
 		return
+	}
+	if beforeWait != nil {
+		beforeWait()
 	}
 	b.mu.Lock()
 	b.waiting.Add(1) // before the next look: a release after it then takes the lock to wake us
@@ -69,7 +74,14 @@ func (b *budget) release(n int) {
 // getBuf takes a payload buffer of n bytes from the pool, within the connection's budget: it waits
 // for room while the connection holds too much. Give it back with putBuf.
 func (c *conn) getBuf(n int) *[]byte {
-	c.budget.acquire(bufpool.Size(n))
+	c.budget.acquire(bufpool.Size(n), nil)
+	return bufpool.Get(n)
+}
+
+// readerBuf is getBuf on the reader, which sends the requests it holds plugged before it waits:
+// their ends may be what gives the bytes back.
+func (c *conn) readerBuf(n int) *[]byte {
+	c.budget.acquire(bufpool.Size(n), c.unplug)
 	return bufpool.Get(n)
 }
 

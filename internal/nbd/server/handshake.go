@@ -292,6 +292,8 @@ func (c *conn) enterWith(e *Export, info volume.Info, sizesAsked bool) {
 	c.waiter, _ = e.Device.(backend.Waiter)
 	c.async, _ = e.Device.(backend.AsyncReader)
 	c.asyncW, _ = e.Device.(backend.AsyncWriter)
+	c.plug, _ = e.Device.(backend.Plugger)
+	c.runEnd, _ = e.Device.(backend.RunDeferrer)
 	c.info = info
 	c.tflags = transmissionFlags(info, c.structured)
 	c.minBlock, _, c.maxBlock = blockSizes(info)

@@ -16,13 +16,20 @@ import (
 // replyFailed answers a request the device failed. The client gets the errno and a fixed message:
 // the device's error names files and devices of this machine, which are the log's to tell.
 func (c *conn) replyFailed(r proto.Request, err error) {
+	c.beginReply()
+	c.putFailed(r, err)
+	c.endReply()
+}
+
+// putFailed is replyFailed with the writer held.
+func (c *conn) putFailed(r proto.Request, err error) {
 	errno := errnoFor(err, r.Type)
 	level := slog.LevelDebug
 	if errno == proto.ErrnoIO {
 		level = slog.LevelWarn
 	}
 	c.log.Log(context.Background(), level, "nbd: device error", "cmd", r.Type, "offset", r.Offset, "length", r.Length, "err", err)
-	c.replyErrno(r, errno, deviceErrorMessages[errno])
+	c.putErrno(r, errno, deviceErrorMessages[errno])
 }
 
 // deviceErrorMessages are what a client is told of a device's error, by errno (errnoFor's).
@@ -48,7 +55,7 @@ type ended struct {
 // (requestEnded), never by the device's own goroutine, whose other completions must not wait for a
 // client that is slow to take its replies.
 func (c *conn) readAsync(r proto.Request) (*[]byte, bool) {
-	buf := c.getBuf(int(r.Length))
+	buf := c.readerBuf(int(r.Length))
 	c.workers.Add(1)
 	if c.async.ReadAtAsync(*buf, int64(r.Offset), func(err error) { c.requestEnded(ended{r, buf, err}) }) {
 		return nil, true
@@ -82,21 +89,29 @@ func (c *conn) requestEnded(e ended) {
 	start := !c.replying && !c.readerLooking
 	c.replying = c.replying || start
 	c.endedMu.Unlock()
-	if start {
+	if start && (c.runEnd == nil || !c.runEnd.AtRunEnd(c.replyAtRunEnd)) {
 		go c.replyEnded()
 	}
 }
 
-// replyEnded answers the ended reads, those queued meanwhile too, then leaves.
+// replyEnded answers the ended reads, those queued meanwhile too, sends what a run's end left
+// unsent (replyAtRunEnd), then leaves.
 func (c *conn) replyEnded() {
 	var batch []ended
 	for {
 		c.endedMu.Lock()
 		batch, c.ended = c.ended, batch[:0]
 		if len(batch) == 0 {
-			c.replying = false
 			c.endedMu.Unlock()
-			return
+			c.sendLeft()
+			c.endedMu.Lock()
+			if len(c.ended) == 0 {
+				c.replying = false
+				c.endedMu.Unlock()
+				return
+			}
+			c.endedMu.Unlock()
+			continue
 		}
 		c.endedMu.Unlock()
 		c.answerEnded(batch)
@@ -120,23 +135,33 @@ func (c *conn) looking(on bool) {
 	c.spare = batch[:0]
 }
 
-// answerEnded answers a batch of ended reads. Their replies are flushed together, as endReply
-// flushes those of workers that finish together.
+// answerEnded answers a batch of ended reads. Their replies are written together and flushed
+// together, as endReply flushes those of workers that finish together.
 func (c *conn) answerEnded(batch []ended) {
-	c.queued.Add(1) // no reply of the batch flushes: the last step does
+	c.beginReply()
+	c.putEnded(batch)
+	c.endReply()
+	c.releaseEnded(batch)
+}
+
+// putEnded writes the replies of a batch of ended requests, with the writer held, and gives back
+// their buffers.
+func (c *conn) putEnded(batch []ended) {
 	for _, e := range batch {
 		switch {
 		case e.err != nil:
-			c.replyFailed(e.req, e.err)
+			c.putFailed(e.req, e.err)
 		case e.req.Type == proto.CmdRead:
-			c.replyData(e.req, *e.buf)
+			c.putData(e.req, *e.buf)
 		default:
-			c.replyErrno(e.req, 0, "")
+			c.putErrno(e.req, 0, "")
 		}
 		c.putBuf(e.buf)
 	}
-	c.wmu.Lock()
-	c.endReply()
+}
+
+// releaseEnded frees the slots of a batch of answered requests.
+func (c *conn) releaseEnded(batch []ended) {
 	for i := range batch {
 		batch[i] = ended{}
 		<-c.slots
@@ -172,6 +197,12 @@ const maxErrorMessage = proto.MaxExportNameLen
 // data is all read before the reply starts, so no error can follow; one chunk also honours DF).
 func (c *conn) replyData(r proto.Request, data []byte) {
 	c.beginReply()
+	c.putData(r, data)
+	c.endReply()
+}
+
+// putData is replyData with the writer held.
+func (c *conn) putData(r proto.Request, data []byte) {
 	var hdr []byte
 	switch {
 	case !c.structured:
@@ -191,7 +222,6 @@ func (c *conn) replyData(r proto.Request, data []byte) {
 	} else {
 		c.writeLarge(hdr, data)
 	}
-	c.endReply()
 }
 
 // writeLarge sends a large reply with one writev of its header and data, after what is buffered:
@@ -205,6 +235,9 @@ func (c *conn) writeLarge(hdr, data []byte) {
 	var err error
 	if c.plain != nil {
 		if err = c.bw.Flush(); err == nil {
+			err = c.out.flushLeft()
+		}
+		if err == nil {
 			err = c.plain.writev(hdr, data)
 		}
 	} else {
@@ -244,6 +277,12 @@ func (c *conn) batch(write func() error) error {
 // reply, or as an ERROR chunk carrying msg when structured replies are on.
 func (c *conn) replyErrno(r proto.Request, errno uint32, msg string) {
 	c.beginReply()
+	c.putErrno(r, errno, msg)
+	c.endReply()
+}
+
+// putErrno is replyErrno with the writer held.
+func (c *conn) putErrno(r proto.Request, errno uint32, msg string) {
 	if errno != 0 && c.structured {
 		msg = truncateUTF8(msg, maxErrorMessage)
 		proto.PutChunkHeader(c.scratch[:], proto.ChunkHeader{Flags: proto.ReplyFlagDone, Type: proto.ReplyTypeError, Cookie: r.Cookie, Length: uint32(6 + len(msg))})
@@ -255,7 +294,6 @@ func (c *conn) replyErrno(r proto.Request, errno uint32, msg string) {
 		proto.PutSimpleReply(c.scratch[:], errno, r.Cookie)
 		c.write(c.scratch[:proto.SimpleReplySize])
 	}
-	c.endReply()
 }
 
 func truncateUTF8(s string, n int) string {
@@ -278,21 +316,30 @@ func (c *conn) beginReply() {
 // endReply releases the writer, flushing the buffer when no other reply is waiting to be
 // written: replies finished together leave in one system call.
 func (c *conn) endReply() {
-	// The last reply of a burst flushes, unless the reader has more requests buffered: it flushes
-	// before it next waits for the client, so replies to pipelined requests share system calls.
+	c.flushIfLast()
+	c.wmu.Unlock()
+}
+
+// flushIfLast ends a reply with the writer held. The last reply of a burst flushes, unless the
+// reader has more requests buffered: it flushes before it next waits for the client, so replies
+// to pipelined requests share system calls.
+func (c *conn) flushIfLast() {
 	if c.queued.Add(-1) == 0 && c.werr == nil && !c.moreInput.Load() {
 		if err := c.flush(); err != nil {
 			c.writeFailed(err)
 		}
 	}
-	c.wmu.Unlock()
 }
 
 // flushReplies sends what replies are buffered.
 func (c *conn) flushReplies() {
 	c.wmu.Lock()
-	if c.werr == nil && c.bw.Buffered() > 0 {
-		if err := c.flush(); err != nil {
+	if c.werr == nil && (c.bw.Buffered() > 0 || len(c.out.left) > 0) {
+		err := c.flush()
+		if err == nil {
+			err = c.out.flushLeft()
+		}
+		if err != nil {
 			c.writeFailed(err)
 		}
 	}

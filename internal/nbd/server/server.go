@@ -455,6 +455,8 @@ type conn struct {
 	waiter     backend.Waiter      // the device's count of requests that waited, if it keeps one
 	async      backend.AsyncReader // the device, if it starts reads that end on their own
 	asyncW     backend.AsyncWriter // and writes
+	plug       backend.Plugger     // the device, if it can hold what it starts to send it together
+	runEnd     backend.RunDeferrer // the device, if its completions come in runs (runend.go)
 	info       volume.Info
 	tflags     uint16
 	minBlock   uint32
@@ -464,6 +466,8 @@ type conn struct {
 	bigWrites bool // the last WRITE's payload was read past br (see readPayload)
 	bigLen    int  // that payload's length, which the next request is expected to carry too
 	unflushed int  // requests read since the reader last flushed the replies
+	plugged   bool // the reader holds the device's plug (plugFor)
+	pluggedN  int  // requests started since it took it
 	jobs      chan job
 	slots     chan struct{}  // one per request being served: at most MaxInFlight
 	budget    *budget        // the payload bytes held (getBuf)
@@ -474,13 +478,15 @@ type conn struct {
 	plan      servePlan      // whether the reader serves a request itself
 	seen      uint64         // inline at the watchdog's previous tick; only the watchdog touches it
 	order     writeOrder
-	// Reads the device started asynchronously wait in ended until a replier goroutine, one at
-	// a time (replying), answers them, or the reader does while it looks for work (readerLooking).
+	// Reads the device started asynchronously wait in ended until a replier goroutine, or the
+	// device's own at the end of its run (runend.go), one at a time (replying), answers them, or
+	// the reader does while it looks for work (readerLooking).
 	endedMu       sync.Mutex
 	ended         []ended
 	replying      bool
 	readerLooking bool
 	spare         []ended // the reader's batch, kept between its turns
+	runSpare      []ended // the batch of a run's end, kept between runs
 
 	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
 	// for it, so that the last of a burst flushes the buffer (replies are batched).
@@ -490,7 +496,8 @@ type conn struct {
 	// before it blocks on the socket, and writers leave the flushing to it.
 	moreInput atomic.Bool
 	bw        *bufio.Writer
-	werr      error // first write error; nothing more is written after it
+	out       replyOut // what bw writes to on a plain connection
+	werr      error    // first write error; nothing more is written after it
 	// bigSendBuf is set once the socket's send buffer was enlarged for large replies.
 	bigSendBuf bool
 	scratch    [proto.StructReplySize + 8 + 6]byte
@@ -570,7 +577,8 @@ func (c *conn) detach() error {
 		return nil
 	}
 	c.plain, c.src.r = sk, sk
-	c.bw.Reset(sk)
+	c.out.s = sk
+	c.bw.Reset(&c.out)
 	return nil
 }
 

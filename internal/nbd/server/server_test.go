@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1158,4 +1159,243 @@ func TestMaxConnectionsPerPeer(t *testing.T) {
 		_, err := io.ReadFull(c.NC, greeting[:])
 		return err == nil
 	}, 5*time.Second, 10*time.Millisecond, "a connection from the host is served again once one has gone")
+}
+
+// plugDevice starts the reads and writes of the upper half of a volume asynchronously and, while
+// plugged (backend.Plugger), holds them until the last Unplug, as an iSCSI LUN holds its commands:
+// a server that waited for anything with requests held would wait for ever.
+type plugDevice struct {
+	volume.Device
+	mu       sync.Mutex
+	plugs    int
+	held     []func()
+	batches  []int // how many requests each Unplug that sent something sent
+	started  atomic.Int32
+	maxPlugs int
+}
+
+func (d *plugDevice) Plug() {
+	d.mu.Lock()
+	d.plugs++
+	d.maxPlugs = max(d.maxPlugs, d.plugs)
+	d.mu.Unlock()
+}
+
+func (d *plugDevice) Unplug() {
+	d.mu.Lock()
+	d.plugs--
+	var run []func()
+	if d.plugs == 0 && len(d.held) > 0 {
+		run, d.held = d.held, nil
+		d.batches = append(d.batches, len(run))
+	}
+	d.mu.Unlock()
+	for _, f := range run {
+		go f()
+	}
+}
+
+func (d *plugDevice) start(off int64, f func()) bool {
+	if off < 1<<19 {
+		return false
+	}
+	d.started.Add(1)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.plugs > 0 {
+		d.held = append(d.held, f)
+	} else {
+		go f()
+	}
+	return true
+}
+
+func (d *plugDevice) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	return d.start(off, func() { done(d.Device.ReadAt(p, off)) })
+}
+
+func (d *plugDevice) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool {
+	return d.start(off, func() { done(d.Device.WriteAt(p, off, fua)) })
+}
+
+// TestPluggedBatches: requests a client pipelines reach a device that holds what it starts while
+// plugged (backend.Plugger) as batches, and every one is answered, also where the reader must
+// wait meanwhile: for a slot (MaxInFlight below the batch), for a request served on another path
+// (the lower half is synchronous, and a FLUSH waits for the writes before it), for a WRITE's
+// payload. The plug is always given back.
+func TestPluggedBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		maxInFlight int
+		mixed       bool
+	}{
+		{"reads", 64, false},
+		{"fewer slots than the batch", 4, false},
+		{"mixed with synchronous requests and writes", 64, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const batch, rounds = 32, 16
+			vol, _ := nbdtest.NewVolume(1<<20, 0x5a, volume.Options{})
+			dev := &plugDevice{Device: vol}
+			ts := startServer(t, Config{Exports: []Export{{Device: dev}}, MaxInFlight: tc.maxInFlight})
+			c := nbdtest.DialRaw(t, "unix", ts.Sock)
+			c.Connect("", true)
+			for r := range uint64(rounds) {
+				for i := range uint64(batch) {
+					req := proto.Request{Type: proto.CmdRead, Cookie: r*batch + i, Offset: 1<<19 + 4096*i, Length: 4096}
+					var data []byte
+					if tc.mixed && i%4 == 1 {
+						req.Offset -= 1 << 19 // served synchronously
+					}
+					if tc.mixed && i%4 == 2 {
+						req.Type, data = proto.CmdWrite, bytes.Repeat([]byte{0x5a}, 4096)
+					}
+					if tc.mixed && i%8 == 3 {
+						req = proto.Request{Type: proto.CmdFlush, Cookie: req.Cookie} // waits for the writes before it
+					}
+					c.Request(req, data)
+				}
+				for range batch {
+					rep := c.Reply()
+					require.Zero(t, rep.Errno, "cookie %d", rep.Cookie)
+					if rep.Data != nil {
+						require.Equal(t, bytes.Repeat([]byte{0x5a}, 4096), rep.Data)
+					}
+				}
+			}
+			c.Request(proto.Request{Type: proto.CmdDisc}, nil)
+			c.ExpectClosed()
+			dev.mu.Lock()
+			defer dev.mu.Unlock()
+			require.Zero(t, dev.plugs, "every Plug has its Unplug")
+			require.Empty(t, dev.held, "nothing left held")
+			require.Equal(t, 1, dev.maxPlugs)
+			require.NotEmpty(t, dev.batches, "pipelined requests were started plugged")
+			require.LessOrEqual(t, slices.Max(dev.batches), max(tc.maxInFlight, maxUnflushed))
+		})
+	}
+}
+
+// runDevice ends the reads of the upper half of a volume in runs on one goroutine of its own, as
+// an iSCSI session's reader does (backend.RunDeferrer): what AtRunEnd is given during a run is
+// called at its end, on that goroutine. ran counts the runs it ended.
+type runDevice struct {
+	volume.Device
+	mu       sync.Mutex
+	queue    []func()
+	wake     chan struct{}
+	inRun    bool
+	atEnd    []func()
+	ran      atomic.Int32
+	deferred atomic.Int32
+}
+
+func newRunDevice(t *testing.T, dev volume.Device) *runDevice {
+	d := &runDevice{Device: dev, wake: make(chan struct{}, 1)}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-d.wake:
+			case <-stop:
+				return
+			}
+			d.mu.Lock()
+			run := d.queue
+			d.queue, d.inRun = nil, true
+			d.mu.Unlock()
+			for _, f := range run {
+				f()
+			}
+			d.mu.Lock()
+			fs := d.atEnd
+			d.atEnd, d.inRun = nil, false
+			d.mu.Unlock()
+			for _, f := range fs {
+				f()
+			}
+			d.ran.Add(1)
+		}
+	}()
+	return d
+}
+
+func (d *runDevice) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if off < 1<<19 {
+		return false
+	}
+	d.mu.Lock()
+	d.queue = append(d.queue, func() { done(d.Device.ReadAt(p, off)) })
+	d.mu.Unlock()
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (d *runDevice) AtRunEnd(f func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.inRun {
+		return false
+	}
+	d.atEnd = append(d.atEnd, f)
+	d.deferred.Add(1)
+	return true
+}
+
+// TestRepliesAtRunEnd: reads a device ends in runs are answered at each run's end, on the device's
+// goroutine, every one once; and a client that does not read its replies never holds that
+// goroutine: another client of the device is served meanwhile, and the first gets every reply
+// once it reads.
+func TestRepliesAtRunEnd(t *testing.T) {
+	vol, _ := nbdtest.NewVolume(1<<20, 0x6b, volume.Options{})
+	dev := newRunDevice(t, vol)
+	ts := startServer(t, Config{Exports: []Export{{Device: dev}}, MaxInFlight: 64, Logger: slog.New(slog.DiscardHandler)})
+	want := bytes.Repeat([]byte{0x6b}, 4096)
+
+	c := nbdtest.DialRaw(t, "unix", ts.Sock)
+	c.Connect("", true)
+	for r := range uint64(32) {
+		for i := range uint64(16) {
+			c.Request(proto.Request{Type: proto.CmdRead, Cookie: r*16 + i, Offset: 1<<19 + 4096*i, Length: 4096}, nil)
+		}
+		seen := map[uint64]bool{}
+		for range 16 {
+			rep := c.Reply()
+			require.Zero(t, rep.Errno)
+			require.False(t, seen[rep.Cookie], "cookie %d answered twice", rep.Cookie)
+			seen[rep.Cookie] = true
+			require.Equal(t, want, rep.Data)
+		}
+	}
+	require.Positive(t, dev.deferred.Load(), "replies were left to the device's run ends")
+
+	// A client that does not read: its socket fills with replies.
+	const stuck = 2048 // 8 MiB of replies, far more than a socket buffers
+	s := nbdtest.DialRaw(t, "unix", ts.Sock)
+	s.Connect("", true)
+	go func() {
+		for i := range uint64(stuck) {
+			s.Request(proto.Request{Type: proto.CmdRead, Cookie: i, Offset: 1<<19 + 4096*(i%64), Length: 4096}, nil)
+		}
+	}()
+	require.Eventually(t, func() bool { return dev.ran.Load() > 100 }, 10*time.Second, time.Millisecond)
+	ranBefore := dev.ran.Load()
+	for i := range uint64(64) {
+		c.Request(proto.Request{Type: proto.CmdRead, Cookie: 1000 + i, Offset: 1<<19 + 4096*i, Length: 4096}, nil)
+		rep := c.Reply()
+		require.Equal(t, 1000+i, rep.Cookie, "another client of the device is served")
+		require.Equal(t, want, rep.Data)
+	}
+	require.Greater(t, dev.ran.Load(), ranBefore)
+	for range stuck {
+		rep := s.Reply()
+		require.Zero(t, rep.Errno)
+		require.Equal(t, want, rep.Data)
+	}
+	s.Request(proto.Request{Type: proto.CmdDisc}, nil)
+	s.ExpectClosed()
 }

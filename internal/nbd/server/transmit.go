@@ -54,6 +54,7 @@ const maxUnflushed = 32
 // beforeWait runs on the reader when its next read finds nothing to read, before it waits for the
 // client: it sends the replies held back for a batch.
 func (c *conn) beforeWait() {
+	c.unplug()
 	c.moreInput.Store(false)
 	c.flushReplies()
 	c.unflushed = 0
@@ -63,6 +64,11 @@ func (c *conn) beforeWait() {
 // (with the connection's error, nil after NBD_CMD_DISC), or with handedOver when a slow request
 // served inline made another goroutine take over the reading.
 func (c *conn) readRequests() (err error, handedOver bool) {
+	defer func() {
+		if !handedOver { // the next reader owns the plug (there is none: serving inline unplugged)
+			c.unplug()
+		}
+	}()
 	var hdr [proto.RequestSize]byte
 	for {
 		if c.br.Buffered() < proto.RequestSize && (c.unflushed >= maxUnflushed || c.sock == nil) {
@@ -92,17 +98,33 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		if !ok {
 			continue
 		}
-		c.moreInput.Store(c.br.Buffered() >= proto.RequestSize)
-		c.slots <- struct{}{} // blocks while MaxInFlight requests are served: the reader stops
-		if req.Type == proto.CmdRead && c.async != nil {
+		more := c.br.Buffered() >= proto.RequestSize
+		c.moreInput.Store(more)
+		select {
+		case c.slots <- struct{}{}:
+		default:
+			// MaxInFlight requests are served: the reader stops, and what it holds must go.
+			c.unplug()
+			c.slots <- struct{}{}
+		}
+		if async := req.Type == proto.CmdRead && c.async != nil || req.Type == proto.CmdWrite && c.asyncW != nil && j.buf != nil; async {
+			c.plugFor(more)
 			var started bool
-			if j.buf, started = c.readAsync(req); started {
+			if req.Type == proto.CmdRead {
+				j.buf, started = c.readAsync(req)
+			} else {
+				started = c.writeAsync(j)
+			}
+			if !more || c.pluggedN >= maxUnflushed {
+				// The batch ends, or is long enough: a client that streams requests still gets
+				// its commands sent.
+				c.unplug()
+			}
+			if started {
 				continue
 			}
 		}
-		if req.Type == proto.CmdWrite && c.asyncW != nil && j.buf != nil && c.writeAsync(j) {
-			continue
-		}
+		c.unplug()
 		inline, probe, gen := c.plan.next()
 		j.gen = gen
 		if !inline {
@@ -114,6 +136,27 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 		if !c.inline.CompareAndSwap(seq, seq+1) {
 			return nil, true // the watchdog gave the reading to takeOver
 		}
+	}
+}
+
+// plugFor plugs the device, if it holds requests to send them together (backend.Plugger), when
+// more requests are in the reader's buffer: the batch a client pipelined goes to the device as
+// one. The reader unplugs before anything that can wait (the client, a slot, a buffer, a
+// request served on another path) and at the batch's end.
+func (c *conn) plugFor(more bool) {
+	if more && !c.plugged && c.plug != nil {
+		c.plug.Plug()
+		c.plugged = true
+		c.pluggedN = 0
+	}
+	c.pluggedN++
+}
+
+// unplug sends what the device holds for the reader; only the reader calls it.
+func (c *conn) unplug() {
+	if c.plugged {
+		c.plugged = false
+		c.plug.Unplug()
 	}
 }
 
@@ -143,7 +186,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 	if !c.direct() || c.plain == nil {
 		return nil, 0, c.readFull(hdr)
 	}
-	pre = c.getBuf(c.bigLen)
+	pre = c.readerBuf(c.bigLen)
 	n, err := c.plain.recv2(hdr, *pre)
 	if err == nil && n == 0 {
 		err = io.EOF
@@ -218,7 +261,7 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 				return job{}, false, c.readErr(err)
 			}
 		default:
-			buf = c.getBuf(int(req.Length))
+			buf = c.readerBuf(int(req.Length))
 			if err := c.readPayload(*buf); err != nil {
 				c.putBuf(buf)
 				return job{}, false, c.readErr(err)

@@ -564,3 +564,61 @@ func TestBackendWriteAsync(t *testing.T) {
 	require.True(t, started)
 	require.ErrorContains(t, err, "MEDIUM ERROR")
 }
+
+// Reads started plugged go at Unplug and end with their data; a done may defer work to the end of
+// the reader's run (AtRunEnd), which runs after it. Reads held in a session that is lost before
+// Unplug run again on the next one.
+func TestBackendPluggedReads(t *testing.T) {
+	lun := newFakeLUN(1 << 20)
+	for i := range lun.disk {
+		lun.disk[i] = byte(i / fakeBlock)
+	}
+	b, links, err := openFakeLink(t, lun, time.Minute)
+	require.NoError(t, err)
+	const n = 6
+	read := func(drop bool) {
+		t.Helper()
+		bufs := make([][]byte, n)
+		ended := make(chan int, n)
+		atEnd := make(chan int, n)
+		b.Plug()
+		for i := range n {
+			bufs[i] = make([]byte, 4096)
+			require.True(t, b.ReadAtAsync(bufs[i], int64(8192*i), func(err error) {
+				require.NoError(t, err)
+				ended <- i
+				if !b.AtRunEnd(func() { atEnd <- i }) {
+					atEnd <- -1 // ended off the reader (the plain path's retry)
+				}
+			}))
+		}
+		require.Empty(t, lun.commands(), "held while plugged")
+		if drop {
+			links.drop()
+		}
+		b.Unplug()
+		for range n {
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("a plugged read never ended")
+			}
+		}
+		for i := range n {
+			require.Equal(t, lun.disk[8192*i:8192*i+4096], bufs[i], "read %d", i)
+		}
+		deferred := 0
+		for range n {
+			if <-atEnd >= 0 {
+				deferred++
+			}
+		}
+		if !drop {
+			require.Equal(t, n, deferred, "each done's deferred call ran at its run's end")
+		}
+	}
+	read(false)
+	require.Equal(t, bytes.Repeat([]byte{scsiRead16}, n), lun.commands())
+	read(true)
+	require.EqualValues(t, 1, b.l.reconnects.Load())
+}

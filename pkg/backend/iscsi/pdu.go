@@ -150,6 +150,15 @@ func newPDUReader(r io.Reader, maxData int) *pduReader {
 	return &pduReader{r: r, maxData: maxData}
 }
 
+// buffered is how many bytes the reader holds read ahead of the socket, where it reads through a
+// buffer (the session's does).
+func (p *pduReader) buffered() int {
+	if b, ok := p.r.(interface{ Buffered() int }); ok {
+		return b.Buffered()
+	}
+	return 0
+}
+
 // next reads the next header (with any additional header segments, which no PDU we handle needs,
 // and its digest) and checks its data segment's length against maxData.
 func (p *pduReader) next() (*bhs, error) {
@@ -226,36 +235,71 @@ type pduWriter struct {
 	headerDigest, dataDigest bool
 	hdr                      [bhsLen + digestLen]byte
 	tail                     [3 + digestLen]byte
-	bufs                     [3][]byte
+	bufs                     [4][]byte
+	// held holds the PDUs that hold wrote, whole, until the next write or flush sends them.
+	held []byte
 }
 
-// write sends h with data as its data segment (setting DataSegmentLength), in one vectored write
-// where the connection allows: the data is not copied.
-func (p *pduWriter) write(h *bhs, data []byte) error {
+// maxHeld bounds held: past it, hold sends what it holds.
+const maxHeld = 64 << 10
+
+// frame sets h's DataSegmentLength and returns the header and the padding and digests that go
+// around data on the wire; they are the writer's until its next call.
+func (p *pduWriter) frame(h *bhs, data []byte) (hdr, tail []byte) {
 	if len(data) > maxDataLen {
 		panic("iscsi: data segment over 16 MiB")
 	}
 	h.setDataLen(len(data))
 	copy(p.hdr[:], h[:])
-	hdr := p.hdr[:bhsLen]
+	hdr = p.hdr[:bhsLen]
 	if p.headerDigest {
 		binary.LittleEndian.PutUint32(p.hdr[bhsLen:], crc32c(h[:]))
 		hdr = p.hdr[:]
 	}
-	tail := p.tail[:pad4(len(data))]
+	tail = p.tail[:pad4(len(data))]
 	clear(tail)
 	if p.dataDigest && len(data) > 0 {
 		binary.LittleEndian.PutUint32(p.tail[len(tail):], crc32c(data, tail))
 		tail = p.tail[:len(tail)+digestLen]
 	}
+	return hdr, tail
+}
+
+// write sends what is held, then h with data as its data segment (setting DataSegmentLength), in
+// one vectored write where the connection allows: the data is not copied.
+func (p *pduWriter) write(h *bhs, data []byte) error {
+	hdr, tail := p.frame(h, data)
 	// Empty pieces are left out: a connection without vectored writes (net.Pipe) would otherwise
 	// see a zero-length Write, which on a pipe waits for a reader.
 	bufs := net.Buffers(p.bufs[:0])
-	for _, b := range [][]byte{hdr, data, tail} {
+	for _, b := range [][]byte{p.held, hdr, data, tail} {
 		if len(b) > 0 {
 			bufs = append(bufs, b)
 		}
 	}
+	p.held = p.held[:0]
 	_, err := bufs.WriteTo(p.w)
+	return err
+}
+
+// hold is write, but the PDU is copied and kept to go out with the next write or flush: many
+// commands started together leave in one system call, and reach the target in one read of its
+// (the session's plugging, Backend.Plug).
+func (p *pduWriter) hold(h *bhs, data []byte) error {
+	hdr, tail := p.frame(h, data)
+	p.held = append(append(append(p.held, hdr...), data...), tail...)
+	if len(p.held) >= maxHeld {
+		return p.flush()
+	}
+	return nil
+}
+
+// flush sends what is held.
+func (p *pduWriter) flush() error {
+	if len(p.held) == 0 {
+		return nil
+	}
+	_, err := p.w.Write(p.held)
+	p.held = p.held[:0]
 	return err
 }

@@ -20,16 +20,25 @@ func (s *session) receive() {
 	err, tasks := s.err, s.tasks
 	s.tasks = nil
 	s.mu.Unlock()
+	s.beginRun()
 	for _, t := range tasks {
 		t.err = err
 		s.finish(t)
 	}
+	s.endRun()
 	close(s.done)
 }
 
 func (s *session) receiveLoop() error {
+	defer s.endRun()
 	for {
+		if s.rd.buffered() < bhsLen {
+			// The next header needs a read of the socket, which may wait: the run of
+			// completions from what was read ends here.
+			s.endRun()
+		}
 		h, err := s.rd.next()
+		s.beginRun()
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
 				return fmt.Errorf("iscsi: connection to %s closed", s.name)
@@ -305,4 +314,53 @@ func (s *session) async(h *bhs) error {
 		s.log.Warn("iscsi: ignored asynchronous message", "target", s.name, "event", event, "code", h[37])
 	}
 	return nil
+}
+
+// A run is what the reader does with the bytes one read of the socket brought: the completions
+// it calls, one after the other, with no wait between them. Functions given to atRunEnd during a
+// run are called at its end, before the reader reads again: an NBD server answers a run's
+// completions there, in one write, rather than wake another goroutine for them
+// (backend.RunDeferrer).
+
+// beginRun marks the reader in a run.
+func (s *session) beginRun() {
+	if s.running {
+		return
+	}
+	s.running = true
+	s.runMu.Lock()
+	s.inRun = true
+	s.runMu.Unlock()
+}
+
+// endRun ends the run, if one is under way, calling what was deferred to its end.
+func (s *session) endRun() {
+	if !s.running {
+		return
+	}
+	s.running = false
+	s.runMu.Lock()
+	s.inRun = false
+	fs := s.atEnd
+	s.atEnd = s.atEndSpare[:0]
+	s.runMu.Unlock()
+	for i, f := range fs {
+		f()
+		fs[i] = nil
+	}
+	s.runMu.Lock()
+	s.atEndSpare = fs[:0]
+	s.runMu.Unlock()
+}
+
+// atRunEnd has the reader call f at the end of its run, and reports true; false, having done
+// nothing, where it is not in one.
+func (s *session) atRunEnd(f func()) bool {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	if !s.inRun {
+		return false
+	}
+	s.atEnd = append(s.atEnd, f)
+	return true
 }

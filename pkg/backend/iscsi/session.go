@@ -122,9 +122,16 @@ type session struct {
 	pinging    atomic.Bool
 	slots      chan struct{} // one per command in flight
 	nopReplies chan nopReply // answers to the target's pings, for nopSender
-	done       chan struct{} // closed when the reader has ended and failed every task
-	stop       chan struct{} // closed by close, to stop the helpers
-	stopOnce   sync.Once
+
+	// The reader's run (receive.go): runMu guards inRun and atEnd; running (inRun as the reader
+	// last set it) and atEndSpare are the reader's.
+	runMu             sync.Mutex
+	inRun, running    bool
+	atEnd, atEndSpare []func()
+
+	done     chan struct{} // closed when the reader has ended and failed every task
+	stop     chan struct{} // closed by close, to stop the helpers
+	stopOnce sync.Once
 }
 
 func newSession(conn net.Conn, res *loginResult, lun uint64, name string, log *slog.Logger, tm timing) *session {
@@ -294,11 +301,16 @@ func (s *session) nextCmdSN() uint32 {
 func (s *session) send(h *bhs, data []byte) error {
 	h.setExpStatSN(s.expStatSN.Load())
 	if err := s.wr.write(h, data); err != nil {
-		err = fmt.Errorf("iscsi: sending to %s: %w", s.name, err)
-		s.fail(err)
-		return err
+		return s.sendFailed(err)
 	}
 	return nil
+}
+
+// sendFailed ends the session after a write to its connection failed with err.
+func (s *session) sendFailed(err error) error {
+	err = fmt.Errorf("iscsi: sending to %s: %w", s.name, err)
+	s.fail(err)
+	return err
 }
 
 // command runs one SCSI command with cdb, reading into read or writing write (at most one of them
@@ -381,8 +393,9 @@ func (s *session) header(t *task) (h bhs, immediate, unsolicited int) {
 // start sends a command that reads into read, or writes write whole in its own PDU (immediate
 // data), and returns: the reader calls cb when the target has answered, or the session has ended.
 // It reports false, having sent nothing, where the write needs more PDUs, or the session has no
-// free slot or CmdSN for it at once, or has ended.
-func (s *session) start(cdb, read, write []byte, cb func(*task)) bool {
+// free slot or CmdSN for it at once, or has ended. While plugs is above zero the command is held,
+// to go out with the next one sent or at unplug.
+func (s *session) start(cdb, read, write []byte, plugs *atomic.Int32, cb func(*task)) bool {
 	if len(write) > 0 && (!s.p.immediateData || len(write) > min(s.p.firstBurst, s.p.maxSendData)) {
 		return false
 	}
@@ -406,9 +419,30 @@ func (s *session) start(cdb, read, write []byte, cb func(*task)) bool {
 		return true // the session has ended: its reader ends t
 	}
 	h.setCmdSN(sn)
-	_ = s.send(&h, write) // a failure ends the session, and its reader t
+	// A failure ends the session, and its reader t.
+	if plugs.Load() > 0 {
+		h.setExpStatSN(s.expStatSN.Load())
+		if err := s.wr.hold(&h, write); err != nil {
+			s.sendFailed(err)
+		}
+	} else {
+		_ = s.send(&h, write)
+	}
 	s.wmu.Unlock()
 	return true
+}
+
+// unplug sends the commands start held, unless plugs is above zero again: another caller holds
+// on, and will send them.
+func (s *session) unplug(plugs *atomic.Int32) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if plugs.Load() > 0 {
+		return
+	}
+	if err := s.wr.flush(); err != nil {
+		s.sendFailed(err)
+	}
 }
 
 // sendData sends t.write[off:off+n] in Data-Out PDUs of at most the target's

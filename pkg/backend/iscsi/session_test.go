@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,4 +593,102 @@ func TestSessionConcurrentCommands(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// Commands started while plugged are held: nothing reaches the target until the last holder
+// unplugs, or until another PDU is sent, which they then precede in CmdSN order; every one is
+// answered as if sent at once.
+func TestSessionPlugged(t *testing.T) {
+	s, f := startSession(t, testParams, quietTiming)
+	var plugs atomic.Int32
+	ended := make(chan uint32, 8)
+	start := func(lba uint64, buf []byte) {
+		t.Helper()
+		done := make(chan bool)
+		go func() { // on a pipe, a send the target does not read would block
+			done <- s.start(cdbBlocks(scsiRead16, 0, lba, 1), buf, nil, &plugs, func(tk *task) {
+				require.True(t, tk.good())
+				ended <- uint32(lba)
+			})
+		}()
+		select {
+		case ok := <-done:
+			require.True(t, ok)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a plugged start sent its command")
+		}
+	}
+
+	plugs.Add(2) // two holders
+	bufs := make([][]byte, 5)
+	for i := range 3 {
+		bufs[i] = make([]byte, 512)
+		start(uint64(i), bufs[i])
+	}
+	plugs.Add(-1)
+	go s.unplug(&plugs) // the other holder still holds
+	f.quiet(50 * time.Millisecond)
+	plugs.Add(-1)
+	go s.unplug(&plugs) // on a pipe, the send waits for the target to read
+	for i := range 3 {
+		req, _ := f.recvOp(opSCSICmd)
+		require.Equal(t, uint32(i+1), req.u32(24), "CmdSN in the order started")
+		f.sendStatus(dataIn(req, 0, 0, statusGood), make([]byte, 512))
+		require.Equal(t, uint32(i), <-ended)
+	}
+
+	// Held commands go ahead of a command sent unplugged.
+	plugs.Add(1)
+	for i := 3; i < 5; i++ {
+		bufs[i] = make([]byte, 512)
+		start(uint64(i), bufs[i])
+	}
+	res := goCommand(s, cdbBlocks(scsiRead16, 0, 9, 1), make([]byte, 512), nil)
+	for i := range 3 {
+		req, _ := f.recvOp(opSCSICmd)
+		require.Equal(t, uint32(4+i), req.u32(24), "CmdSN in the order started")
+		f.sendStatus(dataIn(req, 0, 0, statusGood), make([]byte, 512))
+	}
+	require.NoError(t, wait(t, res).err)
+	require.ElementsMatch(t, []uint32{3, 4}, []uint32{<-ended, <-ended})
+	plugs.Add(-1)
+	go s.unplug(&plugs)
+	f.quiet(50 * time.Millisecond)
+}
+
+// A writer holding more than maxHeld sends it; flush sends the rest, and a write sends what is
+// held ahead of its own PDU.
+func TestPDUWriterHold(t *testing.T) {
+	var out bytes.Buffer
+	w := &pduWriter{w: &out, headerDigest: true, dataDigest: true}
+	var want bytes.Buffer
+	ref := &pduWriter{w: &want, headerDigest: true, dataDigest: true}
+	for i := range 3 {
+		var h bhs
+		h.setOpcode(opSCSICmd, false)
+		h.setITT(uint32(i))
+		data := bytes.Repeat([]byte{byte(i)}, 100+i)
+		require.NoError(t, w.hold(&h, data))
+		require.NoError(t, ref.write(&h, data))
+	}
+	require.Zero(t, out.Len(), "held, not sent")
+	var h bhs
+	h.setOpcode(opNOPOut, true)
+	require.NoError(t, w.write(&h, nil))
+	require.NoError(t, ref.write(&h, nil))
+	require.Equal(t, want.Bytes(), out.Bytes(), "what was held, then the PDU written")
+
+	out.Reset()
+	held := 0
+	for out.Len() == 0 {
+		require.NoError(t, w.hold(&h, make([]byte, 8192)))
+		held++
+		require.Less(t, len(w.held), maxHeld)
+	}
+	const pdu = bhsLen + digestLen + 8192 + digestLen
+	require.Equal(t, held*pdu, out.Len(), "sent whole once past maxHeld")
+	require.NoError(t, w.hold(&h, nil))
+	require.NoError(t, w.flush())
+	require.Empty(t, w.held)
+	require.Equal(t, held*pdu+bhsLen+digestLen, out.Len())
 }

@@ -1,0 +1,291 @@
+// Package runlog keeps the changes to the SSD tier's index made since the last checkpoint in a
+// file on tmpfs (under /run), so that they survive a kill of the process: the file's pages stay in
+// the page cache when the process dies, and the next process replays them before it serves
+// anything. They do not survive a power cut or a reboot, and need not: neither does the kernel
+// block device whose acknowledged writes they stand for.
+//
+// The log is a ring of fixed-size records in a MAP_SHARED mapping: an append is a copy to memory,
+// no system call, so it can be done on every write before its acknowledgement. Each record
+// carries its sequence number and a CRC, so a record torn by a kill in the middle of its copy, and
+// whatever the ring held before, end the replay. A header ties the log to one SSD tier (its
+// identity), one run of it (an epoch the metadata store bumps at every start) and one boot of the
+// machine (the kernel's boot ID, so that a log kept on a file system that outlives a reboot is
+// refused after one), and says up to which record the metadata store holds everything (the
+// watermark, moved by each checkpoint).
+//
+// The log must never be replayed on a store it was not written for, nor replayed when a record of
+// it was not written (a full ring): Open refuses both.
+package runlog
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"strings"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/meta"
+)
+
+// Identity ties a log to what it is for: the SSD tier's ID and the epoch of the run that wrote it.
+type Identity struct {
+	Tier  string
+	Epoch uint64
+}
+
+// The file's layout: a header page, then the ring.
+const (
+	magic      = "TIERBLKL"
+	version    = 1
+	headerSize = 4096
+	maxTierID  = 64
+
+	// header fields (byte offsets)
+	hMagic     = 0
+	hVersion   = 8
+	hRecSize   = 12
+	hCap       = 16
+	hEpoch     = 24
+	hWords     = 32
+	hBoot      = 36 // the boot's ID (bootIDLen bytes)
+	hTierLen   = hBoot + bootIDLen
+	hTier      = hTierLen + 4
+	hCRC       = hTier + maxTierID // over [0, hCRC)
+	hWatermark = 152               // every record up to it is in the metadata store
+	hLost      = 160               // the last record the ring had no room for
+	bootIDLen  = 36
+
+	// record fields
+	rSeq   = 0
+	rLine  = 8
+	rSlot  = 16
+	rFlags = 20
+	rBits  = 24 // Valid words, then Dirty words, then the CRC of all before it
+
+	flagDelete = 1
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// DefaultSize is the log file's size: with 64 KiB lines a record takes 48 bytes, so it holds
+// about 350,000 changes, some hundred times what a checkpoint every second lets pile up.
+const DefaultSize = 16 << 20
+
+// ErrUnusable wraps the reasons Replay cannot use a log: another tier's or run's, records lost
+// to a full ring, a header that does not parse.
+var ErrUnusable = errors.New("run log unusable")
+
+// RecordSize is the size of a record for lines of words 64-bit words of bits.
+func RecordSize(words int) int { return (rBits + 16*words + 4 + 7) &^ 7 }
+
+// Log is an open log, appended to by one writer at a time (the tier's mutex orders them).
+type Log struct {
+	f       *os.File
+	m       []byte
+	words   int
+	recSize int
+	cap     uint64 // records in the ring
+	next    uint64 // the next record's sequence number
+	// committed is the watermark as last set: a copy, so that Append reads no shared page.
+	committed uint64
+}
+
+// Create makes a new, empty log at path for id (replacing what was there), of size bytes
+// (DefaultSize if 0), for lines of words 64-bit words of valid bits.
+func Create(path string, id Identity, words int, size int64) (*Log, error) {
+	if size == 0 {
+		size = DefaultSize
+	}
+	if len(id.Tier) > maxTierID {
+		return nil, fmt.Errorf("run log: tier ID %q is longer than %d bytes", id.Tier, maxTierID)
+	}
+	rs := RecordSize(words)
+	n := (size - headerSize) / int64(rs)
+	if n < 16 {
+		return nil, fmt.Errorf("run log: %d bytes hold fewer than 16 records", size)
+	}
+	size = headerSize + n*int64(rs)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("run log: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("run log: %w", err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("run log: mmap %s: %w", path, err)
+	}
+	l := &Log{f: f, m: m, words: words, recSize: rs, cap: uint64(n), next: 1}
+	copy(m[hMagic:], magic)
+	le := binary.LittleEndian
+	le.PutUint32(m[hVersion:], version)
+	le.PutUint32(m[hRecSize:], uint32(rs))
+	le.PutUint64(m[hCap:], uint64(n))
+	le.PutUint64(m[hEpoch:], id.Epoch)
+	le.PutUint32(m[hWords:], uint32(words))
+	le.PutUint32(m[hTierLen:], uint32(len(id.Tier)))
+	copy(m[hTier:], id.Tier)
+	copy(m[hBoot:hBoot+bootIDLen], bootID())
+	le.PutUint32(m[hCRC:], crc32.Checksum(m[:hCRC], castagnoli))
+	return l, nil
+}
+
+// word is the 64-bit header field at off, for stores that a kill cannot tear.
+func (l *Log) word(off int) *uint64 { return (*uint64)(unsafe.Pointer(&l.m[off])) }
+
+// Append adds the record of a change to a line. It reports whether the ring is half full: time for
+// a checkpoint, whose Committed makes room. A record the ring has no room for is not written, and
+// the log is unusable until a checkpoint commits past it.
+func (l *Log) Append(op meta.Op) (half bool) {
+	seq := l.next
+	l.next++
+	if seq-l.committed > l.cap {
+		atomic.StoreUint64(l.word(hLost), seq)
+		return true
+	}
+	r := l.m[headerSize+int(seq%l.cap)*l.recSize:][:l.recSize]
+	le := binary.LittleEndian
+	le.PutUint64(r[rSeq:], seq)
+	le.PutUint64(r[rLine:], op.Rec.Line)
+	le.PutUint32(r[rSlot:], op.Rec.Slot)
+	var flags uint32
+	if op.Delete {
+		flags = flagDelete
+	}
+	le.PutUint32(r[rFlags:], flags)
+	for i := range 2 * l.words {
+		var w uint64
+		bits, k := op.Rec.Valid, i
+		if i >= l.words {
+			bits, k = op.Rec.Dirty, i-l.words
+		}
+		if !op.Delete && k < len(bits) {
+			w = bits[k]
+		}
+		le.PutUint64(r[rBits+8*i:], w)
+	}
+	end := rBits + 16*l.words
+	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
+	return seq-l.committed == l.cap/2
+}
+
+// Last returns the sequence number of the last record appended (0 if none): a checkpoint notes it
+// when it takes its snapshot, and passes it to Committed once the store holds the snapshot.
+func (l *Log) Last() uint64 { return l.next - 1 }
+
+// Committed records that the metadata store holds every change up to record seq: a replay starts
+// after it, and the ring may reuse its room.
+func (l *Log) Committed(seq uint64) {
+	if seq > l.committed {
+		l.committed = seq
+		atomic.StoreUint64(l.word(hWatermark), seq)
+	}
+}
+
+// Close unmaps the log and closes its file, leaving its content as it is.
+func (l *Log) Close() error {
+	if l == nil || l.m == nil {
+		return nil
+	}
+	err := unix.Munmap(l.m)
+	l.m = nil
+	return errors.Join(err, l.f.Close())
+}
+
+// Replay reads the log at path and calls fn with each change recorded after the watermark, in
+// order, up to the first record that is missing or torn. found is false, with no error, when there
+// is no file. A log of another tier or run, or one that lost records, is refused with an error
+// wrapping ErrUnusable, before fn is called.
+func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("run log: %w", err)
+	}
+	unusable := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrUnusable, path, fmt.Sprintf(format, args...))
+	}
+	le := binary.LittleEndian
+	if len(b) < headerSize || string(b[hMagic:hMagic+len(magic)]) != magic {
+		return true, unusable("not a run log")
+	}
+	if crc32.Checksum(b[:hCRC], castagnoli) != le.Uint32(b[hCRC:]) {
+		return true, unusable("its header is damaged")
+	}
+	if v := le.Uint32(b[hVersion:]); v != version {
+		return true, unusable("format version %d, this tierblk reads %d", v, version)
+	}
+	tierLen := min(int(le.Uint32(b[hTierLen:])), maxTierID)
+	if tier := string(b[hTier : hTier+tierLen]); tier != id.Tier {
+		return true, unusable("written for SSD tier %q, this one is %q", tier, id.Tier)
+	}
+	if boot := string(b[hBoot : hBoot+bootIDLen]); boot != string(bootID()) {
+		// The SSD's page cache, which held the data that the records find, did not survive the
+		// reboot: a log kept on a file system that does is refused.
+		return true, unusable("written before the machine last booted (boot %q)", strings.TrimRight(boot, "\x00"))
+	}
+	if e := le.Uint64(b[hEpoch:]); e != id.Epoch {
+		return true, unusable("written by run %d of this SSD tier, the last was %d", e, id.Epoch)
+	}
+	if w := int(le.Uint32(b[hWords:])); w != words {
+		return true, unusable("records of %d-word bitmaps, this tier's lines need %d", w, words)
+	}
+	rs, n := int(le.Uint32(b[hRecSize:])), le.Uint64(b[hCap:])
+	if rs != RecordSize(words) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
+		return true, unusable("its ring does not fit the file")
+	}
+	committed, lost := le.Uint64(b[hWatermark:]), le.Uint64(b[hLost:])
+	if lost > committed {
+		return true, unusable("the ring was full: change %d and others were not logged", lost)
+	}
+	end := rBits + 16*words
+	for seq := committed + 1; seq-committed <= n; seq++ {
+		r := b[headerSize+int(seq%n)*rs:][:rs]
+		if le.Uint64(r[rSeq:]) != seq || crc32.Checksum(r[:end], castagnoli) != le.Uint32(r[end:]) {
+			break // the tail: never written, or torn by the kill
+		}
+		op := meta.Op{Rec: meta.Line{Line: le.Uint64(r[rLine:]), Slot: le.Uint32(r[rSlot:])}}
+		if le.Uint32(r[rFlags:])&flagDelete != 0 {
+			op = meta.Op{Delete: true, Rec: meta.Line{Line: op.Rec.Line}}
+		} else {
+			op.Rec.Valid, op.Rec.Dirty = words64(r[rBits:], words), words64(r[rBits+8*words:], words)
+		}
+		if err := fn(op); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// bootID returns the ID the kernel gave this boot, padded to bootIDLen bytes (zeros where the
+// kernel does not say).
+func bootID() []byte {
+	id := make([]byte, bootIDLen)
+	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	copy(id, strings.TrimSpace(string(b)))
+	return id
+}
+
+// words64 decodes n little-endian words, nil if all are zero (as the store reads empty bitmaps).
+func words64(b []byte, n int) []uint64 {
+	w := make([]uint64, n)
+	zero := true
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint64(b[8*i:])
+		zero = zero && w[i] == 0
+	}
+	if zero {
+		return nil
+	}
+	return w
+}
