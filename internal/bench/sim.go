@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,11 +61,11 @@ func (t SimTrace) FileName() string {
 		t.Requests, t.Objects, t.Alpha, t.ScanShare, t.ScanMin, t.ScanMax, t.Seed)
 }
 
-// Generate returns the trace's requests, request i at Time i. The same SimTrace always gives the
-// same requests.
-func (t SimTrace) Generate() ([]trace.Request, error) {
+// Each calls fn with the trace's requests in order, request i at Time i, and stops at fn's first
+// error. The same SimTrace always gives the same requests; they are made as they go, never held.
+func (t SimTrace) Each(fn func(trace.Request) error) error {
 	if err := t.validate(); err != nil {
-		return nil, err
+		return err
 	}
 	rng := rand.New(rand.NewPCG(t.Seed, t.Seed^0x9e3779b97f4a7c15))
 	// cdf[r] is the probability of drawing a rank up to r (from 0).
@@ -82,9 +81,8 @@ func (t SimTrace) Generate() ([]trace.Request, error) {
 	// Starting a scan with this probability before each non-scan request makes ScanShare of all
 	// requests scan requests, on average.
 	pScan := t.ScanShare / ((1 - t.ScanShare) * meanScan)
-	reqs := make([]trace.Request, t.Requests)
 	var scanNext, scanLeft int
-	for i := range reqs {
+	for i := range t.Requests {
 		if scanLeft == 0 && rng.Float64() < pScan {
 			scanLeft = t.ScanMin + rng.IntN(t.ScanMax-t.ScanMin+1)
 			scanNext = rng.IntN(t.Objects - scanLeft + 1)
@@ -95,9 +93,21 @@ func (t SimTrace) Generate() ([]trace.Request, error) {
 		} else {
 			id = ids[sort.SearchFloat64s(cdf, rng.Float64()*sum)]
 		}
-		reqs[i] = trace.Request{Time: int64(i), ID: uint64(id), Offset: int64(id) * trace.OracleGeneralStride, Length: simObjectSize}
+		if err := fn(trace.Request{Time: int64(i), ID: uint64(id), Offset: int64(id) * trace.OracleGeneralStride, Length: simObjectSize}); err != nil {
+			return err
+		}
 	}
-	return reqs, nil
+	return nil
+}
+
+// Write writes the trace in oracleGeneral format, as it is made. Every next access is -1 (none
+// known): the policies compared here never look ahead.
+func (t SimTrace) Write(w io.Writer) error {
+	ow := trace.NewOracleGeneralWriter(w)
+	if err := t.Each(func(r trace.Request) error { return ow.Write(r, -1) }); err != nil {
+		return err
+	}
+	return ow.Flush()
 }
 
 // EnsureSimTrace returns the path of t's oracleGeneral file in dir, generating it first unless a
@@ -108,10 +118,6 @@ func EnsureSimTrace(dir string, t SimTrace, log io.Writer) (string, error) {
 		return path, nil
 	}
 	fmt.Fprintf(log, "generating %s\n", path)
-	reqs, err := t.Generate()
-	if err != nil {
-		return "", err
-	}
 	// Write beside the target and rename, so that an interrupted run never leaves a short file
 	// that a later run would take for the trace.
 	f, err := os.CreateTemp(dir, ".sim-trace-*")
@@ -119,7 +125,7 @@ func EnsureSimTrace(dir string, t SimTrace, log io.Writer) (string, error) {
 		return "", err
 	}
 	defer os.Remove(f.Name())
-	if err := trace.WriteOracleGeneral(f, reqs); err != nil {
+	if err := t.Write(f); err != nil {
 		f.Close()
 		return "", err
 	}
@@ -151,7 +157,8 @@ type SimResult struct {
 	Policy    string
 	CacheSize int
 	Requests  int
-	// Replay is the replay alone; EndToEnd includes opening and loading the trace.
+	// Replay is the time the cache spent replaying; EndToEnd includes opening, reading and decoding
+	// the trace (which run beside the replay).
 	Replay, EndToEnd []float64
 	MissRatio        float64
 	Cachesim         *CachesimResult
@@ -167,7 +174,7 @@ type CachesimResult struct {
 }
 
 // RunSim replays the trace once per policy and round through the code path of `tierblk sim`
-// (trace.Open, sim.Load, sim.Run with one worker), alternating with cachesim when one is given.
+// (trace.Open, sim.Run with one worker), alternating with cachesim when one is given.
 func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	if o.Cachesim != "" {
 		if _, err := exec.LookPath(o.Cachesim); err != nil {
@@ -176,7 +183,7 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	}
 	// The cache size is fixed once, as for cachesim, so that the timed rounds need not count the
 	// distinct objects.
-	distinct, err := countDistinct(o.TracePath)
+	distinct, err := countDistinct(ctx, o.TracePath)
 	if err != nil {
 		return nil, err
 	}
@@ -210,43 +217,34 @@ func RunSim(ctx context.Context, o SimOptions) ([]SimResult, error) {
 	return out, nil
 }
 
-func countDistinct(path string) (int, error) {
+func countDistinct(ctx context.Context, path string) (int, error) {
 	tr, err := trace.Open(path, "oraclegeneral")
 	if err != nil {
 		return 0, err
 	}
 	defer tr.Close()
-	w, err := sim.Load(tr, sim.LoadOptions{CountDistinct: true})
-	if err != nil {
-		return 0, err
-	}
-	return w.Distinct, nil
+	s, err := sim.CountKeys(ctx, tr, sim.Options{})
+	return int(s.Distinct), err
 }
 
 func last(s []float64) float64 { return s[len(s)-1] }
 
 func tierblkRound(ctx context.Context, o SimOptions, r *SimResult) error {
-	// Collect the previous round's workload now, not during this round's replay.
-	runtime.GC()
 	start := time.Now()
 	tr, err := trace.Open(o.TracePath, "oraclegeneral")
 	if err != nil {
 		return err
 	}
-	w, err := sim.Load(tr, sim.LoadOptions{})
+	// No warm-up: cachesim (without --warmup-sec) counts every request too.
+	s, err := sim.Run(ctx, tr, []sim.Job{{Policy: r.Policy, Size: r.CacheSize}}, sim.Options{Workers: 1})
 	tr.Close()
 	if err != nil {
 		return err
 	}
-	r.Requests = w.Requests()
-	// No warm-up: cachesim (without --warmup-sec) counts every request too.
-	res, err := sim.Run(ctx, w, []sim.Job{{Policy: r.Policy, Size: r.CacheSize}}, sim.RunOptions{Workers: 1})
-	if err != nil {
-		return err
-	}
+	r.Requests = int(s.Requests)
 	r.EndToEnd = append(r.EndToEnd, float64(r.Requests)/time.Since(start).Seconds())
-	r.Replay = append(r.Replay, res[0].ThroughputMQPS*1e6)
-	r.MissRatio = res[0].MissRatio
+	r.Replay = append(r.Replay, s.Results[0].ThroughputMQPS*1e6)
+	r.MissRatio = s.Results[0].MissRatio
 	return nil
 }
 

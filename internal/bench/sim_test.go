@@ -21,11 +21,15 @@ func smallSimTrace() SimTrace {
 
 func traceBytes(t *testing.T, st SimTrace) []byte {
 	t.Helper()
-	reqs, err := st.Generate()
-	require.NoError(t, err)
 	var b bytes.Buffer
-	require.NoError(t, trace.WriteOracleGeneral(&b, reqs))
+	require.NoError(t, st.Write(&b))
 	return b.Bytes()
+}
+
+func generate(st SimTrace) ([]trace.Request, error) {
+	var reqs []trace.Request
+	err := st.Each(func(r trace.Request) error { reqs = append(reqs, r); return nil })
+	return reqs, err
 }
 
 func TestSimTraceDeterministic(t *testing.T) {
@@ -39,7 +43,7 @@ func TestSimTraceDeterministic(t *testing.T) {
 
 func TestSimTraceShape(t *testing.T) {
 	st := smallSimTrace()
-	reqs, err := st.Generate()
+	reqs, err := generate(st)
 	require.NoError(t, err)
 	require.Len(t, reqs, st.Requests)
 	counts := map[uint64]int{}
@@ -82,7 +86,7 @@ func TestSimTraceRejectsBadParameters(t *testing.T) {
 	} {
 		st := smallSimTrace()
 		mut(&st)
-		_, err := st.Generate()
+		_, err := generate(st)
 		require.Error(t, err, "%+v", st)
 	}
 }

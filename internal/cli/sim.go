@@ -2,11 +2,13 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -43,6 +45,10 @@ func newSimCmd() *cobra.Command {
 		Long: `Replays a block I/O trace through one simulated cache per policy and size, in parallel, and
 reports each cache's miss ratio. The policies are the code the daemon's cache will run.
 
+The trace is streamed, never held in memory: one read of it feeds every cache (sizes given as
+fractions need one more read first, to count the distinct keys). Memory is the caches' own plus a
+few MiB of buffers, whatever the trace's length. On a terminal, stderr shows the progress.
+
 Sizes: a fraction below 1 is that share of the trace's distinct keys (floor, as libCacheSim counts);
 a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes divided by
 --block-size.
@@ -75,8 +81,8 @@ link to the backend.`,
 	f.IntVar(&o.warmup, "warmup", 0, "requests replayed before counting starts")
 	f.StringVar(&o.output, "output", "table", "table, csv or json")
 	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
-	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "caches simulated in parallel")
-	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr")
+	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "goroutines feeding the caches, each owning a share of them (the trace is read once for all)")
+	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr (shown only when stderr is a terminal)")
 	return cmd
 }
 
@@ -126,45 +132,56 @@ func runSim(ctx context.Context, o simOpts) error {
 		progress = o.stderr
 	}
 
-	r, err := trace.Open(o.tracePath, o.format)
-	if err != nil {
-		return err
+	opts := sim.Options{BlockSize: blockSize, ReadsOnly: o.ops == "read", Warmup: int64(o.warmup), Workers: o.workers,
+		Blocks: o.model == "lines", Progress: progress}
+	if err := opts.Check(); err != nil {
+		if o.model == "lines" {
+			return usageErrorf("--model lines: %v", err)
+		}
+		return usageErrorf("%v", err)
 	}
 	countDistinct := false
 	for _, s := range sizes {
 		countDistinct = countDistinct || s.Fractional()
 	}
-	w, err := sim.Load(r, sim.LoadOptions{BlockSize: blockSize, ReadsOnly: o.ops == "read", CountDistinct: countDistinct, Progress: progress})
-	r.Close()
-	if err != nil {
-		return fmt.Errorf("trace %s: %w", o.tracePath, err)
+	// Sizes given as fractions need the distinct keys first: a pass of its own, as the trace is
+	// never held. Its memory (a slot per distinct key) is given back before the caches are built.
+	var distinct int64
+	if countDistinct {
+		sum, err := simPass(o, func(r trace.Reader) (sim.Summary, error) { return sim.CountKeys(ctx, r, opts) })
+		if err != nil {
+			return err
+		}
+		distinct = sum.Distinct
+		if int64(o.warmup) >= sum.Requests {
+			return usageErrorf("--warmup %d must be below the %d requests of the trace", o.warmup, sum.Requests)
+		}
+		debug.FreeOSMemory()
 	}
 	var jobs []sim.Job
 	for _, n := range names {
 		for _, s := range sizes {
-			k, err := s.Keys(w.Distinct, blockSize)
+			k, err := s.Keys(int(distinct), blockSize)
 			if err != nil {
 				return usageErrorf("--size: %v", err)
 			}
 			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
 		}
 	}
-	res, err := sim.Run(ctx, w, jobs, sim.RunOptions{Warmup: o.warmup, Workers: o.workers, Progress: progress, Blocks: o.model == "lines"})
+	sum, err := simPass(o, func(r trace.Reader) (sim.Summary, error) { return sim.Run(ctx, r, jobs, opts) })
 	if err != nil {
-		if o.model == "lines" {
-			return usageErrorf("--model lines: %v", err)
-		}
 		return err
 	}
+	res := sum.Results
 	switch o.output {
 	case "csv":
 		err = sim.WriteCSV(o.stdout, res)
 	case "json":
 		err = sim.WriteJSON(o.stdout, res)
 	default:
-		fmt.Fprintf(o.stdout, "%s: %d requests", filepath.Base(o.tracePath), w.Requests())
+		fmt.Fprintf(o.stdout, "%s: %d requests", filepath.Base(o.tracePath), sum.Requests)
 		if countDistinct {
-			fmt.Fprintf(o.stdout, ", %d distinct keys", w.Distinct)
+			fmt.Fprintf(o.stdout, ", %d distinct keys", distinct)
 		}
 		fmt.Fprintln(o.stdout)
 		err = sim.WriteTable(o.stdout, res)
@@ -179,6 +196,24 @@ func runSim(ctx context.Context, o simOpts) error {
 		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)
 	}
 	return nil
+}
+
+// simPass opens the trace, makes one pass over it, and closes it. Errors that are not the reader's
+// own (which name the file, the record and the format) get the file's name.
+func simPass(o simOpts, pass func(trace.Reader) (sim.Summary, error)) (sim.Summary, error) {
+	r, err := trace.Open(o.tracePath, o.format)
+	if err != nil {
+		return sim.Summary{}, err
+	}
+	sum, err := pass(r)
+	if cerr := r.Close(); err == nil {
+		err = cerr
+	}
+	var te *trace.Error
+	if err != nil && !errors.As(err, &te) && !errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("trace %s: %w", o.tracePath, err)
+	}
+	return sum, err
 }
 
 func splitList(s string) []string {

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,12 +22,10 @@ func TestLinesModelByHand(t *testing.T) {
 		{Offset: 20 * line, Length: 4096, Op: trace.OpWrite}, // line 20: a write caches its block
 		{Offset: 20 * line, Length: 4096},                    // a hit
 	}
-	w, err := Load(&sliceReader{reqs: reqs}, LoadOptions{BlockSize: line})
-	require.NoError(t, err)
 	jobs := []Job{{Policy: "lru", Size: 8}}
-	res, err := Run(context.Background(), w, jobs, RunOptions{Blocks: true})
+	s, err := run(t, reqs, jobs, Options{BlockSize: line, Blocks: true})
 	require.NoError(t, err)
-	r := res[0]
+	r := s.Results[0]
 	require.Equal(t, int64(8), r.Accesses)
 	require.InDelta(t, 5.0/8, r.MissRatio, 1e-9, "misses: reads 1, 2, 4 and 5, and the write to a line not held")
 	read := 4096*5 + 100 + 1
@@ -36,8 +33,9 @@ func TestLinesModelByHand(t *testing.T) {
 	require.InDelta(t, float64(fetched)/float64(read), r.FetchRatio, 1e-9)
 
 	// The object model: a line held is a hit whatever blocks it holds, and a miss fetches it whole.
-	res, err = Run(context.Background(), w, jobs, RunOptions{})
+	s, err = run(t, reqs, jobs, Options{BlockSize: line})
 	require.NoError(t, err)
+	res := s.Results
 	require.InDelta(t, 3.0/8, res[0].MissRatio, 1e-9, "misses: lines 0, 10 and 20 (the write) once each")
 	require.InDelta(t, float64(2*line)/float64(read), res[0].FetchRatio, 1e-9, "the write fetches nothing")
 }
@@ -45,9 +43,7 @@ func TestLinesModelByHand(t *testing.T) {
 // TestLinesModelNeedsLines: the line model refuses keys that are not lines of 4 KiB blocks.
 func TestLinesModelNeedsLines(t *testing.T) {
 	for _, bs := range []int64{0, 512, 6144, 2 << 20} {
-		w, err := Load(ids(1, 2), LoadOptions{BlockSize: bs})
-		require.NoError(t, err)
-		_, err = Run(context.Background(), w, []Job{{Policy: "lru", Size: 2}}, RunOptions{Blocks: true})
+		_, err := run(t, ids(1, 2).reqs, []Job{{Policy: "lru", Size: 2}}, Options{BlockSize: bs, Blocks: true})
 		require.ErrorContains(t, err, "multiple of 4KiB", "block size %d", bs)
 	}
 }

@@ -3,14 +3,12 @@ package sim
 import (
 	"context"
 	"fmt"
-	"io"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/trace"
 )
 
 // Job is one simulated cache.
@@ -34,84 +32,86 @@ type Result struct {
 	Requests int64 `json:"requests"`
 	Accesses int64 `json:"accesses"`
 	// MissRatio is the fraction of key accesses that missed; ByteMissRatio weighs each by its bytes.
-	MissRatio      float64 `json:"miss_ratio"`
-	ByteMissRatio  float64 `json:"byte_miss_ratio"`
+	MissRatio     float64 `json:"miss_ratio"`
+	ByteMissRatio float64 `json:"byte_miss_ratio"`
+	// ThroughputMQPS is the requests replayed over the time this cache spent replaying them.
 	ThroughputMQPS float64 `json:"throughput_mqps"`
 	// FetchRatio is the bytes read misses fetched from the backend over the bytes read (the read
-	// amplification of the daemon's stats): a whole key per admitted miss, or with RunOptions.Blocks
+	// amplification of the daemon's stats): a whole key per admitted miss, or with Options.Blocks
 	// what package fetch's rule says; a miss not admitted fetches only what it asked for.
 	FetchRatio float64 `json:"fetch_ratio"`
 }
 
-// RunOptions control a sweep.
-type RunOptions struct {
-	// Warmup requests are replayed but not counted.
-	Warmup int
-	// Workers run jobs in parallel; 0 means 1.
-	Workers int
-	// Progress, if not nil, receives a progress bar.
-	Progress io.Writer
-	// Blocks models the daemon's cache lines (keys of Workload.BlockSize bytes, a multiple of 4 KiB):
-	// each line holds the 4 KiB blocks fetched into it, a request is a hit only where its line holds
-	// every block it touches, and a miss fetches what package fetch's rule says. Without it, a key
-	// is a whole object (libCacheSim's model): held or not, and fetched whole.
-	Blocks bool
+// simulator is one simulated cache, fed the batches of a pass in order.
+type simulator interface {
+	feed(b *batch)
+	// result reports what the cache counted over a pass of total requests.
+	result(total int64) Result
 }
 
-// Run replays w through every job and returns the results in job order.
-func Run(ctx context.Context, w *Workload, jobs []Job, o RunOptions) ([]Result, error) {
-	if o.Warmup < 0 || o.Warmup >= w.Requests() {
-		return nil, fmt.Errorf("--warmup %d must be at least 0 and below the %d requests of the trace", o.Warmup, w.Requests())
+// Run reads r once and replays every request through every job's cache, and returns the results
+// in job order with the number of requests. The caches are shared out among o.Workers goroutines,
+// each feeding every batch to each of its caches in turn, so the results are those of replaying
+// each job alone.
+func Run(ctx context.Context, r trace.Reader, jobs []Job, o Options) (Summary, error) {
+	if err := o.Check(); err != nil {
+		return Summary{}, err
 	}
-	if o.Blocks && (w.BlockSize < fetch.BlockSize || w.BlockSize%fetch.BlockSize != 0 || w.BlockSize > maxLine) {
-		return nil, fmt.Errorf("modelling the daemon's lines needs a block size (the line size) that is a multiple of 4KiB, up to 1MiB; it is %d", w.BlockSize)
-	}
-	// Build every policy first so that a bad name fails before hours of replay.
-	for _, j := range jobs {
-		if _, err := newCache(j); err != nil {
-			return nil, err
+	// Build every cache first so that a bad name fails before hours of replay.
+	sims := make([]simulator, len(jobs))
+	for i, j := range jobs {
+		var err error
+		if o.Blocks {
+			sims[i], err = newLineSim(j, o)
+		} else {
+			sims[i], err = newObjectSim(j, o)
 		}
-	}
-	workers := max(o.Workers, 1)
-	results := make([]Result, len(jobs))
-	errs := make([]error, len(jobs))
-	var done atomic.Int64
-	todo := make(chan int)
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range todo {
-				if o.Blocks {
-					results[i], errs[i] = replayBlocks(ctx, w, jobs[i], o.Warmup)
-				} else {
-					results[i], errs[i] = replay(ctx, w, jobs[i], o.Warmup)
-				}
-				n := done.Add(1)
-				if o.Progress != nil {
-					bar(o.Progress, int(n), len(jobs))
-				}
-			}
-		}()
-	}
-	for i := range jobs {
-		if ctx.Err() != nil {
-			break
-		}
-		todo <- i
-	}
-	close(todo)
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	for _, err := range errs {
 		if err != nil {
-			return nil, err
+			return Summary{}, err
 		}
 	}
-	return results, nil
+	workers := min(max(o.Workers, 1), max(len(jobs), 1))
+	outs, free := pool(workers)
+	var done atomic.Int64
+	stop := startProgress(o.Progress, fmt.Sprintf("%d caches", len(jobs)), r, &done)
+	var wg sync.WaitGroup
+	for w := range workers {
+		// Worker w owns jobs w, w+workers, ...: policy-major job lists give each a mix of costs.
+		var own []simulator
+		for i := w; i < len(sims); i += workers {
+			own = append(own, sims[i])
+		}
+		wg.Go(func() {
+			for b := range outs[w] {
+				if ctx.Err() == nil {
+					for _, s := range own {
+						s.feed(b)
+					}
+				}
+				release(b, free)
+			}
+		})
+	}
+	n, err := stream(ctx, r, o, outs, free, &done)
+	wg.Wait()
+	stop(n)
+	if err != nil {
+		return Summary{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Summary{}, err
+	}
+	if n == 0 {
+		return Summary{}, errNoRequests
+	}
+	if o.Warmup >= n {
+		return Summary{}, fmt.Errorf("--warmup %d must be below the %d requests of the trace", o.Warmup, n)
+	}
+	res := make([]Result, len(sims))
+	for i, s := range sims {
+		res[i] = s.result(n)
+	}
+	return Summary{Requests: n, Results: res}, nil
 }
 
 type cache struct {
@@ -147,26 +147,40 @@ func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
 	return cache{ev: ev, adm: adm, seen: seen}, nil
 }
 
-// replay runs one cache over the whole workload. This loop is the simulator's speed: keep it free
-// of allocation and indirection beyond the policy calls.
-func replay(ctx context.Context, w *Workload, j Job, warmup int) (Result, error) {
+// objectSim is a cache of whole objects, libCacheSim's model.
+type objectSim struct {
+	job       Job
+	c         cache
+	n         counts
+	warmup    int64
+	blockSize int64
+	busy      time.Duration
+}
+
+func newObjectSim(j Job, o Options) (*objectSim, error) {
 	c, err := newCache(j)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	var n counts
+	return &objectSim{job: j, c: c, warmup: o.Warmup, blockSize: o.BlockSize}, nil
+}
+
+// feed replays a batch. This loop is the simulator's speed: keep it free of allocation and
+// indirection beyond the policy calls.
+func (s *objectSim) feed(b *batch) {
 	start := time.Now()
-	for i := range w.Reqs {
-		if i&0xffff == 0 && ctx.Err() != nil {
-			return Result{}, ctx.Err()
+	c, n := s.c, s.n
+	for i := range b.reqs {
+		counted := b.first+int64(i) >= s.warmup
+		r := &b.reqs[i]
+		kb := s.blockSize
+		if kb == 0 {
+			kb = r.Length
 		}
-		counted := i >= warmup
-		r := &w.Reqs[i]
-		kb := w.keyBytes(i)
 		if counted && !r.Write {
 			n.asked += r.Length
 		}
-		for _, k := range w.Keys[w.Starts[i]:w.Starts[i+1]] {
+		for _, k := range b.keys[b.starts[i]:b.starts[i+1]] {
 			hit := c.ev.Get(k)
 			admitted := false
 			if hit {
@@ -183,13 +197,18 @@ func replay(ctx context.Context, w *Workload, j Job, warmup int) (Result, error)
 					n.misses++
 					n.missBytes += kb
 					if !r.Write {
-						n.fetched += w.fetchedWhole(r, k, admitted)
+						n.fetched += fetchedWhole(r, k, s.blockSize, admitted)
 					}
 				}
 			}
 		}
 	}
-	return n.result(j, w.Requests()-warmup, w.Requests(), time.Since(start)), nil
+	s.n = n
+	s.busy += time.Since(start)
+}
+
+func (s *objectSim) result(total int64) Result {
+	return s.n.result(s.job, total-s.warmup, total, s.busy)
 }
 
 // counts are what a replay counts once warm-up is over.
@@ -198,10 +217,12 @@ type counts struct {
 	asked, fetched                     int64
 }
 
-func (n counts) result(j Job, counted, replayed int, elapsed time.Duration) Result {
+// result reports the counts of a cache that replayed replayed requests, counted of them after
+// warm-up, in elapsed time of its own.
+func (n counts) result(j Job, counted, replayed int64, elapsed time.Duration) Result {
 	res := Result{
 		Policy: j.Policy, Admission: j.Admission, CacheSize: j.Size, SizeLabel: j.Label,
-		Requests: int64(counted), Accesses: n.accesses,
+		Requests: counted, Accesses: n.accesses,
 	}
 	if n.accesses > 0 {
 		res.MissRatio = float64(n.misses) / float64(n.accesses)
@@ -216,13 +237,4 @@ func (n counts) result(j Job, counted, replayed int, elapsed time.Duration) Resu
 		res.ThroughputMQPS = float64(replayed) / s / 1e6
 	}
 	return res
-}
-
-func bar(w io.Writer, done, total int) {
-	const width = 30
-	n := done * width / total
-	fmt.Fprintf(w, "\r[%-*s] %d/%d caches", width, strings.Repeat("#", n), done, total)
-	if done == total {
-		fmt.Fprintln(w)
-	}
 }

@@ -3,8 +3,11 @@ package sim
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,86 +50,154 @@ func mixed() *sliceReader {
 	}}
 }
 
-func TestLoadSplitsIntoBlocks(t *testing.T) {
-	w, err := Load(mixed(), LoadOptions{BlockSize: 4096, CountDistinct: true})
-	require.NoError(t, err)
-	vol1 := policy.Key(1) << volumeShift
-	require.Equal(t, []policy.Key{0, 1, 0, 1, 2, vol1}, w.Keys)
-	require.Equal(t, []uint32{0, 2, 4, 5, 6}, w.Starts)
-	require.Equal(t, 4, w.Distinct)
-
-	w, err = Load(mixed(), LoadOptions{CountDistinct: true})
-	require.NoError(t, err)
-	require.Equal(t, []policy.Key{7, 8, 9, vol1 ^ 9}, w.Keys)
-	require.Equal(t, 4, w.Distinct)
-
-	w, err = Load(mixed(), LoadOptions{})
-	require.NoError(t, err)
-	require.Zero(t, w.Distinct, "not counted unless asked")
+// run replays reqs through jobs in one pass.
+func run(t *testing.T, reqs []trace.Request, jobs []Job, o Options) (Summary, error) {
+	t.Helper()
+	return Run(context.Background(), &sliceReader{reqs: reqs}, jobs, o)
 }
 
-func TestLoadReadsOnlyAndEmpty(t *testing.T) {
-	r := &sliceReader{reqs: []trace.Request{{ID: 1, Op: trace.OpWrite}, {ID: 2, Op: trace.OpRead}, {ID: 3, Op: trace.OpOther}}}
-	w, err := Load(r, LoadOptions{ReadsOnly: true})
+func TestBatchSplitsIntoBlocks(t *testing.T) {
+	vol1 := policy.Key(1) << volumeShift
+	for _, tc := range []struct {
+		blockSize int64
+		keys      []policy.Key
+		starts    []uint32
+	}{
+		{4096, []policy.Key{0, 1, 0, 1, 2, vol1}, []uint32{0, 2, 4, 5, 6}},
+		{0, []policy.Key{7, 8, 9, vol1 ^ 9}, []uint32{0, 1, 2, 3, 4}},
+	} {
+		var b batch
+		b.reset(0)
+		for _, r := range mixed().reqs {
+			require.NoError(t, b.add(&r, tc.blockSize))
+		}
+		require.Equal(t, tc.keys, b.keys)
+		require.Equal(t, tc.starts, b.starts)
+		s, err := CountKeys(context.Background(), mixed(), Options{BlockSize: tc.blockSize})
+		require.NoError(t, err)
+		require.Equal(t, Summary{Requests: 4, Distinct: 4}, s)
+	}
+	var b batch
+	b.reset(0)
+	require.ErrorContains(t, b.add(&trace.Request{Length: 1 << 40}, 512), "use a larger --block-size")
+}
+
+func TestReadsOnlyAndEmpty(t *testing.T) {
+	reqs := []trace.Request{{ID: 1, Op: trace.OpWrite}, {ID: 2, Op: trace.OpRead}, {ID: 3, Op: trace.OpOther}}
+	s, err := CountKeys(context.Background(), &sliceReader{reqs: reqs}, Options{ReadsOnly: true})
 	require.NoError(t, err)
-	require.Equal(t, []policy.Key{2}, w.Keys)
-	_, err = Load(&sliceReader{}, LoadOptions{})
+	require.Equal(t, Summary{Requests: 1, Distinct: 1}, s)
+	s, err = run(t, reqs, []Job{{Policy: "lru", Size: 1}}, Options{ReadsOnly: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, s.Requests)
+	require.EqualValues(t, 1, s.Results[0].Accesses)
+	_, err = CountKeys(context.Background(), &sliceReader{}, Options{})
+	require.ErrorContains(t, err, "no requests")
+	_, err = run(t, nil, []Job{{Policy: "lru", Size: 1}}, Options{})
 	require.ErrorContains(t, err, "no requests")
 }
 
 func TestRunLRUByHand(t *testing.T) {
 	// LRU with 2 slots: a b a c b a -> miss miss hit miss(evicts b) miss(evicts a) miss = 5/6.
-	w, err := Load(ids(1, 2, 1, 3, 2, 1), LoadOptions{})
+	reqs := ids(1, 2, 1, 3, 2, 1).reqs
+	s, err := run(t, reqs, []Job{{Policy: "lru", Size: 2}, {Policy: "lru", Size: 3}}, Options{Workers: 2})
 	require.NoError(t, err)
-	res, err := Run(context.Background(), w, []Job{{Policy: "lru", Size: 2}, {Policy: "lru", Size: 3}}, RunOptions{Workers: 2})
-	require.NoError(t, err)
+	res := s.Results
+	require.EqualValues(t, 6, s.Requests)
 	require.InDelta(t, 5.0/6, res[0].MissRatio, 1e-12)
 	require.InDelta(t, 3.0/6, res[1].MissRatio, 1e-12) // 3 slots hold all: only cold misses
 	require.EqualValues(t, 6, res[0].Requests)
 	require.InDelta(t, res[0].MissRatio, res[0].ByteMissRatio, 1e-12, "equal-sized requests")
 
-	// Warm-up: the first 3 requests are not counted; of c b a, c misses, b hits?, no: with 3 slots all
-	// of 1,2,3 fit, so c misses (cold) and b, a hit.
-	res, err = Run(context.Background(), w, []Job{{Policy: "lru", Size: 3}}, RunOptions{Warmup: 3})
+	// Warm-up: the first 3 requests are not counted; with 3 slots all of 1, 2, 3 fit, so of
+	// 3 2 1, 3 misses (cold) and 2 and 1 hit.
+	s, err = run(t, reqs, []Job{{Policy: "lru", Size: 3}}, Options{Warmup: 3})
 	require.NoError(t, err)
-	require.InDelta(t, 1.0/3, res[0].MissRatio, 1e-12)
-	require.EqualValues(t, 3, res[0].Requests)
+	require.InDelta(t, 1.0/3, s.Results[0].MissRatio, 1e-12)
+	require.EqualValues(t, 3, s.Results[0].Requests)
 }
 
 func TestRunErrors(t *testing.T) {
-	w, err := Load(ids(1, 2), LoadOptions{})
-	require.NoError(t, err)
-	_, err = Run(context.Background(), w, []Job{{Policy: "nope", Size: 2}}, RunOptions{})
+	reqs := ids(1, 2).reqs
+	_, err := run(t, reqs, []Job{{Policy: "nope", Size: 2}}, Options{})
 	require.ErrorContains(t, err, `unknown eviction policy "nope"`)
-	_, err = Run(context.Background(), w, []Job{{Policy: "lru", Size: 2}}, RunOptions{Warmup: 2})
+	_, err = run(t, reqs, []Job{{Policy: "lru", Size: 2}}, Options{Warmup: 2})
+	require.ErrorContains(t, err, "--warmup 2 must be below the 2 requests")
+	_, err = run(t, reqs, []Job{{Policy: "lru", Size: 2}}, Options{Warmup: -1})
 	require.ErrorContains(t, err, "--warmup")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err = Run(ctx, w, []Job{{Policy: "lru", Size: 2}}, RunOptions{})
+	_, err = Run(ctx, &sliceReader{reqs: reqs}, []Job{{Policy: "lru", Size: 2}}, Options{})
 	require.ErrorIs(t, err, context.Canceled)
 }
 
-func TestParallelEqualsSerial(t *testing.T) {
-	var keys []uint64
+// A truncated trace fails the pass with the reader's error, which names the file, the record and
+// the format, however many batches went before it.
+func TestRunTruncatedTrace(t *testing.T) {
+	const records = 3*batchRequests + 10
+	data := make([]byte, records*24+5)
+	for i := range records {
+		binary.LittleEndian.PutUint64(data[i*24+4:], uint64(i%100))
+		binary.LittleEndian.PutUint64(data[i*24+16:], math.MaxUint64) // next access: none
+	}
+	for _, pass := range []func(trace.Reader) error{
+		func(r trace.Reader) error {
+			_, err := Run(context.Background(), r, []Job{{Policy: "lru", Size: 10}, {Policy: "arc", Size: 10}}, Options{Workers: 2})
+			return err
+		},
+		func(r trace.Reader) error { _, err := CountKeys(context.Background(), r, Options{}); return err },
+	} {
+		r, err := trace.NewReader(bytes.NewReader(data), "cut.oracleGeneral", "oraclegeneral")
+		require.NoError(t, err)
+		err = pass(r)
+		require.NoError(t, r.Close())
+		var te *trace.Error
+		require.ErrorAs(t, err, &te)
+		require.ErrorIs(t, err, trace.ErrTruncated)
+		require.EqualError(t, err, fmt.Sprintf("trace cut.oracleGeneral: record %d: oraclegeneral: truncated record (5 of 24 bytes)", records+1))
+	}
+}
+
+// One pass feeding many caches, in any number of workers, gives each cache what it gives alone:
+// over several batches, in both models, with warm-up.
+func TestOnePassEqualsSeparateRuns(t *testing.T) {
+	var reqs []trace.Request
 	x := uint64(1)
-	for range 20000 {
+	for range 3*batchRequests + 123 {
 		x = x*6364136223846793005 + 1442695040888963407
-		keys = append(keys, (x>>33)%2000)
+		id := (x >> 33) % 3000
+		op := trace.OpRead
+		if x>>60 == 0 {
+			op = trace.OpWrite
+		}
+		reqs = append(reqs, trace.Request{ID: id, Offset: int64(id) * 8192, Length: 4096 + int64(x>>50%3)*4096, Op: op})
 	}
-	w, err := Load(ids(keys...), LoadOptions{})
-	require.NoError(t, err)
 	var jobs []Job
-	for _, s := range []int{10, 100, 1000} {
-		jobs = append(jobs, Job{Policy: "lru", Size: s}, Job{Policy: "fifo", Size: s})
+	for _, p := range policy.EvictionNames() {
+		for _, s := range []int{10, 300, 2000} {
+			jobs = append(jobs, Job{Policy: p, Size: s, Admission: "nhit:2"})
+		}
 	}
-	serial, err := Run(context.Background(), w, jobs, RunOptions{Workers: 1})
-	require.NoError(t, err)
-	par, err := Run(context.Background(), w, jobs, RunOptions{Workers: 4, Progress: io.Discard})
-	require.NoError(t, err)
-	for i := range serial {
-		require.Equal(t, serial[i].MissRatio, par[i].MissRatio, jobs[i])
+	for _, o := range []Options{{Warmup: 1000}, {BlockSize: 64 << 10, Blocks: true, Warmup: 10}} {
+		var alone []Result
+		for _, j := range jobs {
+			s, err := run(t, reqs, []Job{j}, o)
+			require.NoError(t, err)
+			alone = append(alone, s.Results[0])
+		}
+		for _, workers := range []int{1, 3} {
+			o.Workers = workers
+			s, err := run(t, reqs, jobs, o)
+			require.NoError(t, err)
+			require.EqualValues(t, len(reqs), s.Requests)
+			for i := range jobs {
+				got, want := s.Results[i], alone[i]
+				got.ThroughputMQPS, want.ThroughputMQPS = 0, 0
+				require.Equal(t, want, got, "%+v, %d workers", jobs[i], workers)
+			}
+		}
+		require.Greater(t, alone[0].MissRatio, alone[2].MissRatio, "a larger cache misses less")
 	}
-	require.Greater(t, serial[0].MissRatio, serial[4].MissRatio, "a larger LRU misses less")
 }
 
 func TestSizes(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/ulikunitz/xz"
@@ -35,7 +36,11 @@ func Open(path, format string) (Reader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
-	r, err := newReader(f, path, format, f)
+	var size int64
+	if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+		size = fi.Size()
+	}
+	r, err := newReader(f, path, format, f, size)
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -44,13 +49,14 @@ func Open(path, format string) (Reader, error) {
 }
 
 // NewReader is Open for a stream: name is only used in error messages and as the extension hint
-// of "auto". Closing the returned reader does not close r.
+// of "auto". Closing the returned reader does not close r, but waits for a read of r in progress
+// (r is read ahead of the decoder, in a goroutine of its own).
 func NewReader(r io.Reader, name, format string) (Reader, error) {
-	return newReader(r, name, format, nil)
+	return newReader(r, name, format, nil, 0)
 }
 
-func newReader(r io.Reader, name, format string, file io.Closer) (Reader, error) {
-	in, err := openInput(r, name, file)
+func newReader(r io.Reader, name, format string, file io.Closer, size int64) (Reader, error) {
+	in, err := openInput(r, name, file, size)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +125,8 @@ type input struct {
 	name    string
 	br      *bufio.Reader
 	closers []func() error
+	read    atomic.Int64 // bytes read from the source, as stored
+	size    int64        // the source's size; 0 if unknown
 }
 
 func (in *input) Close() error {
@@ -137,12 +145,16 @@ var (
 )
 
 // openInput wraps r in a decompressor when its first bytes are a gzip, zstd or xz magic number.
-func openInput(r io.Reader, name string, file io.Closer) (*input, error) {
-	in := &input{name: name}
+// The source is read in large chunks by a goroutine of its own, and a decompressor runs in
+// another, so that reading, decompressing and decoding records overlap.
+func openInput(r io.Reader, name string, file io.Closer, size int64) (*input, error) {
+	in := &input{name: name, size: size}
 	if file != nil {
 		in.closers = append(in.closers, file.Close)
 	}
-	br := bufio.NewReaderSize(r, bufSize)
+	src := newReadAhead(counter{r, &in.read})
+	in.closers = append(in.closers, src.Close)
+	br := bufio.NewReaderSize(src, bufSize)
 	magic, err := br.Peek(len(xzMagic))
 	if err != nil && err != io.EOF {
 		in.Close()
@@ -179,7 +191,9 @@ func openInput(r io.Reader, name string, file io.Closer) (*input, error) {
 		in.br = br
 		return in, nil
 	}
-	in.br = bufio.NewReaderSize(decompressed{dec, kind}, bufSize)
+	out := newReadAhead(decompressed{dec, kind})
+	in.closers = append(in.closers, out.Close)
+	in.br = bufio.NewReaderSize(out, bufSize)
 	return in, nil
 }
 

@@ -100,20 +100,44 @@ func WriteOracleGeneral(w io.Writer, reqs []Request) error {
 		}
 		last[id] = int64(i)
 	}
-	bw := bufio.NewWriterSize(w, bufSize)
-	var rec [oracleGeneralSize]byte
-	le := binary.LittleEndian
+	ow := NewOracleGeneralWriter(w)
 	for i, r := range reqs {
-		if r.Time < 0 || r.Time > math.MaxUint32 || r.Length < 0 || r.Length > math.MaxUint32 {
-			return fmt.Errorf("oraclegeneral: request %d: time %d or length %d does not fit 32 bits", i+1, r.Time, r.Length)
-		}
-		le.PutUint32(rec[0:], uint32(r.Time))
-		le.PutUint64(rec[4:], r.ID)
-		le.PutUint32(rec[12:], uint32(r.Length))
-		le.PutUint64(rec[16:], uint64(next[i]))
-		if _, err := bw.Write(rec[:]); err != nil {
+		if err := ow.Write(r, next[i]); err != nil {
 			return err
 		}
 	}
-	return bw.Flush()
+	return ow.Flush()
 }
+
+// OracleGeneralWriter writes an oracleGeneral trace one record at a time, for traces too long to
+// hold: the caller gives each record's next access, or -1 where it is none or not known (only
+// oracle policies such as Belady read it).
+type OracleGeneralWriter struct {
+	bw  *bufio.Writer
+	n   int64
+	rec [oracleGeneralSize]byte
+}
+
+// NewOracleGeneralWriter writes to w through a large buffer; Flush writes out the rest.
+func NewOracleGeneralWriter(w io.Writer) *OracleGeneralWriter {
+	return &OracleGeneralWriter{bw: bufio.NewWriterSize(w, bufSize)}
+}
+
+// Write writes r: clock_time is Time (which must fit a u32), obj_id ID, obj_size Length (which
+// must fit a u32), and next_access_vtime next.
+func (w *OracleGeneralWriter) Write(r Request, next int64) error {
+	w.n++
+	if r.Time < 0 || r.Time > math.MaxUint32 || r.Length < 0 || r.Length > math.MaxUint32 {
+		return fmt.Errorf("oraclegeneral: request %d: time %d or length %d does not fit 32 bits", w.n, r.Time, r.Length)
+	}
+	le := binary.LittleEndian
+	le.PutUint32(w.rec[0:], uint32(r.Time))
+	le.PutUint64(w.rec[4:], r.ID)
+	le.PutUint32(w.rec[12:], uint32(r.Length))
+	le.PutUint64(w.rec[16:], uint64(next))
+	_, err := w.bw.Write(w.rec[:])
+	return err
+}
+
+// Flush writes out the buffered records.
+func (w *OracleGeneralWriter) Flush() error { return w.bw.Flush() }
