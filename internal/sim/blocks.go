@@ -126,12 +126,7 @@ func (s *lineSim) request(r *Req, keys []policy.Key, counted bool) {
 		}
 		segs = append(segs, seg{k: k, from: from, to: to, hit: hit, cached: ok})
 		if counted {
-			n.accesses++
-			n.bytes += size
-			if !hit {
-				n.misses++
-				n.missBytes += size
-			}
+			n.access(size, hit)
 		}
 	}
 	s.segs = segs

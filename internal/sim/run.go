@@ -191,14 +191,9 @@ func (s *objectSim) feed(b *batch) {
 				}
 			}
 			if counted {
-				n.accesses++
-				n.bytes += kb
-				if !hit {
-					n.misses++
-					n.missBytes += kb
-					if !r.Write {
-						n.fetched += fetchedWhole(r, k, s.blockSize, admitted)
-					}
+				n.access(kb, hit)
+				if !hit && !r.Write {
+					n.fetched += fetchedWhole(r, k, s.blockSize, admitted)
 				}
 			}
 		}
@@ -215,6 +210,16 @@ func (s *objectSim) result(total int64) Result {
 type counts struct {
 	accesses, misses, bytes, missBytes int64
 	asked, fetched                     int64
+}
+
+// access counts an access of size bytes after warm-up, a hit or a miss.
+func (n *counts) access(size int64, hit bool) {
+	n.accesses++
+	n.bytes += size
+	if !hit {
+		n.misses++
+		n.missBytes += size
+	}
 }
 
 // result reports the counts of a cache that replayed replayed requests, counted of them after
