@@ -169,6 +169,9 @@ func runSim(ctx context.Context, o simOpts) error {
 		}
 	}
 	sum, err := simPass(o, func(r trace.Reader) (sim.Summary, error) { return sim.Run(ctx, r, jobs, opts) })
+	if errors.Is(err, sim.ErrWarmup) {
+		return &UsageError{Err: err}
+	}
 	if err != nil {
 		return err
 	}

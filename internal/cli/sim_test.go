@@ -104,6 +104,7 @@ func TestSimBadInput(t *testing.T) {
 		{"bad admission", simOpts{tracePath: good, policies: "lru", sizes: "10", admission: "nhit:zero"}, "--admission", true},
 		{"bytes without block size", simOpts{tracePath: good, policies: "lru", sizes: "1GiB"}, "--block-size", true},
 		{"warm-up past the end", simOpts{tracePath: good, policies: "lru", sizes: "0.1", warmup: 113872}, "--warmup 113872 must be below the 113872 requests", true},
+		{"warm-up past the end, absolute sizes", simOpts{tracePath: good, policies: "lru", sizes: "10", warmup: 113872}, "--warmup 113872 must be below the 113872 requests", true},
 		{"missing file", simOpts{tracePath: filepath.Join(dir, "nope"), policies: "lru", sizes: "10"}, "nope", false},
 		{"truncated", simOpts{tracePath: trunc, policies: "lru", sizes: "10", format: "vscsi"}, "record 11", false},
 	} {

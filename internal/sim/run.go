@@ -105,7 +105,7 @@ func Run(ctx context.Context, r trace.Reader, jobs []Job, o Options) (Summary, e
 		return Summary{}, errNoRequests
 	}
 	if o.Warmup >= n {
-		return Summary{}, fmt.Errorf("--warmup %d must be below the %d requests of the trace", o.Warmup, n)
+		return Summary{}, fmt.Errorf("%w: --warmup %d must be below the %d requests of the trace", ErrWarmup, o.Warmup, n)
 	}
 	res := make([]Result, len(sims))
 	for i, s := range sims {

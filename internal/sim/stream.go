@@ -250,3 +250,7 @@ func CountKeys(ctx context.Context, r trace.Reader, o Options) (Summary, error) 
 }
 
 var errNoRequests = errors.New("the trace has no requests to simulate")
+
+// ErrWarmup is the error of a run whose warm-up is not shorter than the trace: a mistake in the
+// command, which a caller reports as such.
+var ErrWarmup = errors.New("warm-up past the end of the trace")
