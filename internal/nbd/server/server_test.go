@@ -1375,6 +1375,7 @@ func TestRepliesAtRunEnd(t *testing.T) {
 
 	// A client that does not read: its socket fills with replies.
 	const stuck = 2048 // 8 MiB of replies, far more than a socket buffers
+	ranAlone := dev.ran.Load()
 	s := nbdtest.DialRaw(t, "unix", ts.Sock)
 	s.Connect("", true)
 	go func() {
@@ -1382,7 +1383,14 @@ func TestRepliesAtRunEnd(t *testing.T) {
 			s.Request(proto.Request{Type: proto.CmdRead, Cookie: i, Offset: 1<<19 + 4096*(i%64), Length: 4096}, nil)
 		}
 	}()
-	require.Eventually(t, func() bool { return dev.ran.Load() > 100 }, 10*time.Second, time.Millisecond)
+	// Its reads stop ending once its socket is full and the server holds MaxInFlight of them.
+	last := int32(-1)
+	require.Eventually(t, func() bool {
+		n := dev.ran.Load()
+		stalled := n == last && n > ranAlone
+		last = n
+		return stalled
+	}, 20*time.Second, 200*time.Millisecond)
 	ranBefore := dev.ran.Load()
 	for i := range uint64(64) {
 		c.Request(proto.Request{Type: proto.CmdRead, Cookie: 1000 + i, Offset: 1<<19 + 4096*i, Length: 4096}, nil)
