@@ -64,6 +64,9 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	}
 	defer func() { err = errors.Join(err, closeAll()) }()
 	watched.Store(&sources)
+	if opts.Opened != nil {
+		opts.Opened(sources)
+	}
 
 	exports := make([]server.Export, len(cfg.Exports))
 	for i, e := range cfg.Exports {
@@ -113,7 +116,8 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		addrs[i] = l.Addr().String()
 		go func() { serveErr <- srv.Serve(l) }()
 	}
-	stopDevices, left, err := attachDevices(cfg, devs, caches, srv, log)
+	final := func() bool { return opts.Final != nil && opts.Final() }
+	stopDevices, left, err := attachDevices(cfg, devs, caches, srv, final, log)
 	if err != nil {
 		for _, l := range listeners {
 			l.Close()
@@ -147,6 +151,7 @@ wait:
 		}
 	}
 	n.setStatus("stopping: finishing in-flight requests", "STOPPING=1")
+	last := final()
 	// The devices go first: their last requests (the page cache's writes, the flush of a
 	// clean removal) still need the server and the volumes.
 	if err := stopDevices(); err != nil {
@@ -170,7 +175,7 @@ wait:
 		}
 	}
 	for i, e := range cfg.Exports {
-		if e.Cache == nil || !e.Cache.WriteBack.FlushOnStop() || sources[i].FlushAll == nil {
+		if e.Cache == nil || !(last || e.Cache.WriteBack.FlushOnStop()) || sources[i].FlushAll == nil {
 			continue
 		}
 		if err := flushOnStop(e.Name, sources[i], n, log); err != nil {
@@ -178,7 +183,7 @@ wait:
 		}
 	}
 	if runErr == nil {
-		if err := markLeft(cfg.RunDir, left); err != nil {
+		if err := markLeft(cfg.RunDir, left()); err != nil {
 			log.Warn("could not mark the kernel devices left attached as left cleanly: the next tierblk will release them", "err", err)
 		}
 		log.Info("stopped cleanly; every volume flushed")

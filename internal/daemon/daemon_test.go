@@ -285,3 +285,59 @@ func TestWriteBackFlushAndMode(t *testing.T) {
 	c.Close()
 	require.NoError(t, d.stop())
 }
+
+// TestFinalStopWritesBack: a stop that Options.Final calls the last of the exports here (a CSI
+// unstage) writes a write-back cache's dirty data to the backend, though its config keeps it on
+// the SSD tier at a stop; Opened was given the export's source while it served.
+func TestFinalStopWritesBack(t *testing.T) {
+	for _, final := range []bool{false, true} {
+		t.Run(map[bool]string{false: "not-final", true: "final"}[final], func(t *testing.T) {
+			dir := t.TempDir()
+			img := filepath.Join(dir, "disk.img")
+			sock := filepath.Join(dir, "t.sock")
+			cfg := config.Defaults()
+			cfg.Exports = []config.Export{{Name: "pvc-1", Backend: "file://" + img + "?size=8MiB", Cache: &config.Cache{
+				Mode: "writeback", Line: "4KiB", SSD: filepath.Join(dir, "ssd.img"), SSDSize: "1MiB",
+				WriteBack: config.WriteBack{High: config.Ratio(0.9), Low: config.Ratio(0.8), Max: config.Ratio(0.95), Throttle: "none"}}}}
+			cfg.Listen = []string{"unix:" + sock}
+			cfg.RunDir = filepath.Join(dir, "run")
+			require.NoError(t, cfg.Validate(registry.Default().Schemes()))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			ready := make(chan struct{})
+			done := make(chan error, 1)
+			var opened []metrics.Source
+			go func() {
+				done <- Run(ctx, cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{
+					Ready:  func([]string) { close(ready) },
+					Final:  func() bool { return final },
+					Opened: func(s []metrics.Source) { opened = s },
+				})
+			}()
+			select {
+			case <-ready:
+			case err := <-done:
+				t.Fatalf("daemon did not start: %v", err)
+			}
+			require.Len(t, opened, 1)
+			require.Equal(t, "pvc-1", opened[0].Export)
+
+			c := dial(t, sock, "pvc-1")
+			data := bytes.Repeat([]byte("unstage!"), 4096)
+			_, err := c.WriteAt(data, 64<<10)
+			require.NoError(t, err)
+			require.NotZero(t, opened[0].Stats().Dirty.Lines, "the write waits on the SSD tier")
+			c.Close()
+			cancel()
+			require.NoError(t, <-done)
+
+			onDisk, err := os.ReadFile(img)
+			require.NoError(t, err)
+			if final {
+				require.Equal(t, data, onDisk[64<<10:64<<10+len(data)], "a final stop writes the dirty data back")
+			} else {
+				require.NotEqual(t, data, onDisk[64<<10:64<<10+len(data)], "a stop that is not final keeps it on the SSD tier")
+			}
+		})
+	}
+}

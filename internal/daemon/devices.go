@@ -29,9 +29,27 @@ type kernelDevice interface {
 // attachDevices creates (or takes back) the exports' ublk devices and attaches their kernel NBD
 // devices. The returned stop removes them all, or leaves those kept on stop, newest first, before
 // the server stops, so that the kernel's last writes and flushes still reach the volumes; left
-// lists the devices a clean stop leaves, for markLeft. On failure it removes what it had created.
-func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cache, srv *server.Server, log *slog.Logger) (stop func() error, left []leftDevice, err error) {
+// lists the devices a clean stop leaves, for markLeft (none after a final stop, which removes
+// them all: see Options.Final). On failure it removes what it had created.
+func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cache, srv *server.Server, final func() bool,
+	log *slog.Logger) (stop func() error, left func() []leftDevice, err error) {
 	var stops []func() error
+	var kept []leftDevice
+	// keepOrRemove is a device's stop: leave it if its setting keeps it and the stop is not final.
+	keepOrRemove := func(keep bool, leave, remove func() error) func() error {
+		return func() error {
+			if keep && !final() {
+				return leave()
+			}
+			return remove()
+		}
+	}
+	left = func() []leftDevice {
+		if final() {
+			return nil
+		}
+		return kept
+	}
 	stop = func() error {
 		var errs []error
 		for i := len(stops) - 1; i >= 0; i-- {
@@ -65,11 +83,9 @@ func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cach
 				forgetLeft(cfg.RunDir, path) // taken back, or a mark outlived its device
 			}
 			logDevice(log, "ublk", e.Name, d)
+			stops = append(stops, keepOrRemove(e.UBLK.KeepOnStop(), d.Leave, d.Stop))
 			if e.UBLK.KeepOnStop() {
-				stops = append(stops, d.Leave)
-				left = append(left, leftDevice{path, identity})
-			} else {
-				stops = append(stops, d.Stop)
+				kept = append(kept, leftDevice{path, identity})
 			}
 		}
 		if e.NBDDevice != "" {
@@ -91,11 +107,9 @@ func attachDevices(cfg config.Config, devs []volume.Device, caches []*cache.Cach
 			}
 			forgetLeft(cfg.RunDir, e.NBDDevice)
 			logDevice(log, "nbd", e.Name, d)
+			stops = append(stops, keepOrRemove(e.KeepNBDDevice(), d.Leave, d.Detach))
 			if e.KeepNBDDevice() {
-				stops = append(stops, d.Leave)
-				left = append(left, leftDevice{e.NBDDevice, identity})
-			} else {
-				stops = append(stops, d.Detach)
+				kept = append(kept, leftDevice{e.NBDDevice, identity})
 			}
 		}
 	}

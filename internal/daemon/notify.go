@@ -35,6 +35,15 @@ type Options struct {
 	// Watchdog, if not 0, is the service manager's watchdog interval (WatchdogSec=): WATCHDOG=1
 	// is sent every half of it while the exports' caches answer (see alive).
 	Watchdog time.Duration
+	// Final, if not nil, is asked when the stop begins whether it is the last of these exports
+	// here (the CSI node plugin unstaging a volume, which may next be staged on another node):
+	// then the kernel devices are removed whatever their on_stop says, and every cache's dirty
+	// data is written back, as write_back.on_stop: flush does. A stop that is not final (an
+	// upgrade of the plugin) leaves the devices as configured, for the next daemon to take back.
+	Final func() bool
+	// Opened, if not nil, is given the exports' metric sources once they are open, for a caller
+	// that serves them on an endpoint of its own (the CSI plugin's /metrics).
+	Opened func(sources []metrics.Source)
 }
 
 // UseActivated makes the sockets passed by socket activation cfg's listen addresses, before
