@@ -58,7 +58,7 @@ Quick start:
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
-	root.AddCommand(platformCommands()...)
+	root.AddCommand(platformCommands(version)...)
 	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newISCSILsCmd())
 	return root
 }

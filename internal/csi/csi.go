@@ -1,0 +1,139 @@
+// Package csi is tierblk's Container Storage Interface driver (`tierblk csi`): the Identity,
+// Controller and Node services of CSI v1 on a unix socket, so that Kubernetes (or any CO) can ask
+// for a cached volume.
+//
+// The controller creates dynamic volumes as sparse files in a backing directory that every node
+// mounts at the same path (a NAS share), and passes the rest of a volume's settings to the nodes
+// in its volume context; static volumes name their backend URL in the PV's volume attributes. The
+// node plugin runs one tierblk daemon (package daemon) per staged volume, its SSD tier in the
+// node's cache directory, attached as ublk (else the kernel NBD client), and records each staged
+// volume in its state directory, so that a restarted plugin takes every device back.
+//
+// It must never let a volume be staged on a second node while dirty data of it waits in another
+// node's cache: NodeUnstage returns only once the dirty data is on the backing store, and drops
+// the node's cached copy, which would be stale once the volume was written elsewhere. It must
+// never stop a staged volume's device when the plugin itself stops (an upgrade): that stop is not
+// final (daemon.Options.Final), so the next plugin takes the device back with its I/O.
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// DriverName is the CSI driver's name, as a CSIDriver object and a StorageClass's provisioner
+// name it.
+const DriverName = "tierblk.csi.tierblk.io"
+
+// Options configure `tierblk csi`.
+type Options struct {
+	// Endpoint is the unix socket the services listen on: unix:///csi/csi.sock or a path.
+	Endpoint string
+	// Version is the driver's version, as GetPluginInfo reports it.
+	Version string
+	// Controller and Node choose the services served besides Identity (a Deployment runs the
+	// controller, a DaemonSet the node plugin; one process may run both).
+	Controller, Node bool
+	// NodeID names this node (NodeGetInfo); the node's host name by default.
+	NodeID string
+	// BackingDir holds dynamic volumes' files, VOLUME_ID.img: the controller creates and deletes
+	// them, the nodes open them. Every node and the controller mount the same share at this path.
+	BackingDir string
+	// StateDir is where the node plugin records its staged volumes (StateDir/volumes/ID/), and
+	// the run directory of their daemons: it must outlive the plugin's container (a hostPath).
+	StateDir string
+	// CacheDir holds the SSD tiers of the volumes staged on this node (CacheDir/ID/): a directory
+	// on the node's SSD.
+	CacheDir string
+	// Admin, if set, serves /metrics and /stats of every volume staged on this node, each labelled
+	// with its PV's name.
+	Admin string
+	// Registry opens backends; Logger logs.
+	Registry *backend.Registry
+	Logger   *slog.Logger
+}
+
+// Run serves the services o asks for on o.Endpoint until ctx is cancelled. The node plugin first
+// takes back the volumes its state directory records as staged; at the end it stops them, not
+// finally: their devices stay for the next plugin.
+func Run(ctx context.Context, o Options) error {
+	if !o.Controller && !o.Node {
+		return errors.New("serve the controller service, the node service or both")
+	}
+	path, err := socketPath(o.Endpoint)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(o.Logger)))
+	csipb.RegisterIdentityServer(srv, &identity{o: o})
+	if o.Controller {
+		c, err := newController(o)
+		if err != nil {
+			return err
+		}
+		csipb.RegisterControllerServer(srv, c)
+	}
+	if o.Node {
+		n, err := newNode(ctx, o)
+		if err != nil {
+			return err
+		}
+		defer n.close()
+		csipb.RegisterNodeServer(srv, n)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	// A socket left by a killed plugin: nothing listens on it any more.
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("--endpoint: %w", err)
+	}
+	o.Logger.Info("csi: serving", "endpoint", path, "controller", o.Controller, "node", o.Node, "driver", DriverName, "version", o.Version)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	select {
+	case <-ctx.Done():
+		srv.GracefulStop()
+		return nil
+	case err := <-served:
+		return err
+	}
+}
+
+// socketPath is the file of a unix endpoint: unix:///path, unix:/path or a plain path.
+func socketPath(endpoint string) (string, error) {
+	p := strings.TrimPrefix(strings.TrimPrefix(endpoint, "unix://"), "unix:")
+	if p == "" || !filepath.IsAbs(p) {
+		return "", fmt.Errorf("--endpoint %q: give a unix socket's absolute path, as unix:///csi/csi.sock", endpoint)
+	}
+	return p, nil
+}
+
+// logCalls logs every call and its outcome at debug level, and failures at info: a CO retries
+// what failed, and the log is where a user finds why.
+func logCalls(log *slog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if err != nil {
+			log.Info("csi: call failed", "method", info.FullMethod, "err", err)
+		} else {
+			log.Debug("csi: call", "method", info.FullMethod)
+		}
+		return resp, err
+	}
+}
