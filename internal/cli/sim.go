@@ -35,6 +35,9 @@ type simOpts struct {
 	stdout     io.Writer
 	stderr     io.Writer
 	noProgress bool
+	reduction  string
+	reducedBy  string
+	reduceMode string
 }
 
 func newSimCmd() *cobra.Command {
@@ -57,11 +60,17 @@ With --model lines and --block-size set to the daemon's line size, each simulate
 4 KiB blocks fetched into it, and a read misses wherever its blocks are not held, as in the daemon;
 a miss fetches the blocks it touches, or on to the line's end for a sequential reader. The "fetched"
 column is the bytes read misses fetched from the backend over the bytes read: what a cache costs the
-link to the backend.`,
+link to the backend.
+
+--reduction RATIO shows what an SSD tier with data reduction holds: each cache keeps RATIO times
+its size in keys. --reduction-of FILE measures the ratio on a sample of the data (a disk image):
+its 4 KiB zero blocks take no space (reduction: zero), and with --reduction-mode compress the
+others count compressed with S2, a block at a time.`,
 		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
   tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
   tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB
-  tierblk sim --trace cloudPhysicsIO.vscsi --block-size 64KiB --model lines --policy lru,s3fifo --size 0.01,0.1`,
+  tierblk sim --trace cloudPhysicsIO.vscsi --block-size 64KiB --model lines --policy lru,s3fifo --size 0.01,0.1
+  tierblk sim --trace my.iolog --format fio --block-size 64KiB --size 8GiB --reduction-of /srv/vm.img`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -82,6 +91,9 @@ link to the backend.`,
 	f.StringVar(&o.output, "output", "table", "table, csv or json")
 	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
 	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "goroutines feeding the caches, each owning a share of them (the trace is read once for all)")
+	f.StringVar(&o.reduction, "reduction", "", "the data's reduction ratio on the SSD tier (2, 2.5:1): each cache holds that many times its size")
+	f.StringVar(&o.reducedBy, "reduction-of", "", "measure the reduction ratio on this data file (a disk image) instead of giving --reduction")
+	f.StringVar(&o.reduceMode, "reduction-mode", "zero", "what --reduction-of counts: zero (zero blocks take no space) or compress (and the rest compressed)")
 	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr (shown only when stderr is a terminal)")
 	return cmd
 }
@@ -127,6 +139,10 @@ func runSim(ctx context.Context, o simOpts) error {
 	if _, err := policy.NewAdmission(o.admission); err != nil {
 		return usageErrorf("--admission: %v", err)
 	}
+	ratio, measured, err := simReduction(o)
+	if err != nil {
+		return err
+	}
 	var progress io.Writer
 	if !o.noProgress && isTerminal(o.stderr) {
 		progress = o.stderr
@@ -165,6 +181,9 @@ func runSim(ctx context.Context, o simOpts) error {
 			if err != nil {
 				return usageErrorf("--size: %v", err)
 			}
+			if ratio > 1 {
+				k = sim.Reduce(k, ratio)
+			}
 			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
 		}
 	}
@@ -187,6 +206,9 @@ func runSim(ctx context.Context, o simOpts) error {
 			fmt.Fprintf(o.stdout, ", %d distinct keys", distinct)
 		}
 		fmt.Fprintln(o.stdout)
+		if ratio > 1 {
+			fmt.Fprintf(o.stdout, "reduction %.2f:1%s: each cache holds %.2f times its size\n", ratio, measured, ratio)
+		}
 		err = sim.WriteTable(o.stdout, res)
 	}
 	if err != nil {
@@ -199,6 +221,38 @@ func runSim(ctx context.Context, o simOpts) error {
 		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)
 	}
 	return nil
+}
+
+// simReduction is the reduction ratio the caches' sizes are multiplied by (1: none), given or
+// measured; measured says where it came from, for the table's heading.
+func simReduction(o simOpts) (ratio float64, measured string, err error) {
+	if o.reduceMode != "zero" && o.reduceMode != "compress" {
+		return 0, "", usageErrorf("--reduction-mode %q: use zero or compress", o.reduceMode)
+	}
+	switch {
+	case o.reduction != "" && o.reducedBy != "":
+		return 0, "", usageErrorf("--reduction and --reduction-of: give one (a ratio, or a file to measure it on)")
+	case o.reduction != "":
+		if ratio, err = sim.ParseRatio(o.reduction); err != nil {
+			return 0, "", usageErrorf("--reduction %v", err)
+		}
+		return ratio, "", nil
+	case o.reducedBy != "":
+		f, err := os.Open(o.reducedBy)
+		if err != nil {
+			return 0, "", usageErrorf("--reduction-of: %v", err)
+		}
+		defer f.Close()
+		m, err := sim.MeasureReduction(f)
+		if err != nil {
+			return 0, "", fmt.Errorf("--reduction-of %s: %w", o.reducedBy, err)
+		}
+		if ratio, err = m.Ratio(o.reduceMode == "compress"); err != nil {
+			return 0, "", usageErrorf("--reduction-of %s %v", o.reducedBy, err)
+		}
+		return ratio, fmt.Sprintf(" (%s, reduction-mode %s: %s)", filepath.Base(o.reducedBy), o.reduceMode, m), nil
+	}
+	return 1, "", nil
 }
 
 // simPass opens the trace, makes one pass over it, and closes it. Errors that are not the reader's

@@ -42,6 +42,9 @@ func simCmd(t *testing.T, o simOpts) (string, error) {
 	if o.workers == 0 {
 		o.workers = 2
 	}
+	if o.reduceMode == "" {
+		o.reduceMode = "zero"
+	}
 	err := runSim(context.Background(), o)
 	return out.String(), err
 }
@@ -117,5 +120,54 @@ func TestSimBadInput(t *testing.T) {
 				require.Equal(t, 1, ExitCode(err))
 			}
 		})
+	}
+}
+
+// TestSimReduction: a reduction ratio, given or measured on a data file, multiplies what each
+// cache holds, and the miss ratio falls with it; bad ratios and files are usage errors.
+func TestSimReduction(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	csvRows := func(o simOpts) [][]string {
+		o.tracePath, o.policies, o.sizes, o.output = path, "lru", "489", "csv"
+		out, err := simCmd(t, o)
+		require.NoError(t, err)
+		rows, err := csv.NewReader(bytes.NewReader([]byte(out))).ReadAll()
+		require.NoError(t, err)
+		return rows
+	}
+	plain := csvRows(simOpts{})
+	halfZeros := filepath.Join(t.TempDir(), "half-zeros.img")
+	data := make([]byte, 8*4096)
+	for i := 4 * 4096; i < len(data); i++ {
+		data[i] = byte(i*7 + i>>9)
+	}
+	require.NoError(t, os.WriteFile(halfZeros, data, 0o644))
+	for _, o := range []simOpts{{reduction: "2"}, {reducedBy: halfZeros}} {
+		rows := csvRows(o)
+		require.Equal(t, "978", rows[1][1], "a 2:1 reduction doubles what the cache holds (%+v)", o)
+		plainMiss, _ := strconv.ParseFloat(plain[1][3], 64)
+		miss, _ := strconv.ParseFloat(rows[1][3], 64)
+		require.Less(t, miss, plainMiss)
+	}
+	out, err := simCmd(t, simOpts{tracePath: path, policies: "lru", sizes: "489", reducedBy: halfZeros})
+	require.NoError(t, err)
+	require.Contains(t, out, "reduction 2.00:1 (half-zeros.img, reduction-mode zero: 8 blocks of 4 KiB, 50.0 % zeros;")
+
+	zeros := filepath.Join(t.TempDir(), "zeros.img")
+	require.NoError(t, os.WriteFile(zeros, make([]byte, 4096), 0o644))
+	for _, tc := range []struct {
+		o   simOpts
+		msg string
+	}{
+		{simOpts{reduction: "0.9"}, `--reduction "0.9": give a ratio`},
+		{simOpts{reduction: "2", reducedBy: zeros}, "give one"},
+		{simOpts{reducedBy: zeros}, "holds no block that is not zeros"},
+		{simOpts{reducedBy: filepath.Join(t.TempDir(), "missing")}, "--reduction-of: open"},
+		{simOpts{reduction: "2", reduceMode: "dedupe"}, `--reduction-mode "dedupe"`},
+	} {
+		tc.o.tracePath, tc.o.sizes = path, "489"
+		_, err := simCmd(t, tc.o)
+		require.ErrorContains(t, err, tc.msg)
+		require.Equal(t, 2, ExitCode(err), tc.msg)
 	}
 }
