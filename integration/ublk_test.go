@@ -28,3 +28,11 @@ func TestUBLKRecovery(t *testing.T) {
 func TestUBLKRestart(t *testing.T) {
 	runVMWith(t, vmOptions{}, "vm/guest/ublk-restart.sh", "256M", "128M")
 }
+
+// TestUBLKUnprivileged runs vm/guest/ublk-unprivileged.sh: a user without capabilities (as in a
+// container that is not privileged) serves an unprivileged ublk device once /dev/ublk-control
+// is open to it and udev's part gives the device's nodes to their owner; only the owner may open
+// it; a stop removes it; without the nodes handed over the error says what is missing.
+func TestUBLKUnprivileged(t *testing.T) {
+	runVM(t, "vm/guest/ublk-unprivileged.sh")
+}

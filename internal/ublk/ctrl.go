@@ -22,10 +22,17 @@ type control struct {
 	// buf holds a command's payload. The kernel runs control commands from an io_uring worker
 	// thread while the caller waits, so the payload lives outside the Go heap.
 	buf []byte
+	// unprivileged: the device was made with UBLK_F_UNPRIVILEGED_DEV, so every command on it
+	// but ADD_DEV starts its payload with the path of its /dev/ublkcN, which the kernel checks
+	// the caller may open.
+	unprivileged bool
 }
 
 func openControl() (*control, error) {
 	fd, err := unix.Open(controlPath, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EACCES) {
+		return nil, fmt.Errorf("open %s: %w: run as root, or let this user make unprivileged ublk devices (docs/operations.md#unprivileged-ublk)", controlPath, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open %s (is the ublk_drv module loaded?): %w", controlPath, err)
 	}
@@ -61,9 +68,6 @@ var cmdNames = map[uint32]string{
 func (c *control) do(op, id uint32, data uint64, payload []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(payload) > len(c.buf) {
-		return fmt.Errorf("ublk %s: payload of %d bytes", cmdNames[op], len(payload))
-	}
 	s, cmd, err := c.ring.Get()
 	if err != nil {
 		return err
@@ -73,22 +77,32 @@ func (c *control) do(op, id uint32, data uint64, payload []byte) error {
 	s.Off = uint64(op)
 	hdr := (*ctrlCmd)(unsafe.Pointer(&cmd[0]))
 	*hdr = ctrlCmd{DevID: id, QueueID: 0xffff, Data: data}
-	if len(payload) > 0 {
-		copy(c.buf, payload)
+	var path string
+	if c.unprivileged && op != cmdAddDev && op != cmdGetFeatures {
+		path = charPath(id)
+		hdr.DevPathLen = uint16(len(path))
+	}
+	if len(path)+len(payload) > len(c.buf) {
+		return fmt.Errorf("ublk %s: payload of %d bytes", cmdNames[op], len(payload))
+	}
+	if n := copy(c.buf, path) + copy(c.buf[len(path):], payload); n > 0 {
 		hdr.Addr = uint64(uintptr(unsafe.Pointer(&c.buf[0])))
-		hdr.Len = uint16(len(payload))
+		hdr.Len = uint16(n)
 	}
 	if err := c.ring.Submit(1); err != nil {
 		return fmt.Errorf("ublk %s: %w", cmdNames[op], err)
 	}
 	var res int32
 	c.ring.Reap(func(e uring.CQE) { res = e.Res })
-	copy(payload, c.buf)
+	copy(payload, c.buf[len(path):])
 	if res < 0 {
 		return fmt.Errorf("ublk %s of device %d: %w", cmdNames[op], int32(id), unix.Errno(-res))
 	}
 	return nil
 }
+
+// charPath is the path of device id's character device, /dev/ublkcN.
+func charPath(id uint32) string { return fmt.Sprintf("/dev/ublkc%d", id) }
 
 // bytesOf is the memory of *v, for payloads.
 func bytesOf[T any](v *T) []byte {

@@ -47,6 +47,7 @@ const (
 	flagURingCmdCompInTask  = 1 << 1
 	flagUserRecovery        = 1 << 3
 	flagUserRecoveryReissue = 1 << 4
+	flagUnprivilegedDev     = 1 << 5
 	flagCmdIoctlEncode      = 1 << 6
 	flagUserRecoveryFailIO  = 1 << 9
 )

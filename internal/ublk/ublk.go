@@ -15,6 +15,12 @@
 //     daemon is gone is deleted and created anew; a device with a live daemon is an error.
 //   - Stop removes the device (STOP_DEV, then DEL_DEV) after the kernel's last requests.
 //   - Leave stops serving a device with a fixed ID and leaves it for the next Start.
+//   - Without CAP_SYS_ADMIN (a container that is not privileged), Start makes an unprivileged
+//     device (UBLK_F_UNPRIVILEGED_DEV, Linux 6.5+): the kernel lets anyone who may open
+//     /dev/ublk-control make one, owned by the caller, whose commands name its /dev/ublkcN
+//     (which the caller must be able to open: a udev rule gives its nodes to their owner, as
+//     ublksrv's does), and only its owner may open /dev/ublkbN. The kernel gives such a device
+//     no user recovery, so it is never taken back: a stop or a kill removes it.
 //
 // A known Linux 6.12 limit: a daemon killed while START_DEV is still scanning the new disk for
 // partitions (the first moments of Start, longer if reading sector 0 is a slow backend miss)
@@ -163,6 +169,10 @@ func (d *Device) teardown(stopErr error) error {
 // DEL_DEV would wait for that as long as anything holds the stopped /dev/ublkbN open (a file
 // system still mounted on it), and a daemon must not hang on it.
 func (d *Device) deleteDev(id uint32) error {
+	if d.ctrl.unprivileged {
+		// The kernel takes no DEL_DEV_ASYNC for an unprivileged device.
+		return d.ctrl.delDev(id)
+	}
 	err := d.ctrl.delDevAsync(id)
 	if errors.Is(err, unix.EOPNOTSUPP) {
 		// A kernel without DEL_DEV_ASYNC.
@@ -200,7 +210,17 @@ func (d *Device) closeQueues() {
 
 func (d *Device) start(o Options) error {
 	features := d.ctrl.features()
-	if o.ID >= 0 {
+	unprivileged := !hasSysAdmin()
+	if unprivileged && features&flagUnprivilegedDev == 0 {
+		return errors.New("ublk needs CAP_SYS_ADMIN (root, or a privileged container), or a kernel that makes unprivileged ublk devices (Linux 6.5+)")
+	}
+	if unprivileged {
+		d.recoverable = false
+		if o.ID >= 0 {
+			d.log.Warn("ublk: without CAP_SYS_ADMIN the device is unprivileged, and the kernel gives those no user recovery: "+
+				"it is removed when tierblk stops, not left for the next one", "id", o.ID)
+		}
+	} else if o.ID >= 0 {
 		recovered, err := d.takeBack(uint32(o.ID))
 		if recovered || err != nil {
 			return err
@@ -216,12 +236,26 @@ func (d *Device) start(o Options) error {
 	}
 	if o.ID >= 0 {
 		info.DevID = uint32(o.ID)
+	}
+	if unprivileged {
+		info.Flags |= flagUnprivilegedDev
+	} else if o.ID >= 0 {
 		info.Flags |= recoveryFlags
 	}
 	if err := d.ctrl.addDev(&info); err != nil {
+		if unprivileged && errors.Is(err, unix.EACCES) {
+			return fmt.Errorf("%w: the kernel allows no more unprivileged ublk devices (ublk_drv's ublks_max parameter)", err)
+		}
 		return err
 	}
 	d.id = info.DevID
+	d.ctrl.unprivileged = unprivileged
+	if unprivileged {
+		// Every later command names /dev/ublkcN, which the kernel checks this user may open.
+		if err := waitForOwner(charPath(d.id)); err != nil {
+			return err
+		}
+	}
 	d.log.Info("ublk device added", "id", d.id, "queues", info.NrHWQueues, "depth", info.QueueDepth,
 		"max_io", info.MaxIOBufBytes, "flags", fmt.Sprintf("%#x", info.Flags), "kernel_features", fmt.Sprintf("%#x", features))
 	if size := d.vol.Info().Size; size%(1<<sectorShift) != 0 {
@@ -310,7 +344,7 @@ func deviceParams(info volume.Info, maxIO uint32) params {
 // startQueues opens /dev/ublkcN and starts a loop per queue; it returns once every queue has
 // fetched all its tags.
 func (d *Device) startQueues(info devInfo) error {
-	fd, err := openRetry(fmt.Sprintf("/dev/ublkc%d", d.id))
+	fd, err := openRetry(charPath(d.id))
 	if err != nil {
 		return err
 	}
@@ -344,6 +378,38 @@ func openRetry(path string) (int, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// udevTimeout bounds the wait for udev to give an unprivileged device's nodes to their owner.
+const udevTimeout = 10 * time.Second
+
+// waitForOwner waits until this user may read and write the new unprivileged device's
+// /dev/ublkcN: devtmpfs makes it root's, and a udev rule gives it to the device's owner.
+func waitForOwner(path string) error {
+	deadline := time.Now().Add(udevTimeout)
+	for {
+		err := unix.Access(path, unix.R_OK|unix.W_OK)
+		if err == nil {
+			return nil
+		}
+		if err != unix.ENOENT && err != unix.EACCES || time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w: an unprivileged ublk device's nodes are root's until a udev rule gives them to the device's owner "+
+				"(uid %d here), and without them this user cannot even delete the device: root must (docs/operations.md#unprivileged-ublk)",
+				path, err, os.Getuid())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// hasSysAdmin reports whether the process has CAP_SYS_ADMIN, which a privileged ublk device's
+// control commands need.
+func hasSysAdmin() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return os.Geteuid() == 0
+	}
+	return data[unix.CAP_SYS_ADMIN/32].Effective&(1<<(unix.CAP_SYS_ADMIN%32)) != 0
 }
 
 // takeBack deals with an existing device numbered id: it recovers one left quiesced by a previous
