@@ -16,11 +16,18 @@ import (
 
 // serverTLS loads the NBD server's TLS configuration as cfg says, and loads it again at each
 // SIGHUP (renewed certificates) until stop is called; a reload that fails keeps the configuration
-// loaded before. With TLS off it returns the zero server.TLS and leaves SIGHUP alone.
+// loaded before. With TLS off it returns the zero server.TLS, and a SIGHUP is logged and
+// otherwise ignored: its default action would end the daemon without its clean stop (a closed
+// terminal, a habit of sending SIGHUP to reload).
 func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ error) {
 	mode, err := tlsconf.ParseMode(cfg.Mode)
-	if err != nil || mode == tlsconf.Off {
-		return server.TLS{}, func() {}, err
+	if err != nil {
+		return server.TLS{}, nil, err
+	}
+	if mode == tlsconf.Off {
+		return server.TLS{}, onHangup(func() {
+			log.Info("SIGHUP: nothing to reload (a SIGHUP reloads the TLS certificates, and TLS is off)")
+		}), nil
 	}
 	opts := tlsconf.Options{Dir: cfg.Certificates, VerifyPeer: cfg.VerifyPeer}
 	certs, err := tlsconf.NewReloadable(func() (*tls.Config, error) { return tlsconf.Server(opts) })
@@ -29,6 +36,18 @@ func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ e
 	}
 	logCertificate(log, "TLS certificates loaded", certs.Config(), "mode", mode.String(), "dir", cfg.Certificates, "verify_peer", cfg.VerifyPeer)
 
+	stop = onHangup(func() {
+		if err := certs.Reload(); err != nil {
+			log.Error("TLS certificates not reloaded: the ones loaded before stay in use", "dir", cfg.Certificates, "err", err)
+			return
+		}
+		logCertificate(log, "TLS certificates reloaded", certs.Config(), "dir", cfg.Certificates)
+	})
+	return server.TLS{Mode: mode, Config: certs.Config}, stop, nil
+}
+
+// onHangup runs do at each SIGHUP until stop is called.
+func onHangup(do func()) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	done := make(chan struct{})
@@ -38,19 +57,14 @@ func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ e
 			case <-done:
 				return
 			case <-hup:
+				do()
 			}
-			if err := certs.Reload(); err != nil {
-				log.Error("TLS certificates not reloaded: the ones loaded before stay in use", "dir", cfg.Certificates, "err", err)
-				continue
-			}
-			logCertificate(log, "TLS certificates reloaded", certs.Config(), "dir", cfg.Certificates)
 		}
 	}()
-	stop = func() {
+	return func() {
 		signal.Stop(hup)
 		close(done)
 	}
-	return server.TLS{Mode: mode, Config: certs.Config}, stop, nil
 }
 
 // logCertificate logs msg with the server certificate's subject and expiry, as a warning when the

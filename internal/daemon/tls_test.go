@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -81,4 +82,22 @@ func TestTLSCertificatesMissing(t *testing.T) {
 	cfg.TLS = config.TLS{Mode: "on", Certificates: dir}
 	err := Run(context.Background(), cfg, registry.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
 	require.ErrorContains(t, err, "tls.certificates: "+filepath.Join(dir, "server-cert.pem")+" is missing")
+}
+
+// TestHangupWithoutTLS: a SIGHUP to a daemon without TLS is logged and changes nothing; without
+// the daemon's handler its default action would end the process (this test's too).
+func TestHangupWithoutTLS(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "t.sock")
+	cfg := config.Defaults()
+	cfg.Exports = []config.Export{{Name: "disk", Backend: "mem://1MiB"}}
+	cfg.Listen = []string{"unix:" + sock}
+	log := &nbdtest.Buffer{}
+	d := startLogging(t, cfg, log)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "SIGHUP: nothing to reload") }, 10*time.Second, 10*time.Millisecond)
+	c := dial(t, sock, "disk")
+	require.EqualValues(t, 1<<20, c.Size(), "still serving")
+	c.Close()
+	require.NoError(t, d.stop())
 }
