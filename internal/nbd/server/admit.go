@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
+	"time"
 )
 
 // Refusal is why a connection was closed as it arrived, before the server sent it a byte.
@@ -34,12 +36,42 @@ func (s *Server) RefusedConnections() map[string]uint64 {
 }
 
 // refuse counts a refusal, closes nc without a word to its client and logs why at warning level:
-// a refused client is either misconfigured or unwelcome, and either way an operator may act.
+// a refused client is either misconfigured or unwelcome, and either way an operator may act. A
+// client that keeps trying (a scanner, a retry loop) must not flood the log: each reason logs
+// at most once per refusalLogEvery, saying how many it left out meanwhile; /metrics counts all.
 func (s *Server) refuse(nc net.Conn, log *slog.Logger, why Refusal, msg string, args ...any) {
 	// Counted before the close, so that a client that sees its connection end finds it counted.
 	s.refused[why].Add(1)
 	nc.Close()
-	log.Warn(msg, args...)
+	if left, ok := s.refusalLogs.allow(why, time.Now()); ok {
+		if left > 0 {
+			args = append(args, "not_logged_since_last", left)
+		}
+		log.Warn(msg, args...)
+	}
+}
+
+// refusalLogEvery is the least time between two warnings of one reason of refusal.
+const refusalLogEvery = time.Second
+
+// refusalLimiter rate-limits the warnings of refusals, by reason.
+type refusalLimiter struct {
+	mu      sync.Mutex
+	last    [numRefusals]time.Time
+	skipped [numRefusals]uint64
+}
+
+// allow reports whether a refusal for why at now is logged, and how many were not since the last.
+func (l *refusalLimiter) allow(why Refusal, now time.Time) (skipped uint64, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last[why].IsZero() && now.Sub(l.last[why]) < refusalLogEvery {
+		l.skipped[why]++
+		return 0, false
+	}
+	skipped, l.skipped[why] = l.skipped[why], 0
+	l.last[why] = now
+	return skipped, true
 }
 
 // allowed reports whether a client at a may connect: a TCP client must come from one of the

@@ -91,4 +91,39 @@ func TestAllowList(t *testing.T) {
 		require.Equal(t, nbdtest.Reply{Cookie: 1}, c.Reply(), network)
 	}
 	require.Equal(t, uint64(1), ts.s.RefusedConnections()["not allowed"])
+
+	// A client that keeps trying is counted every time but logged about once a second.
+	for range 20 {
+		nc, err := d.Dial("tcp", ts.TCP)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, nc)
+		nc.Close()
+	}
+	require.Eventually(t, func() bool { return ts.s.RefusedConnections()["not allowed"] == 21 }, 5*time.Second, 5*time.Millisecond)
+	require.LessOrEqual(t, strings.Count(logs.String(), "none of the allowed networks"), 3, "warnings for 21 refusals in a burst:\n%s", logs)
+}
+
+// TestRefusalLogLimit: refusals of one reason log at most once per refusalLogEvery, the next
+// warning saying how many were left out; each reason has its own limit.
+func TestRefusalLogLimit(t *testing.T) {
+	var l refusalLimiter
+	t0 := time.Unix(1000, 0)
+	for _, step := range []struct {
+		why     Refusal
+		at      time.Duration
+		ok      bool
+		skipped uint64
+	}{
+		{NotAllowed, 0, true, 0},
+		{NotAllowed, 10 * time.Millisecond, false, 0},
+		{NotAllowed, 500 * time.Millisecond, false, 0},
+		{TooMany, 600 * time.Millisecond, true, 0},
+		{NotAllowed, refusalLogEvery, true, 2},
+		{NotAllowed, refusalLogEvery + time.Millisecond, false, 0},
+		{NotAllowed, 3 * refusalLogEvery, true, 1},
+	} {
+		skipped, ok := l.allow(step.why, t0.Add(step.at))
+		require.Equal(t, step.ok, ok, "%v at %v", step.why, step.at)
+		require.Equal(t, step.skipped, skipped, "%v at %v", step.why, step.at)
+	}
 }

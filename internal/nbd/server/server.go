@@ -105,6 +105,7 @@ type Server struct {
 	maxPerPeer  int
 	allow       []netip.Prefix
 	refused     [numRefusals]atomic.Uint64 // connections refused as they arrived, by Refusal
+	refusalLogs refusalLimiter
 	tls         TLS
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
