@@ -363,6 +363,20 @@ func TestKubernetesManifests(t *testing.T) {
 	slices.Sort(files)
 	require.ElementsMatch(t, files, k.Resources, "kustomization.yaml's resources: every manifest in %s", kubeDir)
 
+	// Each kind at the API version Kubernetes serves it (a wrong one is refused by kubectl apply).
+	apiVersions := map[string]string{
+		"Namespace": "v1", "ServiceAccount": "v1", "CSIDriver": "storage.k8s.io/v1", "StorageClass": "storage.k8s.io/v1",
+		"ClusterRole": "rbac.authorization.k8s.io/v1", "ClusterRoleBinding": "rbac.authorization.k8s.io/v1",
+		"Role": "rbac.authorization.k8s.io/v1", "RoleBinding": "rbac.authorization.k8s.io/v1",
+		"Deployment": "apps/v1", "DaemonSet": "apps/v1", "Kustomization": "kustomize.config.k8s.io/v1beta1",
+		"PersistentVolume": "v1", "PersistentVolumeClaim": "v1", "Pod": "v1",
+	}
+	for _, o := range append(slices.Clone(objs), readManifests(t, kubeExamples)...) {
+		want, ok := apiVersions[o.Kind]
+		require.True(t, ok, "%s: kind %s, which the test does not know", o.file, o.Kind)
+		require.Equal(t, want, o.APIVersion, "%s: the apiVersion of %s %s", o.file, o.Kind, o.Metadata.Name)
+	}
+
 	// Namespaces, accounts and roles.
 	find(t, objs, "Namespace", kubeNamespace)
 	for _, o := range objs {
