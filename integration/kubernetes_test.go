@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -296,17 +297,46 @@ func provisionerParameters(params map[string]string, pvName string) map[string]s
 	return p
 }
 
-// hostArgs are a container's args with each directory it mounts replaced by a directory of the
-// host, as dirs maps them (mount path to host path).
-func hostArgs(args []string, dirs map[string]string) []string {
+// hostArgs are a container's args with the directories it mounts replaced by directories of the
+// host, as dirs maps them (mount path to host path), and each $(VAR) by env's VAR, as Kubernetes
+// expands it.
+func hostArgs(args []string, dirs, env map[string]string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
-		for from, to := range dirs {
-			a = strings.ReplaceAll(a, from, to)
+		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(v string) string {
+			return env[v[2:len(v)-1]]
+		})
+		prefix, value := "", a
+		if j := strings.Index(a, "="); strings.HasPrefix(a, "--") && j > 0 {
+			prefix, value = a[:j+1], a[j+1:]
 		}
-		out[i] = a
+		if v, ok := strings.CutPrefix(value, "unix://"); ok {
+			prefix, value = prefix+"unix://", v
+		}
+		best := ""
+		for from := range dirs {
+			if (value == from || strings.HasPrefix(value, from+"/")) && len(from) > len(best) {
+				best = from
+			}
+		}
+		if best != "" {
+			value = dirs[best] + strings.TrimPrefix(value, best)
+		}
+		out[i] = prefix + value
 	}
 	return out
+}
+
+// hostDirs makes a temporary directory of the host for each of c's mounts, for hostArgs.
+func hostDirs(t *testing.T, c *k8sContainer) map[string]string {
+	t.Helper()
+	tmp := shortTempDir(t)
+	dirs := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		dirs[m.MountPath] = filepath.Join(tmp, m.Name)
+		require.NoError(t, os.Mkdir(dirs[m.MountPath], 0o755))
+	}
+	return dirs
 }
 
 // csiFlags are the flags `tierblk csi --help` lists.
@@ -526,16 +556,11 @@ func TestKubernetesManifests(t *testing.T) {
 	require.GreaterOrEqual(t, *ns.TerminationGracePeriodSeconds, 60, "time for the plugin to stop cleanly")
 
 	// The controller's command line on this host, each mount a temporary directory.
-	tmp := shortTempDir(t)
-	dirs := map[string]string{}
-	for _, m := range ctb.VolumeMounts {
-		dirs[m.MountPath] = filepath.Join(tmp, m.Name)
-		require.NoError(t, os.Mkdir(dirs[m.MountPath], 0o755))
-	}
-	sock := hostArgs([]string{ctrlSock}, dirs)[0]
-	startDaemon(t, tierblkPath, hostArgs(ctb.Args, dirs), "unix:"+sock)
+	dirs := hostDirs(t, ctb)
+	sock := hostArgs([]string{ctrlSock}, dirs, nil)[0]
+	startDaemon(t, tierblkPath, hostArgs(ctb.Args, dirs, nil), "unix:"+sock)
 	conn := csiConn(t, sock)
-	backing := hostArgs([]string{cBacking}, dirs)[0]
+	backing := hostArgs([]string{cBacking}, dirs, nil)[0]
 	requireDriverTakesManifests(t, conn, objs, backing)
 
 	// The examples: their claims and pods fit the class and the driver.
@@ -699,6 +724,47 @@ func requireStaticPVTaken(t *testing.T, conn *grpc.ClientConn, pv k8sPV) {
 	scheme, _, ok := strings.Cut(backend, "://")
 	require.True(t, ok, "the static PV's backend %q is a URL", backend)
 	require.Contains(t, registry.Default().Schemes(), scheme, "the static PV's backend")
+}
+
+// TestKubernetesNodePlugin runs the DaemonSet's tierblk command line on this host, as the kubelet
+// would start it on a node with nothing staged: its mounts are temporary directories, NODE_NAME
+// is the node's name, and its admin endpoint, on the same kind of address, has a free port. The
+// plugin must serve its socket, name itself by NODE_NAME (NodeGetInfo), and serve /metrics to a
+// scrape that names the pod's address, as Prometheus's Kubernetes discovery makes it. Staging a
+// volume needs the kernel's ublk or NBD devices: the VM's tests do that.
+func TestKubernetesNodePlugin(t *testing.T) {
+	var node k8sWorkload
+	find(t, readManifests(t, kubeDir), "DaemonSet", "tierblk-csi-node").decode(t, &node)
+	c := node.Spec.Template.Spec.container(t, "tierblk")
+	dirs := hostDirs(t, c)
+	const nodeName = "node-1"
+	args := hostArgs(c.Args, dirs, map[string]string{"NODE_NAME": nodeName})
+	port := strings.TrimPrefix(freeTCPAddr(t), "127.0.0.1:")
+	for i, a := range args {
+		if addr, ok := strings.CutPrefix(a, "--admin="); ok {
+			host, _, ok := strings.Cut(addr, ":")
+			require.True(t, ok, "--admin %s: HOST:PORT", addr)
+			args[i] = "--admin=" + host + ":" + port
+		}
+	}
+	e, _ := flagArg(c.Args, "endpoint")
+	sock := hostArgs([]string{strings.TrimPrefix(e, "unix://")}, dirs, nil)[0]
+	startDaemon(t, tierblkPath, args, "unix:"+sock, "127.0.0.1:"+port)
+
+	info, err := csipb.NewNodeClient(csiConn(t, sock)).NodeGetInfo(context.Background(), &csipb.NodeGetInfoRequest{})
+	require.NoError(t, err)
+	require.Equal(t, nodeName, info.GetNodeId(), "the node plugin's --node-id is the node's name")
+
+	req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+port+"/metrics", nil)
+	require.NoError(t, err)
+	req.Host = "10.0.0.7:" + port // the pod's address (the node's, on the host's network)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "a scrape of the pod's address: %s", body)
+	require.Contains(t, string(body), "# TYPE ", "Prometheus metrics")
 }
 
 // TestCSISanityController runs csi-sanity (the Kubernetes project's conformance tests of a CSI
