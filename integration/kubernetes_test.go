@@ -303,8 +303,11 @@ func provisionerParameters(params map[string]string, pvName string) map[string]s
 func hostArgs(args []string, dirs, env map[string]string) []string {
 	out := make([]string, len(args))
 	for i, a := range args {
-		a = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(a, func(v string) string {
-			return env[v[2:len(v)-1]]
+		a = regexp.MustCompile(`\$\([A-Za-z_][A-Za-z0-9_]*\)`).ReplaceAllStringFunc(a, func(v string) string {
+			if value, ok := env[v[2:len(v)-1]]; ok {
+				return value
+			}
+			return v // Kubernetes leaves an unknown variable as it is
 		})
 		prefix, value := "", a
 		if j := strings.Index(a, "="); strings.HasPrefix(a, "--") && j > 0 {
@@ -494,6 +497,8 @@ func TestKubernetesManifests(t *testing.T) {
 	prov := cs.container(t, "csi-provisioner")
 	_, ok = flagArg(prov.Args, "extra-create-metadata")
 	require.True(t, ok, "the provisioner passes the PV's name to CreateVolume: the nodes label metrics with it")
+	sweep, _ := flagArg(prov.Args, "snapshot-orphan-sweep-interval")
+	require.Equal(t, "0", sweep, "no sweep of snapshots' finalizers: rbac.yaml grants no VolumeSnapshot rights")
 	_, ok = flagArg(prov.Args, "leader-election")
 	require.True(t, ok, "the provisioner elects a leader (a rolling update runs two controller pods)")
 	find(t, objs, "Role", "tierblk-csi-leader-election")
