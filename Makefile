@@ -16,15 +16,17 @@ SSD_SIZE ?= 256MiB
 # iSCSI driver (qemu-block-extra: qemu-utils only recommends it) for bench nbd's iscsi part.
 # prometheus (with promtool) for the dashboard test; systemd: systemd-socket-activate and
 # systemd-analyze for the service tests; podman and runc (IMAGE_DEB_PACKAGES) for the image and its
-# test, podman-compose for the test of configs/compose.yaml.
+# test, podman-compose for the test of configs/compose.yaml; e2fsprogs (mkfs.ext4 in the VM too) and
+# xfsprogs (CSI_DEB_PACKAGES) for the CSI driver's image.
 IMAGE_DEB_PACKAGES := podman runc
+CSI_DEB_PACKAGES := e2fsprogs xfsprogs
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
-	xz-utils e2fsprogs kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES) \
-	podman-compose
+	xz-utils kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES) \
+	$(CSI_DEB_PACKAGES) podman-compose
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
-.PHONY: all build install image run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
+.PHONY: all build install image image-csi run test unit integration crash-campaign standalone fuzz-short bench deps deps-deb deps-go fmt-check clean
 
 all: build
 
@@ -70,6 +72,37 @@ image: build
 	  --label org.opencontainers.image.licenses=Apache-2.0 $(IMAGE_CONTEXT)
 	@echo "image $(IMAGE):$(VERSION); run it as docs/operations.md#containers says, e.g."
 	@echo "  podman run -d --name tierblk -v tierblk-state:/var/lib/tierblk -v tierblk-run:/run/tierblk $(IMAGE):$(VERSION)"
+
+# make image-csi [CSI_IMAGE=localhost/tierblk-csi]: the CSI driver's image (Containerfile.csi,
+# configs/kubernetes/), tagged $(VERSION) and latest: the static binary and the file system tools
+# of CSI_TOOLS, each with the shared libraries ldd lists at the path ldd gives (so the dynamic
+# loader finds them there), and the Debian copyright files of the packages they come from. It
+# pulls nothing; push it where the cluster's nodes pull from (docs/operations.md#kubernetes).
+CSI_IMAGE ?= localhost/tierblk-csi
+CSI_IMAGE_CONTEXT ?= $(CURDIR)/.cache/image-csi
+CSI_TOOLS := /usr/sbin/mke2fs /usr/sbin/resize2fs /usr/sbin/mkfs.xfs /usr/sbin/xfs_growfs
+image-csi: build
+	@$(MAKE) -s deps-deb DEB_PACKAGES="$(IMAGE_DEB_PACKAGES) $(CSI_DEB_PACKAGES)"
+	rm -rf $(CSI_IMAGE_CONTEXT)
+	install -D -m 0755 $(BIN) $(CSI_IMAGE_CONTEXT)/rootfs/usr/local/bin/tierblk
+	@set -e; root=$(CSI_IMAGE_CONTEXT)/rootfs; \
+	for t in $(CSI_TOOLS); do \
+	  files="$$t $$(ldd $$t | grep -o '/[^ ]*')"; \
+	  for f in $$files; do \
+	    install -D -m 0755 "$$f" "$$root$$f"; \
+	    p=$$(dpkg -S "$$f" 2>/dev/null || dpkg -S "$${f#/usr}" 2>/dev/null || dpkg -S "/usr$$f" 2>/dev/null) || \
+	      { echo "image-csi: no Debian package owns $$f (its copyright must go in the image)"; exit 1; }; \
+	    p=$${p%%:*}; install -D -m 0644 /usr/share/doc/$$p/copyright "$$root/usr/share/doc/$$p/copyright"; \
+	  done; \
+	done; \
+	for fs in ext4 ext3 ext2; do ln -s mke2fs "$$root/usr/sbin/mkfs.$$fs"; done; \
+	install -D -m 0644 /etc/mke2fs.conf "$$root/etc/mke2fs.conf"
+	podman build --pull=never -f Containerfile.csi -t $(CSI_IMAGE):$(VERSION) -t $(CSI_IMAGE):latest \
+	  --label org.opencontainers.image.title=tierblk-csi --label org.opencontainers.image.version=$(VERSION) \
+	  --label org.opencontainers.image.revision=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  --label org.opencontainers.image.licenses="Apache-2.0 AND GPL-2.0-only AND LGPL-2.1-or-later" $(CSI_IMAGE_CONTEXT)
+	@echo "image $(CSI_IMAGE):$(VERSION); push it and name it in configs/kubernetes/kustomization.yaml, e.g."
+	@echo "  podman push $(CSI_IMAGE):$(VERSION) registry.example.com/tierblk/tierblk-csi:$(VERSION)"
 
 # The embedded default: a sparse file of $(SIZE) under ./data, served over a unix socket and TCP.
 run: build
