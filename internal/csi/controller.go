@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -138,6 +139,15 @@ func (c *controller) DeleteVolume(_ context.Context, req *csipb.DeleteVolumeRequ
 	if !validID(id) {
 		return &csipb.DeleteVolumeResponse{}, nil // no volume of ours: gone already
 	}
+	if _, err := os.Stat(c.file(id)); errors.Is(err, os.ErrNotExist) {
+		return &csipb.DeleteVolumeResponse{}, nil
+	}
+	// A daemon serving the volume would go on writing to a file no one can open again.
+	unlock, err := c.lockUnused(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	if err := os.Remove(c.file(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "delete volume %q: %v", id, err)
 	}
@@ -208,11 +218,35 @@ func (c *controller) ControllerExpandVolume(_ context.Context, req *csipb.Contro
 	if size <= have {
 		return &csipb.ControllerExpandVolumeResponse{CapacityBytes: have, NodeExpansionRequired: !block}, nil
 	}
+	unlock, err := c.lockUnused(id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	// os.Truncate never shrinks here (size > have), so no byte a user wrote is lost.
 	if err := os.Truncate(c.file(id), size); err != nil {
 		return nil, status.Errorf(codes.Internal, "grow volume %q to %s: %v", id, units.FormatSize(size), err)
 	}
 	return &csipb.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: !block}, nil
+}
+
+// lockUnused takes the lock on dynamic volume id's file that a daemon serving it holds (the file
+// backend's flock, which NFS carries between hosts), so that no node stages the volume while the
+// controller changes or deletes it: FAILED_PRECONDITION while a node has it staged, which tells
+// the CO to retry once the volume is unstaged (the plugin's expansion is OFFLINE).
+func (c *controller) lockUnused(id string) (unlock func(), err error) {
+	f, err := os.OpenFile(c.file(id), os.O_RDWR, 0)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "volume %q: %v", id, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is staged on a node (its file is locked): it grows once no pod uses it", id)
+		}
+		return nil, status.Errorf(codes.Internal, "lock volume %q: %v", id, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // checkCapabilities refuses what tierblk cannot give: a volume on more than one node at once (its

@@ -9,6 +9,7 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -180,4 +181,34 @@ func TestDeleteExpandValidate(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist)
 	_, err = c.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{})
 	require.Equal(t, codes.InvalidArgument, status.Code(err))
+}
+
+// TestControllerRefusesStagedVolume: while a daemon serves a dynamic volume (it holds the lock on
+// the file, as the file backend does), growing or deleting it fails with FAILED_PRECONDITION and
+// changes nothing; once the lock is let go both succeed.
+func TestControllerRefusesStagedVolume(t *testing.T) {
+	c := newTestController(t)
+	ctx := context.Background()
+	resp, err := c.CreateVolume(ctx, &csipb.CreateVolumeRequest{Name: "pvc-busy", VolumeCapabilities: []*csipb.VolumeCapability{blockCap()},
+		CapacityRange: &csipb.CapacityRange{RequiredBytes: 2 << 20}})
+	require.NoError(t, err)
+	id := resp.GetVolume().GetVolumeId()
+	f, err := os.OpenFile(c.file(id), os.O_RDWR, 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB))
+
+	_, err = c.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: 4 << 20}})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	_, err = c.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id})
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
+	fi, err := os.Stat(c.file(id))
+	require.NoError(t, err)
+	require.EqualValues(t, 2<<20, fi.Size())
+
+	require.NoError(t, f.Close())
+	e, err := c.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csipb.CapacityRange{RequiredBytes: 4 << 20}})
+	require.NoError(t, err)
+	require.EqualValues(t, 4<<20, e.GetCapacityBytes())
+	_, err = c.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id})
+	require.NoError(t, err)
 }
