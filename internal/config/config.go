@@ -48,6 +48,10 @@ type Config struct {
 	// Admin is the address of the admin endpoint (/metrics, /stats): 127.0.0.1:PORT, [::1]:PORT,
 	// localhost:PORT or unix:/path. Empty: none.
 	Admin string `yaml:"admin"`
+	// Metrics is the address of a read-only endpoint that serves GET /metrics and /stats alone,
+	// which may be any HOST:PORT (:9810 for every address) for a Prometheus on another host, or
+	// unix:/path. Empty: none.
+	Metrics string `yaml:"metrics"`
 	// TLS is how the NBD listeners offer TLS.
 	TLS TLS `yaml:"tls"`
 	// RunDir holds what must outlive a tierblk process but not a reboot, as the kernel's block
@@ -335,6 +339,11 @@ func (c *Config) Validate(schemes []string) error {
 	if c.Admin != "" {
 		if _, _, err := metrics.ParseAdminAddr(c.Admin); err != nil {
 			errs = append(errs, fieldErr("admin", "%v", err))
+		}
+	}
+	if c.Metrics != "" {
+		if _, _, err := metrics.ParseMetricsAddr(c.Metrics); err != nil {
+			errs = append(errs, fieldErr("metrics", "%v", err))
 		}
 	}
 	if len(c.Listen) == 0 && !devices {

@@ -108,6 +108,8 @@ var Flags = []Flag{
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.RunDir = last(v); return nil }},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
+	{Name: "metrics", Field: "metrics", Usage: "read-only endpoint serving /metrics and /stats alone, on any address (:9810) for a Prometheus on another host",
+		apply: func(c *Config, v []string, _ func(string) bool) error { c.Metrics = last(v); return nil }},
 	{Name: "tls", Field: "tls.mode", Def: Defaults().TLS.Mode,
 		Usage: "TLS on the NBD listeners: off, on (each client chooses) or require (needs --tls-certificates)",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.TLS.Mode = last(v); return nil }},

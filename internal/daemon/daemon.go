@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -86,18 +87,28 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		return err
 	}
 
-	if cfg.Admin != "" {
-		actx, stopAdmin := context.WithCancel(context.Background())
-		h := metrics.NewHandler(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections))
-		bound, wait, err := metrics.Serve(actx, cfg.Admin, h, log)
-		if err != nil {
-			stopAdmin()
-			return fmt.Errorf("admin: %w", err)
+	handlers := metrics.NewHandlers(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections))
+	for _, ep := range []struct {
+		field, addr, paths string
+		h                  http.Handler
+		serve              func(context.Context, string, http.Handler, *slog.Logger) (string, func() error, error)
+	}{
+		{"admin", cfg.Admin, "/metrics /stats /flush /mode /heal", handlers.Admin, metrics.Serve},
+		{"metrics", cfg.Metrics, "/metrics /stats", handlers.Metrics, metrics.ServeMetrics},
+	} {
+		if ep.addr == "" {
+			continue
 		}
-		log.Info("admin endpoint", "addr", bound, "paths", "/metrics /stats /flush /mode /heal")
-		// The admin endpoint outlives the NBD server, so the last stats can be read while stopping.
+		actx, stop := context.WithCancel(context.Background())
+		bound, wait, err := ep.serve(actx, ep.addr, ep.h, log)
+		if err != nil {
+			stop()
+			return fmt.Errorf("%s: %w", ep.field, err)
+		}
+		log.Info(ep.field+" endpoint", "addr", bound, "paths", ep.paths)
+		// The endpoints outlive the NBD server, so the last stats can be read while stopping.
 		defer func() {
-			stopAdmin()
+			stop()
 			err = errors.Join(err, wait())
 		}()
 	}

@@ -3,9 +3,11 @@
 // time (and the NBD server's refused connections, counted by reason), and the admin actions POST
 // /flush and POST /mode (see actions.go).
 //
-// The endpoint has no authentication, so it must never listen anywhere but on loopback or a unix
-// socket. It must never change a cache but through those two actions, which the cache makes safe
-// at any time, and never on a GET.
+// The admin endpoint has no authentication, so it must never listen anywhere but on loopback or a
+// unix socket. It must never change a cache but through those actions, which the cache makes safe
+// at any time, and never on a GET. The metrics endpoint (NewHandlers' Metrics) serves only GET
+// /metrics and /stats, which change nothing, and may listen on any address, for a Prometheus on
+// another host.
 package metrics
 
 import (
@@ -48,6 +50,25 @@ type ExportStats struct {
 	Stats cache.Stats `json:"stats"`
 }
 
+// ParseMetricsAddr splits a metrics endpoint's address, unix:/path or [HOST]:PORT with any host
+// (":9810" listens on every address), into net.Listen's network and address.
+func ParseMetricsAddr(s string) (network, address string, err error) {
+	if p, ok := strings.CutPrefix(s, "unix:"); ok {
+		if p == "" {
+			return "", "", fmt.Errorf("metrics address %q has no socket path; write unix:/path/to.sock", s)
+		}
+		return "unix", p, nil
+	}
+	_, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return "", "", fmt.Errorf("metrics address %q is neither unix:/path/to.sock nor HOST:PORT (:PORT for every address)", s)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return "", "", fmt.Errorf("metrics address %q: port %q is not a number from 0 to 65535", s, port)
+	}
+	return "tcp", s, nil
+}
+
 // ParseAdminAddr splits an admin address, unix:/path or HOST:PORT, into net.Listen's network and
 // address. HOST must be a loopback IP or localhost: the endpoint has no authentication.
 func ParseAdminAddr(s string) (network, address string, err error) {
@@ -70,10 +91,15 @@ func ParseAdminAddr(s string) (network, address string, err error) {
 	return "tcp", s, nil
 }
 
-// NewHandler serves GET /metrics (Prometheus text format), GET /stats (StatsResponse as JSON), Go's
-// profiles under /debug/pprof/ and a short index at /. sources is called on every request, so
-// exports may come and go. more are further collectors for /metrics, such as RefusedConnections.
-func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Handler {
+// Handlers are the two endpoints of one set of sources. Admin serves GET /metrics (Prometheus
+// text format), GET /stats (StatsResponse as JSON), the admin actions, Go's profiles under
+// /debug/pprof/ and a short index at /: loopback or a unix socket only. Metrics serves GET
+// /metrics and /stats alone, for any address. Both count the same flushes in progress.
+type Handlers struct{ Admin, Metrics http.Handler }
+
+// NewHandlers makes the handlers of sources, which is called on every request, so exports may
+// come and go. more are further collectors for /metrics, such as RefusedConnections.
+func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers {
 	flushes := newFlushTracker()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
@@ -82,34 +108,49 @@ func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Hand
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	reg.MustRegister(more...)
-	mux := http.NewServeMux()
 	// A "GET" pattern also matches HEAD; ServeMux answers other methods with 405 and other paths
 	// with 404.
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
-		resp := StatsResponse{Exports: []ExportStats{}}
-		for _, s := range sources() {
-			if s.Stats == nil {
-				continue
+	readOnly := func(mux *http.ServeMux) {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
+			resp := StatsResponse{Exports: []ExportStats{}}
+			for _, s := range sources() {
+				if s.Stats == nil {
+					continue
+				}
+				resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
 			}
-			resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
-		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(resp) // an error here is the client going away; nothing to tell it
-	})
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			enc := json.NewEncoder(w)
+			enc.SetIndent("", "  ")
+			enc.Encode(resp) // an error here is the client going away; nothing to tell it
+		})
+	}
+	const index = "/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n"
+	admin := http.NewServeMux()
+	readOnly(admin)
+	admin.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprint(w, "tierblk admin endpoint\n\n/metrics  Prometheus metrics\n/stats    cache statistics of every export, as JSON (tierblk stats prints them)\n"+
+		fmt.Fprint(w, "tierblk admin endpoint\n\n"+index+
 			"POST /flush?export=NAME         write every dirty line back and flush the backend (tierblk flush)\n"+
 			"POST /mode?export=NAME&mode=M   switch the cache's mode (tierblk mode)\n"+
 			"POST /heal?export=NAME          retry a bypassed SSD tier now (tierblk heal)\n"+
 			"/debug/pprof/                   Go profiles: CPU, heap, goroutines, mutex contention (go tool pprof)\n")
 	})
-	handleActions(mux, sources, flushes)
-	handleProfiles(mux)
-	return guard(mux)
+	handleActions(admin, sources, flushes)
+	handleProfiles(admin)
+	public := http.NewServeMux()
+	readOnly(public)
+	public.HandleFunc("GET /{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprint(w, "tierblk metrics endpoint\n\n"+index)
+	})
+	return Handlers{Admin: guard(admin), Metrics: public}
+}
+
+// NewHandler is NewHandlers' admin handler.
+func NewHandler(sources func() []Source, more ...prometheus.Collector) http.Handler {
+	return NewHandlers(sources, more...).Admin
 }
 
 // handleProfiles serves Go's profiles (net/http/pprof) under /debug/pprof/, for finding where the

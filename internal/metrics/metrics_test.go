@@ -421,3 +421,62 @@ func TestServeRefuses(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "x", string(data), "a file that is not a socket must be left alone")
 }
+
+func TestParseMetricsAddr(t *testing.T) {
+	for _, tc := range []struct {
+		in, network, address string
+		wantErr              string
+	}{
+		{in: ":9810", network: "tcp", address: ":9810"},
+		{in: "0.0.0.0:9810", network: "tcp", address: "0.0.0.0:9810"},
+		{in: "192.168.1.5:9810", network: "tcp", address: "192.168.1.5:9810"},
+		{in: "[::]:9810", network: "tcp", address: "[::]:9810"},
+		{in: "unix:/run/tierblk/metrics.sock", network: "unix", address: "/run/tierblk/metrics.sock"},
+		{in: "9810", wantErr: "neither unix:/path/to.sock nor HOST:PORT"},
+		{in: ":http", wantErr: "not a number"},
+		{in: "unix:", wantErr: "no socket path"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			network, address, err := ParseMetricsAddr(tc.in)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.ErrorContains(t, err, tc.in)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.network, network)
+			require.Equal(t, tc.address, address)
+		})
+	}
+}
+
+// TestMetricsHandler: the metrics endpoint serves /metrics and /stats to a request naming any
+// host (a Prometheus scraping the host's address), and nothing that acts or profiles.
+func TestMetricsHandler(t *testing.T) {
+	h := NewHandlers(fakeSources).Metrics
+	for _, tc := range []struct {
+		method, path string
+		code         int
+	}{
+		{"GET", "/", http.StatusOK},
+		{"GET", "/metrics", http.StatusOK},
+		{"GET", "/stats", http.StatusOK},
+		{"POST", "/flush?export=disk0", http.StatusNotFound},
+		{"POST", "/mode?export=disk0&mode=writethrough", http.StatusNotFound},
+		{"POST", "/heal?export=disk0", http.StatusNotFound},
+		{"GET", "/debug/pprof/", http.StatusNotFound},
+		{"POST", "/stats", http.StatusMethodNotAllowed},
+	} {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(tc.method, tc.path, nil)
+			req.Host = "192.168.1.5:9810"
+			req.RemoteAddr = "192.168.1.9:40000"
+			h.ServeHTTP(rec, req)
+			require.Equal(t, tc.code, rec.Code, rec.Body.String())
+			if tc.path == "/metrics" {
+				require.Contains(t, rec.Body.String(), `export="disk0"`)
+			}
+		})
+	}
+}

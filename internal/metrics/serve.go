@@ -26,9 +26,23 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 	if err != nil {
 		return "", nil, err
 	}
+	return serve(ctx, "admin endpoint", network, address, h, log)
+}
+
+// ServeMetrics is Serve for the metrics endpoint (Handlers.Metrics), on an address that
+// ParseMetricsAddr accepts: any host.
+func ServeMetrics(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (bound string, wait func() error, err error) {
+	network, address, err := ParseMetricsAddr(addr)
+	if err != nil {
+		return "", nil, err
+	}
+	return serve(ctx, "metrics endpoint", network, address, h, log)
+}
+
+func serve(ctx context.Context, what, network, address string, h http.Handler, log *slog.Logger) (bound string, wait func() error, err error) {
 	l, err := listen.Listen(network, address)
 	if err != nil {
-		return "", nil, fmt.Errorf("admin endpoint %s: %w", addr, err)
+		return "", nil, fmt.Errorf("%s %s: %w", what, address, err)
 	}
 	bound = "unix:" + address
 	if network == "tcp" {
@@ -50,7 +64,7 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 		select {
 		case err := <-serveErr:
 			// Serve has closed the listener, which removes a unix socket.
-			done <- fmt.Errorf("admin endpoint %s: %w", bound, err)
+			done <- fmt.Errorf("%s %s: %w", what, bound, err)
 			return
 		case <-ctx.Done():
 		}
@@ -61,10 +75,10 @@ func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (
 			err = errors.Join(err, serr)
 		}
 		if err != nil {
-			err = fmt.Errorf("admin endpoint %s: shutdown: %w", bound, err)
+			err = fmt.Errorf("%s %s: shutdown: %w", what, bound, err)
 		}
 		done <- err
 	}()
-	log.Info("admin endpoint listening", "addr", bound)
+	log.Info(what+" listening", "addr", bound)
 	return bound, sync.OnceValue(func() error { return <-done }), nil
 }
