@@ -89,16 +89,18 @@ func TestCSISanityNode(t *testing.T) {
 
 // TestCSINodeRestart: the node plugin stopped (SIGTERM) and killed (kill -9) under a writer of a
 // published volume: the next plugin serves it again from its record, the writer sees no error,
-// and every file reads back, also after an unstage and a new stage from the backing file alone
-// (vm/guest/csi-restart.sh).
+// and every file reads back, also after an unstage and a new stage from the backing file alone;
+// expanded while unstaged, the volume's next stage grows its file system (vm/guest/csi-restart.sh).
 func TestCSINodeRestart(t *testing.T) {
 	for _, attach := range []string{"ublk", "nbd"} {
 		t.Run(attach, func(t *testing.T) { runCSIVM(t, "csi-restart", attach, 5*time.Minute) })
 	}
 }
 
-// TestCSIUnstageWritesBack: unstaging a write-back block volume leaves every byte written to it
-// in its backing file, and its device, SSD tier and record gone (vm/guest/csi-writeback.sh).
+// TestCSIUnstageWritesBack: unstaging a write-back block volume whose backing store is full fails
+// and keeps its record and SSD tier; once there is room, the retried unstage leaves every byte
+// written to the volume in its backing file, and its device, SSD tier and record gone
+// (vm/guest/csi-writeback.sh).
 func TestCSIUnstageWritesBack(t *testing.T) {
 	runCSIVM(t, "csi-writeback", "ublk", 5*time.Minute)
 }

@@ -7,6 +7,7 @@
 //	csiclient -endpoint SOCK unstage -id ID -path DIR
 //	csiclient -endpoint SOCK publish -id ID -staging DIR -target PATH [-block] [-ro]
 //	csiclient -endpoint SOCK unpublish -id ID -target PATH
+//	csiclient -endpoint SOCK expand -id ID -size BYTES
 //	csiclient -endpoint SOCK delete -id ID
 //
 // It exits 0 when the call succeeded, else 1 with the gRPC status on stderr (code and message).
@@ -45,7 +46,7 @@ func main() {
 	endpoint := flag.String("endpoint", "/tmp/csi.sock", "the driver's unix socket")
 	flag.Parse()
 	if flag.NArg() < 1 {
-		fmt.Fprintln(os.Stderr, "csiclient: give a call: create, stage, unstage, publish, unpublish, delete")
+		fmt.Fprintln(os.Stderr, "csiclient: give a call: create, stage, unstage, publish, unpublish, expand, delete")
 		os.Exit(2)
 	}
 	conn, err := grpc.NewClient("unix://"+*endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -77,7 +78,7 @@ func call(ctx context.Context, conn *grpc.ClientConn, name string, args []string
 	fsType := fs.String("fs", "", "file system type")
 	ro := fs.Bool("ro", false, "read-only")
 	volName := fs.String("name", "", "volume name (create)")
-	size := fs.Int64("size", 0, "capacity in bytes (create)")
+	size := fs.Int64("size", 0, "capacity in bytes (create, expand)")
 	out := fs.String("out", "", "file to write the volume ID and context to, as JSON (create)")
 	ctxFile := fs.String("context", "", "the JSON create wrote (stage)")
 	ps := params{}
@@ -131,6 +132,10 @@ func call(ctx context.Context, conn *grpc.ClientConn, name string, args []string
 		return err
 	case "unpublish":
 		_, err := node.NodeUnpublishVolume(ctx, &csipb.NodeUnpublishVolumeRequest{VolumeId: *id, TargetPath: *target})
+		return err
+	case "expand":
+		_, err := ctrl.ControllerExpandVolume(ctx, &csipb.ControllerExpandVolumeRequest{VolumeId: *id,
+			CapacityRange: &csipb.CapacityRange{RequiredBytes: *size}, VolumeCapability: capability})
 		return err
 	case "delete":
 		_, err := ctrl.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: *id})

@@ -6,6 +6,7 @@
 # The writer saw no error, and every file it finished reads back with its checksum, with the
 # page cache dropped. Then unpublish and unstage (the dirty data written back, the device, the
 # SSD tier and the record gone), stage again from the backing file alone: every file reads back.
+# Last, expanded while unstaged, the volume's next stage grows its file system to the new size.
 start_csi
 step "create, stage and publish a write-back volume (--attach $attach)"
 id=$(csiclient create -name pvc-restart -size 134217728 -param mode=writeback -param ssdSize=64MiB -param ram=8MiB \
@@ -62,7 +63,19 @@ mkdir -p /mnt
 csiclient stage -id "$id" -path /tmp/staging -context /tmp/vol.json || fail "stage again"
 csiclient publish -id "$id" -staging /tmp/staging -target /mnt || fail "publish again"
 (cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ after the unstage"; }
+before=$(df -k /mnt | awk 'NR == 2 { print $2 }')
 csiclient unpublish -id "$id" -target /mnt || fail "unpublish"
+csiclient unstage -id "$id" -path /tmp/staging || fail "unstage"
+
+step "expanded offline (unstaged): the next stage grows the file system to the new size"
+csiclient expand -id "$id" -size 268435456 || fail "expand"
+csiclient stage -id "$id" -path /tmp/staging -context /tmp/vol.json || fail "stage after the expansion"
+dev=$(device_of "$id")
+[ "$(blockdev --getsize64 "$dev")" = 268435456 ] || fail "$dev is $(blockdev --getsize64 "$dev") bytes after the expansion"
+size=$(df -k /tmp/staging | awk 'NR == 2 { print $2 }')
+echo "file system: $size KiB, was $before KiB on the 128 MiB volume"
+[ "$size" -gt 200000 ] || fail "the file system was not grown to the device ($size KiB)"
+(cd /tmp/staging && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ after the expansion"; }
 csiclient unstage -id "$id" -path /tmp/staging || fail "unstage"
 stop_csi
 step "all checks passed"

@@ -1,7 +1,10 @@
-# Guest test: unstaging a write-back block volume writes its dirty data back. A dynamic volume
-# (write-back, a 64 MiB SSD tier) is staged and published as a raw block device; 8 MiB of random
-# data go to it through the published device node, synced. After the unstage the volume's
-# backing file holds every byte, and its device, SSD tier and record are gone.
+# Guest test: unstaging a write-back block volume writes its dirty data back, or fails. A
+# dynamic volume (write-back, a 64 MiB SSD tier) is staged and published as a raw block device;
+# 8 MiB of random data go to it through the published device node, synced. The backing directory
+# is a tmpfs of 4 MiB: the unstage cannot write the data back, and fails, keeping the volume's
+# record and SSD tier. With room made, the unstage the CO retries succeeds: the volume's backing
+# file holds every byte, and its device, SSD tier and record are gone.
+mount -t tmpfs -o size=4m backing /tmp/backing || fail "mount a small tmpfs on /tmp/backing"
 start_csi
 step "create, stage and publish a write-back block volume (--attach $attach)"
 id=$(csiclient create -name pvc-wb -size 67108864 -param mode=writeback -param ssdSize=64MiB -param ram=8MiB -out /tmp/vol.json) ||
@@ -17,9 +20,18 @@ dd if=/tmp/data of=/tmp/blk bs=1M seek=4 conv=fsync 2>/dev/null || fail "write t
 want=$(md5sum </tmp/data)
 echo "dirty bytes before the unstage: $(dirty_bytes)"
 
-step "unpublish and unstage; the backing file holds every byte"
+step "unpublish"
 csiclient unpublish -id "$id" -target /tmp/blk || fail "unpublish"
 [ ! -e /tmp/blk ] || fail "the target file is left"
+step "unstage with the backing store full: the write-back fails, and so does the unstage"
+csiclient unstage -id "$id" -path /tmp/staging 2>/tmp/unstage.err && fail "the unstage succeeded with the backing store full"
+cat /tmp/unstage.err
+grep -q 'stays staged' /tmp/unstage.err || fail "the unstage's error does not say the volume stays staged"
+[ -s /tmp/state/volumes/"$id"/volume.json ] || fail "the failed unstage removed the record"
+[ -e /tmp/cache/"$id"/ssd.img ] || fail "the failed unstage removed the SSD tier"
+
+step "room made: the retried unstage writes every byte back"
+mount -o remount,size=128m /tmp/backing || fail "grow /tmp/backing"
 csiclient unstage -id "$id" -path /tmp/staging || fail "unstage"
 released "$dev"
 got=$(dd if=/tmp/backing/"$id".img bs=1M skip=4 count=8 2>/dev/null | md5sum)
