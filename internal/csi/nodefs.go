@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -146,8 +147,9 @@ func mountOptions(flags []string) (uintptr, string) {
 	return mflags, strings.Join(data, ",")
 }
 
-// mountPoints lists the mount points in the mount table of this process.
-func mountPoints() (map[string]bool, error) {
+// mountPoints maps each mount point in the mount table of this process to the device number of
+// what is mounted there ("MAJOR:MINOR").
+func mountPoints() (map[string]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -156,10 +158,10 @@ func mountPoints() (map[string]bool, error) {
 	return parseMountInfo(f)
 }
 
-// parseMountInfo reads /proc/PID/mountinfo: the fifth field is the mount point, with space, tab,
-// newline and backslash escaped in octal.
-func parseMountInfo(r io.Reader) (map[string]bool, error) {
-	points := map[string]bool{}
+// parseMountInfo reads /proc/PID/mountinfo: the third field is the device number, the fifth the
+// mount point, with space, tab, newline and backslash escaped in octal.
+func parseMountInfo(r io.Reader) (map[string]string, error) {
+	points := map[string]string{}
 	s := bufio.NewScanner(r)
 	s.Buffer(make([]byte, 64<<10), 1<<20)
 	for s.Scan() {
@@ -167,7 +169,7 @@ func parseMountInfo(r io.Reader) (map[string]bool, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		points[unescapeOctal(fields[4])] = true
+		points[unescapeOctal(fields[4])] = fields[2]
 	}
 	return points, s.Err()
 }
@@ -187,13 +189,35 @@ func unescapeOctal(s string) string {
 	return b.String()
 }
 
+// mountedElsewhere lists the mount points, but staging, of the file system on device dev.
+func mountedElsewhere(dev, staging string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		return nil, fmt.Errorf("device %s: %w", dev, err)
+	}
+	points, err := mountPoints()
+	if err != nil {
+		return nil, err
+	}
+	num := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)))
+	var others []string
+	for p, d := range points {
+		if d == num && p != staging {
+			others = append(others, p)
+		}
+	}
+	slices.Sort(others)
+	return others, nil
+}
+
 // isMountPoint reports whether path is a mount point.
 func isMountPoint(path string) (bool, error) {
 	points, err := mountPoints()
 	if err != nil {
 		return false, err
 	}
-	return points[path], nil
+	_, ok := points[path]
+	return ok, nil
 }
 
 // unmount unmounts path if it is a mount point; a path that is not is left as it is.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -87,7 +88,9 @@ func (n *node) NodeStageVolume(_ context.Context, req *csipb.NodeStageVolumeRequ
 	}
 	cfg.Exports = []config.Export{e}
 	want.cfg = cfg
+	n.mu.Lock() // reserve, for another volume, reads the device of every volume
 	v.rec = want
+	n.mu.Unlock()
 	forget := func() {
 		n.mu.Lock()
 		delete(n.vols, id)
@@ -212,6 +215,13 @@ func (n *node) NodeUnstageVolume(_ context.Context, req *csipb.NodeUnstageVolume
 		return &csipb.NodeUnstageVolumeResponse{}, nil
 	}
 	if !v.rec.Block {
+		// Unmounting the staging path leaves any bind mount of it (a publish) mounted: the final
+		// stop would then pull the device from under a mounted file system.
+		if others, err := mountedElsewhere(v.rec.Device, v.rec.StagingPath); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		} else if len(others) > 0 {
+			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still mounted at %s: unpublish it first", id, strings.Join(others, ", "))
+		}
 		if err := unmount(v.rec.StagingPath); err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				return nil, status.Errorf(codes.FailedPrecondition, "volume %q: %v: unpublish it first", id, err)

@@ -4,8 +4,9 @@
 #      again (its device taken back), its admin endpoint shows the volume under its PV's name.
 #   2. kill -9: the device stays; a new plugin serves it again.
 # The writer saw no error, and every file it finished reads back with its checksum, with the
-# page cache dropped. Then unpublish and unstage (the dirty data written back, the device, the
-# SSD tier and the record gone), stage again from the backing file alone: every file reads back.
+# page cache dropped. An unstage while the volume is published is refused. Then unpublish and
+# unstage (the dirty data written back, the device, the SSD tier and the record gone), stage
+# again from the backing file alone: every file reads back.
 # Last, expanded while unstaged, the volume's next stage grows its file system to the new size.
 start_csi
 step "create, stage and publish a write-back volume (--attach $attach)"
@@ -46,6 +47,13 @@ stop_writer
 sync
 echo 3 >/proc/sys/vm/drop_caches
 (cd /mnt && md5sum -c /tmp/wsums >/tmp/check.out) || { grep -v ': OK' /tmp/check.out; fail "checksums differ"; }
+
+step "an unstage of the published volume is refused: /mnt still mounts it"
+csiclient unstage -id "$id" -path /tmp/staging 2>/tmp/unstage.err && fail "the unstage of a published volume succeeded"
+cat /tmp/unstage.err
+grep -q 'FailedPrecondition.*unpublish it first' /tmp/unstage.err || fail "the unstage of a published volume was not refused as FailedPrecondition"
+grep -q ' /tmp/staging ' /proc/mounts || fail "the refused unstage unmounted /tmp/staging"
+[ -b "$dev" ] || fail "the refused unstage removed $dev"
 
 step "unpublish and unstage: written back, device, SSD tier and record gone"
 echo "dirty bytes before the unstage: $(dirty_bytes)"
