@@ -12,7 +12,7 @@ start_csi() {
 	tierblk csi --controller --node --node-id vm --endpoint unix:///tmp/csi.sock --backing-dir /tmp/backing \
 		--cache-dir /tmp/cache --state-dir /tmp/state --attach "$attach" --admin $admin 2>$log &
 	pid=$!
-	wait_log 'csi: serving'
+	wait_log 'msg="csi: serving"'
 }
 
 # stop_csi: SIGTERM, and the plugin exits 0.
