@@ -1,8 +1,8 @@
 # Guest test: several volumes on one node plugin, each call arriving at once. Three dynamic
 # volumes (two file systems, one raw block device) are staged concurrently: each gets a device of
 # its own. After a SIGTERM of the plugin the next one serves all three again, and the admin
-# endpoint shows each under its PV's name. Staging the same volume twice at once gets ABORTED
-# for one of the calls or OK for both (the second found it staged); the three unstage
+# endpoint shows each under its PV's name. Of two stages of one volume at once, one succeeds
+# and the other is ABORTED (or, coming after, finds it staged: OK); the three unstage
 # concurrently and leave nothing.
 start_csi
 step "create three volumes and stage them at once (--attach $attach)"
