@@ -107,7 +107,8 @@ func growFS(dev, dir string) error {
 	if err != nil {
 		return err
 	}
-	// Less than a block more is no room to grow into (the file system's size is whole blocks).
+	// A remainder under 64 KiB is the file system rounding the device down to its blocks, not an
+	// expansion: volumes grow by whole MiB.
 	if kind == "" || devSize-fsSize < 64<<10 {
 		return nil
 	}

@@ -70,8 +70,8 @@ func (n *node) NodeStageVolume(_ context.Context, req *csipb.NodeStageVolumeRequ
 	}
 	ssdDir := n.cacheDir(id)
 	if _, err := os.Stat(ssdDir); err == nil {
-		// No record holds it: an SSD tier left by a volume unstaged while the plugin could not
-		// finish. What it caches may have been written elsewhere since; it must not be served.
+		// No record holds it (its record was removed by hand, or could not be read at start):
+		// what it caches may have been written on another node since; it must not be served.
 		n.log.Warn("csi: removing an SSD tier that no staged volume records (stale)", "volume", id, "dir", ssdDir)
 		if err := os.RemoveAll(ssdDir); err != nil {
 			return nil, status.Errorf(codes.Internal, "remove stale SSD tier %s: %v", ssdDir, err)
