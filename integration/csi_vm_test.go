@@ -108,7 +108,8 @@ func TestCSIUnstageWritesBack(t *testing.T) {
 // TestCSIManyVolumes: three volumes staged at once get a device each; of two stages of one volume
 // at once, one succeeds and the other is ABORTED (or finds it staged); a restarted plugin serves
 // all three again and its admin endpoint shows each under its PV's name; they unstage at once and
-// leave nothing (vm/guest/csi-many.sh).
+// leave nothing; staged and published read-only, a volume reads back and refuses writes
+// (vm/guest/csi-many.sh).
 func TestCSIManyVolumes(t *testing.T) {
 	for _, attach := range []string{"ublk", "nbd"} {
 		t.Run(attach, func(t *testing.T) { runCSIVM(t, "csi-many", attach, 5*time.Minute) })

@@ -3,7 +3,8 @@
 # its own. After a SIGTERM of the plugin the next one serves all three again, and the admin
 # endpoint shows each under its PV's name. Of two stages of one volume at once, one succeeds
 # and the other is ABORTED (or, coming after, finds it staged: OK); the three unstage
-# concurrently and leave nothing.
+# concurrently and leave nothing. Last, a volume staged and published read-only reads back and
+# refuses writes.
 start_csi
 step "create three volumes and stage them at once (--attach $attach)"
 for i in 1 2 3; do
@@ -69,5 +70,14 @@ done
 for d in $devs; do released "$d"; done
 [ -z "$(ls /tmp/state/volumes)" ] || fail "records left"
 [ -z "$(ls /tmp/cache)" ] || fail "SSD tiers left"
+
+step "volume 1 staged and published read-only (SINGLE_NODE_READER_ONLY): its file reads back, a write fails"
+csiclient stage -id pvc-many-1 -path /tmp/staging1 -ro -context /tmp/vol1.json || fail "stage read-only"
+grep ' /tmp/staging1 ' /proc/mounts | grep -q ' ro,' || { grep ' /tmp/staging1 ' /proc/mounts; fail "/tmp/staging1 is not mounted read-only"; }
+csiclient publish -id pvc-many-1 -staging /tmp/staging1 -target /tmp/ro -ro || fail "publish read-only"
+[ "$(cat /tmp/ro/file)" = data1 ] || fail "volume 1 reads back wrong read-only"
+echo more >/tmp/ro/file 2>/dev/null && fail "a write to the read-only volume succeeded"
+csiclient unpublish -id pvc-many-1 -target /tmp/ro || fail "unpublish read-only"
+csiclient unstage -id pvc-many-1 -path /tmp/staging1 || fail "unstage read-only"
 stop_csi
 step "all checks passed"
