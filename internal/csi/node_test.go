@@ -421,7 +421,13 @@ func TestMountOptions(t *testing.T) {
 	require.Equal(t, "discard,commit=30", data)
 	points, err := parseMountInfo(strings.NewReader(
 		"22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n" +
-			"40 22 0:5 / /var/lib/kubelet/pods/a\\040b/volumes rw - tmpfs tmpfs rw\n"))
+			"40 22 0:5 / /var/lib/kubelet/pods/a\\040b/volumes rw - tmpfs tmpfs rw\n" +
+			"41 22 0:6 /ublkb0 /var/lib/kubelet/plugins/blk rw shared:2 master:1 - devtmpfs udev rw\n" +
+			"truncated line\n"))
 	require.NoError(t, err)
-	require.Equal(t, map[string]string{"/": "8:1", "/var/lib/kubelet/pods/a b/volumes": "0:5"}, points)
+	require.Equal(t, map[string]mount{
+		"/":                                 {dev: "8:1", root: "/", fs: "ext4"},
+		"/var/lib/kubelet/pods/a b/volumes": {dev: "0:5", root: "/", fs: "tmpfs"},
+		"/var/lib/kubelet/plugins/blk":      {dev: "0:6", root: "/ublkb0", fs: "devtmpfs"},
+	}, points)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,9 +149,15 @@ func mountOptions(flags []string) (uintptr, string) {
 	return mflags, strings.Join(data, ",")
 }
 
-// mountPoints maps each mount point in the mount table of this process to the device number of
-// what is mounted there ("MAJOR:MINOR").
-func mountPoints() (map[string]string, error) {
+// mount is an entry of the mount table: what is mounted at a mount point.
+type mount struct {
+	dev  string // the device number of the file system, "MAJOR:MINOR"
+	root string // the path in that file system that is mounted (a bind mount's source)
+	fs   string // the file system's type
+}
+
+// mountPoints maps each mount point in the mount table of this process to what is mounted there.
+func mountPoints() (map[string]mount, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -159,18 +166,20 @@ func mountPoints() (map[string]string, error) {
 	return parseMountInfo(f)
 }
 
-// parseMountInfo reads /proc/PID/mountinfo: the third field is the device number, the fifth the
-// mount point, with space, tab, newline and backslash escaped in octal.
-func parseMountInfo(r io.Reader) (map[string]string, error) {
-	points := map[string]string{}
+// parseMountInfo reads /proc/PID/mountinfo: "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS
+// [TAGS...] - FSTYPE SOURCE SUPEROPTIONS", paths with space, tab, newline and backslash escaped
+// in octal.
+func parseMountInfo(r io.Reader) (map[string]mount, error) {
+	points := map[string]mount{}
 	s := bufio.NewScanner(r)
 	s.Buffer(make([]byte, 64<<10), 1<<20)
 	for s.Scan() {
 		fields := strings.Fields(s.Text())
-		if len(fields) < 5 {
+		sep := slices.Index(fields, "-")
+		if sep < 5 || sep+1 >= len(fields) {
 			continue
 		}
-		points[unescapeOctal(fields[4])] = fields[2]
+		points[unescapeOctal(fields[4])] = mount{dev: fields[2], root: unescapeOctal(fields[3]), fs: fields[sep+1]}
 	}
 	return points, s.Err()
 }
@@ -190,8 +199,10 @@ func unescapeOctal(s string) string {
 	return b.String()
 }
 
-// mountedElsewhere lists the mount points, but staging, of the file system on device dev.
-func mountedElsewhere(dev, staging string) ([]string, error) {
+// mountedElsewhere lists where, but at staging, the volume on device dev is mounted: its file
+// system (a mount of the device's number), or for a block volume (block) its device node bound
+// onto a file (a mount of /dev's devtmpfs whose root is the node).
+func mountedElsewhere(dev, staging string, block bool) ([]string, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(dev, &st); err != nil {
 		return nil, fmt.Errorf("device %s: %w", dev, err)
@@ -202,8 +213,11 @@ func mountedElsewhere(dev, staging string) ([]string, error) {
 	}
 	num := fmt.Sprintf("%d:%d", unix.Major(uint64(st.Rdev)), unix.Minor(uint64(st.Rdev)))
 	var others []string
-	for p, d := range points {
-		if d == num && p != staging {
+	for p, m := range points {
+		if p == staging {
+			continue
+		}
+		if !block && m.dev == num || block && m.fs == "devtmpfs" && m.root == "/"+filepath.Base(dev) {
 			others = append(others, p)
 		}
 	}

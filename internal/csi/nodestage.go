@@ -214,14 +214,16 @@ func (n *node) NodeUnstageVolume(_ context.Context, req *csipb.NodeUnstageVolume
 	if v == nil {
 		return &csipb.NodeUnstageVolumeResponse{}, nil
 	}
-	if !v.rec.Block {
-		// Unmounting the staging path leaves any bind mount of it (a publish) mounted: the final
-		// stop would then pull the device from under a mounted file system.
-		if others, err := mountedElsewhere(v.rec.Device, v.rec.StagingPath); err != nil {
+	// A publish (a bind mount of the staging path, or of the device node) outlives the unmount of
+	// the staging path: the final stop would pull the device from under it.
+	if v.serving() == nil {
+		if others, err := mountedElsewhere(v.rec.Device, v.rec.StagingPath, v.rec.Block); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		} else if len(others) > 0 {
 			return nil, status.Errorf(codes.FailedPrecondition, "volume %q is still mounted at %s: unpublish it first", id, strings.Join(others, ", "))
 		}
+	}
+	if !v.rec.Block {
 		if err := unmount(v.rec.StagingPath); err != nil {
 			if errors.Is(err, unix.EBUSY) {
 				return nil, status.Errorf(codes.FailedPrecondition, "volume %q: %v: unpublish it first", id, err)

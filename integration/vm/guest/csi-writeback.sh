@@ -1,9 +1,10 @@
 # Guest test: unstaging a write-back block volume writes its dirty data back, or fails. A
 # dynamic volume (write-back, a 64 MiB SSD tier) is staged and published as a raw block device;
-# 8 MiB of random data go to it through the published device node, synced. The backing directory
-# is a tmpfs of 4 MiB: the unstage cannot write the data back, and fails, keeping the volume's
-# record and SSD tier. With room made, the unstage the CO retries succeeds: the volume's backing
-# file holds every byte, and its device, SSD tier and record are gone.
+# 8 MiB of random data go to it through the published device node, synced. An unstage while it
+# is published is refused. The backing directory is a tmpfs of 4 MiB: the unstage cannot write
+# the data back, and fails, keeping the volume's record and SSD tier. With room made, the
+# unstage the CO retries succeeds: the volume's backing file holds every byte, and its device,
+# SSD tier and record are gone.
 mount -t tmpfs -o size=4m backing /tmp/backing || fail "mount a small tmpfs on /tmp/backing"
 start_csi
 step "create, stage and publish a write-back block volume (--attach $attach)"
@@ -19,6 +20,12 @@ dd if=/dev/urandom of=/tmp/data bs=1M count=8 2>/dev/null
 dd if=/tmp/data of=/tmp/blk bs=1M seek=4 conv=fsync 2>/dev/null || fail "write the device"
 want=$(md5sum </tmp/data)
 echo "dirty bytes before the unstage: $(dirty_bytes)"
+
+step "an unstage of the published volume is refused: /tmp/blk still binds its device"
+csiclient unstage -id "$id" -path /tmp/staging 2>/tmp/unstage.err && fail "the unstage of a published volume succeeded"
+cat /tmp/unstage.err
+grep -q 'FailedPrecondition.*/tmp/blk: unpublish it first' /tmp/unstage.err || fail "the unstage of a published block volume was not refused as FailedPrecondition"
+[ -b "$dev" ] || fail "the refused unstage removed $dev"
 
 step "unpublish"
 csiclient unpublish -id "$id" -target /tmp/blk || fail "unpublish"
