@@ -98,10 +98,9 @@ func TestCSINodeRestart(t *testing.T) {
 }
 
 // TestCSIUnstageWritesBack: unstaging a published block volume is refused; unstaging a write-back
-// block volume whose backing store is full fails
-// and keeps its record and SSD tier; once there is room, the retried unstage leaves every byte
-// written to the volume in its backing file, and its device, SSD tier and record gone
-// (vm/guest/csi-writeback.sh).
+// block volume whose backing store is full fails and keeps its record and SSD tier; once there is
+// room, the retried unstage leaves every byte written to the volume in its backing file, and its
+// device, SSD tier and record gone (vm/guest/csi-writeback.sh).
 func TestCSIUnstageWritesBack(t *testing.T) {
 	for _, attach := range []string{"ublk", "nbd"} {
 		t.Run(attach, func(t *testing.T) { runCSIVM(t, "csi-writeback", attach, 5*time.Minute) })
