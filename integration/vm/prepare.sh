@@ -32,7 +32,7 @@ if [ -z "$pkg" ]; then
 fi
 [ -n "$pkg" ] || { log "no linux-image-6.12.*-cloud-amd64-unsigned package found"; exit 1; }
 
-tools=(/usr/sbin/nbd-client /usr/sbin/mke2fs /usr/sbin/e2fsck)
+tools=(/usr/sbin/nbd-client /usr/sbin/mke2fs /usr/sbin/e2fsck /usr/sbin/resize2fs)
 suffix=""
 if [ "${VM_WITH_FIO:-}" = 1 ]; then
 	tools+=(/usr/bin/fio)

@@ -2,13 +2,16 @@
 # run.sh boots the test VM once with a guest script and prints its console on stdout.
 # The base image comes from prepare.sh (cached); this adds, as a second uncompressed cpio
 # archive appended to the initramfs, the tierblk binary at /bin/tierblk and the guest
-# script at /test.sh, and attaches any number of blank raw disks (/dev/vda, /dev/vdb, ...).
+# script at /test.sh, and any files given with --file, and attaches any number of blank raw
+# disks (/dev/vda, /dev/vdb, ...).
 #
 # Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE | --disk-file IMG | --disk-nbd URI]...
-#               [--timeout SECONDS]
+#               [--file HOSTPATH:GUESTPATH]... [--timeout SECONDS]
 #   SIZE is anything truncate(1) takes (64M). Disks are sparse temporary files.
 #   IMG is an existing raw image, attached as it is and kept: a second boot on the same
 #   disks (after a power cut: killing qemu) passes the same images again.
+#   HOSTPATH is copied to GUESTPATH (absolute) in the guest, keeping its mode: a static binary
+#   (csi-sanity, a test's client) or a data file.
 #   URI is an NBD export (nbd+unix:///?socket=PATH) that qemu attaches: a disk the host serves,
 #   such as one with a volatile write cache that a power cut empties.
 # Exit:  0 when the guest printed "TIERBLK-VM-RESULT: PASS", 1 otherwise.
@@ -17,6 +20,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 script="" tierblk="" timeout=300
 disks=()
+files=()
 while [ $# -gt 0 ]; do
 	case $1 in
 	--script) script=$2; shift 2 ;;
@@ -24,6 +28,7 @@ while [ $# -gt 0 ]; do
 	--disk) disks+=("size:$2"); shift 2 ;;
 	--disk-file) disks+=("file:$2"); shift 2 ;;
 	--disk-nbd) disks+=("nbd:$2"); shift 2 ;;
+	--file) files+=("$2"); shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
@@ -39,6 +44,12 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/root/bin"
 cp "$script" "$work/root/test.sh"
 [ -z "$tierblk" ] || cp "$tierblk" "$work/root/bin/tierblk"
+for f in ${files[@]+"${files[@]}"}; do
+	src=${f%%:*} dst=${f#*:}
+	case $dst in /*) ;; *) echo "run.sh: --file $f: GUESTPATH must be absolute" >&2; exit 2 ;; esac
+	mkdir -p "$work/root$(dirname "$dst")"
+	cp -p "$src" "$work/root$dst"
+done
 (cd "$work/root" && find . | cpio -o -H newc --quiet) >"$work/overlay.cpio"
 # The kernel unpacks concatenated archives in order; an uncompressed one goes first
 # because the kernel cannot always find where a gzip member ends (as with early microcode).

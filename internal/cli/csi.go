@@ -57,6 +57,7 @@ I/O held, and the next plugin takes them back from what --state-dir recorded.`,
 	f.StringVar(&o.BackingDir, "backing-dir", "", "the directory of dynamic volumes' files, mounted at this path on every node and the controller")
 	f.StringVar(&o.StateDir, "state-dir", "/var/lib/tierblk/csi", "node: where staged volumes are recorded (must outlive the plugin: a host path)")
 	f.StringVar(&o.CacheDir, "cache-dir", "/var/cache/tierblk/csi", "node: the directory on the node's SSD that holds the volumes' SSD tiers")
+	f.StringVar(&o.Attach, "attach", csi.AttachAuto, "node: how volumes are attached: ublk, nbd (the kernel NBD client), or auto (ublk where the kernel has /dev/ublk-control, else nbd)")
 	f.StringVar(&o.Admin, "admin", "", "node: serve /metrics and /stats of the staged volumes here (HOST:PORT or unix:PATH)")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd

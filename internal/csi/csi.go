@@ -56,6 +56,9 @@ type Options struct {
 	// CacheDir holds the SSD tiers of the volumes staged on this node (CacheDir/ID/): a directory
 	// on the node's SSD.
 	CacheDir string
+	// Attach is how the node plugin attaches a staged volume as a kernel block device:
+	// AttachUBLK, AttachNBD, or AttachAuto (ublk where the kernel has it, else NBD).
+	Attach string
 	// Admin, if set, serves /metrics and /stats of every volume staged on this node, each labelled
 	// with its PV's name.
 	Admin string
