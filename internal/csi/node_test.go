@@ -38,13 +38,6 @@ func testNode(t *testing.T, admin string) *node {
 	return n
 }
 
-func mountCap() *csipb.VolumeCapability {
-	return &csipb.VolumeCapability{
-		AccessMode: &csipb.VolumeCapability_AccessMode{Mode: csipb.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		AccessType: &csipb.VolumeCapability_Mount{Mount: &csipb.VolumeCapability_MountVolume{}},
-	}
-}
-
 func requireCode(t *testing.T, want codes.Code, err error, what string) {
 	t.Helper()
 	require.Error(t, err, what)
@@ -54,7 +47,7 @@ func requireCode(t *testing.T, want codes.Code, err error, what string) {
 func TestNodeArguments(t *testing.T) {
 	n := testNode(t, "")
 	ctx := context.Background()
-	multi := mountCap()
+	multi := mountCap("", rwo)
 	multi.AccessMode.Mode = csipb.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
 	backend := map[string]string{keyBackend: "file:///nonexistent.img"}
 	for _, c := range []struct {
@@ -63,11 +56,11 @@ func TestNodeArguments(t *testing.T) {
 		want codes.Code
 	}{
 		{"stage without volume_id", func() error {
-			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{StagingTargetPath: "/s", VolumeCapability: mountCap()})
+			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"stage without staging_target_path", func() error {
-			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", VolumeCapability: mountCap()})
+			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"stage without volume_capability", func() error {
@@ -79,16 +72,16 @@ func TestNodeArguments(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"stage without a backend", func() error {
-			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"stage with an unknown setting", func() error {
-			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap(),
+			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo),
 				VolumeContext: map[string]string{keyBackend: "file:///x.img", "colour": "blue"}})
 			return err
 		}, codes.InvalidArgument},
 		{"stage with a bad cache size", func() error {
-			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap(),
+			_, err := n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo),
 				VolumeContext: map[string]string{keyBackend: "file:///x.img", keySSDSize: "lots"}})
 			return err
 		}, codes.InvalidArgument},
@@ -101,15 +94,15 @@ func TestNodeArguments(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"publish without volume_id", func() error {
-			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"publish without target_path", func() error {
-			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"publish without staging_target_path", func() error {
-			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", VolumeCapability: mountCap()})
+			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.InvalidArgument},
 		{"publish without volume_capability", func() error {
@@ -117,7 +110,7 @@ func TestNodeArguments(t *testing.T) {
 			return err
 		}, codes.InvalidArgument},
 		{"publish of a volume not staged", func() error {
-			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+			_, err := n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 			return err
 		}, codes.NotFound},
 		{"unpublish without volume_id", func() error {
@@ -187,12 +180,12 @@ func TestNodeStageStaged(t *testing.T) {
 	n := testNode(t, "")
 	ctx := context.Background()
 	n.vols["v"] = &volume{rec: record{VolumeID: "v", StagingPath: "/s", Device: "/dev/nbd0"}, err: os.ErrNotExist}
-	other := mountCap()
+	other := mountCap("", rwo)
 	other.GetMount().MountFlags = []string{"noatime"}
-	block := mountCap()
+	block := mountCap("", rwo)
 	block.AccessType = &csipb.VolumeCapability_Block{Block: &csipb.VolumeCapability_BlockVolume{}}
 	for what, req := range map[string]*csipb.NodeStageVolumeRequest{
-		"another path":        {VolumeId: "v", StagingTargetPath: "/elsewhere", VolumeCapability: mountCap()},
+		"another path":        {VolumeId: "v", StagingTargetPath: "/elsewhere", VolumeCapability: mountCap("", rwo)},
 		"other mount flags":   {VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: other},
 		"another access type": {VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: block},
 	} {
@@ -201,17 +194,17 @@ func TestNodeStageStaged(t *testing.T) {
 	}
 	unlock, err := n.lock("v")
 	require.NoError(t, err)
-	_, err = n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+	_, err = n.NodeStageVolume(ctx, &csipb.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 	requireCode(t, codes.Aborted, err, "a stage while another call works on the volume")
 	_, err = n.NodeUnstageVolume(ctx, &csipb.NodeUnstageVolumeRequest{VolumeId: "v", StagingTargetPath: "/s"})
 	requireCode(t, codes.Aborted, err, "an unstage while another call works on the volume")
 	unlock()
 	// Unlocked, the other volume calls go through: the volume has no daemon (it could not start),
 	// and the calls that need it say so.
-	_, err = n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap()})
+	_, err = n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/s", VolumeCapability: mountCap("", rwo)})
 	requireCode(t, codes.Internal, err, "publish of a volume whose daemon does not run")
 	require.Contains(t, err.Error(), "not served")
-	_, err = n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/other", VolumeCapability: mountCap()})
+	_, err = n.NodePublishVolume(ctx, &csipb.NodePublishVolumeRequest{VolumeId: "v", TargetPath: "/t", StagingTargetPath: "/other", VolumeCapability: mountCap("", rwo)})
 	requireCode(t, codes.FailedPrecondition, err, "publish from another staging path")
 }
 
