@@ -315,6 +315,8 @@ func hostArgs(args []string, dirs, env map[string]string) []string {
 		}
 		if v, ok := strings.CutPrefix(value, "unix://"); ok {
 			prefix, value = prefix+"unix://", v
+		} else if v, ok := strings.CutPrefix(value, "unix:"); ok {
+			prefix, value = prefix+"unix:", v
 		}
 		best := ""
 		for from := range dirs {
@@ -548,14 +550,17 @@ func TestKubernetesManifests(t *testing.T) {
 	dv, _ := ns.volumeAt(t, ntb, "/dev/ublkb0")
 	require.NotNil(t, dv.HostPath, "devices made after the start appear in the container")
 	require.Equal(t, "/dev", dv.HostPath.Path)
-	admin, ok := flagArg(ntb.Args, "admin")
+	metricsAddr, ok := flagArg(ntb.Args, "metrics")
 	require.True(t, ok, "the node plugin serves metrics")
-	_, port, ok := strings.Cut(admin, ":")
+	_, port, ok := strings.Cut(metricsAddr, ":")
 	require.True(t, ok)
-	require.Equal(t, port, node.Spec.Template.Metadata.Annotations["prometheus.io/port"], "Prometheus scrapes the admin port")
+	require.Equal(t, port, node.Spec.Template.Metadata.Annotations["prometheus.io/port"], "Prometheus scrapes the metrics port")
+	admin, ok := flagArg(ntb.Args, "admin")
+	require.True(t, ok, "the node plugin serves its admin endpoint, for tierblk stats and flush in the pod")
+	require.True(t, strings.HasPrefix(admin, "unix:/csi/"), "the admin endpoint (%s) is a unix socket in the plugin's directory: it has no authentication", admin)
 	require.Equal(t, "true", node.Spec.Template.Metadata.Annotations["prometheus.io/scrape"])
 	require.Len(t, ntb.Ports, 1)
-	require.Equal(t, port, strconv.Itoa(ntb.Ports[0].ContainerPort), "the admin port is the container's port")
+	require.Equal(t, port, strconv.Itoa(ntb.Ports[0].ContainerPort), "the metrics port is the container's port")
 	require.Equal(t, "RollingUpdate", node.Spec.UpdateStrategy.Type)
 	require.NotNil(t, ns.TerminationGracePeriodSeconds)
 	require.GreaterOrEqual(t, *ns.TerminationGracePeriodSeconds, 60, "time for the plugin to stop cleanly")
@@ -733,10 +738,11 @@ func requireStaticPVTaken(t *testing.T, conn *grpc.ClientConn, pv k8sPV) {
 
 // TestKubernetesNodePlugin runs the DaemonSet's tierblk command line on this host, as the kubelet
 // would start it on a node with nothing staged: its mounts are temporary directories, NODE_NAME
-// is the node's name, and its admin endpoint, on the same kind of address, has a free port. The
-// plugin must serve its socket, name itself by NODE_NAME (NodeGetInfo), and serve /metrics to a
-// scrape that names the pod's address, as Prometheus's Kubernetes discovery makes it. Staging a
-// volume needs the kernel's ublk or NBD devices: the VM's tests do that.
+// is the node's name, and its metrics endpoint, on the same kind of address, has a free port. The
+// plugin must serve its socket, name itself by NODE_NAME (NodeGetInfo), serve /metrics to a
+// scrape that names the pod's address, as Prometheus's Kubernetes discovery makes it, and its
+// admin endpoint to tierblk stats. Staging a volume needs the kernel's ublk or NBD devices: the
+// VM's tests do that.
 func TestKubernetesNodePlugin(t *testing.T) {
 	var node k8sWorkload
 	find(t, readManifests(t, kubeDir), "DaemonSet", "tierblk-csi-node").decode(t, &node)
@@ -746,10 +752,10 @@ func TestKubernetesNodePlugin(t *testing.T) {
 	args := hostArgs(c.Args, dirs, map[string]string{"NODE_NAME": nodeName})
 	port := strings.TrimPrefix(freeTCPAddr(t), "127.0.0.1:")
 	for i, a := range args {
-		if addr, ok := strings.CutPrefix(a, "--admin="); ok {
+		if addr, ok := strings.CutPrefix(a, "--metrics="); ok {
 			host, _, ok := strings.Cut(addr, ":")
-			require.True(t, ok, "--admin %s: HOST:PORT", addr)
-			args[i] = "--admin=" + host + ":" + port
+			require.True(t, ok, "--metrics %s: HOST:PORT", addr)
+			args[i] = "--metrics=" + host + ":" + port
 		}
 	}
 	e, _ := flagArg(c.Args, "endpoint")
@@ -770,6 +776,10 @@ func TestKubernetesNodePlugin(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "a scrape of the pod's address: %s", body)
 	require.Contains(t, string(body), "# TYPE ", "Prometheus metrics")
+
+	admin, _ := flagArg(c.Args, "admin")
+	out, err := exec.Command(tierblkPath, "stats", "--admin", hostArgs([]string{admin}, dirs, nil)[0]).CombinedOutput()
+	require.NoError(t, err, "tierblk stats through the node plugin's admin endpoint:\n%s", out)
 }
 
 // TestCSISanityController runs csi-sanity (the Kubernetes project's conformance tests of a CSI

@@ -41,7 +41,7 @@ volume can move to another node. A stop of the plugin (an upgrade) leaves the de
 I/O held, and the next plugin takes them back from what --state-dir recorded.`,
 		Example: `  tierblk csi --controller --node --endpoint unix:///csi/csi.sock --backing-dir /mnt/nas/tierblk
   tierblk csi --node --node-id "$NODE_NAME" --endpoint unix:///csi/csi.sock --backing-dir /mnt/nas/tierblk \
-    --cache-dir /var/cache/tierblk/csi --state-dir /var/lib/tierblk/csi --admin 0.0.0.0:9810`,
+    --cache-dir /var/cache/tierblk/csi --state-dir /var/lib/tierblk/csi --metrics :9810 --admin unix:/csi/admin.sock`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stderr = cmd.ErrOrStderr()
@@ -58,7 +58,8 @@ I/O held, and the next plugin takes them back from what --state-dir recorded.`,
 	f.StringVar(&o.StateDir, "state-dir", "/var/lib/tierblk/csi", "node: where staged volumes are recorded (must outlive the plugin: a host path)")
 	f.StringVar(&o.CacheDir, "cache-dir", "/var/cache/tierblk/csi", "node: the directory on the node's SSD that holds the volumes' SSD tiers")
 	f.StringVar(&o.Attach, "attach", csi.AttachAuto, "node: how volumes are attached: ublk, nbd (the kernel NBD client), or auto (ublk where the kernel has /dev/ublk-control, else nbd)")
-	f.StringVar(&o.Admin, "admin", "", "node: serve /metrics and /stats of the staged volumes here (HOST:PORT or unix:PATH)")
+	f.StringVar(&o.Admin, "admin", "", "node: the staged volumes' admin endpoint, for tierblk stats, flush, mode and heal (127.0.0.1:PORT or unix:/path; loopback only)")
+	f.StringVar(&o.Metrics, "metrics", "", "node: serve /metrics and /stats alone of the staged volumes, on any address (:9810), for Prometheus")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

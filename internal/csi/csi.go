@@ -59,9 +59,11 @@ type Options struct {
 	// Attach is how the node plugin attaches a staged volume as a kernel block device:
 	// AttachUBLK, AttachNBD, or AttachAuto (ublk where the kernel has it, else NBD).
 	Attach string
-	// Admin, if set, serves /metrics and /stats of every volume staged on this node, each labelled
-	// with its PV's name.
-	Admin string
+	// Admin, if set, serves the admin endpoint (/metrics, /stats, and the actions tierblk flush,
+	// mode and heal use) of every volume staged on this node, each under its PV's name: loopback
+	// or a unix socket only. Metrics, if set, serves /metrics and /stats alone, on any address,
+	// for the cluster's Prometheus.
+	Admin, Metrics string
 	// Registry opens backends; Logger logs.
 	Registry *backend.Registry
 	Logger   *slog.Logger

@@ -34,7 +34,7 @@ type node struct {
 	// sources are the metric sources of each volume's running daemon, for the admin endpoint.
 	sources map[string][]metrics.Source
 
-	stopAdmin func() error
+	stopEndpoints func() error
 }
 
 // volume is a staged volume. Its fields are used under the node's busy mark for its ID.
@@ -72,16 +72,11 @@ func newNode(_ context.Context, o Options) (*node, error) {
 			return nil, err
 		}
 	}
-	if o.Admin != "" {
-		ctx, cancel := context.WithCancel(context.Background())
-		bound, wait, err := metrics.Serve(ctx, o.Admin, metrics.NewHandler(n.allSources), n.log)
-		if err != nil {
-			cancel()
-			return nil, fmt.Errorf("--admin: %w", err)
-		}
-		n.log.Info("csi: admin endpoint of the staged volumes", "addr", bound, "paths", "/metrics /stats")
-		n.stopAdmin = func() error { cancel(); return wait() }
+	stop, err := metrics.Endpoints{Admin: o.Admin, Metrics: o.Metrics}.Serve(metrics.NewHandlers(n.allSources), n.log)
+	if err != nil {
+		return nil, err
 	}
+	n.stopEndpoints = stop
 	n.restore()
 	return n, nil
 }
@@ -136,10 +131,8 @@ func (n *node) close() {
 			n.log.Error("csi: stopping a volume's daemon", "volume", id, "err", err)
 		}
 	}
-	if n.stopAdmin != nil {
-		if err := n.stopAdmin(); err != nil {
-			n.log.Error("csi: admin endpoint", "err", err)
-		}
+	if err := n.stopEndpoints(); err != nil {
+		n.log.Error("csi: admin or metrics endpoint", "err", err)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -87,31 +86,13 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		return err
 	}
 
-	handlers := metrics.NewHandlers(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections))
-	for _, ep := range []struct {
-		field, addr, paths string
-		h                  http.Handler
-		serve              func(context.Context, string, http.Handler, *slog.Logger) (string, func() error, error)
-	}{
-		{"admin", cfg.Admin, "/metrics /stats /flush /mode /heal", handlers.Admin, metrics.Serve},
-		{"metrics", cfg.Metrics, "/metrics /stats", handlers.Metrics, metrics.ServeMetrics},
-	} {
-		if ep.addr == "" {
-			continue
-		}
-		actx, stop := context.WithCancel(context.Background())
-		bound, wait, err := ep.serve(actx, ep.addr, ep.h, log)
-		if err != nil {
-			stop()
-			return fmt.Errorf("%s: %w", ep.field, err)
-		}
-		log.Info(ep.field+" endpoint", "addr", bound, "paths", ep.paths)
-		// The endpoints outlive the NBD server, so the last stats can be read while stopping.
-		defer func() {
-			stop()
-			err = errors.Join(err, wait())
-		}()
+	stopEndpoints, err := metrics.Endpoints{Admin: cfg.Admin, Metrics: cfg.Metrics}.Serve(
+		metrics.NewHandlers(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections)), log)
+	if err != nil {
+		return err
 	}
+	// The endpoints outlive the NBD server, so the last stats can be read while stopping.
+	defer func() { err = errors.Join(err, stopEndpoints()) }()
 
 	var listeners []net.Listener
 	if len(opts.Activated) > 0 {

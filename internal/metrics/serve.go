@@ -82,3 +82,41 @@ func serve(ctx context.Context, what, network, address string, h http.Handler, l
 	log.Info(what+" listening", "addr", bound)
 	return bound, sync.OnceValue(func() error { return <-done }), nil
 }
+
+// Endpoints are the addresses of the admin endpoint (ParseAdminAddr) and the metrics endpoint
+// (ParseMetricsAddr); an empty one is not served.
+type Endpoints struct{ Admin, Metrics string }
+
+// Serve serves h.Admin and h.Metrics at e's addresses until stop is called, which shuts them
+// down. An error names the endpoint (admin: or metrics:), and leaves nothing listening.
+func (e Endpoints) Serve(h Handlers, log *slog.Logger) (stop func() error, err error) {
+	var stops []func() error
+	stop = func() error {
+		var errs []error
+		for _, s := range stops {
+			errs = append(errs, s())
+		}
+		return errors.Join(errs...)
+	}
+	for _, ep := range []struct {
+		name, addr, paths string
+		h                 http.Handler
+		serve             func(context.Context, string, http.Handler, *slog.Logger) (string, func() error, error)
+	}{
+		{"admin", e.Admin, "/metrics /stats /flush /mode /heal", h.Admin, Serve},
+		{"metrics", e.Metrics, "/metrics /stats", h.Metrics, ServeMetrics},
+	} {
+		if ep.addr == "" {
+			continue
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		bound, wait, err := ep.serve(ctx, ep.addr, ep.h, log)
+		if err != nil {
+			cancel()
+			return nil, errors.Join(fmt.Errorf("%s: %w", ep.name, err), stop())
+		}
+		log.Info(ep.name+" endpoint", "addr", bound, "paths", ep.paths)
+		stops = append(stops, func() error { cancel(); return wait() })
+	}
+	return stop, nil
+}
