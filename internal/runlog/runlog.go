@@ -40,7 +40,7 @@ type Identity struct {
 
 // The file's layout: a header page, then the ring.
 const (
-	magic      = "TIERBLKL"
+	magic = "TIERBLKL"
 	// version 2 records carry a third bitmap, the zero blocks; a log of version 1 (Valid and
 	// Dirty only), which a kill of an earlier tierblk left, still replays.
 	version    = 2
