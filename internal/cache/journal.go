@@ -181,7 +181,8 @@ func (j *journal) storedWithoutLocked(line uint64, bits lineBits) (op meta.Op, g
 
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
 
-// without returns op with the blocks bits neither valid nor dirty: a deletion if none is left.
+// without returns op with the blocks bits neither valid, dirty nor zero: a deletion if none is
+// left.
 func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	if op.Delete {
 		return op
@@ -193,6 +194,9 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	r := meta.Line{Line: op.Rec.Line, Slot: op.Rec.Slot, Valid: v.words(j.t.blocks)}
 	if d := bitsFromWords(op.Rec.Dirty).andNot(bits); !d.isZero() {
 		r.Dirty = d.words(j.t.blocks)
+	}
+	if z := bitsFromWords(op.Rec.Zero).andNot(bits); !z.isZero() {
+		r.Zero = z.words(j.t.blocks)
 	}
 	return meta.Op{Rec: r}
 }
@@ -247,6 +251,55 @@ func (j *journal) dropStale(spans []span) error {
 		}
 		j.committedLocked(del)
 		ops = append(ops, del)
+	}
+	t.mu.Unlock()
+	if len(ops) == 0 {
+		return nil
+	}
+	return meta.CommitParts(j.store, ops, true, nil)
+}
+
+// dropStaleZeros takes back, with a sync, what the store may claim of the dirty blocks spans (just
+// written back to the backend, which has been flushed) where its claim and the tier differ on
+// which are zero blocks. A write in place keeps a stored record of dirty data true (the slot holds
+// the newest data), but a zero bit is not in the slot: a zero block written over with data, or
+// data written over with zeros, leaves an older record calling the block zero while the slot holds
+// data, or calling the slot's older data valid. Until the next checkpoint stores the line anew, a
+// crash would bring that older data back over what the destage wrote, and a FLUSH that the destage
+// made durable (a bypassed tier's FlushAll) would not hold. Without the blocks, the store sends a
+// restart to the backend, which has their newest data now.
+func (j *journal) dropStaleZeros(spans []span) error {
+	j.commitMu.RLock()
+	defer j.commitMu.RUnlock()
+	t := j.t
+	var ops []meta.Op
+	t.mu.Lock()
+	for _, s := range spans {
+		slot, cached := t.slotOf(s.line)
+		if !cached {
+			continue
+		}
+		zero := t.zeroAt(slot)
+		var stale lineBits
+		for _, m := range []map[uint64]meta.Op{j.stored, j.snapshot} {
+			if b, ok := m[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
+				claimed := bitsFromWords(b.Rec.Dirty).and(s.bits)
+				stale = stale.or(claimed.and(bitsFromWords(b.Rec.Zero)).andNot(zero)).or(claimed.and(zero).andNot(bitsFromWords(b.Rec.Zero)))
+			}
+		}
+		if stale.isZero() {
+			continue
+		}
+		// The checkpoint under way must not commit the snapshot's claim after this, and the line
+		// stays changed, so that the next checkpoint stores it as it is.
+		j.invalidatedSinceSnapshot[s.line] = j.invalidatedSinceSnapshot[s.line].or(stale)
+		j.record(t.recordLocked(s.line, slot))
+		if b, ok := j.stored[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
+			op := j.without(b, stale)
+			op.Invalidates = true
+			j.committedLocked(op)
+			ops = append(ops, op)
+		}
 	}
 	t.mu.Unlock()
 	if len(ops) == 0 {
@@ -367,9 +420,13 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		if !d.isZero() && t.dirty.words == nil {
 			return fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
 		}
+		z := bitsFromWords(r.Zero)
+		if z.andNot(v) != (lineBits{}) {
+			return fmt.Errorf("line %d: zero bits %x outside the valid bits %x", r.Line, r.Zero, r.Valid)
+		}
 		used[r.Slot] = true
 		t.index.Put(r.Line, int32(r.Slot))
-		t.setLocked(r.Line, r.Slot, v, d)
+		t.setLocked(r.Line, r.Slot, v, d, z)
 		return nil
 	}
 	err := j.store.Lines(func(r meta.Line) error {
