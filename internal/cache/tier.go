@@ -67,6 +67,7 @@ type tier struct {
 	// written to the slot; reduce says whether new ones are made (Config.Reduction). validBlocks
 	// and zeroBlocks count the set bits of valid and zero, for the stats.
 	zero        bitTable
+	reduction   Reduction
 	reduce      bool
 	validBlocks int
 	zeroBlocks  int
@@ -131,6 +132,7 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		t.lines = s.lines
 		t.dirty = newBitTable(s.slots, t.blocks)
 		t.zero = newBitTable(s.slots, t.blocks)
+		t.reduction = s.reduction
 		t.reduce = s.reduction >= ReductionZero
 		t.dset = newLineSet(s.lines)
 		t.doomed = map[uint64]bool{}
@@ -477,6 +479,7 @@ func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 func (t *tier) stats() TierStats {
 	t.mu.Lock()
 	lines, aside := t.index.Len(), len(t.setAside)
+	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
 	t.mu.Unlock()
 	s := TierStats{
 		Name:          t.name,
@@ -496,6 +499,17 @@ func (t *tier) stats() TierStats {
 		Errors:        t.errs.Load(),
 		Failed:        t.failed.Load(),
 		SetAside:      uint64(aside),
+		LogicalBytes:  logical,
+		PhysicalBytes: physical,
+	}
+	switch {
+	case logical == 0:
+		s.ReductionRatio = 1
+	case physical > 0:
+		s.ReductionRatio = float64(logical) / float64(physical)
+	}
+	if t.lines > 0 {
+		s.Reduction = t.reduction.String()
 	}
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r

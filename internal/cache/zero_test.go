@@ -201,3 +201,58 @@ func TestWriteZeroesMarksZero(t *testing.T) {
 		})
 	}
 }
+
+// TestReductionStats checks the SSD tier's logical and physical bytes and their ratio as lines
+// come in, change and leave, and after a restart, which counts them again from the records.
+func TestReductionStats(t *testing.T) {
+	const kib = 1 << 10
+	tests := []struct {
+		r         Reduction
+		physical  []uint64 // after each step below
+		ratioHalf float64  // the ratio after the first step
+	}{
+		{ReductionOff, []uint64{64 * kib, 48 * kib, 48 * kib, 48 * kib, 0}, 1},
+		{ReductionZero, []uint64{32 * kib, 28 * kib, 32 * kib, 32 * kib, 0}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.r.String(), func(t *testing.T) {
+			z := newZeroRig(t, WriteThrough, tt.r)
+			ssd := func() TierStats { return z.c.Stats().Tiers[0] }
+			require.Equal(t, TierStats{Name: "ssd", ReductionRatio: 1, Reduction: tt.r.String()},
+				TierStats{Name: ssd().Name, LogicalBytes: ssd().LogicalBytes, PhysicalBytes: ssd().PhysicalBytes,
+					ReductionRatio: ssd().ReductionRatio, Reduction: ssd().Reduction}, "empty")
+			for _, line := range []int64{0, 1, 2, 3} { // half of each line's blocks zero on the backend
+				clear(z.m.back.cur[line*z.l.line+2*blockSize : (line+1)*z.l.line])
+			}
+			steps := []struct {
+				name    string
+				do      func()
+				logical uint64
+			}{
+				{"four lines read", func() { z.read(0, int(4*z.l.line)) }, 64 * kib},
+				{"a data block and three zero blocks invalidated", func() {
+					require.NoError(t, z.c.Trim(blockSize, 3*blockSize)) // blocks 1, 2 and 3 of line 0
+					require.NoError(t, z.c.Trim(z.l.line+3*blockSize, blockSize))
+				}, 48 * kib},
+				{"a data block written over a zero block", func() {
+					_, err := z.c.WriteAt(pattern(blockSize), z.l.line+2*blockSize)
+					require.NoError(t, err)
+				}, 48 * kib},
+				{"restart", func() {
+					require.NoError(t, z.c.Close())
+					z.start()
+				}, 48 * kib},
+				{"everything trimmed", func() { require.NoError(t, z.c.Trim(0, 4*z.l.line)) }, 0},
+			}
+			for i, st := range steps {
+				st.do()
+				got := ssd()
+				require.Equal(t, st.logical, got.LogicalBytes, st.name)
+				require.Equal(t, tt.physical[i], got.PhysicalBytes, st.name)
+				if i == 0 {
+					require.Equal(t, tt.ratioHalf, got.ReductionRatio, st.name)
+				}
+			}
+		})
+	}
+}
