@@ -256,3 +256,57 @@ func TestReductionStats(t *testing.T) {
 		})
 	}
 }
+
+// TestZeroBlocksDetected checks which blocks zeroBlocks finds: only those wholly in the range,
+// with every byte zero; a line's last block may be short.
+func TestZeroBlocksDetected(t *testing.T) {
+	data := func(n int, set ...int) []byte {
+		p := make([]byte, n)
+		for _, i := range set {
+			p[i] = 1
+		}
+		return p
+	}
+	tests := []struct {
+		name   string
+		p      []byte
+		off, n int64
+		want   lineBits
+	}{
+		{"all zero", data(4 * blockSize), 0, 16 * blockSize, rangeBits(0, 4)},
+		{"a byte at each end", data(4*blockSize, 0, 4*blockSize-1), 0, 16 * blockSize, rangeBits(1, 3)},
+		{"from block 2", data(2 * blockSize), 2 * blockSize, 16 * blockSize, rangeBits(2, 4)},
+		{"partial blocks at both ends", data(3 * blockSize), blockSize / 2, 16 * blockSize, rangeBits(1, 3)},
+		{"short last block of the line", data(blockSize + 512), 0, blockSize + 512, rangeBits(0, 2)},
+		{"short last block, not reached", data(blockSize + 511), 0, blockSize + 512, rangeBits(0, 1)},
+		{"nothing whole", data(blockSize - 1), 1, 16 * blockSize, lineBits{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			require.Equal(t, tt.want, zeroBlocks(tt.p, tt.off, tt.n))
+		})
+	}
+}
+
+// BenchmarkIsZero is what zero detection costs a stored 4 KiB block: data that is not zero is
+// found out at its first word; a zero block (or one whose only other byte is its last) is read
+// whole.
+func BenchmarkIsZero(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		set  int // the one byte that is not zero; -1: none
+	}{{"data", 0}, {"zero", -1}, {"last-byte", blockSize - 1}} {
+		p := make([]byte, blockSize)
+		if bc.set >= 0 {
+			p[bc.set] = 1
+		}
+		b.Run(bc.name, func(b *testing.B) {
+			b.SetBytes(blockSize)
+			for b.Loop() {
+				if isZero(p) != (bc.set < 0) {
+					b.Fatal("wrong answer")
+				}
+			}
+		})
+	}
+}
