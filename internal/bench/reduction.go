@@ -41,13 +41,15 @@ type ReductionReport struct {
 }
 
 // reductionTargets serve image read-only, each with an SSD tier in dir that holds all of it
-// (ssdSize), every miss admitted, no RAM tier, and an admin endpoint for the stats.
+// (ssdSize), every miss admitted even while the SSD is slow (a congested tier would turn some
+// away, and the figures would be of what it happened to take), no RAM tier, and an admin endpoint
+// for the stats.
 func reductionTargets(tierblk, dir, image string, ssdSize int64) []Target {
 	tb := func(name, reduction string) Target {
 		return Target{Name: name, Command: func(sock string) *exec.Cmd {
 			return exec.Command(tierblk, "serve", "--backend", "file://"+image, "--read-only", "--nbd", "unix:"+sock,
 				"--ram", "0", "--ssd", filepath.Join(dir, reduction+"-ssd.img"), "--ssd-size", strconv.FormatInt(ssdSize, 10),
-				"--admission", "always", "--reduction", reduction, "--admin", "unix:"+reductionAdmin(dir, reduction),
+				"--admission", "always", "--congestion", "off", "--reduction", reduction, "--admin", "unix:"+reductionAdmin(dir, reduction),
 				"--log-level", "warn")
 		}}
 	}
@@ -83,9 +85,10 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 	if dir, err = filepath.Abs(dir); err != nil {
 		return ReductionReport{}, err
 	}
-	// The SSD tiers hold the whole image: lines of 64 KiB, rounded up.
+	// The SSD tiers hold the whole image: lines of 64 KiB, rounded up, and the slots the tier keeps
+	// out of its policy's reach (at most 1/8 of them) on top.
 	line := int64(cache.DefaultLineSize)
-	ssdSize := max(2*line, (st.Size()+line-1)/line*line)
+	ssdSize := (st.Size() + st.Size()/7 + 2*line) / line * line
 	rep := ReductionReport{Image: image, ImageBytes: st.Size(), Stored: map[string]cache.TierStats{}, Fill: map[string]time.Duration{}}
 	size := strconv.FormatInt(st.Size()/line*line, 10) // fio reads whole lines
 	var probes []probe
@@ -110,6 +113,9 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 		}
 		if len(stats.Tiers) != 1 {
 			return ReductionReport{}, fmt.Errorf("%s: %d cache tiers, want the SSD tier alone", t.Name, len(stats.Tiers))
+		}
+		if held := stats.Tiers[0].LogicalBytes; held < uint64(st.Size()/line*line) {
+			return ReductionReport{}, fmt.Errorf("%s holds %d bytes of the image's %d after reading it: its SSD tier did not take all of it", t.Name, held, st.Size())
 		}
 		rep.Stored[t.Name] = stats.Tiers[0]
 		probes = append(probes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})

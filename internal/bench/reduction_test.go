@@ -14,8 +14,8 @@ import (
 func TestReductionTargets(t *testing.T) {
 	targets := reductionTargets("/bin/tierblk", "/work", "/img/usr.ext4", 1<<30)
 	want := []struct{ name, cmd string }{
-		{nameReductionOff, "/bin/tierblk serve --backend file:///img/usr.ext4 --read-only --nbd unix:/t.sock --ram 0 --ssd /work/off-ssd.img --ssd-size 1073741824 --admission always --reduction off --admin unix:/work/off-admin.sock --log-level warn"},
-		{nameReductionZero, "/bin/tierblk serve --backend file:///img/usr.ext4 --read-only --nbd unix:/t.sock --ram 0 --ssd /work/zero-ssd.img --ssd-size 1073741824 --admission always --reduction zero --admin unix:/work/zero-admin.sock --log-level warn"},
+		{nameReductionOff, "/bin/tierblk serve --backend file:///img/usr.ext4 --read-only --nbd unix:/t.sock --ram 0 --ssd /work/off-ssd.img --ssd-size 1073741824 --admission always --congestion off --reduction off --admin unix:/work/off-admin.sock --log-level warn"},
+		{nameReductionZero, "/bin/tierblk serve --backend file:///img/usr.ext4 --read-only --nbd unix:/t.sock --ram 0 --ssd /work/zero-ssd.img --ssd-size 1073741824 --admission always --congestion off --reduction zero --admin unix:/work/zero-admin.sock --log-level warn"},
 	}
 	require.Len(t, targets, len(want))
 	for i, tg := range targets {
