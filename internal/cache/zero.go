@@ -146,6 +146,9 @@ func (t *tier) writeBlocks(slot uint32, p []byte, off, n int64) (lineBits, error
 		return lineBits{}, t.writeSlot(slot, p, off)
 	}
 	zero := zeroBlocks(p, off, n)
+	if zero.isZero() { // data: written as it is
+		return zero, t.writeSlot(slot, p, off)
+	}
 	return zero, zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
 		if z {
 			return nil
