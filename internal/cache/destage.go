@@ -61,6 +61,9 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 	if err = c.ssd.j.dropStale(spans); err != nil {
 		return 0, fmt.Errorf("destage: cache metadata: %w", err)
 	}
+	if err = c.ssd.j.settleZeros(spans); err != nil {
+		return 0, fmt.Errorf("destage: settling the records of zero blocks: %w", err)
+	}
 	var runs []destageRun
 	for _, h := range hs {
 		start := int64(h.line) * c.line
@@ -90,9 +93,7 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 		c.wb.destageErrors.Add(1)
 		return 0, fmt.Errorf("destage: backend flush: %w", err)
 	}
-	if err = c.ssd.j.dropStaleZeros(spans); err != nil {
-		return 0, fmt.Errorf("destage: cache metadata: %w", err)
-	}
+
 	if blocks := bytes / blockSize; blocks > 0 {
 		per := int64(time.Since(t0)) / blocks
 		old := c.wb.blockTime.Load()

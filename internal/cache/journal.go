@@ -259,53 +259,52 @@ func (j *journal) dropStale(spans []span) error {
 	return meta.CommitParts(j.store, ops, true, nil)
 }
 
-// dropStaleZeros takes back, with a sync, what the store may claim of the dirty blocks spans (just
-// written back to the backend, which has been flushed) where its claim and the tier differ on
-// which are zero blocks. A write in place keeps a stored record of dirty data true (the slot holds
-// the newest data), but a zero bit is not in the slot: a zero block written over with data, or
-// data written over with zeros, leaves an older record calling the block zero while the slot holds
-// data, or calling the slot's older data valid. Until the next checkpoint stores the line anew, a
-// crash would bring that older data back over what the destage wrote, and a FLUSH that the destage
-// made durable (a bypassed tier's FlushAll) would not hold. Without the blocks, the store sends a
-// restart to the backend, which has their newest data now.
-func (j *journal) dropStaleZeros(spans []span) error {
-	j.commitMu.RLock()
-	defer j.commitMu.RUnlock()
+// settleZeros makes what the store may claim of the dirty blocks spans true before the destager
+// writes them back: a checkpoint, if a claim is stale. A write in place keeps a stored record of
+// dirty data true (the slot holds the newest data), but a zero bit is not in the slot: data written
+// over with zeros leaves an older record calling the slot's older data valid, and a zero block
+// written over with data leaves one calling the block zero while the slot holds the data. Until the
+// next checkpoint that is what the durability contract allows of an unflushed write; but once the
+// destage has made the newest data durable on the backend (a FLUSH that a bypassed tier's FlushAll
+// serves returns then), a crash must not bring the older claim back. The checkpoint stores the
+// lines as the tier holds them, their data flushed to the SSD; the caller holds the lines' locks,
+// so no write makes a claim stale again before the destage ends. If it fails, nothing has reached
+// the backend, and the destage fails.
+func (j *journal) settleZeros(spans []span) error {
+	if !j.staleZeros(spans) {
+		return nil
+	}
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	if !j.staleZeros(spans) { // a checkpoint settled them meanwhile
+		return nil
+	}
+	return j.checkpointOrFail()
+}
+
+// staleZeros reports whether the store may hold a record of a line of spans that disagrees with the
+// tier on which of the span's dirty blocks are zero blocks: the store's record (stored) or the one
+// the checkpoint under way is committing (snapshot).
+func (j *journal) staleZeros(spans []span) bool {
 	t := j.t
-	var ops []meta.Op
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, s := range spans {
 		slot, cached := t.slotOf(s.line)
 		if !cached {
 			continue
 		}
 		zero := t.zeroAt(slot)
-		var stale lineBits
 		for _, m := range []map[uint64]meta.Op{j.stored, j.snapshot} {
 			if b, ok := m[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
 				claimed := bitsFromWords(b.Rec.Dirty).and(s.bits)
-				stale = stale.or(claimed.and(bitsFromWords(b.Rec.Zero)).andNot(zero)).or(claimed.and(zero).andNot(bitsFromWords(b.Rec.Zero)))
+				if claimed.and(bitsFromWords(b.Rec.Zero)) != claimed.and(zero) {
+					return true
+				}
 			}
 		}
-		if stale.isZero() {
-			continue
-		}
-		// The checkpoint under way must not commit the snapshot's claim after this, and the line
-		// stays changed, so that the next checkpoint stores it as it is.
-		j.invalidatedSinceSnapshot[s.line] = j.invalidatedSinceSnapshot[s.line].or(stale)
-		j.record(t.recordLocked(s.line, slot))
-		if b, ok := j.stored[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
-			op := j.without(b, stale)
-			op.Invalidates = true
-			j.committedLocked(op)
-			ops = append(ops, op)
-		}
 	}
-	t.mu.Unlock()
-	if len(ops) == 0 {
-		return nil
-	}
-	return meta.CommitParts(j.store, ops, true, nil)
+	return false
 }
 
 // span is the part of a line a request touches, as blocks.

@@ -18,8 +18,8 @@ import (
 // Zero bits are a subset of the valid bits. A zero block's bytes in the slot are whatever was
 // there before: nothing reads them, and a write that covers part of a zero block writes the whole
 // block (its other bytes as zeros). Since a zero bit is not in the slot, a write in place no longer
-// makes an older stored record of a dirty block find the newest data: the destager takes such
-// records back before it marks the blocks clean (journal.dropStaleZeros).
+// makes an older stored record of a dirty block find the newest data: the destager has the store
+// catch up (a checkpoint) before it writes such blocks back (journal.settleZeros).
 
 // Reduction is how much an SSD tier reduces what it stores. Each level includes the ones before.
 type Reduction int
