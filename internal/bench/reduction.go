@@ -18,7 +18,14 @@ import (
 const (
 	nameReductionOff  = "tierblk --reduction off"
 	nameReductionZero = "tierblk --reduction zero"
+	// The write row's: write-back over a file of their own.
+	nameWriteBackOff  = "writeback --reduction off"
+	nameWriteBackZero = "writeback --reduction zero"
 )
+
+// ReductionWriteSize is the region the write row writes at random, prefilled first: within the
+// write-back tierblks' SSD tier (1 GiB), so that the row measures writes to the SSD tier.
+const ReductionWriteSize = "256m"
 
 // ReductionRows are the rows of `tierblk bench cache --parts reduction`: what reduction costs the
 // SSD tier's hits, on the image's own blocks (its zero blocks among them).
@@ -27,6 +34,12 @@ func ReductionRows() []Row {
 		{Name: "4K random read, QD32, hits", FioArgs: []string{"--rw=randread", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"},
 		{Name: "1M random read, QD8, hits", FioArgs: []string{"--rw=randread", "--bs=1M", "--iodepth=8"}, Unit: "MiB/s"},
 	}
+}
+
+// ReductionWriteRow is what reduction costs write-back writes of data (fio's buffers are random
+// bytes, never a zero block).
+func ReductionWriteRow() Row {
+	return Row{Name: "4K random write, QD32, write-back", FioArgs: []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"}
 }
 
 // ReductionReport is what RunReduction measured.
@@ -38,6 +51,7 @@ type ReductionReport struct {
 	Stored map[string]cache.TierStats
 	Fill   map[string]time.Duration
 	Hits   []Result
+	Writes Result // ReductionWriteRow
 }
 
 // reductionTargets serve image read-only, each with an SSD tier in dir that holds all of it
@@ -58,10 +72,24 @@ func reductionTargets(tierblk, dir, image string, ssdSize int64) []Target {
 
 func reductionAdmin(dir, reduction string) string { return filepath.Join(dir, reduction+"-admin.sock") }
 
+// writeBackTargets are two tierblks in write-back, reduction off and zero, each over a backend file
+// of its own in dir with an SSD tier of 1 GiB.
+func writeBackTargets(tierblk, dir string) []Target {
+	tb := func(name, reduction string) Target {
+		return Target{Name: name, Command: func(sock string) *exec.Cmd {
+			return exec.Command(tierblk, "serve", "--backend", "file://"+filepath.Join(dir, reduction+"-wb-backend.img")+"?size=1GiB",
+				"--nbd", "unix:"+sock, "--ram", "0", "--ssd", filepath.Join(dir, reduction+"-wb-ssd.img"), "--ssd-size", "1GiB",
+				"--mode", "writeback", "--admission", "always", "--congestion", "off", "--reduction", reduction, "--log-level", "warn")
+		}}
+	}
+	return []Target{tb(nameWriteBackOff, "off"), tb(nameWriteBackZero, "zero")}
+}
+
 // RunReduction reads image (a raw disk image, say a file system with files in it) once through
 // tierblk with reduction off and zero, and reports what each SSD tier stores of it (logical and
 // physical bytes), then measures hits on it (ReductionRows), alternating the two from round to
-// round. o.Size and o.SlowRuntime are not used: the rows cover the whole image.
+// round; then 4K random writes of data in write-back (ReductionWriteRow) on two more tierblks, off
+// and zero, over ReductionWriteSize written once first. o.Size and o.SlowRuntime are not used.
 func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionReport, error) {
 	if err := o.check(); err != nil {
 		return ReductionReport{}, err
@@ -127,11 +155,29 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 		}
 		rep.Hits = append(rep.Hits, r)
 	}
+	var wprobes []probe
+	for i, t := range writeBackTargets(o.Tierblk, dir) {
+		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("w%d.sock", i))}
+		if err := s.start(ctx); err != nil {
+			return ReductionReport{}, err
+		}
+		defer s.close()
+		wo := o
+		wo.Size = ReductionWriteSize
+		if err := wo.pass(ctx, s, "prefilling", "--rw=write"); err != nil {
+			return ReductionReport{}, err
+		}
+		wprobes = append(wprobes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})
+	}
+	if rep.Writes, err = measure(ctx, ReductionWriteRow(), wprobes, o.Rounds, ReductionWriteSize, o.Log, nil); err != nil {
+		return ReductionReport{}, err
+	}
 	return rep, nil
 }
 
 // ReductionTable renders the report: what each SSD tier stores of the image and how long the read
-// that filled it took, then the hit rows with the median of the per-round ratios zero/off.
+// that filled it took, then the hit rows and the write row with the medians of the per-round
+// ratios zero/off.
 func ReductionTable(w io.Writer, rep ReductionReport) {
 	fmt.Fprintf(w, "| SSD tier | logical | physical | physical/logical | first read of the image |\n|---|---:|---:|---:|---:|\n")
 	for _, name := range []string{nameReductionOff, nameReductionZero} {
@@ -145,4 +191,6 @@ func ReductionTable(w io.Writer, rep ReductionReport) {
 	}
 	fmt.Fprintln(w)
 	pairedTable(w, rep.Hits, []string{nameReductionZero, nameReductionOff}, [][2]string{{nameReductionZero, nameReductionOff}})
+	fmt.Fprintln(w)
+	pairedTable(w, []Result{rep.Writes}, []string{nameWriteBackZero, nameWriteBackOff}, [][2]string{{nameWriteBackZero, nameWriteBackOff}})
 }

@@ -194,7 +194,9 @@ raw disk image such as a file system with files in it; docs/benchmarks.md says h
   tierblk --reduction off    serve --backend file://IMAGE --read-only --ram 0 --ssd WORK/... (all of the image) --admission always
   tierblk --reduction zero   the same, storing no zero block
 Each reads the image once; their SSD tiers' logical and physical bytes are printed, then the rows
-of the hit part over the whole image, and the medians of the per-round ratios zero/off.
+of the hit part over the whole image, and the medians of the per-round ratios zero/off. Then 4K
+random writes of data at QD32 on two more tierblks in write-back (--reduction off and zero, each
+over a backend file of its own), over ` + bench.ReductionWriteSize + ` written once first.
 
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
