@@ -29,7 +29,6 @@ type simOpts struct {
 	ops        string
 	model      string
 	warmup     int
-	reduction  float64 // --reduction-ratio: logical bytes a cache stores per physical byte
 	output     string
 	plot       string
 	workers    int
@@ -58,12 +57,7 @@ With --model lines and --block-size set to the daemon's line size, each simulate
 4 KiB blocks fetched into it, and a read misses wherever its blocks are not held, as in the daemon;
 a miss fetches the blocks it touches, or on to the line's end for a sequential reader. The "fetched"
 column is the bytes read misses fetched from the backend over the bytes read: what a cache costs the
-link to the backend.
-
---reduction-ratio R sizes each cache for data reduced R:1 (logical over physical bytes, as
-'tierblk stats' and 'tierblk bench cache --parts reduction' measure it): every size holds R times
-the keys it would, to see what a tier that stores data reduced would hit. (The daemon's zero
-blocks save SSD writes and reads, not yet room for more lines: docs/configuration.md.)`,
+link to the backend.`,
 		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
   tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
   tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB
@@ -85,7 +79,6 @@ blocks save SSD writes and reads, not yet room for more lines: docs/configuratio
 	f.StringVar(&o.model, "model", "object", "object: a key is cached or not, and a miss fetches it whole (libCacheSim's model); "+
 		"lines: the daemon's cache lines (--block-size is the line size): 4 KiB valid blocks, misses fetch what the daemon fetches")
 	f.IntVar(&o.warmup, "warmup", 0, "requests replayed before counting starts")
-	f.Float64Var(&o.reduction, "reduction-ratio", 1, "data reduction of the simulated caches, logical bytes over physical (2: each size holds twice the keys, as an SSD tier storing half of what it holds would)")
 	f.StringVar(&o.output, "output", "table", "table, csv or json")
 	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
 	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "goroutines feeding the caches, each owning a share of them (the trace is read once for all)")
@@ -117,9 +110,6 @@ func runSim(ctx context.Context, o simOpts) error {
 	}
 	if o.workers < 1 {
 		return usageErrorf("--workers %d: must be at least 1", o.workers)
-	}
-	if !(o.reduction >= 1) { // NaN too
-		return usageErrorf("--reduction-ratio %g: must be at least 1 (logical bytes over physical; 1: no reduction)", o.reduction)
 	}
 	sizes, err := sim.ParseSizes(o.sizes)
 	if err != nil {
@@ -175,7 +165,6 @@ func runSim(ctx context.Context, o simOpts) error {
 			if err != nil {
 				return usageErrorf("--size: %v", err)
 			}
-			k = int(float64(k) * o.reduction)
 			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
 		}
 	}

@@ -42,9 +42,6 @@ func simCmd(t *testing.T, o simOpts) (string, error) {
 	if o.workers == 0 {
 		o.workers = 2
 	}
-	if o.reduction == 0 {
-		o.reduction = 1
-	}
 	err := runSim(context.Background(), o)
 	return out.String(), err
 }
@@ -72,26 +69,6 @@ func TestSimCSVMatchesLibCacheSim(t *testing.T) {
 	svg, err := os.ReadFile(plot)
 	require.NoError(t, err)
 	require.Contains(t, string(svg), "<svg")
-}
-
-// A cache of size N with data reduced 2:1 holds what one of size 2N holds, and misses as much.
-func TestSimReductionRatio(t *testing.T) {
-	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
-	missRatios := func(o simOpts) map[string]string {
-		o.tracePath, o.policies, o.output = path, "lru,s3fifo", "csv"
-		out, err := simCmd(t, o)
-		require.NoError(t, err)
-		rows, err := csv.NewReader(bytes.NewReader([]byte(out))).ReadAll()
-		require.NoError(t, err)
-		got := map[string]string{}
-		for _, r := range rows[1:] {
-			got[r[0]] = r[3]
-		}
-		return got
-	}
-	reduced := missRatios(simOpts{sizes: "489", reduction: 2})
-	require.Equal(t, missRatios(simOpts{sizes: "978"}), reduced)
-	require.NotEqual(t, missRatios(simOpts{sizes: "489"}), reduced, "the ratio changes what the caches hold")
 }
 
 func TestSimBadInput(t *testing.T) {
@@ -124,7 +101,6 @@ func TestSimBadInput(t *testing.T) {
 		{"lines of 6KiB", simOpts{tracePath: good, policies: "lru", sizes: "10", model: "lines", blockSize: "6KiB"}, "multiple of 4KiB", true},
 		{"bad output", simOpts{tracePath: good, policies: "lru", sizes: "10", output: "xml"}, "--output", true},
 		{"bad plot", simOpts{tracePath: good, policies: "lru", sizes: "10", plot: "x.gif"}, "--plot", true},
-		{"reduction below 1", simOpts{tracePath: good, policies: "lru", sizes: "10", reduction: 0.5}, "--reduction-ratio 0.5: must be at least 1", true},
 		{"bad admission", simOpts{tracePath: good, policies: "lru", sizes: "10", admission: "nhit:zero"}, "--admission", true},
 		{"bytes without block size", simOpts{tracePath: good, policies: "lru", sizes: "1GiB"}, "--block-size", true},
 		{"warm-up past the end", simOpts{tracePath: good, policies: "lru", sizes: "0.1", warmup: 113872}, "--warmup 113872 must be below the 113872 requests", true},
