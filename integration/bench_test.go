@@ -1,6 +1,6 @@
 package integration
 
-// Smoke tests of `tierblk bench nbd`, `bench cache`, `bench writeback` and `bench cold`
+// Smoke tests of `tierblk bench nbd`, `bench cache` (its reduction part too), `bench writeback` and `bench cold`
 // (internal/bench), which run fio against tierblk, nbdkit and qemu-nbd: with tiny working sets and run times they prove
 // that the servers start, restart, flush and answer and that every row of the tables comes out,
 // not how fast anything is. The benchmarks' arguments, tables and parsers are tested beside them.
@@ -99,6 +99,25 @@ func TestBenchCacheSmoke(t *testing.T) {
 	fig, ratio := `([1-9]\d*) (IOPS|MiB/s)`, `\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)`
 	hitRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \| ` + ratio + ` \|$`)
 	require.Equal(t, []string{bench.HitRows()[0].Name, bench.HitRows()[1].Name}, rowNames(hitRow, stdout), "stdout:\n%s", stdout)
+}
+
+// TestBenchReductionSmoke runs `tierblk bench cache --parts reduction` on an 8 MiB image whose
+// second half is zeros: the SSD tier with reduction zero stores half of what it holds, the one
+// with reduction off all of it, and the hit rows come out.
+func TestBenchReductionSmoke(t *testing.T) {
+	requireTools(t, "fio", "nbdkit")
+	image := filepath.Join(t.TempDir(), "half-zero.img")
+	data := make([]byte, 8<<20)
+	for i := range len(data) / 2 {
+		data[i] = byte(i%251 + 1)
+	}
+	require.NoError(t, os.WriteFile(image, data, 0o600))
+	stdout, _ := runBench(t, benchWorkDir(t), "cache", "--parts", "reduction", "--image", image, "--rounds", "1", "--runtime", "1s")
+	require.Contains(t, stdout, "| tierblk --reduction off | 8.0 MiB | 8.0 MiB | 1.000 |")
+	require.Contains(t, stdout, "| tierblk --reduction zero | 8.0 MiB | 4.0 MiB | 0.500 |")
+	fig, ratio := `([1-9]\d*) (IOPS|MiB/s)`, `\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)`
+	hitRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \|$`)
+	require.Equal(t, []string{bench.ReductionRows()[0].Name, bench.ReductionRows()[1].Name, bench.ReductionWriteRow().Name}, rowNames(hitRow, stdout), "stdout:\n%s", stdout)
 }
 
 // TestBenchWriteBackSmoke runs `tierblk bench writeback` with a tiny working set, burst and run

@@ -108,6 +108,9 @@ type Config struct {
 	RunLog string
 	// WriteBack tunes write-back (zero: DefaultWriteBack).
 	WriteBack WriteBackConfig
+	// Reduction is what the SSD tier stores no more of (zero.go); the zero value stores
+	// everything as it is.
+	Reduction Reduction
 	Log       *slog.Logger
 }
 
@@ -192,6 +195,9 @@ func (cfg *Config) validate() error {
 	if cfg.RAM.Size != 0 && cfg.RAM.Size < l {
 		return fmt.Errorf("RAM tier size %d is smaller than one line (%d); use 0 for no RAM tier", cfg.RAM.Size, l)
 	}
+	if cfg.Reduction < ReductionOff || int(cfg.Reduction) >= len(reductionNames) {
+		return fmt.Errorf("reduction %d: use ReductionOff or ReductionZero", cfg.Reduction)
+	}
 	if cfg.Mode == WriteBack && cfg.SSDDevice == nil {
 		return errors.New("write-back needs an SSD tier: the RAM tier may never hold the only copy of written data")
 	}
@@ -236,6 +242,7 @@ func (c *Cache) openSSD(cfg Config) error {
 	slots := int(cfg.SSD.Size / c.line)
 	spec := c.spec("ssd", cfg.SSD, ssdReserve(slots))
 	spec.lines = uint64((c.size + c.line - 1) / c.line)
+	spec.reduction = cfg.Reduction
 	t, err := newTier(spec, c.log)
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ type layout struct {
 	// most tests, admits every miss)
 	admission string
 	runLog    string // the SSD tier's run log (Config.RunLog)
+	reduction Reduction
 }
 
 var layouts = []layout{
@@ -52,8 +53,9 @@ func testConfig(l layout, store meta.Store, ssdDev backend.Backend) Config {
 	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
 	// the delays would only slow the tests (writes still wait at the maximum).
 	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"}, RunLog: l.runLog,
-		RAM: TierConfig{Size: l.ram * l.line, Policy: l.policy, Admission: l.admission},
-		SSD: TierConfig{Size: l.ssd * l.line, Policy: l.policy, Admission: l.admission}}
+		Reduction: l.reduction,
+		RAM:       TierConfig{Size: l.ram * l.line, Policy: l.policy, Admission: l.admission},
+		SSD:       TierConfig{Size: l.ssd * l.line, Policy: l.policy, Admission: l.admission}}
 	if l.ssd > 0 {
 		if ssdDev == nil {
 			ssdDev = mem.New(l.ssd * l.line)

@@ -332,7 +332,7 @@ func (m *machine) record(first, n int, a ack) {
 // cache must also agree with its backend, so that no eviction can later change what a read
 // returns. In write-back, where kill -9 too may lose writes no flush made durable, the restarted
 // cache may hold dirty data the backend lacks: after a FlushAll the backend must hold exactly what
-// the cache serves.
+// the cache serves. Each case runs with every reduction of the SSD tier.
 func TestCrashRestart(t *testing.T) {
 	cases := []struct {
 		name string
@@ -352,10 +352,14 @@ func TestCrashRestart(t *testing.T) {
 			kinds = append(kinds, kill9)
 		}
 		for _, kind := range kinds {
-			t.Run(tc.name+"-"+kind.String(), func(t *testing.T) {
-				t.Parallel()
-				runCrashes(t, tc.l, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)
-			})
+			for _, r := range []Reduction{ReductionOff, ReductionZero} {
+				l := tc.l
+				l.reduction = r
+				t.Run(tc.name+"-"+kind.String()+"-reduction-"+r.String(), func(t *testing.T) {
+					t.Parallel()
+					runCrashes(t, l, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)
+				})
+			}
 		}
 	}
 }
@@ -455,9 +459,12 @@ func runCrashes(t *testing.T, l layout, kind crashKind, base, seed uint64) {
 						stamp(buf, first, id)
 						a.fua = true
 						_, err = c.WriteAtFUA(buf, off)
-					case r < 92:
+					case r < 88:
 						a.id = 0
 						err = c.WriteZeroes(off, length, false)
+					case r < 92:
+						a.id = 0 // zero blocks, where the SSD tier reduces
+						_, err = c.WriteAt(buf, off)
 					default:
 						call := m.seq.Add(1)
 						if err = c.Flush(); err == nil {

@@ -1,24 +1,29 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// destageRun is a stretch of dirty blocks that are adjacent on the backend: one backend write.
+// destageRun is a stretch of dirty blocks that are adjacent on the backend: one backend write, or
+// one WRITE_ZEROES for a run of zero blocks on a backend that has it.
 type destageRun struct {
 	off    int64
 	pieces []destagePiece
+	zero   bool // a WRITE_ZEROES: every piece is zero blocks
 }
 
 type destagePiece struct {
 	line   uint64
 	slot   uint32
 	lo, hi int64 // bytes within the line
+	zero   bool  // zero blocks: not read from the slot
 }
 
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
@@ -27,14 +32,14 @@ type destagePiece struct {
 // write meanwhile is locked out, so it can never be marked clean with old data.
 func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err error) {
 	type held struct {
-		line  uint64
-		slot  uint32
-		dirty lineBits
+		line        uint64
+		slot        uint32
+		dirty, zero lineBits
 	}
 	var hs []held
 	for _, line := range lines {
-		if slot, d, ok := c.ssd.pinDirty(line); ok {
-			hs = append(hs, held{line, slot, d})
+		if slot, d, z, ok := c.ssd.pinDirty(line); ok {
+			hs = append(hs, held{line, slot, d, z})
 		}
 	}
 	if len(hs) == 0 {
@@ -56,18 +61,28 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 	if err = c.ssd.j.dropStale(spans); err != nil {
 		return 0, fmt.Errorf("destage: cache metadata: %w", err)
 	}
+	if err = c.ssd.j.settleZeros(spans); err != nil {
+		return 0, fmt.Errorf("destage: settling the records of zero blocks: %w", err)
+	}
 	var runs []destageRun
 	for _, h := range hs {
 		start := int64(h.line) * c.line
 		n := min(c.line, c.size-start)
 		h.dirty.runs(int((n+blockSize-1)/blockSize), func(b0, b1 int) {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
-			p := destagePiece{h.line, h.slot, lo, hi}
-			if k := len(runs) - 1; k >= 0 && runs[k].end() == start+lo && runs[k].len()+(hi-lo) <= maxDestageWrite {
-				runs[k].pieces = append(runs[k].pieces, p)
-				return
-			}
-			runs = append(runs, destageRun{off: start + lo, pieces: []destagePiece{p}})
+			_ = zeroSpans(lo, hi, h.zero, func(lo, hi int64, z bool) error {
+				p := destagePiece{h.line, h.slot, lo, hi, z}
+				// Zero blocks go as a WRITE_ZEROES of their own where the backend has one; else
+				// they are written as zeros with the data around them.
+				zero := z && c.zero != nil
+				if k := len(runs) - 1; k >= 0 && runs[k].end() == start+lo && runs[k].zero == zero &&
+					runs[k].len()+(hi-lo) <= maxDestageWrite {
+					runs[k].pieces = append(runs[k].pieces, p)
+					return nil
+				}
+				runs = append(runs, destageRun{off: start + lo, pieces: []destagePiece{p}, zero: zero})
+				return nil
+			})
 		})
 	}
 	t0 := time.Now()
@@ -78,6 +93,7 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 		c.wb.destageErrors.Add(1)
 		return 0, fmt.Errorf("destage: backend flush: %w", err)
 	}
+
 	if blocks := bytes / blockSize; blocks > 0 {
 		per := int64(time.Since(t0)) / blocks
 		old := c.wb.blockTime.Load()
@@ -121,13 +137,33 @@ func (c *Cache) writeRuns(runs []destageRun, inflight int) (int64, error) {
 	return bytes, first
 }
 
-// writeRun reads a run's pieces from their slots and writes them to the backend as one write.
+// writeRun reads a run's pieces from their slots and writes them to the backend as one write; a
+// run of zero blocks is one WRITE_ZEROES, or a write of zeros where the backend turns that down.
 func (c *Cache) writeRun(r destageRun) error {
+	if r.zero {
+		// Not unmapped: the client's WRITE_ZEROES may have asked to keep the blocks allocated,
+		// which the zero bit does not record.
+		err := c.zero.WriteZeroes(r.off, r.len(), false)
+		if !errors.Is(err, backend.ErrNotSupported) {
+			c.backendStats.write(0, err)
+			if err != nil {
+				c.wb.destageErrors.Add(1)
+				return fmt.Errorf("destage at offset %d: write zeroes: %w", r.off, err)
+			}
+			c.wb.destageWrites.Add(1)
+			return nil
+		}
+	}
 	bufp := bufpool.Get(int(r.len()))
 	defer bufpool.Put(bufp)
 	buf := *bufp
 	pos := int64(0)
 	for _, p := range r.pieces {
+		if p.zero {
+			clear(buf[pos : pos+p.hi-p.lo])
+			pos += p.hi - p.lo
+			continue
+		}
 		if err := c.ssd.readSlotCached(p.slot, buf[pos:pos+p.hi-p.lo], p.lo); err != nil {
 			// Counted as any error of the tier's device: a dirty line the destager cannot read
 			// keeps its dirty data from leaving, and a device that keeps failing is bypassed, so

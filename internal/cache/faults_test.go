@@ -90,9 +90,12 @@ func drive(c *Cache, rng *rand.Rand, m, lost sectorSets, ops int, errOK bool, st
 			stamp(buf, first, id)
 			_, err = c.WriteAtFUA(buf, off)
 			durable = err == nil
-		case r < 96:
+		case r < 93:
 			id = 0
 			err = c.WriteZeroes(off, int64(len(buf)), false)
+		case r < 96:
+			id = 0 // zero blocks, where the SSD tier reduces
+			_, err = c.WriteAt(buf, off)
 		default:
 			err := c.Flush()
 			if err != nil && !errOK {
@@ -171,13 +174,22 @@ func verifyRestart(c *Cache, back *crashDev, m, lost sectorSets) error {
 	return nil
 }
 
-// faultModes are the modes the fault tests run: write-through, and write-back, where an SSD write
-// that fails fails the client's write (the SSD was to hold its only copy) and a kill -9 may lose
-// writes no flush made durable.
+// faultModes are the modes the fault tests run, each with every reduction of the SSD tier:
+// write-through, and write-back, where an SSD write that fails fails the client's write (the SSD
+// was to hold its only copy) and a kill -9 may lose writes no flush made durable.
 var faultModes = []struct {
 	name string
 	l    layout
-}{{"writethrough", faultLayout}, {"writeback", wbFaultLayout}}
+}{
+	{"writethrough", faultLayout}, {"writeback", wbFaultLayout},
+	{"writethrough-reduction-zero", withReduction(faultLayout, ReductionZero)},
+	{"writeback-reduction-zero", withReduction(wbFaultLayout, ReductionZero)},
+}
+
+func withReduction(l layout, r Reduction) layout {
+	l.reduction = r
+	return l
+}
 
 // newModel returns the models drive keeps for layout l: lost only in write-back.
 func newModel(l layout) (m, lost sectorSets) {
@@ -229,6 +241,12 @@ func TestFailNthSSDWrite(t *testing.T) {
 // TestDeadSSD makes every call to the SSD fail halfway through a workload: reads stay correct, the
 // tier is bypassed, and a restart on the revived SSD finds nothing stale.
 func TestDeadSSD(t *testing.T) {
+	for _, r := range []Reduction{ReductionOff, ReductionZero} {
+		t.Run(r.String(), func(t *testing.T) { testDeadSSD(t, withReduction(faultLayout, r)) })
+	}
+}
+
+func testDeadSSD(t *testing.T, faultLayout layout) {
 	seed := testSeed(t)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	back, ssdDev, store := newCrashDev(faultDevSize), newCrashDev(faultLayout.ssd*faultLayout.line), meta.NewMem()

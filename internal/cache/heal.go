@@ -80,14 +80,14 @@ func (j *journal) heal() error {
 		slot := t.setAside[line]
 		delete(t.setAside, line)
 		r, ok := found[line]
-		v, d := bitsFromWords(r.Valid), bitsFromWords(r.Dirty)
-		if !ok || v.isZero() || d.andNot(v) != (lineBits{}) {
+		v, d, z := bitsFromWords(r.Valid), bitsFromWords(r.Dirty), bitsFromWords(r.Zero)
+		if !ok || v.isZero() || d.andNot(v) != (lineBits{}) || z.andNot(v) != (lineBits{}) {
 			j.record(deleteOp(line))
 			t.releaseWhenUnpinnedLocked(slot)
 			continue
 		}
 		t.index.Put(line, int32(slot))
-		t.setLocked(line, slot, v, d)
+		t.setLocked(line, slot, v, d, z)
 		t.victims = t.victims[:0]
 		t.evict.Insert(policy.Key(line))
 		t.dropVictimsLocked()

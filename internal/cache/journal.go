@@ -181,7 +181,8 @@ func (j *journal) storedWithoutLocked(line uint64, bits lineBits) (op meta.Op, g
 
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
 
-// without returns op with the blocks bits neither valid nor dirty: a deletion if none is left.
+// without returns op with the blocks bits neither valid, dirty nor zero: a deletion if none is
+// left.
 func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	if op.Delete {
 		return op
@@ -193,6 +194,9 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	r := meta.Line{Line: op.Rec.Line, Slot: op.Rec.Slot, Valid: v.words(j.t.blocks)}
 	if d := bitsFromWords(op.Rec.Dirty).andNot(bits); !d.isZero() {
 		r.Dirty = d.words(j.t.blocks)
+	}
+	if z := bitsFromWords(op.Rec.Zero).andNot(bits); !z.isZero() {
+		r.Zero = z.words(j.t.blocks)
 	}
 	return meta.Op{Rec: r}
 }
@@ -253,6 +257,54 @@ func (j *journal) dropStale(spans []span) error {
 		return nil
 	}
 	return meta.CommitParts(j.store, ops, true, nil)
+}
+
+// settleZeros makes what the store may claim of the dirty blocks spans true before the destager
+// writes them back: a checkpoint, if a claim is stale. A write in place keeps a stored record of
+// dirty data true (the slot holds the newest data), but a zero bit is not in the slot: data written
+// over with zeros leaves an older record calling the slot's older data valid, and a zero block
+// written over with data leaves one calling the block zero while the slot holds the data. Until the
+// next checkpoint that is what the durability contract allows of an unflushed write; but once the
+// destage has made the newest data durable on the backend (a FLUSH that a bypassed tier's FlushAll
+// serves returns then), a crash must not bring the older claim back. The checkpoint stores the
+// lines as the tier holds them, their data flushed to the SSD; the caller holds the lines' locks,
+// so no write makes a claim stale again before the destage ends. If it fails, nothing has reached
+// the backend, and the destage fails.
+func (j *journal) settleZeros(spans []span) error {
+	if !j.staleZeros(spans) {
+		return nil
+	}
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	if !j.staleZeros(spans) { // a checkpoint settled them meanwhile
+		return nil
+	}
+	return j.checkpointOrFail()
+}
+
+// staleZeros reports whether the store may hold a record of a line of spans that disagrees with the
+// tier on which of the span's dirty blocks are zero blocks: the store's record (stored) or the one
+// the checkpoint under way is committing (snapshot).
+func (j *journal) staleZeros(spans []span) bool {
+	t := j.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range spans {
+		slot, cached := t.slotOf(s.line)
+		if !cached {
+			continue
+		}
+		zero := t.zeroAt(slot)
+		for _, m := range []map[uint64]meta.Op{j.stored, j.snapshot} {
+			if b, ok := m[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
+				claimed := bitsFromWords(b.Rec.Dirty).and(s.bits)
+				if claimed.and(bitsFromWords(b.Rec.Zero)) != claimed.and(zero) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // span is the part of a line a request touches, as blocks.
@@ -367,9 +419,13 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		if !d.isZero() && t.dirty.words == nil {
 			return fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
 		}
+		z := bitsFromWords(r.Zero)
+		if z.andNot(v) != (lineBits{}) {
+			return fmt.Errorf("line %d: zero bits %x outside the valid bits %x", r.Line, r.Zero, r.Valid)
+		}
 		used[r.Slot] = true
 		t.index.Put(r.Line, int32(r.Slot))
-		t.setLocked(r.Line, r.Slot, v, d)
+		t.setLocked(r.Line, r.Slot, v, d, z)
 		return nil
 	}
 	err := j.store.Lines(func(r meta.Line) error {

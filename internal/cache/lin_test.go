@@ -164,11 +164,13 @@ type linCase struct {
 	// ssdFile puts the SSD tier on a file as tierblk serve does (direct reads through io_uring)
 	// rather than in memory; pread reads it with pread, as where the kernel has no io_uring.
 	ssdFile, pread bool
+	reduction      Reduction
 }
 
 // TestLinearizable runs concurrent clients against caches with tiny tiers over delaying backends,
 // so that requests overlap and lines are promoted, evicted and invalidated all the time, and checks
-// with porcupine that every sector behaves as a linearizable register.
+// with porcupine that every sector behaves as a linearizable register. Each case runs with every
+// reduction of the SSD tier.
 func TestLinearizable(t *testing.T) {
 	cases := []linCase{
 		{name: "wt-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteThrough},
@@ -195,10 +197,13 @@ func TestLinearizable(t *testing.T) {
 	}
 	seed := testSeed(t)
 	for i, lc := range cases {
-		t.Run(lc.name, func(t *testing.T) {
-			t.Parallel()
-			runLinearizable(t, lc, seed, seed+uint64(i)*1000)
-		})
+		for _, r := range []Reduction{ReductionOff, ReductionZero} {
+			lc.reduction = r
+			t.Run(lc.name+"-reduction-"+r.String(), func(t *testing.T) {
+				t.Parallel()
+				runLinearizable(t, lc, seed, seed+uint64(i)*1000)
+			})
+		}
 	}
 }
 
@@ -232,7 +237,8 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	}
 	delay := 150 * time.Microsecond
 	b := fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
-	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission}
+	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission,
+		reduction: lc.reduction}
 	var ssd *fault.Backend
 	if lc.ssd > 0 {
 		rates := map[fault.Op]float64{fault.Read: lc.ssdFault, fault.Write: lc.ssdFault}
@@ -357,10 +363,14 @@ func linRequest(c *Cache, rng *rand.Rand, id int64, sectors int) (op linOp, call
 			op.what = "fua-write"
 			_, err = c.WriteAtFUA(buf, off)
 		}
-	case r < 88:
+	case r < 84:
 		op.write, op.what = true, "trim"
 		call = linNow()
 		err = c.Trim(off, length)
+	case r < 88:
+		op.write, op.what = true, "write-of-zeros" // zero blocks, where the SSD tier reduces
+		call = linNow()
+		_, err = c.WriteAt(buf, off)
 	case r < 95:
 		op.write, op.what = true, "write-zeroes"
 		call = linNow()

@@ -32,7 +32,7 @@ func TestIndexBytesPerLine(t *testing.T) {
 			if !g.ok {
 				t.Fatalf("no slot for line %d", line)
 			}
-			tr.validate(line*7, g.slot, rangeBits(0, tr.blocks), false)
+			tr.validate(line*7, g.slot, rangeBits(0, tr.blocks), false, lineBits{})
 		}
 		after := heapInUse()
 		perLine := float64(after-before) / slots

@@ -45,6 +45,7 @@ type source struct {
 	t      *tier // nil: the backend
 	slot   uint32
 	valid  lineBits // the slot's valid blocks at lookup
+	zero   lineBits // which of them are zero blocks, not in the slot
 	served bool     // by the RAM tier, during the lookup
 }
 
@@ -75,8 +76,8 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 			continue
 		}
 		if c.ssd != nil { // even bypassed: it may hold dirty data
-			if slot, valid, ok := c.ssd.lookup(s.line, need); ok {
-				src[i] = source{t: c.ssd, slot: slot, valid: valid}
+			if g := c.ssd.lookup(s.line, need); g.ok {
+				src[i] = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 			}
 		}
 	}
@@ -105,7 +106,8 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 // read: promotions at once would pin each other's victims and leave RAM short of full
 // (TestCacheAdmin). A single segment promotes as readHit does. A run the SSD fails is read again
 // line by line, so that only the lines that fail are dropped; a segment that fails is left to the
-// backend: its source is cleared.
+// backend: its source is cleared. A segment with zero blocks is read alone (readHit), which reads
+// only the blocks the slot holds.
 func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	promotes := func(s seg) bool {
 		return c.ram.usable() && (force || c.ram.admits(c.promotion(s)))
@@ -119,12 +121,13 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	var runBuf [2][2]int // [first, last] indexes of segments; most requests touch one or two lines
 	runs := runBuf[:0]
 	hits := 0
+	alone := func(i int) bool { return !src[i].zero.and(segs[i].touched()).isZero() }
 	for i := range src {
 		if src[i].t == nil {
 			continue
 		}
 		hits++
-		if n := len(runs); n > 0 && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 {
+		if n := len(runs); n > 0 && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 && !alone(i) && !alone(i-1) {
 			runs[n-1][1] = i
 			continue
 		}
@@ -188,7 +191,7 @@ func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
 			return ok
 		}
 	}
-	if err := t.readSlot(src.slot, dst, s.lo); err != nil {
+	if err := t.readBlocks(src.slot, dst, s.lo, src.zero); err != nil {
 		t.ioError(s.line, src.slot, err)
 		return false
 	}
@@ -214,7 +217,7 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 		}
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 		ram := c.ram.ram[int64(slot)*c.line+lo : int64(slot)*c.line+hi]
-		err = c.ssd.readSlot(ssdSlot, ram, lo)
+		err = c.ssd.readBlocks(ssdSlot, ram, lo, src.zero)
 	})
 	if err != nil {
 		c.ram.unpin(slot)
@@ -222,7 +225,7 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 		return false, true
 	}
 	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
-	c.ram.validate(s.line, slot, missing, false)
+	c.ram.validate(s.line, slot, missing, false, lineBits{})
 	return true, true
 }
 
@@ -253,8 +256,8 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
 	for i, s := range segs {
 		if c.ssd != nil {
-			if slot, valid, ok := c.ssd.pin(s.line); ok {
-				fills[i].held = source{t: c.ssd, slot: slot, valid: valid}
+			if g := c.ssd.pin(s.line); g.ok {
+				fills[i].held = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 			}
 		}
 	}
@@ -345,7 +348,7 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 		tmpp := bufpool.Get(int(hi - lo))
 		defer bufpool.Put(tmpp)
 		tmp := *tmpp
-		if rerr := h.t.readSlot(h.slot, tmp, lo); rerr != nil {
+		if rerr := h.t.readBlocks(h.slot, tmp, lo, h.zero); rerr != nil {
 			_, dirty := h.t.bits(s.line)
 			h.t.ioError(s.line, h.slot, rerr)
 			if !dirty.and(rangeBits(b0, b1)).isZero() {
@@ -360,17 +363,20 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 
 // fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,
 // skipping blocks t already holds: those are never older than the backend. g is the line's
-// acquired slot, if any.
+// acquired slot, if any. A tier that reduces writes no zero block (writeBlocks).
 func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits lineBits) {
 	if !g.ok {
 		return
 	}
 	slot, missing := g.slot, bits.andNot(g.valid)
 	var err error
+	var zeros lineBits
 	missing.runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-			err = t.writeSlot(slot, data[lo-base:hi-base], lo)
+			var z lineBits
+			z, err = t.writeBlocks(slot, data[lo-base:hi-base], lo, s.n)
+			zeros = zeros.or(z)
 		}
 	})
 	if err != nil {
@@ -378,7 +384,7 @@ func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits 
 		t.ioError(s.line, slot, err)
 		return
 	}
-	t.validate(s.line, slot, missing, false)
+	t.validate(s.line, slot, missing, false, zeros)
 }
 
 func (c *Cache) backendRead(p []byte, off int64) error {

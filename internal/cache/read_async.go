@@ -36,11 +36,12 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	} else if !c.locks.tryLock(s.line) {
 		return false
 	}
-	slot, valid, ok := c.ssd.lookupHit(s.line, need)
-	if !ok {
+	g := c.ssd.lookupHit(s.line, need)
+	if !g.ok {
 		unlock()
 		return false
 	}
+	slot := g.slot
 	// From here on the read is this call's: it counts as read does.
 	t0 := time.Now()
 	if c.wb != nil {
@@ -49,7 +50,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if c.ram.usable() {
 		c.ram.misses.Add(1)
 	}
-	src := source{t: c.ssd, slot: slot, valid: valid}
+	src := source{t: c.ssd, slot: slot, valid: g.valid, zero: g.zero}
 	end := func(err error) { // once the line is let go
 		if err == nil {
 			c.asked.Add(uint64(len(p)))
@@ -68,10 +69,13 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		}
 		finish(c.readMiss(segs, p, false))
 	}
-	if c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
+	// Zero blocks are not on the device: such a read goes read's way, below, which reads only the
+	// blocks the slot holds.
+	plain := g.zero.and(need).isZero()
+	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
 		return true
 	}
-	if c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
+	if plain && c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
 		if err != nil { // as readHit does, off the device's goroutine
 			go func() {
 				c.ssd.ioError(s.line, slot, err)
@@ -86,7 +90,8 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	}) {
 		return true
 	}
-	// The device would not start it (an unaligned buffer): read's own way, on a goroutine.
+	// Zero blocks, or the device would not start it (an unaligned buffer): read's own way, on a
+	// goroutine.
 	go func() {
 		if c.readHit(s, src, p, false) {
 			finish(nil)
@@ -124,7 +129,7 @@ func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bo
 			return
 		}
 		copy(p, c.ram.ram[at+s.lo:])
-		c.ram.validate(s.line, slot, missing, false)
+		c.ram.validate(s.line, slot, missing, false, lineBits{})
 		c.ssd.hitBytes.Add(uint64(len(p)))
 		c.ssd.unpin(src.slot)
 		finish(nil)

@@ -251,7 +251,9 @@ func TestRunLogRefused(t *testing.T) {
 // and with a run log (on /dev/shm where there is one): what logging the records costs a write.
 // "rewrite" writes at random over blocks mostly dirty already (a rewrite in place changes no
 // record); "new" writes each to a line not cached yet (a new record each, and a new slot); run it
-// with -benchtime of at most 30000x, so that it stays below the SSD tier's high watermark.
+// with -benchtime of at most 30000x, so that it stays below the SSD tier's high watermark. The data
+// is random, and each case runs with reduction off and zero: what looking for zero blocks costs a
+// write of data.
 func BenchmarkWriteBack4K(b *testing.B) {
 	dir := b.TempDir()
 	if shm, err := os.MkdirTemp("/dev/shm", "tierblk-bench"); err == nil {
@@ -260,36 +262,41 @@ func BenchmarkWriteBack4K(b *testing.B) {
 	}
 	for _, kind := range []string{"rewrite", "new"} {
 		for _, logged := range []bool{false, true} {
-			b.Run(kind+"/"+map[bool]string{false: "nolog", true: "runlog"}[logged], func(b *testing.B) {
-				l := layout{line: 64 << 10, ssd: 1024, mode: WriteBack}
-				size := int64(24 << 20) // below the high watermark: no destage
-				if kind == "new" {
-					l = layout{line: 4 << 10, ssd: 64 << 10, mode: WriteBack}
-					size = 1 << 30
-				}
-				if logged {
-					l.runLog = filepath.Join(dir, b.Name())
-					require.NoError(b, os.MkdirAll(filepath.Dir(l.runLog), 0o755))
-				}
-				c := newCache(b, mem.New(size), l, nil, nil)
-				defer c.Close()
-				var next atomic.Int64
-				b.SetBytes(4096)
-				b.RunParallel(func(pb *testing.PB) {
-					buf := make([]byte, 4096)
-					rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
-					for pb.Next() {
-						off := rng.Int64N(size/4096) * 4096
-						if kind == "new" {
-							off = next.Add(1) * 4096 % size
-						}
-						if _, err := c.WriteAt(buf, off); err != nil {
-							b.Error(err)
-							return
-						}
+			for _, r := range []Reduction{ReductionOff, ReductionZero} {
+				b.Run(kind+"/"+map[bool]string{false: "nolog", true: "runlog"}[logged]+"/reduction-"+r.String(), func(b *testing.B) {
+					l := layout{line: 64 << 10, ssd: 1024, mode: WriteBack, reduction: r}
+					size := int64(24 << 20) // below the high watermark: no destage
+					if kind == "new" {
+						l = layout{line: 4 << 10, ssd: 64 << 10, mode: WriteBack, reduction: r}
+						size = 1 << 30
 					}
+					if logged {
+						l.runLog = filepath.Join(dir, b.Name())
+						require.NoError(b, os.MkdirAll(filepath.Dir(l.runLog), 0o755))
+					}
+					c := newCache(b, mem.New(size), l, nil, nil)
+					defer c.Close()
+					var next atomic.Int64
+					b.SetBytes(4096)
+					b.RunParallel(func(pb *testing.PB) {
+						rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+						buf := make([]byte, 4096)
+						for i := range buf {
+							buf[i] = byte(rng.Uint32())
+						}
+						for pb.Next() {
+							off := rng.Int64N(size/4096) * 4096
+							if kind == "new" {
+								off = next.Add(1) * 4096 % size
+							}
+							if _, err := c.WriteAt(buf, off); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
 				})
-			})
+			}
 		}
 	}
 }

@@ -6,10 +6,12 @@ import (
 	"github.com/tierblk/tierblk/internal/policy"
 )
 
-// grant is what acquiring a line gave: its pinned slot and the blocks it held, if ok.
+// grant is what acquiring or looking up a line gave: its pinned slot, the blocks it held and which
+// of those are zero blocks (not in the slot), if ok.
 type grant struct {
 	slot  uint32
 	valid lineBits
+	zero  lineBits
 	ok    bool
 }
 
@@ -74,7 +76,7 @@ func (t *tier) takeRunLocked(lines []uint64, run []uint32) []uint32 {
 func (t *tier) acquireLocked(line uint64, run *[]uint32) grant {
 	if slot, ok := t.slotOf(line); ok {
 		t.pins[slot]++
-		return grant{slot, t.valid.get(slot), true}
+		return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
 	}
 	free := func() int { return t.freeSlots() + len(*run) }
 	if t.failed.Load() {
@@ -105,7 +107,7 @@ func (t *tier) acquireLocked(line uint64, run *[]uint32) grant {
 		slot = t.takeFreeLocked()
 	}
 	t.index.Put(line, int32(slot))
-	t.setLocked(line, slot, lineBits{}, lineBits{})
+	t.setLocked(line, slot, lineBits{}, lineBits{}, lineBits{})
 	t.pins[slot]++
 	t.promotions.Add(1)
 	return grant{slot: slot, ok: true}
@@ -167,13 +169,16 @@ func (t *tier) doomedLines(n int) []uint64 {
 	return lines[:min(n, len(lines))]
 }
 
-// setLocked sets the valid and dirty bits of line's slot, keeping the dirty counts and the set of
-// dirty lines.
-func (t *tier) setLocked(line uint64, slot uint32, valid, dirty lineBits) {
+// setLocked sets the valid, dirty and zero bits of line's slot, keeping the block counts and the
+// set of dirty lines. Dirty and zero are subsets of valid.
+func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
+	t.validBlocks += valid.count() - t.valid.get(slot).count()
 	t.valid.set(slot, valid)
 	if t.dirty.words == nil {
 		return
 	}
+	t.zeroBlocks += zero.count() - t.zero.get(slot).count()
+	t.zero.set(slot, zero)
 	old := t.dirty.get(slot)
 	t.dirty.set(slot, dirty)
 	if len(t.snaps) > 0 {
@@ -206,7 +211,7 @@ func (t *tier) dropLocked(line uint64) {
 		t.j.keepStoredLocked(line, slot)
 	}
 	t.index.Delete(line)
-	t.setLocked(line, slot, lineBits{}, lineBits{})
+	t.setLocked(line, slot, lineBits{}, lineBits{}, lineBits{})
 	if t.doomed != nil {
 		delete(t.doomed, line)
 	}
@@ -233,7 +238,7 @@ func (t *tier) setAsideLocked(line uint64) {
 		return
 	}
 	t.index.Delete(line)
-	t.setLocked(line, slot, lineBits{}, lineBits{})
+	t.setLocked(line, slot, lineBits{}, lineBits{}, lineBits{})
 	delete(t.doomed, line)
 	t.setAside[line] = slot
 }

@@ -48,7 +48,16 @@ type TierStats struct {
 	Lines         uint64 `json:"lines"`    // lines held now
 	Capacity      uint64 `json:"capacity"` // lines the tier can hold
 	LineBytes     uint64 `json:"bytes"`    // bytes held now: Lines * line size
-	Errors        uint64 `json:"errors"`   // I/O errors of the tier's storage
+	// LogicalBytes are the bytes of the valid blocks the tier holds, as clients read them;
+	// PhysicalBytes the part of those stored on its device (zero blocks are not, zero.go);
+	// ReductionRatio is LogicalBytes / PhysicalBytes: 1 for a tier that holds nothing, 0 for one
+	// that holds only zero blocks (no ratio). Reduction is what the tier stores no more of (the SSD
+	// tier: Config.Reduction).
+	LogicalBytes   uint64  `json:"logical_bytes"`
+	PhysicalBytes  uint64  `json:"physical_bytes"`
+	ReductionRatio float64 `json:"reduction_ratio"`
+	Reduction      string  `json:"reduction,omitempty"`
+	Errors         uint64  `json:"errors"` // I/O errors of the tier's storage
 	// Failed is set while the tier is bypassed (after I/O or metadata errors); Reason says why.
 	// A bypassed tier is tried again with backoff, in RetryIn seconds, and comes back into service
 	// when its storage and metadata work; SetAside lines wait for that, out of use.

@@ -62,6 +62,15 @@ type tier struct {
 	// doomedWake tells the destager a line was doomed (called with mu held; must not block).
 	doomedWake func()
 	dirtyCount atomic.Int64 // dirtyLines, readable without the mutex
+
+	// Data reduction (SSD tier, zero.go): zero marks the valid blocks that hold zeros and were not
+	// written to the slot; reduce says whether new ones are made (Config.Reduction). validBlocks
+	// and zeroBlocks count the set bits of valid and zero, for the stats.
+	zero        bitTable
+	reduction   Reduction
+	reduce      bool
+	validBlocks int
+	zeroBlocks  int
 	// snaps are the dirty data that the flushes under way write back (FlushAll): setLocked takes
 	// from each the blocks it marks clean.
 	snaps []*dirtySnap
@@ -98,8 +107,11 @@ type tierSpec struct {
 	admission string
 	reserve   int // slots kept out of the policy's capacity, see journal
 	// lines is the backend's size in lines: a tier that can hold dirty data (the SSD) tracks
-	// dirty lines by number, to write them back in address order. 0 for a tier without.
+	// dirty lines by number, to write them back in address order, and keeps zero bits. 0 for a
+	// tier without.
 	lines uint64
+	// reduction is what the tier stores no more of (a tier with lines only).
+	reduction Reduction
 }
 
 func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
@@ -119,6 +131,9 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 	if s.lines > 0 {
 		t.lines = s.lines
 		t.dirty = newBitTable(s.slots, t.blocks)
+		t.zero = newBitTable(s.slots, t.blocks)
+		t.reduction = s.reduction
+		t.reduce = s.reduction >= ReductionZero
 		t.dset = newLineSet(s.lines)
 		t.doomed = map[uint64]bool{}
 		t.setAside = map[uint64]uint32{}
@@ -141,32 +156,30 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 // usable reports whether the tier may be used: it exists and has not been bypassed.
 func (t *tier) usable() bool { return t != nil && !t.failed.Load() }
 
-// lookup returns the slot of line and its valid bits, pinning the slot, if the line is cached and
+// lookup returns the slot of line, pinned, with its valid and zero bits, if the line is cached and
 // valid over need. A hit updates the eviction policy. The pinned slot keeps those blocks' data even
-// if the line is evicted meanwhile.
-func (t *tier) lookup(line uint64, need lineBits) (slot uint32, valid lineBits, ok bool) {
-	slot, valid, ok = t.lookupHit(line, need)
-	if !ok {
+// if the line is evicted meanwhile, and the bits stay true of that data while the caller holds the
+// line's lock.
+func (t *tier) lookup(line uint64, need lineBits) grant {
+	g := t.lookupHit(line, need)
+	if !g.ok {
 		t.misses.Add(1)
 	}
-	return slot, valid, ok
+	return g
 }
 
 // lookupHit is lookup for a caller that goes elsewhere on a miss without counting it.
-func (t *tier) lookupHit(line uint64, need lineBits) (slot uint32, valid lineBits, ok bool) {
+func (t *tier) lookupHit(line uint64, need lineBits) grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	slot, ok = t.slotOf(line)
-	if ok {
-		valid = t.valid.get(slot)
-	}
-	if !ok || !valid.covers(need) {
-		return 0, lineBits{}, false
+	slot, ok := t.slotOf(line)
+	if !ok || !t.valid.get(slot).covers(need) {
+		return grant{}
 	}
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
-	return slot, valid, true
+	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
 // holds reports whether the tier holds the blocks need of line, counting nothing.
@@ -206,16 +219,17 @@ func (t *tier) applyHitsLocked() {
 	t.recent.drain(func(line uint64) { t.evict.Get(policy.Key(line)) })
 }
 
-// pin returns the slot of line and its valid bits, pinning the slot, if the line is cached (even
+// pin returns the slot of line, pinned, with its valid and zero bits, if the line is cached (even
 // partly). It does not count as an access.
-func (t *tier) pin(line uint64) (slot uint32, valid lineBits, ok bool) {
+func (t *tier) pin(line uint64) grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if slot, ok = t.slotOf(line); !ok {
-		return 0, lineBits{}, false
+	slot, ok := t.slotOf(line)
+	if !ok {
+		return grant{}
 	}
 	t.pins[slot]++
-	return slot, t.valid.get(slot), true
+	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
 // bits returns the valid and dirty bits of line, zero if it is not cached.
@@ -270,20 +284,21 @@ func (t *tier) dirtyAt(slot uint32) lineBits {
 }
 
 // validate marks bits of line valid (and dirty, for a write-back write) after its data was
-// written to slot, and unpins the slot. If the line was evicted meanwhile (it was clean: a dirty
-// line is never evicted), nothing is marked and validate reports false.
-func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (marked bool) {
+// written to slot, and unpins the slot; of bits, those in zeros are zero blocks, not written
+// (writeBlocks), the others hold their data in the slot. If the line was evicted meanwhile (it was
+// clean: a dirty line is never evicted), nothing is marked and validate reports false.
+func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool, zeros lineBits) (marked bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	defer t.unpinLocked(slot)
 	if s, ok := t.slotOf(line); ok && s == slot {
 		marked = true
-		v, d := t.valid.get(slot), t.dirtyAt(slot)
-		nv, nd := v.or(bits), d
+		v, d, z := t.valid.get(slot), t.dirtyAt(slot), t.zeroAt(slot)
+		nv, nd, nz := v.or(bits), d, z.andNot(bits).or(zeros.and(bits))
 		if dirty {
 			nd = d.or(bits)
 		}
-		if nv == v && nd == d {
+		if nv == v && nd == d && nz == z {
 			// Data rewritten in place under the same bits (a dirty block overwritten, say): the
 			// record is what it was. Not queuing it spares a checkpoint, whose SSD flush would write
 			// back a busy line's pages every second for nothing; a FLUSH still flushes the SSD.
@@ -292,7 +307,7 @@ func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool) (ma
 		if t.j != nil {
 			t.j.keepStoredLocked(line, slot)
 		}
-		t.setLocked(line, slot, nv, nd)
+		t.setLocked(line, slot, nv, nd, nz)
 		if t.j != nil {
 			t.j.record(t.recordLocked(line, slot))
 		}
@@ -308,7 +323,7 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	if s, ok := t.slotOf(line); ok && s == slot {
 		t.j.keepStoredLocked(line, slot)
 		d := t.dirtyAt(slot).andNot(bits)
-		t.setLocked(line, slot, t.valid.get(slot), d)
+		t.setLocked(line, slot, t.valid.get(slot), d, t.zeroAt(slot))
 		t.j.record(t.recordLocked(line, slot))
 		if d.isZero() && t.doomed[line] {
 			t.evictions.Add(1)
@@ -318,18 +333,18 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.unpinLocked(slot)
 }
 
-// pinDirty returns line's slot, pinned, and its dirty bits, if it has any.
-func (t *tier) pinDirty(line uint64) (slot uint32, dirty lineBits, ok bool) {
+// pinDirty returns line's slot, pinned, its dirty bits and its zero bits, if it has dirty ones.
+func (t *tier) pinDirty(line uint64) (slot uint32, dirty, zero lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if slot, ok = t.slotOf(line); !ok {
-		return 0, lineBits{}, false
+		return 0, lineBits{}, lineBits{}, false
 	}
 	if dirty = t.dirtyAt(slot); dirty.isZero() {
-		return 0, lineBits{}, false
+		return 0, lineBits{}, lineBits{}, false
 	}
 	t.pins[slot]++
-	return slot, dirty, true
+	return slot, dirty, t.zeroAt(slot), true
 }
 
 // invalidateLocked clears bits of line; a line left with no valid block is dropped.
@@ -349,7 +364,7 @@ func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed
 		t.dropLocked(line)
 		return deleteOp(line), true
 	}
-	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits))
+	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits), t.zeroAt(slot).andNot(bits))
 	return t.recordLocked(line, slot), true
 }
 
@@ -364,6 +379,9 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.get(slot).words(t.blocks)}
 	if d := t.dirtyAt(slot); !d.isZero() {
 		r.Dirty = d.words(t.blocks)
+	}
+	if z := t.zeroAt(slot); !z.isZero() {
+		r.Zero = z.words(t.blocks)
 	}
 	return meta.Op{Rec: r}
 }
@@ -461,6 +479,7 @@ func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
 func (t *tier) stats() TierStats {
 	t.mu.Lock()
 	lines, aside := t.index.Len(), len(t.setAside)
+	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
 	t.mu.Unlock()
 	s := TierStats{
 		Name:          t.name,
@@ -480,6 +499,17 @@ func (t *tier) stats() TierStats {
 		Errors:        t.errs.Load(),
 		Failed:        t.failed.Load(),
 		SetAside:      uint64(aside),
+		LogicalBytes:  logical,
+		PhysicalBytes: physical,
+	}
+	switch {
+	case logical == 0:
+		s.ReductionRatio = 1
+	case physical > 0:
+		s.ReductionRatio = float64(logical) / float64(physical)
+	}
+	if t.lines > 0 {
+		s.Reduction = t.reduction.String()
 	}
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r

@@ -90,10 +90,10 @@ func (c *Cache) write(p []byte, off int64, fua bool) error {
 // copy, cheaper than handing them to another goroutine. The caller holds the line locks.
 func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	type filled struct {
-		t    *tier
-		line uint64
-		slot uint32
-		bits lineBits
+		t           *tier
+		line        uint64
+		slot        uint32
+		bits, zeros lineBits
 	}
 	var buf [4]filled
 	done := buf[:0]
@@ -111,8 +111,8 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 		}
 		for k, g := range c.acquireSegs(t, segs, which, grantBuf[:0]) {
 			s := segs[which[k]]
-			if bits, ok := c.writeTier(t, s, g, p); ok {
-				done = append(done, filled{t, s.line, g.slot, bits})
+			if bits, zeros, ok := c.writeTier(t, s, g, p); ok {
+				done = append(done, filled{t, s.line, g.slot, bits, zeros})
 			}
 		}
 	}
@@ -122,7 +122,7 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 			f.t.unpin(f.slot)
 			continue
 		}
-		f.t.validate(f.line, f.slot, f.bits, false)
+		f.t.validate(f.line, f.slot, f.bits, false, f.zeros)
 	}
 	return err
 }
@@ -154,26 +154,29 @@ func (c *Cache) acquireSegs(t *tier, segs []seg, which []int, grants []grant) []
 }
 
 // writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
-// any). The caller validates them once the backend has the data.
-func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (lineBits, bool) {
-	full := s.full()
+// any), but for the zero blocks a tier that reduces does not write (zeros). The caller validates
+// them once the backend has the data.
+func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (full, zeros lineBits, ok bool) {
+	full = s.full()
 	if !g.ok {
-		return full, false
+		return full, zeros, false
 	}
 	slot := g.slot
 	var err error
 	full.runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-			err = t.writeSlot(slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo)
+			var z lineBits
+			z, err = t.writeBlocks(slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
+			zeros = zeros.or(z)
 		}
 	})
 	if err != nil {
 		t.unpin(slot)
 		t.ioError(s.line, slot, err)
-		return full, false
+		return full, zeros, false
 	}
-	return full, true
+	return full, zeros, true
 }
 
 // invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a
@@ -212,24 +215,33 @@ func (c *Cache) backendWrite(p []byte, off int64, fua bool) error {
 	return err
 }
 
-// Trim implements backend.Trimmer: the cached copies go, then the backend trims.
+// Trim implements backend.Trimmer: the cached copies go, then the backend trims. What the backend
+// reads back after a trim is its own affair (zeros, or the old data), so the cache marks nothing
+// zero for it.
 func (c *Cache) Trim(off, length int64) error {
 	if c.trim == nil {
 		return backend.ErrNotSupported
 	}
-	return c.change(off, length, func() error { return c.trim.Trim(off, length) })
+	return c.change(off, length, false, func() error { return c.trim.Trim(off, length) })
 }
 
-// WriteZeroes implements backend.ZeroWriter.
+// WriteZeroes implements backend.ZeroWriter. In write-back, on an SSD tier that stores no zero
+// block, a small one is a write of zeros: dirty zero blocks, written neither to the SSD nor yet to
+// the backend, which the destager sends as a WRITE_ZEROES. Otherwise the backend zeroes the range
+// now, and the lines the SSD tier holds mark its whole blocks zero.
 func (c *Cache) WriteZeroes(off, length int64, mayUnmap bool) error {
 	if c.zero == nil {
 		return backend.ErrNotSupported
 	}
-	return c.change(off, length, func() error { return c.zero.WriteZeroes(off, length, mayUnmap) })
+	if length > 0 && length <= maxZeroWrite && c.Mode() == WriteBack && c.ssd.usable() && c.ssd.reduce {
+		return c.write(zeroes[:length], off, false)
+	}
+	return c.change(off, length, true, func() error { return c.zero.WriteZeroes(off, length, mayUnmap) })
 }
 
-// change runs a backend operation that changes data without passing it through the cache.
-func (c *Cache) change(off, length int64, op func() error) error {
+// change runs a backend operation that changes data without passing it through the cache; zeroing
+// says the range reads as zeros once it succeeded.
+func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	if err := c.check(off, length); err != nil {
 		return err
 	}
@@ -243,9 +255,49 @@ func (c *Cache) change(off, length int64, op func() error) error {
 	if err := c.destageTouched(segs); err != nil {
 		return err
 	}
+	var held []seg
+	if zeroing {
+		held = c.heldSegs(segs)
+	}
 	if err := c.invalidate(segs, false); err != nil {
 		return err
 	}
-	defer c.backendChanges.Add(1)
-	return op()
+	err := op()
+	// Counted before zeroHeld records anything: a checkpoint that commits those records flushes
+	// the backend first, so that a power loss cannot keep the zero bits and lose the zeroing.
+	c.backendChanges.Add(1)
+	if err == nil {
+		c.zeroHeld(held)
+	}
+	return err
+}
+
+// heldSegs returns the segments of segs with whole blocks whose lines the SSD tier holds, if the
+// tier reduces: after a zeroing, zeroHeld marks those blocks zero.
+func (c *Cache) heldSegs(segs []seg) []seg {
+	if !c.ssd.usable() || !c.ssd.reduce {
+		return nil
+	}
+	var held []seg
+	for _, s := range segs {
+		if v, _ := c.ssd.bits(s.line); !v.isZero() && !s.full().isZero() {
+			held = append(held, s)
+		}
+	}
+	return held
+}
+
+// zeroHeld marks the whole blocks of segs valid zero blocks on the SSD tier, after the backend
+// zeroed them (the caller holds the line locks): reads of them are then hits that need no SSD I/O.
+// The lines were on the tier before the zeroing invalidated them (heldSegs); lines that were not
+// are not brought in: a zeroing of a whole disk would push out every line for lines of nothing.
+func (c *Cache) zeroHeld(segs []seg) {
+	if len(segs) == 0 || !c.ssd.usable() {
+		return
+	}
+	for _, s := range segs {
+		if g := c.ssd.acquire(s.line); g.ok {
+			c.ssd.validate(s.line, g.slot, s.full(), false, s.full())
+		}
+	}
 }

@@ -78,18 +78,20 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 		}
 		g = c.ssd.acquire(s.line)
 	}
-	slot, valid := g.slot, g.valid
+	slot := g.slot
 	if !g.ok {
 		// No slot still (the tier failed, or its evicted slots are busy): write through.
 		return c.writeAroundSeg(s, data)
 	}
 	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
-	// them (the file's direct I/O merges in place), else from the backend.
+	// them (the file's direct I/O merges in place), zeros for a zero block (the slot does not
+	// hold it), else from the backend.
 	lo, hi := s.lo, s.hi
 	touched, full := s.touched(), s.full()
+	inSlot := g.valid.andNot(g.zero)
 	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)-1
-	headRMW := !full.has(b0) && !valid.has(b0)
-	tailRMW := !full.has(b1) && !valid.has(b1)
+	headRMW := !full.has(b0) && !inSlot.has(b0)
+	tailRMW := !full.has(b1) && !inSlot.has(b1)
 	if headRMW {
 		lo = int64(b0) * blockSize
 	}
@@ -109,6 +111,10 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 				continue
 			}
 			bl, bh := int64(b.blk)*blockSize, min(int64(b.blk+1)*blockSize, s.n)
+			if g.zero.has(b.blk) {
+				clear(buf[bl-lo : bh-lo])
+				continue
+			}
 			if err := c.backendRead(buf[bl-lo:bh-lo], s.start+bl); err != nil {
 				c.ssd.unpin(slot)
 				return err
@@ -116,12 +122,13 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 		}
 		copy(buf[s.lo-lo:], data)
 	}
-	if err := c.ssd.writeSlot(slot, buf, lo); err != nil {
+	zeros, err := c.ssd.writeBlocks(slot, buf, lo, s.n)
+	if err != nil {
 		c.ssd.unpin(slot)
 		c.ssd.ioError(s.line, slot, err)
 		return fmt.Errorf("cache: SSD tier write failed: %w", err)
 	}
-	if !c.ssd.validate(s.line, slot, touched, true) {
+	if !c.ssd.validate(s.line, slot, touched, true, zeros) {
 		// The line was evicted while its data was written: the backend takes the write instead.
 		return c.writeAroundSeg(s, data)
 	}
@@ -129,8 +136,8 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
 	if c.ram.usable() && full != rangeBits(0, s.blocks()) && c.storesWrite(c.ram, s) {
 		g := c.ram.acquire(s.line)
-		if bits, ok := c.writeTier(c.ram, s, g, p); ok {
-			c.ram.validate(s.line, g.slot, bits, false)
+		if bits, zeros, ok := c.writeTier(c.ram, s, g, p); ok {
+			c.ram.validate(s.line, g.slot, bits, false, zeros)
 		}
 	}
 	return nil

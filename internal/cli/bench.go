@@ -161,6 +161,7 @@ func runBenchPart(ctx context.Context, o benchOpts, part, self, work string) err
 type benchCacheOpts struct {
 	bench.CacheOptions
 	parts []string
+	image string // the reduction part's disk image
 	out   io.Writer
 }
 
@@ -188,10 +189,20 @@ read once before the first round:
 The rows: 4K random read at QD32, 1M random read at QD8. Prints the medians and the medians of the
 per-round ratios tierblk --ram 0/qemu-nbd and tierblk --ram ` + bench.HitsRAM + `/tierblk --ram 0.
 
+Then what the SSD tier's data reduction saves and costs (--parts reduction, which needs --image, a
+raw disk image such as a file system with files in it; docs/benchmarks.md says how to make one):
+  tierblk --reduction off    serve --backend file://IMAGE --read-only --ram 0 --ssd WORK/... (all of the image) --admission always
+  tierblk --reduction zero   the same, storing no zero block
+Each reads the image once; their SSD tiers' logical and physical bytes are printed, then the rows
+of the hit part over the whole image, and the medians of the per-round ratios zero/off. Then 4K
+random writes of data at QD32 on two more tierblks in write-back (--reduction off and zero, each
+over a backend file of its own), over ` + bench.ReductionWriteSize + ` written once first.
+
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
 		Example: `  tierblk bench cache --work .cache/bench-cache
-  tierblk bench cache --parts hits --rounds 5`,
+  tierblk bench cache --parts hits --rounds 5
+  tierblk bench cache --parts reduction --image usr.ext4 --rounds 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -199,7 +210,8 @@ live there.`,
 		},
 	}
 	benchCacheFlags(cmd, &o.CacheOptions)
-	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd)")
+	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd), reduction (the SSD tier's data reduction on --image)")
+	cmd.Flags().StringVar(&o.image, "image", "", "raw disk image the reduction part reads through the cache")
 	return cmd
 }
 
@@ -240,8 +252,11 @@ func workDir(dir, prefix string) (string, func(), error) {
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
-	if err := checkParts(o.parts, "slow", "hits"); err != nil {
+	if err := checkParts(o.parts, "slow", "hits", "reduction"); err != nil {
 		return err
+	}
+	if slices.Contains(o.parts, "reduction") != (o.image != "") {
+		return usageErrorf("--image goes with --parts reduction, and the reduction part needs it: a raw disk image to read through the cache")
 	}
 	done, err := prepareCache(&o.CacheOptions)
 	if err != nil {
@@ -265,6 +280,15 @@ func runBenchCache(ctx context.Context, o benchCacheOpts) error {
 		fmt.Fprintf(o.out, "\nHits: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
 			o.Size, o.Rounds, o.Runtime)
 		bench.HitTable(o.out, res)
+	}
+	if slices.Contains(o.parts, "reduction") {
+		rep, err := bench.RunReduction(ctx, o.CacheOptions, o.image)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.out, "\nReduction: %s (%.1f MiB) read once through each tierblk, then hits on all of it: fio, nbd engine, one job, unix socket, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
+			rep.Image, float64(rep.ImageBytes)/(1<<20), o.Rounds, o.Runtime)
+		bench.ReductionTable(o.out, rep)
 	}
 	return nil
 }

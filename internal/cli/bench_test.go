@@ -22,6 +22,8 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "cache", "--rounds", "0"},
 		{"bench", "cache", "--slow-runtime", "500ms"},
 		{"bench", "cache", "--parts", "slow,warm"},
+		{"bench", "cache", "--parts", "reduction"},
+		{"bench", "cache", "--image", "usr.ext4"},
 		{"bench", "writeback", "--rounds", "0"},
 		{"bench", "writeback", "--runtime", "0s"},
 		{"bench", "writeback", "--burst", ""},

@@ -177,6 +177,7 @@ func writeExportStats(w io.Writer, e metrics.ExportStats) {
 	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",
 		b.Reads, humanBytes(b.ReadBytes), b.Writes, humanBytes(b.WriteBytes), b.Errors)
 	writeMisses(w, s)
+	writeStored(w, s.Tiers)
 	writeDirty(w, s.Dirty)
 	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
 }
@@ -204,6 +205,30 @@ func writeMisses(w io.Writer, s cache.Stats) {
 			}
 			fmt.Fprintf(w, ", device %.2f ms a request%s", t.DeviceLatency*1e3, now)
 		}
+	}
+	fmt.Fprintln(w)
+}
+
+// writeStored prints what each tier stores: the bytes of its valid blocks as clients read them
+// (logical), those on its device (physical) and their ratio, with the SSD tier's reduction.
+func writeStored(w io.Writer, tiers []cache.TierStats) {
+	if len(tiers) == 0 {
+		return
+	}
+	fmt.Fprint(w, "stored:")
+	for i, t := range tiers {
+		if i > 0 {
+			fmt.Fprint(w, ";")
+		}
+		ratio := "-" // only zero blocks: no ratio
+		if t.ReductionRatio > 0 {
+			ratio = fmt.Sprintf("%.2fx", t.ReductionRatio)
+		}
+		fmt.Fprintf(w, " %s %s logical, %s physical (%s", t.Name, humanBytes(t.LogicalBytes), humanBytes(t.PhysicalBytes), ratio)
+		if t.Reduction != "" {
+			fmt.Fprintf(w, ", reduction %s", t.Reduction)
+		}
+		fmt.Fprint(w, ")")
 	}
 	fmt.Fprintln(w)
 }

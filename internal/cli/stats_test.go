@@ -23,11 +23,13 @@ func statsFixture() cache.Stats {
 		LineSize: 65536,
 		Tiers: []cache.TierStats{
 			{Name: "ram", Policy: "s3fifo", Admission: "always", Hits: 900, Misses: 100, HitBytes: 900 * 65536,
-				Promotions: 7, Evictions: 5, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536, Admitted: 100},
+				Promotions: 7, Evictions: 5, Lines: 512, Capacity: 1024, LineBytes: 512 * 65536, Admitted: 100,
+				LogicalBytes: 30 << 20, PhysicalBytes: 30 << 20, ReductionRatio: 1},
 			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
 				Promotions: 11, Evictions: 13, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
 				Errors: 2, Failed: true, Reason: "write: input/output error", SetAside: 3990, RetryIn: 19.6,
-				Admitted: 12, Rejected: 28, Congested: 20, CongestedNow: true, DeviceLatency: 0.0125},
+				Admitted: 12, Rejected: 28, Congested: 20, CongestedNow: true, DeviceLatency: 0.0125,
+				LogicalBytes: 200 << 20, PhysicalBytes: 80 << 20, ReductionRatio: 2.5, Reduction: "zero"},
 		},
 		ReadBytes: 60 << 20, FetchedBytes: 40 * 65536,
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20*4096 + 512, Errors: 1},
@@ -72,6 +74,7 @@ ram   s3fifo  900   100     90.0%      512/1024        50.0%      32MiB   7     
 ssd   lru     60    40      60.0%      4000/16384      24.4%      250MiB  11          13         2       BYPASSED (3990 lines set aside; retry in 20s): write: input/output error
 backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
 reads: 60MiB asked, 2.5MiB fetched by misses (amplification 0.04); ram admission always: 100 admitted, 0 rejected; ssd admission nhit:2: 12 admitted, 28 rejected (20 while its device was congested), device 12.50 ms a request, congested
+stored: ram 30MiB logical, 30MiB physical (1.00x); ssd 200MiB logical, 80MiB physical (2.50x, reduction zero)
 dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging at 12.5MiB/s, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s), delay now 2.1ms a line
 latency: read p50 1ms p99 >100ms (100 requests); write no requests
 `
@@ -197,6 +200,26 @@ func TestWriteDirty(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			writeDirty(&out, tc.d)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}
+
+func TestWriteStored(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		tiers []cache.TierStats
+		want  string
+	}{
+		{"no tiers", nil, ""},
+		{"empty", []cache.TierStats{{Name: "ssd", ReductionRatio: 1, Reduction: "off"}},
+			"stored: ssd 0 logical, 0 physical (1.00x, reduction off)\n"},
+		{"only zero blocks", []cache.TierStats{{Name: "ssd", LogicalBytes: 1 << 20, Reduction: "zero"}},
+			"stored: ssd 1MiB logical, 0 physical (-, reduction zero)\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeStored(&out, tc.tiers)
 			require.Equal(t, tc.want, out.String())
 		})
 	}

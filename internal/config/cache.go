@@ -41,6 +41,9 @@ type Cache struct {
 	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
 	// after a switch at run time (`tierblk mode`).
 	WriteBack WriteBack `yaml:"write_back"`
+	// Reduction is what the SSD tier stores no more of: off, or zero (the default: blocks of
+	// zeros are a bit in the line's state, not written). Compression and dedupe are not built yet.
+	Reduction string `yaml:"reduction"`
 }
 
 // WriteBack tunes write-back. Ratios are of the SSD tier's lines; an absent one takes the default
@@ -186,6 +189,18 @@ func (c *Cache) CongestionThreshold() (time.Duration, error) {
 	return d, nil
 }
 
+// ReductionLevel parses Reduction for cache.Config: cache.DefaultReduction when it is empty.
+func (c *Cache) ReductionLevel() (cache.Reduction, error) {
+	if c.Reduction == "" {
+		return cache.DefaultReduction, nil
+	}
+	r, err := cache.ParseReduction(c.Reduction)
+	if err != nil {
+		return 0, fieldErr("reduction", "%v", err)
+	}
+	return r, nil
+}
+
 // MetaDir returns the metadata directory of the SSD tier.
 func (c *Cache) MetaDir() string {
 	if c.Meta != "" || c.SSD == "" {
@@ -221,6 +236,9 @@ func (c *Cache) validate() []error {
 		if c.Congestion != "" {
 			errs = append(errs, fieldErr("congestion", "is set but ssd is not; it judges the SSD tier's device"))
 		}
+		if c.Reduction != "" {
+			errs = append(errs, fieldErr("reduction", "is set but ssd is not; it reduces what the SSD tier stores"))
+		}
 		if s.RAM == 0 {
 			errs = append(errs, fieldErr("ram", "a cache needs a RAM tier, an SSD tier or both; give ram (e.g. 1GiB), ssd (a path) or both"))
 		}
@@ -228,6 +246,9 @@ func (c *Cache) validate() []error {
 		errs = append(errs, fieldErr("ssd_size", "%q is less than two lines (%s)", c.SSDSize, units.FormatSize(2*s.Line)))
 	}
 	if _, err := c.CongestionThreshold(); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := c.ReductionLevel(); err != nil {
 		errs = append(errs, err)
 	}
 	rp, ra, sp, sa := c.TierPolicies()

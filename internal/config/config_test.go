@@ -96,6 +96,9 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"congestion not a duration", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "2"} }, `exports[0].cache.congestion: "2": use a duration`},
 		{"congestion negative", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "-2ms"} }, `exports[0].cache.congestion: "-2ms"`},
 		{"congestion without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Congestion: "off"} }, "exports[0].cache.congestion: is set but ssd is not"},
+		{"reduction unknown", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "zeros"} }, `exports[0].cache.reduction: unknown reduction "zeros"; use off or zero`},
+		{"reduction not built", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "compress"} }, `exports[0].cache.reduction: reduction "compress" is not built yet; use off or zero`},
+		{"reduction without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Reduction: "off"} }, "exports[0].cache.reduction: is set but ssd is not"},
 		{"policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Policy: "mru"} }, "exports[0].cache.policy: unknown eviction policy"},
 		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
 		{"admission", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", RAMAdmission: "nhit:zero"} }, "exports[0].cache.ram_admission"},
@@ -347,4 +350,15 @@ func TestUBLKKeepOnStop(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, c.Validate(schemes))
 	require.False(t, c.Exports[0].UBLK.KeepOnStop())
+}
+
+func TestReductionLevel(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want cache.Reduction
+	}{{"", cache.ReductionZero}, {"off", cache.ReductionOff}, {"zero", cache.ReductionZero}} {
+		r, err := (&Cache{Reduction: tc.in}).ReductionLevel()
+		require.NoError(t, err, "reduction %q", tc.in)
+		require.Equal(t, tc.want, r, "reduction %q", tc.in)
+	}
 }

@@ -36,11 +36,16 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
+	reduction, err := cc.ReductionLevel()
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
 	rp, ra, sp, sa := cc.TierPolicies()
 	cfg := cache.Config{
 		Congestion: congestion,
 		LineSize:   sizes.Line,
 		Mode:       mode,
+		Reduction:  reduction,
 		RAM:        cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
 		SSD:        cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
 		BackendID:  backend.Redact(e.Backend), // stored on the SSD tier: no password there

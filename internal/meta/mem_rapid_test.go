@@ -52,7 +52,14 @@ var opGen = rapid.Custom(func(t *rapid.T) Op {
 	for i := range dirty {
 		dirty[i] = valid[i] & rapid.Uint64().Draw(t, "dirty")
 	}
-	return put(line, rapid.Uint32().Draw(t, "slot"), valid, dirty)
+	op := put(line, rapid.Uint32().Draw(t, "slot"), valid, dirty)
+	if zero := make([]uint64, rapid.IntRange(0, len(valid)).Draw(t, "zero words")); len(zero) > 0 {
+		for i := range zero {
+			zero[i] = valid[i] & rapid.Uint64().Draw(t, "zero")
+		}
+		op.Rec.Zero = zero
+	}
+	return op
 })
 
 func TestMemMatchesModel(t *testing.T) {
@@ -124,7 +131,8 @@ func TestMemMatchesModel(t *testing.T) {
 }
 
 func lineEqual(a, b Line) bool {
-	return a.Line == b.Line && a.Slot == b.Slot && slices.Equal(a.Valid, b.Valid) && slices.Equal(a.Dirty, b.Dirty)
+	return a.Line == b.Line && a.Slot == b.Slot && slices.Equal(a.Valid, b.Valid) && slices.Equal(a.Dirty, b.Dirty) &&
+		slices.Equal(a.Zero, b.Zero)
 }
 
 // TestLineEncodingRoundTrip checks that every record the stores accept decodes to itself.

@@ -53,12 +53,15 @@ func (sb Superblock) Mismatch(want Superblock) error {
 }
 
 // Line is the record of one line held on the SSD tier. Bitmaps have one bit per 4 KiB block of the
-// line, block i at Valid[i/64] bit i%64; Dirty is a subset of Valid.
+// line, block i at Valid[i/64] bit i%64; Dirty is a subset of Valid. Zero, also a subset of Valid,
+// marks the blocks that hold zeros: they were never written to the slot (data reduction), and
+// read back as zeros whatever the slot holds there.
 type Line struct {
 	Line  uint64   `json:"line"` // line number: byte offset / line size
 	Slot  uint32   `json:"slot"`
 	Valid []uint64 `json:"valid"`
 	Dirty []uint64 `json:"dirty,omitempty"`
+	Zero  []uint64 `json:"zero,omitempty"`
 }
 
 // Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.
@@ -82,7 +85,7 @@ type Store interface {
 	// Commit applies ops atomically, in order. Concurrent commits are grouped so that many callers
 	// share one write (and, with sync, one sync). Without sync the commit survives a crash of the
 	// process (kill -9) when Commit returns; with sync it also survives power loss. A commit with a
-	// record whose dirty bits are not all valid is rejected whole.
+	// record whose dirty or zero bits are not all valid is rejected whole.
 	Commit(ops []Op, sync bool) error
 	// Sync makes every commit that returned before the call survive power loss.
 	Sync() error

@@ -134,6 +134,10 @@ func TestCommit(t *testing.T) {
 		{"delete missing", [][]Op{{del(5)}}, nil},
 		{"ops apply in order", [][]Op{{put(1, 1, []uint64{1}, nil), del(1), put(2, 2, nil, nil), put(2, 3, []uint64{7}, nil)}},
 			[]Line{{Line: 2, Slot: 3, Valid: []uint64{7}}}},
+		{"zero blocks", [][]Op{{{Rec: Line{Line: 3, Slot: 1, Valid: []uint64{0xff, 1}, Dirty: []uint64{0x0f}, Zero: []uint64{0xf0}}}}},
+			[]Line{{Line: 3, Slot: 1, Valid: []uint64{0xff, 1}, Dirty: []uint64{0x0f}, Zero: []uint64{0xf0}}}},
+		{"zero blocks replaced by none", [][]Op{{{Rec: Line{Line: 3, Slot: 1, Valid: []uint64{3}, Zero: []uint64{1}}}}, {put(3, 1, []uint64{3}, nil)}},
+			[]Line{{Line: 3, Slot: 1, Valid: []uint64{3}}}},
 		{"extreme values", [][]Op{{put(1<<64-1, 1<<32-1, []uint64{1<<64 - 1}, []uint64{1<<64 - 1})}},
 			[]Line{{Line: 1<<64 - 1, Slot: 1<<32 - 1, Valid: []uint64{1<<64 - 1}, Dirty: []uint64{1<<64 - 1}}}},
 	}
@@ -149,12 +153,24 @@ func TestCommit(t *testing.T) {
 	}
 }
 
-func TestCommitRejectsDirtyNotValid(t *testing.T) {
-	forEachStore(t, func(t *testing.T, s Store) {
-		err := s.Commit([]Op{put(1, 1, []uint64{1}, nil), put(42, 2, []uint64{0x1}, []uint64{0x1, 0x4})}, true)
-		require.ErrorContains(t, err, "line 42 has dirty blocks that are not valid")
-		require.Empty(t, allLines(t, s), "a rejected commit applies none of its ops")
-	})
+func TestCommitRejectsBitsNotValid(t *testing.T) {
+	tests := []struct {
+		name string
+		rec  Line
+		want string
+	}{
+		{"dirty", Line{Line: 42, Slot: 2, Valid: []uint64{0x1}, Dirty: []uint64{0x1, 0x4}}, "line 42 has dirty blocks that are not valid"},
+		{"zero", Line{Line: 42, Slot: 2, Valid: []uint64{0x1}, Zero: []uint64{0x3}}, "line 42 has zero blocks that are not valid"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, s Store) {
+				err := s.Commit([]Op{put(1, 1, []uint64{1}, nil), {Rec: tt.rec}}, true)
+				require.ErrorContains(t, err, tt.want)
+				require.Empty(t, allLines(t, s), "a rejected commit applies none of its ops")
+			})
+		})
+	}
 }
 
 func TestStoreDoesNotShareBitmaps(t *testing.T) {
@@ -365,9 +381,11 @@ func TestBadgerCorruptRecord(t *testing.T) {
 	}{
 		{"short value", lineKey(7), []byte{1, 2}, "key 4c0000000000000007: value is 2 bytes"},
 		{"truncated bitmaps", lineKey(7), good[:len(good)-1], "bytes of bitmaps for 2 valid and 1 dirty words"},
-		{"extra bytes", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0, 0, 0, 0, 0, 0), "bytes of bitmaps"},
+		{"extra bytes", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0, 0, 0, 0, 0, 0), "8 bytes after the valid and dirty bitmaps are no zero bitmap"},
+		{"truncated zero bitmap", lineKey(7), append(append([]byte(nil), good...), 1, 0, 0, 0), "4 bytes after the valid and dirty bitmaps"},
 		{"bad count", lineKey(7), []byte{0, 0, 0, 1, 0xff}, "bad bitmap word count"},
 		{"huge count", lineKey(7), append([]byte{0, 0, 0, 1}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), "bytes of bitmaps"},
+		{"counts that overflow", lineKey(7), append([]byte{0, 0, 0, 1}, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01), "bytes of bitmaps"},
 		{"short key", []byte{linePrefix, 1}, good, "key 4c01: key is 2 bytes"},
 	}
 	for _, tt := range tests {

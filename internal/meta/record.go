@@ -14,20 +14,26 @@ var ErrClosed = errors.New("meta: store is closed")
 var ErrTooBig = errors.New("meta: commit is larger than one metadata transaction")
 
 // checkOps rejects a commit that would store a record the engine must never read back: dirty bits
-// for blocks that are not valid would make a restart destage garbage.
+// for blocks that are not valid would make a restart destage garbage, and zero bits for blocks that
+// are not valid would make it serve zeros for data it does not hold.
 func checkOps(ops []Op) error {
 	for i, op := range ops {
 		if op.Delete {
 			continue
 		}
-		for w, d := range op.Rec.Dirty {
-			var v uint64
-			if w < len(op.Rec.Valid) {
-				v = op.Rec.Valid[w]
-			}
-			if d&^v != 0 {
-				return fmt.Errorf("meta: op %d: line %d has dirty blocks that are not valid (word %d: dirty %#x, valid %#x)",
-					i, op.Rec.Line, w, d, v)
+		for _, sub := range []struct {
+			name  string
+			words []uint64
+		}{{"dirty", op.Rec.Dirty}, {"zero", op.Rec.Zero}} {
+			for w, d := range sub.words {
+				var v uint64
+				if w < len(op.Rec.Valid) {
+					v = op.Rec.Valid[w]
+				}
+				if d&^v != 0 {
+					return fmt.Errorf("meta: op %d: line %d has %s blocks that are not valid (word %d: %s %#x, valid %#x)",
+						i, op.Rec.Line, sub.name, w, sub.name, d, v)
+				}
 			}
 		}
 	}
@@ -39,6 +45,7 @@ func checkOps(ops []Op) error {
 func cloneLine(l Line) Line {
 	l.Valid = cloneWords(l.Valid)
 	l.Dirty = cloneWords(l.Dirty)
+	l.Zero = cloneWords(l.Zero)
 	return l
 }
 
@@ -65,9 +72,12 @@ func lineKey(line uint64) []byte {
 
 // encodeLine encodes a record's value: slot (4 bytes, big-endian), the word counts of Valid and
 // Dirty (uvarints), then the words (8 bytes each, big-endian). A 1 MiB line with a clean record
-// takes 38 bytes.
+// takes 38 bytes. A record with zero blocks ends with the word count of Zero (a uvarint) and its
+// words: one without any encodes as records did before zero blocks, so that a store written by an
+// earlier tierblk loads as it was (and an earlier tierblk refuses a record with zero blocks as
+// corrupt rather than read the blocks from the slot).
 func encodeLine(l Line) []byte {
-	v := make([]byte, 0, 4+2*binary.MaxVarintLen16+8*(len(l.Valid)+len(l.Dirty)))
+	v := make([]byte, 0, 4+3*binary.MaxVarintLen16+8*(len(l.Valid)+len(l.Dirty)+len(l.Zero)))
 	v = binary.BigEndian.AppendUint32(v, l.Slot)
 	v = binary.AppendUvarint(v, uint64(len(l.Valid)))
 	v = binary.AppendUvarint(v, uint64(len(l.Dirty)))
@@ -76,6 +86,12 @@ func encodeLine(l Line) []byte {
 	}
 	for _, w := range l.Dirty {
 		v = binary.BigEndian.AppendUint64(v, w)
+	}
+	if len(l.Zero) > 0 {
+		v = binary.AppendUvarint(v, uint64(len(l.Zero)))
+		for _, w := range l.Zero {
+			v = binary.BigEndian.AppendUint64(v, w)
+		}
 	}
 	return v
 }
@@ -108,12 +124,19 @@ func decodeLineValue(key, val []byte) (Line, error) {
 		}
 		counts[i], rest = n, rest[size:]
 	}
-	words := uint64(len(rest) / 8)
-	if len(rest)%8 != 0 || counts[0] > words || counts[1] != words-counts[0] {
+	if words := uint64(len(rest) / 8); counts[0] > words || counts[1] > words-counts[0] {
 		return Line{}, fmt.Errorf("%d bytes of bitmaps for %d valid and %d dirty words", len(rest), counts[0], counts[1])
 	}
 	l.Valid, rest = decodeWords(rest, counts[0])
-	l.Dirty, _ = decodeWords(rest, counts[1])
+	l.Dirty, rest = decodeWords(rest, counts[1])
+	if len(rest) == 0 {
+		return l, nil
+	}
+	n, size := binary.Uvarint(rest)
+	if size <= 0 || n == 0 || n > uint64(len(rest))/8 || uint64(len(rest)-size) != 8*n {
+		return Line{}, fmt.Errorf("%d bytes after the valid and dirty bitmaps are no zero bitmap", len(rest))
+	}
+	l.Zero, _ = decodeWords(rest[size:], n)
 	return l, nil
 }
 

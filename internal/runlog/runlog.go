@@ -40,8 +40,10 @@ type Identity struct {
 
 // The file's layout: a header page, then the ring.
 const (
-	magic      = "TIERBLKL"
-	version    = 1
+	magic = "TIERBLKL"
+	// version 2 records carry a third bitmap, the zero blocks; a log of version 1 (Valid and
+	// Dirty only), which a kill of an earlier tierblk left, still replays.
+	version    = 2
 	headerSize = 4096
 	maxTierID  = 64
 
@@ -65,23 +67,33 @@ const (
 	rLine  = 8
 	rSlot  = 16
 	rFlags = 20
-	rBits  = 24 // Valid words, then Dirty words, then the CRC of all before it
+	rBits  = 24 // Valid words, then Dirty words, then Zero words, then the CRC of all before it
 
 	flagDelete = 1
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// DefaultSize is the log file's size: with 64 KiB lines a record takes 48 bytes, so it holds
-// about 350,000 changes, some hundred times what a checkpoint every second lets pile up.
+// DefaultSize is the log file's size: with 64 KiB lines a record takes 56 bytes, so it holds
+// about 300,000 changes, some hundred times what a checkpoint every second lets pile up.
 const DefaultSize = 16 << 20
 
 // ErrUnusable wraps the reasons Replay cannot use a log: another tier's or run's, records lost
 // to a full ring, a header that does not parse.
 var ErrUnusable = errors.New("run log unusable")
 
+// bitmaps is how many bitmaps a record of version v carries.
+func bitmaps(v uint32) int {
+	if v == 1 {
+		return 2
+	}
+	return 3
+}
+
 // RecordSize is the size of a record for lines of words 64-bit words of bits.
-func RecordSize(words int) int { return (rBits + 16*words + 4 + 7) &^ 7 }
+func RecordSize(words int) int { return recordSize(words, bitmaps(version)) }
+
+func recordSize(words, bitmaps int) int { return (rBits + 8*bitmaps*words + 4 + 7) &^ 7 }
 
 // Log is an open log, appended to by one writer at a time (the tier's mutex orders them).
 type Log struct {
@@ -161,18 +173,16 @@ func (l *Log) Append(op meta.Op) (half bool) {
 		flags = flagDelete
 	}
 	le.PutUint32(r[rFlags:], flags)
-	for i := range 2 * l.words {
-		var w uint64
-		bits, k := op.Rec.Valid, i
-		if i >= l.words {
-			bits, k = op.Rec.Dirty, i-l.words
+	for m, bits := range [][]uint64{op.Rec.Valid, op.Rec.Dirty, op.Rec.Zero} {
+		for k := range l.words {
+			var w uint64
+			if !op.Delete && k < len(bits) {
+				w = bits[k]
+			}
+			le.PutUint64(r[rBits+8*(m*l.words+k):], w)
 		}
-		if !op.Delete && k < len(bits) {
-			w = bits[k]
-		}
-		le.PutUint64(r[rBits+8*i:], w)
 	}
-	end := rBits + 16*l.words
+	end := rBits + 24*l.words
 	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	return seq-l.committed == l.cap/2
 }
@@ -222,8 +232,9 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 	if crc32.Checksum(b[:hCRC], castagnoli) != le.Uint32(b[hCRC:]) {
 		return true, unusable("its header is damaged")
 	}
-	if v := le.Uint32(b[hVersion:]); v != version {
-		return true, unusable("format version %d, this tierblk reads %d", v, version)
+	v := le.Uint32(b[hVersion:])
+	if v != version && v != 1 {
+		return true, unusable("format version %d, this tierblk reads 1 and %d", v, version)
 	}
 	tierLen := min(int(le.Uint32(b[hTierLen:])), maxTierID)
 	if tier := string(b[hTier : hTier+tierLen]); tier != id.Tier {
@@ -241,14 +252,14 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 		return true, unusable("records of %d-word bitmaps, this tier's lines need %d", w, words)
 	}
 	rs, n := int(le.Uint32(b[hRecSize:])), le.Uint64(b[hCap:])
-	if rs != RecordSize(words) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
+	if rs != recordSize(words, bitmaps(v)) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
 		return true, unusable("its ring does not fit the file")
 	}
 	committed, lost := le.Uint64(b[hWatermark:]), le.Uint64(b[hLost:])
 	if lost > committed {
 		return true, unusable("the ring was full: change %d and others were not logged", lost)
 	}
-	end := rBits + 16*words
+	end := rBits + 8*bitmaps(v)*words
 	for seq := committed + 1; seq-committed <= n; seq++ {
 		r := b[headerSize+int(seq%n)*rs:][:rs]
 		if le.Uint64(r[rSeq:]) != seq || crc32.Checksum(r[:end], castagnoli) != le.Uint32(r[end:]) {
@@ -259,6 +270,9 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 			op = meta.Op{Delete: true, Rec: meta.Line{Line: op.Rec.Line}}
 		} else {
 			op.Rec.Valid, op.Rec.Dirty = words64(r[rBits:], words), words64(r[rBits+8*words:], words)
+			if bitmaps(v) > 2 {
+				op.Rec.Zero = words64(r[rBits+16*words:], words)
+			}
 		}
 		if err := fn(op); err != nil {
 			return true, err

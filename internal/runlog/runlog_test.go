@@ -46,6 +46,9 @@ func TestReplay(t *testing.T) {
 	var want []meta.Op
 	for i := range 15 {
 		op := put(uint64(i), uint32(i), 0xf, uint64(i%2))
+		if i%3 == 0 {
+			op.Rec.Zero = []uint64{0x6}
+		}
 		if i%5 == 4 {
 			op = del(uint64(i - 1))
 		}
@@ -65,6 +68,47 @@ func TestReplay(t *testing.T) {
 	got, err = replayAll(t, path, id)
 	require.NoError(t, err)
 	require.Equal(t, want[10:], got)
+}
+
+// A log that an earlier tierblk (format version 1: no zero bitmap) left at a kill replays as it
+// did.
+func TestReplayVersion1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), put(5, 2, 0x1, 0)}
+	const words, n = 1, 16
+	rs := recordSize(words, 2)
+	b := make([]byte, headerSize+n*rs)
+	le := binary.LittleEndian
+	copy(b[hMagic:], magic)
+	le.PutUint32(b[hVersion:], 1)
+	le.PutUint32(b[hRecSize:], uint32(rs))
+	le.PutUint64(b[hCap:], n)
+	le.PutUint64(b[hEpoch:], id.Epoch)
+	le.PutUint32(b[hWords:], words)
+	le.PutUint32(b[hTierLen:], uint32(len(id.Tier)))
+	copy(b[hTier:], id.Tier)
+	copy(b[hBoot:], bootID())
+	le.PutUint32(b[hCRC:], crc32.Checksum(b[:hCRC], castagnoli))
+	for i, op := range ops {
+		seq := uint64(i + 1)
+		r := b[headerSize+int(seq%n)*rs:][:rs]
+		le.PutUint64(r[rSeq:], seq)
+		le.PutUint64(r[rLine:], op.Rec.Line)
+		le.PutUint32(r[rSlot:], op.Rec.Slot)
+		if op.Delete {
+			le.PutUint32(r[rFlags:], flagDelete)
+		} else {
+			le.PutUint64(r[rBits:], op.Rec.Valid[0])
+			if op.Rec.Dirty != nil {
+				le.PutUint64(r[rBits+8:], op.Rec.Dirty[0])
+			}
+		}
+		le.PutUint32(r[rBits+16:], crc32.Checksum(r[:rBits+16], castagnoli))
+	}
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	got, err := replayAll(t, path, id)
+	require.NoError(t, err)
+	require.Equal(t, ops, got)
 }
 
 // A record torn by a kill in the middle of its copy ends the replay: it and what follows are
