@@ -156,11 +156,8 @@ func (c *controller) DeleteVolume(_ context.Context, req *csipb.DeleteVolumeRequ
 
 func (c *controller) ValidateVolumeCapabilities(_ context.Context, req *csipb.ValidateVolumeCapabilitiesRequest) (*csipb.ValidateVolumeCapabilitiesResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	}
-	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume_capabilities missing")
+	if err := required(field{"volume_id", id != ""}, field{"volume_capabilities", len(req.GetVolumeCapabilities()) > 0}); err != nil {
+		return nil, err
 	}
 	if _, err := c.size(id); err != nil {
 		return nil, err
@@ -199,11 +196,8 @@ func (c *controller) size(id string) (int64, error) {
 // the file system (NodeExpandVolume).
 func (c *controller) ControllerExpandVolume(_ context.Context, req *csipb.ControllerExpandVolumeRequest) (*csipb.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	}
-	if req.GetCapacityRange() == nil {
-		return nil, status.Error(codes.InvalidArgument, "capacity_range missing")
+	if err := required(field{"volume_id", id != ""}, field{"capacity_range", req.GetCapacityRange() != nil}); err != nil {
+		return nil, err
 	}
 	have, err := c.size(id)
 	if err != nil {

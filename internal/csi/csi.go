@@ -28,6 +28,8 @@ import (
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -141,4 +143,21 @@ func logCalls(log *slog.Logger) grpc.UnaryServerInterceptor {
 		}
 		return resp, err
 	}
+}
+
+// field is a request's field, for required: its name, and whether the request gives it.
+type field struct {
+	name  string
+	given bool
+}
+
+// required is INVALID_ARGUMENT naming the first of fields that the request lacks, as the CSI
+// spec asks of a call without a field it needs.
+func required(fields ...field) error {
+	for _, f := range fields {
+		if !f.given {
+			return status.Errorf(codes.InvalidArgument, "%s missing", f.name)
+		}
+	}
+	return nil
 }

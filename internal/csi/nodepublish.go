@@ -15,15 +15,9 @@ import (
 // at the staging path, or its device node onto a file.
 func (n *node) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
 	id, target, staging, vc := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path missing")
-	case staging == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path missing: the volume is published from its staging path")
-	case vc == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability missing")
+	if err := required(field{"volume_id", id != ""}, field{"target_path", target != ""},
+		field{"staging_target_path", staging != ""}, field{"volume_capability", vc != nil}); err != nil {
+		return nil, err
 	}
 	if err := checkCapabilities([]*csipb.VolumeCapability{vc}); err != nil {
 		return nil, err
@@ -79,11 +73,8 @@ func (n *node) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolume
 // NodeUnpublishVolume unmounts the target path and removes it.
 func (n *node) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublishVolumeRequest) (*csipb.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case target == "":
-		return nil, status.Error(codes.InvalidArgument, "target_path missing")
+	if err := required(field{"volume_id", id != ""}, field{"target_path", target != ""}); err != nil {
+		return nil, err
 	}
 	unlock, err := n.lock(id)
 	if err != nil {
@@ -105,9 +96,23 @@ func (n *node) NodeUnpublishVolume(_ context.Context, req *csipb.NodeUnpublishVo
 	return &csipb.NodeUnpublishVolumeResponse{}, nil
 }
 
-// volumeAt returns the staged volume id if path shows it (NodeExpandVolume, NodeGetVolumeStats),
-// else NOT_FOUND.
-func (n *node) volumeAt(id, path string) (*volume, error) {
+// lockAt checks a request naming volume id at path (NodeExpandVolume, NodeGetVolumeStats) and
+// locks the volume: the staged volume if path shows it, else NOT_FOUND.
+func (n *node) lockAt(id, path string) (v *volume, unlock func(), err error) {
+	if err := required(field{"volume_id", id != ""}, field{"volume_path", path != ""}); err != nil {
+		return nil, nil, err
+	}
+	if unlock, err = n.lock(id); err != nil {
+		return nil, nil, err
+	}
+	if v, err = n.stagedAt(id, path); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return v, unlock, nil
+}
+
+func (n *node) stagedAt(id, path string) (*volume, error) {
 	v := n.volume(id)
 	if v == nil {
 		return nil, status.Errorf(codes.NotFound, "volume %q is not staged on this node", id)
@@ -124,22 +129,12 @@ func (n *node) volumeAt(id, path string) (*volume, error) {
 // NodeExpandVolume grows the file system to the device, which a stage after an offline
 // expansion serves at the volume's new size; the capacity is the device's size.
 func (n *node) NodeExpandVolume(_ context.Context, req *csipb.NodeExpandVolumeRequest) (*csipb.NodeExpandVolumeResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path missing")
-	}
-	unlock, err := n.lock(id)
+	id := req.GetVolumeId()
+	v, unlock, err := n.lockAt(id, req.GetVolumePath())
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := n.volumeAt(id, path)
-	if err != nil {
-		return nil, err
-	}
 	size, err := deviceSize(v.rec.Device)
 	if err != nil {
 		return nil, status.Error(codes.Internal, err.Error())
@@ -157,22 +152,12 @@ func (n *node) NodeExpandVolume(_ context.Context, req *csipb.NodeExpandVolumeRe
 
 // NodeGetVolumeStats gives a file system volume's space and inodes, a block volume's size.
 func (n *node) NodeGetVolumeStats(_ context.Context, req *csipb.NodeGetVolumeStatsRequest) (*csipb.NodeGetVolumeStatsResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_path missing")
-	}
-	unlock, err := n.lock(id)
+	path := req.GetVolumePath()
+	v, unlock, err := n.lockAt(req.GetVolumeId(), path)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := n.volumeAt(id, path)
-	if err != nil {
-		return nil, err
-	}
 	if v.rec.Block {
 		size, err := deviceSize(v.rec.Device)
 		if err != nil {

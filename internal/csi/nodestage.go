@@ -20,13 +20,8 @@ import (
 // and mounts its file system (made if the device has none) on the staging path.
 func (n *node) NodeStageVolume(_ context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
 	id, path, vc := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path missing")
-	case vc == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume_capability missing")
+	if err := required(field{"volume_id", id != ""}, field{"staging_target_path", path != ""}, field{"volume_capability", vc != nil}); err != nil {
+		return nil, err
 	}
 	if err := checkCapabilities([]*csipb.VolumeCapability{vc}); err != nil {
 		return nil, err
@@ -199,11 +194,8 @@ func stageFS(r record) error {
 // failed write-back fails the call and keeps both, for the CO's retry.
 func (n *node) NodeUnstageVolume(_ context.Context, req *csipb.NodeUnstageVolumeRequest) (*csipb.NodeUnstageVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetStagingTargetPath()
-	switch {
-	case id == "":
-		return nil, status.Error(codes.InvalidArgument, "volume_id missing")
-	case path == "":
-		return nil, status.Error(codes.InvalidArgument, "staging_target_path missing")
+	if err := required(field{"volume_id", id != ""}, field{"staging_target_path", path != ""}); err != nil {
+		return nil, err
 	}
 	unlock, err := n.lock(id)
 	if err != nil {
