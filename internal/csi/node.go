@@ -214,6 +214,19 @@ func (n *node) ensureServing(v *volume) error {
 	return nil
 }
 
+// lockWith checks a request for volume id with capability vc and paths (NodeStageVolume,
+// NodePublishVolume): the fields it needs, a capability tierblk gives; then locks the volume.
+func (n *node) lockWith(id string, vc *csipb.VolumeCapability, paths ...field) (unlock func(), err error) {
+	fields := append([]field{{"volume_id", id != ""}}, paths...)
+	if err := required(append(fields, field{"volume_capability", vc != nil})...); err != nil {
+		return nil, err
+	}
+	if err := checkCapabilities([]*csipb.VolumeCapability{vc}); err != nil {
+		return nil, err
+	}
+	return n.lock(id)
+}
+
 // lock marks volume id busy for the caller, who calls the returned func when done: ABORTED if
 // another call has it.
 func (n *node) lock(id string) (unlock func(), err error) {

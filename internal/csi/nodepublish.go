@@ -15,14 +15,7 @@ import (
 // at the staging path, or its device node onto a file.
 func (n *node) NodePublishVolume(_ context.Context, req *csipb.NodePublishVolumeRequest) (*csipb.NodePublishVolumeResponse, error) {
 	id, target, staging, vc := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	if err := required(field{"volume_id", id != ""}, field{"target_path", target != ""},
-		field{"staging_target_path", staging != ""}, field{"volume_capability", vc != nil}); err != nil {
-		return nil, err
-	}
-	if err := checkCapabilities([]*csipb.VolumeCapability{vc}); err != nil {
-		return nil, err
-	}
-	unlock, err := n.lock(id)
+	unlock, err := n.lockWith(id, vc, field{"target_path", target != ""}, field{"staging_target_path", staging != ""})
 	if err != nil {
 		return nil, err
 	}

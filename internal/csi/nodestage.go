@@ -20,13 +20,7 @@ import (
 // and mounts its file system (made if the device has none) on the staging path.
 func (n *node) NodeStageVolume(_ context.Context, req *csipb.NodeStageVolumeRequest) (*csipb.NodeStageVolumeResponse, error) {
 	id, path, vc := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
-	if err := required(field{"volume_id", id != ""}, field{"staging_target_path", path != ""}, field{"volume_capability", vc != nil}); err != nil {
-		return nil, err
-	}
-	if err := checkCapabilities([]*csipb.VolumeCapability{vc}); err != nil {
-		return nil, err
-	}
-	unlock, err := n.lock(id)
+	unlock, err := n.lockWith(id, vc, field{"staging_target_path", path != ""})
 	if err != nil {
 		return nil, err
 	}
