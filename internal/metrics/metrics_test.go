@@ -61,11 +61,28 @@ func get(t *testing.T, h http.Handler, method, path string) *httptest.ResponseRe
 	return rec
 }
 
+// addrCase is an address, and what a parser of addresses makes of it.
+type addrCase struct {
+	in, network, address string
+	wantErr              string
+}
+
+func (tc addrCase) check(t *testing.T, parse func(string) (string, string, error)) {
+	t.Run(tc.in, func(t *testing.T) {
+		network, address, err := parse(tc.in)
+		if tc.wantErr != "" {
+			require.ErrorContains(t, err, tc.wantErr)
+			require.ErrorContains(t, err, tc.in)
+			return
+		}
+		require.NoError(t, err)
+		require.Equal(t, tc.network, network)
+		require.Equal(t, tc.address, address)
+	})
+}
+
 func TestParseAdminAddr(t *testing.T) {
-	for _, tc := range []struct {
-		in, network, address string
-		wantErr              string
-	}{
+	for _, tc := range []addrCase{
 		{in: "127.0.0.1:9180", network: "tcp", address: "127.0.0.1:9180"},
 		{in: "127.0.0.1:0", network: "tcp", address: "127.0.0.1:0"},
 		{in: "127.1.2.3:9180", network: "tcp", address: "127.1.2.3:9180"},
@@ -83,17 +100,7 @@ func TestParseAdminAddr(t *testing.T) {
 		{in: "127.0.0.1:70000", wantErr: "not a number"},
 		{in: "unix:", wantErr: "no socket path"},
 	} {
-		t.Run(tc.in, func(t *testing.T) {
-			network, address, err := ParseAdminAddr(tc.in)
-			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
-				require.ErrorContains(t, err, tc.in)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.network, network)
-			require.Equal(t, tc.address, address)
-		})
+		tc.check(t, ParseAdminAddr)
 	}
 }
 
@@ -429,10 +436,7 @@ func TestServeRefuses(t *testing.T) {
 }
 
 func TestParseMetricsAddr(t *testing.T) {
-	for _, tc := range []struct {
-		in, network, address string
-		wantErr              string
-	}{
+	for _, tc := range []addrCase{
 		{in: ":9810", network: "tcp", address: ":9810"},
 		{in: "0.0.0.0:9810", network: "tcp", address: "0.0.0.0:9810"},
 		{in: "192.168.1.5:9810", network: "tcp", address: "192.168.1.5:9810"},
@@ -442,17 +446,7 @@ func TestParseMetricsAddr(t *testing.T) {
 		{in: ":http", wantErr: "not a number"},
 		{in: "unix:", wantErr: "no socket path"},
 	} {
-		t.Run(tc.in, func(t *testing.T) {
-			network, address, err := ParseMetricsAddr(tc.in)
-			if tc.wantErr != "" {
-				require.ErrorContains(t, err, tc.wantErr)
-				require.ErrorContains(t, err, tc.in)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.network, network)
-			require.Equal(t, tc.address, address)
-		})
+		tc.check(t, ParseMetricsAddr)
 	}
 }
 
