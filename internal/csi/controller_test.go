@@ -2,15 +2,22 @@ package csi
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	csipb "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
 	"google.golang.org/grpc/status"
 )
 
@@ -211,4 +218,31 @@ func TestControllerRefusesStagedVolume(t *testing.T) {
 	require.EqualValues(t, 4<<20, e.GetCapacityBytes())
 	_, err = c.DeleteVolume(ctx, &csipb.DeleteVolumeRequest{VolumeId: id})
 	require.NoError(t, err)
+}
+
+// TestRunSurvivesHangup: a SIGHUP to a running plugin is logged and changes nothing; without Run's
+// handler its default action would end the process (this test's too).
+func TestRunSurvivesHangup(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "csi.sock")
+	log := &nbdtest.Buffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Endpoint: "unix://" + sock, Controller: true, BackingDir: dir, Version: "test",
+			Logger: slog.New(slog.NewTextHandler(log, nil))})
+	}()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	info := func() error {
+		_, err := csipb.NewIdentityClient(conn).GetPluginInfo(context.Background(), &csipb.GetPluginInfoRequest{})
+		return err
+	}
+	require.Eventually(t, func() bool { return info() == nil }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.Eventually(t, func() bool { return strings.Contains(log.String(), "SIGHUP: nothing to reload") }, 10*time.Second, 10*time.Millisecond)
+	require.NoError(t, info(), "still serving")
+	cancel()
+	require.NoError(t, <-done)
 }

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/tierblk/tierblk/internal/daemon"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -110,6 +111,9 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("--endpoint: %w", err)
 	}
+	// A SIGHUP's default action would end the plugin at once, without stopping the volumes'
+	// daemons; there is nothing to reload.
+	defer daemon.OnHangup(func() { o.Logger.Info("csi: SIGHUP: nothing to reload") })()
 	o.Logger.Info("csi: serving", "endpoint", path, "controller", o.Controller, "node", o.Node, "driver", DriverName, "version", o.Version)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()

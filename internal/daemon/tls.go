@@ -25,7 +25,7 @@ func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ e
 		return server.TLS{}, nil, err
 	}
 	if mode == tlsconf.Off {
-		return server.TLS{}, onHangup(func() {
+		return server.TLS{}, OnHangup(func() {
 			log.Info("SIGHUP: nothing to reload (a SIGHUP reloads the TLS certificates, and TLS is off)")
 		}), nil
 	}
@@ -36,7 +36,7 @@ func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ e
 	}
 	logCertificate(log, "TLS certificates loaded", certs.Config(), "mode", mode.String(), "dir", cfg.Certificates, "verify_peer", cfg.VerifyPeer)
 
-	stop = onHangup(func() {
+	stop = OnHangup(func() {
 		if err := certs.Reload(); err != nil {
 			log.Error("TLS certificates not reloaded: the ones loaded before stay in use", "dir", cfg.Certificates, "err", err)
 			return
@@ -46,8 +46,9 @@ func serverTLS(cfg config.TLS, log *slog.Logger) (_ server.TLS, stop func(), _ e
 	return server.TLS{Mode: mode, Config: certs.Config}, stop, nil
 }
 
-// onHangup runs do at each SIGHUP until stop is called.
-func onHangup(do func()) (stop func()) {
+// OnHangup runs do at each SIGHUP until stop is called; meanwhile a SIGHUP does not end the
+// process (its default action).
+func OnHangup(do func()) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	done := make(chan struct{})
