@@ -44,6 +44,23 @@ func newPodman(t *testing.T, dir string) *podman {
 	return &podman{t: t, conf: conf}
 }
 
+// buildImage runs `make TARGET` with the image named image (its variable imageVar) and the build in
+// tmp, removes the image when the test ends, and returns its reference, image:VERSION, and the version.
+func (p *podman) buildImage(t *testing.T, tmp, target, imageVar, contextVar, image string) (ref, version string) {
+	t.Helper()
+	version = strings.TrimSpace(mustGit(t, "describe", "--tags", "--always", "--dirty"))
+	t.Cleanup(func() { _, _ = p.try("rmi", "--force", image+":"+version, image+":latest") })
+	start := time.Now()
+	build := exec.Command("make", "-s", target, imageVar+"="+image, "BIN="+filepath.Join(tmp, "tierblk"),
+		contextVar+"="+filepath.Join(tmp, "context"))
+	build.Dir = ".."
+	build.Env = p.env()
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "make %s:\n%s", target, out)
+	t.Logf("make %s: %v", target, time.Since(start).Round(100*time.Millisecond))
+	return image + ":" + version, version
+}
+
 func (p *podman) env() []string { return append(os.Environ(), "CONTAINERS_CONF="+p.conf) }
 
 // run runs podman with args and returns its output, failing the test when it fails.
@@ -79,19 +96,9 @@ func TestContainerImage(t *testing.T) {
 	tmp := shortTempDir(t)
 	p := newPodman(t, tmp)
 
-	version := strings.TrimSpace(mustGit(t, "describe", "--tags", "--always", "--dirty"))
 	commit := strings.TrimSpace(mustGit(t, "rev-parse", "HEAD"))
 	image := fmt.Sprintf("localhost/tierblk-test-%d", os.Getpid())
-	t.Cleanup(func() { _, _ = p.try("rmi", "--force", image+":"+version, image+":latest") })
-	start := time.Now()
-	build := exec.Command("make", "-s", "image", "IMAGE="+image, "BIN="+filepath.Join(tmp, "tierblk"),
-		"IMAGE_CONTEXT="+filepath.Join(tmp, "context"))
-	build.Dir = ".."
-	build.Env = p.env()
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "make image:\n%s", out)
-	t.Logf("make image: %v", time.Since(start).Round(100*time.Millisecond))
-	ref := image + ":" + version
+	ref, version := p.buildImage(t, tmp, "image", "IMAGE", "IMAGE_CONTEXT", image)
 
 	require.Equal(t, fmt.Sprintf("%d:%d", imageUser, imageUser),
 		strings.TrimSpace(p.run("image", "inspect", "--format", "{{.Config.User}}", ref)), "the image's user")
@@ -160,7 +167,7 @@ admin: unix:/run/tierblk/admin.sock
 	served := filepath.Join(tmp, "served.img")
 	mustRunTool(t, "nbdcopy", uri, served)
 
-	start = time.Now()
+	start := time.Now()
 	p.run("stop", "--time", "60", name)
 	t.Logf("podman stop: %v", time.Since(start).Round(100*time.Millisecond))
 	require.Equal(t, "0", strings.TrimSpace(p.run("inspect", "--format", "{{.State.ExitCode}}", name)),

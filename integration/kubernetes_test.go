@@ -837,16 +837,8 @@ func TestContainerImageCSI(t *testing.T) {
 	requireTools(t, "make", "dumpe2fs")
 	tmp := shortTempDir(t)
 	p := newPodman(t, tmp)
-	version := strings.TrimSpace(mustGit(t, "describe", "--tags", "--always", "--dirty"))
 	image := fmt.Sprintf("localhost/tierblk-csi-test-%d", os.Getpid())
-	t.Cleanup(func() { _, _ = p.try("rmi", "--force", image+":"+version, image+":latest") })
-	build := exec.Command("make", "-s", "image-csi", "CSI_IMAGE="+image, "BIN="+filepath.Join(tmp, "tierblk"),
-		"CSI_IMAGE_CONTEXT="+filepath.Join(tmp, "context"))
-	build.Dir = ".."
-	build.Env = p.env()
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "make image-csi:\n%s", out)
-	ref := image + ":" + version
+	ref, version := p.buildImage(t, tmp, "image-csi", "CSI_IMAGE", "CSI_IMAGE_CONTEXT", image)
 
 	require.Empty(t, strings.TrimSpace(p.run("image", "inspect", "--format", "{{.Config.User}}", ref)), "the image runs as root")
 	run := func(args ...string) string {

@@ -40,19 +40,14 @@ func TestRecordingKeepsAsync(t *testing.T) {
 
 	a, ok := d.(backend.AsyncReader)
 	require.True(t, ok, "a recorded volume reads asynchronously")
-	for _, iface := range []any{(*backend.AsyncWriter)(nil), (*backend.Plugger)(nil), (*backend.RunDeferrer)(nil), (*backend.Waiter)(nil)} {
-		switch iface.(type) {
-		case *backend.AsyncWriter:
-			_, ok = d.(backend.AsyncWriter)
-		case *backend.Plugger:
-			_, ok = d.(backend.Plugger)
-		case *backend.RunDeferrer:
-			_, ok = d.(backend.RunDeferrer)
-		case *backend.Waiter:
-			_, ok = d.(backend.Waiter)
-		}
-		require.True(t, ok, "%T", iface)
-	}
+	_, ok = d.(backend.AsyncWriter)
+	require.True(t, ok, "and writes")
+	_, ok = d.(backend.Plugger)
+	require.True(t, ok, "and plugs")
+	_, ok = d.(backend.RunDeferrer)
+	require.True(t, ok, "and answers at a run's end")
+	_, ok = d.(backend.Waiter)
+	require.True(t, ok, "and counts its waits")
 
 	done := make(chan error, 1)
 	buf := bufpool.Aligned(4096) // direct reads: aligned memory
