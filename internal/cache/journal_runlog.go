@@ -43,7 +43,7 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 		return nil, false, nil
 	}
 	logged = map[uint64]meta.Op{}
-	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), func(op meta.Op) error {
+	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), 0, func(op meta.Op) error {
 		logged[op.Rec.Line] = op
 		return nil
 	})
@@ -73,7 +73,7 @@ func (j *journal) startRun(path string, sb meta.Superblock) error {
 	if path == "" {
 		return nil
 	}
-	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), 0)
+	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), 0, 0)
 	if err != nil {
 		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "err", err)
 		return nil

@@ -2,6 +2,7 @@ package meta
 
 import (
 	"maps"
+	"math/bits"
 	"slices"
 	"testing"
 
@@ -41,13 +42,23 @@ func (m *memModel) want() []Line {
 	return out
 }
 
-// opGen draws ops on few lines, so that puts, replaces and deletes hit the same lines often.
+// opGen draws ops on few lines, so that puts, replaces and deletes hit the same lines often. Half
+// the puts are of the packed layout: location words for a line of any number of blocks that its
+// bitmaps' words hold.
 var opGen = rapid.Custom(func(t *rapid.T) Op {
 	line := rapid.Uint64Range(0, 15).Draw(t, "line")
 	if rapid.Bool().Draw(t, "delete") {
 		return del(line)
 	}
 	valid := rapid.SliceOfN(rapid.Uint64(), 1, 3).Draw(t, "valid")
+	packed := rapid.Bool().Draw(t, "packed")
+	blocks := 64 * len(valid)
+	if packed {
+		blocks = rapid.IntRange(blocks-63, blocks).Draw(t, "blocks")
+		if r := blocks % 64; r != 0 {
+			valid[len(valid)-1] &= 1<<r - 1
+		}
+	}
 	dirty := make([]uint64, rapid.IntRange(0, len(valid)).Draw(t, "dirty words"))
 	for i := range dirty {
 		dirty[i] = valid[i] & rapid.Uint64().Draw(t, "dirty")
@@ -58,6 +69,21 @@ var opGen = rapid.Custom(func(t *rapid.T) Op {
 			zero[i] = valid[i] & rapid.Uint64().Draw(t, "zero")
 		}
 		op.Rec.Zero = zero
+	}
+	if packed {
+		// One drawn word, rotated, for every stored block: nonzero, and different from block
+		// to block, without drawing up to 192 of them.
+		loc := rapid.Uint64Min(1).Draw(t, "location")
+		op.Rec.Loc = make([]uint64, blocks)
+		for i := range op.Rec.Loc {
+			stored := valid[i/64]
+			if i/64 < len(op.Rec.Zero) {
+				stored &^= op.Rec.Zero[i/64]
+			}
+			if stored>>(i%64)&1 != 0 {
+				op.Rec.Loc[i] = bits.RotateLeft64(loc, i)
+			}
+		}
 	}
 	return op
 })
@@ -132,7 +158,7 @@ func TestMemMatchesModel(t *testing.T) {
 
 func lineEqual(a, b Line) bool {
 	return a.Line == b.Line && a.Slot == b.Slot && slices.Equal(a.Valid, b.Valid) && slices.Equal(a.Dirty, b.Dirty) &&
-		slices.Equal(a.Zero, b.Zero)
+		slices.Equal(a.Zero, b.Zero) && slices.Equal(a.Loc, b.Loc)
 }
 
 // TestLineEncodingRoundTrip checks that every record the stores accept decodes to itself.
@@ -140,6 +166,9 @@ func TestLineEncodingRoundTrip(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		op := opGen.Filter(func(op Op) bool { return !op.Delete }).Draw(t, "op")
 		op.Rec.Line = rapid.Uint64().Draw(t, "line number")
+		if err := checkOps([]Op{op}); err != nil {
+			t.Fatalf("the generator drew a record the stores refuse: %v", err)
+		}
 		got, err := decodeLine(lineKey(op.Rec.Line), encodeLine(op.Rec))
 		if err != nil {
 			t.Fatal(err)

@@ -29,6 +29,26 @@ type Superblock struct {
 	// is compared by Mismatch.
 	ID    string `json:"id,omitempty"`
 	Epoch uint64 `json:"epoch,omitempty"`
+	// Layout is how the tier stores a line's blocks on the SSD: "" in a slot of its own, at the
+	// block's offset in it; LayoutPacked compressed, wherever Line.Loc says. Neither layout can
+	// read the other's data.
+	Layout string `json:"layout,omitempty"`
+}
+
+// LayoutPacked is the Superblock.Layout of a tier whose lines' blocks are stored compressed in
+// log-structured segments, each found through its Line.Loc word.
+const LayoutPacked = "packed"
+
+// layoutName names a layout by the data reduction settings that choose it, which is what a user
+// configures.
+func layoutName(layout string) string {
+	switch layout {
+	case "":
+		return "slots (reduction off or zero)"
+	case LayoutPacked:
+		return "packed (reduction compress or dedupe)"
+	}
+	return fmt.Sprintf("%q", layout)
 }
 
 // Mismatch describes how a stored superblock differs from want, or returns nil when they match.
@@ -49,6 +69,9 @@ func (sb Superblock) Mismatch(want Superblock) error {
 	if sb.Slots != want.Slots {
 		errs = append(errs, fmt.Errorf("%d lines, configured %d", sb.Slots, want.Slots))
 	}
+	if sb.Layout != want.Layout {
+		errs = append(errs, fmt.Errorf("SSD tier layout %s, configured %s", layoutName(sb.Layout), layoutName(want.Layout)))
+	}
 	return errors.Join(errs...)
 }
 
@@ -56,12 +79,18 @@ func (sb Superblock) Mismatch(want Superblock) error {
 // line, block i at Valid[i/64] bit i%64; Dirty is a subset of Valid. Zero, also a subset of Valid,
 // marks the blocks that hold zeros: they were never written to the slot (data reduction), and
 // read back as zeros whatever the slot holds there.
+//
+// Loc is nil in the slot layout. In the packed layout (Superblock.Layout) it has one word per
+// block of the line, saying where the block's bytes are on the SSD; the word's meaning is the
+// cache's, except that 0 means no bytes are stored: Loc[i] != 0 exactly for the blocks that are
+// valid and not zero.
 type Line struct {
 	Line  uint64   `json:"line"` // line number: byte offset / line size
 	Slot  uint32   `json:"slot"`
 	Valid []uint64 `json:"valid"`
 	Dirty []uint64 `json:"dirty,omitempty"`
 	Zero  []uint64 `json:"zero,omitempty"`
+	Loc   []uint64 `json:"loc,omitempty"`
 }
 
 // Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.
@@ -85,13 +114,14 @@ type Store interface {
 	// Commit applies ops atomically, in order. Concurrent commits are grouped so that many callers
 	// share one write (and, with sync, one sync). Without sync the commit survives a crash of the
 	// process (kill -9) when Commit returns; with sync it also survives power loss. A commit with a
-	// record whose dirty or zero bits are not all valid is rejected whole.
+	// record whose dirty or zero bits are not all valid, or whose location words are not set
+	// exactly for its valid blocks that are not zero, is rejected whole.
 	Commit(ops []Op, sync bool) error
 	// Sync makes every commit that returned before the call survive power loss.
 	Sync() error
 	// Lines calls fn for every stored line record, in line order, stopping at fn's first error,
-	// which it returns as is. Empty bitmaps read back as nil. Records are read from a snapshot
-	// taken when Lines starts; fn may Commit, but must not Close the store.
+	// which it returns as is. Empty bitmaps, and an empty Loc, read back as nil. Records are read
+	// from a snapshot taken when Lines starts; fn may Commit, but must not Close the store.
 	Lines(fn func(Line) error) error
 	// Close releases the store; commits that returned stay committed.
 	Close() error

@@ -98,6 +98,9 @@ func TestSuperblockMismatch(t *testing.T) {
 		{"backend size", func(sb *Superblock) { sb.BackendSize = 5 }, []string{"backend size 5, now 1099511627776"}},
 		{"slots", func(sb *Superblock) { sb.Slots = 1 }, []string{"1 lines, configured 4096"}},
 		{"several", func(sb *Superblock) { sb.Slots, sb.LineSize = 1, 4096 }, []string{"line size 4096", "1 lines"}},
+		{"layout", func(sb *Superblock) { sb.Layout = LayoutPacked },
+			[]string{"SSD tier layout packed (reduction compress or dedupe), configured slots (reduction off or zero)"}},
+		{"unknown layout", func(sb *Superblock) { sb.Layout = "striped" }, []string{`SSD tier layout "striped", configured slots`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +117,13 @@ func TestSuperblockMismatch(t *testing.T) {
 			}
 		})
 	}
+
+	// The other way round: a slot-layout tier configured for the packed layout.
+	packed := testSB
+	packed.Layout = LayoutPacked
+	require.EqualError(t, testSB.Mismatch(packed),
+		"SSD tier layout slots (reduction off or zero), configured packed (reduction compress or dedupe)")
+	require.NoError(t, packed.Mismatch(packed))
 }
 
 func TestCommit(t *testing.T) {
@@ -138,6 +148,14 @@ func TestCommit(t *testing.T) {
 			[]Line{{Line: 3, Slot: 1, Valid: []uint64{0xff, 1}, Dirty: []uint64{0x0f}, Zero: []uint64{0xf0}}}},
 		{"zero blocks replaced by none", [][]Op{{{Rec: Line{Line: 3, Slot: 1, Valid: []uint64{3}, Zero: []uint64{1}}}}, {put(3, 1, []uint64{3}, nil)}},
 			[]Line{{Line: 3, Slot: 1, Valid: []uint64{3}}}},
+		{"location words", [][]Op{{{Rec: packedLine(3, 16, 0xfff, 0x0f0, 0x003)}}},
+			[]Line{packedLine(3, 16, 0xfff, 0x0f0, 0x003)}},
+		{"location words of a 1 MiB line", [][]Op{{{Rec: packedLine(3, 256, 0xffff, 0xff, 0xf00)}}},
+			[]Line{packedLine(3, 256, 0xffff, 0xff, 0xf00)}},
+		{"location words, all blocks zero", [][]Op{{{Rec: packedLine(3, 16, 0xff, 0, 0xff)}}},
+			[]Line{packedLine(3, 16, 0xff, 0, 0xff)}},
+		{"location words replaced by none", [][]Op{{{Rec: packedLine(3, 16, 0x3, 0x1, 0)}}, {put(3, 1, []uint64{3}, nil)}},
+			[]Line{{Line: 3, Slot: 1, Valid: []uint64{3}}}},
 		{"extreme values", [][]Op{{put(1<<64-1, 1<<32-1, []uint64{1<<64 - 1}, []uint64{1<<64 - 1})}},
 			[]Line{{Line: 1<<64 - 1, Slot: 1<<32 - 1, Valid: []uint64{1<<64 - 1}, Dirty: []uint64{1<<64 - 1}}}},
 	}
@@ -153,7 +171,35 @@ func TestCommit(t *testing.T) {
 	}
 }
 
+// packedLine is a record of the packed layout for a line of blocks blocks whose first word of
+// valid, dirty and zero bits are given: block i's location is i+1 where it is valid and not zero.
+func packedLine(line uint64, blocks int, valid, dirty, zero uint64) Line {
+	words := (blocks + 63) / 64
+	l := Line{Line: line, Valid: make([]uint64, words), Loc: make([]uint64, blocks)}
+	l.Valid[0] = valid
+	if dirty != 0 {
+		l.Dirty = []uint64{dirty}
+	}
+	if zero != 0 {
+		l.Zero = []uint64{zero}
+	}
+	for i := range min(blocks, 64) {
+		if (valid&^zero)>>i&1 != 0 {
+			l.Loc[i] = uint64(i + 1)
+		}
+	}
+	return l
+}
+
 func TestCommitRejectsBitsNotValid(t *testing.T) {
+	withLoc := func(l Line, block int, loc uint64) Line {
+		l.Loc = append([]uint64(nil), l.Loc...)
+		l.Loc[block] = loc
+		return l
+	}
+	good := packedLine(42, 16, 0x0f, 0x01, 0x0c) // blocks 0 and 1 stored, 2 and 3 zero
+	beyond := make([]uint64, 66)                 // past the one word of valid bits
+	beyond[0], beyond[65] = 1, 7
 	tests := []struct {
 		name string
 		rec  Line
@@ -161,6 +207,16 @@ func TestCommitRejectsBitsNotValid(t *testing.T) {
 	}{
 		{"dirty", Line{Line: 42, Slot: 2, Valid: []uint64{0x1}, Dirty: []uint64{0x1, 0x4}}, "line 42 has dirty blocks that are not valid"},
 		{"zero", Line{Line: 42, Slot: 2, Valid: []uint64{0x1}, Zero: []uint64{0x3}}, "line 42 has zero blocks that are not valid"},
+		{"location of a block not valid", withLoc(good, 9, 0xabc), "line 42 has location 0xabc for block 9, which is not valid"},
+		{"location of a zero block", withLoc(good, 3, 0xabc), "line 42 has location 0xabc for block 3, which is a zero block"},
+		{"no location for a stored block", withLoc(good, 1, 0), "line 42 has no location for block 1, which is valid and not a zero block (16 location words)"},
+		{"location words short of the valid blocks", Line{Line: 42, Valid: []uint64{0x7}, Loc: []uint64{1, 2}},
+			"line 42 has no location for block 2"},
+		{"empty location words", Line{Line: 42, Valid: []uint64{0x1}, Loc: []uint64{}}, "line 42 has no location for block 0"},
+		{"location beyond the valid bits", Line{Line: 42, Valid: []uint64{0x1}, Loc: beyond}, "line 42 has location 0x7 for block 65, which is not valid"},
+	}
+	for _, rec := range []Line{good, packedLine(42, 256, 0, 0, 0), {Line: 42, Valid: []uint64{0x1}, Zero: []uint64{0x1}, Loc: []uint64{0}}} {
+		require.NoError(t, checkOps([]Op{{Rec: rec}}), "%+v", rec)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -326,6 +382,9 @@ func TestBadgerReopen(t *testing.T) {
 	var want []Line
 	for i := range uint64(100) {
 		l := Line{Line: i, Slot: uint32(i), Valid: []uint64{i, 1}}
+		if i%3 == 0 {
+			l = packedLine(i, 128, i, i/2&i, i&0x30)
+		}
 		want = append(want, l)
 		require.NoError(t, b.Commit([]Op{{Rec: l}}, false))
 	}
@@ -387,6 +446,11 @@ func TestBadgerCorruptRecord(t *testing.T) {
 		{"huge count", lineKey(7), append([]byte{0, 0, 0, 1}, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), "bytes of bitmaps"},
 		{"counts that overflow", lineKey(7), append([]byte{0, 0, 0, 1}, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01), "bytes of bitmaps"},
 		{"short key", []byte{linePrefix, 1}, good, "key 4c01: key is 2 bytes"},
+		{"empty zero bitmap alone", lineKey(7), append(append([]byte(nil), good...), 0), "1 bytes after the valid and dirty bitmaps are no zero bitmap"},
+		{"empty location words", lineKey(7), append(append([]byte(nil), good...), 0, 0), "2 bytes after the valid and dirty bitmaps are no zero bitmap"},
+		{"truncated location words", lineKey(7), append(append([]byte(nil), good...), 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
+		{"extra bytes after location words", lineKey(7), append(append([]byte(nil), good...), 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
+		{"huge location count", lineKey(7), append(append([]byte(nil), good...), 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), "after the valid and dirty bitmaps"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -54,6 +54,27 @@ func TestPartFitsBadger(t *testing.T) {
 	require.NoError(t, b.Commit(bigCommit(PartOps), true))
 }
 
+// TestPackedPartsFitBadger: records of the packed layout, with 256 location words each, are too
+// large for PartOps of them in one badger transaction; CommitParts halves its parts until they fit.
+func TestPackedPartsFitBadger(t *testing.T) {
+	b := openBadger(t, t.TempDir())
+	defer b.Close()
+	ops := bigCommit(PartOps + 10)
+	for i := range ops {
+		ops[i].Rec.Loc = make([]uint64, 256)
+		for j := range ops[i].Rec.Loc {
+			ops[i].Rec.Loc[j] = uint64(i)<<8 | uint64(j) | 1<<63
+		}
+	}
+	require.ErrorIs(t, b.Commit(ops[:PartOps], false), ErrTooBig)
+	var parts int
+	require.NoError(t, CommitParts(b, ops, true, func([]Op) { parts++ }))
+	require.Greater(t, parts, 2)
+	got := allLines(t, b)
+	require.Len(t, got, len(ops))
+	require.Equal(t, ops[len(ops)-1].Rec, got[len(got)-1])
+}
+
 // TestCommitPartsHalves: under a store limit below PartOps, parts shrink until they fit.
 func TestCommitPartsHalves(t *testing.T) {
 	m := NewMem()

@@ -41,9 +41,11 @@ type Identity struct {
 // The file's layout: a header page, then the ring.
 const (
 	magic = "TIERBLKL"
-	// version 2 records carry a third bitmap, the zero blocks; a log of version 1 (Valid and
-	// Dirty only), which a kill of an earlier tierblk left, still replays.
-	version    = 2
+	// version 2 records carry a third bitmap, the zero blocks; version 3 records carry after it
+	// the line's location words (as many as the header's hLocs says, none in the slot layout).
+	// A log of version 1 (Valid and Dirty only) or 2, which a kill of an earlier tierblk left,
+	// still replays.
+	version    = 3
 	headerSize = 4096
 	maxTierID  = 64
 
@@ -57,7 +59,8 @@ const (
 	hBoot      = 36 // the boot's ID (bootIDLen bytes)
 	hTierLen   = hBoot + bootIDLen
 	hTier      = hTierLen + 4
-	hCRC       = hTier + maxTierID // over [0, hCRC)
+	hCRC       = hTier + maxTierID // over [0, hCRC) and, from version 3 on, hLocs's 4 bytes
+	hLocs      = 144               // location words per record (uint32), from version 3 on
 	hWatermark = 152               // every record up to it is in the metadata store
 	hLost      = 160               // the last record the ring had no room for
 	bootIDLen  = 36
@@ -67,7 +70,7 @@ const (
 	rLine  = 8
 	rSlot  = 16
 	rFlags = 20
-	rBits  = 24 // Valid words, then Dirty words, then Zero words, then the CRC of all before it
+	rBits  = 24 // Valid words, Dirty words, Zero words, Loc words, then the CRC of all before it
 
 	flagDelete = 1
 )
@@ -75,7 +78,9 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // DefaultSize is the log file's size: with 64 KiB lines a record takes 56 bytes, so it holds
-// about 300,000 changes, some hundred times what a checkpoint every second lets pile up.
+// about 300,000 changes, some hundred times what a checkpoint every second lets pile up. In the
+// packed layout the 16 location words make it 184 bytes, and the log holds about 90,000; with
+// 1 MiB lines' 256, 2,176 bytes, about 7,700.
 const DefaultSize = 16 << 20
 
 // ErrUnusable wraps the reasons Replay cannot use a log: another tier's or run's, records lost
@@ -90,16 +95,29 @@ func bitmaps(v uint32) int {
 	return 3
 }
 
-// RecordSize is the size of a record for lines of words 64-bit words of bits.
-func RecordSize(words int) int { return recordSize(words, bitmaps(version)) }
+// RecordSize is the size of a record for lines of words 64-bit words of bits and locs location
+// words.
+func RecordSize(words, locs int) int { return recordSize(words, bitmaps(version), locs) }
 
-func recordSize(words, bitmaps int) int { return (rBits + 8*bitmaps*words + 4 + 7) &^ 7 }
+func recordSize(words, bitmaps, locs int) int { return (rBits + 8*(bitmaps*words+locs) + 4 + 7) &^ 7 }
+
+// headerCRC is the CRC of the header of a log of version v. The location word count was added at
+// hLocs, past hCRC, where the header had room: it is covered too, so that a damaged count is
+// refused rather than read as another record layout.
+func headerCRC(b []byte, v uint32) uint32 {
+	c := crc32.Checksum(b[:hCRC], castagnoli)
+	if v >= 3 {
+		c = crc32.Update(c, castagnoli, b[hLocs:hLocs+4])
+	}
+	return c
+}
 
 // Log is an open log, appended to by one writer at a time (the tier's mutex orders them).
 type Log struct {
 	f       *os.File
 	m       []byte
 	words   int
+	locs    int
 	recSize int
 	cap     uint64 // records in the ring
 	next    uint64 // the next record's sequence number
@@ -108,15 +126,16 @@ type Log struct {
 }
 
 // Create makes a new, empty log at path for id (replacing what was there), of size bytes
-// (DefaultSize if 0), for lines of words 64-bit words of valid bits.
-func Create(path string, id Identity, words int, size int64) (*Log, error) {
+// (DefaultSize if 0), for lines of words 64-bit words of valid bits and locs location words (0 in
+// the slot layout).
+func Create(path string, id Identity, words, locs int, size int64) (*Log, error) {
 	if size == 0 {
 		size = DefaultSize
 	}
 	if len(id.Tier) > maxTierID {
 		return nil, fmt.Errorf("run log: tier ID %q is longer than %d bytes", id.Tier, maxTierID)
 	}
-	rs := RecordSize(words)
+	rs := RecordSize(words, locs)
 	n := (size - headerSize) / int64(rs)
 	if n < 16 {
 		return nil, fmt.Errorf("run log: %d bytes hold fewer than 16 records", size)
@@ -135,7 +154,7 @@ func Create(path string, id Identity, words int, size int64) (*Log, error) {
 		f.Close()
 		return nil, fmt.Errorf("run log: mmap %s: %w", path, err)
 	}
-	l := &Log{f: f, m: m, words: words, recSize: rs, cap: uint64(n), next: 1}
+	l := &Log{f: f, m: m, words: words, locs: locs, recSize: rs, cap: uint64(n), next: 1}
 	copy(m[hMagic:], magic)
 	le := binary.LittleEndian
 	le.PutUint32(m[hVersion:], version)
@@ -143,10 +162,11 @@ func Create(path string, id Identity, words int, size int64) (*Log, error) {
 	le.PutUint64(m[hCap:], uint64(n))
 	le.PutUint64(m[hEpoch:], id.Epoch)
 	le.PutUint32(m[hWords:], uint32(words))
+	le.PutUint32(m[hLocs:], uint32(locs))
 	le.PutUint32(m[hTierLen:], uint32(len(id.Tier)))
 	copy(m[hTier:], id.Tier)
 	copy(m[hBoot:hBoot+bootIDLen], bootID())
-	le.PutUint32(m[hCRC:], crc32.Checksum(m[:hCRC], castagnoli))
+	le.PutUint32(m[hCRC:], headerCRC(m, version))
 	return l, nil
 }
 
@@ -182,7 +202,15 @@ func (l *Log) Append(op meta.Op) (half bool) {
 			le.PutUint64(r[rBits+8*(m*l.words+k):], w)
 		}
 	}
-	end := rBits + 24*l.words
+	locs := r[rBits+24*l.words:]
+	for k := range l.locs {
+		var w uint64
+		if !op.Delete && k < len(op.Rec.Loc) {
+			w = op.Rec.Loc[k]
+		}
+		le.PutUint64(locs[8*k:], w)
+	}
+	end := rBits + 8*(3*l.words+l.locs)
 	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	return seq-l.committed == l.cap/2
 }
@@ -212,9 +240,10 @@ func (l *Log) Close() error {
 
 // Replay reads the log at path and calls fn with each change recorded after the watermark, in
 // order, up to the first record that is missing or torn. found is false, with no error, when there
-// is no file. A log of another tier or run, or one that lost records, is refused with an error
-// wrapping ErrUnusable, before fn is called.
-func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found bool, err error) {
+// is no file. A log of another tier or run, one for other lines (words of bits, locs location
+// words), or one that lost records, is refused with an error wrapping ErrUnusable, before fn is
+// called. A record's Loc is nil when its location words are all 0, as in the slot layout.
+func Replay(path string, id Identity, words, locs int, fn func(meta.Op) error) (found bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -229,12 +258,13 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 	if len(b) < headerSize || string(b[hMagic:hMagic+len(magic)]) != magic {
 		return true, unusable("not a run log")
 	}
-	if crc32.Checksum(b[:hCRC], castagnoli) != le.Uint32(b[hCRC:]) {
+	// The version says what the CRC covers; a damaged version fails the CRC all the same.
+	v := le.Uint32(b[hVersion:])
+	if headerCRC(b, v) != le.Uint32(b[hCRC:]) {
 		return true, unusable("its header is damaged")
 	}
-	v := le.Uint32(b[hVersion:])
-	if v != version && v != 1 {
-		return true, unusable("format version %d, this tierblk reads 1 and %d", v, version)
+	if v < 1 || v > version {
+		return true, unusable("format version %d, this tierblk reads 1 to %d", v, version)
 	}
 	tierLen := min(int(le.Uint32(b[hTierLen:])), maxTierID)
 	if tier := string(b[hTier : hTier+tierLen]); tier != id.Tier {
@@ -251,15 +281,23 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 	if w := int(le.Uint32(b[hWords:])); w != words {
 		return true, unusable("records of %d-word bitmaps, this tier's lines need %d", w, words)
 	}
+	var logLocs int // none before version 3
+	if v >= 3 {
+		logLocs = int(le.Uint32(b[hLocs:]))
+	}
+	if logLocs != locs {
+		return true, unusable("records of %d location words, this tier's lines need %d", logLocs, locs)
+	}
 	rs, n := int(le.Uint32(b[hRecSize:])), le.Uint64(b[hCap:])
-	if rs != recordSize(words, bitmaps(v)) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
+	if rs != recordSize(words, bitmaps(v), locs) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
 		return true, unusable("its ring does not fit the file")
 	}
 	committed, lost := le.Uint64(b[hWatermark:]), le.Uint64(b[hLost:])
 	if lost > committed {
 		return true, unusable("the ring was full: change %d and others were not logged", lost)
 	}
-	end := rBits + 8*bitmaps(v)*words
+	rLocs := rBits + 8*bitmaps(v)*words
+	end := rLocs + 8*locs
 	for seq := committed + 1; seq-committed <= n; seq++ {
 		r := b[headerSize+int(seq%n)*rs:][:rs]
 		if le.Uint64(r[rSeq:]) != seq || crc32.Checksum(r[:end], castagnoli) != le.Uint32(r[end:]) {
@@ -273,6 +311,7 @@ func Replay(path string, id Identity, words int, fn func(meta.Op) error) (found 
 			if bitmaps(v) > 2 {
 				op.Rec.Zero = words64(r[rBits+16*words:], words)
 			}
+			op.Rec.Loc = words64(r[rLocs:], locs)
 		}
 		if err := fn(op); err != nil {
 			return true, err
@@ -290,7 +329,8 @@ func bootID() []byte {
 	return id
 }
 
-// words64 decodes n little-endian words, nil if all are zero (as the store reads empty bitmaps).
+// words64 decodes n little-endian words, nil if all are zero (as the store reads empty bitmaps)
+// or n is 0.
 func words64(b []byte, n int) []uint64 {
 	w := make([]uint64, n)
 	zero := true

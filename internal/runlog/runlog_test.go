@@ -27,7 +27,7 @@ func del(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line
 func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 	t.Helper()
 	var got []meta.Op
-	found, err := Replay(path, id, 1, func(op meta.Op) error { got = append(got, op); return nil })
+	found, err := Replay(path, id, 1, 0, func(op meta.Op) error { got = append(got, op); return nil })
 	require.True(t, found)
 	return got, err
 }
@@ -36,11 +36,11 @@ func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 // not hold (a committed record, one never written) never does.
 func TestReplay(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	found, err := Replay(path, id, 1, nil)
+	found, err := Replay(path, id, 1, 0, nil)
 	require.NoError(t, err)
 	require.False(t, found, "no file: nothing to replay, and no error")
 
-	l, err := Create(path, id, 1, headerSize+20*int64(RecordSize(1)))
+	l, err := Create(path, id, 1, 0, headerSize+20*int64(RecordSize(1, 0)))
 	require.NoError(t, err)
 	defer l.Close()
 	var want []meta.Op
@@ -70,17 +70,17 @@ func TestReplay(t *testing.T) {
 	require.Equal(t, want[10:], got)
 }
 
-// A log that an earlier tierblk (format version 1: no zero bitmap) left at a kill replays as it
-// did.
-func TestReplayVersion1(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "log")
-	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), put(5, 2, 0x1, 0)}
+// writeOldLog writes at path the log that an earlier tierblk, of format version v (1: Valid and
+// Dirty; 2: Zero too; no location words), left at a kill after it appended ops.
+func writeOldLog(t *testing.T, path string, v uint32, ops []meta.Op) {
+	t.Helper()
 	const words, n = 1, 16
-	rs := recordSize(words, 2)
+	maps := bitmaps(v)
+	rs := recordSize(words, maps, 0)
 	b := make([]byte, headerSize+n*rs)
 	le := binary.LittleEndian
 	copy(b[hMagic:], magic)
-	le.PutUint32(b[hVersion:], 1)
+	le.PutUint32(b[hVersion:], v)
 	le.PutUint32(b[hRecSize:], uint32(rs))
 	le.PutUint64(b[hCap:], n)
 	le.PutUint64(b[hEpoch:], id.Epoch)
@@ -88,7 +88,7 @@ func TestReplayVersion1(t *testing.T) {
 	le.PutUint32(b[hTierLen:], uint32(len(id.Tier)))
 	copy(b[hTier:], id.Tier)
 	copy(b[hBoot:], bootID())
-	le.PutUint32(b[hCRC:], crc32.Checksum(b[:hCRC], castagnoli))
+	le.PutUint32(b[hCRC:], crc32.Checksum(b[:hCRC], castagnoli)) // the header CRC of versions 1 and 2
 	for i, op := range ops {
 		seq := uint64(i + 1)
 		r := b[headerSize+int(seq%n)*rs:][:rs]
@@ -98,24 +98,139 @@ func TestReplayVersion1(t *testing.T) {
 		if op.Delete {
 			le.PutUint32(r[rFlags:], flagDelete)
 		} else {
-			le.PutUint64(r[rBits:], op.Rec.Valid[0])
-			if op.Rec.Dirty != nil {
-				le.PutUint64(r[rBits+8:], op.Rec.Dirty[0])
+			for m, bits := range [][]uint64{op.Rec.Valid, op.Rec.Dirty, op.Rec.Zero}[:maps] {
+				if bits != nil {
+					le.PutUint64(r[rBits+8*m:], bits[0])
+				}
 			}
 		}
-		le.PutUint32(r[rBits+16:], crc32.Checksum(r[:rBits+16], castagnoli))
+		end := rBits + 8*maps
+		le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	}
 	require.NoError(t, os.WriteFile(path, b, 0o600))
+}
+
+// A log that an earlier tierblk (format version 1: no zero bitmap) left at a kill replays as it
+// did.
+func TestReplayVersion1(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), put(5, 2, 0x1, 0)}
+	writeOldLog(t, path, 1, ops)
 	got, err := replayAll(t, path, id)
 	require.NoError(t, err)
 	require.Equal(t, ops, got)
+}
+
+// A log of format version 2 (zero bitmaps, no location words) replays as it did for a tier of
+// the slot layout, and is refused for one of the packed layout, whose records it cannot hold.
+func TestReplayVersion2(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	zeros := put(6, 3, 0xff, 0x01)
+	zeros.Rec.Zero = []uint64{0xf0}
+	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), zeros, put(5, 2, 0x1, 0)}
+	writeOldLog(t, path, 2, ops)
+	got, err := replayAll(t, path, id)
+	require.NoError(t, err)
+	require.Equal(t, ops, got)
+
+	_, err = Replay(path, id, 1, 16, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+	require.ErrorIs(t, err, ErrUnusable)
+	require.ErrorContains(t, err, "records of 0 location words, this tier's lines need 16")
+}
+
+// packed is the record of a change to a line of the packed layout, of 16 blocks (one bitmap word),
+// with a location for each block that is valid and not zero.
+func packed(line uint64, valid, dirty, zero uint64) meta.Op {
+	op := put(line, 0, valid, dirty)
+	if zero != 0 {
+		op.Rec.Zero = []uint64{zero}
+	}
+	op.Rec.Loc = make([]uint64, 16)
+	for i := range op.Rec.Loc {
+		if (valid&^zero)>>i&1 != 0 {
+			op.Rec.Loc[i] = line<<32 | uint64(i)<<8 | 1
+		}
+	}
+	return op
+}
+
+// Records of the packed layout carry their location words through the log, across the ring's
+// wrap; a record with none set (no blocks stored, or a delete) replays without them, and one that
+// the caller gave fewer words than the log holds replays with the rest 0.
+func TestReplayLocations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	const locs = 16
+	l, err := Create(path, id, 1, locs, headerSize+20*int64(RecordSize(1, locs)))
+	require.NoError(t, err)
+	defer l.Close()
+	replay := func() []meta.Op {
+		var got []meta.Op
+		found, err := Replay(path, id, 1, locs, func(op meta.Op) error { got = append(got, op); return nil })
+		require.NoError(t, err)
+		require.True(t, found)
+		return got
+	}
+
+	short := packed(9, 0x3, 0, 0)
+	short.Rec.Loc = short.Rec.Loc[:2]
+	wantShort := packed(9, 0x3, 0, 0)
+	noLocs := packed(10, 0xf, 0x1, 0xf) // all zero blocks: nothing stored
+	var want []meta.Op
+	for i := range 12 {
+		op := packed(uint64(i), 0xffff>>i, 0x3>>(i%3), 0x100>>i)
+		want = append(want, op)
+		l.Append(op)
+	}
+	for _, op := range []meta.Op{short, noLocs, del(11)} {
+		l.Append(op)
+	}
+	noLocs.Rec.Loc = nil
+	want = append(want, wantShort, noLocs, del(11))
+	require.Equal(t, want, replay())
+
+	l.Committed(10)
+	for i := range 12 { // wraps the ring of 20
+		op := packed(100+uint64(i), 0xff00|uint64(i), 0, 0)
+		want = append(want, op)
+		l.Append(op)
+	}
+	require.Equal(t, want[10:], replay())
+}
+
+// A log's records hold as many location words as the lines it was created for: a tier whose lines
+// need another number is refused, and a damaged count fails the header's CRC.
+func TestRefusedLocations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	l, err := Create(path, id, 1, 16, 0)
+	require.NoError(t, err)
+	l.Append(packed(1, 1, 1, 0))
+	require.NoError(t, l.Close())
+	for _, tt := range []struct {
+		locs int
+		want string
+	}{
+		{0, "records of 16 location words, this tier's lines need 0"},
+		{64, "records of 16 location words, this tier's lines need 64"},
+	} {
+		_, err := Replay(path, id, 1, tt.locs, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+		require.ErrorIs(t, err, ErrUnusable)
+		require.ErrorContains(t, err, tt.want)
+	}
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	b[hLocs] = 64
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	_, err = Replay(path, id, 1, 64, func(meta.Op) error { return nil })
+	require.ErrorIs(t, err, ErrUnusable)
+	require.ErrorContains(t, err, "its header is damaged")
 }
 
 // A record torn by a kill in the middle of its copy ends the replay: it and what follows are
 // ignored, what precedes it is replayed.
 func TestTornTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0)
+	l, err := Create(path, id, 1, 0, 0)
 	require.NoError(t, err)
 	for i := range 5 {
 		l.Append(put(uint64(i), uint32(i), 1, 1))
@@ -123,7 +238,7 @@ func TestTornTail(t *testing.T) {
 	require.NoError(t, l.Close())
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	rs := RecordSize(1)
+	rs := RecordSize(1, 0)
 	for _, off := range []int{rBits, rBits + 8, rLine, rSlot} {
 		c := append([]byte(nil), b...)
 		c[headerSize+4*rs+off] ^= 0x40 // record 4: a byte the kill left half written
@@ -138,7 +253,7 @@ func TestTornTail(t *testing.T) {
 // ring overflowed since the last checkpoint, is refused before anything is replayed.
 func TestRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, headerSize+16*int64(RecordSize(1)))
+	l, err := Create(path, id, 1, 0, headerSize+16*int64(RecordSize(1, 0)))
 	require.NoError(t, err)
 	defer l.Close()
 	l.Append(put(1, 1, 1, 1))
@@ -146,7 +261,7 @@ func TestRefused(t *testing.T) {
 		_, err := replayAll(t, path, other)
 		require.ErrorIs(t, err, ErrUnusable, "%+v", other)
 	}
-	_, err = Replay(path, id, 2, func(meta.Op) error { return nil })
+	_, err = Replay(path, id, 2, 0, func(meta.Op) error { return nil })
 	require.ErrorIs(t, err, ErrUnusable, "other line size")
 
 	for i := range 20 {
@@ -165,7 +280,7 @@ func TestRefused(t *testing.T) {
 
 	b, _ := os.ReadFile(path)
 	b[hBoot] ^= 1 // another boot's
-	crc := crc32.Checksum(b[:hCRC], castagnoli)
+	crc := headerCRC(b, version)
 	binary.LittleEndian.PutUint32(b[hCRC:], crc)
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 	_, err = replayAll(t, path, id)
@@ -188,9 +303,25 @@ func BenchmarkAppend(b *testing.B) {
 	}
 	op := put(12345, 678, 0xffff, 0xff)
 	b.Run("mmap", func(b *testing.B) {
-		l, err := Create(filepath.Join(dir, "mmap"), id, 1, 0)
+		l, err := Create(filepath.Join(dir, "mmap"), id, 1, 0, 0)
 		require.NoError(b, err)
 		defer l.Close()
+		for b.Loop() {
+			if l.Append(op) {
+				l.Committed(l.Last())
+			}
+		}
+	})
+	// The largest record: a 1 MiB line of the packed layout, 4 words of bits and 256 locations.
+	b.Run("mmap-packed-1MiB", func(b *testing.B) {
+		l, err := Create(filepath.Join(dir, "packed"), id, 4, 256, 0)
+		require.NoError(b, err)
+		defer l.Close()
+		all := ^uint64(0)
+		op := meta.Op{Rec: meta.Line{Line: 12345, Valid: []uint64{all, all, all, all}, Loc: make([]uint64, 256)}}
+		for i := range op.Rec.Loc {
+			op.Rec.Loc[i] = uint64(i + 1)
+		}
 		for b.Loop() {
 			if l.Append(op) {
 				l.Committed(l.Last())
@@ -201,7 +332,7 @@ func BenchmarkAppend(b *testing.B) {
 		f, err := os.Create(filepath.Join(dir, "pwrite"))
 		require.NoError(b, err)
 		defer f.Close()
-		rec := make([]byte, RecordSize(1))
+		rec := make([]byte, RecordSize(1, 0))
 		var off int64
 		for b.Loop() {
 			if _, err := f.WriteAt(rec, off); err != nil {
