@@ -196,7 +196,7 @@ func (cfg *Config) validate() error {
 		return fmt.Errorf("RAM tier size %d is smaller than one line (%d); use 0 for no RAM tier", cfg.RAM.Size, l)
 	}
 	if cfg.Reduction < ReductionOff || int(cfg.Reduction) >= len(reductionNames) {
-		return fmt.Errorf("reduction %d: use ReductionOff or ReductionZero", cfg.Reduction)
+		return fmt.Errorf("reduction %d: use ReductionOff, ReductionZero or ReductionCompress", cfg.Reduction)
 	}
 	if cfg.Mode == WriteBack && cfg.SSDDevice == nil {
 		return errors.New("write-back needs an SSD tier: the RAM tier may never hold the only copy of written data")
@@ -240,12 +240,22 @@ func ssdReserve(slots int) int { return max(1, min(max(slots/64, min(slots/8, 25
 
 func (c *Cache) openSSD(cfg Config) error {
 	slots := int(cfg.SSD.Size / c.line)
-	spec := c.spec("ssd", cfg.SSD, ssdReserve(slots))
+	indexed, layout := slots, ""
+	if cfg.Reduction >= ReductionCompress {
+		indexed, layout = slots*packedSlotsPerLine, meta.LayoutPacked
+	}
+	spec := c.spec("ssd", cfg.SSD, ssdReserve(indexed))
+	spec.slots = indexed
 	spec.lines = uint64((c.size + c.line - 1) / c.line)
 	spec.reduction = cfg.Reduction
 	t, err := newTier(spec, c.log)
 	if err != nil {
 		return err
+	}
+	if layout == meta.LayoutPacked {
+		if t.pk, err = newPacked(cfg.SSDDevice, int64(slots)*c.line, indexed, t.blocks); err != nil {
+			return err
+		}
 	}
 	if c.wb, err = newWriteBack(cfg.WriteBack, slots); err != nil {
 		return err
@@ -254,9 +264,12 @@ func (c *Cache) openSSD(cfg Config) error {
 	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
 	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
 	t.doomedWake = c.wb.kick
-	j := newJournal(t, cfg.Meta, ssdReserve(slots), c.b.Flush, c.backendChanges.Load)
+	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
+	if t.pk != nil {
+		t.pk.kick = j.askCheckpoint
+	}
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
-		BackendSize: c.size, Slots: uint32(slots)}
+		BackendSize: c.size, Slots: uint32(slots), Layout: layout}
 	sb, ok, err := cfg.Meta.Superblock()
 	c.lastRun = errNoRunLog
 	switch {

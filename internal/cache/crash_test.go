@@ -352,7 +352,7 @@ func TestCrashRestart(t *testing.T) {
 			kinds = append(kinds, kill9)
 		}
 		for _, kind := range kinds {
-			for _, r := range []Reduction{ReductionOff, ReductionZero} {
+			for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
 				l := tc.l
 				l.reduction = r
 				t.Run(tc.name+"-"+kind.String()+"-reduction-"+r.String(), func(t *testing.T) {

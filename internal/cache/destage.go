@@ -61,7 +61,7 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 	if err = c.ssd.j.dropStale(spans); err != nil {
 		return 0, fmt.Errorf("destage: cache metadata: %w", err)
 	}
-	if err = c.ssd.j.settleZeros(spans); err != nil {
+	if err = c.ssd.j.settleClaims(spans); err != nil {
 		return 0, fmt.Errorf("destage: settling the records of zero blocks: %w", err)
 	}
 	var runs []destageRun

@@ -184,6 +184,8 @@ var faultModes = []struct {
 	{"writethrough", faultLayout}, {"writeback", wbFaultLayout},
 	{"writethrough-reduction-zero", withReduction(faultLayout, ReductionZero)},
 	{"writeback-reduction-zero", withReduction(wbFaultLayout, ReductionZero)},
+	{"writethrough-reduction-compress", withReduction(faultLayout, ReductionCompress)},
+	{"writeback-reduction-compress", withReduction(wbFaultLayout, ReductionCompress)},
 }
 
 func withReduction(l layout, r Reduction) layout {
@@ -241,7 +243,7 @@ func TestFailNthSSDWrite(t *testing.T) {
 // TestDeadSSD makes every call to the SSD fail halfway through a workload: reads stay correct, the
 // tier is bypassed, and a restart on the revived SSD finds nothing stale.
 func TestDeadSSD(t *testing.T) {
-	for _, r := range []Reduction{ReductionOff, ReductionZero} {
+	for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
 		t.Run(r.String(), func(t *testing.T) { testDeadSSD(t, withReduction(faultLayout, r)) })
 	}
 }

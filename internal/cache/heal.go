@@ -142,11 +142,17 @@ func probeSlot(t *tier, slot uint32) error {
 	for i := range w {
 		w[i] = byte(i*7 + int(slot))
 	}
-	if err := t.writeSlot(slot, w, 0); err != nil {
-		return fmt.Errorf("probe write to the SSD tier: %w", err)
-	}
-	if err := t.readSlot(slot, r, 0); err != nil {
-		return fmt.Errorf("probe read from the SSD tier: %w", err)
+	if t.pk != nil { // slots are not places on a packed tier: the probe takes free room
+		if err := t.pk.probe(w, r); err != nil {
+			return err
+		}
+	} else {
+		if err := t.writeSlot(0, slot, w, 0); err != nil {
+			return fmt.Errorf("probe write to the SSD tier: %w", err)
+		}
+		if err := t.readSlot(slot, r, 0); err != nil {
+			return fmt.Errorf("probe read from the SSD tier: %w", err)
+		}
 	}
 	if !bytes.Equal(w, r) {
 		return errors.New("probe of the SSD tier: a block read back differs from what was written")

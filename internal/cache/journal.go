@@ -165,14 +165,23 @@ func (j *journal) keepStoredLocked(line uint64, slot uint32) {
 }
 
 // storedWithoutLocked returns what the store holds of line, as far as invalidateDurably may rely on
-// it, without the blocks bits, and the blocks it no longer claims (all of them for a deletion). A
-// record of another slot than the line's now is returned as a deletion: the line left that slot
-// when it was clean (a dirty line is never evicted), or with every block invalidated, so nothing
-// dirty of it is lost. claims reports whether the store may call any of bits valid: unless stored
-// says otherwise, it may (a record of another slot must go, whatever it claims).
+// it, without the blocks bits, and the blocks a checkpoint under way must no longer commit valid
+// (gone: all of them where the store's record goes). A record of another slot than the line's now
+// is returned as a deletion: the line left that slot when it was clean (a dirty line is never
+// evicted), or with every block invalidated, so nothing dirty of it is lost. claims reports whether
+// the store may call any of bits valid: unless stored says otherwise, it may (a record of another
+// slot must go, whatever it claims).
+//
+// Where the store holds nothing of the line (stored is a deletion) and it is cached, gone is bits
+// alone: the record that the checkpoint under way commits may hold other blocks, dirty ones among
+// them, whose data its flush made durable, and a FLUSH waiting for it relies on them
+// (TestCrashRestart's write-back cases lost a flushed write when gone was every block).
 func (j *journal) storedWithoutLocked(line uint64, bits lineBits) (op meta.Op, gone lineBits, claims bool) {
 	b, ok := j.stored[line]
 	slot, cached := j.t.slotOf(line)
+	if ok && b.Delete && cached {
+		return deleteOp(line), bits, false
+	}
 	if !ok || b.Delete || !cached || b.Rec.Slot != slot {
 		return deleteOp(line), rangeBits(0, j.t.blocks), !(ok && b.Delete)
 	}
@@ -197,6 +206,14 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	}
 	if z := bitsFromWords(op.Rec.Zero).andNot(bits); !z.isZero() {
 		r.Zero = z.words(j.t.blocks)
+	}
+	for b, l := range op.Rec.Loc {
+		if l != 0 && !bits.has(b) {
+			if r.Loc == nil {
+				r.Loc = make([]uint64, len(op.Rec.Loc))
+			}
+			r.Loc[b] = l
+		}
 	}
 	return meta.Op{Rec: r}
 }
@@ -259,33 +276,35 @@ func (j *journal) dropStale(spans []span) error {
 	return meta.CommitParts(j.store, ops, true, nil)
 }
 
-// settleZeros makes what the store may claim of the dirty blocks spans true before the destager
+// settleClaims makes what the store may claim of the dirty blocks spans true before the destager
 // writes them back: a checkpoint, if a claim is stale. A write in place keeps a stored record of
 // dirty data true (the slot holds the newest data), but a zero bit is not in the slot: data written
 // over with zeros leaves an older record calling the slot's older data valid, and a zero block
 // written over with data leaves one calling the block zero while the slot holds the data. Until the
 // next checkpoint that is what the durability contract allows of an unflushed write; but once the
 // destage has made the newest data durable on the backend (a FLUSH that a bypassed tier's FlushAll
-// serves returns then), a crash must not bring the older claim back. The checkpoint stores the
+// serves returns then), a crash must not bring the older claim back. On a packed tier (pack.go)
+// nothing is written in place at all: a stored record may find an older unit of a dirty block than
+// the tier holds, which is settled the same way. The checkpoint stores the
 // lines as the tier holds them, their data flushed to the SSD; the caller holds the lines' locks,
 // so no write makes a claim stale again before the destage ends. If it fails, nothing has reached
 // the backend, and the destage fails.
-func (j *journal) settleZeros(spans []span) error {
-	if !j.staleZeros(spans) {
+func (j *journal) settleClaims(spans []span) error {
+	if !j.staleClaims(spans) {
 		return nil
 	}
 	j.checkpointMu.Lock()
 	defer j.checkpointMu.Unlock()
-	if !j.staleZeros(spans) { // a checkpoint settled them meanwhile
+	if !j.staleClaims(spans) { // a checkpoint settled them meanwhile
 		return nil
 	}
 	return j.checkpointOrFail()
 }
 
-// staleZeros reports whether the store may hold a record of a line of spans that disagrees with the
-// tier on which of the span's dirty blocks are zero blocks: the store's record (stored) or the one
-// the checkpoint under way is committing (snapshot).
-func (j *journal) staleZeros(spans []span) bool {
+// staleClaims reports whether the store may hold a record of a line of spans that disagrees with
+// the tier on which of the span's dirty blocks are zero blocks, or on where their units are: the
+// store's record (stored) or the one the checkpoint under way is committing (snapshot).
+func (j *journal) staleClaims(spans []span) bool {
 	t := j.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -299,6 +318,9 @@ func (j *journal) staleZeros(spans []span) bool {
 			if b, ok := m[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
 				claimed := bitsFromWords(b.Rec.Dirty).and(s.bits)
 				if claimed.and(bitsFromWords(b.Rec.Zero)) != claimed.and(zero) {
+					return true
+				}
+				if t.pk != nil && t.pk.staleUnits(slot, claimed, b.Rec.Loc) {
 					return true
 				}
 			}
@@ -401,6 +423,41 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	used := make([]bool, t.slots)
+	units := map[uint64]bool{} // a packed tier's units claimed so far
+	claim := func(r meta.Line, into []uint64) error {
+		if t.pk == nil {
+			if r.Loc != nil {
+				return fmt.Errorf("line %d has compressed units but this SSD tier is not packed", r.Line)
+			}
+			return nil
+		}
+		stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
+		if !stored.isZero() && len(r.Loc) != t.blocks {
+			return fmt.Errorf("line %d: %d unit locations for a line of %d blocks", r.Line, len(r.Loc), t.blocks)
+		}
+		for b, l := range r.Loc {
+			if (l != 0) != stored.has(b) {
+				return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, l)
+			}
+			if l == 0 || units[l] {
+				continue
+			}
+			if !t.pk.claim(l) {
+				return fmt.Errorf("line %d: block %d's unit %#x is outside the SSD tier", r.Line, b, l)
+			}
+			units[l] = true
+			if into == nil { // a record the run log replaced: its units die at the first checkpoint
+				t.pk.dead = append(t.pk.dead, l)
+			}
+		}
+		if into != nil {
+			copy(into, r.Loc)
+			for _, l := range r.Loc {
+				t.pk.stored += int64(locLen(l))
+			}
+		}
+		return nil
+	}
 	add := func(r meta.Line) error {
 		if int(r.Slot) >= t.slots || used[r.Slot] {
 			return fmt.Errorf("line %d: slot %d is out of range or used twice (%d slots)", r.Line, r.Slot, t.slots)
@@ -422,6 +479,13 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		z := bitsFromWords(r.Zero)
 		if z.andNot(v) != (lineBits{}) {
 			return fmt.Errorf("line %d: zero bits %x outside the valid bits %x", r.Line, r.Zero, r.Valid)
+		}
+		var into []uint64
+		if t.pk != nil {
+			into = t.pk.slotLocs(r.Slot, 0, t.blocks)
+		}
+		if err := claim(r, into); err != nil {
+			return err
 		}
 		used[r.Slot] = true
 		t.index.Put(r.Line, int32(r.Slot))
@@ -450,6 +514,19 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		if err := add(op.Rec); err != nil {
 			return fmt.Errorf("%w: %w", errRunLogRecord, err)
 		}
+	}
+	if t.pk != nil {
+		// The store's records that the run log replaced keep their units until the checkpoint
+		// that the caller runs first has committed the log's records.
+		for _, op := range j.stored {
+			if op.Delete {
+				continue
+			}
+			if err := claim(op.Rec, nil); err != nil {
+				return fmt.Errorf("%w: %w", ErrCorrupt, err)
+			}
+		}
+		t.pk.loaded()
 	}
 	t.free, t.fresh = t.free[:0], t.slots
 	for s := t.slots - 1; s >= 0; s-- {

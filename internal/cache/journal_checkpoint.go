@@ -30,8 +30,13 @@ func (j *journal) loop(stop <-chan struct{}) {
 			}
 		}
 		j.t.mu.Lock()
-		idle := len(j.changed) == 0 && len(j.freeAfterCommit) == 0
+		idle := len(j.changed) == 0 && len(j.freeAfterCommit) == 0 && (j.t.pk == nil || len(j.t.pk.dead) == 0)
 		j.t.mu.Unlock()
+		if t := j.t; t.pk != nil && !t.failed.Load() && t.pk.short() {
+			// Room is short: free segments, which come free at the checkpoint below.
+			t.reclaim()
+			idle = false
+		}
 		if !idle {
 			backendErr, tierErr := j.checkpoint()
 			if tierErr != nil {
@@ -72,6 +77,18 @@ func (j *journal) checkpointForSlots() error {
 	return j.checkpointOrFail()
 }
 
+// makeRoom frees room on a packed tier (tier.reclaim) for a writer that found none, and runs the
+// checkpoint that makes it free.
+func (j *journal) makeRoom() error {
+	j.checkpointMu.Lock()
+	defer j.checkpointMu.Unlock()
+	if j.t.failed.Load() {
+		return errNoRoom
+	}
+	j.t.reclaim()
+	return j.checkpointOrFail()
+}
+
 // durable makes every write that completed before the call durable on the SSD tier with the
 // metadata that finds it (a FUA write in write-back). Concurrent callers share checkpoints: a
 // caller waiting for the one under way is covered by the next, which starts after its call.
@@ -105,6 +122,10 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	// Every record logged so far is in snap: once it is committed, a replay may skip them.
 	logged := j.loggedLocked()
 	j.changed, j.snapshot, j.freeAfterCommit = map[uint64]meta.Op{}, snap, nil
+	var toRelease []uint64 // a packed tier's dead units, freed as the slots are
+	if t.pk != nil {
+		toRelease, t.pk.dead = t.pk.dead, nil
+	}
 	clear(j.invalidatedSinceSnapshot)
 	t.mu.Unlock()
 
@@ -151,7 +172,6 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	}
 
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	left := j.snapshot // what was not committed
 	j.snapshot = nil
 	if tierErr != nil || backendErr != nil {
@@ -162,6 +182,10 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 			}
 		}
 		j.freeAfterCommit = append(j.freeAfterCommit, toFree...)
+		if t.pk != nil {
+			t.pk.dead = append(t.pk.dead, toRelease...)
+		}
+		t.mu.Unlock()
 		return backendErr, tierErr
 	}
 	// The log's watermark moves before the freed slots can be reused: a record of a line that
@@ -174,6 +198,10 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	j.checkpoints.Add(1)
 	if n := uint64(records); n > j.largestCheckpoint.Load() {
 		j.largestCheckpoint.Store(n) // only checkpoints (under checkpointMu) store it
+	}
+	t.mu.Unlock()
+	if t.pk != nil {
+		t.pk.release(toRelease) // not under the tier's mu: it waits for reads, which take it
 	}
 	return nil, nil
 }

@@ -43,7 +43,7 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 		return nil, false, nil
 	}
 	logged = map[uint64]meta.Op{}
-	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), 0, func(op meta.Op) error {
+	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), func(op meta.Op) error {
 		logged[op.Rec.Line] = op
 		return nil
 	})
@@ -55,6 +55,14 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 
 // words is how many 64-bit words a record's bitmaps take.
 func (j *journal) words() int { return (j.t.blocks + 63) / 64 }
+
+// locWords is how many location words a record carries: one a block on a packed tier, else none.
+func (j *journal) locWords() int {
+	if j.t.pk != nil {
+		return j.t.blocks
+	}
+	return 0
+}
 
 // startRun bumps the store's epoch (sb is what it holds, or what a new store gets) and opens a new
 // run log at path under it. A log that cannot be created is logged, and the tier runs without.
@@ -73,7 +81,7 @@ func (j *journal) startRun(path string, sb meta.Superblock) error {
 	if path == "" {
 		return nil
 	}
-	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), 0, 0)
+	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), 0)
 	if err != nil {
 		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "err", err)
 		return nil

@@ -197,7 +197,8 @@ func TestLinearizable(t *testing.T) {
 	}
 	seed := testSeed(t)
 	for i, lc := range cases {
-		for _, r := range []Reduction{ReductionOff, ReductionZero} {
+		for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
+			lc := lc // each subtest its own: they run after the loop
 			lc.reduction = r
 			t.Run(lc.name+"-reduction-"+r.String(), func(t *testing.T) {
 				t.Parallel()

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"runtime"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // maxIndexBytesPerLine is the budget the README states for the default policy: a 1 TiB SSD tier of
@@ -51,4 +53,34 @@ func heapInUse() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// maxPackedIndexBytesPerLine is the budget docs/architecture.md states for the index of a tier with
+// reduction compress, per line it indexes (the default policy): the slot layout's, and the location
+// word of each of a 64 KiB line's 16 blocks.
+const maxPackedIndexBytesPerLine = 128 + 16*8 + 4
+
+// TestPackedIndexBytesPerLine measures the same with reduction compress: a packed tier indexes
+// packedSlotsPerLine lines per line of room, each with its blocks' location words.
+func TestPackedIndexBytesPerLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates a large index")
+	}
+	const slots = 1 << 20
+	before := heapInUse()
+	tr, err := newTier(tierSpec{name: "ssd", slots: slots, lineSize: 64 << 10, policy: DefaultPolicy,
+		admission: "always", lines: slots, reduction: ReductionCompress}, slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	tr.pk, err = newPacked(nil, slots/packedSlotsPerLine*(64<<10), slots, tr.blocks)
+	require.NoError(t, err)
+	for line := range uint64(2 * slots) {
+		g := tr.acquire(line * 7)
+		require.True(t, g.ok, "no slot for line %d", line)
+		tr.validate(line*7, g.slot, rangeBits(0, tr.blocks), false, lineBits{})
+	}
+	perLine := float64(heapInUse()-before) / slots
+	t.Logf("%.1f bytes of index per line indexed; a 1 TiB SSD tier of 64 KiB lines holding %d:1 needs %.0f MiB",
+		perLine, packedSlotsPerLine, perLine*packedSlotsPerLine*(1<<24)/(1<<20))
+	require.LessOrEqual(t, perLine, float64(maxPackedIndexBytesPerLine))
+	runtime.KeepAlive(tr)
 }

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -127,7 +128,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			continue
 		}
 		hits++
-		if n := len(runs); n > 0 && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 && !alone(i) && !alone(i-1) {
+		if n := len(runs); n > 0 && c.ssd.pk == nil && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 && !alone(i) && !alone(i-1) {
 			runs[n-1][1] = i
 			continue
 		}
@@ -375,10 +376,14 @@ func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits 
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 			var z lineBits
-			z, err = t.writeBlocks(slot, data[lo-base:hi-base], lo, s.n)
+			z, err = t.writeBlocks(s.line, slot, data[lo-base:hi-base], lo, s.n)
 			zeros = zeros.or(z)
 		}
 	})
+	if errors.Is(err, errNoRoom) {
+		t.noRoom(s.line, slot)
+		return
+	}
 	if err != nil {
 		t.unpin(slot)
 		t.ioError(s.line, slot, err)

@@ -71,7 +71,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	}
 	// Zero blocks are not on the device: such a read goes read's way, below, which reads only the
 	// blocks the slot holds.
-	plain := g.zero.and(need).isZero()
+	plain := g.zero.and(need).isZero() && c.ssd.pk == nil
 	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
 		return true
 	}

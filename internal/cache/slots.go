@@ -172,6 +172,18 @@ func (t *tier) doomedLines(n int) []uint64 {
 // setLocked sets the valid, dirty and zero bits of line's slot, keeping the block counts and the
 // set of dirty lines. Dirty and zero are subsets of valid.
 func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
+	if t.pk != nil && t.pins[slot] == 0 {
+		// Blocks that had a unit and have none now (invalidated, or zeros now): their units die.
+		// A pinned slot keeps them until its last unpin, for the reads that found them.
+		had := t.valid.get(slot).andNot(t.zeroAt(slot))
+		t.pk.dropBlocksLocked(slot, had.andNot(valid.andNot(zero)))
+	}
+	t.setBitsLocked(line, slot, valid, dirty, zero)
+}
+
+// setBitsLocked is setLocked leaving a packed tier's units as they are (a line set aside keeps
+// them for its return).
+func (t *tier) setBitsLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
 	t.validBlocks += valid.count() - t.valid.get(slot).count()
 	t.valid.set(slot, valid)
 	if t.dirty.words == nil {
@@ -238,7 +250,7 @@ func (t *tier) setAsideLocked(line uint64) {
 		return
 	}
 	t.index.Delete(line)
-	t.setLocked(line, slot, lineBits{}, lineBits{}, lineBits{})
+	t.setBitsLocked(line, slot, lineBits{}, lineBits{}, lineBits{})
 	delete(t.doomed, line)
 	t.setAside[line] = slot
 }
@@ -246,11 +258,26 @@ func (t *tier) setAsideLocked(line uint64) {
 // releaseLocked returns a slot nobody uses. A persistent tier cannot reuse it before the deletion
 // of its old record is committed: a crash would otherwise let that record find new data.
 func (t *tier) releaseLocked(slot uint32) {
+	if t.pk != nil {
+		t.pk.releaseSlotLocked(slot)
+	}
 	if t.j != nil {
 		t.j.freeAfterCommit = append(t.j.freeAfterCommit, slot)
 		return
 	}
 	t.free = append(t.free, slot)
+}
+
+// noRoom gives up storing data of line in slot on a packed tier short of room (errNoRoom): a line
+// left with no valid block (a fill under way) goes.
+func (t *tier) noRoom(line uint64, slot uint32) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.slotOf(line); ok && s == slot && t.valid.get(slot).isZero() {
+		t.evict.Remove(policy.Key(line))
+		t.dropLocked(line)
+	}
+	t.unpinLocked(slot)
 }
 
 // unpin ends I/O on slot.
@@ -263,6 +290,11 @@ func (t *tier) unpin(slot uint32) {
 func (t *tier) unpinLocked(slot uint32) {
 	if t.pins[slot]--; t.pins[slot] > 0 {
 		return
+	}
+	if t.pk != nil {
+		// Units that setLocked kept for the I/O that pinned the slot, and units written for
+		// blocks that were not validated, die now.
+		t.pk.dropBlocksLocked(slot, rangeBits(0, t.blocks).andNot(t.valid.get(slot).andNot(t.zeroAt(slot))))
 	}
 	if t.zombies[slot] {
 		delete(t.zombies, slot)

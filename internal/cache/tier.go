@@ -29,7 +29,8 @@ type tier struct {
 	blocks   int
 	slots    int
 	ram      []byte          // RAM tier: slot s is ram[s*lineSize:]
-	dev      backend.Backend // SSD tier: slot s is at s*lineSize
+	dev      backend.Backend // SSD tier: slot s is at s*lineSize, or where pk says
+	pk       *packed         // SSD tier with reduction compress (pack.go); nil otherwise
 	j        *journal        // SSD tier: persistence of the index; nil for RAM
 	cong     *congestion     // SSD tier on a device the kernel times; nil otherwise
 	log      *slog.Logger
@@ -179,6 +180,9 @@ func (t *tier) lookupHit(line uint64, need lineBits) grant {
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
+	if t.pk != nil {
+		t.pk.setHotLocked(slot)
+	}
 	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
@@ -383,6 +387,9 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 	if z := t.zeroAt(slot); !z.isZero() {
 		r.Zero = z.words(t.blocks)
 	}
+	if t.pk != nil {
+		r.Loc = t.pk.unitsOf(slot, t.valid.get(slot).andNot(t.zeroAt(slot)))
+	}
 	return meta.Op{Rec: r}
 }
 
@@ -444,12 +451,15 @@ func (t *tier) fail(reason string) {
 	t.mu.Unlock()
 }
 
-// readSlot and writeSlot move data of slot at byte offset off within the line.
+// readSlot and writeSlot move data of slot (line's) at byte offset off within the line.
 func (t *tier) readSlot(slot uint32, p []byte, off int64) error {
 	base := int64(slot)*t.lineSize + off
 	if t.ram != nil {
 		copy(p, t.ram[base:])
 		return nil
+	}
+	if t.pk != nil {
+		return t.packRead(slot, p, off, false)
 	}
 	_, err := t.dev.ReadAt(p, base)
 	return err
@@ -459,6 +469,9 @@ func (t *tier) readSlot(slot uint32, p []byte, off int64) error {
 // page cache when its reads bypass it (backend.CachedReader).
 func (t *tier) readSlotCached(slot uint32, p []byte, off int64) error {
 	cr, ok := t.dev.(backend.CachedReader)
+	if t.pk != nil {
+		return t.packRead(slot, p, off, true)
+	}
 	if t.ram != nil || !ok {
 		return t.readSlot(slot, p, off)
 	}
@@ -466,11 +479,14 @@ func (t *tier) readSlotCached(slot uint32, p []byte, off int64) error {
 	return err
 }
 
-func (t *tier) writeSlot(slot uint32, p []byte, off int64) error {
+func (t *tier) writeSlot(line uint64, slot uint32, p []byte, off int64) error {
 	base := int64(slot)*t.lineSize + off
 	if t.ram != nil {
 		copy(t.ram[base:], p)
 		return nil
+	}
+	if t.pk != nil {
+		return t.packWrite(line, slot, p, off)
 	}
 	_, err := t.dev.WriteAt(p, base)
 	return err
@@ -480,6 +496,9 @@ func (t *tier) stats() TierStats {
 	t.mu.Lock()
 	lines, aside := t.index.Len(), len(t.setAside)
 	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
+	if t.pk != nil {
+		physical = uint64(t.pk.stored)
+	}
 	t.mu.Unlock()
 	s := TierStats{
 		Name:          t.name,

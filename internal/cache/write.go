@@ -167,10 +167,14 @@ func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (full, zeros lineBi
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 			var z lineBits
-			z, err = t.writeBlocks(slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
+			z, err = t.writeBlocks(s.line, slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
 			zeros = zeros.or(z)
 		}
 	})
+	if errors.Is(err, errNoRoom) {
+		t.noRoom(s.line, slot)
+		return full, zeros, false
+	}
 	if err != nil {
 		t.unpin(slot)
 		t.ioError(s.line, slot, err)

@@ -122,7 +122,23 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 		}
 		copy(buf[s.lo-lo:], data)
 	}
-	zeros, err := c.ssd.writeBlocks(slot, buf, lo, s.n)
+	zeros, err := c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
+	for try := 0; errors.Is(err, errNoRoom) && try < slotTries; try++ {
+		// A packed tier short of room (pack.go): reclaim frees some at the checkpoint it runs.
+		if err = c.ssd.j.makeRoom(); err == nil {
+			zeros, err = c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
+		}
+	}
+	if errors.Is(err, errNoRoom) {
+		if _, dirty := c.ssd.bits(s.line); !dirty.and(touched).isZero() {
+			// The only copy of older writes to these blocks is on the SSD tier: the write must
+			// go there too, not around it (the backend would get it before them).
+			c.ssd.unpin(slot)
+			return fmt.Errorf("cache: the SSD tier has no room for a write over dirty data: %w", err)
+		}
+		c.ssd.noRoom(s.line, slot)
+		return c.writeAroundSeg(s, data)
+	}
 	if err != nil {
 		c.ssd.unpin(slot)
 		c.ssd.ioError(s.line, slot, err)

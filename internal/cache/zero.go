@@ -19,7 +19,7 @@ import (
 // there before: nothing reads them, and a write that covers part of a zero block writes the whole
 // block (its other bytes as zeros). Since a zero bit is not in the slot, a write in place no longer
 // makes an older stored record of a dirty block find the newest data: the destager has the store
-// catch up (a checkpoint) before it writes such blocks back (journal.settleZeros).
+// catch up (a checkpoint) before it writes such blocks back (journal.settleClaims).
 
 // Reduction is how much an SSD tier reduces what it stores. Each level includes the ones before.
 type Reduction int
@@ -30,6 +30,8 @@ const (
 	ReductionOff Reduction = iota
 	// ReductionZero stores no block of zeros: a bit in the line's state stands for it.
 	ReductionZero
+	// ReductionCompress also compresses every other block, in the packed layout (pack.go).
+	ReductionCompress
 )
 
 // DefaultReduction is the SSD tier's reduction unless the config names one: zero. It costs a
@@ -38,11 +40,11 @@ const (
 // both). The levels after it, compression and dedupe, are not built yet.
 const DefaultReduction = ReductionZero
 
-var reductionNames = []string{"off", "zero"}
+var reductionNames = []string{"off", "zero", "compress"}
 
 // plannedReductions are the levels of data reduction planned but not built (issue 26): a config
 // that names one is told so, not that the name is unknown.
-var plannedReductions = []string{"compress", "dedupe"}
+var plannedReductions = []string{"dedupe"}
 
 func (r Reduction) String() string { return reductionNames[r] }
 
@@ -54,9 +56,9 @@ func ParseReduction(s string) (Reduction, error) {
 		}
 	}
 	if slices.Contains(plannedReductions, s) {
-		return 0, fmt.Errorf("reduction %q is not built yet; use off or zero", s)
+		return 0, fmt.Errorf("reduction %q is not built yet; use off, zero or compress", s)
 	}
-	return 0, fmt.Errorf("unknown reduction %q; use off or zero", s)
+	return 0, fmt.Errorf("unknown reduction %q; use off, zero or compress", s)
 }
 
 // zeroes is a run of zero bytes, never written: the data of WriteZeroes through the write path,
@@ -141,19 +143,19 @@ func (t *tier) readBlocks(slot uint32, p []byte, off int64, zero lineBits) error
 // writeBlocks is writeSlot for a line of n bytes on a tier that reduces: the blocks of p that are
 // whole and hold only zeros are not written, and returned, for the caller to mark zero when it
 // marks them valid. A tier that does not reduce writes p whole and returns none.
-func (t *tier) writeBlocks(slot uint32, p []byte, off, n int64) (lineBits, error) {
+func (t *tier) writeBlocks(line uint64, slot uint32, p []byte, off, n int64) (lineBits, error) {
 	if !t.reduce {
-		return lineBits{}, t.writeSlot(slot, p, off)
+		return lineBits{}, t.writeSlot(line, slot, p, off)
 	}
 	zero := zeroBlocks(p, off, n)
 	if zero.isZero() { // data: written as it is
-		return zero, t.writeSlot(slot, p, off)
+		return zero, t.writeSlot(line, slot, p, off)
 	}
 	return zero, zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
 		if z {
 			return nil
 		}
-		return t.writeSlot(slot, q, at)
+		return t.writeSlot(line, slot, q, at)
 	})
 }
 

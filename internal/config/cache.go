@@ -41,8 +41,9 @@ type Cache struct {
 	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
 	// after a switch at run time (`tierblk mode`).
 	WriteBack WriteBack `yaml:"write_back"`
-	// Reduction is what the SSD tier stores no more of: off, or zero (the default: blocks of
-	// zeros are a bit in the line's state, not written). Compression and dedupe are not built yet.
+	// Reduction is what the SSD tier stores no more of: off; zero (the default: blocks of zeros
+	// are a bit in the line's state, not written); or compress (the packed layout: every other
+	// block compressed, room allocated by size). Dedupe is not built yet.
 	Reduction string `yaml:"reduction"`
 }
 

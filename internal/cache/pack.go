@@ -1,0 +1,635 @@
+package cache
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/klauspost/compress/s2"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// The packed layout of the SSD tier (reduction: compress). Each 4 KiB block a line holds is a
+// *unit*: the block compressed with S2, or the block as it is when S2 does not bring it under 7/8
+// of its size (incompressible data costs one failed compression, about a microsecond, and is read
+// back without decoding). Units are appended to the open *segment* of the device, in the order they
+// are written, and a per-block location word (segment offset, length, codec) says where each is:
+// room is allocated by size, not a line's worth per slot. Slots stay the unit of the index, the
+// policies and the journal, but they are only numbers: the tier has packedSlotsPerLine of them per
+// line of room, and when room runs short, reclaim frees whole segments instead (the segment with
+// the fewest live bytes first: its clean lines are dropped, as CacheLib's BlockCache drops a
+// region's items, but for lines hit since they were stored, which are copied, as are dirty blocks).
+//
+// Nothing is written in place: a block written again goes to a new unit, and the old one stays as
+// it was until no record can find it. That keeps the journal's rules as they are for slots, with
+// units in their place: a unit's room is released only after a checkpoint has committed every
+// record that stopped pointing at it (dead, swapped out at the snapshot as freeAfterCommit is), and
+// segments are reused only once all their units are released. A record in the store may so find
+// an older unit of a dirty block than the tier holds, which is what the durability contract allows
+// of a write not flushed yet; the destager has the store catch up before it writes such a block
+// back (journal.settleClaims), as for zero blocks.
+//
+// Reads take io shared while they read units; freeing segments takes it exclusively, so a read
+// that found a unit before it died finishes before its room can be written again.
+
+// Location words: the unit's byte offset on the device, its codec and its length (1 to 4096).
+const (
+	locLenMask    = 1<<16 - 1
+	locCodecShift = 16
+	locOffShift   = 20
+	codecRaw      = 0
+	codecS2       = 1
+)
+
+func makeLoc(off int64, n, codec int) uint64 {
+	return uint64(off)<<locOffShift | uint64(codec)<<locCodecShift | uint64(n)
+}
+func locOff(l uint64) int64 { return int64(l >> locOffShift) }
+func locLen(l uint64) int   { return int(l & locLenMask) }
+func locCodec(l uint64) int { return int(l >> locCodecShift & 0xf) }
+
+// packedSlotsPerLine is how many lines a packed tier indexes per line of room: the most it can hold
+// when data compresses that well (the system image of bench cache --parts reduction does about
+// 2.5:1 with zero blocks). Its cost is the index's RAM for the extra lines (TestIndexBytesPerLine).
+const packedSlotsPerLine = 3
+
+// compressedMax is the largest a compressed unit may be: one larger is stored as it is.
+const compressedMax = blockSize * 7 / 8
+
+// errNoRoom is a packed tier with no free room for a write now: reclaim frees some soon. The
+// caller does not cache the data (a fill) or sends it to the backend (a write-back write).
+var errNoRoom = errors.New("the SSD tier has no free room now")
+
+// packed is the packed layout's state. locs, dead, stored and hot are guarded by the tier's mu;
+// the segments' state by mu, which is taken after the tier's mu, never before it.
+type packed struct {
+	dev     backend.Backend
+	blocks  int
+	segSize int64
+
+	locs   []uint64 // by slot*blocks + block: 0 where the block has no unit
+	dead   []uint64 // units no record will find once the next checkpoint has committed
+	stored int64    // bytes of the units locs points at: the tier's physical bytes
+	hot    []uint64 // by slot, a bit: the line was hit since its units were last reclaimed
+
+	io sync.RWMutex
+
+	mu      sync.Mutex
+	used    []int64 // by segment: bytes of its units not released
+	free    []int32 // segments with no unit, the lowest last
+	open    int32   // the segment units are appended to; -1 for none
+	at      int64   // where the next unit goes in open
+	reserve int     // free segments that only reclaim's copies may take
+	low     int     // reclaim starts below this many free segments
+	target  int     // and frees segments up to this many
+	kick    func()  // asks for reclaim (the journal's loop)
+}
+
+// newPacked lays out a device of size bytes for a tier of slots slots of blocks blocks.
+func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, error) {
+	// Segments of up to 4 MiB, at least 128 of them where the tier is large enough; a tiny tier
+	// (the tests') gets segments of one block.
+	seg := int64(blockSize)
+	for seg < 4<<20 && seg*128 < size {
+		seg *= 2
+	}
+	n := int(size / seg)
+	if n < 4 {
+		return nil, fmt.Errorf("the SSD tier of %d bytes is too small for reduction compress: it needs 4 segments of %d bytes", size, seg)
+	}
+	pk := &packed{
+		dev: dev, blocks: blocks, segSize: seg,
+		locs: make([]uint64, slots*blocks),
+		hot:  make([]uint64, (slots+63)/64),
+		used: make([]int64, n),
+		open: -1,
+	}
+	pk.reserve = max(1, n/32)
+	pk.low = max(pk.reserve+1, n/16)
+	pk.target = max(pk.low+1, n/8)
+	for s := n - 1; s >= 0; s-- {
+		pk.free = append(pk.free, int32(s))
+	}
+	return pk, nil
+}
+
+// alloc gives each unit of sizes its offset in offs, appended one after another. Only reclaim
+// (relocating) may take the reserve, so that it can always move the blocks it must keep.
+func (pk *packed) alloc(sizes []int, offs []int64, relocating bool) error {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	keep := pk.reserve
+	if relocating {
+		keep = 0
+	}
+	for i, n := range sizes {
+		if pk.open < 0 || pk.at+int64(n) > pk.segSize {
+			if len(pk.free) <= keep {
+				for k := range i {
+					pk.releaseLocked(offs[k], sizes[k])
+				}
+				pk.askReclaim()
+				return errNoRoom
+			}
+			pk.sealLocked()
+			pk.open, pk.free = pk.free[len(pk.free)-1], pk.free[:len(pk.free)-1]
+			pk.at = 0
+		}
+		offs[i] = int64(pk.open)*pk.segSize + pk.at
+		pk.at += int64(n)
+		pk.used[pk.open] += int64(n)
+	}
+	if len(pk.free) < pk.low {
+		pk.askReclaim()
+	}
+	return nil
+}
+
+func (pk *packed) askReclaim() {
+	if pk.kick != nil {
+		pk.kick()
+	}
+}
+
+// sealLocked closes the open segment; one that holds no live unit is free again.
+func (pk *packed) sealLocked() {
+	if s := pk.open; s >= 0 {
+		pk.open = -1
+		if pk.used[s] == 0 {
+			pk.free = append(pk.free, s)
+		}
+	}
+}
+
+func (pk *packed) releaseLocked(off int64, n int) {
+	s := int32(off / pk.segSize)
+	if pk.used[s] -= int64(n); pk.used[s] == 0 && s != pk.open {
+		pk.free = append(pk.free, s)
+	}
+}
+
+// release frees the room of units no record finds any more, once reads that found them are done.
+func (pk *packed) release(units []uint64) {
+	if len(units) == 0 {
+		return
+	}
+	pk.io.Lock()
+	pk.mu.Lock()
+	for _, l := range units {
+		pk.releaseLocked(locOff(l), locLen(l))
+	}
+	pk.mu.Unlock()
+	pk.io.Unlock()
+}
+
+// short reports whether reclaim should free segments.
+func (pk *packed) short() bool {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	return len(pk.free) < pk.low
+}
+
+// victims returns the segments reclaim empties: the full ones with the fewest live bytes, as many as
+// it takes to reach target free segments.
+func (pk *packed) victims() []int32 {
+	pk.mu.Lock()
+	defer pk.mu.Unlock()
+	want := pk.target - len(pk.free)
+	if want <= 0 {
+		return nil
+	}
+	isFree := make([]bool, len(pk.used))
+	for _, s := range pk.free {
+		isFree[s] = true
+	}
+	var full []int32
+	for s := range pk.used {
+		if !isFree[s] && int32(s) != pk.open {
+			full = append(full, int32(s))
+		}
+	}
+	slices.SortFunc(full, func(a, b int32) int { return cmp.Compare(pk.used[a], pk.used[b]) })
+	return full[:min(want, len(full))]
+}
+
+// slotLocs returns the location words of slot's blocks [b0, b1) in the tier's locs.
+func (pk *packed) slotLocs(slot uint32, b0, b1 int) []uint64 {
+	base := int(slot) * pk.blocks
+	return pk.locs[base+b0 : base+b1]
+}
+
+// deadLocked notes that unit l is no longer in locs (its room is freed after the next checkpoint).
+func (pk *packed) deadLocked(l uint64) {
+	pk.dead = append(pk.dead, l)
+	pk.stored -= int64(locLen(l))
+}
+
+// dropBlocksLocked takes the units of slot's blocks gone out of locs.
+func (pk *packed) dropBlocksLocked(slot uint32, gone lineBits) {
+	if gone.isZero() {
+		return
+	}
+	locs := pk.slotLocs(slot, 0, pk.blocks)
+	for b, l := range locs {
+		if l != 0 && gone.has(b) {
+			pk.deadLocked(l)
+			locs[b] = 0
+		}
+	}
+}
+
+// releaseSlotLocked takes every unit of a slot being released.
+func (pk *packed) releaseSlotLocked(slot uint32) {
+	pk.dropBlocksLocked(slot, rangeBits(0, pk.blocks))
+	pk.hot[slot/64] &^= 1 << (slot % 64)
+}
+
+func (pk *packed) setHotLocked(slot uint32) { pk.hot[slot/64] |= 1 << (slot % 64) }
+
+func (pk *packed) isHotLocked(slot uint32) bool { return pk.hot[slot/64]>>(slot%64)&1 != 0 }
+
+// unitsOf returns the locations of slot's units among the blocks keep, 0 elsewhere: what a record
+// of the slot says (nil when none has a unit).
+func (pk *packed) unitsOf(slot uint32, keep lineBits) []uint64 {
+	var out []uint64
+	for b, l := range pk.slotLocs(slot, 0, pk.blocks) {
+		if l != 0 && keep.has(b) {
+			if out == nil {
+				out = make([]uint64, pk.blocks)
+			}
+			out[b] = l
+		}
+	}
+	return out
+}
+
+// readUnits reads the units locs (of consecutive blocks; 0 for none) and calls fn with each one's
+// stored bytes, reading units stored one after another at once. cached reads through the SSD's
+// page cache (the destager's, of data written a moment ago).
+func (pk *packed) readUnits(locs []uint64, cached bool, fn func(i int, unit []byte) error) error {
+	for i := 0; i < len(locs); {
+		if locs[i] == 0 {
+			i++
+			continue
+		}
+		start := locOff(locs[i])
+		end, j := start+int64(locLen(locs[i])), i+1
+		for j < len(locs) && locs[j] != 0 && locOff(locs[j]) == end {
+			end += int64(locLen(locs[j]))
+			j++
+		}
+		w0, w1 := start&^(bufpool.Align-1), (end+bufpool.Align-1)&^(bufpool.Align-1)
+		bp := bufpool.Get(int(w1 - w0))
+		var err error
+		if cr, ok := pk.dev.(backend.CachedReader); cached && ok {
+			_, err = cr.ReadAtCached(*bp, w0)
+		} else {
+			_, err = pk.dev.ReadAt(*bp, w0)
+		}
+		for k := i; err == nil && k < j; k++ {
+			o := locOff(locs[k]) - w0
+			err = fn(k, (*bp)[o:o+int64(locLen(locs[k]))])
+		}
+		bufpool.Put(bp)
+		if err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// decodeUnit writes the block unit l holds into dst (a whole block).
+func decodeUnit(dst, unit []byte, l uint64) error {
+	if locCodec(l) == codecRaw {
+		copy(dst, unit)
+		return nil
+	}
+	n, err := s2.DecodedLen(unit)
+	if err == nil && n != len(dst) {
+		err = fmt.Errorf("%d bytes, want %d", n, len(dst))
+	}
+	if err == nil {
+		_, err = s2.Decode(dst, unit)
+	}
+	if err != nil {
+		return fmt.Errorf("SSD tier: a compressed block at %d does not decode: %w", locOff(l), err)
+	}
+	return nil
+}
+
+// packRead is readSlot on a packed tier: the line's bytes [off, off+len(p)) of slot. A block
+// without a unit reads as zeros (a zero block; the caller reads no block that is not valid).
+func (t *tier) packRead(slot uint32, p []byte, off int64, cached bool) error {
+	pk := t.pk
+	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
+	var buf [16]uint64
+	pk.io.RLock()
+	defer pk.io.RUnlock()
+	t.mu.RLock()
+	locs := append(buf[:0], pk.slotLocs(slot, b0, b1)...)
+	t.mu.RUnlock()
+	var tmp *[]byte
+	defer func() {
+		if tmp != nil {
+			bufpool.Put(tmp)
+		}
+	}()
+	for i, l := range locs {
+		if l == 0 {
+			lo, hi := blockPart(b0+i, off, len(p))
+			clear(p[lo:hi])
+		}
+	}
+	return pk.readUnits(locs, cached, func(i int, unit []byte) error {
+		lo, hi := blockPart(b0+i, off, len(p))
+		if hi-lo == blockSize {
+			return decodeUnit(p[lo:hi], unit, locs[i])
+		}
+		if tmp == nil {
+			tmp = bufpool.Get(blockSize)
+		}
+		if err := decodeUnit(*tmp, unit, locs[i]); err != nil {
+			return err
+		}
+		bo := int64(b0+i)*blockSize - off // where the block starts relative to p (may be < 0)
+		copy(p[lo:hi], (*tmp)[int64(lo)-bo:])
+		return nil
+	})
+}
+
+// blockPart returns the bytes [lo, hi) of p (the line's bytes from off, n of them) in block b.
+func blockPart(b int, off int64, n int) (lo, hi int) {
+	s, e := int64(b)*blockSize, int64(b+1)*blockSize
+	return int(max(s, off) - off), int(min(e, off+int64(n)) - off)
+}
+
+// packWrite is writeSlot on a packed tier: it stores the blocks of p (the line's bytes from off) as
+// new units and points slot's locations at them, if slot is still line's. A block p covers in part
+// takes the rest of its bytes from its unit (the caller merged zero blocks and blocks the tier does
+// not hold already). The line's record is queued with the new units, so that a checkpoint commits
+// them; its older units die.
+func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
+	pk := t.pk
+	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
+	nb := b1 - b0
+	outp := bufpool.Get(nb * blockSize)
+	defer bufpool.Put(outp)
+	blk := bufpool.Get(blockSize)
+	defer bufpool.Put(blk)
+	scratch := bufpool.Get(s2.MaxEncodedLen(blockSize))
+	defer bufpool.Put(scratch)
+	var sizeBuf [16]int
+	var offBuf [16]int64
+	var codecBuf [16]int
+	sizes, offs, codecs := sizeBuf[:0], offBuf[:0], codecBuf[:0]
+	out := (*outp)[:0]
+	for b := b0; b < b1; b++ {
+		lo, hi := blockPart(b, off, len(p))
+		src := p[lo:hi]
+		if hi-lo < blockSize {
+			clear(*blk)
+			if t.hasUnit(slot, b) {
+				if err := t.packRead(slot, *blk, int64(b)*blockSize, false); err != nil {
+					return err
+				}
+			}
+			copy((*blk)[max(off-int64(b)*blockSize, 0):], src)
+			src = *blk
+		}
+		enc := s2.Encode(*scratch, src)
+		codec := codecS2
+		if len(enc) > compressedMax {
+			enc, codec = src, codecRaw
+		}
+		out = append(out, enc...)
+		sizes, codecs = append(sizes, len(enc)), append(codecs, codec)
+	}
+	offs = offs[:len(sizes)]
+	if err := pk.alloc(sizes, offs, false); err != nil {
+		return err
+	}
+	locs := make([]uint64, nb)
+	for i := range sizes {
+		locs[i] = makeLoc(offs[i], sizes[i], codecs[i])
+	}
+	if err := pk.writeRuns(out, locs); err != nil {
+		t.mu.Lock()
+		for _, l := range locs {
+			pk.dead = append(pk.dead, l) // never in locs: not in stored either
+		}
+		t.mu.Unlock()
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.slotOf(line); !ok || s != slot {
+		for _, l := range locs {
+			pk.dead = append(pk.dead, l)
+		}
+		return nil // evicted meanwhile: validate says so to the caller
+	}
+	// A record finds units of valid blocks only (recordLocked): new units of blocks not valid yet
+	// change no record before validate marks them, but a valid block written again does.
+	rewrite := t.j != nil && !t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b1)).isZero()
+	if rewrite {
+		t.j.keepStoredLocked(line, slot)
+	}
+	dst := pk.slotLocs(slot, b0, b1)
+	for i, l := range locs {
+		if old := dst[i]; old != 0 {
+			pk.deadLocked(old)
+		}
+		dst[i] = l
+		pk.stored += int64(locLen(l))
+	}
+	if rewrite {
+		t.j.record(t.recordLocked(line, slot))
+	}
+	return nil
+}
+
+// hasUnit reports whether block b of slot has a unit.
+func (t *tier) hasUnit(slot uint32, b int) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.pk.slotLocs(slot, b, b+1)[0] != 0
+}
+
+// writeRuns writes out, the units locs in order, with one write for each run of them stored one
+// after another.
+func (pk *packed) writeRuns(out []byte, locs []uint64) error {
+	pos := 0
+	for i := 0; i < len(locs); {
+		start, n, j := locOff(locs[i]), locLen(locs[i]), i+1
+		for j < len(locs) && locOff(locs[j]) == start+int64(n) {
+			n += locLen(locs[j])
+			j++
+		}
+		if _, err := pk.dev.WriteAt(out[pos:pos+n], start); err != nil {
+			return err
+		}
+		pos += n
+		i = j
+	}
+	return nil
+}
+
+// reclaim frees segments of a packed tier that runs short of room: it empties the segments with
+// the fewest live bytes, dropping the clean lines with units there but copying the units of dirty
+// blocks and of lines hit since their last reclaim (a second chance, which keeps a hot line's
+// blocks). The room comes free after the next checkpoint (the caller runs one).
+func (t *tier) reclaim() {
+	pk := t.pk
+	victims := pk.victims()
+	if len(victims) == 0 {
+		return
+	}
+	inVictim := make(map[int32]bool, len(victims))
+	for _, s := range victims {
+		inVictim[s] = true
+	}
+	type move struct {
+		line uint64
+		slot uint32
+		b    int
+		loc  uint64
+	}
+	var moves []move
+	var drops []uint64
+	// Held from before the units to move are picked until they are moved: none of them can die
+	// and have its room written again (a unit there with the same location word would pass the
+	// check below) in between.
+	pk.io.RLock()
+	defer pk.io.RUnlock()
+	t.mu.Lock()
+	for line, s := range t.index.All() {
+		slot := uint32(s)
+		locs := pk.slotLocs(slot, 0, pk.blocks)
+		var there lineBits
+		for b, l := range locs {
+			if l != 0 && inVictim[int32(locOff(l)/pk.segSize)] {
+				there[b/64] |= 1 << (b % 64)
+			}
+		}
+		if there.isZero() {
+			continue
+		}
+		hot := pk.isHotLocked(slot)
+		pk.hot[slot/64] &^= 1 << (slot % 64)
+		if !hot && t.dirtyAt(slot).isZero() {
+			drops = append(drops, line)
+			continue
+		}
+		// A line with dirty blocks is never dropped: its clean units there are copied too.
+		for b := range pk.blocks {
+			if there.has(b) {
+				moves = append(moves, move{line, slot, b, locs[b]})
+			}
+		}
+	}
+	for _, line := range drops {
+		t.evict.Remove(policy.Key(line))
+		t.evictions.Add(1)
+		t.dropLocked(line)
+	}
+	t.mu.Unlock()
+
+	for _, m := range moves {
+		var unit []byte
+		if err := pk.readUnits([]uint64{m.loc}, false, func(_ int, u []byte) error {
+			unit = append(unit, u...)
+			return nil
+		}); err != nil {
+			t.log.Warn("cache tier reclaim: read failed", "tier", t.name, "err", err)
+			return
+		}
+		var off [1]int64
+		if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {
+			return
+		}
+		nl := makeLoc(off[0], len(unit), locCodec(m.loc))
+		if err := pk.writeRuns(unit, []uint64{nl}); err != nil {
+			t.mu.Lock()
+			pk.dead = append(pk.dead, nl)
+			t.mu.Unlock()
+			t.log.Warn("cache tier reclaim: write failed", "tier", t.name, "err", err)
+			return
+		}
+		t.mu.Lock()
+		cur := pk.slotLocs(m.slot, m.b, m.b+1)
+		if s, ok := t.slotOf(m.line); ok && s == m.slot && cur[0] == m.loc {
+			if t.j != nil {
+				t.j.keepStoredLocked(m.line, m.slot)
+			}
+			pk.deadLocked(m.loc)
+			cur[0] = nl
+			pk.stored += int64(len(unit))
+			if t.j != nil {
+				t.j.record(t.recordLocked(m.line, m.slot))
+			}
+		} else {
+			pk.dead = append(pk.dead, nl) // written over or dropped meanwhile
+		}
+		t.mu.Unlock()
+	}
+}
+
+// probe writes a block to free room and reads it back (journal.probe, on a packed tier).
+func (pk *packed) probe(w, r []byte) error {
+	var off [1]int64
+	if err := pk.alloc([]int{len(w)}, off[:], true); err != nil {
+		return errors.New("probe of the SSD tier: no free room to write to")
+	}
+	defer pk.release([]uint64{makeLoc(off[0], len(w), codecRaw)})
+	if _, err := pk.dev.WriteAt(w, off[0]); err != nil {
+		return fmt.Errorf("probe write to the SSD tier: %w", err)
+	}
+	if _, err := pk.dev.ReadAt(r, off[0]); err != nil {
+		return fmt.Errorf("probe read from the SSD tier: %w", err)
+	}
+	return nil
+}
+
+// staleUnits reports whether locs (a record's) finds another unit than slot has for a block of
+// claimed.
+func (pk *packed) staleUnits(slot uint32, claimed lineBits, locs []uint64) bool {
+	for b, l := range pk.slotLocs(slot, 0, pk.blocks) {
+		if claimed.has(b) {
+			var rl uint64
+			if b < len(locs) {
+				rl = locs[b]
+			}
+			if rl != l {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// claim counts unit l as live (a restart's load): false if it is out of the device's range.
+func (pk *packed) claim(l uint64) bool {
+	s := locOff(l) / pk.segSize
+	if l == 0 || s >= int64(len(pk.used)) || locOff(l)%pk.segSize+int64(locLen(l)) > pk.segSize ||
+		locLen(l) > blockSize || locCodec(l) > codecS2 {
+		return false
+	}
+	pk.used[s] += int64(locLen(l))
+	return true
+}
+
+// loaded makes the segments with no unit claimed free (the last step of a restart's load).
+func (pk *packed) loaded() {
+	pk.free = pk.free[:0]
+	for s := len(pk.used) - 1; s >= 0; s-- {
+		if pk.used[s] == 0 {
+			pk.free = append(pk.free, int32(s))
+		}
+	}
+}
