@@ -35,6 +35,8 @@ type cacheOpts struct {
 	ssdSize string
 	line    string
 	mode    string
+	// reduction is --reduction; empty leaves the default (zero).
+	reduction string
 	// adminAddr is the admin endpoint; default a unix socket in dir.
 	adminAddr string
 }
@@ -49,8 +51,12 @@ func (o cacheOpts) ssd() string  { return filepath.Join(o.dir, "ssd.img") }
 func (o cacheOpts) meta() string { return filepath.Join(o.dir, "meta") }
 
 func (o cacheOpts) args() []string {
-	return []string{"--backend", o.backend, "--ram", o.ram, "--ssd", o.ssd(), "--ssd-size", o.ssdSize,
+	args := []string{"--backend", o.backend, "--ram", o.ram, "--ssd", o.ssd(), "--ssd-size", o.ssdSize,
 		"--meta", o.meta(), "--line", o.line, "--mode", o.mode, "--admin", o.admin(), "--run-dir", filepath.Join(o.dir, "run")}
+	if o.reduction != "" {
+		args = append(args, "--reduction", o.reduction)
+	}
+	return args
 }
 
 // startNbdkit runs nbdkit with args (filters, plugin, parameters) on a new unix socket and returns
@@ -81,6 +87,10 @@ type cacheStats struct {
 		WriteBytes uint64 `json:"write_bytes"`
 		Errors     uint64 `json:"errors"`
 	} `json:"backend"`
+	ReadBytes    uint64 `json:"read_bytes"` // what clients read
+	WriteLatency struct {
+		Count uint64 `json:"count"` // client writes
+	} `json:"write_latency"`
 }
 
 type tierStats struct {
@@ -92,6 +102,11 @@ type tierStats struct {
 	Evictions uint64 `json:"evictions"`
 	Errors    uint64 `json:"errors"`
 	Failed    bool   `json:"failed"`
+	// Data reduction: the bytes of the blocks held as clients read them, and as stored.
+	LogicalBytes   uint64  `json:"logical_bytes"`
+	PhysicalBytes  uint64  `json:"physical_bytes"`
+	ReductionRatio float64 `json:"reduction_ratio"`
+	Reduction      string  `json:"reduction"`
 }
 
 // tier returns the named tier's counters and fails the test when the cache has no such tier.
