@@ -103,7 +103,8 @@ func TestBenchCacheSmoke(t *testing.T) {
 
 // TestBenchReductionSmoke runs `tierblk bench cache --parts reduction` on an 8 MiB image whose
 // second half is zeros: the SSD tier with reduction zero stores half of what it holds, the one
-// with reduction off all of it, and the hit rows come out.
+// with reduction off all of it, the one with compress less than half (its first half compresses
+// too), the random bytes do not compress, and every row comes out.
 func TestBenchReductionSmoke(t *testing.T) {
 	requireTools(t, "fio", "nbdkit")
 	image := filepath.Join(t.TempDir(), "half-zero.img")
@@ -115,9 +116,24 @@ func TestBenchReductionSmoke(t *testing.T) {
 	stdout, _ := runBench(t, benchWorkDir(t), "cache", "--parts", "reduction", "--image", image, "--rounds", "1", "--runtime", "1s")
 	require.Contains(t, stdout, "| tierblk --reduction off | 8.0 MiB | 8.0 MiB | 1.000 |")
 	require.Contains(t, stdout, "| tierblk --reduction zero | 8.0 MiB | 4.0 MiB | 0.500 |")
+	stored := regexp.MustCompile(`(?m)^\| ([^|]+) \| (\d+\.\d) MiB \| (\d+\.\d) MiB \| (\d\.\d{3}) \| \d+\.\d s \|$`)
+	physical := map[string]float64{}
+	for _, m := range stored.FindAllStringSubmatch(stdout, -1) {
+		require.Equal(t, "8.0", m[2], "every SSD tier holds all of its image: %s", m[0])
+		physical[m[1]], _ = strconv.ParseFloat(m[3], 64)
+	}
+	require.Len(t, physical, 5, "stdout:\n%s", stdout)
+	require.Less(t, physical["tierblk --reduction compress"], 4.0, "compress stores no zero block and compresses the others")
+	require.Greater(t, physical["tierblk --reduction compress"], 0.0)
+	require.Equal(t, 8.0, physical["random bytes, --reduction off"])
+	require.Equal(t, 8.0, physical["random bytes, --reduction compress"], "random bytes are stored as they are")
 	fig, ratio := `([1-9]\d*) (IOPS|MiB/s)`, `\d+\.\d\d \(\d+\.\d\d-\d+\.\d\d\)`
-	hitRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \|$`)
-	require.Equal(t, []string{bench.ReductionRows()[0].Name, bench.ReductionRows()[1].Name, bench.ReductionWriteRow().Name}, rowNames(hitRow, stdout), "stdout:\n%s", stdout)
+	// The image's rows and the write row: compress, zero and off, then compress/off and zero/off.
+	threeRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \| ` + ratio + ` \|$`)
+	require.Equal(t, []string{bench.ReductionRows()[0].Name, bench.ReductionRows()[1].Name, bench.ReductionWriteRow().Name}, rowNames(threeRow, stdout), "stdout:\n%s", stdout)
+	// The random bytes' row: compress and off, then compress/off.
+	twoRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \|$`)
+	require.Equal(t, []string{bench.ReductionRandomRow().Name}, rowNames(twoRow, stdout), "stdout:\n%s", stdout)
 }
 
 // TestBenchWriteBackSmoke runs `tierblk bench writeback` with a tiny working set, burst and run

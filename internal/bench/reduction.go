@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -13,19 +14,28 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// The reduction benchmark's targets: the same image served by two tierblks that differ only in
+// The reduction benchmark's targets: the same image served by three tierblks that differ only in
 // what their SSD tier reduces.
 const (
-	nameReductionOff  = "tierblk --reduction off"
-	nameReductionZero = "tierblk --reduction zero"
+	nameReductionOff      = "tierblk --reduction off"
+	nameReductionZero     = "tierblk --reduction zero"
+	nameReductionCompress = "tierblk --reduction compress"
+	// The incompressible row's: random bytes, served the same way.
+	nameRandomOff      = "random bytes, --reduction off"
+	nameRandomCompress = "random bytes, --reduction compress"
 	// The write row's: write-back over a file of their own.
-	nameWriteBackOff  = "writeback --reduction off"
-	nameWriteBackZero = "writeback --reduction zero"
+	nameWriteBackOff      = "writeback --reduction off"
+	nameWriteBackZero     = "writeback --reduction zero"
+	nameWriteBackCompress = "writeback --reduction compress"
 )
 
 // ReductionWriteSize is the region the write row writes at random, prefilled first: within the
 // write-back tierblks' SSD tier (1 GiB), so that the row measures writes to the SSD tier.
 const ReductionWriteSize = "256m"
+
+// ReductionRandomSize is the most random bytes the incompressible row reads: an image of them as
+// large as the image given, up to this.
+const ReductionRandomSize = 256 << 20
 
 // ReductionRows are the rows of `tierblk bench cache --parts reduction`: what reduction costs the
 // SSD tier's hits, on the image's own blocks (its zero blocks among them).
@@ -36,8 +46,14 @@ func ReductionRows() []Row {
 	}
 }
 
+// ReductionRandomRow is what compression costs the SSD tier's 4K hits on data that does not
+// compress: random bytes, every block stored as it is after a failed compression.
+func ReductionRandomRow() Row {
+	return Row{Name: "4K random read, QD32, hits, random bytes", FioArgs: []string{"--rw=randread", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"}
+}
+
 // ReductionWriteRow is what reduction costs write-back writes of data (fio's buffers are random
-// bytes, never a zero block).
+// bytes, never a zero block, and do not compress).
 func ReductionWriteRow() Row {
 	return Row{Name: "4K random write, QD32, write-back", FioArgs: []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"}, Unit: "IOPS"}
 }
@@ -46,34 +62,51 @@ func ReductionWriteRow() Row {
 type ReductionReport struct {
 	Image      string
 	ImageBytes int64
-	// Stored is each target's SSD tier after one read of the whole image; Fill how long that read
-	// took (every block a miss, fetched and stored).
+	// RandomBytes is the size of the image of random bytes the incompressible row reads.
+	RandomBytes int64
+	// Stored is each target's SSD tier after one read of the whole image (of the random image for
+	// the random targets); Fill how long that read took (every block a miss, fetched and stored).
 	Stored map[string]cache.TierStats
 	Fill   map[string]time.Duration
 	Hits   []Result
+	Random Result // ReductionRandomRow
 	Writes Result // ReductionWriteRow
 }
 
+// reductionTarget is one tierblk of the read part: its name as the tables show it and its
+// reduction.
+type reductionTarget struct{ name, reduction string }
+
 // reductionTargets serve image read-only, each with an SSD tier in dir that holds all of it
-// (ssdSize), every miss admitted even while the SSD is slow (a congested tier would turn some
-// away, and the figures would be of what it happened to take), no RAM tier, and an admin endpoint
-// for the stats.
-func reductionTargets(tierblk, dir, image string, ssdSize int64) []Target {
-	tb := func(name, reduction string) Target {
-		return Target{Name: name, Command: func(sock string) *exec.Cmd {
+// (ssdSize, the same for every reduction), every miss admitted even while the SSD is slow (a
+// congested tier would turn some away, and the figures would be of what it happened to take), no
+// RAM tier, and an admin endpoint for the stats. Their files in dir are named from key and the
+// reduction.
+func reductionTargets(tierblk, dir, key, image string, ssdSize int64, ts []reductionTarget) []Target {
+	var out []Target
+	for _, rt := range ts {
+		out = append(out, Target{Name: rt.name, Command: func(sock string) *exec.Cmd {
 			return exec.Command(tierblk, "serve", "--backend", "file://"+image, "--read-only", "--nbd", "unix:"+sock,
-				"--ram", "0", "--ssd", filepath.Join(dir, reduction+"-ssd.img"), "--ssd-size", strconv.FormatInt(ssdSize, 10),
-				"--admission", "always", "--congestion", "off", "--reduction", reduction, "--admin", "unix:"+reductionAdmin(dir, reduction),
+				"--ram", "0", "--ssd", filepath.Join(dir, key+rt.reduction+"-ssd.img"), "--ssd-size", strconv.FormatInt(ssdSize, 10),
+				"--admission", "always", "--congestion", "off", "--reduction", rt.reduction, "--admin", "unix:"+reductionAdmin(dir, key, rt.reduction),
 				"--log-level", "warn")
-		}}
+		}})
 	}
-	return []Target{tb(nameReductionOff, "off"), tb(nameReductionZero, "zero")}
+	return out
 }
 
-func reductionAdmin(dir, reduction string) string { return filepath.Join(dir, reduction+"-admin.sock") }
+// The read part's tierblks: on the image, and on the random bytes.
+var (
+	imageTargets  = []reductionTarget{{nameReductionOff, "off"}, {nameReductionZero, "zero"}, {nameReductionCompress, "compress"}}
+	randomTargets = []reductionTarget{{nameRandomOff, "off"}, {nameRandomCompress, "compress"}}
+)
 
-// writeBackTargets are two tierblks in write-back, reduction off and zero, each over a backend file
-// of its own in dir with an SSD tier of 1 GiB.
+func reductionAdmin(dir, key, reduction string) string {
+	return filepath.Join(dir, key+reduction+"-admin.sock")
+}
+
+// writeBackTargets are three tierblks in write-back, reduction off, zero and compress, each over a
+// backend file of its own in dir with an SSD tier of 1 GiB.
 func writeBackTargets(tierblk, dir string) []Target {
 	tb := func(name, reduction string) Target {
 		return Target{Name: name, Command: func(sock string) *exec.Cmd {
@@ -82,14 +115,85 @@ func writeBackTargets(tierblk, dir string) []Target {
 				"--mode", "writeback", "--admission", "always", "--congestion", "off", "--reduction", reduction, "--log-level", "warn")
 		}}
 	}
-	return []Target{tb(nameWriteBackOff, "off"), tb(nameWriteBackZero, "zero")}
+	return []Target{tb(nameWriteBackOff, "off"), tb(nameWriteBackZero, "zero"), tb(nameWriteBackCompress, "compress")}
+}
+
+// reductionSSDSize is an SSD tier that holds all of an image of size bytes, stored as it is: lines
+// of 64 KiB, rounded up, and the slots the tier keeps out of its policy's reach (at most 1/8 of
+// them) on top.
+func reductionSSDSize(size int64) int64 {
+	line := int64(cache.DefaultLineSize)
+	return (size + size/7 + 2*line) / line * line
+}
+
+// fillReduction starts each of ts over image, reads the image once through it and records what its
+// SSD tier holds in rep; it returns the servers, running, and their probes.
+func fillReduction(ctx context.Context, o CacheOptions, rep *ReductionReport, dir, key, image string, ts []reductionTarget) ([]*server, []probe, error) {
+	st, err := os.Stat(image)
+	if err != nil {
+		return nil, nil, err
+	}
+	line := int64(cache.DefaultLineSize)
+	size := st.Size() / line * line // fio reads whole lines
+	var servers []*server
+	var probes []probe
+	fail := func(err error) ([]*server, []probe, error) {
+		for _, s := range servers {
+			s.close()
+		}
+		return nil, nil, err
+	}
+	for i, t := range reductionTargets(o.Tierblk, dir, key, image, reductionSSDSize(st.Size()), ts) {
+		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("%s%d.sock", key, i))}
+		if err := s.start(ctx); err != nil {
+			return fail(err)
+		}
+		servers = append(servers, s)
+		fmt.Fprintf(o.Log, "reading %s through %s\n", image, t.Name)
+		began := time.Now()
+		if _, err := fio(ctx, s.endpoint(), strconv.FormatInt(size, 10), 0, 0, []string{"--rw=read", "--bs=1M", "--iodepth=8"}); err != nil {
+			return fail(fmt.Errorf("reading %s through %s: %w", image, t.Name, err))
+		}
+		rep.Fill[t.Name] = time.Since(began)
+		client := adminClient(reductionAdmin(dir, key, ts[i].reduction))
+		stats, err := getStats(ctx, client)
+		client.CloseIdleConnections()
+		if err != nil {
+			return fail(fmt.Errorf("%s: %w", t.Name, err))
+		}
+		if len(stats.Tiers) != 1 {
+			return fail(fmt.Errorf("%s: %d cache tiers, want the SSD tier alone", t.Name, len(stats.Tiers)))
+		}
+		if held := stats.Tiers[0].LogicalBytes; held < uint64(size) {
+			return fail(fmt.Errorf("%s holds %d bytes of the %d of %s after reading it: its SSD tier did not take all of it", t.Name, held, st.Size(), image))
+		}
+		rep.Stored[t.Name] = stats.Tiers[0]
+		probes = append(probes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})
+	}
+	return servers, probes, nil
+}
+
+// writeRandom writes size random bytes to a new file path.
+func writeRandom(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.CopyN(f, rand.Reader, size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // RunReduction reads image (a raw disk image, say a file system with files in it) once through
-// tierblk with reduction off and zero, and reports what each SSD tier stores of it (logical and
-// physical bytes), then measures hits on it (ReductionRows), alternating the two from round to
-// round; then 4K random writes of data in write-back (ReductionWriteRow) on two more tierblks, off
-// and zero, over ReductionWriteSize written once first. o.Size and o.SlowRuntime are not used.
+// tierblk with reduction off, zero and compress, and reports what each SSD tier stores of it
+// (logical and physical bytes), then measures hits on it (ReductionRows), alternating the three
+// from round to round. Then the same for off and compress over an image of random bytes
+// (ReductionRandomRow: data that does not compress), as large as image up to ReductionRandomSize;
+// then 4K random writes of data in write-back (ReductionWriteRow) on three more tierblks, off, zero
+// and compress, over ReductionWriteSize written once first. Each group of servers is stopped
+// before the next starts. o.Size and o.SlowRuntime are not used.
 func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionReport, error) {
 	if err := o.check(); err != nil {
 		return ReductionReport{}, err
@@ -113,55 +217,53 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 	if dir, err = filepath.Abs(dir); err != nil {
 		return ReductionReport{}, err
 	}
-	// The SSD tiers hold the whole image: lines of 64 KiB, rounded up, and the slots the tier keeps
-	// out of its policy's reach (at most 1/8 of them) on top.
+	rep := ReductionReport{Image: image, ImageBytes: st.Size(), RandomBytes: min(st.Size(), ReductionRandomSize),
+		Stored: map[string]cache.TierStats{}, Fill: map[string]time.Duration{}}
 	line := int64(cache.DefaultLineSize)
-	ssdSize := (st.Size() + st.Size()/7 + 2*line) / line * line
-	rep := ReductionReport{Image: image, ImageBytes: st.Size(), Stored: map[string]cache.TierStats{}, Fill: map[string]time.Duration{}}
-	size := strconv.FormatInt(st.Size()/line*line, 10) // fio reads whole lines
-	var probes []probe
-	for i, t := range reductionTargets(o.Tierblk, dir, image, ssdSize) {
-		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("r%d.sock", i))}
-		if err := s.start(ctx); err != nil {
-			return ReductionReport{}, err
+	closeAll := func(servers []*server) {
+		for _, s := range servers {
+			s.close()
 		}
-		defer s.close()
-		fmt.Fprintf(o.Log, "reading %s through %s\n", image, t.Name)
-		began := time.Now()
-		if _, err := fio(ctx, s.endpoint(), size, 0, 0, []string{"--rw=read", "--bs=1M", "--iodepth=8"}); err != nil {
-			return ReductionReport{}, fmt.Errorf("reading the image through %s: %w", t.Name, err)
-		}
-		rep.Fill[t.Name] = time.Since(began)
-		reduction := map[string]string{nameReductionOff: "off", nameReductionZero: "zero"}[t.Name]
-		client := adminClient(reductionAdmin(dir, reduction))
-		stats, err := getStats(ctx, client)
-		client.CloseIdleConnections()
-		if err != nil {
-			return ReductionReport{}, fmt.Errorf("%s: %w", t.Name, err)
-		}
-		if len(stats.Tiers) != 1 {
-			return ReductionReport{}, fmt.Errorf("%s: %d cache tiers, want the SSD tier alone", t.Name, len(stats.Tiers))
-		}
-		if held := stats.Tiers[0].LogicalBytes; held < uint64(st.Size()/line*line) {
-			return ReductionReport{}, fmt.Errorf("%s holds %d bytes of the image's %d after reading it: its SSD tier did not take all of it", t.Name, held, st.Size())
-		}
-		rep.Stored[t.Name] = stats.Tiers[0]
-		probes = append(probes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})
+	}
+
+	servers, probes, err := fillReduction(ctx, o, &rep, dir, "r", image, imageTargets)
+	if err != nil {
+		return ReductionReport{}, err
 	}
 	for _, row := range ReductionRows() {
-		r, err := measure(ctx, row, probes, o.Rounds, size, o.Log, nil)
+		r, err := measure(ctx, row, probes, o.Rounds, strconv.FormatInt(st.Size()/line*line, 10), o.Log, nil)
 		if err != nil {
+			closeAll(servers)
 			return ReductionReport{}, err
 		}
 		rep.Hits = append(rep.Hits, r)
 	}
+	closeAll(servers)
+
+	random := filepath.Join(dir, "random.img")
+	fmt.Fprintf(o.Log, "writing %d random bytes to %s\n", rep.RandomBytes, random)
+	if err := writeRandom(random, rep.RandomBytes); err != nil {
+		return ReductionReport{}, fmt.Errorf("the image of random bytes: %w", err)
+	}
+	servers, probes, err = fillReduction(ctx, o, &rep, dir, "x", random, randomTargets)
+	if err != nil {
+		return ReductionReport{}, err
+	}
+	rep.Random, err = measure(ctx, ReductionRandomRow(), probes, o.Rounds, strconv.FormatInt(rep.RandomBytes/line*line, 10), o.Log, nil)
+	closeAll(servers)
+	if err != nil {
+		return ReductionReport{}, err
+	}
+
 	var wprobes []probe
+	servers = nil
+	defer func() { closeAll(servers) }()
 	for i, t := range writeBackTargets(o.Tierblk, dir) {
 		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("w%d.sock", i))}
 		if err := s.start(ctx); err != nil {
 			return ReductionReport{}, err
 		}
-		defer s.close()
+		servers = append(servers, s)
 		wo := o
 		wo.Size = ReductionWriteSize
 		if err := wo.pass(ctx, s, "prefilling", "--rw=write"); err != nil {
@@ -175,13 +277,16 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 	return rep, nil
 }
 
-// ReductionTable renders the report: what each SSD tier stores of the image and how long the read
-// that filled it took, then the hit rows and the write row with the medians of the per-round
-// ratios zero/off.
+// ReductionTable renders the report: what each SSD tier stores of the image (and of the random
+// bytes) and how long the read that filled it took, then the hit rows, the incompressible row and
+// the write row with the medians of the per-round ratios compress/off and zero/off.
 func ReductionTable(w io.Writer, rep ReductionReport) {
 	fmt.Fprintf(w, "| SSD tier | logical | physical | physical/logical | first read of the image |\n|---|---:|---:|---:|---:|\n")
-	for _, name := range []string{nameReductionOff, nameReductionZero} {
-		s := rep.Stored[name]
+	for _, name := range []string{nameReductionOff, nameReductionZero, nameReductionCompress, nameRandomOff, nameRandomCompress} {
+		s, ok := rep.Stored[name]
+		if !ok {
+			continue
+		}
 		frac := 0.0
 		if s.LogicalBytes > 0 {
 			frac = float64(s.PhysicalBytes) / float64(s.LogicalBytes)
@@ -190,7 +295,11 @@ func ReductionTable(w io.Writer, rep ReductionReport) {
 			float64(s.PhysicalBytes)/(1<<20), frac, rep.Fill[name].Seconds())
 	}
 	fmt.Fprintln(w)
-	pairedTable(w, rep.Hits, []string{nameReductionZero, nameReductionOff}, [][2]string{{nameReductionZero, nameReductionOff}})
+	pairedTable(w, rep.Hits, []string{nameReductionCompress, nameReductionZero, nameReductionOff},
+		[][2]string{{nameReductionCompress, nameReductionOff}, {nameReductionZero, nameReductionOff}})
 	fmt.Fprintln(w)
-	pairedTable(w, []Result{rep.Writes}, []string{nameWriteBackZero, nameWriteBackOff}, [][2]string{{nameWriteBackZero, nameWriteBackOff}})
+	pairedTable(w, []Result{rep.Random}, []string{nameRandomCompress, nameRandomOff}, [][2]string{{nameRandomCompress, nameRandomOff}})
+	fmt.Fprintln(w)
+	pairedTable(w, []Result{rep.Writes}, []string{nameWriteBackCompress, nameWriteBackZero, nameWriteBackOff},
+		[][2]string{{nameWriteBackCompress, nameWriteBackOff}, {nameWriteBackZero, nameWriteBackOff}})
 }

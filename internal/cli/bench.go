@@ -191,12 +191,16 @@ per-round ratios tierblk --ram 0/qemu-nbd and tierblk --ram ` + bench.HitsRAM + 
 
 Then what the SSD tier's data reduction saves and costs (--parts reduction, which needs --image, a
 raw disk image such as a file system with files in it; docs/benchmarks.md says how to make one):
-  tierblk --reduction off    serve --backend file://IMAGE --read-only --ram 0 --ssd WORK/... (all of the image) --admission always
-  tierblk --reduction zero   the same, storing no zero block
-Each reads the image once; their SSD tiers' logical and physical bytes are printed, then the rows
-of the hit part over the whole image, and the medians of the per-round ratios zero/off. Then 4K
-random writes of data at QD32 on two more tierblks in write-back (--reduction off and zero, each
-over a backend file of its own), over ` + bench.ReductionWriteSize + ` written once first.
+  tierblk --reduction off        serve --backend file://IMAGE --read-only --ram 0 --ssd WORK/... (all of the image) --admission always
+  tierblk --reduction zero       the same, storing no zero block
+  tierblk --reduction compress   the same, every other block compressed (S2) in log-structured segments
+All three have the same SSD tier size. Each reads the image once; their SSD tiers' logical and
+physical bytes are printed, then the rows of the hit part over the whole image, and the medians of
+the per-round ratios compress/off and zero/off. Then data that does not compress: an image of
+random bytes as large as IMAGE, up to ` + fmt.Sprint(bench.ReductionRandomSize>>20) + ` MiB, written to WORK, read once and then
+4K random reads at QD32 through off and compress (ratio compress/off). Then 4K random writes of data
+(fio's random buffers) at QD32 on three more tierblks in write-back (--reduction off, zero and
+compress, each over a backend file of its own), over ` + bench.ReductionWriteSize + ` written once first.
 
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
@@ -286,8 +290,8 @@ func runBenchCache(ctx context.Context, o benchCacheOpts) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(o.out, "\nReduction: %s (%.1f MiB) read once through each tierblk, then hits on all of it: fio, nbd engine, one job, unix socket, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
-			rep.Image, float64(rep.ImageBytes)/(1<<20), o.Rounds, o.Runtime)
+		fmt.Fprintf(o.out, "\nReduction: %s (%.1f MiB), and %.1f MiB of random bytes, read once through each tierblk, then hits on all of it: fio, nbd engine, one job, unix socket, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
+			rep.Image, float64(rep.ImageBytes)/(1<<20), float64(rep.RandomBytes)/(1<<20), o.Rounds, o.Runtime)
 		bench.ReductionTable(o.out, rep)
 	}
 	return nil
