@@ -118,8 +118,10 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 	return pk, nil
 }
 
-// alloc gives each unit of sizes its offset in offs, appended one after another. Only reclaim
-// (relocating) may take the reserve, so that it can always move the blocks it must keep.
+// alloc gives each unit of sizes its offset in offs, appended one after another; a unit of a whole
+// block (one stored as it is) starts on a 4 KiB boundary, so that reading or writing it is one
+// page, not parts of two (the bytes skipped are never used). Only reclaim (relocating) may take
+// the reserve, so that it can always move the blocks it must keep.
 func (pk *packed) alloc(sizes []int, offs []int64, relocating bool) error {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
@@ -128,6 +130,9 @@ func (pk *packed) alloc(sizes []int, offs []int64, relocating bool) error {
 		keep = 0
 	}
 	for i, n := range sizes {
+		if n == blockSize {
+			pk.at = (pk.at + blockSize - 1) &^ (blockSize - 1)
+		}
 		if pk.open < 0 || pk.at+int64(n) > pk.segSize {
 			if len(pk.free) <= keep {
 				for k := range i {
@@ -361,6 +366,30 @@ func (t *tier) packRead(slot uint32, p []byte, off int64, cached bool) error {
 		copy(p[lo:hi], (*tmp)[int64(lo)-bo:])
 		return nil
 	})
+}
+
+// rawSpan returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
+// units stored as they are, one after another: such a read goes to the device as on a slot
+// (read_async.go). When ok, the caller holds io shared, and lets go of it once the read is done.
+func (t *tier) rawSpan(slot uint32, lo, hi int64) (at int64, ok bool) {
+	pk := t.pk
+	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)
+	pk.io.RLock()
+	t.mu.RLock()
+	locs := pk.slotLocs(slot, b0, b1)
+	ok = true
+	for i, l := range locs {
+		if l == 0 || locCodec(l) != codecRaw || locOff(l) != locOff(locs[0])+int64(i)*blockSize {
+			ok = false
+			break
+		}
+	}
+	at = locOff(locs[0]) + lo - int64(b0)*blockSize
+	t.mu.RUnlock()
+	if !ok {
+		pk.io.RUnlock()
+	}
+	return at, ok
 }
 
 // blockPart returns the bytes [lo, hi) of p (the line's bytes from off, n of them) in block b.

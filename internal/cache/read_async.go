@@ -90,6 +90,28 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	}) {
 		return true
 	}
+	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
+	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() {
+		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi); ok {
+			if c.ssdAsync.ReadAtAsync(p, at, func(err error) {
+				pk.io.RUnlock()
+				if err != nil {
+					go func() {
+						c.ssd.ioError(s.line, slot, err)
+						c.ssd.unpin(slot)
+						fallback()
+					}()
+					return
+				}
+				c.ssd.hitBytes.Add(uint64(len(p)))
+				c.ssd.unpin(slot)
+				finish(nil)
+			}) {
+				return true
+			}
+			pk.io.RUnlock()
+		}
+	}
 	// Zero blocks, or the device would not start it (an unaligned buffer): read's own way, on a
 	// goroutine.
 	go func() {
