@@ -75,7 +75,8 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
 		return true
 	}
-	if plain && c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, func(err error) {
+	// read ends an asynchronous read of the hit from the device.
+	read := func(err error) {
 		if err != nil { // as readHit does, off the device's goroutine
 			go func() {
 				c.ssd.ioError(s.line, slot, err)
@@ -87,26 +88,14 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		c.ssd.hitBytes.Add(uint64(len(p)))
 		c.ssd.unpin(slot)
 		finish(nil)
-	}) {
+	}
+	if plain && c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, read) {
 		return true
 	}
 	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
 	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() {
 		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi); ok {
-			if c.ssdAsync.ReadAtAsync(p, at, func(err error) {
-				pk.io.RUnlock()
-				if err != nil {
-					go func() {
-						c.ssd.ioError(s.line, slot, err)
-						c.ssd.unpin(slot)
-						fallback()
-					}()
-					return
-				}
-				c.ssd.hitBytes.Add(uint64(len(p)))
-				c.ssd.unpin(slot)
-				finish(nil)
-			}) {
+			if c.ssdAsync.ReadAtAsync(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
 				return true
 			}
 			pk.io.RUnlock()
