@@ -449,18 +449,14 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	}
 	if err := pk.writeRuns(out, locs); err != nil {
 		t.mu.Lock()
-		for _, l := range locs {
-			pk.dead = append(pk.dead, l) // never in locs: not in stored either
-		}
+		pk.dead = append(pk.dead, locs...) // never in locs: not in stored either
 		t.mu.Unlock()
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); !ok || s != slot {
-		for _, l := range locs {
-			pk.dead = append(pk.dead, l)
-		}
+		pk.dead = append(pk.dead, locs...)
 		return nil // evicted meanwhile: validate says so to the caller
 	}
 	// A record finds units of valid blocks only (recordLocked): new units of blocks not valid yet
