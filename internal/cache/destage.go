@@ -62,7 +62,7 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err er
 		return 0, fmt.Errorf("destage: cache metadata: %w", err)
 	}
 	if err = c.ssd.j.settleClaims(spans); err != nil {
-		return 0, fmt.Errorf("destage: settling the records of zero blocks: %w", err)
+		return 0, fmt.Errorf("destage: settling the records of the blocks to write back: %w", err)
 	}
 	var runs []destageRun
 	for _, h := range hs {

@@ -439,11 +439,12 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		out = append(out, enc...)
 		sizes, codecs = append(sizes, len(enc)), append(codecs, codec)
 	}
-	offs = offs[:len(sizes)]
+	offs = slices.Grow(offs, len(sizes))[:len(sizes)]
 	if err := pk.alloc(sizes, offs, false); err != nil {
 		return err
 	}
-	locs := make([]uint64, nb)
+	var locBuf [16]uint64
+	locs := slices.Grow(locBuf[:0], nb)[:nb]
 	for i := range sizes {
 		locs[i] = makeLoc(offs[i], sizes[i], codecs[i])
 	}

@@ -134,3 +134,18 @@ func TestPackedCorruptUnit(t *testing.T) {
 		})
 	}
 }
+
+// TestPackedLargeLines writes and reads whole 1 MiB lines (256 blocks, more units in one write
+// than packWrite keeps on its stack) through a tier with reduction compress.
+func TestPackedLargeLines(t *testing.T) {
+	const line = 1 << 20
+	b, ssd := mem.New(4*line), mem.New(8*line)
+	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteBack, reduction: ReductionCompress}, meta.NewMem(), ssd)
+	want := textLike(2*line, 6)
+	_, err := c.WriteAt(want, line)
+	require.NoError(t, err)
+	got := make([]byte, len(want))
+	_, err = c.ReadAt(got, line)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got))
+}
