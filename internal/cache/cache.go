@@ -196,7 +196,7 @@ func (cfg *Config) validate() error {
 		return fmt.Errorf("RAM tier size %d is smaller than one line (%d); use 0 for no RAM tier", cfg.RAM.Size, l)
 	}
 	if cfg.Reduction < ReductionOff || int(cfg.Reduction) >= len(reductionNames) {
-		return fmt.Errorf("reduction %d: use ReductionOff, ReductionZero or ReductionCompress", cfg.Reduction)
+		return fmt.Errorf("reduction %d: use ReductionOff, ReductionZero, ReductionCompress or ReductionDedupe", cfg.Reduction)
 	}
 	if cfg.Mode == WriteBack && cfg.SSDDevice == nil {
 		return errors.New("write-back needs an SSD tier: the RAM tier may never hold the only copy of written data")
@@ -255,6 +255,9 @@ func (c *Cache) openSSD(cfg Config) error {
 	if layout == meta.LayoutPacked {
 		if t.pk, err = newPacked(cfg.SSDDevice, int64(slots)*c.line, indexed, t.blocks); err != nil {
 			return err
+		}
+		if cfg.Reduction == ReductionDedupe {
+			t.pk.dd = newDedupe(dedupeMaxEntries)
 		}
 	}
 	if c.wb, err = newWriteBack(cfg.WriteBack, slots); err != nil {

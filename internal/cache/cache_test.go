@@ -22,6 +22,8 @@ type layout struct {
 	admission string
 	runLog    string // the SSD tier's run log (Config.RunLog)
 	reduction Reduction
+	// dedupeHash stands for the content hash of a tier with reduction dedupe (weakHash: collisions)
+	dedupeHash func([]byte) uint64
 }
 
 var layouts = []layout{
@@ -43,6 +45,9 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 	c, err := New(b, testConfig(l, store, ssdDev))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if l.dedupeHash != nil {
+		c.ssd.pk.dd.hash = l.dedupeHash // before any write
 	}
 	return c
 }

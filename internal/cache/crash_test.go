@@ -352,9 +352,8 @@ func TestCrashRestart(t *testing.T) {
 			kinds = append(kinds, kill9)
 		}
 		for _, kind := range kinds {
-			for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
-				l := tc.l
-				l.reduction = r
+			for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
+				l := withReduction(tc.l, r)
 				t.Run(tc.name+"-"+kind.String()+"-reduction-"+r.String(), func(t *testing.T) {
 					t.Parallel()
 					runCrashes(t, l, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)

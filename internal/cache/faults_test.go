@@ -186,10 +186,16 @@ var faultModes = []struct {
 	{"writeback-reduction-zero", withReduction(wbFaultLayout, ReductionZero)},
 	{"writethrough-reduction-compress", withReduction(faultLayout, ReductionCompress)},
 	{"writeback-reduction-compress", withReduction(wbFaultLayout, ReductionCompress)},
+	{"writethrough-reduction-dedupe", withReduction(faultLayout, ReductionDedupe)},
+	{"writeback-reduction-dedupe", withReduction(wbFaultLayout, ReductionDedupe)},
 }
 
+// withReduction is l with reduction r; with dedupe, its content hash collides often (weakHash).
 func withReduction(l layout, r Reduction) layout {
 	l.reduction = r
+	if r == ReductionDedupe {
+		l.dedupeHash = weakHash
+	}
 	return l
 }
 
@@ -243,7 +249,7 @@ func TestFailNthSSDWrite(t *testing.T) {
 // TestDeadSSD makes every call to the SSD fail halfway through a workload: reads stay correct, the
 // tier is bypassed, and a restart on the revived SSD finds nothing stale.
 func TestDeadSSD(t *testing.T) {
-	for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
+	for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
 		t.Run(r.String(), func(t *testing.T) { testDeadSSD(t, withReduction(faultLayout, r)) })
 	}
 }

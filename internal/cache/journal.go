@@ -439,7 +439,15 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 			if (l != 0) != stored.has(b) {
 				return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, l)
 			}
-			if l == 0 || units[l] {
+			if l == 0 {
+				continue
+			}
+			if units[l] {
+				// Claimed before: by a live record (they all come first), which shares it with
+				// this one (dedupe) if this one is live too.
+				if into != nil {
+					t.pk.shareLocked(l)
+				}
 				continue
 			}
 			if !t.pk.claim(l) {
@@ -448,13 +456,12 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 			units[l] = true
 			if into == nil { // a record the run log replaced: its units die at the first checkpoint
 				t.pk.dead = append(t.pk.dead, l)
+			} else {
+				t.pk.bornLocked(l)
 			}
 		}
 		if into != nil {
 			copy(into, r.Loc)
-			for _, l := range r.Loc {
-				t.pk.stored += int64(locLen(l))
-			}
 		}
 		return nil
 	}

@@ -197,7 +197,7 @@ func TestLinearizable(t *testing.T) {
 	}
 	seed := testSeed(t)
 	for i, lc := range cases {
-		for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
+		for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
 			lc := lc // each subtest its own: they run after the loop
 			lc.reduction = r
 			t.Run(lc.name+"-reduction-"+r.String(), func(t *testing.T) {
@@ -240,6 +240,7 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	b := fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
 	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission,
 		reduction: lc.reduction}
+	l = withReduction(l, lc.reduction)
 	var ssd *fault.Backend
 	if lc.ssd > 0 {
 		rates := map[fault.Op]float64{fault.Read: lc.ssdFault, fault.Write: lc.ssdFault}

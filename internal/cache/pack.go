@@ -65,17 +65,19 @@ const compressedMax = blockSize * 7 / 8
 // caller does not cache the data (a fill) or sends it to the backend (a write-back write).
 var errNoRoom = errors.New("the SSD tier has no free room now")
 
-// packed is the packed layout's state. locs, dead, stored and hot are guarded by the tier's mu;
-// the segments' state by mu, which is taken after the tier's mu, never before it.
+// packed is the packed layout's state. locs, refs, dead, stored, hot and dd are guarded by the
+// tier's mu; the segments' state by mu, which is taken after the tier's mu, never before it.
 type packed struct {
 	dev     backend.Backend
 	blocks  int
 	segSize int64
 
-	locs   []uint64 // by slot*blocks + block: 0 where the block has no unit
-	dead   []uint64 // units no record will find once the next checkpoint has committed
-	stored int64    // bytes of the units locs points at: the tier's physical bytes
-	hot    []uint64 // by slot, a bit: the line was hit since its units were last reclaimed
+	locs   []uint64         // by slot*blocks + block: 0 where the block has no unit
+	refs   map[uint64]int32 // by unit: its references beyond the first (shared units only)
+	dead   []uint64         // units no record will find once the next checkpoint has committed
+	stored int64            // bytes of the live units: the tier's physical bytes
+	hot    []uint64         // by slot, a bit: the line was hit since its units were last reclaimed
+	dd     *dedupe          // the content hashes of units (reduction dedupe); nil otherwise
 
 	io sync.RWMutex
 
@@ -105,6 +107,7 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 	pk := &packed{
 		dev: dev, blocks: blocks, segSize: seg,
 		locs: make([]uint64, slots*blocks),
+		refs: map[uint64]int32{},
 		hot:  make([]uint64, (slots+63)/64),
 		used: make([]int64, n),
 		open: -1,
@@ -228,10 +231,29 @@ func (pk *packed) slotLocs(slot uint32, b0, b1 int) []uint64 {
 	return pk.locs[base+b0 : base+b1]
 }
 
-// deadLocked notes that unit l is no longer in locs (its room is freed after the next checkpoint).
+// bornLocked counts a new unit l as live, with one reference.
+func (pk *packed) bornLocked(l uint64) { pk.stored += int64(locLen(l)) }
+
+// shareLocked takes one more reference to the live unit l.
+func (pk *packed) shareLocked(l uint64) { pk.refs[l]++ }
+
+// deadLocked lets go of a reference to unit l (a block's location that no longer finds it, or a
+// reference taken for a moment). With the last one, l dies: its room is freed after the next
+// checkpoint.
 func (pk *packed) deadLocked(l uint64) {
+	if n := pk.refs[l]; n > 0 {
+		if n == 1 {
+			delete(pk.refs, l)
+		} else {
+			pk.refs[l] = n - 1
+		}
+		return
+	}
 	pk.dead = append(pk.dead, l)
 	pk.stored -= int64(locLen(l))
+	if pk.dd != nil {
+		pk.dd.forgetLocked(l)
+	}
 }
 
 // dropBlocksLocked takes the units of slot's blocks gone out of locs.
@@ -399,10 +421,11 @@ func blockPart(b int, off int64, n int) (lo, hi int) {
 }
 
 // packWrite is writeSlot on a packed tier: it stores the blocks of p (the line's bytes from off) as
-// new units and points slot's locations at them, if slot is still line's. A block p covers in part
-// takes the rest of its bytes from its unit (the caller merged zero blocks and blocks the tier does
-// not hold already). The line's record is queued with the new units, so that a checkpoint commits
-// them; its older units die.
+// new units, or as references to units with the same bytes (reduction dedupe), and points slot's
+// locations at them, if slot is still line's. A block p covers in part takes the rest of its bytes
+// from its unit (the caller merged zero blocks and blocks the tier does not hold already). The
+// line's record is queued with the new locations, so that a checkpoint commits them; the units they
+// replace lose a reference.
 func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	pk := t.pk
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
@@ -416,7 +439,26 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	var sizeBuf [16]int
 	var offBuf [16]int64
 	var codecBuf [16]int
+	var locBuf, hashBuf [16]uint64
+	var newBuf [16]bool
 	sizes, offs, codecs := sizeBuf[:0], offBuf[:0], codecBuf[:0]
+	locs := slices.Grow(locBuf[:0], nb)[:nb]    // by block: its unit (a shared one, or new)
+	hashes := slices.Grow(hashBuf[:0], nb)[:nb] // by block: its content hash (dedupe)
+	fresh := slices.Grow(newBuf[:0], nb)[:nb]   // by block: whether its unit is new
+	// Until the blocks are placed, shared units hold a reference taken for them (dedupeCandidate).
+	placed := false
+	defer func() {
+		if placed {
+			return
+		}
+		t.mu.Lock()
+		for i, l := range locs {
+			if l != 0 && !fresh[i] {
+				pk.deadLocked(l)
+			}
+		}
+		t.mu.Unlock()
+	}()
 	out := (*outp)[:0]
 	for b := b0; b < b1; b++ {
 		lo, hi := blockPart(b, off, len(p))
@@ -431,6 +473,13 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 			copy((*blk)[max(off-int64(b)*blockSize, 0):], src)
 			src = *blk
 		}
+		if pk.dd != nil {
+			hashes[b-b0] = pk.dd.hash(src)
+			if l := t.dedupeCandidate(src, hashes[b-b0], (*scratch)[:blockSize]); l != 0 {
+				locs[b-b0] = l
+				continue
+			}
+		}
 		enc := s2.Encode(*scratch, src)
 		codec := codecS2
 		if len(enc) > compressedMax {
@@ -438,28 +487,34 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		}
 		out = append(out, enc...)
 		sizes, codecs = append(sizes, len(enc)), append(codecs, codec)
+		fresh[b-b0] = true
 	}
 	offs = slices.Grow(offs, len(sizes))[:len(sizes)]
 	if err := pk.alloc(sizes, offs, false); err != nil {
 		return err
 	}
-	var locBuf [16]uint64
-	locs := slices.Grow(locBuf[:0], nb)[:nb]
-	for i := range sizes {
-		locs[i] = makeLoc(offs[i], sizes[i], codecs[i])
+	var newLocBuf [16]uint64
+	newLocs := slices.Grow(newLocBuf[:0], len(sizes))[:len(sizes)]
+	for i, k := 0, 0; i < nb; i++ {
+		if fresh[i] {
+			locs[i] = makeLoc(offs[k], sizes[k], codecs[k])
+			newLocs[k] = locs[i]
+			k++
+		}
 	}
-	if err := pk.writeRuns(out, locs); err != nil {
+	if err := pk.writeRuns(out, newLocs); err != nil {
 		t.mu.Lock()
-		pk.dead = append(pk.dead, locs...) // never in locs: not in stored either
+		pk.dead = append(pk.dead, newLocs...) // never live: not in stored either
 		t.mu.Unlock()
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); !ok || s != slot {
-		pk.dead = append(pk.dead, locs...)
-		return nil // evicted meanwhile: validate says so to the caller
+		pk.dead = append(pk.dead, newLocs...)
+		return nil // evicted meanwhile: validate says so to the caller (the deferred call lets go of shared units)
 	}
+	placed = true
 	// A record finds units of valid blocks only (recordLocked): new units of blocks not valid yet
 	// change no record before validate marks them, but a valid block written again does.
 	rewrite := t.j != nil && !t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b1)).isZero()
@@ -472,7 +527,12 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 			pk.deadLocked(old)
 		}
 		dst[i] = l
-		pk.stored += int64(locLen(l))
+		if fresh[i] {
+			pk.bornLocked(l)
+			if pk.dd != nil {
+				pk.dd.rememberLocked(hashes[i], l)
+			}
+		}
 	}
 	if rewrite {
 		t.j.record(t.recordLocked(line, slot))
@@ -566,26 +626,33 @@ func (t *tier) reclaim() {
 	}
 	t.mu.Unlock()
 
+	// A shared unit has a move for each block that finds it: the first copies it, and the others
+	// point at the copy. Each copy holds a reference of reclaim's until the moves are done.
+	copies := map[uint64]uint64{}
+	defer func() {
+		t.mu.Lock()
+		for _, nl := range copies {
+			pk.deadLocked(nl)
+		}
+		t.mu.Unlock()
+	}()
 	for _, m := range moves {
-		var unit []byte
-		if err := pk.readUnits([]uint64{m.loc}, false, func(_ int, u []byte) error {
-			unit = append(unit, u...)
-			return nil
-		}); err != nil {
-			t.log.Warn("cache tier reclaim: read failed", "tier", t.name, "err", err)
-			return
-		}
-		var off [1]int64
-		if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {
-			return
-		}
-		nl := makeLoc(off[0], len(unit), locCodec(m.loc))
-		if err := pk.writeRuns(unit, []uint64{nl}); err != nil {
+		nl, ok := copies[m.loc]
+		if !ok {
+			var err error
+			if nl, err = t.copyUnit(m.loc); err != nil {
+				if !errors.Is(err, errNoRoom) {
+					t.log.Warn("cache tier reclaim: copy failed", "tier", t.name, "err", err)
+				}
+				return
+			}
 			t.mu.Lock()
-			pk.dead = append(pk.dead, nl)
+			pk.bornLocked(nl)
+			if pk.dd != nil {
+				pk.dd.movedLocked(m.loc, nl)
+			}
 			t.mu.Unlock()
-			t.log.Warn("cache tier reclaim: write failed", "tier", t.name, "err", err)
-			return
+			copies[m.loc] = nl
 		}
 		t.mu.Lock()
 		cur := pk.slotLocs(m.slot, m.b, m.b+1)
@@ -595,15 +662,37 @@ func (t *tier) reclaim() {
 			}
 			pk.deadLocked(m.loc)
 			cur[0] = nl
-			pk.stored += int64(len(unit))
+			pk.shareLocked(nl)
 			if t.j != nil {
 				t.j.record(t.recordLocked(m.line, m.slot))
 			}
-		} else {
-			pk.dead = append(pk.dead, nl) // written over or dropped meanwhile
 		}
 		t.mu.Unlock()
 	}
+}
+
+// copyUnit writes a copy of unit l to new room (reclaim's, which may take the reserve).
+func (t *tier) copyUnit(l uint64) (uint64, error) {
+	pk := t.pk
+	var unit []byte
+	if err := pk.readUnits([]uint64{l}, false, func(_ int, u []byte) error {
+		unit = append(unit, u...)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	var off [1]int64
+	if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {
+		return 0, err
+	}
+	nl := makeLoc(off[0], len(unit), locCodec(l))
+	if err := pk.writeRuns(unit, []uint64{nl}); err != nil {
+		t.mu.Lock()
+		pk.dead = append(pk.dead, nl) // never live
+		t.mu.Unlock()
+		return 0, err
+	}
+	return nl, nil
 }
 
 // probe writes a block to free room and reads it back (journal.probe, on a packed tier).

@@ -262,7 +262,7 @@ func BenchmarkWriteBack4K(b *testing.B) {
 	}
 	for _, kind := range []string{"rewrite", "new"} {
 		for _, logged := range []bool{false, true} {
-			for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress} {
+			for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
 				b.Run(kind+"/"+map[bool]string{false: "nolog", true: "runlog"}[logged]+"/reduction-"+r.String(), func(b *testing.B) {
 					l := layout{line: 64 << 10, ssd: 1024, mode: WriteBack, reduction: r}
 					size := int64(24 << 20) // below the high watermark: no destage

@@ -57,6 +57,10 @@ type TierStats struct {
 	PhysicalBytes  uint64  `json:"physical_bytes"`
 	ReductionRatio float64 `json:"reduction_ratio"`
 	Reduction      string  `json:"reduction,omitempty"`
+	// With reduction dedupe: blocks stored as one more reference to a unit with their bytes, and
+	// content hashes that named a unit with other bytes (caught by the byte compare, dedupe.go).
+	DedupeHits       uint64 `json:"dedupe_hits,omitempty"`
+	DedupeCollisions uint64 `json:"dedupe_collisions,omitempty"`
 	Errors         uint64  `json:"errors"` // I/O errors of the tier's storage
 	// Failed is set while the tier is bypassed (after I/O or metadata errors); Reason says why.
 	// A bypassed tier is tried again with backoff, in RetryIn seconds, and comes back into service

@@ -530,6 +530,9 @@ func (t *tier) stats() TierStats {
 	if t.lines > 0 {
 		s.Reduction = t.reduction.String()
 	}
+	if t.pk != nil && t.pk.dd != nil {
+		s.DedupeHits, s.DedupeCollisions = t.pk.dd.shared.Load(), t.pk.dd.collisions.Load()
+	}
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r
 	}

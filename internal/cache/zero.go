@@ -3,7 +3,6 @@ package cache
 import (
 	"bytes"
 	"fmt"
-	"slices"
 )
 
 // Data reduction on the SSD tier, its first step: zero blocks. A 4 KiB block of zeros that a write
@@ -32,19 +31,18 @@ const (
 	ReductionZero
 	// ReductionCompress also compresses every other block, in the packed layout (pack.go).
 	ReductionCompress
+	// ReductionDedupe also stores a block written with the bytes of a block the tier holds as a
+	// second reference to that block's unit (dedupe.go).
+	ReductionDedupe
 )
 
 // DefaultReduction is the SSD tier's reduction unless the config names one: zero. It costs a
 // comparison of each block a fill or write stores with zeros, which stops at the first word that is
 // not zero, and saves the SSD write and read of every zero block (docs/benchmarks.md measures
-// both). The levels after it, compression and dedupe, are not built yet.
+// both).
 const DefaultReduction = ReductionZero
 
-var reductionNames = []string{"off", "zero", "compress"}
-
-// plannedReductions are the levels of data reduction planned but not built (issue 26): a config
-// that names one is told so, not that the name is unknown.
-var plannedReductions = []string{"dedupe"}
+var reductionNames = []string{"off", "zero", "compress", "dedupe"}
 
 func (r Reduction) String() string { return reductionNames[r] }
 
@@ -55,10 +53,7 @@ func ParseReduction(s string) (Reduction, error) {
 			return Reduction(i), nil
 		}
 	}
-	if slices.Contains(plannedReductions, s) {
-		return 0, fmt.Errorf("reduction %q is not built yet; use off, zero or compress", s)
-	}
-	return 0, fmt.Errorf("unknown reduction %q; use off, zero or compress", s)
+	return 0, fmt.Errorf("unknown reduction %q; use off, zero, compress or dedupe", s)
 }
 
 // zeroes is a run of zero bytes, never written: the data of WriteZeroes through the write path,

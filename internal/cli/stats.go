@@ -228,6 +228,9 @@ func writeStored(w io.Writer, tiers []cache.TierStats) {
 		if t.Reduction != "" {
 			fmt.Fprintf(w, ", reduction %s", t.Reduction)
 		}
+		if t.DedupeHits > 0 {
+			fmt.Fprintf(w, ", %d blocks deduped", t.DedupeHits)
+		}
 		fmt.Fprint(w, ")")
 	}
 	fmt.Fprintln(w)
