@@ -61,7 +61,7 @@ type TierStats struct {
 	// content hashes that named a unit with other bytes (caught by the byte compare, dedupe.go).
 	DedupeHits       uint64 `json:"dedupe_hits,omitempty"`
 	DedupeCollisions uint64 `json:"dedupe_collisions,omitempty"`
-	Errors         uint64  `json:"errors"` // I/O errors of the tier's storage
+	Errors           uint64 `json:"errors"` // I/O errors of the tier's storage
 	// Failed is set while the tier is bypassed (after I/O or metadata errors); Reason says why.
 	// A bypassed tier is tried again with backoff, in RetryIn seconds, and comes back into service
 	// when its storage and metadata work; SetAside lines wait for that, out of use.
