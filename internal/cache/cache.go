@@ -260,7 +260,11 @@ func (c *Cache) openSSD(cfg Config) error {
 			t.pk.dd = newDedupe(dedupeMaxEntries)
 		}
 	}
-	if c.wb, err = newWriteBack(cfg.WriteBack, slots); err != nil {
+	keep := 0
+	if t.pk != nil {
+		keep = t.pk.dirtyRoomKept(c.line)
+	}
+	if c.wb, err = newWriteBack(cfg.WriteBack, slots, keep); err != nil {
 		return err
 	}
 	t.dev = cfg.SSDDevice

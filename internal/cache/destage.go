@@ -364,7 +364,7 @@ func (c *Cache) dirtyStats() DirtyStats {
 	lines, blocks := c.ssd.dirtyLines, c.ssd.dirtyBlocks
 	c.ssd.mu.Unlock()
 	return DirtyStats{
-		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(c.ssd.slots),
+		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(w.lines),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
 		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.rate(time.Now(), w.destagedBytes.Load()),

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -40,10 +41,27 @@ func stamp(p []byte, first int, id int64) {
 		s := p[i*sector : (i+1)*sector]
 		binary.LittleEndian.PutUint64(s, uint64(id))
 		binary.LittleEndian.PutUint64(s[8:], uint64(first+i))
-		fill := byte(id*31 + int64(first+i))
-		for k := 16; k < sector; k++ {
-			s[k] = fill
+		stampFill(s[16:], id, first+i)
+	}
+}
+
+// stampFill fills the rest of a sector of write id: a byte that depends on both for an even id
+// (data that compresses well), bytes that look random for an odd one (data that does not, which a
+// packed SSD tier stores as it is, and rewrites in place when dirty).
+func stampFill(p []byte, id int64, sec int) {
+	if id%2 == 0 {
+		fill := byte(id*31 + int64(sec))
+		for k := range p {
+			p[k] = fill
 		}
+		return
+	}
+	x := uint64(id)*0x9e3779b97f4a7c15 ^ uint64(sec)*0xbf58476d1ce4e5b9 | 1
+	for k := range p {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		p[k] = byte(x)
 	}
 }
 
@@ -63,16 +81,14 @@ func stamps(p []byte, first int) []int64 {
 			}
 			continue
 		}
-		fill := byte(id*31 + int64(first+i))
 		if binary.LittleEndian.Uint64(s[8:]) != uint64(first+i) {
 			ids[i] = corrupt
 			continue
 		}
-		for _, b := range s[16:] {
-			if b != fill {
-				ids[i] = corrupt
-				break
-			}
+		var want [sector - 16]byte
+		stampFill(want[:], id, first+i)
+		if !bytes.Equal(s[16:], want[:]) {
+			ids[i] = corrupt
 		}
 	}
 	return ids

@@ -2,8 +2,10 @@ package cache
 
 import (
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync"
 
@@ -77,7 +79,10 @@ type packed struct {
 	dead   []uint64         // units no record will find once the next checkpoint has committed
 	stored int64            // bytes of the live units: the tier's physical bytes
 	hot    []uint64         // by slot, a bit: the line was hit since its units were last reclaimed
-	dd     *dedupe          // the content hashes of units (reduction dedupe); nil otherwise
+	// by slot, odd while a unit of the slot is written in place, counting such writes (a seqlock
+	// that reclaim reads around its copies)
+	gen []uint32
+	dd  *dedupe // the content hashes of units (reduction dedupe); nil otherwise
 
 	io sync.RWMutex
 
@@ -109,6 +114,7 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 		locs: make([]uint64, slots*blocks),
 		refs: map[uint64]int32{},
 		hot:  make([]uint64, (slots+63)/64),
+		gen:  make([]uint32, slots),
 		used: make([]int64, n),
 		open: -1,
 	}
@@ -158,6 +164,15 @@ func (pk *packed) alloc(sizes []int, offs []int64, relocating bool) error {
 	return nil
 }
 
+// dirtyRoomKept is how many lines of room (of line bytes) the tier keeps from dirty data, which
+// reclaim can only copy: the segments that reclaim keeps free, and a line's worth for the writes
+// under way, whose new units take room before the ones they replace are freed. On a tier of any
+// size this is below what the write-back maximum keeps anyway; on a tiny one (the tests') it is
+// what lets writes over incompressible dirty data go on.
+func (pk *packed) dirtyRoomKept(line int64) int {
+	return int((int64(pk.low)*pk.segSize+line-1)/line) + 1
+}
+
 func (pk *packed) askReclaim() {
 	if pk.kick != nil {
 		pk.kick()
@@ -202,14 +217,16 @@ func (pk *packed) short() bool {
 	return len(pk.free) < pk.low
 }
 
-// victims returns the segments reclaim empties: the full ones with the fewest live bytes, as many as
-// it takes to reach target free segments.
-func (pk *packed) victims() []int32 {
+// victims returns the segments reclaim empties, as many as it takes to reach target free
+// segments: those whose emptying copies the fewest bytes (copy, by segment: the bytes of its units
+// that reclaim must keep), then the fewest live ones. secondChance is false when copying what it
+// would keep does not fit the free room: hot clean lines are dropped too.
+func (pk *packed) victims(copy, hot []int64) (victims []int32, secondChance bool) {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
 	want := pk.target - len(pk.free)
 	if want <= 0 {
-		return nil
+		return nil, true
 	}
 	isFree := make([]bool, len(pk.used))
 	for _, s := range pk.free {
@@ -221,8 +238,31 @@ func (pk *packed) victims() []int32 {
 			full = append(full, int32(s))
 		}
 	}
-	slices.SortFunc(full, func(a, b int32) int { return cmp.Compare(pk.used[a], pk.used[b]) })
-	return full[:min(want, len(full))]
+	room := int64(len(pk.free)) * pk.segSize
+	if pk.open >= 0 {
+		room += pk.segSize - pk.at
+	}
+	for _, secondChance = range []bool{true, false} {
+		keep := func(s int32) int64 {
+			if secondChance {
+				return copy[s] + hot[s]
+			}
+			return copy[s]
+		}
+		slices.SortFunc(full, func(a, b int32) int {
+			return cmp.Or(cmp.Compare(keep(a), keep(b)), cmp.Compare(pk.used[a], pk.used[b]))
+		})
+		victims = full[:min(want, len(full))]
+		var copied int64
+		for _, s := range victims {
+			copied += keep(s)
+		}
+		// Each copy may waste up to a block aligning a unit stored as it is.
+		if copied+int64(len(victims))*blockSize <= room {
+			break
+		}
+	}
+	return victims, secondChance
 }
 
 // slotLocs returns the location words of slot's blocks [b0, b1) in the tier's locs.
@@ -440,22 +480,27 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	var offBuf [16]int64
 	var codecBuf [16]int
 	var locBuf, hashBuf [16]uint64
-	var newBuf [16]bool
+	var newBuf, sameBuf [16]bool
 	sizes, offs, codecs := sizeBuf[:0], offBuf[:0], codecBuf[:0]
 	locs := slices.Grow(locBuf[:0], nb)[:nb]    // by block: its unit (a shared one, or new)
 	hashes := slices.Grow(hashBuf[:0], nb)[:nb] // by block: its content hash (dedupe)
 	fresh := slices.Grow(newBuf[:0], nb)[:nb]   // by block: whether its unit is new
+	same := slices.Grow(sameBuf[:0], nb)[:nb]   // by block: written in place, in the unit it had
 	// Until the blocks are placed, shared units hold a reference taken for them (dedupeCandidate).
-	placed := false
+	// Writes in place end with the call.
+	placed, inPlace := false, false
 	defer func() {
-		if placed {
+		if placed && !inPlace {
 			return
 		}
 		t.mu.Lock()
 		for i, l := range locs {
-			if l != 0 && !fresh[i] {
-				pk.deadLocked(l)
+			if l != 0 && !fresh[i] && !placed {
+				pk.deadLocked(l) // a shared unit's reference
 			}
+		}
+		if inPlace {
+			pk.gen[slot]++
 		}
 		t.mu.Unlock()
 	}()
@@ -480,10 +525,22 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 				continue
 			}
 		}
-		enc := s2.Encode(*scratch, src)
-		codec := codecS2
-		if len(enc) > compressedMax {
-			enc, codec = src, codecRaw
+		enc, codec := src, codecRaw
+		if !incompressible(src) {
+			if enc = s2.Encode(*scratch, src); len(enc) <= compressedMax {
+				codec = codecS2
+			} else {
+				enc = src
+			}
+		}
+		if codec == codecRaw {
+			if l, ok := t.inPlace(slot, b, &inPlace); ok {
+				same[b-b0] = true
+				if _, err := pk.dev.WriteAt(src, locOff(l)); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		out = append(out, enc...)
 		sizes, codecs = append(sizes, len(enc)), append(codecs, codec)
@@ -517,12 +574,22 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	placed = true
 	// A record finds units of valid blocks only (recordLocked): new units of blocks not valid yet
 	// change no record before validate marks them, but a valid block written again does.
-	rewrite := t.j != nil && !t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b1)).isZero()
+	// Blocks written in place change no record.
+	var moved lineBits
+	for i := range nb {
+		if !same[i] {
+			moved[(b0+i)/64] |= 1 << ((b0 + i) % 64)
+		}
+	}
+	rewrite := t.j != nil && !t.valid.get(slot).andNot(t.zeroAt(slot)).and(moved).isZero()
 	if rewrite {
 		t.j.keepStoredLocked(line, slot)
 	}
 	dst := pk.slotLocs(slot, b0, b1)
 	for i, l := range locs {
+		if same[i] {
+			continue
+		}
 		if old := dst[i]; old != 0 {
 			pk.deadLocked(old)
 		}
@@ -539,6 +606,61 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	}
 	return nil
 }
+
+// inPlace returns the unit of block b of slot if an incompressible block may be written over it in
+// place, as a slot is, sparing the new unit, the record that would point at it, and the room
+// reclaim would later free: a dirty block's unit stored as it is (a whole, aligned block), that no
+// other block shares. The caller holds the line's lock, so no read or destage of the block runs;
+// only reclaim reads units without it, and the slot's gen (odd from the first such write on,
+// *started, until packWrite ends) has it drop the copy of a unit written meanwhile. No record can
+// find other data than the block's: a dirty block's unit was written for it after the durable
+// invalidation of its clean data (writeBackSegs), so the records that find it call it dirty, and a
+// write not flushed may leave either bytes, or a mix of sectors after a power cut, as in a slot.
+// With dedupe, the unit leaves the table, which names it by its old bytes.
+func (t *tier) inPlace(slot uint32, b int, started *bool) (uint64, bool) {
+	pk := t.pk
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := pk.slotLocs(slot, b, b+1)[0]
+	if l == 0 || locCodec(l) != codecRaw || locLen(l) != blockSize || pk.refs[l] > 0 ||
+		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) {
+		return 0, false
+	}
+	if pk.dd != nil {
+		pk.dd.forgetLocked(l)
+	}
+	if !*started {
+		*started = true
+		pk.gen[slot]++
+	}
+	return l, true
+}
+
+// incompressible reports whether block b looks like random bytes, which S2 would fail to compress:
+// sampled 16 bytes in every 256, it has more distinct byte values than data that compresses ever
+// shows. Text and code have far fewer; a failed compression costs several times the sampling.
+// On the machine's own files it gives up a small part of what compression saves (measured with
+// bench cache --parts reduction's physical bytes).
+func incompressible(b []byte) bool {
+	var m0, m1 [4]uint64 // two sets, for two independent chains of updates
+	for off := 0; off+16 <= len(b); off += 256 {
+		x, y := binary.LittleEndian.Uint64(b[off:]), binary.LittleEndian.Uint64(b[off+8:])
+		for k := 0; k < 64; k += 8 {
+			c, d := byte(x>>k), byte(y>>k)
+			m0[c>>6] |= 1 << (c & 63)
+			m1[d>>6] |= 1 << (d & 63)
+		}
+	}
+	n := 0
+	for i := range m0 {
+		n += bits.OnesCount64(m0[i] | m1[i])
+	}
+	return n > incompressibleDistinct
+}
+
+// incompressibleDistinct is the most distinct byte values among the 256 bytes incompressible
+// samples of a block that still gets compressed. Random bytes show about 162.
+const incompressibleDistinct = 120
 
 // hasUnit reports whether block b of slot has a unit.
 func (t *tier) hasUnit(slot uint32, b int) bool {
@@ -572,19 +694,18 @@ func (pk *packed) writeRuns(out []byte, locs []uint64) error {
 // blocks). The room comes free after the next checkpoint (the caller runs one).
 func (t *tier) reclaim() {
 	pk := t.pk
-	victims := pk.victims()
-	if len(victims) == 0 {
+	pk.mu.Lock()
+	full := len(pk.free) >= pk.target
+	pk.mu.Unlock()
+	if full {
 		return
-	}
-	inVictim := make(map[int32]bool, len(victims))
-	for _, s := range victims {
-		inVictim[s] = true
 	}
 	type move struct {
 		line uint64
 		slot uint32
 		b    int
 		loc  uint64
+		gen  uint32 // the slot's: a unit written in place since is not moved
 	}
 	var moves []move
 	var drops []uint64
@@ -594,6 +715,32 @@ func (t *tier) reclaim() {
 	pk.io.RLock()
 	defer pk.io.RUnlock()
 	t.mu.Lock()
+	// What emptying each segment would copy: the units of dirty lines, and of hot ones.
+	nseg := len(pk.used)
+	copyBytes, hotBytes := make([]int64, nseg), make([]int64, nseg)
+	for _, s := range t.index.All() {
+		slot := uint32(s)
+		to := hotBytes
+		if !t.dirtyAt(slot).isZero() {
+			to = copyBytes
+		} else if !pk.isHotLocked(slot) {
+			continue
+		}
+		for _, l := range pk.slotLocs(slot, 0, pk.blocks) {
+			if l != 0 {
+				to[locOff(l)/pk.segSize] += int64(locLen(l))
+			}
+		}
+	}
+	victims, secondChance := pk.victims(copyBytes, hotBytes)
+	if len(victims) == 0 {
+		t.mu.Unlock()
+		return
+	}
+	inVictim := make(map[int32]bool, len(victims))
+	for _, s := range victims {
+		inVictim[s] = true
+	}
 	for line, s := range t.index.All() {
 		slot := uint32(s)
 		locs := pk.slotLocs(slot, 0, pk.blocks)
@@ -606,16 +753,19 @@ func (t *tier) reclaim() {
 		if there.isZero() {
 			continue
 		}
-		hot := pk.isHotLocked(slot)
+		hot := pk.isHotLocked(slot) && secondChance
 		pk.hot[slot/64] &^= 1 << (slot % 64)
 		if !hot && t.dirtyAt(slot).isZero() {
 			drops = append(drops, line)
 			continue
 		}
+		if pk.gen[slot]%2 == 1 {
+			continue // written in place now: moved by a later reclaim
+		}
 		// A line with dirty blocks is never dropped: its clean units there are copied too.
 		for b := range pk.blocks {
 			if there.has(b) {
-				moves = append(moves, move{line, slot, b, locs[b]})
+				moves = append(moves, move{line, slot, b, locs[b], pk.gen[slot]})
 			}
 		}
 	}
@@ -656,7 +806,7 @@ func (t *tier) reclaim() {
 		}
 		t.mu.Lock()
 		cur := pk.slotLocs(m.slot, m.b, m.b+1)
-		if s, ok := t.slotOf(m.line); ok && s == m.slot && cur[0] == m.loc {
+		if s, ok := t.slotOf(m.line); ok && s == m.slot && cur[0] == m.loc && pk.gen[m.slot] == m.gen {
 			if t.j != nil {
 				t.j.keepStoredLocked(m.line, m.slot)
 			}

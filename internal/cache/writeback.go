@@ -54,6 +54,7 @@ type writeBack struct {
 	cfg      WriteBackConfig
 	destage  policy.Destage
 	throttle policy.Throttle
+	lines    int // the SSD tier's lines of room: what the dirty ratio is of
 	maxLines int
 
 	// modeMu orders mode switches against write-back writes: those hold it shared from their
@@ -77,12 +78,15 @@ type writeBack struct {
 	throttleNs                                  atomic.Int64
 }
 
-func newWriteBack(cfg WriteBackConfig, slots int) (*writeBack, error) {
+// newWriteBack is the write-back machinery of an SSD tier with room for lines lines, of which it
+// keeps keep from dirty data (a packed tier's room for reclaim, pack.go: dirtyRoomKept).
+func newWriteBack(cfg WriteBackConfig, lines, keep int) (*writeBack, error) {
 	cfg.fill()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &writeBack{cfg: cfg, maxLines: max(1, int(cfg.Max*float64(slots))), kickCh: make(chan struct{}, 1)}
+	w := &writeBack{cfg: cfg, lines: lines, maxLines: max(1, min(int(cfg.Max*float64(lines)), lines-keep)),
+		kickCh: make(chan struct{}, 1)}
 	var err error
 	if w.destage, err = policy.NewDestage(cfg.Destage); err != nil {
 		return nil, err
@@ -115,7 +119,7 @@ func (w *writeBack) kick() {
 func (c *Cache) Mode() Mode { return Mode(c.mode.Load()) }
 
 func (c *Cache) ratio() float64 {
-	return float64(c.ssd.dirtyCount.Load()) / float64(c.ssd.slots)
+	return float64(c.ssd.dirtyCount.Load()) / float64(c.wb.lines)
 }
 
 // admitDirty throttles a write-back write that may dirty n lines, then reserves room for them
