@@ -107,6 +107,10 @@ type tierStats struct {
 	PhysicalBytes  uint64  `json:"physical_bytes"`
 	ReductionRatio float64 `json:"reduction_ratio"`
 	Reduction      string  `json:"reduction"`
+	// With reduction dedupe: blocks stored as one more reference to a unit, and content hashes
+	// that named a unit with other bytes.
+	DedupeHits       uint64 `json:"dedupe_hits"`
+	DedupeCollisions uint64 `json:"dedupe_collisions"`
 }
 
 // tier returns the named tier's counters and fails the test when the cache has no such tier.

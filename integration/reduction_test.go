@@ -11,20 +11,22 @@ import (
 )
 
 // The test here checks the SSD tier's data reduction (--reduction) as a new user would: fio
-// writes and verifies data that is half zeros through every setting, in both a mode that keeps
-// the backend current (writethrough) and one that holds data only on the SSD tier (writeback),
-// over a data set larger than the tier, so that lines are evicted and, with compress, segments
-// reclaimed while the data is still being checked. A warm restart must find the same data, and
-// what tierblk serves must be what the backend holds once the dirty data is written back.
+// writes and verifies data that is half zeros, and data that repeats, through every setting, in
+// both a mode that keeps the backend current (writethrough) and one that holds data only on the
+// SSD tier (writeback), over a data set larger than the tier, so that lines are evicted and, with
+// compress and dedupe, segments reclaimed while the data is still being checked. A warm restart
+// must find the same data, and what tierblk serves must be what the backend holds once the dirty
+// data is written back.
 
-// reductions are the --reduction settings that are built.
-var reductions = []string{"off", "zero", "compress"}
+// reductions are the --reduction settings.
+var reductions = []string{"off", "zero", "compress", "dedupe"}
 
 // reductionFio are the fio workloads of TestCacheReduction, each run by fioVerify and again
 // with --verify_only after a restart. fio seeds its generators the same way on every run
 // (randrepeat), so a run writes the same offsets and data each time, and --verify_only can check
 // them again. --buffer_compress_percentage=50 makes the first half of every write random and the
-// second half zeros; --refill_buffers gives each write new data.
+// second half zeros; --refill_buffers gives each write new data. Every setting gets the same data,
+// so that the others show what dedupe alone shares.
 var reductionFio = []struct {
 	jobs int
 	args []string
@@ -35,10 +37,20 @@ var reductionFio = []struct {
 	// zeros: about half the blocks are random, the others a header and zeros, which compress well.
 	{4, []string{"--name=mixed", "--rw=randwrite", "--bssplit=4k/25:6k/20:20k/20:64k/20:192k/15",
 		"--iodepth=16", "--size=5m", "--offset_increment=5m", "--buffer_compress_percentage=50", "--refill_buffers"}},
-	// One connection writes 20M..24M in 64k blocks, with one header each: the second half of
+	// One connection writes 20M..22M in 64k blocks, with one header each: the second half of
 	// every write is eight 4 KiB blocks of zeros, written as data.
-	{1, []string{"--name=zeros", "--rw=randwrite", "--bs=64k", "--iodepth=8", "--offset=20m", "--size=4m",
+	{1, []string{"--name=zeros", "--rw=randwrite", "--bs=64k", "--iodepth=8", "--offset=20m", "--size=2m",
 		"--buffer_compress_percentage=50", "--refill_buffers"}},
+	// One connection writes 22M..24M in 128k blocks of data that repeats: every 4 KiB block is
+	// a constant and the write's offset, 16 bytes over and over, so each write's two lines hold
+	// the same block 15 times besides the block with the header (one every 64k): dedupe shares
+	// the second line's with the first's, a block of one write never with another write's (its
+	// offset differs; fio's crc32c of each 64k would catch a block shared wrongly). fio's own
+	// --dedupe_percentage cannot serve here: with --verify, fio fills each write from a seed of
+	// its own and makes no repeats (tierblk sim --reduction-mode dedupe measures none in a file
+	// fio wrote so).
+	{1, []string{"--name=repeats", "--rw=randwrite", "--bs=128k", "--iodepth=8", "--offset=22m", "--size=2m",
+		"--verify_pattern=0x0123456789abcdef%o", "--verify_interval=64k"}},
 }
 
 // reductionWrites are qemu-io writes in the region fio leaves alone (24M..32M): zeroing written
@@ -81,20 +93,8 @@ func TestCacheReduction(t *testing.T) {
 		})
 	}
 
-	t.Run("dedupe refused", func(t *testing.T) {
-		o := cacheOpts{backend: "mem://32MiB", dir: shortTempDir(t), ram: "2MiB", ssdSize: "8MiB", line: "64KiB",
-			mode: "writethrough", reduction: "dedupe"}
-		args := append(append([]string{"serve"}, o.args()...), "--nbd", "unix:"+filepath.Join(o.dir, "s.sock"))
-		code, out := runTierblk(t, args...)
-		require.Equal(t, 2, code, "tierblk serve --reduction dedupe: a usage error:\n%s", out)
-		require.Contains(t, out, `reduction "dedupe" is not built yet; use off, zero or compress`)
-		require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
-		// Refused before anything was made.
-		require.NoFileExists(t, o.ssd())
-		require.NoDirExists(t, o.meta())
-	})
-
 	t.Run("compress on a zero tier refused", checkLayoutRefused)
+	t.Run("compress and dedupe switched", checkDedupeSwitch)
 }
 
 // checkReduction runs fio and qemu-io through one reduction setting and mode, checks the SSD
@@ -108,6 +108,13 @@ func checkReduction(t *testing.T, reduction, mode string) {
 	written := make([]int64, len(reductionFio))
 	for i, f := range reductionFio {
 		written[i] = fioVerify(t, tcpURI(d.TCP, ""), f.jobs, f.args...)
+	}
+	// What fio wrote repeats (the repeats job): dedupe shares it, before qemu-io writes runs of
+	// one byte that would share too.
+	fioShared := adminStats(t, o.admin()).tier(t, "ssd")
+	t.Logf("SSD tier after fio: %d blocks deduped, %d hash collisions", fioShared.DedupeHits, fioShared.DedupeCollisions)
+	if reduction == "dedupe" {
+		require.Positive(t, fioShared.DedupeHits, "SSD tier dedupe_hits after fio wrote blocks that repeat")
 	}
 	mustQemuIO(t, unixURI(d.Unix, ""), append(reductionWrites, reductionReads...)...)
 
@@ -123,8 +130,8 @@ func checkReduction(t *testing.T, reduction, mode string) {
 	require.Equal(t, reduction, ssd.Reduction)
 	require.Positive(t, ssd.Evictions, "SSD tier evictions: the data set is larger than the tier")
 	require.Positive(t, ssd.LogicalBytes, "SSD tier logical bytes")
-	t.Logf("SSD tier: %d lines, %d logical bytes, %d physical bytes, ratio %.3f",
-		ssd.Lines, ssd.LogicalBytes, ssd.PhysicalBytes, ssd.ReductionRatio)
+	t.Logf("SSD tier: %d lines, %d logical bytes, %d physical bytes, ratio %.3f, %d blocks deduped",
+		ssd.Lines, ssd.LogicalBytes, ssd.PhysicalBytes, ssd.ReductionRatio, ssd.DedupeHits)
 	switch reduction {
 	case "off":
 		require.Equal(t, ssd.LogicalBytes, ssd.PhysicalBytes, "reduction off stores every block as it is")
@@ -132,11 +139,17 @@ func checkReduction(t *testing.T, reduction, mode string) {
 		// The tier holds zero blocks at no cost: fio's and qemu-io's, and the 4 MiB of zeros that
 		// qemu-io read last.
 		require.Less(t, ssd.PhysicalBytes, ssd.LogicalBytes, "reduction zero stores no zero block")
-	case "compress":
+	case "compress", "dedupe":
 		// Half of what fio wrote is zeros, in blocks of their own or of a header and zeros: the
 		// tier holds more than its size.
-		require.Less(t, ssd.PhysicalBytes, ssd.LogicalBytes, "reduction compress on data that is half zeros")
-		require.Greater(t, ssd.LogicalBytes, uint64(8<<20), "logical bytes on an 8 MiB SSD tier with reduction compress")
+		require.Less(t, ssd.PhysicalBytes, ssd.LogicalBytes, "reduction %s on data that is half zeros", reduction)
+		require.Greater(t, ssd.LogicalBytes, uint64(8<<20), "logical bytes on an 8 MiB SSD tier with reduction %s", reduction)
+	}
+	if reduction == "dedupe" {
+		require.GreaterOrEqual(t, ssd.DedupeHits, fioShared.DedupeHits, "dedupe_hits is a counter")
+	} else {
+		require.Zero(t, ssd.DedupeHits, "dedupe_hits with reduction %s", reduction)
+		require.Zero(t, ssd.DedupeCollisions, "dedupe_collisions with reduction %s", reduction)
 	}
 	if ssd.PhysicalBytes > 0 {
 		require.InDelta(t, float64(ssd.LogicalBytes)/float64(ssd.PhysicalBytes), ssd.ReductionRatio, 1e-6,
@@ -246,4 +259,100 @@ func checkLayoutRefused(t *testing.T) {
 	sameImage(t, unixURI(d.Unix, ""), unixURI(sock, ""))
 	d.requireStop(syscall.SIGTERM)
 	mustQemuIO(t, unixURI(sock, ""), reads...)
+}
+
+// checkDedupeSwitch switches an SSD tier between compress and dedupe, which share the packed
+// layout, and back: each start must keep what the tier holds, the dirty data with it, and dedupe
+// must share blocks written after the switch. As in checkLayoutRefused the backend refuses writes
+// until the end, so the SSD tier holds the only copy of the data: a start that dropped or misread
+// a line loses it. Going back to compress, the units dedupe shared must read back (the references
+// counted from the records), and a start with zero must be refused, the layout differing.
+func checkDedupeSwitch(t *testing.T) {
+	inject := filepath.Join(shortTempDir(t), "refuse-writes")
+	require.NoError(t, os.WriteFile(inject, nil, 0o644))
+	sock := startNbdkit(t, "--filter=error", "memory", "32M",
+		"error-pwrite-rate=100%", "error-pwrite-file="+inject,
+		"error-zero-rate=100%", "error-zero-file="+inject,
+		"error-trim-rate=100%", "error-trim-file="+inject)
+	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "1MiB", ssdSize: "8MiB", line: "64KiB",
+		mode: "writeback", reduction: "compress"}
+	// Written with compress: runs of one byte, which compress holds once per block.
+	writes := []string{
+		"write -P 0xe1 0 2M",
+		"write -z 1M 64k",
+		fmt.Sprintf("write -P 0xe2 %d 10", 2<<20+100),
+		"write -P 0xe3 3M 1M",
+	}
+	reads := []string{
+		"read -P 0xe1 0 1M",
+		"read -P 0 1M 64k",
+		fmt.Sprintf("read -P 0xe1 %d %d", 1<<20+64<<10, 1<<20-64<<10),
+		"read -P 0 2M 100",
+		fmt.Sprintf("read -P 0xe2 %d 10", 2<<20+100),
+		fmt.Sprintf("read -P 0 %d %d", 2<<20+110, 1<<20-110),
+		"read -P 0xe3 3M 1M",
+	}
+	// Written with dedupe after the switch: blocks with the bytes of 0xe1's and 0xe3's.
+	dupWrites := []string{"write -P 0xe1 4M 1M", "write -P 0xe3 5M 512k", "write -P 0xe1 6M 64k"}
+	dupReads := []string{"read -P 0xe1 4M 1M", "read -P 0xe3 5M 512k", "read -P 0xe1 6M 64k"}
+
+	d := startServe(t, o.args()...)
+	mustQemuIO(t, unixURI(d.Unix, ""), append(writes, reads...)...)
+	before := adminStats(t, o.admin()).tier(t, "ssd")
+	_, dirty := adminDirty(t, o.admin())
+	require.Positive(t, dirty.Lines, "dirty lines: the backend refuses writes")
+	require.Zero(t, before.DedupeHits, "dedupe_hits with compress")
+	d.requireStop(syscall.SIGTERM)
+
+	// compress → dedupe: the same lines, the same bytes, still dirty.
+	o.reduction = "dedupe"
+	d = startServe(t, o.args()...)
+	st := adminStats(t, o.admin())
+	after := st.tier(t, "ssd")
+	require.Equal(t, "dedupe", after.Reduction)
+	require.Equal(t, before.Lines, after.Lines, "SSD lines after switching compress to dedupe")
+	require.Equal(t, before.LogicalBytes, after.LogicalBytes, "SSD logical bytes after switching compress to dedupe")
+	require.Equal(t, before.PhysicalBytes, after.PhysicalBytes, "SSD physical bytes after switching compress to dedupe")
+	_, again := adminDirty(t, o.admin())
+	require.Equal(t, dirty.Lines, again.Lines, "dirty lines after switching compress to dedupe")
+	mustQemuIO(t, unixURI(d.Unix, ""), reads...)
+
+	// Blocks written now share: the table of hashes starts empty at each start and fills with
+	// what is written, so the second line of each run shares the first's unit.
+	mustQemuIO(t, unixURI(d.Unix, ""), append(dupWrites, append(reads, dupReads...)...)...)
+	shared := adminStats(t, o.admin()).tier(t, "ssd")
+	t.Logf("dedupe after the switch: %d blocks deduped, %d hash collisions, %d logical bytes, %d physical bytes",
+		shared.DedupeHits, shared.DedupeCollisions, shared.LogicalBytes, shared.PhysicalBytes)
+	require.Positive(t, shared.DedupeHits, "dedupe_hits after writing blocks the tier holds")
+	require.Greater(t, shared.LogicalBytes, after.LogicalBytes, "SSD logical bytes after the writes")
+	_, dirty = adminDirty(t, o.admin())
+	d.requireStop(syscall.SIGTERM)
+	ssdSum := fileSHA256(t, o.ssd())
+
+	// dedupe → zero: refused, the layout differs, and nothing changed.
+	z := o
+	z.reduction = "zero"
+	args := append(append([]string{"serve"}, z.args()...), "--nbd", "unix:"+filepath.Join(shortTempDir(t), "s.sock"))
+	code, out := runTierblk(t, args...)
+	require.NotZero(t, code, "tierblk serve --reduction zero on an SSD tier made with compress and dedupe:\n%s", out)
+	require.Contains(t, out, "SSD tier layout")
+	require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
+	require.Equal(t, ssdSum, fileSHA256(t, o.ssd()), "the refused start changed the SSD image")
+
+	// dedupe → compress: the shared units read back, every line still dirty.
+	o.reduction = "compress"
+	d = startServe(t, o.args()...)
+	back := adminStats(t, o.admin()).tier(t, "ssd")
+	require.Equal(t, shared.Lines, back.Lines, "SSD lines after switching dedupe to compress")
+	require.Equal(t, shared.LogicalBytes, back.LogicalBytes, "SSD logical bytes after switching dedupe to compress")
+	require.Equal(t, shared.PhysicalBytes, back.PhysicalBytes, "SSD physical bytes after switching dedupe to compress")
+	_, again = adminDirty(t, o.admin())
+	require.Equal(t, dirty.Lines, again.Lines, "dirty lines after switching dedupe to compress")
+	mustQemuIO(t, unixURI(d.Unix, ""), append(reads, dupReads...)...)
+
+	require.NoError(t, os.Remove(inject))
+	flushAdmin(t, o.admin())
+	sameImage(t, unixURI(d.Unix, ""), unixURI(sock, ""))
+	d.requireStop(syscall.SIGTERM)
+	mustQemuIO(t, unixURI(sock, ""), append(reads, dupReads...)...)
 }

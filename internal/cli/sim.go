@@ -64,8 +64,10 @@ link to the backend.
 
 --reduction RATIO shows what an SSD tier with data reduction holds: each cache keeps RATIO times
 its size in keys. --reduction-of FILE measures the ratio on a sample of the data (a disk image):
-its 4 KiB zero blocks take no space (reduction: zero), and with --reduction-mode compress the
-others count compressed with S2, a block at a time.`,
+its 4 KiB zero blocks take no space (reduction: zero); with --reduction-mode compress the
+others count compressed with S2, a block at a time; with --reduction-mode dedupe each block whose
+bytes an earlier block had counts nothing, the unique ones compressed (blocks are told apart by
+SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
 		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
   tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
   tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB
@@ -93,7 +95,7 @@ others count compressed with S2, a block at a time.`,
 	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "goroutines feeding the caches, each owning a share of them (the trace is read once for all)")
 	f.StringVar(&o.reduction, "reduction", "", "the data's reduction ratio on the SSD tier (2, 2.5:1): each cache holds that many times its size")
 	f.StringVar(&o.reducedBy, "reduction-of", "", "measure the reduction ratio on this data file (a disk image) instead of giving --reduction")
-	f.StringVar(&o.reduceMode, "reduction-mode", "zero", "what --reduction-of counts: zero (zero blocks take no space) or compress (and the rest compressed)")
+	f.StringVar(&o.reduceMode, "reduction-mode", "zero", "what --reduction-of counts: zero (zero blocks take no space), compress (and the rest compressed) or dedupe (and duplicate blocks stored once)")
 	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr (shown only when stderr is a terminal)")
 	return cmd
 }
@@ -226,8 +228,9 @@ func runSim(ctx context.Context, o simOpts) error {
 // simReduction is the reduction ratio the caches' sizes are multiplied by (1: none), given or
 // measured; measured says where it came from, for the table's heading.
 func simReduction(o simOpts) (ratio float64, measured string, err error) {
-	if o.reduceMode != "zero" && o.reduceMode != "compress" {
-		return 0, "", usageErrorf("--reduction-mode %q: use zero or compress", o.reduceMode)
+	mode, err := sim.ParseReductionMode(o.reduceMode)
+	if err != nil {
+		return 0, "", usageErrorf("--reduction-mode %v", err)
 	}
 	switch {
 	case o.reduction != "" && o.reducedBy != "":
@@ -243,11 +246,11 @@ func simReduction(o simOpts) (ratio float64, measured string, err error) {
 			return 0, "", usageErrorf("--reduction-of: %v", err)
 		}
 		defer f.Close()
-		m, err := sim.MeasureReduction(f)
+		m, err := sim.MeasureReduction(f, mode)
 		if err != nil {
 			return 0, "", fmt.Errorf("--reduction-of %s: %w", o.reducedBy, err)
 		}
-		if ratio, err = m.Ratio(o.reduceMode == "compress"); err != nil {
+		if ratio, err = m.Ratio(mode); err != nil {
 			return 0, "", usageErrorf("--reduction-of %s %v", o.reducedBy, err)
 		}
 		return ratio, fmt.Sprintf(" (%s, reduction-mode %s: %s)", filepath.Base(o.reducedBy), o.reduceMode, m), nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -163,11 +164,48 @@ func TestSimReduction(t *testing.T) {
 		{simOpts{reduction: "2", reducedBy: zeros}, "give one"},
 		{simOpts{reducedBy: zeros}, "holds no block that is not zeros"},
 		{simOpts{reducedBy: filepath.Join(t.TempDir(), "missing")}, "--reduction-of: open"},
-		{simOpts{reduction: "2", reduceMode: "dedupe"}, `--reduction-mode "dedupe"`},
+		{simOpts{reduction: "2", reduceMode: "dedup"}, `--reduction-mode "dedup": use zero, compress or dedupe`},
 	} {
 		tc.o.tracePath, tc.o.sizes = path, "489"
 		_, err := simCmd(t, tc.o)
 		require.ErrorContains(t, err, tc.msg)
 		require.Equal(t, 2, ExitCode(err), tc.msg)
+	}
+}
+
+// TestSimReductionDedupe: --reduction-mode dedupe counts each distinct block of the data file once.
+// The file is two random blocks (which S2 stores as they are) four times each, and one block of
+// zeros: 9 blocks, 8 not zero, 2 unique.
+func TestSimReductionDedupe(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	rng := rand.New(rand.NewPCG(5, 6))
+	a, b := make([]byte, 4096), make([]byte, 4096)
+	for i := range a {
+		a[i], b[i] = byte(rng.Uint32()), byte(rng.Uint32())
+	}
+	img := filepath.Join(t.TempDir(), "repeats.img")
+	require.NoError(t, os.WriteFile(img, bytes.Join([][]byte{a, b, a, b, make([]byte, 4096), a, b, a, b}, nil), 0o644))
+	for _, tc := range []struct {
+		mode, ratio, objects string
+	}{
+		{"zero", "1.12", "550"},     // 9 blocks over the 8 not zero
+		{"compress", "1.12", "550"}, // random blocks do not compress
+		{"dedupe", "4.50", "2200"},  // 9 blocks over the 2 unique
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			o := simOpts{tracePath: path, policies: "lru", sizes: "489", reducedBy: img, reduceMode: tc.mode}
+			out, err := simCmd(t, o)
+			require.NoError(t, err)
+			require.Contains(t, out, "reduction "+tc.ratio+":1 (repeats.img, reduction-mode "+tc.mode+": 9 blocks of 4 KiB, 11.1 % zeros;")
+			if tc.mode == "dedupe" {
+				require.Contains(t, out, ", 4.50:1 with duplicates stored once (2 unique of 8 non-zero blocks))")
+			}
+			o.output = "csv"
+			out, err = simCmd(t, o)
+			require.NoError(t, err)
+			rows, err := csv.NewReader(bytes.NewReader([]byte(out))).ReadAll()
+			require.NoError(t, err)
+			require.Equal(t, tc.objects, rows[1][1], "what a cache of 489 holds at %s:1", tc.ratio)
+		})
 	}
 }

@@ -231,6 +231,9 @@ func writeStored(w io.Writer, tiers []cache.TierStats) {
 		if t.DedupeHits > 0 {
 			fmt.Fprintf(w, ", %d blocks deduped", t.DedupeHits)
 		}
+		if t.DedupeCollisions > 0 { // hashes that named other bytes: caught, never shared
+			fmt.Fprintf(w, ", %d hash collisions", t.DedupeCollisions)
+		}
 		fmt.Fprint(w, ")")
 	}
 	fmt.Fprintln(w)

@@ -216,6 +216,12 @@ func TestWriteStored(t *testing.T) {
 			"stored: ssd 0 logical, 0 physical (1.00x, reduction off)\n"},
 		{"only zero blocks", []cache.TierStats{{Name: "ssd", LogicalBytes: 1 << 20, Reduction: "zero"}},
 			"stored: ssd 1MiB logical, 0 physical (-, reduction zero)\n"},
+		{"dedupe", []cache.TierStats{{Name: "ram", LogicalBytes: 1 << 20, PhysicalBytes: 1 << 20, ReductionRatio: 1},
+			{Name: "ssd", LogicalBytes: 8 << 20, PhysicalBytes: 2 << 20, ReductionRatio: 4, Reduction: "dedupe", DedupeHits: 1024}},
+			"stored: ram 1MiB logical, 1MiB physical (1.00x); ssd 8MiB logical, 2MiB physical (4.00x, reduction dedupe, 1024 blocks deduped)\n"},
+		{"dedupe collisions", []cache.TierStats{{Name: "ssd", LogicalBytes: 8 << 20, PhysicalBytes: 4 << 20, ReductionRatio: 2, Reduction: "dedupe",
+			DedupeHits: 3, DedupeCollisions: 2}},
+			"stored: ssd 8MiB logical, 4MiB physical (2.00x, reduction dedupe, 3 blocks deduped, 2 hash collisions)\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -43,7 +43,8 @@ type Cache struct {
 	WriteBack WriteBack `yaml:"write_back"`
 	// Reduction is what the SSD tier stores no more of: off; zero (the default: blocks of zeros
 	// are a bit in the line's state, not written); or compress (the packed layout: every other
-	// block compressed, room allocated by size). Dedupe is not built yet.
+	// block compressed, room allocated by size); or dedupe (compress, and a block with the bytes
+	// of a unit the tier holds is stored as one more reference to that unit).
 	Reduction string `yaml:"reduction"`
 }
 

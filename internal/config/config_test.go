@@ -96,8 +96,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"congestion not a duration", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "2"} }, `exports[0].cache.congestion: "2": use a duration`},
 		{"congestion negative", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Congestion: "-2ms"} }, `exports[0].cache.congestion: "-2ms"`},
 		{"congestion without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Congestion: "off"} }, "exports[0].cache.congestion: is set but ssd is not"},
-		{"reduction unknown", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "zeros"} }, `exports[0].cache.reduction: unknown reduction "zeros"; use off, zero or compress`},
-		{"reduction not built", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "dedupe"} }, `exports[0].cache.reduction: reduction "dedupe" is not built yet; use off, zero or compress`},
+		{"reduction unknown", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "zeros"} }, `exports[0].cache.reduction: unknown reduction "zeros"; use off, zero, compress or dedupe`},
 		{"reduction without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Reduction: "off"} }, "exports[0].cache.reduction: is set but ssd is not"},
 		{"policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Policy: "mru"} }, "exports[0].cache.policy: unknown eviction policy"},
 		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
@@ -356,9 +355,26 @@ func TestReductionLevel(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want cache.Reduction
-	}{{"", cache.ReductionZero}, {"off", cache.ReductionOff}, {"zero", cache.ReductionZero}} {
+	}{{"", cache.ReductionZero}, {"off", cache.ReductionOff}, {"zero", cache.ReductionZero},
+		{"compress", cache.ReductionCompress}, {"dedupe", cache.ReductionDedupe}} {
 		r, err := (&Cache{Reduction: tc.in}).ReductionLevel()
 		require.NoError(t, err, "reduction %q", tc.in)
 		require.Equal(t, tc.want, r, "reduction %q", tc.in)
 	}
+	// An unknown name is refused with cache.ParseReduction's error, which names every reduction.
+	_, err := (&Cache{Reduction: "dedup"}).ReductionLevel()
+	_, perr := cache.ParseReduction("dedup")
+	require.EqualError(t, err, "reduction: "+perr.Error())
+	require.EqualError(t, perr, `unknown reduction "dedup"; use off, zero, compress or dedupe`)
+}
+
+// TestReductionDedupeAccepted: a config file that asks for dedupe validates, and the export's
+// cache gets cache.ReductionDedupe.
+func TestReductionDedupeAccepted(t *testing.T) {
+	c, err := Parse([]byte("exports: [{backend: 'file:///a', cache: {ssd: /ssd, mode: writeback, reduction: dedupe}}]\n"), "t.yaml")
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(schemes))
+	r, err := c.Exports[0].Cache.ReductionLevel()
+	require.NoError(t, err)
+	require.Equal(t, cache.ReductionDedupe, r)
 }
