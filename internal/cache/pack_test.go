@@ -149,3 +149,36 @@ func TestPackedLargeLines(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want, got))
 }
+
+// TestIncompressible checks the sampling that spares random-looking blocks a compression: random
+// bytes, and random bytes with fio's offset stamped at every 512 bytes, are taken as they are;
+// text, stamped sectors and blocks half zeros are compressed.
+func TestIncompressible(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	random := make([]byte, blockSize)
+	for i := range random {
+		random[i] = byte(r.Uint32())
+	}
+	fioLike := bytes.Clone(random)
+	for off := 0; off < blockSize; off += 512 {
+		copy(fioLike[off:], []byte{0, 0x60, 0x24, 0, 0, 0, 0, 0})
+	}
+	halfZero := bytes.Clone(random)
+	clear(halfZero[blockSize/2:])
+	stamped := make([]byte, blockSize)
+	stamp(stamped, 8, 42)
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"random", random, true},
+		{"random with fio's offsets", fioLike, true},
+		{"text", textLike(blockSize, 1), false},
+		{"stamped sectors", stamped, false},
+		{"half zeros", halfZero, false},
+		{"zeros", make([]byte, blockSize), false},
+	} {
+		require.Equal(t, tc.want, incompressible(tc.b), tc.name)
+	}
+}
