@@ -102,16 +102,22 @@ func TestBenchCacheSmoke(t *testing.T) {
 }
 
 // TestBenchReductionSmoke runs `tierblk bench cache --parts reduction` on an 8 MiB image whose
-// second half is zeros: the SSD tier with reduction zero stores half of what it holds, the one
-// with reduction off all of it, the one with compress less than half (its first half compresses
-// too), the random bytes do not compress, and every row comes out.
+// first half is lines of text and second half zeros: the SSD tier with reduction zero stores half
+// of what it holds, the one with reduction off all of it, the one with compress less than half
+// (its first half compresses too), the random bytes do not compress, and every row comes out. The
+// dedupe rows: four clones of the image with dedupe store more than clone 0 alone and less than
+// with compress, every tier holds all of its clones, and the ratios come out.
 func TestBenchReductionSmoke(t *testing.T) {
 	requireTools(t, "fio", "nbdkit")
 	image := filepath.Join(t.TempDir(), "half-zero.img")
-	data := make([]byte, 8<<20)
-	for i := range len(data) / 2 {
-		data[i] = byte(i%251 + 1)
+	// Text whose every line differs, so that the clones' rewrites (the image's bytes read at an
+	// offset that is not a multiple of 4 KiB) find data that matches none of its blocks.
+	var text bytes.Buffer
+	for i := 0; text.Len() < 4<<20; i++ {
+		fmt.Fprintf(&text, "line %d of the smoke image, words that compress\n", i)
 	}
+	data := make([]byte, 8<<20)
+	copy(data, text.Bytes()[:4<<20])
 	require.NoError(t, os.WriteFile(image, data, 0o600))
 	stdout, _ := runBench(t, benchWorkDir(t), "cache", "--parts", "reduction", "--image", image, "--rounds", "1", "--runtime", "1s")
 	require.Contains(t, stdout, "| tierblk --reduction off | 8.0 MiB | 8.0 MiB | 1.000 |")
@@ -134,6 +140,29 @@ func TestBenchReductionSmoke(t *testing.T) {
 	// The random bytes' row: compress and off, then compress/off.
 	twoRow := regexp.MustCompile(`(?m)^\| ([^|]+) \| ` + fig + ` \| ` + fig + ` \| ` + ratio + ` \|$`)
 	require.Equal(t, []string{bench.ReductionRandomRow().Name}, rowNames(twoRow, stdout), "stdout:\n%s", stdout)
+
+	// The dedupe rows: 102 of each clone's 2048 blocks rewritten, one run.
+	require.Contains(t, stdout, "Dedupe: 4 clones of the image (8.0 MiB each), 102 of each one's 2048 blocks of 4 KiB (5 %) rewritten")
+	dd := regexp.MustCompile(`(?m)^\| ([^|]+) \| (\d+\.\d) MiB \| (\d+\.\d) MiB \| (\d+\.\d) MiB \| (\d+) \| (\d+) \| \d+\.\d s \|$`)
+	type tier struct{ logical, physical, expect, hits float64 }
+	tiers := map[string]tier{}
+	for _, m := range dd.FindAllStringSubmatch(stdout, -1) {
+		var tr tier
+		for i, p := range []*float64{&tr.logical, &tr.physical, &tr.expect, &tr.hits} {
+			*p, _ = strconv.ParseFloat(m[2+i], 64)
+		}
+		tiers[m[1]] = tr
+	}
+	require.Len(t, tiers, 3, "stdout:\n%s", stdout)
+	one, four, four4c := tiers["clone 0, --reduction dedupe"], tiers["four clones, --reduction dedupe"], tiers["four clones, --reduction compress"]
+	require.Equal(t, 8.0, one.logical)
+	require.Equal(t, 32.0, four.logical)
+	require.Equal(t, 32.0, four4c.logical)
+	require.Greater(t, four.physical, one.physical, "each clone's rewritten blocks are stored")
+	require.Less(t, four.physical, four4c.physical/2, "the clones' blocks in common are stored once")
+	require.Positive(t, four.hits)
+	require.Zero(t, four4c.hits)
+	require.Regexp(t, `(?m)^Physical bytes of the four clones over clone 0's: dedupe 1\.\d{3} \(goal: at most 1\.4\), compress [34]\.\d{3}$`, stdout)
 }
 
 // TestBenchWriteBackSmoke runs `tierblk bench writeback` with a tiny working set, burst and run

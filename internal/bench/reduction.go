@@ -27,6 +27,10 @@ const (
 	nameWriteBackOff      = "writeback --reduction off"
 	nameWriteBackZero     = "writeback --reduction zero"
 	nameWriteBackCompress = "writeback --reduction compress"
+	// The dedupe rows': clone 0 alone, and the four clones as one export (clones.go).
+	nameCloneDedupe    = "clone 0, --reduction dedupe"
+	nameClonesDedupe   = "four clones, --reduction dedupe"
+	nameClonesCompress = "four clones, --reduction compress"
 )
 
 // ReductionWriteSize is the region the write row writes at random, prefilled first: within the
@@ -71,6 +75,19 @@ type ReductionReport struct {
 	Hits   []Result
 	Random Result // ReductionRandomRow
 	Writes Result // ReductionWriteRow
+	// Clones are the clones of the image the dedupe rows read (one run, no rounds), whose SSD
+	// tiers are in Stored and Fill too.
+	Clones CloneSet
+}
+
+// DedupeRatios are the four clones' physical bytes over clone 0's (with dedupe), with dedupe (the
+// goal: at most DedupeGoal) and with compress; 0 where a figure is missing.
+func (r ReductionReport) DedupeRatios() (dedupe, compress float64) {
+	one := r.Stored[nameCloneDedupe].PhysicalBytes
+	if one == 0 {
+		return 0, 0
+	}
+	return float64(r.Stored[nameClonesDedupe].PhysicalBytes) / float64(one), float64(r.Stored[nameClonesCompress].PhysicalBytes) / float64(one)
 }
 
 // reductionTarget is one tierblk of the read part: its name as the tables show it and its
@@ -99,7 +116,20 @@ func reductionTargets(tierblk, dir, key, image string, ssdSize int64, ts []reduc
 var (
 	imageTargets  = []reductionTarget{{nameReductionOff, "off"}, {nameReductionZero, "zero"}, {nameReductionCompress, "compress"}}
 	randomTargets = []reductionTarget{{nameRandomOff, "off"}, {nameRandomCompress, "compress"}}
+	clonesTargets = []reductionTarget{{nameClonesDedupe, "dedupe"}, {nameClonesCompress, "compress"}}
+	cloneTargets  = []reductionTarget{{nameCloneDedupe, "dedupe"}}
 )
+
+// removeTiers removes the SSD tiers (and their metadata) of ts, which reductionTargets made with
+// key, once their servers have stopped: the part's later groups need the room (the dedupe rows'
+// take gigabytes).
+func removeTiers(dir, key string, ts []reductionTarget) {
+	for _, rt := range ts {
+		ssd := filepath.Join(dir, key+rt.reduction+"-ssd.img")
+		os.Remove(ssd)
+		os.RemoveAll(ssd + ".meta")
+	}
+}
 
 func reductionAdmin(dir, key, reduction string) string {
 	return filepath.Join(dir, key+reduction+"-admin.sock")
@@ -192,8 +222,9 @@ func writeRandom(path string, size int64) error {
 // from round to round. Then the same for off and compress over an image of random bytes
 // (ReductionRandomRow: data that does not compress), as large as image up to ReductionRandomSize;
 // then 4K random writes of data in write-back (ReductionWriteRow) on three more tierblks, off, zero
-// and compress, over ReductionWriteSize written once first. Each group of servers is stopped
-// before the next starts. o.Size and o.SlowRuntime are not used.
+// and compress, over ReductionWriteSize written once first. Last the dedupe rows, one run of
+// each (runDedupe). Each group of servers is stopped before the next starts. o.Size and
+// o.SlowRuntime are not used.
 func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionReport, error) {
 	if err := o.check(); err != nil {
 		return ReductionReport{}, err
@@ -239,6 +270,7 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 		rep.Hits = append(rep.Hits, r)
 	}
 	closeAll(servers)
+	removeTiers(dir, "r", imageTargets)
 
 	random := filepath.Join(dir, "random.img")
 	fmt.Fprintf(o.Log, "writing %d random bytes to %s\n", rep.RandomBytes, random)
@@ -251,30 +283,83 @@ func RunReduction(ctx context.Context, o CacheOptions, image string) (ReductionR
 	}
 	rep.Random, err = measure(ctx, ReductionRandomRow(), probes, o.Rounds, strconv.FormatInt(rep.RandomBytes/line*line, 10), o.Log, nil)
 	closeAll(servers)
+	removeTiers(dir, "x", randomTargets)
+	os.Remove(random)
 	if err != nil {
 		return ReductionReport{}, err
 	}
 
+	if rep.Writes, err = measureWrites(ctx, o, dir); err != nil {
+		return ReductionReport{}, err
+	}
+	if err := runDedupe(ctx, o, &rep, dir, image); err != nil {
+		return ReductionReport{}, err
+	}
+	return rep, nil
+}
+
+// measureWrites measures ReductionWriteRow on writeBackTargets, and stops them.
+func measureWrites(ctx context.Context, o CacheOptions, dir string) (Result, error) {
+	var servers []*server
+	defer func() {
+		for _, s := range servers {
+			s.close()
+		}
+		for _, r := range []string{"off", "zero", "compress"} { // writeBackTargets' files
+			os.Remove(filepath.Join(dir, r+"-wb-backend.img"))
+			os.Remove(filepath.Join(dir, r+"-wb-ssd.img"))
+			os.RemoveAll(filepath.Join(dir, r+"-wb-ssd.img.meta"))
+		}
+	}()
 	var wprobes []probe
-	servers = nil
-	defer func() { closeAll(servers) }()
 	for i, t := range writeBackTargets(o.Tierblk, dir) {
 		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("w%d.sock", i))}
 		if err := s.start(ctx); err != nil {
-			return ReductionReport{}, err
+			return Result{}, err
 		}
 		servers = append(servers, s)
 		wo := o
 		wo.Size = ReductionWriteSize
 		if err := wo.pass(ctx, s, "prefilling", "--rw=write"); err != nil {
-			return ReductionReport{}, err
+			return Result{}, err
 		}
 		wprobes = append(wprobes, probe{name: t.Name, ep: s.endpoint(), runtime: o.Runtime, ramp: time.Second})
 	}
-	if rep.Writes, err = measure(ctx, ReductionWriteRow(), wprobes, o.Rounds, ReductionWriteSize, o.Log, nil); err != nil {
-		return ReductionReport{}, err
+	return measure(ctx, ReductionWriteRow(), wprobes, o.Rounds, ReductionWriteSize, o.Log, nil)
+}
+
+// runDedupe is the dedupe rows (issue 26): DedupeClones clones of image's whole lines written to
+// dir (makeClones) one after another into one file, served as one export by a tierblk with
+// reduction dedupe and by one with compress, and clone 0 alone by one with dedupe; each is read
+// once (as fillReduction reads an image) and what its SSD tier stores goes to rep. One run: a size,
+// not a speed. Each file of clones is removed once it has been read.
+func runDedupe(ctx context.Context, o CacheOptions, rep *ReductionReport, dir, image string) error {
+	line := int64(cache.DefaultLineSize)
+	one, four := filepath.Join(dir, "clone0.img"), filepath.Join(dir, "clones.img")
+	defer os.Remove(one)
+	defer os.Remove(four)
+	fmt.Fprintf(o.Log, "writing %d clones of %s, %d %% of each one's 4 KiB blocks rewritten, to %s (and clone 0 to %s)\n",
+		DedupeClones, image, DedupeRewritePercent, four, one)
+	cs, err := makeClones(image, rep.ImageBytes/line*line, one, four)
+	if err != nil {
+		return err
 	}
-	return rep, nil
+	rep.Clones = cs
+	for _, g := range []struct {
+		key, image string
+		ts         []reductionTarget
+	}{{"d", four, clonesTargets}, {"c", one, cloneTargets}} {
+		servers, _, err := fillReduction(ctx, o, rep, dir, g.key, g.image, g.ts)
+		for _, s := range servers {
+			s.close()
+		}
+		removeTiers(dir, g.key, g.ts)
+		os.Remove(g.image) // clone 0 is read last, from a file of its own
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ReductionTable renders the report: what each SSD tier stores of the image (and of the random
@@ -302,4 +387,40 @@ func ReductionTable(w io.Writer, rep ReductionReport) {
 	fmt.Fprintln(w)
 	pairedTable(w, []Result{rep.Writes}, []string{nameWriteBackCompress, nameWriteBackZero, nameWriteBackOff},
 		[][2]string{{nameWriteBackCompress, nameWriteBackOff}, {nameWriteBackZero, nameWriteBackOff}})
+	if rep.Clones.Size > 0 {
+		fmt.Fprintln(w)
+		DedupeTable(w, rep)
+	}
+}
+
+// DedupeTable renders the dedupe rows: what each SSD tier stores of the clones, beside what a tier
+// that stores each distinct non-zero block once as its S2 unit (each one, for compress) would,
+// then the four clones' physical bytes over clone 0's.
+func DedupeTable(w io.Writer, rep ReductionReport) {
+	cs := rep.Clones
+	mib := func(b int64) float64 { return float64(b) / (1 << 20) }
+	fmt.Fprintf(w, "Dedupe: %d clones of the image (%.1f MiB each), %d of each one's %d blocks of 4 KiB (%d %%) rewritten with 4 KiB of the image read at an offset that is not a multiple of 4 KiB (of them, blocks of zeros in the image:",
+		DedupeClones, mib(cs.Size), cs.Rewritten, cs.Blocks, DedupeRewritePercent)
+	for _, z := range cs.WasZero {
+		fmt.Fprintf(w, " %d", z)
+	}
+	fmt.Fprintf(w, "; their S2 units, MiB:")
+	for _, b := range cs.NewBytes {
+		fmt.Fprintf(w, " %.1f", mib(b))
+	}
+	fmt.Fprintf(w, "); the four served as one export; one run:\n\n")
+	fmt.Fprintf(w, "| SSD tier | logical | physical | expected physical | dedupe hits | dedupe collisions | first read |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range []struct {
+		name   string
+		expect int64
+	}{{nameCloneDedupe, cs.ExpectOne}, {nameClonesDedupe, cs.ExpectFour}, {nameClonesCompress, cs.ExpectFourCompress}} {
+		s, ok := rep.Stored[r.name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.1f MiB | %.1f MiB | %.1f MiB | %d | %d | %.1f s |\n", r.name, float64(s.LogicalBytes)/(1<<20),
+			float64(s.PhysicalBytes)/(1<<20), mib(r.expect), s.DedupeHits, s.DedupeCollisions, rep.Fill[r.name].Seconds())
+	}
+	d, c := rep.DedupeRatios()
+	fmt.Fprintf(w, "\nPhysical bytes of the four clones over clone 0's: dedupe %.3f (goal: at most %.1f), compress %.3f\n", d, DedupeGoal, c)
 }

@@ -201,6 +201,14 @@ random bytes as large as IMAGE, up to ` + fmt.Sprint(bench.ReductionRandomSize>>
 4K random reads at QD32 through off and compress (ratio compress/off). Then 4K random writes of data
 (fio's random buffers) at QD32 on three more tierblks in write-back (--reduction off, zero and
 compress, each over a backend file of its own), over ` + bench.ReductionWriteSize + ` written once first.
+Last dedupe, in one run (a size, not a speed): ` + fmt.Sprint(bench.DedupeClones) + ` clones of IMAGE written to WORK one after another
+in one file, each with ` + fmt.Sprint(bench.DedupeRewritePercent) + ` % of its 4 KiB blocks (drawn by an RNG seeded per clone) rewritten with
+4 KiB of IMAGE read at an offset that is not a multiple of 4 KiB (never zeros, never the bytes of
+another block), served as one export and read once through --reduction dedupe and through
+compress, and clone 0 alone through dedupe; prints each SSD tier's physical bytes, dedupe hits and
+collisions, what a tier storing each distinct block's S2 unit once would hold, and the four
+clones' physical bytes over clone 0's (the goal: at most ` + fmt.Sprint(bench.DedupeGoal) + ` with dedupe). The clones are
+deleted when read; WORK needs room for ` + fmt.Sprint(bench.DedupeClones+1) + ` copies of IMAGE meanwhile, besides the SSD tiers.
 
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
