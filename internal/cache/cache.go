@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
@@ -111,7 +113,11 @@ type Config struct {
 	// Reduction is what the SSD tier stores no more of (zero.go); the zero value stores
 	// everything as it is.
 	Reduction Reduction
-	Log       *slog.Logger
+	// ReductionDefault says Reduction is DefaultReduction, not chosen: an SSD tier stored in the
+	// other layout keeps its own (reduction zero for the slot layout, compress for the packed one)
+	// rather than being refused, so that a tier made before the default changed still starts.
+	ReductionDefault bool
+	Log              *slog.Logger
 }
 
 // ErrMismatch: the SSD tier's metadata was written for another backend or layout. It is refused,
@@ -240,10 +246,24 @@ func ssdReserve(slots int) int { return max(1, min(max(slots/64, min(slots/8, 25
 
 func (c *Cache) openSSD(cfg Config) error {
 	slots := int(cfg.SSD.Size / c.line)
-	indexed, layout := slots, ""
-	if cfg.Reduction >= ReductionCompress {
-		indexed, layout = slots*packedSlotsPerLine, meta.LayoutPacked
+	sb, ok, err := cfg.Meta.Superblock()
+	if err != nil {
+		return fmt.Errorf("SSD tier metadata: %w", err)
 	}
+	if cfg.ReductionDefault && ok && sb.Layout != layoutOf(cfg.Reduction) {
+		keep := ReductionZero
+		if sb.Layout == meta.LayoutPacked {
+			keep = ReductionCompress
+		}
+		c.log.Info("SSD tier: kept in its layout; set reduction to change it (on a new tier)",
+			"reduction", keep.String(), "default", cfg.Reduction.String())
+		cfg.Reduction = keep
+	}
+	indexed, layout := slots, layoutOf(cfg.Reduction)
+	if layout == meta.LayoutPacked {
+		indexed = slots * packedSlotsPerLine
+	}
+	warnIndexRAM(c.log, indexed, int(c.line/blockSize), cfg.Reduction)
 	spec := c.spec("ssd", cfg.SSD, ssdReserve(indexed))
 	spec.slots = indexed
 	spec.lines = uint64((c.size + c.line - 1) / c.line)
@@ -277,11 +297,8 @@ func (c *Cache) openSSD(cfg Config) error {
 	}
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
 		BackendSize: c.size, Slots: uint32(slots), Layout: layout}
-	sb, ok, err := cfg.Meta.Superblock()
 	c.lastRun = errNoRunLog
 	switch {
-	case err != nil:
-		return fmt.Errorf("SSD tier metadata: %w", err)
 	case !ok:
 		sb = want
 	default:
@@ -451,4 +468,32 @@ func (c *Cache) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// indexBytesPerLine is the most RAM the SSD tier's index takes per line it indexes with the default
+// policy (TestIndexBytesPerLine holds it to this); a packed tier adds each block's location word
+// and the slot's gen (TestPackedIndexBytesPerLine).
+const indexBytesPerLine = 128
+
+func packedIndexBytesPerLine(blocks int) int { return indexBytesPerLine + blocks*8 + 4 }
+
+// warnIndexRAM warns when the SSD tier's index, full, would take more than half of the machine's
+// RAM: with reduction compress it indexes packedSlotsPerLine lines per line of room, each with its
+// location words, several times what reduction zero needs.
+func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
+	per := indexBytesPerLine
+	if layoutOf(r) == meta.LayoutPacked {
+		per = packedIndexBytesPerLine(blocks)
+	}
+	need := uint64(indexed) * uint64(per)
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil || need <= si.Totalram*uint64(si.Unit)/2 {
+		return
+	}
+	zero := uint64(indexed) * indexBytesPerLine
+	if layoutOf(r) == meta.LayoutPacked {
+		zero /= packedSlotsPerLine
+	}
+	log.Warn("the SSD tier's index, full, may take more than half of this machine's RAM; reduction zero, or a larger line, needs less",
+		"index_bytes", need, "ram_bytes", si.Totalram*uint64(si.Unit), "reduction", r.String(), "index_bytes_with_zero", zero)
 }

@@ -10,7 +10,7 @@ import (
 
 // maxIndexBytesPerLine is the budget the README states for the default policy: a 1 TiB SSD tier of
 // 64 KiB lines (2^24 lines) must fit in 2 GiB of index RAM; with lru, in 1 GiB.
-var maxIndexBytesPerLine = map[string]float64{DefaultPolicy: 128, "lru": 64}
+var maxIndexBytesPerLine = map[string]float64{DefaultPolicy: indexBytesPerLine, "lru": 64}
 
 // TestIndexBytesPerLine measures the RAM the SSD tier's index takes per cached line with the default
 // policy and others: the line map, the valid bits, the free list and the eviction policy, full.
@@ -58,7 +58,7 @@ func heapInUse() uint64 {
 // maxPackedIndexBytesPerLine is the budget docs/architecture.md states for the index of a tier with
 // reduction compress, per line it indexes (the default policy): the slot layout's, and the location
 // word of each of a 64 KiB line's 16 blocks.
-const maxPackedIndexBytesPerLine = 128 + 16*8 + 4
+var maxPackedIndexBytesPerLine = packedIndexBytesPerLine(16)
 
 // TestPackedIndexBytesPerLine measures the same with reduction compress: a packed tier indexes
 // packedSlotsPerLine lines per line of room, each with its blocks' location words.

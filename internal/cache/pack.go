@@ -12,6 +12,7 @@ import (
 	"github.com/klauspost/compress/s2"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -54,6 +55,14 @@ func makeLoc(off int64, n, codec int) uint64 {
 func locOff(l uint64) int64 { return int64(l >> locOffShift) }
 func locLen(l uint64) int   { return int(l & locLenMask) }
 func locCodec(l uint64) int { return int(l >> locCodecShift & 0xf) }
+
+// layoutOf is the superblock's layout of an SSD tier with reduction r.
+func layoutOf(r Reduction) string {
+	if r >= ReductionCompress {
+		return meta.LayoutPacked
+	}
+	return ""
+}
 
 // packedSlotsPerLine is how many lines a packed tier indexes per line of room: the most it can hold
 // when data compresses that well (the system image of bench cache --parts reduction does about

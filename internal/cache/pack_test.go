@@ -182,3 +182,33 @@ func TestIncompressible(t *testing.T) {
 		require.Equal(t, tc.want, incompressible(tc.b), tc.name)
 	}
 }
+
+// TestDefaultReductionKeepsLayout opens an SSD tier made with the slot layout (reduction zero) with
+// the default reduction, compress, not chosen by the config: the tier keeps its layout and its
+// data. Named in the config, compress is refused on it, and nothing changes.
+func TestDefaultReductionKeepsLayout(t *testing.T) {
+	const line = 16 << 10
+	b, store, ssd := newCrashDev(8*line), gatedStore{&gate{}, meta.NewMem()}, newCrashDev(8*line)
+	l := layout{line: line, ssd: 8, mode: WriteBack, reduction: ReductionZero}
+	want := textLike(2*line, 12)
+	c := newCache(t, b, l, store, ssd)
+	_, err := c.WriteAt(want, 0)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+
+	cfg := testConfig(layout{line: line, ssd: 8, mode: WriteBack, reduction: DefaultReduction}, store, ssd)
+	_, err = New(b, cfg)
+	require.ErrorIs(t, err, ErrMismatch, "compress named on a slot tier")
+
+	cfg.ReductionDefault = true
+	c, err = New(b, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	s := c.Stats().Tiers[0]
+	require.Equal(t, "zero", s.Reduction)
+	require.Equal(t, uint64(2*line/blockSize), s.LogicalBytes/blockSize)
+	got := make([]byte, len(want))
+	_, err = c.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(want, got), "the dirty data, from the tier it kept")
+}

@@ -36,11 +36,12 @@ const (
 	ReductionDedupe
 )
 
-// DefaultReduction is the SSD tier's reduction unless the config names one: zero. It costs a
-// comparison of each block a fill or write stores with zeros, which stops at the first word that is
-// not zero, and saves the SSD write and read of every zero block (docs/benchmarks.md measures
-// both).
-const DefaultReduction = ReductionZero
+// DefaultReduction is the SSD tier's reduction unless the config names one: compress. The tier
+// holds more lines in the same room (up to packedSlotsPerLine times as many), at the cost of a
+// larger index per line; its hits and write-back writes run about as fast as with reduction off
+// (docs/benchmarks.md, bench cache --parts reduction). A tier made with the slot layout before
+// keeps it (Config.ReductionDefault).
+const DefaultReduction = ReductionCompress
 
 var reductionNames = []string{"off", "zero", "compress", "dedupe"}
 

@@ -41,10 +41,11 @@ type Cache struct {
 	// WriteBack tunes write-back; it applies whenever the cache is in write-back mode, including
 	// after a switch at run time (`tierblk mode`).
 	WriteBack WriteBack `yaml:"write_back"`
-	// Reduction is what the SSD tier stores no more of: off; zero (the default: blocks of zeros
-	// are a bit in the line's state, not written); or compress (the packed layout: every other
-	// block compressed, room allocated by size); or dedupe (compress, and a block with the bytes
-	// of a unit the tier holds is stored as one more reference to that unit).
+	// Reduction is what the SSD tier stores no more of: off; zero (blocks of zeros are a bit in
+	// the line's state, not written); compress (the default: the packed layout, every other block
+	// compressed, room allocated by size); or dedupe (compress, and a block with the bytes of a
+	// unit the tier holds is stored as one more reference to that unit). Empty: the default, or
+	// the layout an existing SSD tier has (cache.Config.ReductionDefault).
 	Reduction string `yaml:"reduction"`
 }
 

@@ -355,7 +355,7 @@ func TestReductionLevel(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want cache.Reduction
-	}{{"", cache.ReductionZero}, {"off", cache.ReductionOff}, {"zero", cache.ReductionZero},
+	}{{"", cache.ReductionCompress}, {"off", cache.ReductionOff}, {"zero", cache.ReductionZero},
 		{"compress", cache.ReductionCompress}, {"dedupe", cache.ReductionDedupe}} {
 		r, err := (&Cache{Reduction: tc.in}).ReductionLevel()
 		require.NoError(t, err, "reduction %q", tc.in)

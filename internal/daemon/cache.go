@@ -46,11 +46,13 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 		LineSize:   sizes.Line,
 		Mode:       mode,
 		Reduction:  reduction,
-		RAM:        cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
-		SSD:        cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
-		BackendID:  backend.Redact(e.Backend), // stored on the SSD tier: no password there
-		WriteBack:  cc.WriteBack.Engine(),
-		Log:        log.With("export", e.Name),
+		// A tier of the other layout keeps its own unless the config names a reduction.
+		ReductionDefault: cc.Reduction == "",
+		RAM:              cache.TierConfig{Size: sizes.RAM, Policy: rp, Admission: ra},
+		SSD:              cache.TierConfig{Size: sizes.SSDSize, Policy: sp, Admission: sa},
+		BackendID:        backend.Redact(e.Backend), // stored on the SSD tier: no password there
+		WriteBack:        cc.WriteBack.Engine(),
+		Log:              log.With("export", e.Name),
 	}
 	if cc.SSD != "" {
 		dev, err := openSSD(reg, cc.SSD, sizes.SSDSize, log)
