@@ -44,7 +44,8 @@ var reductionFio = []struct {
 	// One connection writes 22M..24M in 128k blocks of data that repeats: every 4 KiB block is
 	// a constant and the write's offset, 16 bytes over and over, so each write's two lines hold
 	// the same block 15 times besides the block with the header (one every 64k): dedupe shares
-	// the second line's with the first's, a block of one write never with another write's (its
+	// them within a line and the second line's with the first's, a block of one write never with
+	// another write's (its
 	// offset differs; fio's crc32c of each 64k would catch a block shared wrongly). fio's own
 	// --dedupe_percentage cannot serve here: with --verify, fio fills each write from a seed of
 	// its own and makes no repeats (tierblk sim --reduction-mode dedupe measures none in a file

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
@@ -62,9 +63,9 @@ func TestDedupeShares(t *testing.T) {
 
 			c = newCache(t, b, l, store, ssd)
 			hits := c.Stats().Tiers[0].Hits
-			s2 := check("read back after a restart")
-			require.Greater(t, s2.Hits, hits, "from the SSD tier")
-			require.Equal(t, s.PhysicalBytes, s2.PhysicalBytes, "the same units after the restart")
+			after := check("read back after a restart")
+			require.Greater(t, after.Hits, hits, "from the SSD tier")
+			require.Equal(t, s.PhysicalBytes, after.PhysicalBytes, "the same units after the restart")
 
 			// Writing over the copies one at a time takes references away; the last copy keeps
 			// the units, and what replaced the others is stored once too.
@@ -241,4 +242,41 @@ func TestDedupeTableBytesPerEntry(t *testing.T) {
 	t.Logf("%.1f bytes of RAM per dedupe table entry", per)
 	require.LessOrEqual(t, per, float64(maxDedupeBytesPerEntry))
 	runtime.KeepAlive(d)
+}
+
+// TestDedupeWithinWrite writes a line whose blocks repeat, in one write: it is stored once per
+// distinct block, and reads back; so it stays after a restart, and after the repeats are written
+// over one at a time.
+func TestDedupeWithinWrite(t *testing.T) {
+	const line = 64 << 10
+	b, store, ssd := newCrashDev(4*line), gatedStore{&gate{}, meta.NewMem()}, newCrashDev(8*line)
+	l := layout{line: line, ssd: 8, mode: WriteBack, reduction: ReductionDedupe}
+	pool := blockPool(2, 40)
+	model := make([]byte, line)
+	for i := 0; i < line; i += blockSize {
+		copy(model[i:], pool[i/blockSize%2])
+	}
+	c := newCache(t, b, l, store, ssd)
+	_, err := c.WriteAt(model, line)
+	require.NoError(t, err)
+	s := c.Stats().Tiers[0]
+	one := func(p []byte) uint64 {
+		var buf [2 * blockSize]byte
+		return uint64(len(s2.Encode(buf[:], p)))
+	}
+	require.Equal(t, one(pool[0])+one(pool[1]), s.PhysicalBytes, "two distinct blocks stored once each")
+	require.Equal(t, uint64(line/blockSize-2), s.DedupeHits)
+	require.NoError(t, c.Close())
+	c = newCache(t, b, l, store, ssd)
+	defer func() { c.Close() }()
+	got := make([]byte, line)
+	for i := 0; i < line; i += 2 * blockSize {
+		p := textLike(blockSize, uint64(i))
+		copy(model[i:], p)
+		_, err := c.WriteAt(p, line+int64(i))
+		require.NoError(t, err)
+		_, err = c.ReadAt(got, line)
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(model, got), "after writing over block %d", i/blockSize)
+	}
 }

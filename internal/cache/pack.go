@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"errors"
@@ -490,11 +491,13 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	var codecBuf [16]int
 	var locBuf, hashBuf [16]uint64
 	var newBuf, sameBuf [16]bool
+	var twinBuf [16]int
 	sizes, offs, codecs := sizeBuf[:0], offBuf[:0], codecBuf[:0]
 	locs := slices.Grow(locBuf[:0], nb)[:nb]    // by block: its unit (a shared one, or new)
 	hashes := slices.Grow(hashBuf[:0], nb)[:nb] // by block: its content hash (dedupe)
 	fresh := slices.Grow(newBuf[:0], nb)[:nb]   // by block: whether its unit is new
 	same := slices.Grow(sameBuf[:0], nb)[:nb]   // by block: written in place, in the unit it had
+	twin := slices.Grow(twinBuf[:0], nb)[:nb]   // by block: 1 + an earlier one of p with its bytes (dedupe)
 	// Until the blocks are placed, shared units hold a reference taken for them (dedupeCandidate).
 	// Writes in place end with the call.
 	placed, inPlace := false, false
@@ -528,8 +531,14 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 			src = *blk
 		}
 		if pk.dd != nil {
-			hashes[b-b0] = pk.dd.hash(src)
-			if l := t.dedupeCandidate(src, hashes[b-b0], (*scratch)[:blockSize]); l != 0 {
+			h := pk.dd.hash(src)
+			hashes[b-b0] = h
+			if j := twinOf(p, off, b0, src, h, hashes[:b-b0], fresh); j >= 0 {
+				twin[b-b0] = j + 1
+				pk.dd.shared.Add(1)
+				continue
+			}
+			if l := t.dedupeCandidate(src, h, (*scratch)[:blockSize]); l != 0 {
 				locs[b-b0] = l
 				continue
 			}
@@ -599,6 +608,11 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		if same[i] {
 			continue
 		}
+		if twin[i] > 0 {
+			l = locs[twin[i]-1] // placed, and so live, just before
+			locs[i] = l
+			pk.shareLocked(l)
+		}
 		if old := dst[i]; old != 0 {
 			pk.deadLocked(old)
 		}
@@ -614,6 +628,22 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		t.j.record(t.recordLocked(line, slot))
 	}
 	return nil
+}
+
+// twinOf returns the index (from b0) of an earlier block of p (the line's bytes from off) that
+// gets a new unit and holds src, whose hash is h, or -1: blocks alike in one write are stored
+// once, as they would be one write after the other. Only whole blocks of p qualify as the earlier
+// one (a block p covers in part is merged in a buffer that the next one reuses).
+func twinOf(p []byte, off int64, b0 int, src []byte, h uint64, hashes []uint64, fresh []bool) int {
+	for j, hj := range hashes {
+		if !fresh[j] || hj != h {
+			continue
+		}
+		if jl, jh := blockPart(b0+j, off, len(p)); jh-jl == blockSize && bytes.Equal(p[jl:jh], src) {
+			return j
+		}
+	}
+	return -1
 }
 
 // inPlace returns the unit of block b of slot if an incompressible block may be written over it in
