@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
@@ -211,4 +212,27 @@ func TestDefaultReductionKeepsLayout(t *testing.T) {
 	_, err = c.ReadAt(got, 0)
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(want, got), "the dirty data, from the tier it kept")
+}
+
+// BenchmarkUnitDecode is what a hit pays to get a 4 KiB block out of its unit: S2's decoding of a
+// compressed one against the copy of one stored as it is (all a RAM tier's hit does). It is why
+// the RAM tier does not compress (docs/architecture.md#data-reduction-the-packed-layout).
+func BenchmarkUnitDecode(b *testing.B) {
+	src := textLike(blockSize, 1)
+	for _, tc := range []struct {
+		name  string
+		codec int
+		unit  []byte
+	}{{"s2", codecS2, s2.Encode(nil, src)}, {"raw", codecRaw, src}} {
+		b.Run(tc.name, func(b *testing.B) {
+			l := makeLoc(0, len(tc.unit), tc.codec)
+			dst := make([]byte, blockSize)
+			b.SetBytes(blockSize)
+			for b.Loop() {
+				if err := decodeUnit(dst, tc.unit, l); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
