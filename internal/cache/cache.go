@@ -21,8 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
@@ -485,9 +483,8 @@ func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
 	if layoutOf(r) == meta.LayoutPacked {
 		per = packedIndexBytesPerLine(blocks)
 	}
-	need := uint64(indexed) * uint64(per)
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) != nil || need <= si.Totalram*uint64(si.Unit)/2 {
+	need, ram := uint64(indexed)*uint64(per), totalRAM()
+	if ram == 0 || need <= ram/2 {
 		return
 	}
 	zero := uint64(indexed) * indexBytesPerLine
@@ -495,5 +492,5 @@ func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
 		zero /= packedSlotsPerLine
 	}
 	log.Warn("the SSD tier's index, full, may take more than half of this machine's RAM; reduction zero, or a larger line, needs less",
-		"index_bytes", need, "ram_bytes", si.Totalram*uint64(si.Unit), "reduction", r.String(), "index_bytes_with_zero", zero)
+		"index_bytes", need, "ram_bytes", ram, "reduction", r.String(), "index_bytes_with_zero", zero)
 }
