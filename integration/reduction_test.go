@@ -201,18 +201,25 @@ func checkReduction(t *testing.T, reduction, mode string) {
 	mustQemuIO(t, unixURI(sock, ""), reductionReads...)
 }
 
+// startRefusingBackend starts nbdkit's memory plugin of 32M refusing every write while the file
+// inject exists: the SSD tier of a write-back cache over it holds the only copy of what is written.
+func startRefusingBackend(t *testing.T) (sock, inject string) {
+	inject = filepath.Join(shortTempDir(t), "refuse-writes")
+	require.NoError(t, os.WriteFile(inject, nil, 0o644))
+	sock = startNbdkit(t, "--filter=error", "memory", "32M",
+		"error-pwrite-rate=100%", "error-pwrite-file="+inject,
+		"error-zero-rate=100%", "error-zero-file="+inject,
+		"error-trim-rate=100%", "error-trim-file="+inject)
+	return sock, inject
+}
+
 // checkLayoutRefused starts tierblk with --reduction compress on an SSD tier made with --reduction
 // zero, whose layout differs (packed segments against one slot per line): the start must be
 // refused with an error naming the layout, and change nothing. The data is written in writeback
 // mode while the backend refuses writes, so the SSD tier holds the only copy: after a restart with
 // zero it must all read back, and reach the backend once that takes writes again.
 func checkLayoutRefused(t *testing.T) {
-	inject := filepath.Join(shortTempDir(t), "refuse-writes")
-	require.NoError(t, os.WriteFile(inject, nil, 0o644))
-	sock := startNbdkit(t, "--filter=error", "memory", "32M",
-		"error-pwrite-rate=100%", "error-pwrite-file="+inject,
-		"error-zero-rate=100%", "error-zero-file="+inject,
-		"error-trim-rate=100%", "error-trim-file="+inject)
+	sock, inject := startRefusingBackend(t)
 	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "2MiB", ssdSize: "8MiB", line: "64KiB",
 		mode: "writeback", reduction: "zero"}
 	writes := []string{
@@ -233,18 +240,9 @@ func checkLayoutRefused(t *testing.T) {
 	_, dirty := adminDirty(t, o.admin())
 	require.Positive(t, dirty.Lines, "dirty lines: the backend refuses writes")
 	d.requireStop(syscall.SIGTERM)
-	ssdSum := fileSHA256(t, o.ssd())
-
-	c := o
-	c.reduction = "compress"
-	args := append(append([]string{"serve"}, c.args()...), "--nbd", "unix:"+filepath.Join(shortTempDir(t), "s.sock"))
-	code, out := runTierblk(t, args...)
-	require.NotZero(t, code, "tierblk serve --reduction compress on an SSD tier made with zero:\n%s", out)
-	require.Contains(t, out, "SSD tier layout")
+	out := requireLayoutRefused(t, o, "compress")
 	require.Regexp(t, `(?i)compress`, out, "the error names the setting that chose each layout")
 	require.Regexp(t, `(?i)zero`, out, "the error names the setting that chose each layout")
-	require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
-	require.Equal(t, ssdSum, fileSHA256(t, o.ssd()), "the refused start changed the SSD image")
 
 	// Started again with the setting it was made with, the SSD tier holds what it held, dirty.
 	d = startServe(t, o.args()...)
@@ -262,6 +260,23 @@ func checkLayoutRefused(t *testing.T) {
 	mustQemuIO(t, unixURI(sock, ""), reads...)
 }
 
+// requireLayoutRefused starts tierblk on o's stopped SSD tier with reduction, whose layout is not
+// the tier's: the start must fail naming the layout, and leave the SSD image as it was. It returns
+// what tierblk printed.
+func requireLayoutRefused(t *testing.T, o cacheOpts, reduction string) string {
+	t.Helper()
+	sum := fileSHA256(t, o.ssd())
+	c := o
+	c.reduction = reduction
+	args := append(append([]string{"serve"}, c.args()...), "--nbd", "unix:"+filepath.Join(shortTempDir(t), "s.sock"))
+	code, out := runTierblk(t, args...)
+	require.NotZero(t, code, "tierblk serve --reduction %s on an SSD tier of the other layout:\n%s", reduction, out)
+	require.Contains(t, out, "SSD tier layout")
+	require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
+	require.Equal(t, sum, fileSHA256(t, o.ssd()), "the refused start changed the SSD image")
+	return out
+}
+
 // checkDedupeSwitch switches an SSD tier between compress and dedupe, which share the packed
 // layout, and back: each start must keep what the tier holds, the dirty data with it, and dedupe
 // must share blocks written after the switch. As in checkLayoutRefused the backend refuses writes
@@ -269,12 +284,7 @@ func checkLayoutRefused(t *testing.T) {
 // a line loses it. Going back to compress, the units dedupe shared must read back (the references
 // counted from the records), and a start with zero must be refused, the layout differing.
 func checkDedupeSwitch(t *testing.T) {
-	inject := filepath.Join(shortTempDir(t), "refuse-writes")
-	require.NoError(t, os.WriteFile(inject, nil, 0o644))
-	sock := startNbdkit(t, "--filter=error", "memory", "32M",
-		"error-pwrite-rate=100%", "error-pwrite-file="+inject,
-		"error-zero-rate=100%", "error-zero-file="+inject,
-		"error-trim-rate=100%", "error-trim-file="+inject)
+	sock, inject := startRefusingBackend(t)
 	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "1MiB", ssdSize: "8MiB", line: "64KiB",
 		mode: "writeback", reduction: "compress"}
 	// Written with compress: runs of one byte, which compress holds once per block.
@@ -328,17 +338,9 @@ func checkDedupeSwitch(t *testing.T) {
 	require.Greater(t, shared.LogicalBytes, after.LogicalBytes, "SSD logical bytes after the writes")
 	_, dirty = adminDirty(t, o.admin())
 	d.requireStop(syscall.SIGTERM)
-	ssdSum := fileSHA256(t, o.ssd())
 
 	// dedupe → zero: refused, the layout differs, and nothing changed.
-	z := o
-	z.reduction = "zero"
-	args := append(append([]string{"serve"}, z.args()...), "--nbd", "unix:"+filepath.Join(shortTempDir(t), "s.sock"))
-	code, out := runTierblk(t, args...)
-	require.NotZero(t, code, "tierblk serve --reduction zero on an SSD tier made with compress and dedupe:\n%s", out)
-	require.Contains(t, out, "SSD tier layout")
-	require.NotContains(t, out, "goroutine", "a refusal must not be a crash")
-	require.Equal(t, ssdSum, fileSHA256(t, o.ssd()), "the refused start changed the SSD image")
+	requireLayoutRefused(t, o, "zero")
 
 	// dedupe → compress: the shared units read back, every line still dirty.
 	o.reduction = "compress"
