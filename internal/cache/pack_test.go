@@ -2,7 +2,10 @@ package cache
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 
 	"github.com/klauspost/compress/s2"
@@ -234,5 +237,75 @@ func BenchmarkUnitDecode(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// cutAfterDev is a gated device that crashes its gate at its n-th write: a crash at a chosen
+// point of what the cache does next.
+type cutAfterDev struct {
+	gatedDev
+	n *atomic.Int64
+}
+
+func (d cutAfterDev) WriteAt(p []byte, off int64) (int, error) {
+	if d.n.Add(-1) < 0 {
+		d.g.crash()
+	}
+	return d.gatedDev.WriteAt(p, off)
+}
+
+// TestCrashDuringReclaim crashes a packed tier (kill -9, no run log) at each write of a reclaim
+// that copies dirty units, the data flushed before: after the restart every byte reads as flushed,
+// and is written back so. Reclaim's copies are new units whose records the crash may or may not
+// have committed; either way the old units must still be there.
+func TestCrashDuringReclaim(t *testing.T) {
+	const line = 16 << 10
+	const lines = 12
+	for _, r := range []Reduction{ReductionCompress, ReductionDedupe} {
+		for cut := range 6 {
+			t.Run(fmt.Sprintf("%s-write-%d", r, cut), func(t *testing.T) {
+				m := newMachine(lines*line, 8*line)
+				l := layout{line: line, ssd: 8, mode: WriteBack, reduction: r}
+				g := &gate{}
+				n := &atomic.Int64{}
+				n.Store(1 << 40)
+				c := newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, cutAfterDev{gatedDev{g, m.ssd}, n})
+				model := make([]byte, lines*line)
+				rng := rand.New(rand.NewPCG(uint64(cut), 7))
+				// Rewrites leave dead units across the segments, among the dirty ones.
+				for range 200 {
+					off := int64(rng.IntN(lines*line/blockSize)) * blockSize
+					p := textLike(blockSize, rng.Uint64())
+					if rng.IntN(3) == 0 {
+						for i := range p {
+							p[i] = byte(rng.Uint32())
+						}
+					}
+					_, err := c.WriteAt(p, off)
+					require.NoError(t, err)
+					copy(model[off:], p)
+				}
+				require.NoError(t, c.Flush())
+				n.Store(int64(cut))
+				pk := c.ssd.pk
+				pk.mu.Lock()
+				pk.target = len(pk.used) // reclaim empties every segment it can
+				pk.mu.Unlock()
+				c.ssd.reclaim()
+				require.Negative(t, n.Load(), "reclaim's copies reached the cut")
+				g.crash()
+				c.Close()
+
+				g = &gate{}
+				c = newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, gatedDev{g, m.ssd})
+				defer c.Close()
+				got := make([]byte, len(model))
+				_, err := c.ReadAt(got, 0)
+				require.NoError(t, err)
+				require.True(t, bytes.Equal(model, got), "after the crash")
+				require.NoError(t, c.FlushAll(context.Background(), nil))
+				require.True(t, bytes.Equal(model, m.back.cur), "written back")
+			})
+		}
 	}
 }
