@@ -35,7 +35,7 @@ type cacheOpts struct {
 	ssdSize string
 	line    string
 	mode    string
-	// reduction is --reduction; empty leaves the default (zero).
+	// reduction is --reduction; empty leaves the default (compress).
 	reduction string
 	// adminAddr is the admin endpoint; default a unix socket in dir.
 	adminAddr string

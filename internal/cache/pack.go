@@ -128,9 +128,9 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 		used: make([]int64, n),
 		open: -1,
 	}
-	pk.reserve = max(1, n/32)
-	pk.low = max(pk.reserve+1, n/16)
-	pk.target = max(pk.low+1, n/8)
+	pk.reserve = max(1, n/64)
+	pk.low = max(pk.reserve+1, n/32)
+	pk.target = max(pk.low+1, n/16)
 	for s := n - 1; s >= 0; s-- {
 		pk.free = append(pk.free, int32(s))
 	}
