@@ -18,19 +18,21 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// The packed layout of the SSD tier (reduction: compress). Each 4 KiB block a line holds is a
-// *unit*: the block compressed with S2, or the block as it is when S2 does not bring it under 7/8
-// of its size (incompressible data costs one failed compression, about a microsecond, and is read
-// back without decoding). Units are appended to the open *segment* of the device, in the order they
+// The packed layout of the SSD tier (reduction: compress, and dedupe, dedupe.go). Each 4 KiB block
+// a line holds is a *unit*: the block compressed with S2, or the block as it is when S2 does not
+// bring it under 7/8 of its size or a sample of its bytes looks random (incompressible, which
+// spares the failed compression); such a unit is read back without decoding. Units are appended to the open *segment* of the device, in the order they
 // are written, and a per-block location word (segment offset, length, codec) says where each is:
 // room is allocated by size, not a line's worth per slot. Slots stay the unit of the index, the
 // policies and the journal, but they are only numbers: the tier has packedSlotsPerLine of them per
-// line of room, and when room runs short, reclaim frees whole segments instead (the segment with
-// the fewest live bytes first: its clean lines are dropped, as CacheLib's BlockCache drops a
-// region's items, but for lines hit since they were stored, which are copied, as are dirty blocks).
+// line of room, and when room runs short, reclaim frees whole segments instead (the segments whose
+// emptying copies the fewest bytes first: their clean lines are dropped, as CacheLib's BlockCache
+// drops a region's items, but for lines hit since they were stored, which are copied, as are
+// dirty blocks).
 //
-// Nothing is written in place: a block written again goes to a new unit, and the old one stays as
-// it was until no record can find it. That keeps the journal's rules as they are for slots, with
+// A block written again goes to a new unit, and the old one stays as it was until no record can
+// find it (but for a dirty block stored as it is, which incompressible data rewrites in place, as
+// a slot: inPlace). That keeps the journal's rules as they are for slots, with
 // units in their place: a unit's room is released only after a checkpoint has committed every
 // record that stopped pointing at it (dead, swapped out at the snapshot as freeAfterCommit is), and
 // segments are reused only once all their units are released. A record in the store may so find
