@@ -337,13 +337,16 @@ func TestCrashRestart(t *testing.T) {
 	cases := []struct {
 		name string
 		l    layout
+		wide bool // clients write ranges up to a quarter of the device: a full SSD tier (ownedRange)
 	}{
-		{"wt-4k", layout{line: 4 << 10, ram: 2, ssd: 8, mode: WriteThrough}},
-		{"wt-16k-s3fifo", layout{line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, policy: "s3fifo"}},
-		{"wt-8k-ssd-only", layout{line: 8 << 10, ssd: 6, mode: WriteThrough}},
-		{"wa-8k", layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteAround}},
-		{"wb-4k", layout{line: 4 << 10, ram: 2, ssd: 8, mode: WriteBack}},
-		{"wb-16k-ssd-only", layout{line: 16 << 10, ssd: 4, mode: WriteBack, policy: "s3fifo"}},
+		{"wt-4k", layout{line: 4 << 10, ram: 2, ssd: 8, mode: WriteThrough}, false},
+		{"wt-16k-s3fifo", layout{line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, policy: "s3fifo"}, false},
+		{"wt-8k-ssd-only", layout{line: 8 << 10, ssd: 6, mode: WriteThrough}, false},
+		{"wa-8k", layout{line: 8 << 10, ram: 2, ssd: 6, mode: WriteAround}, false},
+		{"wb-4k", layout{line: 4 << 10, ram: 2, ssd: 8, mode: WriteBack}, false},
+		{"wb-16k-ssd-only", layout{line: 16 << 10, ssd: 4, mode: WriteBack, policy: "s3fifo"}, false},
+		{"wb-4k-full", layout{line: 4 << 10, ram: 1, ssd: 8, mode: WriteBack}, true},
+		{"wb-16k-full", layout{line: 16 << 10, ssd: 4, mode: WriteBack}, true},
 	}
 	seed := testSeed(t)
 	for i, tc := range cases {
@@ -356,14 +359,14 @@ func TestCrashRestart(t *testing.T) {
 				l := withReduction(tc.l, r)
 				t.Run(tc.name+"-"+kind.String()+"-reduction-"+r.String(), func(t *testing.T) {
 					t.Parallel()
-					runCrashes(t, l, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)
+					runCrashes(t, l, tc.wide, kind, seed, seed+uint64(i)*1000+uint64(kind)*300)
 				})
 			}
 		}
 	}
 }
 
-func runCrashes(t *testing.T, l layout, kind crashKind, base, seed uint64) {
+func runCrashes(t *testing.T, l layout, wide bool, kind crashKind, base, seed uint64) {
 	const (
 		devSize = 128 << 10
 		clients = 4
@@ -430,6 +433,9 @@ func runCrashes(t *testing.T, l layout, kind crashKind, base, seed uint64) {
 					// A client owns its share of the 4 KiB blocks, so that the model knows the
 					// order of the writes to each sector; lines are shared.
 					first, n := ownedSectors(crng, devSize, clients, client)
+					if wide {
+						first, n = ownedRange(crng, devSize, clients, client)
+					}
 					off, length := int64(first)*sector, int64(n)*sector
 					id := int64(cycle+1)<<32 | int64(client)<<16 | int64(k+1)
 					buf := make([]byte, length)
@@ -508,6 +514,22 @@ func ownedSectors(rng *rand.Rand, devSize, writers, w int) (first, n int) {
 	if rng.IntN(2) == 0 {
 		n = 1 + rng.IntN(perBlk)
 		first += rng.IntN(perBlk - n + 1)
+	}
+	return first, n
+}
+
+// ownedRange picks, for writer w of writers, sectors [first, first+n) within the w-th of writers
+// equal parts of a device of devSize bytes: up to the whole part, whole 4 KiB blocks half of the
+// time. On a small SSD tier in write-back, the writers together keep it full of dirty data and
+// write over it (issue 42).
+func ownedRange(rng *rand.Rand, devSize, writers, w int) (first, n int) {
+	const perBlk = blockSize / sector
+	part := devSize / sector / writers
+	n = 1 + rng.IntN(part)
+	first = w*part + rng.IntN(part-n+1)
+	if rng.IntN(2) == 0 {
+		n = perBlk * (1 + rng.IntN(part/perBlk))
+		first = w*part + perBlk*rng.IntN((part-n)/perBlk+1)
 	}
 	return first, n
 }

@@ -369,6 +369,6 @@ func (c *Cache) dirtyStats() DirtyStats {
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
 		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.rate(time.Now(), w.destagedBytes.Load()),
 		ThrottledWrites: w.throttled.Load(), ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
-		ThrottleDelay: c.throttleDelay(1).Seconds(),
+		ThrottleDelay: c.throttleDelay(1).Seconds(), BackendWaits: w.backendWaits.Load(),
 	}
 }

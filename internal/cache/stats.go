@@ -99,6 +99,9 @@ type DirtyStats struct {
 	ThrottleSeconds float64 `json:"throttle_seconds"`
 	// ThrottleDelay is the delay a write of one line gets now, in seconds.
 	ThrottleDelay float64 `json:"throttle_delay_seconds"`
+	// BackendWaits counts the retries of writes that had to reach a failing backend at once
+	// (around an SSD tier with no room for them, or the dirty data before them).
+	BackendWaits uint64 `json:"backend_waits"`
 }
 
 // IOStats count requests to the backend.

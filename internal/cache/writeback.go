@@ -76,6 +76,8 @@ type writeBack struct {
 	destaged                                    rateMeter // of destagedBytes
 	throttled                                   atomic.Uint64
 	throttleNs                                  atomic.Int64
+	// backendWaits counts the retries of writes waiting for a failing backend (retryBackend)
+	backendWaits atomic.Uint64
 }
 
 // newWriteBack is the write-back machinery of an SSD tier with room for lines lines, of which it

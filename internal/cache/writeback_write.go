@@ -3,12 +3,32 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
-// caller holds the line locks. A line the SSD tier cannot take now goes to the backend.
+// caller holds the line locks. A line the SSD tier cannot take now goes to the backend, after the
+// dirty data it overlaps: no write fails for lack of room.
+//
+// What a write-back write waits for, in the order it takes them (docs/architecture.md, "When the
+// SSD tier has no room"), so that no cycle of waits can form:
+//  1. room below the maximum of dirty lines (admitDirty), before any line lock: the destager,
+//     which needs line locks to make that room, wakes it after each attempt;
+//  2. its line locks, in ascending order (lockSegs), as the destager and FlushAll take theirs;
+//  3. under them, checkpointMu: a checkpoint for evicted slots (checkpointForSlots), reclaim and a
+//     checkpoint for room (makeRoom), a checkpoint for FUA (durable). A checkpoint waits for the
+//     devices and the metadata store, never for a line lock or a writer; reclaim takes the tier's
+//     locks (io shared, mu, pk.mu), never a line lock, and releases room (io exclusive) only
+//     after it returned;
+//  4. the backend, for the dirty data of its own locked lines (destageTouched) and for what goes
+//     around the tier (retryBackend: while it fails with an error that may pass, up to
+//     backendWait).
+//
+// A writer so never waits for room while holding what the room's maker needs: past its
+// throttle it makes room itself, by a checkpoint or by writing its own lines back.
 func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	// Clean cached blocks about to be overwritten are invalidated durably first: a crash in the
 	// middle must not leave a record calling a half-new block clean (the backend has the old one).
@@ -38,8 +58,19 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	}
 	var grantBuf [2]grant
 	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
+	tries := slotTries
 	for i, s := range segs {
-		if err := c.writeBackSeg(s, grants[i], p); err != nil {
+		err := c.writeBackSeg(s, grants[i], p, &tries)
+		if errors.Is(err, errDirtyNoRoom) {
+			// The SSD tier has no room for this line's new data, and holds the only copy of
+			// older writes to it: those go to the backend first, with the dirty data of every
+			// line the request has still to write (one backend flush for them all, not one a
+			// line), and then the write, over clean data now, is stored or goes around.
+			if err = c.retryBackend(func() error { return c.destageTouched(segs[i:]) }); err == nil {
+				err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+			}
+		}
+		if err != nil {
 			for _, g := range grants[i+1:] {
 				if g.ok {
 					c.ssd.unpin(g.slot)
@@ -49,7 +80,9 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 		}
 	}
 	if fua {
-		if err := c.ssd.j.durable(); err != nil && !c.ssd.usable() {
+		// A write that went around the tier is durable once the backend is flushed, which the
+		// checkpoint does: it waits for a backend down for a while as the write did.
+		if err := c.retryBackend(c.ssd.j.durable); err != nil && !c.ssd.usable() {
 			return fmt.Errorf("%w: %w", errDurableElsewhere, err)
 		} else if err != nil {
 			return err
@@ -58,21 +91,51 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	return nil
 }
 
+// errDirtyNoRoom is a write-back segment that found no room on a packed SSD tier (errNoRoom) over
+// dirty blocks, which writeBackSegs writes back so that the segment can go around the tier.
+var errDirtyNoRoom = errors.New("cache: the SSD tier has no room for a write over dirty data")
+
+// backendWait is how long a write-back write that the SSD tier cannot take (no room for it, or
+// for the dirty data it overlaps) waits for a backend that fails with an error that may pass (an
+// NBD server restarting, an iSCSI link logging in again) before it fails: the kernel's NBD
+// client holds a request for 30 s, a dead connection for 2 minutes (nbd_device_timeout).
+const backendWait = time.Minute
+
+// retryBackend runs op, and again while it fails with an error that may pass (backend.IsRetryable)
+// for up to backendWait, with backoff, while the SSD tier stays in service and the cache open. A
+// write-back write whose data must go to the backend now (around a full SSD tier, or the dirty
+// data before it) so waits for a backend that is down for a while, as the destager does, rather
+// than fail the client's write (TestWriteBackFullTierBackendDown).
+func (c *Cache) retryBackend(op func() error) error {
+	deadline := time.Now().Add(backendWait)
+	for backoff := 10 * time.Millisecond; ; backoff = min(2*backoff, time.Second) {
+		err := op()
+		if err == nil || !backend.IsRetryable(err) || !c.ssd.usable() || c.closed.Load() ||
+			time.Now().Add(backoff).After(deadline) {
+			return err
+		}
+		c.wb.backendWaits.Add(1)
+		time.Sleep(backoff)
+	}
+}
+
 // errDurableElsewhere is a FUA write in write-back that the SSD tier took but could not make
 // durable, the tier failing meanwhile: the write is durable once written back, which the caller
 // has done by a Flush, outside the write's line locks (Flush writes back every dirty line).
 var errDurableElsewhere = errors.New("the SSD tier failed to make a FUA write durable")
 
 // writeBackSeg writes a segment to the SSD tier as dirty data, in the slot g acquired for its line
-// if it got one.
-func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
+// if it got one. *tries is how many checkpoints it may run for a slot or room: a request whose
+// segment found neither after them all (a write larger than the tier's free room) sends the rest
+// of its segments the backend's way at once, rather than run checkpoints for each line.
+func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 	data := p[s.pOff : s.pOff+s.hi-s.lo]
 	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
 	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
 	// disk, one request after another (a burst past the SSD tier would run at the slow disk's
 	// speed, not the destager's: bench writeback's burst row). Other writers may take the freed
 	// slots first: a few tries.
-	for try := 0; !g.ok && try < slotTries; try++ {
+	for try := 0; !g.ok && try < *tries; try++ {
 		if err := c.ssd.j.checkpointForSlots(); err != nil {
 			break
 		}
@@ -80,6 +143,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	}
 	slot := g.slot
 	if !g.ok {
+		*tries = 0
 		// No slot still (the tier failed, or its evicted slots are busy): write through.
 		return c.writeAroundSeg(s, data)
 	}
@@ -115,7 +179,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 				clear(buf[bl-lo : bh-lo])
 				continue
 			}
-			if err := c.backendRead(buf[bl-lo:bh-lo], s.start+bl); err != nil {
+			if err := c.retryBackend(func() error { return c.backendRead(buf[bl-lo:bh-lo], s.start+bl) }); err != nil {
 				c.ssd.unpin(slot)
 				return err
 			}
@@ -123,18 +187,19 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 		copy(buf[s.lo-lo:], data)
 	}
 	zeros, err := c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
-	for try := 0; errors.Is(err, errNoRoom) && try < slotTries; try++ {
+	for try := 0; errors.Is(err, errNoRoom) && try < *tries; try++ {
 		// A packed tier short of room (pack.go): reclaim frees some at the checkpoint it runs.
 		if err = c.ssd.j.makeRoom(); err == nil {
 			zeros, err = c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
 		}
 	}
 	if errors.Is(err, errNoRoom) {
+		*tries = 0
 		if _, dirty := c.ssd.bits(s.line); !dirty.and(touched).isZero() {
-			// The only copy of older writes to these blocks is on the SSD tier: the write must
-			// go there too, not around it (the backend would get it before them).
+			// The only copy of older writes to these blocks is on the SSD tier: they go to the
+			// backend before this write may go around the tier (writeBackSegs).
 			c.ssd.unpin(slot)
-			return fmt.Errorf("cache: the SSD tier has no room for a write over dirty data: %w", err)
+			return errDirtyNoRoom
 		}
 		c.ssd.noRoom(s.line, slot)
 		return c.writeAroundSeg(s, data)
@@ -159,7 +224,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte) error {
 	return nil
 }
 
-// slotTries bounds how many checkpoints a write-back write waits for to get a slot.
+// slotTries bounds how many checkpoints a write-back write waits for to get a slot or room.
 const slotTries = 4
 
 // writeAroundSeg sends a write-back segment the SSD tier could not take to the backend. The line
@@ -170,5 +235,5 @@ func (c *Cache) writeAroundSeg(s seg, data []byte) error {
 	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
 		return fmt.Errorf("cache metadata: %w", err)
 	}
-	return c.backendWrite(data, s.start+s.lo, false)
+	return c.retryBackend(func() error { return c.backendWrite(data, s.start+s.lo, false) })
 }

@@ -252,10 +252,19 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 	if d.Destaging || d.DestageRate > 0 {
 		state += " at " + humanBytes(uint64(d.DestageRate)) + "/s"
 	}
-	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s, %s destaged, %d destage errors; %d throttled writes (%s), delay now %s a line\n",
+	fmt.Fprintf(w, "dirty: %d lines (%.1f%%; high %.0f%%, low %.0f%%, max %.0f%%), %s; %s, %s destaged, %d destage errors; %d throttled writes (%s), delay now %s a line%s\n",
 		d.Lines, 100*d.Ratio, 100*d.High, 100*d.Low, 100*d.Max, humanBytes(d.Bytes), state,
 		humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
-		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay))
+		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay), backendWaits(d.BackendWaits))
+}
+
+// backendWaits is the note on the dirty line of of writes that waited for a failing backend, none when
+// there were none (a healthy backend's case).
+func backendWaits(n uint64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d retries of writes waiting for the backend", n)
 }
 
 func writeTiers(w io.Writer, tiers []cache.TierStats) {

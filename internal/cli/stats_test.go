@@ -186,6 +186,8 @@ func TestWriteDirty(t *testing.T) {
 	marks := cache.DirtyStats{High: 0.5, Low: 0.25, Max: 0.9}
 	withRate := marks
 	withRate.DestageRate = 1 << 20
+	waited := marks
+	waited.BackendWaits = 7
 	const tail = ", 0 destaged, 0 destage errors; 0 throttled writes (0s), delay now 0s a line\n"
 	cases := []struct {
 		name string
@@ -195,6 +197,8 @@ func TestWriteDirty(t *testing.T) {
 		{"no SSD tier", cache.DirtyStats{}, ""},
 		{"idle", marks, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle" + tail},
 		{"idle, having destaged a moment ago", withRate, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle at 1MiB/s" + tail},
+		{"writes waited for the backend", waited, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle" +
+			strings.TrimSuffix(tail, "\n") + "; 7 retries of writes waiting for the backend\n"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -140,6 +140,8 @@ var (
 			func(d cache.DirtyStats) float64 { return float64(d.ThrottledWrites) }},
 		{exportDesc("tierblk_cache_throttle_seconds_total", "Delay given to throttled writes."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return d.ThrottleSeconds }},
+		{exportDesc("tierblk_cache_backend_waits_total", "Retries of writes that had to reach a failing backend at once (around a full SSD tier)."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.BackendWaits) }},
 	}
 	// dirtyWatermark is present for a cache with write-back set up (a maximum above 0).
 	dirtyWatermark = prometheus.NewDesc("tierblk_cache_dirty_watermark_ratio",

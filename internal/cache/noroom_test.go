@@ -1,0 +1,227 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/rangelock"
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+// The tests here keep a write-back SSD tier full of dirty data with writes from one block to
+// several times the tier's size, and hold it to issue 42's contract: no write fails for lack of
+// room, whatever the layout, the line size or the backend's health (while it recovers).
+
+// fullTierRig drives a write-back cache with clients writing, reading and flushing at once, and
+// keeps a model of the device: the write id of every sector.
+type fullTierRig struct {
+	c      *Cache
+	size   int64
+	maxLen int64
+	locks  *rangelock.Locks
+	mu     sync.Mutex
+	model  []int64
+	nextID atomic.Int64
+	writes atomic.Int64 // writes of more than the SSD tier's bytes
+}
+
+// request picks a range: a length from one block to maxLen, spread evenly over its powers of two
+// (so that small requests are as many as large ones), at a block boundary or a sector one.
+func (r *fullTierRig) request(rng *rand.Rand) (off, n int64) {
+	top := 0
+	for int64(blockSize)<<top < r.maxLen {
+		top++
+	}
+	n = min(r.maxLen, int64(blockSize)<<rng.IntN(top+1))
+	n = max(sector, n/2+rng.Int64N(n/2+1)) &^ (sector - 1)
+	off = rng.Int64N((r.size-n)/sector+1) * sector
+	if rng.IntN(2) == 0 {
+		off &^= blockSize - 1
+	}
+	return off, n
+}
+
+// client runs ops requests. A write may fail only if writeErrOK; a read or flush only if
+// otherErrOK (the backend is down, and a read miss has nowhere to go).
+func (r *fullTierRig) client(rng *rand.Rand, ops int, otherErrOK func() bool) error {
+	for k := range ops {
+		off, n := r.request(rng)
+		first := int(off / sector)
+		switch op := rng.IntN(10); {
+		case op < 5:
+			id := r.nextID.Add(1)
+			buf := make([]byte, n)
+			stamp(buf, first, id)
+			r.locks.Lock(off, off+n)
+			var err error
+			if op == 0 {
+				_, err = r.c.WriteAtFUA(buf, off)
+			} else {
+				_, err = r.c.WriteAt(buf, off)
+			}
+			if err == nil {
+				r.mu.Lock()
+				for s := range int(n / sector) {
+					r.model[first+s] = id
+				}
+				r.mu.Unlock()
+			}
+			r.locks.Unlock(off, off+n)
+			if err != nil {
+				return fmt.Errorf("op %d: write of %d bytes at %d: %w", k, n, off, err)
+			}
+			if n > r.c.ssd.dev.Size() {
+				r.writes.Add(1)
+			}
+		case op < 9:
+			buf := make([]byte, n)
+			r.locks.Lock(off, off+n)
+			_, err := r.c.ReadAt(buf, off)
+			var bad error
+			if err == nil {
+				r.mu.Lock()
+				for s, id := range stamps(buf, first) {
+					if want := r.model[first+s]; id != want {
+						bad = fmt.Errorf("op %d: sector %d reads write %d, want %d", k, first+s, id, want)
+						break
+					}
+				}
+				r.mu.Unlock()
+			}
+			r.locks.Unlock(off, off+n)
+			if bad != nil {
+				return bad
+			}
+			if err != nil && !otherErrOK() {
+				return fmt.Errorf("op %d: read of %d bytes at %d: %w", k, n, off, err)
+			}
+		default:
+			if err := r.c.Flush(); err != nil && !otherErrOK() {
+				return fmt.Errorf("op %d: flush: %w", k, err)
+			}
+		}
+	}
+	return nil
+}
+
+// run has clients clients run ops requests each, then requires none to have failed, writes larger
+// than the tier among them, and, after a FLUSH and a write-back of every dirty line, the backend
+// raw to hold the model.
+func (r *fullTierRig) run(t *testing.T, raw backend.Backend, seed uint64, clients, ops int, otherErrOK func() bool) {
+	t.Helper()
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for k := range clients {
+		wg.Go(func() { errs[k] = r.client(rand.New(rand.NewPCG(seed, uint64(k))), ops, otherErrOK) })
+	}
+	wg.Wait()
+	for k, err := range errs {
+		require.NoError(t, err, "seed %d, client %d", seed, k)
+	}
+	require.NotZero(t, r.writes.Load(), "no write was larger than the SSD tier")
+	require.NoError(t, r.c.Flush())
+	require.NoError(t, r.c.FlushAll(context.Background(), nil))
+	require.Zero(t, r.c.ssd.dirtyCount.Load(), "dirty lines after FlushAll")
+	all := make([]byte, r.size)
+	_, err := raw.ReadAt(all, 0)
+	require.NoError(t, err)
+	for s, id := range stamps(all, 0) {
+		require.Equal(t, r.model[s], id, "seed %d: the backend's sector %d after FlushAll", seed, s)
+	}
+}
+
+// fullTierCases are the shapes TestWriteBackFullTier runs: every reduction, with lines of 4 KiB
+// and 64 KiB, over an SSD tier of 1 MiB and a RAM tier of 256 KiB.
+func fullTierCases() []layout {
+	var out []layout
+	for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
+		for _, line := range []int64{4 << 10, 64 << 10} {
+			l := withReduction(layout{line: line, ram: (256 << 10) / line, ssd: (1 << 20) / line, mode: WriteBack}, r)
+			l.name = fmt.Sprintf("%s-%dk", r, line>>10)
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestWriteBackFullTier writes requests of one block to four times the SSD tier over dirty data,
+// with reads and FLUSHes, from three clients at once: no request fails, every read returns what
+// the model says, and the backend holds it all after FlushAll.
+func TestWriteBackFullTier(t *testing.T) {
+	seed := testSeed(t)
+	for _, l := range fullTierCases() {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 8 << 20
+			back := mem.New(size)
+			c := newCache(t, back, l, nil, nil)
+			defer c.Close()
+			r := &fullTierRig{c: c, size: size, maxLen: 4 * c.ssd.dev.Size(), locks: rangelock.New(), model: make([]int64, size/sector)}
+			r.run(t, back, seed, 3, 40, func() bool { return false })
+		})
+	}
+}
+
+// TestWriteBackFullTierBackendDown is TestWriteBackFullTier with the backend failing every call for
+// a while, from the first write-back on, until it has failed calls again and again: writes wait,
+// then complete; none fails.
+func TestWriteBackFullTierBackendDown(t *testing.T) {
+	seed := testSeed(t)
+	for _, l := range fullTierCases() {
+		t.Run(l.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 8 << 20
+			back := mem.New(size)
+			fb := fault.New(back, fault.Options{Seed: int64(seed)})
+			c := newCache(t, fb, l, nil, nil)
+			defer c.Close()
+			var down atomic.Bool
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() { // the outage: from the first write-back until it failed 12 calls
+				defer close(done)
+				for c.wb.destageWrites.Load() == 0 {
+					select {
+					case <-stop:
+						return
+					case <-time.After(time.Millisecond):
+					}
+				}
+				down.Store(true)
+				fb.SetFailing(true)
+				for faults(fb) < 12 {
+					select {
+					case <-stop:
+						fb.SetFailing(false)
+						return
+					case <-time.After(time.Millisecond):
+					}
+				}
+				fb.SetFailing(false)
+			}()
+			r := &fullTierRig{c: c, size: size, maxLen: 4 * c.ssd.dev.Size(), locks: rangelock.New(), model: make([]int64, size/sector)}
+			r.run(t, back, seed, 3, 30, down.Load)
+			close(stop)
+			<-done
+			require.True(t, down.Load(), "the backend never went down")
+			t.Logf("writes retried for the backend: %d; throttled: %d", c.wb.backendWaits.Load(), c.wb.throttled.Load())
+		})
+	}
+}
+
+// faults counts the calls f failed.
+func faults(f *fault.Backend) (n int64) {
+	for _, k := range f.Faults() {
+		n += k
+	}
+	return n
+}
