@@ -158,17 +158,28 @@ func fullTierCases() []layout {
 // the model says, and the backend holds it all after FlushAll.
 func TestWriteBackFullTier(t *testing.T) {
 	seed := testSeed(t)
+	forFullTierCases(t, func(t *testing.T, l layout, back *mem.Mem) {
+		r := newFullTierRig(t, l, back)
+		r.run(t, back, seed, 3, 40, func() bool { return false })
+	})
+}
+
+// forFullTierCases runs test for each of fullTierCases, in parallel, with a backend of 8 MiB.
+func forFullTierCases(t *testing.T, test func(t *testing.T, l layout, back *mem.Mem)) {
 	for _, l := range fullTierCases() {
 		t.Run(l.name, func(t *testing.T) {
 			t.Parallel()
-			const size = 8 << 20
-			back := mem.New(size)
-			c := newCache(t, back, l, nil, nil)
-			defer c.Close()
-			r := &fullTierRig{c: c, size: size, maxLen: 4 * c.ssd.dev.Size(), locks: rangelock.New(), model: make([]int64, size/sector)}
-			r.run(t, back, seed, 3, 40, func() bool { return false })
+			test(t, l, mem.New(8<<20))
 		})
 	}
+}
+
+// newFullTierRig builds a cache of layout l over b, closed when the test ends, and a rig that
+// drives it with requests of up to four times its SSD tier.
+func newFullTierRig(t *testing.T, l layout, b backend.Backend) *fullTierRig {
+	c := newCache(t, b, l, nil, nil)
+	t.Cleanup(func() { c.Close() })
+	return &fullTierRig{c: c, size: b.Size(), maxLen: 4 * c.ssd.dev.Size(), locks: rangelock.New(), model: make([]int64, b.Size()/sector)}
 }
 
 // TestWriteBackFullTierBackendDown is TestWriteBackFullTier with the backend failing every call for
@@ -176,46 +187,38 @@ func TestWriteBackFullTier(t *testing.T) {
 // then complete; none fails.
 func TestWriteBackFullTierBackendDown(t *testing.T) {
 	seed := testSeed(t)
-	for _, l := range fullTierCases() {
-		t.Run(l.name, func(t *testing.T) {
-			t.Parallel()
-			const size = 8 << 20
-			back := mem.New(size)
-			fb := fault.New(back, fault.Options{Seed: int64(seed)})
-			c := newCache(t, fb, l, nil, nil)
-			defer c.Close()
-			var down atomic.Bool
-			stop := make(chan struct{})
-			done := make(chan struct{})
-			go func() { // the outage: from the first write-back until it failed 12 calls
-				defer close(done)
-				for c.wb.destageWrites.Load() == 0 {
-					select {
-					case <-stop:
-						return
-					case <-time.After(time.Millisecond):
-					}
+	forFullTierCases(t, func(t *testing.T, l layout, back *mem.Mem) {
+		fb := fault.New(back, fault.Options{Seed: int64(seed)})
+		r := newFullTierRig(t, l, fb)
+		c := r.c
+		var down atomic.Bool
+		stop, done := make(chan struct{}), make(chan struct{})
+		defer func() { close(stop); <-done }() // the outage ends with the test, failed or not
+		go func() { // the outage: from the first write-back until it failed 12 calls
+			defer close(done)
+			for c.wb.destageWrites.Load() == 0 {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Millisecond):
 				}
-				down.Store(true)
-				fb.SetFailing(true)
-				for faults(fb) < 12 {
-					select {
-					case <-stop:
-						fb.SetFailing(false)
-						return
-					case <-time.After(time.Millisecond):
-					}
+			}
+			down.Store(true)
+			fb.SetFailing(true)
+			for faults(fb) < 12 {
+				select {
+				case <-stop:
+					fb.SetFailing(false)
+					return
+				case <-time.After(time.Millisecond):
 				}
-				fb.SetFailing(false)
-			}()
-			r := &fullTierRig{c: c, size: size, maxLen: 4 * c.ssd.dev.Size(), locks: rangelock.New(), model: make([]int64, size/sector)}
-			r.run(t, back, seed, 3, 30, down.Load)
-			close(stop)
-			<-done
-			require.True(t, down.Load(), "the backend never went down")
-			t.Logf("writes retried for the backend: %d; throttled: %d", c.wb.backendWaits.Load(), c.wb.throttled.Load())
-		})
-	}
+			}
+			fb.SetFailing(false)
+		}()
+		r.run(t, back, seed, 3, 30, down.Load)
+		require.True(t, down.Load(), "the backend never went down")
+		t.Logf("writes retried for the backend: %d; throttled: %d", c.wb.backendWaits.Load(), c.wb.throttled.Load())
+	})
 }
 
 // faults counts the calls f failed.
