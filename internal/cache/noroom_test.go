@@ -194,7 +194,7 @@ func TestWriteBackFullTierBackendDown(t *testing.T) {
 		var down atomic.Bool
 		stop, done := make(chan struct{}), make(chan struct{})
 		defer func() { close(stop); <-done }() // the outage ends with the test, failed or not
-		go func() { // the outage: from the first write-back until it failed 12 calls
+		go func() {                            // the outage: from the first write-back until it failed 12 calls
 			defer close(done)
 			for c.wb.destageWrites.Load() == 0 {
 				select {
