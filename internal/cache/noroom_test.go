@@ -193,8 +193,10 @@ func TestWriteBackFullTierBackendDown(t *testing.T) {
 		c := r.c
 		var down atomic.Bool
 		stop, done := make(chan struct{}), make(chan struct{})
-		defer func() { close(stop); <-done }() // the outage ends with the test, failed or not
-		go func() {                            // the outage: from the first write-back until it failed 12 calls
+		// The outage: from the first write-back until the backend failed 12 calls, or the test
+		// ended, failed or not.
+		defer func() { close(stop); <-done }()
+		go func() {
 			defer close(done)
 			for c.wb.destageWrites.Load() == 0 {
 				select {
