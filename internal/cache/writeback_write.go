@@ -97,8 +97,8 @@ var errDirtyNoRoom = errors.New("cache: the SSD tier has no room for a write ove
 
 // backendWait is how long a write-back write that the SSD tier cannot take (no room for it, or
 // for the dirty data it overlaps) waits for a backend that fails with an error that may pass (an
-// NBD server restarting, an iSCSI link logging in again) before it fails: the kernel's NBD
-// client holds a request for 30 s, a dead connection for 2 minutes (nbd_device_timeout).
+// NBD server restarting, an iSCSI link logging in again) before it fails: less than the kernel's
+// NBD device waits for tierblk itself by default (config.DefaultNBDDeviceTimeout).
 const backendWait = time.Minute
 
 // retryBackend runs op, and again while it fails with an error that may pass (backend.IsRetryable)

@@ -258,8 +258,8 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay), backendWaits(d.BackendWaits))
 }
 
-// backendWaits is the note on the dirty line of of writes that waited for a failing backend, none when
-// there were none (a healthy backend's case).
+// backendWaits is the dirty line's note of the retries of writes that waited for a failing
+// backend: nothing when there were none (a healthy backend's case).
 func backendWaits(n uint64) string {
 	if n == 0 {
 		return ""

@@ -10,7 +10,7 @@ import "sync"
 type Locks struct {
 	mu   sync.Mutex
 	cond *sync.Cond
-	held map[[2]int64]int // [lo, hi) -> holders (one; a second would overlap)
+	held map[[2]int64]int // [lo, hi) -> holders: more than one only for an empty range
 }
 
 // New returns an empty set.
