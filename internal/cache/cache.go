@@ -158,6 +158,11 @@ type Cache struct {
 	backendChanges atomic.Uint64
 	readLat        histogram
 	writeLat       histogram
+	// lost holds the ranges whose dirty data the SSD tier damaged (lost.go); lostBlocks counts
+	// the blocks lost so; scrub is the SSD tier's scrub (check.go).
+	lost       lostSet
+	lostBlocks atomic.Uint64
+	scrub      scrubState
 }
 
 // New builds a cache in front of b, which it owns from then on (Close closes it). With an SSD tier
@@ -266,6 +271,7 @@ func (c *Cache) openSSD(cfg Config) error {
 	spec.slots = indexed
 	spec.lines = uint64((c.size + c.line - 1) / c.line)
 	spec.reduction = cfg.Reduction
+	spec.size = c.size
 	t, err := newTier(spec, c.log)
 	if err != nil {
 		return err
@@ -289,6 +295,23 @@ func (c *Cache) openSSD(cfg Config) error {
 	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
 	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
 	t.doomedWake = c.wb.kick
+	t.onDamage = c.damaged
+	t.recheck = func(line uint64) {
+		go func() {
+			if !c.closed.Load() {
+				c.checkLine(line)
+			}
+		}()
+	}
+	c.lost.load(sb.Lost)
+	c.lost.persist = func(rs []meta.Range) error {
+		sb, _, err := cfg.Meta.Superblock()
+		if err != nil {
+			return err
+		}
+		sb.Lost = rs
+		return cfg.Meta.SetSuperblock(sb)
+	}
 	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
 	if t.pk != nil {
 		t.pk.kick = j.askCheckpoint
@@ -316,6 +339,15 @@ func (c *Cache) openSSD(cfg Config) error {
 			return fmt.Errorf("SSD tier: %w. Delete %s to start without it (the writes the last run acknowledged since its last checkpoint are lost)", err, cfg.RunLog)
 		} else if err != nil {
 			return fmt.Errorf("SSD tier: %w", err)
+		}
+		j.settleSums()
+		if sb.Open && c.lastRun != nil {
+			// The last run did not close the tier, and left no run log to tell which writes in
+			// place it made since its last checkpoint: its dirty blocks may hold other bytes
+			// than their records' checksums (sum.go, "Adopted blocks").
+			t.mu.Lock()
+			t.adoptDirtyLocked()
+			t.mu.Unlock()
 		}
 		if len(logged) > 0 {
 			// Committed before anything is served, and before the epoch moves on (startRun): a
@@ -446,6 +478,9 @@ func (c *Cache) Close() error {
 		if !c.ssd.failed.Load() {
 			backendErr, tierErr := c.ssd.j.checkpoint()
 			errs = append(errs, backendErr, tierErr)
+			if backendErr == nil && tierErr == nil {
+				errs = append(errs, c.ssd.j.closed())
+			}
 		}
 		errs = append(errs, c.ssd.j.closeLog(), c.ssd.j.store.Close(), c.ssd.dev.Close())
 	}
@@ -459,7 +494,14 @@ func (c *Cache) Close() error {
 func (c *Cache) Stats() Stats {
 	s := Stats{Mode: c.Mode().String(), LineSize: int(c.line), Backend: c.backendStats.snapshot(),
 		ReadLatency: c.readLat.snapshot(), WriteLatency: c.writeLat.snapshot(), Dirty: c.dirtyStats(),
-		ReadBytes: c.asked.Load(), FetchedBytes: c.fetched.Load()}
+		ReadBytes: c.asked.Load(), FetchedBytes: c.fetched.Load(), Scrub: c.scrub.stats()}
+	for _, r := range c.lost.list() {
+		s.Lost.Bytes += uint64(r.Len)
+		if len(s.Lost.Ranges) < maxLostListed {
+			s.Lost.Ranges = append(s.Lost.Ranges, r)
+		}
+	}
+	s.Lost.Blocks = c.lostBlocks.Load()
 	for _, t := range []*tier{c.ram, c.ssd} {
 		if t != nil {
 			s.Tiers = append(s.Tiers, t.stats())

@@ -150,7 +150,7 @@ func probeSlot(t *tier, slot uint32) error {
 		if err := t.writeSlot(0, slot, w, 0); err != nil {
 			return fmt.Errorf("probe write to the SSD tier: %w", err)
 		}
-		if err := t.readSlot(slot, r, 0); err != nil {
+		if err := t.readSlot(0, slot, r, 0); err != nil {
 			return fmt.Errorf("probe read from the SSD tier: %w", err)
 		}
 	}

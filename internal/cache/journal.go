@@ -93,6 +93,11 @@ type journal struct {
 	// log holds every record put in changed, in order, where a kill of the process does not lose
 	// it (journal_runlog.go); nil without one.
 	log *runlog.Log
+	// At a restart, between load and settleSums: logSums holds, by line, the sums of every
+	// record the run log replayed (journal_runlog.go), and fixes the blocks whose sums load could
+	// not take from one record (sum.go).
+	logSums map[uint64][]meta.Line
+	fixes   []sumFix
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
 	// checkpoint never commits a line's older record after a newer invalidation.
@@ -213,6 +218,14 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 				r.Loc = make([]uint64, len(op.Rec.Loc))
 			}
 			r.Loc[b] = l
+		}
+	}
+	if stored := v.andNot(bitsFromWords(r.Zero)); op.Rec.Sum != nil && !stored.isZero() {
+		r.Sum = make([]uint32, len(op.Rec.Sum))
+		for b := range r.Sum {
+			if stored.has(b) {
+				r.Sum[b] = op.Rec.Sum[b]
+			}
 		}
 	}
 	return meta.Op{Rec: r}
@@ -494,6 +507,24 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		if err := claim(r, into); err != nil {
 			return err
 		}
+		stored := v.andNot(z)
+		switch {
+		case stored.isZero():
+		case r.Sum == nil:
+			// A record from before checksums: its blocks' sums are what they hold (sumFix).
+			for b := range t.blocks {
+				if stored.has(b) {
+					j.fixes = append(j.fixes, sumFix{line: r.Line, b: b})
+				}
+			}
+		case len(r.Sum) != t.blocks:
+			return fmt.Errorf("line %d: %d checksums for a line of %d blocks", r.Line, len(r.Sum), t.blocks)
+		default:
+			sums := t.sumsOf(r.Slot)
+			for b := range sums {
+				sums[b].Store(r.Sum[b])
+			}
+		}
 		used[r.Slot] = true
 		t.index.Put(r.Line, int32(r.Slot))
 		t.setLocked(r.Line, r.Slot, v, d, z)
@@ -521,6 +552,7 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 		if err := add(op.Rec); err != nil {
 			return fmt.Errorf("%w: %w", errRunLogRecord, err)
 		}
+		j.logFixes(op.Rec)
 	}
 	if t.pk != nil {
 		// The store's records that the run log replaced keep their units until the checkpoint

@@ -116,6 +116,9 @@ func (j *journal) checkpointOrFail() error {
 func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	t := j.t
 	covers := j.durableCalls.Load()
+	// With inplace, no write in place is between its record's new sum and its bytes (sum.go):
+	// the snapshot commits no sum before the flush below has its bytes on the SSD.
+	t.inplace.Lock()
 	t.mu.Lock()
 	snap, toFree := j.changed, j.freeAfterCommit
 	records := len(snap) // snapshot is snap, and its lines leave it as their parts commit
@@ -128,6 +131,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	}
 	clear(j.invalidatedSinceSnapshot)
 	t.mu.Unlock()
+	t.inplace.Unlock()
 
 	var wg sync.WaitGroup
 	wg.Go(func() { backendErr = j.flushBackendIfChanged() })

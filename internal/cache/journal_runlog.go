@@ -43,13 +43,18 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 		return nil, false, nil
 	}
 	logged = map[uint64]meta.Op{}
-	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), func(op meta.Op) error {
+	sums := map[uint64][]meta.Line{}
+	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), j.sumWords(), func(op meta.Op) error {
 		logged[op.Rec.Line] = op
+		if !op.Delete && op.Rec.Sum != nil {
+			sums[op.Rec.Line] = append(sums[op.Rec.Line], op.Rec)
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, found, err
 	}
+	j.logSums = sums
 	return logged, found, nil
 }
 
@@ -64,6 +69,9 @@ func (j *journal) locWords() int {
 	return 0
 }
 
+// sumWords is how many checksums a record carries: one a block.
+func (j *journal) sumWords() int { return j.t.blocks }
+
 // startRun bumps the store's epoch (sb is what it holds, or what a new store gets) and opens a new
 // run log at path under it. A log that cannot be created is logged, and the tier runs without.
 func (j *journal) startRun(path string, sb meta.Superblock) error {
@@ -75,13 +83,14 @@ func (j *journal) startRun(path string, sb meta.Superblock) error {
 		sb.ID = hex.EncodeToString(id[:])
 	}
 	sb.Epoch++
+	sb.Open = true
 	if err := j.store.SetSuperblock(sb); err != nil {
 		return fmt.Errorf("SSD tier metadata: %w", err)
 	}
 	if path == "" {
 		return nil
 	}
-	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), 0)
+	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), j.sumWords(), 0)
 	if err != nil {
 		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "err", err)
 		return nil
@@ -107,3 +116,13 @@ var errNoRunLog = errors.New("no run log of the last run")
 // errRunLogRecord wraps load's error for a record of the run log that the store's index cannot take
 // (a slot another line holds, bits that do not fit): the log, not the store, is wrong.
 var errRunLogRecord = errors.New("a record of the run log does not fit the SSD tier's index")
+
+// closed notes in the superblock that the tier was closed after its last checkpoint (Open).
+func (j *journal) closed() error {
+	sb, ok, err := j.store.Superblock()
+	if err != nil || !ok {
+		return err
+	}
+	sb.Open = false
+	return j.store.SetSuperblock(sb)
+}

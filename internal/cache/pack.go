@@ -403,8 +403,10 @@ func decodeUnit(dst, unit []byte, l uint64) error {
 }
 
 // packRead is readSlot on a packed tier: the line's bytes [off, off+len(p)) of slot. A block
-// without a unit reads as zeros (a zero block; the caller reads no block that is not valid).
-func (t *tier) packRead(slot uint32, p []byte, off int64, cached bool) error {
+// without a unit reads as zeros (a zero block; the caller reads no block that is not valid). Each
+// unit read is decoded whole and checked against its block's sum (sum.go); a unit that does not
+// decode is damaged too.
+func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bool) error {
 	pk := t.pk
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
 	var buf [16]uint64
@@ -413,6 +415,7 @@ func (t *tier) packRead(slot uint32, p []byte, off int64, cached bool) error {
 	t.mu.RLock()
 	locs := append(buf[:0], pk.slotLocs(slot, b0, b1)...)
 	t.mu.RUnlock()
+	sums := t.sumsOf(slot)
 	var tmp *[]byte
 	defer func() {
 		if tmp != nil {
@@ -425,21 +428,38 @@ func (t *tier) packRead(slot uint32, p []byte, off int64, cached bool) error {
 			clear(p[lo:hi])
 		}
 	}
-	return pk.readUnits(locs, cached, func(i int, unit []byte) error {
-		lo, hi := blockPart(b0+i, off, len(p))
-		if hi-lo == blockSize {
-			return decodeUnit(p[lo:hi], unit, locs[i])
+	var dmg *damageError
+	err := pk.readUnits(locs, cached, func(i int, unit []byte) error {
+		b := b0 + i
+		lo, hi := blockPart(b, off, len(p))
+		blk := p[lo:hi]
+		if hi-lo != blockSize {
+			if tmp == nil {
+				tmp = bufpool.Get(blockSize)
+			}
+			blk = *tmp
 		}
-		if tmp == nil {
-			tmp = bufpool.Get(blockSize)
+		if decodeUnit(blk, unit, locs[i]) != nil {
+			blk = nil
 		}
-		if err := decodeUnit(*tmp, unit, locs[i]); err != nil {
-			return err
+		if sum := blockSum(line*uint64(t.blocks)+uint64(b), blk); blk == nil || sum != sums[b].Load() && !t.tryAdopt(line, slot, b, sum) {
+			if dmg == nil {
+				dmg = &damageError{line: line}
+			}
+			dmg.bits[b/64] |= 1 << (b % 64)
+			return nil
 		}
-		bo := int64(b0+i)*blockSize - off // where the block starts relative to p (may be < 0)
-		copy(p[lo:hi], (*tmp)[int64(lo)-bo:])
+		if hi-lo != blockSize {
+			bo := int64(b)*blockSize - off // where the block starts relative to p (may be < 0)
+			copy(p[lo:hi], blk[int64(lo)-bo:])
+		}
 		return nil
 	})
+	if err == nil && dmg != nil {
+		t.sumErrs.Add(uint64(dmg.bits.count()))
+		return dmg
+	}
+	return err
 }
 
 // rawSpan returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
@@ -480,6 +500,8 @@ func blockPart(b int, off int64, n int) (lo, hi int) {
 // replace lose a reference.
 func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	pk := t.pk
+	t.inplace.RLock() // for the blocks written in place (inPlace)
+	defer t.inplace.RUnlock()
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
 	nb := b1 - b0
 	outp := bufpool.Get(nb * blockSize)
@@ -494,6 +516,8 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	var locBuf, hashBuf [16]uint64
 	var newBuf, sameBuf [16]bool
 	var twinBuf [16]int
+	var sumBuf [16]uint32
+	sums := slices.Grow(sumBuf[:0], nb)[:nb] // by block: its checksum
 	sizes, offs, codecs := sizeBuf[:0], offBuf[:0], codecBuf[:0]
 	locs := slices.Grow(locBuf[:0], nb)[:nb]    // by block: its unit (a shared one, or new)
 	hashes := slices.Grow(hashBuf[:0], nb)[:nb] // by block: its content hash (dedupe)
@@ -525,13 +549,14 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		if hi-lo < blockSize {
 			clear(*blk)
 			if t.hasUnit(slot, b) {
-				if err := t.packRead(slot, *blk, int64(b)*blockSize, false); err != nil {
+				if err := t.packRead(line, slot, *blk, int64(b)*blockSize, false); err != nil {
 					return err
 				}
 			}
 			copy((*blk)[max(off-int64(b)*blockSize, 0):], src)
 			src = *blk
 		}
+		sums[b-b0] = blockSum(line*uint64(t.blocks)+uint64(b), src)
 		if pk.dd != nil {
 			h := pk.dd.hash(src)
 			hashes[b-b0] = h
@@ -554,9 +579,10 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 			}
 		}
 		if codec == codecRaw {
-			if l, ok := t.inPlace(slot, b, &inPlace); ok {
+			if l, ok := t.inPlace(line, slot, b, sums[b-b0], &inPlace); ok {
 				same[b-b0] = true
 				if _, err := pk.dev.WriteAt(src, locOff(l)); err != nil {
+					t.resettle(line, slot, b)
 					return err
 				}
 				continue
@@ -606,10 +632,13 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		t.j.keepStoredLocked(line, slot)
 	}
 	dst := pk.slotLocs(slot, b0, b1)
+	sumDst := t.sumsOf(slot)[b0:b1]
 	for i, l := range locs {
 		if same[i] {
 			continue
 		}
+		sumDst[i].Store(sums[i])
+		t.trusted(slot, b0+i)
 		if twin[i] > 0 {
 			l = locs[twin[i]-1] // placed, and so live, just before
 			locs[i] = l
@@ -649,16 +678,17 @@ func twinOf(p []byte, off int64, b0 int, src []byte, h uint64, hashes []uint64, 
 }
 
 // inPlace returns the unit of block b of slot if an incompressible block may be written over it in
-// place, as a slot is, sparing the new unit, the record that would point at it, and the room
-// reclaim would later free: a dirty block's unit stored as it is (a whole, aligned block), that no
+// place, as a slot is, sparing the new unit and the room reclaim would later free (its record
+// changes only its sum): a dirty block's unit stored as it is (a whole, aligned block), that no
 // other block shares. The caller holds the line's lock, so no read or destage of the block runs;
 // only reclaim reads units without it, and the slot's gen (odd from the first such write on,
 // *started, until packWrite ends) has it drop the copy of a unit written meanwhile. No record can
 // find other data than the block's: a dirty block's unit was written for it after the durable
 // invalidation of its clean data (writeBackSegs), so the records that find it call it dirty, and a
-// write not flushed may leave either bytes, or a mix of sectors after a power cut, as in a slot.
+// write not flushed may leave either bytes, or a mix of sectors after a power cut, as in a slot
+// (which then fails its sum: sum.go).
 // With dedupe, the unit leaves the table, which names it by its old bytes.
-func (t *tier) inPlace(slot uint32, b int, started *bool) (uint64, bool) {
+func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (uint64, bool) {
 	pk := t.pk
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -673,6 +703,13 @@ func (t *tier) inPlace(slot uint32, b int, started *bool) (uint64, bool) {
 	if !*started {
 		*started = true
 		pk.gen[slot]++
+	}
+	// The record with the block's new sum goes first (under inplace, which the caller holds):
+	// see sum.go.
+	t.sumsOf(slot)[b].Store(sum)
+	t.trusted(slot, b)
+	if s, ok := t.slotOf(line); ok && s == slot && t.j != nil {
+		t.j.resumLocked(line, slot)
 	}
 	return l, true
 }
@@ -748,6 +785,7 @@ func (t *tier) reclaim() {
 		b    int
 		loc  uint64
 		gen  uint32 // the slot's: a unit written in place since is not moved
+		sum  uint32 // the block's checksum, which the unit's bytes must match to be copied
 	}
 	var moves []move
 	var drops []uint64
@@ -807,7 +845,7 @@ func (t *tier) reclaim() {
 		// A line with dirty blocks is never dropped: its clean units there are copied too.
 		for b := range pk.blocks {
 			if there.has(b) {
-				moves = append(moves, move{line, slot, b, locs[b], pk.gen[slot]})
+				moves = append(moves, move{line, slot, b, locs[b], pk.gen[slot], t.sumsOf(slot)[b].Load()})
 			}
 		}
 	}
@@ -832,7 +870,14 @@ func (t *tier) reclaim() {
 		nl, ok := copies[m.loc]
 		if !ok {
 			var err error
-			if nl, err = t.copyUnit(m.loc); err != nil {
+			if nl, err = t.copyUnit(m.line, m.b, m.loc, m.sum); err != nil {
+				if _, ok := asDamage(err); ok {
+					// Not copied: the unit stays, and its segment with it, until a check of
+					// the line under its lock (which a write to it may be changing) deals
+					// with the block.
+					t.recheck(m.line)
+					continue
+				}
 				if !errors.Is(err, errNoRoom) {
 					t.log.Warn("cache tier reclaim: copy failed", "tier", t.name, "err", err)
 				}
@@ -863,8 +908,9 @@ func (t *tier) reclaim() {
 	}
 }
 
-// copyUnit writes a copy of unit l to new room (reclaim's, which may take the reserve).
-func (t *tier) copyUnit(l uint64) (uint64, error) {
+// copyUnit writes a copy of unit l, block b of line, to new room (reclaim's, which may take the
+// reserve), if its bytes match the block's sum; else it returns a *damageError.
+func (t *tier) copyUnit(line uint64, b int, l uint64, sum uint32) (uint64, error) {
 	pk := t.pk
 	var unit []byte
 	if err := pk.readUnits([]uint64{l}, false, func(_ int, u []byte) error {
@@ -872,6 +918,9 @@ func (t *tier) copyUnit(l uint64) (uint64, error) {
 		return nil
 	}); err != nil {
 		return 0, err
+	}
+	if got, err := t.unitSum(line, b, unit, l); err != nil || got != sum {
+		return 0, &damageError{line: line, bits: rangeBits(b, b+1)}
 	}
 	var off [1]int64
 	if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {

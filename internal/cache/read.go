@@ -18,6 +18,11 @@ func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 	if err := c.read(p, off, false); err != nil {
 		return 0, err
 	}
+	// Looked at after the data was found: a block found damaged meanwhile (by this read or
+	// another) is lost before it leaves the tier, so a read that found it gone sees it lost.
+	if err := c.lost.check(off, int64(len(p))); err != nil {
+		return 0, err
+	}
 	c.asked.Add(uint64(len(p)))
 	return len(p), nil
 }
@@ -148,7 +153,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			return
 		}
 		a, b := segs[r[0]], segs[r[1]]
-		err := c.ssd.readSlot(src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo)
+		err := c.ssd.readSlot(a.line, src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo)
 		for i := r[0]; i <= r[1]; i++ {
 			if err != nil {
 				hit(i, false)
@@ -192,7 +197,7 @@ func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
 			return ok
 		}
 	}
-	if err := t.readBlocks(src.slot, dst, s.lo, src.zero); err != nil {
+	if err := t.readBlocks(s.line, src.slot, dst, s.lo, src.zero); err != nil {
 		t.ioError(s.line, src.slot, err)
 		return false
 	}
@@ -218,7 +223,7 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 		}
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 		ram := c.ram.ram[int64(slot)*c.line+lo : int64(slot)*c.line+hi]
-		err = c.ssd.readBlocks(ssdSlot, ram, lo, src.zero)
+		err = c.ssd.readBlocks(s.line, ssdSlot, ram, lo, src.zero)
 	})
 	if err != nil {
 		c.ram.unpin(slot)
@@ -349,9 +354,12 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 		tmpp := bufpool.Get(int(hi - lo))
 		defer bufpool.Put(tmpp)
 		tmp := *tmpp
-		if rerr := h.t.readBlocks(h.slot, tmp, lo, h.zero); rerr != nil {
+		if rerr := h.t.readBlocks(s.line, h.slot, tmp, lo, h.zero); rerr != nil {
 			_, dirty := h.t.bits(s.line)
 			h.t.ioError(s.line, h.slot, rerr)
+			if _, ok := asDamage(rerr); ok {
+				return // lost if dirty (damaged): the read fails once it has its data (ReadAt)
+			}
 			if !dirty.and(rangeBits(b0, b1)).isZero() {
 				err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
 			}

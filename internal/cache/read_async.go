@@ -53,6 +53,9 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	src := source{t: c.ssd, slot: slot, valid: g.valid, zero: g.zero}
 	end := func(err error) { // once the line is let go
 		if err == nil {
+			err = c.lost.check(off, int64(len(p)))
+		}
+		if err == nil {
 			c.asked.Add(uint64(len(p)))
 		}
 		c.readLat.observe(time.Since(t0))
@@ -70,13 +73,17 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		finish(c.readMiss(segs, p, false))
 	}
 	// Zero blocks are not on the device: such a read goes read's way, below, which reads only the
-	// blocks the slot holds.
-	plain := g.zero.and(need).isZero() && c.ssd.pk == nil
+	// blocks the slot holds. So does a read of part of a block: its sum is the whole block's.
+	whole := s.lo%blockSize == 0 && (s.hi%blockSize == 0 || s.hi == s.n && c.ssd.pk == nil)
+	plain := g.zero.and(need).isZero() && c.ssd.pk == nil && whole
 	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
 		return true
 	}
 	// read ends an asynchronous read of the hit from the device.
 	read := func(err error) {
+		if err == nil {
+			err = c.ssd.verify(s.line, slot, p, s.lo)
+		}
 		if err != nil { // as readHit does, off the device's goroutine
 			go func() {
 				c.ssd.ioError(s.line, slot, err)
@@ -93,7 +100,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		return true
 	}
 	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
-	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() {
+	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() && whole {
 		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi); ok {
 			if c.ssdAsync.ReadAtAsync(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
 				return true
@@ -130,6 +137,9 @@ func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bo
 	})
 	at := int64(slot) * c.line
 	ended := func(err error) {
+		if err == nil {
+			err = c.ssd.verify(s.line, src.slot, c.ram.ram[at+lo:at+hi], lo)
+		}
 		if err != nil { // as promote does, off the device's goroutine
 			go func() {
 				c.ram.unpin(slot)

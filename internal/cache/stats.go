@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierblk/tierblk/internal/meta"
 )
 
 // Stats is a snapshot of one cache's counters, for the admin endpoint and `tierblk stats`.
@@ -19,6 +21,10 @@ type Stats struct {
 	FetchedBytes uint64 `json:"fetched_bytes"`
 	// Dirty describes write-back: data on the SSD tier that the backend does not have yet.
 	Dirty DirtyStats `json:"dirty"`
+	// Lost describes the ranges whose dirty data the SSD tier damaged (ErrLost).
+	Lost LostStats `json:"lost"`
+	// Scrub describes the last scrub of the SSD tier, or the one under way (Cache.Scrub).
+	Scrub ScrubStats `json:"scrub"`
 	// ReadLatency and WriteLatency time whole client requests through the cache.
 	ReadLatency  Histogram `json:"read_latency"`
 	WriteLatency Histogram `json:"write_latency"`
@@ -62,6 +68,14 @@ type TierStats struct {
 	DedupeHits       uint64 `json:"dedupe_hits,omitempty"`
 	DedupeCollisions uint64 `json:"dedupe_collisions,omitempty"`
 	Errors           uint64 `json:"errors"` // I/O errors of the tier's storage
+	// ChecksumErrors counts the blocks read from the tier whose bytes did not match their
+	// checksums (sum.go): each was read from the backend instead (clean) or is lost (dirty,
+	// Stats.Lost).
+	ChecksumErrors uint64 `json:"checksum_errors"`
+	// Adopted counts the dirty blocks that held other bytes than their checksums after an
+	// unclean stop (or a failed write), as a write under way may leave them, and were taken as
+	// they were (sum.go).
+	Adopted uint64 `json:"checksums_adopted,omitempty"`
 	// Failed is set while the tier is bypassed (after I/O or metadata errors); Reason says why.
 	// A bypassed tier is tried again with backoff, in RetryIn seconds, and comes back into service
 	// when its storage and metadata work; SetAside lines wait for that, out of use.
@@ -103,6 +117,16 @@ type DirtyStats struct {
 	// (around an SSD tier with no room for them, or the dirty data before them).
 	BackendWaits uint64 `json:"backend_waits"`
 }
+
+// LostStats describe the lost ranges: reads of them fail until they are written again.
+type LostStats struct {
+	Bytes  uint64       `json:"bytes"`            // in the lost ranges now
+	Ranges []meta.Range `json:"ranges,omitempty"` // the first maxLostListed of them
+	Blocks uint64       `json:"blocks"`           // blocks lost since the start (a counter)
+}
+
+// maxLostListed is how many lost ranges Stats lists.
+const maxLostListed = 64
 
 // IOStats count requests to the backend.
 type IOStats struct {

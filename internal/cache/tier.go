@@ -35,6 +35,23 @@ type tier struct {
 	cong     *congestion     // SSD tier on a device the kernel times; nil otherwise
 	log      *slog.Logger
 
+	// Checksums (SSD tier, sum.go): sums holds a sum for each block of each slot (by slot*blocks
+	// + block; meaningful for valid blocks that are not zero blocks), size is the backend's size
+	// (its last block may be short), inplace orders writes in place before a checkpoint's
+	// snapshot, sumErrs counts the blocks that failed their sums, and onDamage (set by the
+	// cache) deals with such blocks of line: a clean one is dropped, a dirty one lost.
+	sums     []atomic.Uint32
+	size     int64
+	inplace  sync.RWMutex
+	sumErrs  atomic.Uint64
+	adopt    []atomic.Uint64 // see sum.go, "Adopted blocks"
+	adopting atomic.Bool
+	adopted  atomic.Uint64
+	onDamage func(line uint64, slot uint32, bits lineBits)
+	// recheck has the cache check line's blocks under its lock, soon (reclaim found a unit of it
+	// damaged, holding no line lock).
+	recheck func(line uint64)
+
 	// mu guards the tier's state. RAM-tier hits take it shared (readHit) and leave their accesses
 	// in recent for the next holder of it exclusively to give the eviction policy; everything else
 	// takes it exclusively.
@@ -113,6 +130,8 @@ type tierSpec struct {
 	lines uint64
 	// reduction is what the tier stores no more of (a tier with lines only).
 	reduction Reduction
+	// size is the backend's size in bytes (a tier with lines only).
+	size int64
 }
 
 func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
@@ -138,6 +157,8 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		t.dset = newLineSet(s.lines)
 		t.doomed = map[uint64]bool{}
 		t.setAside = map[uint64]uint32{}
+		t.sums = make([]atomic.Uint32, s.slots*t.blocks)
+		t.size = s.size
 	}
 	var err error
 	t.evict, err = policy.NewEviction(s.policy, policy.Config{
@@ -387,8 +408,18 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 	if z := t.zeroAt(slot); !z.isZero() {
 		r.Zero = z.words(t.blocks)
 	}
+	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
 	if t.pk != nil {
-		r.Loc = t.pk.unitsOf(slot, t.valid.get(slot).andNot(t.zeroAt(slot)))
+		r.Loc = t.pk.unitsOf(slot, stored)
+	}
+	if t.sums != nil && !stored.isZero() {
+		r.Sum = make([]uint32, t.blocks)
+		sums := t.sumsOf(slot)
+		for b := range sums {
+			if stored.has(b) {
+				r.Sum[b] = sums[b].Load()
+			}
+		}
 	}
 	return meta.Op{Rec: r}
 }
@@ -396,8 +427,18 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 // ioError counts an error of the tier's storage on line, drops the line (its slot's content is now
 // unknown) and bypasses the tier after maxTierErrors.
 func (t *tier) ioError(line uint64, slot uint32, err error) {
-	t.errs.Add(1)
 	n := t.recentErrs.Add(1)
+	if d, ok := asDamage(err); ok {
+		// The device read what it was asked: the blocks are bad, not the line. Counted towards
+		// a bypass all the same: a device that damages many blocks in a short time is not
+		// trusted.
+		t.onDamage(d.line, slot, d.bits)
+		if n >= maxTierErrors {
+			t.fail(fmt.Sprintf("%d errors, the last: %v", n, err))
+		}
+		return
+	}
+	t.errs.Add(1)
 	t.mu.Lock()
 	if s, ok := t.slotOf(line); ok && s == slot {
 		if t.dirtyAt(slot).isZero() {
@@ -451,45 +492,41 @@ func (t *tier) fail(reason string) {
 	t.mu.Unlock()
 }
 
-// readSlot and writeSlot move data of slot (line's) at byte offset off within the line.
-func (t *tier) readSlot(slot uint32, p []byte, off int64) error {
-	base := int64(slot)*t.lineSize + off
+// readSlot and writeSlot move data of slot (line's) at byte offset off within the line; a read of
+// a tier of slots may go on into the slots after it, which hold the lines after it (readHits).
+// Reads of the SSD tier are checked (sum.go): a block that fails makes a *damageError.
+func (t *tier) readSlot(line uint64, slot uint32, p []byte, off int64) error {
 	if t.ram != nil {
-		copy(p, t.ram[base:])
+		copy(p, t.ram[int64(slot)*t.lineSize+off:])
 		return nil
 	}
 	if t.pk != nil {
-		return t.packRead(slot, p, off, false)
+		return t.packRead(line, slot, p, off, false)
 	}
-	_, err := t.dev.ReadAt(p, base)
-	return err
+	return t.readPlain(line, slot, p, off, false)
 }
 
 // readSlotCached is readSlot for data written a moment ago, the destager's: through the SSD's
 // page cache when its reads bypass it (backend.CachedReader).
-func (t *tier) readSlotCached(slot uint32, p []byte, off int64) error {
-	cr, ok := t.dev.(backend.CachedReader)
-	if t.pk != nil {
-		return t.packRead(slot, p, off, true)
+func (t *tier) readSlotCached(line uint64, slot uint32, p []byte, off int64) error {
+	switch {
+	case t.ram != nil:
+		return t.readSlot(line, slot, p, off)
+	case t.pk != nil:
+		return t.packRead(line, slot, p, off, true)
 	}
-	if t.ram != nil || !ok {
-		return t.readSlot(slot, p, off)
-	}
-	_, err := cr.ReadAtCached(p, int64(slot)*t.lineSize+off)
-	return err
+	return t.readPlain(line, slot, p, off, true)
 }
 
 func (t *tier) writeSlot(line uint64, slot uint32, p []byte, off int64) error {
-	base := int64(slot)*t.lineSize + off
 	if t.ram != nil {
-		copy(t.ram[base:], p)
+		copy(t.ram[int64(slot)*t.lineSize+off:], p)
 		return nil
 	}
 	if t.pk != nil {
 		return t.packWrite(line, slot, p, off)
 	}
-	_, err := t.dev.WriteAt(p, base)
-	return err
+	return t.writePlain(line, slot, p, off)
 }
 
 func (t *tier) stats() TierStats {
@@ -516,6 +553,8 @@ func (t *tier) stats() TierStats {
 		Capacity:      uint64(t.slots),
 		LineBytes:     uint64(lines) * uint64(t.lineSize),
 		Errors:        t.errs.Load(),
+		ChecksumErrors: t.sumErrs.Load(),
+		Adopted:        t.adopted.Load(),
 		Failed:        t.failed.Load(),
 		SetAside:      uint64(aside),
 		LogicalBytes:  logical,

@@ -33,12 +33,17 @@ func (c *Cache) WriteAtFUA(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-func (c *Cache) write(p []byte, off int64, fua bool) error {
+func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 	t0 := time.Now()
 	defer func() { c.writeLat.observe(time.Since(t0)) }()
 	if err := c.check(off, int64(len(p))); err != nil {
 		return err
 	}
+	defer func() {
+		if err == nil { // what it wrote is no longer lost (lost.go)
+			err = c.lost.clear(off, int64(len(p)))
+		}
+	}()
 	if len(p) == 0 {
 		return nil
 	}
@@ -272,6 +277,7 @@ func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	c.backendChanges.Add(1)
 	if err == nil {
 		c.zeroHeld(held)
+		err = c.lost.clear(off, length)
 	}
 	return err
 }

@@ -61,6 +61,12 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	tries := slotTries
 	for i, s := range segs {
 		err := c.writeBackSeg(s, grants[i], p, &tries)
+		if _, ok := asDamage(err); ok {
+			// The rest of a block the write covers in part failed its checksum: dealt with
+			// (ioError: a dirty block is lost, a clean one dropped), the block is no longer in
+			// the slot, and the write takes the rest from the backend.
+			err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+		}
 		if errors.Is(err, errDirtyNoRoom) {
 			// The SSD tier has no room for this line's new data, and holds the only copy of
 			// older writes to it: those go to the backend first, with the dirty data of every
@@ -207,6 +213,9 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 	if err != nil {
 		c.ssd.unpin(slot)
 		c.ssd.ioError(s.line, slot, err)
+		if _, ok := asDamage(err); ok {
+			return err // writeBackSegs writes the segment again
+		}
 		return fmt.Errorf("cache: SSD tier write failed: %w", err)
 	}
 	if !c.ssd.validate(s.line, slot, touched, true, zeros) {

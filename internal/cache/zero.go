@@ -126,13 +126,13 @@ func zeroRuns(p []byte, off int64, zero lineBits, fn func(q []byte, at int64, ze
 
 // readBlocks is readSlot for a slot whose zero blocks are zero: those are filled with zeros, not
 // read.
-func (t *tier) readBlocks(slot uint32, p []byte, off int64, zero lineBits) error {
+func (t *tier) readBlocks(line uint64, slot uint32, p []byte, off int64, zero lineBits) error {
 	return zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
 		if z {
 			clear(q)
 			return nil
 		}
-		return t.readSlot(slot, q, at)
+		return t.readSlot(line, slot, q, at)
 	})
 }
 

@@ -44,7 +44,7 @@ func (m *memModel) want() []Line {
 
 // opGen draws ops on few lines, so that puts, replaces and deletes hit the same lines often. Half
 // the puts are of the packed layout: location words for a line of any number of blocks that its
-// bitmaps' words hold.
+// bitmaps' words hold. Half have checksums, of either layout.
 var opGen = rapid.Custom(func(t *rapid.T) Op {
 	line := rapid.Uint64Range(0, 15).Draw(t, "line")
 	if rapid.Bool().Draw(t, "delete") {
@@ -82,6 +82,21 @@ var opGen = rapid.Custom(func(t *rapid.T) Op {
 			}
 			if stored>>(i%64)&1 != 0 {
 				op.Rec.Loc[i] = bits.RotateLeft64(loc, i)
+			}
+		}
+	}
+	if rapid.Bool().Draw(t, "checksums") {
+		// As for locations: one drawn value, rotated, for every stored block; 0 among them
+		// too, which a block's bytes may have as their checksum.
+		sum := rapid.Uint32().Draw(t, "checksum")
+		op.Rec.Sum = make([]uint32, rapid.IntRange(0, blocks).Draw(t, "checksum count"))
+		for i := range op.Rec.Sum {
+			stored := valid[i/64]
+			if i/64 < len(op.Rec.Zero) {
+				stored &^= op.Rec.Zero[i/64]
+			}
+			if stored>>(i%64)&1 != 0 {
+				op.Rec.Sum[i] = bits.RotateLeft32(sum, i)
 			}
 		}
 	}
@@ -158,7 +173,7 @@ func TestMemMatchesModel(t *testing.T) {
 
 func lineEqual(a, b Line) bool {
 	return a.Line == b.Line && a.Slot == b.Slot && slices.Equal(a.Valid, b.Valid) && slices.Equal(a.Dirty, b.Dirty) &&
-		slices.Equal(a.Zero, b.Zero) && slices.Equal(a.Loc, b.Loc)
+		slices.Equal(a.Zero, b.Zero) && slices.Equal(a.Loc, b.Loc) && slices.Equal(a.Sum, b.Sum)
 }
 
 // TestLineEncodingRoundTrip checks that every record the stores accept decodes to itself.

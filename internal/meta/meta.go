@@ -1,6 +1,6 @@
 // Package meta is the persistent metadata of the cache's SSD tier: a superblock that says which
-// backend and layout the tier belongs to, and one record per cached line (its slot on the SSD and
-// its per-4 KiB valid and dirty bits).
+// backend and layout the tier belongs to, and one record per cached line (its slot on the SSD, its
+// per-4 KiB valid and dirty bits, and where needed the blocks' locations and checksums).
 //
 // The engine keeps its working state in memory and writes records here so that a restart finds the
 // tier warm and a crash never makes it trust data that might be stale. Store implementations must
@@ -33,6 +33,19 @@ type Superblock struct {
 	// block's offset in it; LayoutPacked compressed, wherever Line.Loc says. Neither layout can
 	// read the other's data.
 	Layout string `json:"layout,omitempty"`
+	// Lost are the byte ranges of the backend whose dirty data the SSD tier damaged before it was
+	// written back: reads of them fail until they are written again. Sorted, apart.
+	Lost []Range `json:"lost,omitempty"`
+	// Open is set while a run has the tier open, and cleared when it closes the tier after its
+	// last checkpoint: a start that finds it set follows a stop that was not a close (a kill, a
+	// power cut), whose last writes in place the records may not have the checksums of.
+	Open bool `json:"open,omitempty"`
+}
+
+// Range is a byte range of the backend.
+type Range struct {
+	Off int64 `json:"offset"`
+	Len int64 `json:"length"`
 }
 
 // LayoutPacked is the Superblock.Layout of a tier whose lines' blocks are stored compressed in
@@ -84,6 +97,12 @@ func (sb Superblock) Mismatch(want Superblock) error {
 // block of the line, saying where the block's bytes are on the SSD; the word's meaning is the
 // cache's, except that 0 means no bytes are stored: Loc[i] != 0 exactly for the blocks that are
 // valid and not zero.
+//
+// Sum has one CRC32C (Castagnoli) checksum per block of the line, Sum[i] that of block i's bytes
+// as stored on the SSD tier (after any compression), so that a read can tell a block the SSD
+// damaged from the data it was given. It is meaningful only for the blocks that are valid and not
+// zero, and 0 for every other block. It is nil in a record without checksums: one written by a
+// tierblk from before them, or one that stores no block.
 type Line struct {
 	Line  uint64   `json:"line"` // line number: byte offset / line size
 	Slot  uint32   `json:"slot"`
@@ -91,6 +110,7 @@ type Line struct {
 	Dirty []uint64 `json:"dirty,omitempty"`
 	Zero  []uint64 `json:"zero,omitempty"`
 	Loc   []uint64 `json:"loc,omitempty"`
+	Sum   []uint32 `json:"sum,omitempty"`
 }
 
 // Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.
@@ -114,14 +134,16 @@ type Store interface {
 	// Commit applies ops atomically, in order. Concurrent commits are grouped so that many callers
 	// share one write (and, with sync, one sync). Without sync the commit survives a crash of the
 	// process (kill -9) when Commit returns; with sync it also survives power loss. A commit with a
-	// record whose dirty or zero bits are not all valid, or whose location words are not set
-	// exactly for its valid blocks that are not zero, is rejected whole.
+	// record whose dirty or zero bits are not all valid, whose location words are not set
+	// exactly for its valid blocks that are not zero, or that has a checksum for a block that is
+	// not valid or is a zero block, is rejected whole.
 	Commit(ops []Op, sync bool) error
 	// Sync makes every commit that returned before the call survive power loss.
 	Sync() error
 	// Lines calls fn for every stored line record, in line order, stopping at fn's first error,
-	// which it returns as is. Empty bitmaps, and an empty Loc, read back as nil. Records are read
-	// from a snapshot taken when Lines starts; fn may Commit, but must not Close the store.
+	// which it returns as is. Empty bitmaps, and an empty Loc or Sum, read back as nil. Records
+	// are read from a snapshot taken when Lines starts; fn may Commit, but must not Close the
+	// store.
 	Lines(fn func(Line) error) error
 	// Close releases the store; commits that returned stay committed.
 	Close() error

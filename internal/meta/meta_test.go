@@ -156,6 +156,16 @@ func TestCommit(t *testing.T) {
 			[]Line{packedLine(3, 16, 0xff, 0, 0xff)}},
 		{"location words replaced by none", [][]Op{{{Rec: packedLine(3, 16, 0x3, 0x1, 0)}}, {put(3, 1, []uint64{3}, nil)}},
 			[]Line{{Line: 3, Slot: 1, Valid: []uint64{3}}}},
+		{"checksums", [][]Op{{{Rec: Line{Line: 3, Slot: 1, Valid: []uint64{0x7}, Zero: []uint64{0x2}, Sum: []uint32{9, 0, 0xffffffff}}}}},
+			[]Line{{Line: 3, Slot: 1, Valid: []uint64{0x7}, Zero: []uint64{0x2}, Sum: []uint32{9, 0, 0xffffffff}}}},
+		{"empty checksums read back as nil", [][]Op{{{Rec: Line{Line: 3, Slot: 1, Valid: []uint64{0x7}, Sum: []uint32{}}}}},
+			[]Line{{Line: 3, Slot: 1, Valid: []uint64{0x7}}}},
+		{"checksums and location words", [][]Op{{{Rec: withSums(packedLine(3, 16, 0xfff, 0x0f0, 0x003))}}},
+			[]Line{withSums(packedLine(3, 16, 0xfff, 0x0f0, 0x003))}},
+		{"checksums of a 1 MiB line", [][]Op{{{Rec: withSums(packedLine(3, 256, 0xffff, 0xff, 0xf00))}}},
+			[]Line{withSums(packedLine(3, 256, 0xffff, 0xff, 0xf00))}},
+		{"checksums replaced by none", [][]Op{{{Rec: withSums(packedLine(3, 16, 0x3, 0x1, 0))}}, {{Rec: packedLine(3, 16, 0x3, 0x1, 0)}}},
+			[]Line{packedLine(3, 16, 0x3, 0x1, 0)}},
 		{"extreme values", [][]Op{{put(1<<64-1, 1<<32-1, []uint64{1<<64 - 1}, []uint64{1<<64 - 1})}},
 			[]Line{{Line: 1<<64 - 1, Slot: 1<<32 - 1, Valid: []uint64{1<<64 - 1}, Dirty: []uint64{1<<64 - 1}}}},
 	}
@@ -191,15 +201,34 @@ func packedLine(line uint64, blocks int, valid, dirty, zero uint64) Line {
 	return l
 }
 
+// withSums gives l a checksum for each block that has a location word: one derived from the
+// location, nonzero.
+func withSums(l Line) Line {
+	l.Sum = make([]uint32, len(l.Loc))
+	for i, loc := range l.Loc {
+		if loc != 0 {
+			l.Sum[i] = uint32(loc)<<16 | 0xc5
+		}
+	}
+	return l
+}
+
 func TestCommitRejectsBitsNotValid(t *testing.T) {
 	withLoc := func(l Line, block int, loc uint64) Line {
 		l.Loc = append([]uint64(nil), l.Loc...)
 		l.Loc[block] = loc
 		return l
 	}
+	withSum := func(l Line, block int, sum uint32) Line {
+		l.Sum = append([]uint32(nil), l.Sum...)
+		l.Sum[block] = sum
+		return l
+	}
 	good := packedLine(42, 16, 0x0f, 0x01, 0x0c) // blocks 0 and 1 stored, 2 and 3 zero
 	beyond := make([]uint64, 66)                 // past the one word of valid bits
 	beyond[0], beyond[65] = 1, 7
+	sumBeyond := make([]uint32, 66)
+	sumBeyond[0], sumBeyond[65] = 1, 7
 	tests := []struct {
 		name string
 		rec  Line
@@ -214,8 +243,19 @@ func TestCommitRejectsBitsNotValid(t *testing.T) {
 			"line 42 has no location for block 2"},
 		{"empty location words", Line{Line: 42, Valid: []uint64{0x1}, Loc: []uint64{}}, "line 42 has no location for block 0"},
 		{"location beyond the valid bits", Line{Line: 42, Valid: []uint64{0x1}, Loc: beyond}, "line 42 has location 0x7 for block 65, which is not valid"},
+		{"checksum of a block not valid", withSum(withSums(good), 9, 0xabc), "line 42 has checksum 0xabc for block 9, which is not valid"},
+		{"checksum of a zero block", withSum(withSums(good), 3, 0xabc), "line 42 has checksum 0xabc for block 3, which is a zero block"},
+		{"checksum of a zero block in the slot layout", Line{Line: 42, Slot: 2, Valid: []uint64{0x3}, Zero: []uint64{0x2}, Sum: []uint32{1, 2}},
+			"line 42 has checksum 0x2 for block 1, which is a zero block"},
+		{"checksum beyond the valid bits", Line{Line: 42, Valid: []uint64{0x1}, Sum: sumBeyond}, "line 42 has checksum 0x7 for block 65, which is not valid"},
+		{"checksum without valid bits", Line{Line: 42, Sum: []uint32{0, 5}}, "line 42 has checksum 0x5 for block 1, which is not valid"},
 	}
-	for _, rec := range []Line{good, packedLine(42, 256, 0, 0, 0), {Line: 42, Valid: []uint64{0x1}, Zero: []uint64{0x1}, Loc: []uint64{0}}} {
+	for _, rec := range []Line{
+		good, packedLine(42, 256, 0, 0, 0), {Line: 42, Valid: []uint64{0x1}, Zero: []uint64{0x1}, Loc: []uint64{0}},
+		withSums(good), withSum(withSums(good), 1, 0), // a stored block's checksum may be 0
+		{Line: 42, Valid: []uint64{0x3}, Zero: []uint64{0x2}, Sum: []uint32{1, 0, 0, 0}}, // 0 past the blocks stored
+		{Line: 42, Valid: []uint64{0x1}, Sum: make([]uint32, 200)},
+	} {
 		require.NoError(t, checkOps([]Op{{Rec: rec}}), "%+v", rec)
 	}
 	for _, tt := range tests {
@@ -451,6 +491,13 @@ func TestBadgerCorruptRecord(t *testing.T) {
 		{"truncated location words", lineKey(7), append(append([]byte(nil), good...), 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
 		{"extra bytes after location words", lineKey(7), append(append([]byte(nil), good...), 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
 		{"huge location count", lineKey(7), append(append([]byte(nil), good...), 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), "after the valid and dirty bitmaps"},
+		{"empty checksums", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0), "3 bytes after the valid and dirty bitmaps are no zero bitmap"},
+		{"empty checksums after location words", lineKey(7), append(append([]byte(nil), good...), 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
+		{"truncated checksums", lineKey(7), append(append([]byte(nil), good...), 0, 0, 2, 0, 0, 0, 1, 0, 0, 0), "10 bytes after the valid and dirty bitmaps"},
+		{"extra bytes after checksums", lineKey(7), append(append([]byte(nil), good...), 0, 0, 1, 0, 0, 0, 1, 0), "8 bytes after the valid and dirty bitmaps"},
+		{"huge checksum count", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), "after the valid and dirty bitmaps"},
+		{"bad checksum count", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0xff), "3 bytes after the valid and dirty bitmaps"},
+		{"location count past the checksums", lineKey(7), append(append([]byte(nil), good...), 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1), "15 bytes after the valid and dirty bitmaps"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,8 @@ var ErrTooBig = errors.New("meta: commit is larger than one metadata transaction
 // are not valid would make it serve zeros for data it does not hold. In the packed layout (Loc not
 // nil) a location for a block that is not valid, or that is a zero block, would make it read bytes
 // the line does not hold, and a valid block that is not zero without one could not be read at all.
+// A checksum for a block whose bytes are not on the SSD (not valid, or a zero block) would be
+// checked against bytes the block does not have.
 func checkOps(ops []Op) error {
 	for i, op := range ops {
 		if op.Delete {
@@ -43,6 +45,28 @@ func checkOps(ops []Op) error {
 			if err := checkLoc(op.Rec); err != nil {
 				return fmt.Errorf("meta: op %d: line %d %w", i, op.Rec.Line, err)
 			}
+		}
+		if err := checkSum(op.Rec); err != nil {
+			return fmt.Errorf("meta: op %d: line %d %w", i, op.Rec.Line, err)
+		}
+	}
+	return nil
+}
+
+// checkSum checks that l.Sum is 0 for every block that is not valid or is a zero block, and
+// describes the first that is not. A stored block may have a checksum of 0: it says nothing
+// about the others.
+func checkSum(l Line) error {
+	for block, sum := range l.Sum {
+		if sum == 0 {
+			continue
+		}
+		w, bit := block/64, uint64(1)<<(block%64)
+		switch {
+		case w >= len(l.Valid) || l.Valid[w]&bit == 0:
+			return fmt.Errorf("has checksum %#x for block %d, which is not valid", sum, block)
+		case w < len(l.Zero) && l.Zero[w]&bit != 0:
+			return fmt.Errorf("has checksum %#x for block %d, which is a zero block", sum, block)
 		}
 	}
 	return nil
@@ -84,21 +108,22 @@ func checkLoc(l Line) error {
 	return nil
 }
 
-// cloneLine copies l's bitmaps and location words so that a store never shares memory with its
-// callers; empty ones become nil, as they read back from disk.
+// cloneLine copies l's bitmaps, location words and checksums so that a store never shares memory
+// with its callers; empty ones become nil, as they read back from disk.
 func cloneLine(l Line) Line {
 	l.Valid = cloneWords(l.Valid)
 	l.Dirty = cloneWords(l.Dirty)
 	l.Zero = cloneWords(l.Zero)
 	l.Loc = cloneWords(l.Loc)
+	l.Sum = cloneWords(l.Sum)
 	return l
 }
 
-func cloneWords(w []uint64) []uint64 {
+func cloneWords[T uint32 | uint64](w []T) []T {
 	if len(w) == 0 {
 		return nil
 	}
-	return append([]uint64(nil), w...)
+	return append([]T(nil), w...)
 }
 
 // Keys are a prefix byte and, for lines, the big-endian line number, so that badger's key order is
@@ -117,31 +142,41 @@ func lineKey(line uint64) []byte {
 
 // encodeLine encodes a record's value: slot (4 bytes, big-endian), the word counts of Valid and
 // Dirty (uvarints), then the words (8 bytes each, big-endian). A 1 MiB line with a clean record
-// takes 38 bytes. Two optional sections may follow, each a word count (a uvarint) and its words:
-// Zero, then Loc.
+// takes 38 bytes. Three optional sections may follow, each a count (a uvarint) and its values:
+// Zero, then Loc (8-byte words, big-endian), then Sum (4-byte checksums, big-endian).
 //
-// A record without zero blocks or locations ends after Dirty, as records did before either
-// existed, so that a store written by an earlier tierblk loads as it was (and an earlier tierblk
-// refuses a record with zero blocks as corrupt rather than read the blocks from the slot). A
-// record with Loc writes the Zero section even when it has no words (count 0), so that the
-// section after Dirty is always Zero; an empty Zero section is written only there, so each record
-// has one encoding. A tierblk from before Loc refuses such a record as corrupt: its Zero section
-// is not the end. A 1 MiB line in the packed layout takes 2,089 bytes, its 256 location words
-// most of them.
+// A record without zero blocks, locations or checksums ends after Dirty, as records did before
+// any of them existed, so that a store written by an earlier tierblk loads as it was (and an
+// earlier tierblk refuses a record with zero blocks as corrupt rather than read the blocks from
+// the slot). A record with Loc or Sum writes the Zero section even when it has no words (count
+// 0), so that the section after Dirty is always Zero, and a record with Sum writes the Loc
+// section even when it has no words (count 0, the slot layout), so that the section after Zero
+// is always Loc. An empty Zero section is written only before a Loc section, an empty Loc
+// section only before a Sum section, and a Sum section is never empty, so each record has one
+// encoding. A tierblk from before Loc refuses a record with Loc or Sum as corrupt (its Zero
+// section is not the end), and one from before Sum refuses a record with Sum (its Loc section is
+// empty, or not the end). A 1 MiB line takes 2,089 bytes in the packed layout, its 256 location
+// words most of them, and with checksums 3,115 (1,066 in the slot layout).
 func encodeLine(l Line) []byte {
-	v := make([]byte, 0, 4+4*binary.MaxVarintLen16+8*(len(l.Valid)+len(l.Dirty)+len(l.Zero)+len(l.Loc)))
+	v := make([]byte, 0, 4+5*binary.MaxVarintLen16+8*(len(l.Valid)+len(l.Dirty)+len(l.Zero)+len(l.Loc))+4*len(l.Sum))
 	v = binary.BigEndian.AppendUint32(v, l.Slot)
 	v = binary.AppendUvarint(v, uint64(len(l.Valid)))
 	v = binary.AppendUvarint(v, uint64(len(l.Dirty)))
 	v = appendWords(v, l.Valid)
 	v = appendWords(v, l.Dirty)
-	if len(l.Zero) > 0 || len(l.Loc) > 0 {
+	if len(l.Zero) > 0 || len(l.Loc) > 0 || len(l.Sum) > 0 {
 		v = binary.AppendUvarint(v, uint64(len(l.Zero)))
 		v = appendWords(v, l.Zero)
 	}
-	if len(l.Loc) > 0 {
+	if len(l.Loc) > 0 || len(l.Sum) > 0 {
 		v = binary.AppendUvarint(v, uint64(len(l.Loc)))
 		v = appendWords(v, l.Loc)
+	}
+	if len(l.Sum) > 0 {
+		v = binary.AppendUvarint(v, uint64(len(l.Sum)))
+		for _, sum := range l.Sum {
+			v = binary.BigEndian.AppendUint32(v, sum)
+		}
 	}
 	return v
 }
@@ -189,10 +224,11 @@ func decodeLineValue(key, val []byte) (Line, error) {
 	if len(rest) == 0 {
 		return l, nil
 	}
-	// The optional sections: Zero, then Loc, each a count and its words. An empty Zero section
-	// is only ever written before a Loc section, and a Loc section is never empty.
+	// The optional sections: Zero, then Loc, then Sum, each a count and its values. An empty
+	// Zero section is only ever written before a Loc section, an empty Loc section only before a
+	// Sum section, and a Sum section is never empty.
 	tail := func() error {
-		return fmt.Errorf("%d bytes after the valid and dirty bitmaps are no zero bitmap, with or without location words", len(rest))
+		return fmt.Errorf("%d bytes after the valid and dirty bitmaps are no zero bitmap, with or without location words and checksums", len(rest))
 	}
 	n, size := binary.Uvarint(rest)
 	if size <= 0 || n > uint64(len(rest)-size)/8 {
@@ -207,10 +243,25 @@ func decodeLineValue(key, val []byte) (Line, error) {
 		return l, nil
 	}
 	n, size = binary.Uvarint(locs)
-	if size <= 0 || n == 0 || n > uint64(len(locs)-size)/8 || uint64(len(locs)-size) != 8*n {
+	if size <= 0 || n > uint64(len(locs)-size)/8 {
 		return Line{}, tail()
 	}
-	l.Loc, _ = decodeWords(locs[size:], n)
+	var sums []byte
+	l.Loc, sums = decodeWords(locs[size:], n)
+	if len(sums) == 0 {
+		if n == 0 {
+			return Line{}, tail()
+		}
+		return l, nil
+	}
+	n, size = binary.Uvarint(sums)
+	if size <= 0 || n == 0 || n > uint64(len(sums)-size)/4 || uint64(len(sums)-size) != 4*n {
+		return Line{}, tail()
+	}
+	l.Sum = make([]uint32, n)
+	for i := range l.Sum {
+		l.Sum[i] = binary.BigEndian.Uint32(sums[size+4*i:])
+	}
 	return l, nil
 }
 

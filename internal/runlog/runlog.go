@@ -42,10 +42,11 @@ type Identity struct {
 const (
 	magic = "TIERBLKL"
 	// version 2 records carry a third bitmap, the zero blocks; version 3 records carry after it
-	// the line's location words (as many as the header's hLocs says, none in the slot layout).
-	// A log of version 1 (Valid and Dirty only) or 2, which a kill of an earlier tierblk left,
-	// still replays.
-	version    = 3
+	// the line's location words (as many as the header's hLocs says, none in the slot layout);
+	// version 4 records carry after those the line's block checksums (as many as the header's
+	// hSums says). A log of version 1 (Valid and Dirty only), 2 or 3, which a kill of an earlier
+	// tierblk left, still replays, its records without checksums.
+	version    = 4
 	headerSize = 4096
 	maxTierID  = 64
 
@@ -59,8 +60,9 @@ const (
 	hBoot      = 36 // the boot's ID (bootIDLen bytes)
 	hTierLen   = hBoot + bootIDLen
 	hTier      = hTierLen + 4
-	hCRC       = hTier + maxTierID // over [0, hCRC) and, from version 3 on, hLocs's 4 bytes
+	hCRC       = hTier + maxTierID // over [0, hCRC), hLocs's 4 bytes from version 3 on, hSums's from 4 on
 	hLocs      = 144               // location words per record (uint32), from version 3 on
+	hSums      = 148               // checksums per record (uint32), from version 4 on
 	hWatermark = 152               // every record up to it is in the metadata store
 	hLost      = 160               // the last record the ring had no room for
 	bootIDLen  = 36
@@ -70,17 +72,17 @@ const (
 	rLine  = 8
 	rSlot  = 16
 	rFlags = 20
-	rBits  = 24 // Valid words, Dirty words, Zero words, Loc words, then the CRC of all before it
+	rBits  = 24 // Valid, Dirty, Zero and Loc words, checksums (4 bytes each), then the CRC of all before it
 
 	flagDelete = 1
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// DefaultSize is the log file's size: with 64 KiB lines a record takes 56 bytes, so it holds
-// about 300,000 changes, some hundred times what a checkpoint every second lets pile up. In the
-// packed layout the 16 location words make it 184 bytes, and the log holds about 90,000; with
-// 1 MiB lines' 256, 2,176 bytes, about 7,700.
+// DefaultSize is the log file's size: with 64 KiB lines a record takes 120 bytes, 64 of them the
+// 16 block checksums, so it holds about 140,000 changes, some fifty times what a checkpoint every
+// second lets pile up. In the packed layout the 16 location words make it 248 bytes, and the log
+// holds about 68,000; with 1 MiB lines' 256 locations and 256 checksums, 3,200 bytes, about 5,200.
 const DefaultSize = 16 << 20
 
 // ErrUnusable wraps the reasons Replay cannot use a log: another tier's or run's, records lost
@@ -95,19 +97,25 @@ func bitmaps(v uint32) int {
 	return 3
 }
 
-// RecordSize is the size of a record for lines of words 64-bit words of bits and locs location
-// words.
-func RecordSize(words, locs int) int { return recordSize(words, bitmaps(version), locs) }
+// RecordSize is the size of a record for lines of words 64-bit words of bits, locs location words
+// and sums checksums.
+func RecordSize(words, locs, sums int) int { return recordSize(words, bitmaps(version), locs, sums) }
 
-func recordSize(words, bitmaps, locs int) int { return (rBits + 8*(bitmaps*words+locs) + 4 + 7) &^ 7 }
+// recordSize is the size of a record, a multiple of 8 so that every record's words are aligned.
+func recordSize(words, bitmaps, locs, sums int) int {
+	return (rBits + 8*(bitmaps*words+locs) + 4*sums + 4 + 7) &^ 7
+}
 
-// headerCRC is the CRC of the header of a log of version v. The location word count was added at
-// hLocs, past hCRC, where the header had room: it is covered too, so that a damaged count is
-// refused rather than read as another record layout.
+// headerCRC is the CRC of the header of a log of version v. The location word and checksum counts
+// were added at hLocs and hSums, past hCRC, where the header had room: they are covered too, so
+// that a damaged count is refused rather than read as another record layout.
 func headerCRC(b []byte, v uint32) uint32 {
 	c := crc32.Checksum(b[:hCRC], castagnoli)
 	if v >= 3 {
 		c = crc32.Update(c, castagnoli, b[hLocs:hLocs+4])
+	}
+	if v >= 4 {
+		c = crc32.Update(c, castagnoli, b[hSums:hSums+4])
 	}
 	return c
 }
@@ -118,6 +126,7 @@ type Log struct {
 	m       []byte
 	words   int
 	locs    int
+	sums    int
 	recSize int
 	cap     uint64 // records in the ring
 	next    uint64 // the next record's sequence number
@@ -126,16 +135,16 @@ type Log struct {
 }
 
 // Create makes a new, empty log at path for id (replacing what was there), of size bytes
-// (DefaultSize if 0), for lines of words 64-bit words of valid bits and locs location words (0 in
-// the slot layout).
-func Create(path string, id Identity, words, locs int, size int64) (*Log, error) {
+// (DefaultSize if 0), for lines of words 64-bit words of valid bits, locs location words (0 in
+// the slot layout) and sums block checksums.
+func Create(path string, id Identity, words, locs, sums int, size int64) (*Log, error) {
 	if size == 0 {
 		size = DefaultSize
 	}
 	if len(id.Tier) > maxTierID {
 		return nil, fmt.Errorf("run log: tier ID %q is longer than %d bytes", id.Tier, maxTierID)
 	}
-	rs := RecordSize(words, locs)
+	rs := RecordSize(words, locs, sums)
 	n := (size - headerSize) / int64(rs)
 	if n < 16 {
 		return nil, fmt.Errorf("run log: %d bytes hold fewer than 16 records", size)
@@ -154,7 +163,7 @@ func Create(path string, id Identity, words, locs int, size int64) (*Log, error)
 		f.Close()
 		return nil, fmt.Errorf("run log: mmap %s: %w", path, err)
 	}
-	l := &Log{f: f, m: m, words: words, locs: locs, recSize: rs, cap: uint64(n), next: 1}
+	l := &Log{f: f, m: m, words: words, locs: locs, sums: sums, recSize: rs, cap: uint64(n), next: 1}
 	copy(m[hMagic:], magic)
 	le := binary.LittleEndian
 	le.PutUint32(m[hVersion:], version)
@@ -163,6 +172,7 @@ func Create(path string, id Identity, words, locs int, size int64) (*Log, error)
 	le.PutUint64(m[hEpoch:], id.Epoch)
 	le.PutUint32(m[hWords:], uint32(words))
 	le.PutUint32(m[hLocs:], uint32(locs))
+	le.PutUint32(m[hSums:], uint32(sums))
 	le.PutUint32(m[hTierLen:], uint32(len(id.Tier)))
 	copy(m[hTier:], id.Tier)
 	copy(m[hBoot:hBoot+bootIDLen], bootID())
@@ -210,7 +220,15 @@ func (l *Log) Append(op meta.Op) (half bool) {
 		}
 		le.PutUint64(locs[8*k:], w)
 	}
-	end := rBits + 8*(3*l.words+l.locs)
+	sums := locs[8*l.locs:]
+	for k := range l.sums {
+		var s uint32
+		if !op.Delete && k < len(op.Rec.Sum) {
+			s = op.Rec.Sum[k]
+		}
+		le.PutUint32(sums[4*k:], s)
+	}
+	end := rBits + 8*(3*l.words+l.locs) + 4*l.sums
 	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	return seq-l.committed == l.cap/2
 }
@@ -241,9 +259,12 @@ func (l *Log) Close() error {
 // Replay reads the log at path and calls fn with each change recorded after the watermark, in
 // order, up to the first record that is missing or torn. found is false, with no error, when there
 // is no file. A log of another tier or run, one for other lines (words of bits, locs location
-// words), or one that lost records, is refused with an error wrapping ErrUnusable, before fn is
-// called. A record's Loc is nil when its location words are all 0, as in the slot layout.
-func Replay(path string, id Identity, words, locs int, fn func(meta.Op) error) (found bool, err error) {
+// words, sums checksums), or one that lost records, is refused with an error wrapping
+// ErrUnusable, before fn is called. A record's Loc is nil when its location words are all 0, as
+// in the slot layout, and its Sum nil when its checksums are all 0. A log from before checksums
+// (version 3 or older) replays whatever sums is, its records without checksums: a record may
+// have none, where one without the locations its layout needs could not be read.
+func Replay(path string, id Identity, words, locs, sums int, fn func(meta.Op) error) (found bool, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -288,8 +309,16 @@ func Replay(path string, id Identity, words, locs int, fn func(meta.Op) error) (
 	if logLocs != locs {
 		return true, unusable("records of %d location words, this tier's lines need %d", logLocs, locs)
 	}
+	// None before version 4: such a log replays whatever sums is, its records without checksums.
+	var logSums int
+	if v >= 4 {
+		logSums = int(le.Uint32(b[hSums:]))
+		if logSums != sums {
+			return true, unusable("records of %d checksums, this tier's lines need %d", logSums, sums)
+		}
+	}
 	rs, n := int(le.Uint32(b[hRecSize:])), le.Uint64(b[hCap:])
-	if rs != recordSize(words, bitmaps(v), locs) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
+	if rs != recordSize(words, bitmaps(v), locs, logSums) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
 		return true, unusable("its ring does not fit the file")
 	}
 	committed, lost := le.Uint64(b[hWatermark:]), le.Uint64(b[hLost:])
@@ -297,7 +326,8 @@ func Replay(path string, id Identity, words, locs int, fn func(meta.Op) error) (
 		return true, unusable("the ring was full: change %d and others were not logged", lost)
 	}
 	rLocs := rBits + 8*bitmaps(v)*words
-	end := rLocs + 8*locs
+	rSums := rLocs + 8*locs
+	end := rSums + 4*logSums
 	for seq := committed + 1; seq-committed <= n; seq++ {
 		r := b[headerSize+int(seq%n)*rs:][:rs]
 		if le.Uint64(r[rSeq:]) != seq || crc32.Checksum(r[:end], castagnoli) != le.Uint32(r[end:]) {
@@ -312,6 +342,7 @@ func Replay(path string, id Identity, words, locs int, fn func(meta.Op) error) (
 				op.Rec.Zero = words64(r[rBits+16*words:], words)
 			}
 			op.Rec.Loc = words64(r[rLocs:], locs)
+			op.Rec.Sum = words32(r[rSums:], logSums)
 		}
 		if err := fn(op); err != nil {
 			return true, err
@@ -336,6 +367,20 @@ func words64(b []byte, n int) []uint64 {
 	zero := true
 	for i := range w {
 		w[i] = binary.LittleEndian.Uint64(b[8*i:])
+		zero = zero && w[i] == 0
+	}
+	if zero {
+		return nil
+	}
+	return w
+}
+
+// words32 is words64 for n 32-bit words: the checksums.
+func words32(b []byte, n int) []uint32 {
+	w := make([]uint32, n)
+	zero := true
+	for i := range w {
+		w[i] = binary.LittleEndian.Uint32(b[4*i:])
 		zero = zero && w[i] == 0
 	}
 	if zero {

@@ -2,6 +2,7 @@ package runlog
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -13,6 +14,9 @@ import (
 )
 
 var id = Identity{Tier: "0123456789abcdef", Epoch: 7}
+
+// sums is the checksum count of the logs of lines of one bitmap word: one a block, of 16 blocks.
+const sums = 16
 
 func put(line uint64, slot uint32, valid, dirty uint64) meta.Op {
 	op := meta.Op{Rec: meta.Line{Line: line, Slot: slot, Valid: []uint64{valid}}}
@@ -27,7 +31,7 @@ func del(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line
 func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 	t.Helper()
 	var got []meta.Op
-	found, err := Replay(path, id, 1, 0, func(op meta.Op) error { got = append(got, op); return nil })
+	found, err := Replay(path, id, 1, 0, sums, func(op meta.Op) error { got = append(got, op); return nil })
 	require.True(t, found)
 	return got, err
 }
@@ -36,11 +40,11 @@ func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 // not hold (a committed record, one never written) never does.
 func TestReplay(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	found, err := Replay(path, id, 1, 0, nil)
+	found, err := Replay(path, id, 1, 0, sums, nil)
 	require.NoError(t, err)
 	require.False(t, found, "no file: nothing to replay, and no error")
 
-	l, err := Create(path, id, 1, 0, headerSize+20*int64(RecordSize(1, 0)))
+	l, err := Create(path, id, 1, 0, sums, headerSize+20*int64(RecordSize(1, 0, sums)))
 	require.NoError(t, err)
 	defer l.Close()
 	var want []meta.Op
@@ -71,12 +75,13 @@ func TestReplay(t *testing.T) {
 }
 
 // writeOldLog writes at path the log that an earlier tierblk, of format version v (1: Valid and
-// Dirty; 2: Zero too; no location words), left at a kill after it appended ops.
-func writeOldLog(t *testing.T, path string, v uint32, ops []meta.Op) {
+// Dirty; 2: Zero too; 3: locs location words too, 0 before version 3; no checksums), left at a
+// kill after it appended ops.
+func writeOldLog(t *testing.T, path string, v uint32, locs int, ops []meta.Op) {
 	t.Helper()
 	const words, n = 1, 16
 	maps := bitmaps(v)
-	rs := recordSize(words, maps, 0)
+	rs := recordSize(words, maps, locs, 0)
 	b := make([]byte, headerSize+n*rs)
 	le := binary.LittleEndian
 	copy(b[hMagic:], magic)
@@ -88,7 +93,12 @@ func writeOldLog(t *testing.T, path string, v uint32, ops []meta.Op) {
 	le.PutUint32(b[hTierLen:], uint32(len(id.Tier)))
 	copy(b[hTier:], id.Tier)
 	copy(b[hBoot:], bootID())
-	le.PutUint32(b[hCRC:], crc32.Checksum(b[:hCRC], castagnoli)) // the header CRC of versions 1 and 2
+	crc := crc32.Checksum(b[:hCRC], castagnoli) // the header CRC of versions 1 and 2
+	if v == 3 {
+		le.PutUint32(b[hLocs:], uint32(locs))
+		crc = crc32.Update(crc, castagnoli, b[hLocs:hLocs+4])
+	}
+	le.PutUint32(b[hCRC:], crc)
 	for i, op := range ops {
 		seq := uint64(i + 1)
 		r := b[headerSize+int(seq%n)*rs:][:rs]
@@ -103,22 +113,37 @@ func writeOldLog(t *testing.T, path string, v uint32, ops []meta.Op) {
 					le.PutUint64(r[rBits+8*m:], bits[0])
 				}
 			}
+			for k, loc := range op.Rec.Loc {
+				le.PutUint64(r[rBits+8*(maps+k):], loc)
+			}
 		}
-		end := rBits + 8*maps
+		end := rBits + 8*(maps+locs)
 		le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	}
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 }
 
 // A log that an earlier tierblk (format version 1: no zero bitmap) left at a kill replays as it
-// did.
+// did, its records without checksums whatever checksum count the tier's lines need.
 func TestReplayVersion1(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
 	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), put(5, 2, 0x1, 0)}
-	writeOldLog(t, path, 1, ops)
+	writeOldLog(t, path, 1, 0, ops)
 	got, err := replayAll(t, path, id)
 	require.NoError(t, err)
 	require.Equal(t, ops, got)
+	requireReplays(t, path, 1, 0, 0, ops)
+}
+
+// requireReplays checks that the log at path replays want for lines of words bitmap words, locs
+// location words and sums checksums.
+func requireReplays(t *testing.T, path string, words, locs, sums int, want []meta.Op) {
+	t.Helper()
+	var got []meta.Op
+	found, err := Replay(path, id, words, locs, sums, func(op meta.Op) error { got = append(got, op); return nil })
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Equal(t, want, got)
 }
 
 // A log of format version 2 (zero bitmaps, no location words) replays as it did for a tier of
@@ -128,14 +153,31 @@ func TestReplayVersion2(t *testing.T) {
 	zeros := put(6, 3, 0xff, 0x01)
 	zeros.Rec.Zero = []uint64{0xf0}
 	ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), zeros, put(5, 2, 0x1, 0)}
-	writeOldLog(t, path, 2, ops)
+	writeOldLog(t, path, 2, 0, ops)
 	got, err := replayAll(t, path, id)
 	require.NoError(t, err)
 	require.Equal(t, ops, got)
+	requireReplays(t, path, 1, 0, 0, ops)
 
-	_, err = Replay(path, id, 1, 16, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+	_, err = Replay(path, id, 1, 16, sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
 	require.ErrorIs(t, err, ErrUnusable)
 	require.ErrorContains(t, err, "records of 0 location words, this tier's lines need 16")
+}
+
+// A log of format version 3 (location words, no checksums) replays as it did, its records without
+// checksums whatever checksum count the tier's lines need.
+func TestReplayVersion3(t *testing.T) {
+	for _, locs := range []int{0, 16} {
+		path := filepath.Join(t.TempDir(), "log")
+		ops := []meta.Op{put(3, 1, 0xff, 0x0f), del(4), put(5, 2, 0x1, 0)}
+		if locs > 0 {
+			ops = []meta.Op{packed(3, 0xff, 0x0f, 0x30), del(4), packed(5, 0x1, 0, 0)}
+		}
+		writeOldLog(t, path, 3, locs, ops)
+		requireReplays(t, path, 1, locs, sums, ops)
+		requireReplays(t, path, 1, locs, 0, ops)
+		requireReplays(t, path, 1, locs, 256, ops)
+	}
 }
 
 // packed is the record of a change to a line of the packed layout, of 16 blocks (one bitmap word),
@@ -160,12 +202,12 @@ func packed(line uint64, valid, dirty, zero uint64) meta.Op {
 func TestReplayLocations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
 	const locs = 16
-	l, err := Create(path, id, 1, locs, headerSize+20*int64(RecordSize(1, locs)))
+	l, err := Create(path, id, 1, locs, sums, headerSize+20*int64(RecordSize(1, locs, sums)))
 	require.NoError(t, err)
 	defer l.Close()
 	replay := func() []meta.Op {
 		var got []meta.Op
-		found, err := Replay(path, id, 1, locs, func(op meta.Op) error { got = append(got, op); return nil })
+		found, err := Replay(path, id, 1, locs, sums, func(op meta.Op) error { got = append(got, op); return nil })
 		require.NoError(t, err)
 		require.True(t, found)
 		return got
@@ -197,11 +239,104 @@ func TestReplayLocations(t *testing.T) {
 	require.Equal(t, want[10:], replay())
 }
 
+// withSums gives op a checksum for each block that has a location word.
+func withSums(op meta.Op) meta.Op {
+	op.Rec.Sum = make([]uint32, len(op.Rec.Loc))
+	for i, loc := range op.Rec.Loc {
+		if loc != 0 {
+			op.Rec.Sum[i] = uint32(loc>>8) | 0xc5<<24
+		}
+	}
+	return op
+}
+
+// Records carry their checksums through the log, in either layout, across the ring's wrap; a
+// record with none set (no blocks stored, a record without checksums, or a delete) replays
+// without them, one that the caller gave fewer than the log holds replays with the rest 0, and one
+// given more replays with those the log holds.
+func TestReplaySums(t *testing.T) {
+	for _, locs := range []int{0, 16} {
+		t.Run(fmt.Sprintf("locs=%d", locs), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "log")
+			l, err := Create(path, id, 1, locs, sums, headerSize+20*int64(RecordSize(1, locs, sums)))
+			require.NoError(t, err)
+			defer l.Close()
+			// rec is the record of a change, and what it replays as: with location words in
+			// the packed layout only.
+			rec := func(op meta.Op) (meta.Op, meta.Op) {
+				if locs == 0 {
+					op.Rec.Loc = nil
+				}
+				return op, op
+			}
+			var want []meta.Op
+			appendOp := func(op, replayed meta.Op) {
+				l.Append(op)
+				want = append(want, replayed)
+			}
+			for i := range 12 {
+				appendOp(rec(withSums(packed(uint64(i), 0xffff>>i, 0x3>>(i%3), 0x100>>i))))
+			}
+			short, wantShort := rec(withSums(packed(20, 0x7, 0, 0)))
+			short.Rec.Sum = short.Rec.Sum[:2]
+			wantShort.Rec.Sum = append(short.Rec.Sum[:2:2], make([]uint32, sums-2)...)
+			appendOp(short, wantShort)
+			long, wantLong := rec(withSums(packed(21, 0x1, 0, 0)))
+			long.Rec.Sum = append(long.Rec.Sum, 0xabc)
+			appendOp(long, wantLong)
+			none, wantNone := rec(withSums(packed(22, 0xf, 0x1, 0xf))) // all zero blocks: nothing stored
+			wantNone.Rec.Sum = nil
+			if locs > 0 {
+				wantNone.Rec.Loc = nil
+			}
+			appendOp(none, wantNone)
+			appendOp(rec(packed(23, 0x3, 0, 0))) // no checksums
+			appendOp(del(11), del(11))
+			requireReplays(t, path, 1, locs, sums, want)
+
+			l.Committed(10)
+			for i := range 12 { // wraps the ring of 20
+				appendOp(rec(withSums(packed(100+uint64(i), 0xff00|uint64(i), 0, 0))))
+			}
+			requireReplays(t, path, 1, locs, sums, want[10:])
+		})
+	}
+}
+
+// A log's records hold as many checksums as the lines it was created for: a tier whose lines need
+// another number is refused, and a damaged count fails the header's CRC.
+func TestRefusedSums(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	l, err := Create(path, id, 1, 0, sums, 0)
+	require.NoError(t, err)
+	l.Append(put(1, 1, 1, 1))
+	require.NoError(t, l.Close())
+	for _, tt := range []struct {
+		sums int
+		want string
+	}{
+		{0, "records of 16 checksums, this tier's lines need 0"},
+		{64, "records of 16 checksums, this tier's lines need 64"},
+	} {
+		_, err := Replay(path, id, 1, 0, tt.sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+		require.ErrorIs(t, err, ErrUnusable)
+		require.ErrorContains(t, err, tt.want)
+	}
+
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	b[hSums] = 64
+	require.NoError(t, os.WriteFile(path, b, 0o600))
+	_, err = Replay(path, id, 1, 0, 64, func(meta.Op) error { return nil })
+	require.ErrorIs(t, err, ErrUnusable)
+	require.ErrorContains(t, err, "its header is damaged")
+}
+
 // A log's records hold as many location words as the lines it was created for: a tier whose lines
 // need another number is refused, and a damaged count fails the header's CRC.
 func TestRefusedLocations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 16, 0)
+	l, err := Create(path, id, 1, 16, sums, 0)
 	require.NoError(t, err)
 	l.Append(packed(1, 1, 1, 0))
 	require.NoError(t, l.Close())
@@ -212,7 +347,7 @@ func TestRefusedLocations(t *testing.T) {
 		{0, "records of 16 location words, this tier's lines need 0"},
 		{64, "records of 16 location words, this tier's lines need 64"},
 	} {
-		_, err := Replay(path, id, 1, tt.locs, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+		_, err := Replay(path, id, 1, tt.locs, sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
 		require.ErrorIs(t, err, ErrUnusable)
 		require.ErrorContains(t, err, tt.want)
 	}
@@ -221,25 +356,50 @@ func TestRefusedLocations(t *testing.T) {
 	require.NoError(t, err)
 	b[hLocs] = 64
 	require.NoError(t, os.WriteFile(path, b, 0o600))
-	_, err = Replay(path, id, 1, 64, func(meta.Op) error { return nil })
+	_, err = Replay(path, id, 1, 64, sums, func(meta.Op) error { return nil })
 	require.ErrorIs(t, err, ErrUnusable)
 	require.ErrorContains(t, err, "its header is damaged")
+}
+
+// The record sizes DefaultSize's comment states, and how many records the default log holds; every
+// record size is a multiple of 8.
+func TestRecordSize(t *testing.T) {
+	for _, tt := range []struct {
+		name                    string
+		words, locs, sums, size int
+		records                 int64
+	}{
+		{"64 KiB lines", 1, 0, 16, 120, 139_776},
+		{"64 KiB lines, packed", 1, 16, 16, 248, 67_633},
+		{"1 MiB lines", 4, 0, 256, 1152, 14_560},
+		{"1 MiB lines, packed", 4, 256, 256, 3200, 5_241},
+		{"odd checksum count", 1, 0, 3, 64, 262_080},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rs := RecordSize(tt.words, tt.locs, tt.sums)
+			require.Equal(t, tt.size, rs)
+			require.Zero(t, rs%8)
+			require.Equal(t, tt.records, (DefaultSize-headerSize)/int64(rs))
+		})
+	}
 }
 
 // A record torn by a kill in the middle of its copy ends the replay: it and what follows are
 // ignored, what precedes it is replayed.
 func TestTornTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0, 0)
+	l, err := Create(path, id, 1, 0, sums, 0)
 	require.NoError(t, err)
 	for i := range 5 {
-		l.Append(put(uint64(i), uint32(i), 1, 1))
+		op := put(uint64(i), uint32(i), 1, 1)
+		op.Rec.Sum = []uint32{uint32(i) + 1}
+		l.Append(op)
 	}
 	require.NoError(t, l.Close())
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	rs := RecordSize(1, 0)
-	for _, off := range []int{rBits, rBits + 8, rLine, rSlot} {
+	rs := RecordSize(1, 0, sums)
+	for _, off := range []int{rBits, rBits + 8, rLine, rSlot, rBits + 24, rBits + 24 + 4*sums - 1} {
 		c := append([]byte(nil), b...)
 		c[headerSize+4*rs+off] ^= 0x40 // record 4: a byte the kill left half written
 		require.NoError(t, os.WriteFile(path, c, 0o600))
@@ -253,7 +413,7 @@ func TestTornTail(t *testing.T) {
 // ring overflowed since the last checkpoint, is refused before anything is replayed.
 func TestRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0, headerSize+16*int64(RecordSize(1, 0)))
+	l, err := Create(path, id, 1, 0, sums, headerSize+16*int64(RecordSize(1, 0, sums)))
 	require.NoError(t, err)
 	defer l.Close()
 	l.Append(put(1, 1, 1, 1))
@@ -261,7 +421,7 @@ func TestRefused(t *testing.T) {
 		_, err := replayAll(t, path, other)
 		require.ErrorIs(t, err, ErrUnusable, "%+v", other)
 	}
-	_, err = Replay(path, id, 2, 0, func(meta.Op) error { return nil })
+	_, err = Replay(path, id, 2, 0, sums, func(meta.Op) error { return nil })
 	require.ErrorIs(t, err, ErrUnusable, "other line size")
 
 	for i := range 20 {
@@ -303,7 +463,7 @@ func BenchmarkAppend(b *testing.B) {
 	}
 	op := put(12345, 678, 0xffff, 0xff)
 	b.Run("mmap", func(b *testing.B) {
-		l, err := Create(filepath.Join(dir, "mmap"), id, 1, 0, 0)
+		l, err := Create(filepath.Join(dir, "mmap"), id, 1, 0, sums, 0)
 		require.NoError(b, err)
 		defer l.Close()
 		for b.Loop() {
@@ -312,15 +472,17 @@ func BenchmarkAppend(b *testing.B) {
 			}
 		}
 	})
-	// The largest record: a 1 MiB line of the packed layout, 4 words of bits and 256 locations.
+	// The largest record: a 1 MiB line of the packed layout, 4 words of bits, 256 locations and
+	// 256 checksums.
 	b.Run("mmap-packed-1MiB", func(b *testing.B) {
-		l, err := Create(filepath.Join(dir, "packed"), id, 4, 256, 0)
+		l, err := Create(filepath.Join(dir, "packed"), id, 4, 256, 256, 0)
 		require.NoError(b, err)
 		defer l.Close()
 		all := ^uint64(0)
-		op := meta.Op{Rec: meta.Line{Line: 12345, Valid: []uint64{all, all, all, all}, Loc: make([]uint64, 256)}}
+		op := meta.Op{Rec: meta.Line{Line: 12345, Valid: []uint64{all, all, all, all}, Loc: make([]uint64, 256), Sum: make([]uint32, 256)}}
 		for i := range op.Rec.Loc {
 			op.Rec.Loc[i] = uint64(i + 1)
+			op.Rec.Sum[i] = uint32(i + 1)
 		}
 		for b.Loop() {
 			if l.Append(op) {
@@ -332,7 +494,7 @@ func BenchmarkAppend(b *testing.B) {
 		f, err := os.Create(filepath.Join(dir, "pwrite"))
 		require.NoError(b, err)
 		defer f.Close()
-		rec := make([]byte, RecordSize(1, 0))
+		rec := make([]byte, RecordSize(1, 0, sums))
 		var off int64
 		for b.Loop() {
 			if _, err := f.WriteAt(rec, off); err != nil {

@@ -1,0 +1,232 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/meta"
+)
+
+// damaged deals with blocks of line, in slot, whose bytes failed their sums (sum.go): the dirty
+// ones are lost, recorded so (lost.go) before anything else, and then every one leaves both tiers,
+// durably, so that neither a read nor the destager finds its bytes again. A clean block is read
+// from the backend from then on. The caller holds the line's lock. Each damaged block is so found
+// and logged once (a scrub or a restart finds it no more).
+func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
+	t := c.ssd
+	t.mu.Lock()
+	if cur, ok := t.slotOf(line); !ok || cur != slot {
+		t.mu.Unlock()
+		return
+	}
+	bits = bits.and(t.valid.get(slot))
+	dirty := t.dirtyAt(slot).and(bits)
+	t.mu.Unlock()
+	if bits.isZero() {
+		return
+	}
+	start := int64(line) * c.line
+	var lostErr error
+	dirty.runs(t.blocks, func(b0, b1 int) {
+		lo, hi := start+int64(b0)*blockSize, min(start+int64(b1)*blockSize, c.size)
+		c.log.Error("SSD tier: dirty data failed its checksum and is lost: reads of the range fail until it is written again; the backend keeps its older data",
+			"offset", lo, "bytes", hi-lo)
+		if err := c.lost.add(lo, hi-lo); err != nil && lostErr == nil {
+			lostErr = err
+		}
+	})
+	c.lostBlocks.Add(uint64(dirty.count()))
+	if clean := bits.andNot(dirty); !clean.isZero() {
+		c.log.Warn("SSD tier: cached data failed its checksum; it is read from the backend again",
+			"offset", start+int64(firstBit(clean))*blockSize, "blocks", clean.count())
+	}
+	if lostErr != nil {
+		// Lost in memory (reads fail), not on record: the dirty blocks stay as they are, for a
+		// restart to find damaged again, and the tier is bypassed as for a metadata error.
+		c.log.Error("SSD tier: cannot record the lost range", "err", lostErr)
+		bits = bits.andNot(dirty)
+		t.fail(fmt.Sprintf("metadata: %v", lostErr))
+	}
+	if c.ram != nil {
+		c.ram.invalidate(line, bits)
+	}
+	if err := t.j.invalidateDurably([]span{{line, bits}}, false); err != nil {
+		t.fail(fmt.Sprintf("metadata commit: %v", err))
+	}
+}
+
+// firstBit returns the lowest block set in m (m is not empty).
+func firstBit(m lineBits) int {
+	b := 0
+	m.runs(maxBlocks, func(b0, _ int) {
+		if b == 0 {
+			b = b0
+		}
+	})
+	return b
+}
+
+// checkLine reads every block the SSD tier stores of line, under the line's lock, checking each
+// against its sum; those that fail are dealt with (damaged). It returns the blocks it read and
+// how many failed; err is an I/O error of the tier's device.
+func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
+	t := c.ssd
+	c.locks.lock(line, line)
+	defer c.locks.unlock(line, line)
+	g := t.pin(line)
+	if !g.ok {
+		return 0, 0, nil
+	}
+	defer t.unpin(g.slot)
+	n := t.lineBytes(line)
+	bp := bufpool.Get(int(n))
+	defer bufpool.Put(bp)
+	g.valid.andNot(g.zero).runs(t.blocks, func(b0, b1 int) {
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
+		read += b1 - b0
+		rerr := t.readSlot(line, g.slot, (*bp)[lo:hi], lo)
+		if rerr == nil {
+			return
+		}
+		if d, ok := asDamage(rerr); ok {
+			bad += d.bits.count()
+		} else if err == nil {
+			err = rerr
+		}
+		t.ioError(line, g.slot, rerr)
+	})
+	return read, bad, err
+}
+
+// ScrubStats describe the last scrub of the SSD tier (Cache.Scrub), or the one under way.
+type ScrubStats struct {
+	Running bool `json:"running"`
+	// Lines is how many lines the tier held when the scrub began; Done how many it has checked.
+	Lines uint64 `json:"lines"`
+	Done  uint64 `json:"done"`
+	// Bytes are the bytes read and checked; Damaged the blocks that failed their sums, of which
+	// Lost held dirty data (their ranges are in Stats.Lost).
+	Bytes   uint64 `json:"bytes"`
+	Damaged uint64 `json:"damaged_blocks"`
+	Lost    uint64 `json:"lost_blocks"`
+	Errors  uint64 `json:"read_errors"`
+	// Started and Ended are Unix times in seconds (Ended 0 while running).
+	Started float64 `json:"started,omitempty"`
+	Ended   float64 `json:"ended,omitempty"`
+	Err     string  `json:"error,omitempty"`
+}
+
+// scrubState is the scrub's progress, read by Stats while it runs.
+type scrubState struct {
+	running                                  atomic.Bool
+	lines, done, bytes, damaged, lost, errs atomic.Uint64
+	started, ended                           atomic.Int64 // Unix nanoseconds
+	err                                      atomic.Pointer[string]
+}
+
+func (s *scrubState) stats() ScrubStats {
+	out := ScrubStats{Running: s.running.Load(), Lines: s.lines.Load(), Done: s.done.Load(),
+		Bytes: s.bytes.Load(), Damaged: s.damaged.Load(), Lost: s.lost.Load(), Errors: s.errs.Load()}
+	if t := s.started.Load(); t != 0 {
+		out.Started = float64(t) / 1e9
+	}
+	if t := s.ended.Load(); t != 0 {
+		out.Ended = float64(t) / 1e9
+	}
+	if e := s.err.Load(); e != nil {
+		out.Err = *e
+	}
+	return out
+}
+
+// ErrScrubRunning is what Scrub returns while another scrub runs.
+var ErrScrubRunning = fmt.Errorf("a scrub of the SSD tier is already running")
+
+// scrubBatch is how many line numbers Scrub looks up under one hold of the tier's mutex.
+const scrubBatch = 4096
+
+// Scrub reads every block the SSD tier stores and checks it against its sum, line by line in
+// address order, each under its line's lock (a client's request to the line waits for one line's
+// read at most), at up to rate bytes a second (0: as fast as the device goes). A block that fails
+// is dealt with as a read that finds it would (damaged): so rot in dirty data is found, and its
+// range reported lost, before a read or the destager needs it. It returns when done or when ctx
+// ends; progress is in Stats().Scrub.
+func (c *Cache) Scrub(ctx context.Context, rate int64) (ScrubStats, error) {
+	if c.ssd == nil {
+		return ScrubStats{}, fmt.Errorf("the cache has no SSD tier to scrub")
+	}
+	s := &c.scrub
+	if !s.running.CompareAndSwap(false, true) {
+		return s.stats(), ErrScrubRunning
+	}
+	t := c.ssd
+	t.mu.Lock()
+	lines := t.index.Len() + len(t.setAside)
+	t.mu.Unlock()
+	s.lines.Store(uint64(lines))
+	for _, v := range []*atomic.Uint64{&s.done, &s.bytes, &s.damaged, &s.lost, &s.errs} {
+		v.Store(0)
+	}
+	s.started.Store(time.Now().UnixNano())
+	s.ended.Store(0)
+	s.err.Store(nil)
+	lost0 := c.lostBlocks.Load()
+	err := c.scrubLines(ctx, rate)
+	s.lost.Store(c.lostBlocks.Load() - lost0)
+	if err != nil {
+		msg := err.Error()
+		s.err.Store(&msg)
+	}
+	s.ended.Store(time.Now().UnixNano())
+	s.running.Store(false)
+	out := s.stats()
+	c.log.Info("SSD tier scrub ended", "lines", out.Done, "bytes", out.Bytes, "damaged_blocks", out.Damaged,
+		"lost_blocks", out.Lost, "read_errors", out.Errors, "err", err)
+	return out, err
+}
+
+func (c *Cache) scrubLines(ctx context.Context, rate int64) error {
+	t, s := c.ssd, &c.scrub
+	start := time.Now()
+	var batch []uint64
+	for first := uint64(0); first < t.lines; first += scrubBatch {
+		batch = batch[:0]
+		t.mu.Lock()
+		for line := first; line < min(first+scrubBatch, t.lines); line++ {
+			if _, ok := t.slotOf(line); ok {
+				batch = append(batch, line)
+			}
+		}
+		t.mu.Unlock()
+		for _, line := range batch {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			read, bad, err := c.checkLine(line)
+			s.done.Add(1)
+			s.bytes.Add(uint64(read) * blockSize)
+			s.damaged.Add(uint64(bad))
+			if err != nil {
+				s.errs.Add(1)
+			}
+			if rate > 0 {
+				// Paced: the bytes read so far take at least as long as rate allows.
+				due := start.Add(time.Duration(float64(s.bytes.Load()) / float64(rate) * float64(time.Second)))
+				if d := time.Until(due); d > 0 {
+					select {
+					case <-time.After(d):
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// LostRanges returns the ranges whose data was lost (ErrLost).
+func (c *Cache) LostRanges() []meta.Range { return c.lost.list() }

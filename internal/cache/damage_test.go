@@ -1,0 +1,183 @@
+package cache
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/meta"
+)
+
+// A damage is what may happen to an SSD tier's device behind the cache's back.
+type damage struct {
+	name string
+	do   func(d *crashDev)
+}
+
+var damages = []damage{
+	// Bit rot, or another program writing the device: a byte flipped every 16, so that every
+	// unit of a packed tier, even one compressed to a few dozen bytes, is hit.
+	{"flipped", func(d *crashDev) {
+		d.change(func(b []byte) {
+			for i := 7; i < len(b); i += 16 {
+				b[i] ^= 0x5a
+			}
+		})
+	}},
+	// Misdirected writes: every 4 KiB of the device holds the 4 KiB that were after it.
+	{"misplaced", func(d *crashDev) {
+		d.change(func(b []byte) {
+			first := bytes.Clone(b[:blockSize])
+			copy(b, b[blockSize:])
+			copy(b[len(b)-blockSize:], first)
+		})
+	}},
+}
+
+// change applies fn to the device's bytes: what reads see and what survives power loss alike.
+func (d *crashDev) change(fn func([]byte)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fn(d.cur)
+	fn(d.durable)
+}
+
+// TestDamagedTier damages the SSD tier's device (while tierblk is stopped, and while it runs),
+// with every reduction, in write-through and write-back, and reads every block: no wrong byte is
+// ever served. Clean blocks come from the backend; dirty ones read as lost, are never written
+// back (the backend keeps its older data), count in the stats, and stay lost across a restart
+// until a write of the range clears them.
+func TestDamagedTier(t *testing.T) {
+	const line = 16 << 10
+	for _, mode := range []Mode{WriteThrough, WriteBack} {
+		for _, r := range []Reduction{ReductionOff, ReductionZero, ReductionCompress, ReductionDedupe} {
+			for _, dmg := range damages {
+				for _, running := range []bool{false, true} {
+					when := "stopped"
+					if running {
+						when = "running"
+					}
+					l := withReduction(layout{line: line, ssd: 32, mode: mode}, r)
+					t.Run(fmt.Sprintf("%s-%s-%s-%s", mode, r, dmg.name, when), func(t *testing.T) {
+						t.Parallel()
+						damagedTier(t, l, dmg, running)
+					})
+				}
+			}
+		}
+	}
+}
+
+func damagedTier(t *testing.T, l layout, dmg damage, running bool) {
+	const lines = 16
+	devSize := lines * l.line
+	blocks := int(devSize / blockSize)
+	back, ssd, store := newCrashDev(devSize), newCrashDev(l.ssd*l.line), meta.NewMem()
+	old := make([]byte, devSize)
+	stamp(old[:devSize/2], 0, 2) // compresses
+	stamp(old[devSize/2:], int(devSize/2/sector), 1)
+	_, err := back.WriteAt(old, 0)
+	require.NoError(t, err)
+	start := func() *Cache {
+		g := &gate{}
+		return newCache(t, gatedDev{g, back}, l, gatedStore{g, store}, gatedDev{g, ssd})
+	}
+	c := start()
+	all := make([]byte, devSize)
+	for range 2 { // admitted by the first read at the latest
+		_, err := c.ReadAt(all, 0)
+		require.NoError(t, err)
+	}
+	want := bytes.Clone(old)
+	dirty := make([]bool, blocks)
+	if l.mode == WriteBack {
+		// New data over a block in two and over a whole line: dirty; the rest stays clean.
+		for b := 0; b < blocks; b++ {
+			if b%2 == 0 || b < int(l.line/blockSize) {
+				off := int64(b) * blockSize
+				p := make([]byte, blockSize)
+				stamp(p, int(off/sector), int64(3+b%2))
+				_, err := c.WriteAt(p, off)
+				require.NoError(t, err)
+				copy(want[off:], p)
+				dirty[b] = true
+			}
+		}
+	}
+	require.NoError(t, c.Flush())
+	for ln := range uint64(lines) {
+		require.True(t, c.ssd.holds(ln, rangeBits(0, int(l.line/blockSize))), "line %d is not on the SSD tier", ln)
+	}
+	if running {
+		dmg.do(ssd)
+	} else {
+		require.NoError(t, c.Close())
+		dmg.do(ssd)
+		c = start()
+	}
+	defer func() { c.Close() }()
+
+	// What each block reads; lost, for a dirty one; never wrong bytes.
+	check := func(stage string) {
+		t.Helper()
+		for b := range blocks {
+			off := int64(b) * blockSize
+			got := make([]byte, blockSize)
+			_, err := c.ReadAt(got, off)
+			if dirty[b] {
+				require.ErrorIs(t, err, ErrLost, "%s: block %d, dirty when damaged", stage, b)
+				continue
+			}
+			require.NoError(t, err, "%s: block %d", stage, b)
+			require.True(t, bytes.Equal(want[off:off+blockSize], got), "%s: block %d reads wrong bytes", stage, b)
+		}
+	}
+	check("after the damage")
+	s := c.Stats()
+	nDirty := 0
+	for _, d := range dirty {
+		if d {
+			nDirty++
+		}
+	}
+	require.NotZero(t, s.Tiers[0].ChecksumErrors, "no checksum error counted")
+	require.EqualValues(t, nDirty*blockSize, s.Lost.Bytes)
+	require.EqualValues(t, nDirty, s.Lost.Blocks)
+	check("read again")
+	require.EqualValues(t, s.Tiers[0].ChecksumErrors, c.Stats().Tiers[0].ChecksumErrors,
+		"blocks found damaged were found again: they should have left the tier")
+
+	// Nothing damaged reaches the backend: a lost block keeps the backend's older data.
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	onBackend := make([]byte, devSize)
+	_, err = back.ReadAt(onBackend, 0)
+	require.NoError(t, err)
+	for b := range blocks {
+		off := int64(b) * blockSize
+		w := want[off : off+blockSize]
+		if dirty[b] {
+			w = old[off : off+blockSize]
+		}
+		require.True(t, bytes.Equal(w, onBackend[off:off+blockSize]), "block %d on the backend is neither what was written nor lost", b)
+	}
+
+	// Lost ranges outlive a restart; a write clears what it covers.
+	require.NoError(t, c.Close())
+	c = start()
+	check("after a restart")
+	for b := range blocks {
+		if dirty[b] && b%4 == 0 {
+			off := int64(b) * blockSize
+			p := make([]byte, blockSize)
+			stamp(p, int(off/sector), 7)
+			_, err := c.WriteAt(p, off)
+			require.NoError(t, err)
+			copy(want[off:], p)
+			dirty[b] = false
+		}
+	}
+	check("after writes over lost blocks")
+}

@@ -1,0 +1,435 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"slices"
+	"sync/atomic"
+
+	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Checksums of the SSD tier (docs/architecture.md, "What is checked"). Every block the tier stores
+// has a CRC32C of its bytes, seeded with the block's address on the backend, so that a block read
+// from another block's place (a misdirected write, a slot that another program wrote) fails as
+// damaged bytes do. The sums live in memory, one a block of each slot, and in the line's record;
+// every read of a stored block checks its sum: hits, promotions to RAM, destage reads, the rest of
+// a block a write covers in part, reclaim's copies and scrub. A block that fails is never served
+// or written back: a clean one is read from the backend again and dropped from the tier, a dirty
+// one (the only copy of acknowledged writes) is lost, its range reads as an I/O error until it is
+// written again (lost.go).
+//
+// A block written in place over data a record already claims (a dirty block rewritten) changes
+// its sum before its bytes: the record with the new sum is queued (and logged) first, under
+// inplace held shared, which a checkpoint takes alone to snapshot the records, so that no
+// committed record has a sum whose bytes were not written yet. After a kill, the run log's records
+// give each such block the sums it may hold (the old and the new, journal.load); after a power cut,
+// which drops the log, a block rewritten since the last checkpoint holds bytes no committed record
+// has the sum of, or a torn mix of sectors, and reads as lost: a torn block cannot be told from a
+// damaged one.
+
+// castagnoli is the CRC32C table: the CPU computes it (SSE4.2, ARMv8 CRC).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// blockSum returns the checksum of block b, the bytes stored for the backend's block number addr
+// (its byte offset / blockSize). The address seeds the CRC: the same bytes at another address
+// have another sum.
+func blockSum(addr uint64, b []byte) uint32 {
+	return crc32.Update(uint32(addr*0x9e3779b97f4a7c15>>32), castagnoli, b)
+}
+
+// damageError is a read of the SSD tier that found blocks whose bytes do not match their sums.
+type damageError struct {
+	line uint64   // the first line with a damaged block
+	bits lineBits // its damaged blocks
+}
+
+func (e *damageError) Error() string {
+	return fmt.Sprintf("SSD tier: line %d: %d blocks fail their checksums", e.line, e.bits.count())
+}
+
+// asDamage returns err's damageError, if it is one.
+func asDamage(err error) (*damageError, bool) {
+	if err == nil {
+		return nil, false
+	}
+	var d *damageError
+	ok := errors.As(err, &d)
+	return d, ok
+}
+
+// sumsOf returns the sums of slot's blocks.
+func (t *tier) sumsOf(slot uint32) []atomic.Uint32 {
+	return t.sums[int(slot)*t.blocks : int(slot+1)*t.blocks]
+}
+
+// lineBytes returns how many bytes of line are on the backend: a line size, less for the last line
+// of a backend whose size is not a multiple of it.
+func (t *tier) lineBytes(line uint64) int64 {
+	return min(t.lineSize, t.size-int64(line)*t.lineSize)
+}
+
+// blockSpan widens [off, off+n), bytes of a run of lines from the start of line, to whole blocks,
+// short of where the backend ends.
+func (t *tier) blockSpan(line uint64, off int64, n int) (lo, hi int64) {
+	lo = off &^ (blockSize - 1)
+	hi = (off + int64(n) + blockSize - 1) &^ (blockSize - 1)
+	return lo, min(hi, t.size-int64(line)*t.lineSize)
+}
+
+// verify checks p, the whole blocks of a run of lines (line's slot and the slots after it) from
+// byte off of line, against their sums.
+func (t *tier) verify(line uint64, slot uint32, p []byte, off int64) error {
+	first := int(off / blockSize)
+	var dmg *damageError
+	for k := 0; k*blockSize < len(p); k++ {
+		b := first + k
+		i := int(slot)*t.blocks + b
+		blk := p[k*blockSize : min((k+1)*blockSize, len(p))]
+		sum := blockSum(line*uint64(t.blocks)+uint64(b), blk)
+		l := line + uint64(b/t.blocks)
+		if sum == t.sums[i].Load() || t.tryAdopt(l, slot+uint32(b/t.blocks), b%t.blocks, sum) {
+			continue
+		}
+		if dmg == nil {
+			dmg = &damageError{line: l}
+		}
+		if l == dmg.line {
+			dmg.bits[(b%t.blocks)/64] |= 1 << ((b % t.blocks) % 64)
+		}
+	}
+	if dmg != nil {
+		t.sumErrs.Add(uint64(dmg.bits.count()))
+		return dmg
+	}
+	return nil
+}
+
+// setSums computes the sums of p, whole blocks of line from byte off, into sums.
+func (t *tier) setSums(line uint64, p []byte, off int64, sums []uint32) []uint32 {
+	first := int(off / blockSize)
+	for k := 0; k*blockSize < len(p); k++ {
+		sums = append(sums, blockSum(line*uint64(t.blocks)+uint64(first+k), p[k*blockSize:min((k+1)*blockSize, len(p))]))
+	}
+	return sums
+}
+
+// readPlain is readSlot on a tier of slots: the bytes [off, off+len(p)) of a run of lines from
+// line's slot on, read as whole blocks and checked. cached reads through the SSD's page cache.
+func (t *tier) readPlain(line uint64, slot uint32, p []byte, off int64, cached bool) error {
+	lo, hi := t.blockSpan(line, off, len(p))
+	buf := p
+	if lo != off || hi != off+int64(len(p)) {
+		bp := bufpool.Get(int(hi - lo))
+		defer bufpool.Put(bp)
+		buf = *bp
+	}
+	base := int64(slot) * t.lineSize
+	var err error
+	if cr, ok := t.dev.(backend.CachedReader); cached && ok {
+		_, err = cr.ReadAtCached(buf, base+lo)
+	} else {
+		_, err = t.dev.ReadAt(buf, base+lo)
+	}
+	if err != nil {
+		return err
+	}
+	if err := t.verify(line, slot, buf, lo); err != nil {
+		return err
+	}
+	if len(buf) != len(p) {
+		copy(p, buf[off-lo:])
+	}
+	return nil
+}
+
+// writePlain is writeSlot on a tier of slots: it writes p, line's bytes from off, as whole blocks,
+// taking the rest of a block p covers in part from the slot (checked: the caller writes in part
+// only a block the slot holds), and sets their sums (writeSums).
+func (t *tier) writePlain(line uint64, slot uint32, p []byte, off int64) error {
+	lo, hi := t.blockSpan(line, off, len(p))
+	buf := p
+	if lo != off || hi != off+int64(len(p)) {
+		bp := bufpool.Get(int(hi - lo))
+		defer bufpool.Put(bp)
+		buf = *bp
+		if lo != off {
+			if err := t.readPlain(line, slot, buf[:min(blockSize, hi-lo)], lo, false); err != nil {
+				return err
+			}
+		}
+		if end := off + int64(len(p)); end != hi && (lo == off || hi-lo > blockSize) {
+			tail := (end - 1) &^ (blockSize - 1)
+			if err := t.readPlain(line, slot, buf[tail-lo:], tail, false); err != nil {
+				return err
+			}
+		}
+		copy(buf[off-lo:], p)
+	}
+	var sumBuf [16]uint32
+	sums := t.setSums(line, buf, lo, sumBuf[:0])
+	return t.writeSums(line, slot, int(lo/blockSize), sums, func() error {
+		_, err := t.dev.WriteAt(buf, int64(slot)*t.lineSize+lo)
+		return err
+	})
+}
+
+// writeSums sets the sums of slot's blocks from b0 on and then runs write, which writes their
+// bytes. Where a block is one a record claims already (valid, not a zero block: a write in place),
+// the line's record with the new sums is queued first, and inplace is held shared until the bytes
+// are written: a checkpoint never commits a sum before its bytes reach the SSD.
+func (t *tier) writeSums(line uint64, slot uint32, b0 int, sums []uint32, write func() error) error {
+	t.inplace.RLock()
+	defer t.inplace.RUnlock()
+	t.mu.Lock()
+	dst := t.sumsOf(slot)[b0:]
+	changed := false
+	for i, s := range sums {
+		t.trusted(slot, b0+i)
+		if dst[i].Load() != s {
+			dst[i].Store(s)
+			changed = true
+		}
+	}
+	if cur, ok := t.slotOf(line); changed && ok && cur == slot && t.j != nil &&
+		!t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b0+len(sums))).isZero() {
+		t.j.resumLocked(line, slot)
+	}
+	t.mu.Unlock()
+	err := write()
+	if err != nil {
+		for i := range sums {
+			t.resettle(line, slot, b0+i)
+		}
+	}
+	return err
+}
+
+// Adopted blocks. A block whose bytes may be other than its sum's without damage takes the sum of
+// what it holds when read: a dirty block after a stop that left no record of its last writes in
+// place (a power cut, a kill without a run log: adoptDirty), and a block whose write failed
+// (resettle), which may hold the old bytes, the new or a mix, as a disk's would. adopt holds a bit
+// for each block of each slot (by slot*blocks + block); adopting says any is set.
+
+// adoptDirtyLocked makes every dirty block adoptable, after a restart that found no record of the last
+// run's writes in place. The caller holds the tier's mutex.
+func (t *tier) adoptDirtyLocked() {
+	for _, s := range t.index.All() {
+		slot := uint32(s)
+		d := t.dirtyAt(slot).andNot(t.zeroAt(slot))
+		for b := range t.blocks {
+			if d.has(b) {
+				t.setAdoptable(slot, b)
+			}
+		}
+	}
+}
+
+func (t *tier) setAdoptable(slot uint32, b int) {
+	if t.adopt == nil {
+		t.adopt = make([]atomic.Uint64, (len(t.sums)+63)/64)
+	}
+	i := int(slot)*t.blocks + b
+	t.adopt[i/64].Or(1 << (i % 64))
+	t.adopting.Store(true)
+}
+
+// trusted notes that block b of slot has a sum it was just given (a write): not adoptable. The
+// caller holds the tier's mutex.
+func (t *tier) trusted(slot uint32, b int) {
+	if t.adopting.Load() {
+		i := int(slot)*t.blocks + b
+		t.adopt[i/64].And(^uint64(1 << (i % 64)))
+	}
+}
+
+// tryAdopt gives block b of line (in slot) sum, what it holds, if it is adoptable and dirty,
+// and reports whether it did. Called for a block that failed its sum, without the tier's mutex.
+func (t *tier) tryAdopt(line uint64, slot uint32, b int, sum uint32) bool {
+	if !t.adopting.Load() {
+		return false
+	}
+	i := int(slot)*t.blocks + b
+	if t.adopt[i/64].Load()&(1<<(i%64)) == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur, ok := t.slotOf(line)
+	if !ok || cur != slot || !t.dirtyAt(slot).has(b) {
+		return false
+	}
+	t.adopt[i/64].And(^uint64(1 << (i % 64)))
+	t.sumsOf(slot)[b].Store(sum)
+	if t.j != nil {
+		t.j.resumLocked(line, slot)
+	}
+	if t.adopted.Add(1) == 1 {
+		t.log.Warn("SSD tier: dirty data written in place before an unclean stop holds other bytes than its checksum, as a write may leave them; taken as it is",
+			"tier", t.name, "line", line, "block", b)
+	}
+	return true
+}
+
+// resettle sets the sum of block b of line, in slot, to what the block holds after a write of it
+// failed (read back); if that read fails too, the block is adoptable.
+func (t *tier) resettle(line uint64, slot uint32, b int) {
+	sum, err := t.rawSum(line, slot, b)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
+		t.setAdoptable(slot, b)
+		return
+	}
+	t.sumsOf(slot)[b].Store(sum)
+	if cur, ok := t.slotOf(line); ok && cur == slot && t.j != nil &&
+		t.valid.get(slot).andNot(t.zeroAt(slot)).has(b) {
+		t.j.resumLocked(line, slot)
+	}
+}
+
+// resumLocked records that sums of line's stored blocks changed (a write in place), as record
+// does; the caller holds the tier's mutex. A line changed already since the last snapshot has its
+// record in changed brought up to date where it is and logged as it is, which allocates nothing
+// (a rewrite of dirty data costs no more than its write: TestRewriteOfDirtyDataAllocatesNothing).
+func (j *journal) resumLocked(line uint64, slot uint32) {
+	t := j.t
+	op, ok := j.changed[line]
+	if !ok || op.Delete || op.Rec.Slot != slot || len(op.Rec.Sum) != t.blocks {
+		j.keepStoredLocked(line, slot)
+		j.record(t.recordLocked(line, slot))
+		return
+	}
+	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+	sums := t.sumsOf(slot)
+	for b := range op.Rec.Sum {
+		if stored.has(b) {
+			op.Rec.Sum[b] = sums[b].Load()
+		}
+	}
+	if j.log != nil && j.log.Append(op) {
+		j.askCheckpoint()
+	}
+}
+
+// unitSum decodes unit l (stored for block b of line) and returns the block's sum, for reclaim's
+// copies, which move units without decoding them. A packed tier's units are whole blocks.
+func (t *tier) unitSum(line uint64, b int, unit []byte, l uint64) (uint32, error) {
+	bp := bufpool.Get(blockSize)
+	defer bufpool.Put(bp)
+	if err := decodeUnit(*bp, unit, l); err != nil {
+		return 0, err
+	}
+	return blockSum(line*uint64(t.blocks)+uint64(b), *bp), nil
+}
+
+// sumFix is a block a restart reads to know its sum: one of cands, the sums that the records
+// after the last checkpoint (and the store's) gave it, for a block a kill may have left with any
+// of them (a write in place logs its new sum before its bytes); or, with cands nil, whatever it
+// holds, for a dirty block of a record from before checksums (a clean one is dropped instead).
+type sumFix struct {
+	line  uint64
+	b     int
+	cands []uint32
+}
+
+// logFixes adds to fixes the blocks of r, a record the run log replayed, that its line's records
+// give more than one sum: those of the log (logSums) and the store's (stored), of r's slot. The
+// caller holds the tier's mutex.
+func (j *journal) logFixes(r meta.Line) {
+	t := j.t
+	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
+	if r.Sum == nil || stored.isZero() {
+		return
+	}
+	recs := j.logSums[r.Line]
+	if b, ok := j.stored[r.Line]; ok && !b.Delete {
+		recs = append(recs, b.Rec)
+	}
+	for b := range t.blocks {
+		if !stored.has(b) {
+			continue
+		}
+		cands := []uint32{r.Sum[b]}
+		for _, o := range recs {
+			if o.Slot == r.Slot && len(o.Sum) > b && bitsFromWords(o.Valid).andNot(bitsFromWords(o.Zero)).has(b) &&
+				!slices.Contains(cands, o.Sum[b]) {
+				cands = append(cands, o.Sum[b])
+			}
+		}
+		if len(cands) > 1 {
+			j.fixes = append(j.fixes, sumFix{line: r.Line, b: b, cands: cands})
+		}
+	}
+}
+
+// settleSums reads the blocks of fixes (load's) and sets each one's sum to what it holds where
+// that is allowed: one of its candidates, or any for a dirty block of a record from before
+// checksums; a clean block of such a record is dropped (the backend has it). A block that matches
+// none keeps the last record's sum, and fails it when read: it is damaged. Changed lines are
+// recorded for the checkpoint that follows.
+func (j *journal) settleSums() {
+	t := j.t
+	for _, f := range j.fixes {
+		t.mu.Lock()
+		slot, ok := t.slotOf(f.line)
+		stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+		t.mu.Unlock()
+		if !ok || !stored.has(f.b) {
+			continue
+		}
+		t.mu.RLock()
+		dirty := t.dirtyAt(slot).has(f.b)
+		t.mu.RUnlock()
+		var sum uint32
+		var err error
+		if f.cands != nil || dirty {
+			sum, err = t.rawSum(f.line, slot, f.b)
+		}
+		t.mu.Lock()
+		switch {
+		case err != nil:
+		case f.cands == nil && dirty, slices.Contains(f.cands, sum):
+			if t.sumsOf(slot)[f.b].Load() != sum {
+				j.keepStoredLocked(f.line, slot)
+				t.sumsOf(slot)[f.b].Store(sum)
+				j.record(t.recordLocked(f.line, slot))
+			}
+		case f.cands == nil:
+			j.keepStoredLocked(f.line, slot)
+			if op, changed := t.invalidateLocked(f.line, rangeBits(f.b, f.b+1)); changed {
+				j.record(op)
+			}
+		}
+		t.mu.Unlock()
+	}
+	j.fixes, j.logSums = nil, nil
+}
+
+// rawSum reads block b of line from slot, unchecked, and returns its sum.
+func (t *tier) rawSum(line uint64, slot uint32, b int) (uint32, error) {
+	bp := bufpool.Get(blockSize)
+	defer bufpool.Put(bp)
+	if t.pk != nil {
+		t.pk.io.RLock()
+		defer t.pk.io.RUnlock()
+		t.mu.RLock()
+		l := t.pk.slotLocs(slot, b, b+1)[0]
+		t.mu.RUnlock()
+		var sum uint32
+		err := t.pk.readUnits([]uint64{l}, false, func(_ int, unit []byte) error {
+			var err error
+			sum, err = t.unitSum(line, b, unit, l)
+			return err
+		})
+		return sum, err
+	}
+	blk := (*bp)[:min(blockSize, t.lineBytes(line)-int64(b)*blockSize)]
+	if _, err := t.dev.ReadAt(blk, int64(slot)*t.lineSize+int64(b)*blockSize); err != nil {
+		return 0, err
+	}
+	return blockSum(line*uint64(t.blocks)+uint64(b), blk), nil
+}
