@@ -121,10 +121,10 @@ type ScrubStats struct {
 
 // scrubState is the scrub's progress, read by Stats while it runs.
 type scrubState struct {
-	running                                  atomic.Bool
+	running                                 atomic.Bool
 	lines, done, bytes, damaged, lost, errs atomic.Uint64
-	started, ended                           atomic.Int64 // Unix nanoseconds
-	err                                      atomic.Pointer[string]
+	started, ended                          atomic.Int64 // Unix nanoseconds
+	err                                     atomic.Pointer[string]
 }
 
 func (s *scrubState) stats() ScrubStats {
