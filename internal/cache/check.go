@@ -84,20 +84,26 @@ func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 	n := t.lineBytes(line)
 	bp := bufpool.Get(int(n))
 	defer bufpool.Put(bp)
-	g.valid.andNot(g.zero).runs(t.blocks, func(b0, b1 int) {
-		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
-		read += b1 - b0
-		rerr := t.readSlot(line, g.slot, (*bp)[lo:hi], lo)
-		if rerr == nil {
-			return
-		}
-		if d, ok := asDamage(rerr); ok {
-			bad += d.bits.count()
-		} else if err == nil {
-			err = rerr
-		}
-		t.ioError(line, g.slot, rerr)
-	})
+	var check func(bits lineBits)
+	check = func(bits lineBits) {
+		bits.runs(t.blocks, func(b0, b1 int) {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
+			rerr := t.readSlot(line, g.slot, (*bp)[lo:hi], lo)
+			if rerr == nil {
+				read += b1 - b0
+				return
+			}
+			t.ioError(line, g.slot, rerr)
+			if d, ok := asDamage(rerr); ok {
+				read += d.bits.count()
+				bad += d.bits.count()
+				check(rangeBits(b0, b1).andNot(d.bits)) // the others of the run
+			} else if err == nil {
+				err = rerr
+			}
+		})
+	}
+	check(g.valid.andNot(g.zero))
 	return read, bad, err
 }
 

@@ -29,8 +29,26 @@ type destagePiece struct {
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
 // back to the backend, coalescing adjacent blocks into large writes, up to inflight of them under
 // way at once; it flushes the backend, and only then marks them clean: a line that gets a new
-// write meanwhile is locked out, so it can never be marked clean with old data.
-func (c *Cache) destageLocked(lines []uint64, inflight int) (bytes int64, err error) {
+// write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
+// their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
+// more, and the rest is written back again.
+func (c *Cache) destageLocked(lines []uint64, inflight int) (int64, error) {
+	var total int64
+	for try := 0; ; try++ {
+		n, err := c.destageOnce(lines, inflight)
+		total += n
+		if _, ok := asDamage(err); !ok || try == destageDamageTries {
+			return total, err
+		}
+	}
+}
+
+// destageDamageTries bounds how many times destageLocked goes again after damaged blocks: each
+// found leaves the dirty data, unless recording it failed (then the tier is bypassed).
+const destageDamageTries = 3
+
+// destageOnce is destageLocked's one pass.
+func (c *Cache) destageOnce(lines []uint64, inflight int) (bytes int64, err error) {
 	type held struct {
 		line        uint64
 		slot        uint32

@@ -2,6 +2,8 @@ package cache
 
 import (
 	"bytes"
+	"errors"
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -11,7 +13,9 @@ import (
 
 // TestModel runs random single-client request sequences, with byte-granular offsets, on caches of
 // random shape and checks every read against a plain byte slice, and the tiers' occupancy against
-// their capacity after every request.
+// their capacity after every request. Some sequences damage the SSD tier's device (a byte flipped,
+// maxDamages at most): then a read may fail as lost, but only where the cache says data was lost
+// (LostRanges), which nothing else may make; until written again, such a range fails every read.
 func TestModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		const size = 96 << 10
@@ -27,19 +31,38 @@ func TestModel(t *testing.T) {
 		if l.ssd == 1 || (l.ssd == 0 && l.mode == WriteBack) {
 			l.ssd = 2 // the SSD tier needs two lines, and write-back an SSD tier
 		}
-		c := newCache(t, mem.New(size), l, nil, nil) // rapid.T is no testing.TB; a failure to build is no case to shrink
+		var ssd *mem.Mem
+		if l.ssd > 0 {
+			ssd = mem.New(l.ssd * l.line)
+		}
+		c := newCache(t, mem.New(size), l, nil, ssd) // rapid.T is no testing.TB; a failure to build is no case to shrink
 		defer c.Close()
 		model := make([]byte, size)
+		lost := make([]bool, size) // by byte: in a lost range
+		damages := 0
+		isLost := func(off, n int64) bool { return slices.Contains(lost[off:off+n], true) }
 		for i := range rapid.IntRange(1, 80).Draw(rt, "ops") {
 			off := rapid.Int64Range(0, size-1).Draw(rt, "off")
 			n := rapid.Int64Range(1, min(size-off, 3*line)).Draw(rt, "len")
-			switch op := rapid.IntRange(0, 5).Draw(rt, "op"); op {
+			switch op := rapid.IntRange(0, 6).Draw(rt, "op"); op {
 			case 0, 1:
 				got := make([]byte, n)
-				if _, err := c.ReadAt(got, off); err != nil {
-					rt.Fatalf("op %d: read %d@%d: %v", i, n, off, err)
+				_, err := c.ReadAt(got, off)
+				if errors.Is(err, ErrLost) && damages > 0 && !isLost(off, n) {
+					for _, r := range c.LostRanges() { // found lost by this read
+						for k := r.Off; k < r.Off+r.Len; k++ {
+							lost[k] = true
+						}
+					}
 				}
-				if !bytes.Equal(got, model[off:off+n]) {
+				switch {
+				case isLost(off, n):
+					if !errors.Is(err, ErrLost) {
+						rt.Fatalf("op %d: read %d@%d of a lost range: %v, want ErrLost", i, n, off, err)
+					}
+				case err != nil:
+					rt.Fatalf("op %d: read %d@%d: %v", i, n, off, err)
+				case !bytes.Equal(got, model[off:off+n]):
 					rt.Fatalf("op %d: read %d@%d returned other data than was written", i, n, off)
 				}
 			case 2, 3:
@@ -57,15 +80,34 @@ func TestModel(t *testing.T) {
 					rt.Fatalf("op %d: write %d@%d: %v", i, n, off, err)
 				}
 				copy(model[off:], p)
+				clear(lost[off : off+n])
 			case 4:
 				if err := c.WriteZeroes(off, n, i%2 == 0); err != nil {
 					rt.Fatalf("op %d: write-zeroes %d@%d: %v", i, n, off, err)
 				}
 				clear(model[off : off+n])
+				clear(lost[off : off+n])
 			case 5:
 				if err := c.Flush(); err != nil {
 					rt.Fatalf("op %d: flush: %v", i, err)
 				}
+			case 6:
+				if ssd == nil || damages == maxDamages {
+					continue
+				}
+				damages++
+				at := rapid.Int64Range(0, ssd.Size()-1).Draw(rt, "damage at")
+				var b [1]byte
+				if _, err := ssd.ReadAt(b[:], at); err != nil {
+					rt.Fatal(err)
+				}
+				b[0] ^= 1 << rapid.IntRange(0, 7).Draw(rt, "damage bit")
+				if _, err := ssd.WriteAt(b[:], at); err != nil {
+					rt.Fatal(err)
+				}
+			}
+			if damages == 0 && len(c.LostRanges()) > 0 {
+				rt.Fatalf("op %d: lost ranges %v without damage", i, c.LostRanges())
 			}
 			for _, tr := range c.Stats().Tiers {
 				if tr.Lines > tr.Capacity || tr.Failed || tr.LineBytes != tr.Lines*uint64(line) {
@@ -75,3 +117,7 @@ func TestModel(t *testing.T) {
 		}
 	})
 }
+
+// maxDamages is how many bytes of the SSD tier TestModel flips at most in a sequence: fewer than
+// the errors that bypass a tier (maxTierErrors), which the test takes for an engine error.
+const maxDamages = maxTierErrors / 2

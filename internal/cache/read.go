@@ -346,27 +346,34 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 // the backend's older data (TestDirtyReadOnSSDError).
 func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
 	var err error
-	h.valid.and(got).runs(s.blocks(), func(b0, b1 int) {
-		if err != nil {
-			return
-		}
-		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-		tmpp := bufpool.Get(int(hi - lo))
-		defer bufpool.Put(tmpp)
-		tmp := *tmpp
-		if rerr := h.t.readBlocks(s.line, h.slot, tmp, lo, h.zero); rerr != nil {
-			_, dirty := h.t.bits(s.line)
-			h.t.ioError(s.line, h.slot, rerr)
-			if _, ok := asDamage(rerr); ok {
-				return // lost if dirty (damaged): the read fails once it has its data (ReadAt)
+	var overlayRuns func(bits lineBits)
+	overlayRuns = func(bits lineBits) {
+		bits.runs(s.blocks(), func(b0, b1 int) {
+			if err != nil {
+				return
 			}
-			if !dirty.and(rangeBits(b0, b1)).isZero() {
-				err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			tmpp := bufpool.Get(int(hi - lo))
+			defer bufpool.Put(tmpp)
+			tmp := *tmpp
+			if rerr := h.t.readBlocks(s.line, h.slot, tmp, lo, h.zero); rerr != nil {
+				_, dirty := h.t.bits(s.line)
+				h.t.ioError(s.line, h.slot, rerr)
+				if d, ok := asDamage(rerr); ok {
+					// The damaged blocks are dealt with (a dirty one is lost: the read fails once
+					// it has its data, ReadAt); the others of the run are read again.
+					overlayRuns(rangeBits(b0, b1).andNot(d.bits))
+					return
+				}
+				if !dirty.and(rangeBits(b0, b1)).isZero() {
+					err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
+				}
+				return
 			}
-			return
-		}
-		copy(data[lo-base:hi-base], tmp)
-	})
+			copy(data[lo-base:hi-base], tmp)
+		})
+	}
+	overlayRuns(h.valid.and(got))
 	return err
 }
 
