@@ -341,10 +341,11 @@ func (c *Cache) openSSD(cfg Config) error {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
 		j.settleSums()
-		if sb.Open && c.lastRun != nil {
+		if sb.Open && c.lastRun != nil && t.pk == nil {
 			// The last run did not close the tier, and left no run log to tell which writes in
-			// place it made since its last checkpoint: its dirty blocks may hold other bytes
-			// than their records' checksums (sum.go, "Adopted blocks").
+			// place it made since its last checkpoint: on a tier of slots, its dirty blocks may
+			// hold other bytes than their records' checksums (sum.go, "Adopted blocks"). A
+			// packed tier writes no committed unit in place.
 			t.mu.Lock()
 			t.adoptDirtyLocked()
 			t.mu.Unlock()

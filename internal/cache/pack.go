@@ -680,21 +680,20 @@ func twinOf(p []byte, off int64, b0 int, src []byte, h uint64, hashes []uint64, 
 // inPlace returns the unit of block b of slot if an incompressible block may be written over it in
 // place, as a slot is, sparing the new unit and the room reclaim would later free (its record
 // changes only its sum): a dirty block's unit stored as it is (a whole, aligned block), that no
-// other block shares. The caller holds the line's lock, so no read or destage of the block runs;
-// only reclaim reads units without it, and the slot's gen (odd from the first such write on,
-// *started, until packWrite ends) has it drop the copy of a unit written meanwhile. No record can
-// find other data than the block's: a dirty block's unit was written for it after the durable
-// invalidation of its clean data (writeBackSegs), so the records that find it call it dirty, and a
-// write not flushed may leave either bytes, or a mix of sectors after a power cut, as in a slot
-// (which then fails its sum: sum.go).
-// With dedupe, the unit leaves the table, which names it by its old bytes.
+// other block shares, and that no record the store holds or is committing finds
+// (journal.unitCommittedLocked). So a power cut, which loses the records not committed, leaves
+// every committed record's unit with the bytes of its sum: the first rewrite of a block after a
+// checkpoint goes to a new unit, the next ones into it (sum.go). The caller holds the line's lock,
+// so no read or destage of the block runs; only reclaim reads units without it, and the slot's gen
+// (odd from the first such write on, *started, until packWrite ends) has it drop the copy of a
+// unit written meanwhile. With dedupe, the unit leaves the table, which names it by its old bytes.
 func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (uint64, bool) {
 	pk := t.pk
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l := pk.slotLocs(slot, b, b+1)[0]
 	if l == 0 || locCodec(l) != codecRaw || locLen(l) != blockSize || pk.refs[l] > 0 ||
-		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) {
+		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) || t.j.unitCommittedLocked(line, slot, b, l) {
 		return 0, false
 	}
 	if pk.dd != nil {
