@@ -440,6 +440,39 @@ func TestBadgerReopen(t *testing.T) {
 	require.Equal(t, want[1:], allLines(t, b))
 }
 
+// TestBadgerDamagedTable flips a byte in the records of a table on disk: opening or reading the
+// store fails, rather than return a record the damage changed or leave records out.
+func TestBadgerDamagedTable(t *testing.T) {
+	dir := t.TempDir()
+	b := openBadger(t, dir)
+	var ops []Op
+	for i := range uint64(2000) {
+		ops = append(ops, Op{Rec: Line{Line: i, Slot: uint32(i), Valid: []uint64{i | 1}}})
+	}
+	require.NoError(t, b.Commit(ops, true))
+	require.NoError(t, b.Close()) // writes the records to a table
+	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	require.NoError(t, err)
+	require.NotEmpty(t, tables)
+	for _, path := range tables {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		require.NoError(t, err)
+		var c [1]byte
+		_, err = f.ReadAt(c[:], 1000) // among the first block's records
+		require.NoError(t, err)
+		c[0] ^= 0x10
+		_, err = f.WriteAt(c[:], 1000)
+		require.NoError(t, err)
+		require.NoError(t, f.Close())
+	}
+	b, err = OpenBadger(dir, slog.New(slog.DiscardHandler))
+	if err == nil {
+		defer b.Close()
+		err = b.Lines(func(Line) error { return nil })
+	}
+	require.Error(t, err, "a damaged table was read without an error")
+}
+
 // A crash between badger's creating a memory-table or value-log file and its sizing leaves the
 // file empty; the store opens on such a directory, with what was committed before.
 func TestOpenAfterEmptyLogs(t *testing.T) {
