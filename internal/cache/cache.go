@@ -163,6 +163,10 @@ type Cache struct {
 	lost       lostSet
 	lostBlocks atomic.Uint64
 	scrub      scrubState
+	// repairs counts the damaged dirty blocks written again from the RAM tier's copy; damageLog
+	// limits the log lines about damaged blocks.
+	repairs   atomic.Uint64
+	damageLog logLimit
 }
 
 // New builds a cache in front of b, which it owns from then on (Close closes it). With an SSD tier
@@ -503,6 +507,7 @@ func (c *Cache) Stats() Stats {
 		}
 	}
 	s.Lost.Blocks = c.lostBlocks.Load()
+	s.Lost.Repaired = c.repairs.Load()
 	for _, t := range []*tier{c.ram, c.ssd} {
 		if t != nil {
 			s.Tiers = append(s.Tiers, t.stats())

@@ -3,6 +3,8 @@ package cache
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -10,11 +12,13 @@ import (
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
-// damaged deals with blocks of line, in slot, whose bytes failed their sums (sum.go): the dirty
-// ones are lost, recorded so (lost.go) before anything else, and then every one leaves both tiers,
-// durably, so that neither a read nor the destager finds its bytes again. A clean block is read
-// from the backend from then on. The caller holds the line's lock. Each damaged block is so found
-// and logged once (a scrub or a restart finds it no more).
+// damaged deals with blocks of line, in slot, whose bytes failed their sums (sum.go). A dirty one
+// the RAM tier holds too is written to the SSD again from there (repairFromRAM). The other dirty
+// ones are lost, recorded so (lost.go) before anything else, and then every damaged block leaves
+// both tiers, durably, so that neither a read nor the destager finds its bytes again. A clean
+// block is read from the backend from then on. The caller holds the line's lock. Each damaged
+// block is so found and logged once (a scrub or a restart finds it no more), up to
+// damageLogsPerMinute a minute.
 func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	t := c.ssd
 	t.mu.Lock()
@@ -25,6 +29,9 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	bits = bits.and(t.valid.get(slot))
 	dirty := t.dirtyAt(slot).and(bits)
 	t.mu.Unlock()
+	if repaired := c.repairFromRAM(line, slot, dirty); !repaired.isZero() {
+		bits, dirty = bits.andNot(repaired), dirty.andNot(repaired)
+	}
 	if bits.isZero() {
 		return
 	}
@@ -32,14 +39,16 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	var lostErr error
 	dirty.runs(t.blocks, func(b0, b1 int) {
 		lo, hi := start+int64(b0)*blockSize, min(start+int64(b1)*blockSize, c.size)
-		c.log.Error("SSD tier: dirty data failed its checksum and is lost: reads of the range fail until it is written again; the backend keeps its older data",
-			"offset", lo, "bytes", hi-lo)
+		if c.damageLog.allow(c.log) {
+			c.log.Error("SSD tier: dirty data failed its checksum and is lost: reads of the range fail until it is written again; the backend keeps its older data",
+				"offset", lo, "bytes", hi-lo)
+		}
 		if err := c.lost.add(lo, hi-lo); err != nil && lostErr == nil {
 			lostErr = err
 		}
 	})
 	c.lostBlocks.Add(uint64(dirty.count()))
-	if clean := bits.andNot(dirty); !clean.isZero() {
+	if clean := bits.andNot(dirty); !clean.isZero() && c.damageLog.allow(c.log) {
 		c.log.Warn("SSD tier: cached data failed its checksum; it is read from the backend again",
 			"offset", start+int64(firstBit(clean))*blockSize, "blocks", clean.count())
 	}
@@ -56,6 +65,71 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	if err := t.j.invalidateDurably([]span{{line, bits}}, false); err != nil {
 		t.fail(fmt.Sprintf("metadata commit: %v", err))
 	}
+}
+
+// repairFromRAM writes the blocks of dirty (line's, damaged in slot) that the RAM tier holds back to
+// the SSD tier from there, and returns those it repaired: RAM's copy of a block is as new as the
+// SSD's (a write replaces both, a promotion copies checked bytes). The caller holds the line's
+// lock.
+func (c *Cache) repairFromRAM(line uint64, slot uint32, dirty lineBits) (repaired lineBits) {
+	r := c.ram
+	if r == nil || dirty.isZero() {
+		return lineBits{}
+	}
+	n := c.ssd.lineBytes(line)
+	bp := bufpool.Get(int(n))
+	defer bufpool.Put(bp)
+	r.mu.RLock()
+	rslot, ok := r.slotOf(line)
+	var held lineBits
+	if ok {
+		held = dirty.and(r.valid.get(rslot))
+		copy(*bp, r.ram[int64(rslot)*r.lineSize:int64(rslot)*r.lineSize+n])
+	}
+	r.mu.RUnlock()
+	held.runs(c.ssd.blocks, func(b0, b1 int) {
+		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
+		if err := c.ssd.writeSlot(line, slot, (*bp)[lo:hi], lo); err == nil {
+			repaired = repaired.or(rangeBits(b0, b1))
+		}
+	})
+	if !repaired.isZero() {
+		c.repairs.Add(uint64(repaired.count()))
+		if c.damageLog.allow(c.log) {
+			c.log.Warn("SSD tier: dirty data failed its checksum; written again from the RAM tier's copy",
+				"offset", int64(line)*c.line+int64(firstBit(repaired))*blockSize, "blocks", repaired.count())
+		}
+	}
+	return repaired
+}
+
+// damageLogsPerMinute is how many damaged blocks' log lines damaged writes a minute at most: a
+// damaged tier (the same byte flipped in every block, say) would otherwise log every block. The
+// stats count them all.
+const damageLogsPerMinute = 20
+
+// logLimit lets through up to damageLogsPerMinute log lines a minute, and then says how many it
+// held back.
+type logLimit struct {
+	mu     sync.Mutex
+	since  time.Time
+	n, out int
+}
+
+func (l *logLimit) allow(log *slog.Logger) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now := time.Now(); now.Sub(l.since) > time.Minute {
+		if l.out > 0 {
+			log.Warn("SSD tier: more damaged blocks were found than were logged; tierblk stats counts them all", "not_logged", l.out)
+		}
+		l.since, l.n, l.out = now, 0, 0
+	}
+	if l.n++; l.n <= damageLogsPerMinute {
+		return true
+	}
+	l.out++
+	return false
 }
 
 // firstBit returns the lowest block set in m (m is not empty).

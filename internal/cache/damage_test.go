@@ -181,3 +181,42 @@ func damagedTier(t *testing.T, l layout, dmg damage, running bool) {
 	}
 	check("after writes over lost blocks")
 }
+
+// TestDamageRepairedFromRAM damages dirty blocks the RAM tier holds too: they are written to the
+// SSD tier again from RAM, not lost, and the backend gets the data that was written. Fewer lines
+// than the errors that bypass a tier (maxTierErrors), all in RAM.
+func TestDamageRepairedFromRAM(t *testing.T) {
+	const line, lines = 16 << 10, maxTierErrors - 2
+	for _, r := range []Reduction{ReductionOff, ReductionCompress} {
+		t.Run(r.String(), func(t *testing.T) {
+			l := withReduction(layout{line: line, ram: 8, ssd: 32, mode: WriteBack}, r)
+			devSize := int64(lines * line)
+			back, ssd := newCrashDev(devSize), newCrashDev(l.ssd*l.line)
+			g := &gate{}
+			c := newCache(t, gatedDev{g, back}, l, gatedStore{g, meta.NewMem()}, gatedDev{g, ssd})
+			defer c.Close()
+			want := make([]byte, devSize)
+			// One block in each line: the write goes to RAM too (a whole line would not).
+			for ln := range int64(lines) {
+				off := ln*line + blockSize
+				stamp(want[off:off+blockSize], int(off/sector), 5)
+				_, err := c.WriteAt(want[off:off+blockSize], off)
+				require.NoError(t, err)
+				require.True(t, c.ram.holds(uint64(ln), rangeBits(1, 2)), "line %d: the write is not in RAM", ln)
+			}
+			damages[0].do(ssd)
+			require.NoError(t, c.FlushAll(context.Background(), nil)) // reads every dirty block from the SSD
+			onBackend := make([]byte, devSize)
+			_, err := back.ReadAt(onBackend, 0)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, onBackend), "the backend does not hold what was written")
+			s := c.Stats()
+			require.Zero(t, s.Lost.Bytes)
+			require.EqualValues(t, lines, s.Lost.Repaired)
+			got := make([]byte, devSize)
+			_, err = c.ReadAt(got, 0)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, got))
+		})
+	}
+}

@@ -34,18 +34,19 @@ type destagePiece struct {
 // more, and the rest is written back again.
 func (c *Cache) destageLocked(lines []uint64, inflight int) (int64, error) {
 	var total int64
-	for try := 0; ; try++ {
+	var last *damageError
+	for {
 		n, err := c.destageOnce(lines, inflight)
 		total += n
-		if _, ok := asDamage(err); !ok || try == destageDamageTries {
+		d, ok := asDamage(err)
+		// Each damaged block found leaves the dirty data (or is repaired), unless recording it
+		// failed: the same damage again ends the destage.
+		if !ok || last != nil && *d == *last {
 			return total, err
 		}
+		last = d
 	}
 }
-
-// destageDamageTries bounds how many times destageLocked goes again after damaged blocks: each
-// found leaves the dirty data, unless recording it failed (then the tier is bypassed).
-const destageDamageTries = 3
 
 // destageOnce is destageLocked's one pass.
 func (c *Cache) destageOnce(lines []uint64, inflight int) (bytes int64, err error) {

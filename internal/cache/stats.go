@@ -123,6 +123,9 @@ type LostStats struct {
 	Bytes  uint64       `json:"bytes"`            // in the lost ranges now
 	Ranges []meta.Range `json:"ranges,omitempty"` // the first maxLostListed of them
 	Blocks uint64       `json:"blocks"`           // blocks lost since the start (a counter)
+	// Repaired counts the damaged dirty blocks that were not lost: written to the SSD tier again
+	// from the RAM tier's copy.
+	Repaired uint64 `json:"repaired_blocks"`
 }
 
 // maxLostListed is how many lost ranges Stats lists.
