@@ -128,7 +128,10 @@ func (l *logLimit) allow(log *slog.Logger) bool {
 	if l.n++; l.n <= damageLogsPerMinute {
 		return true
 	}
-	l.out++
+	if l.out++; l.out == 1 {
+		log.Warn("SSD tier: more damaged blocks than are logged in a minute; tierblk stats counts them all",
+			"logged", damageLogsPerMinute)
+	}
 	return false
 }
 

@@ -34,6 +34,10 @@ func (l *lostSet) overlaps(off, n int64) bool {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.overlapsLocked(off, n)
+}
+
+func (l *lostSet) overlapsLocked(off, n int64) bool {
 	i, _ := slices.BinarySearchFunc(l.ranges, off, func(r meta.Range, off int64) int {
 		if r.Off+r.Len <= off {
 			return -1
@@ -68,10 +72,10 @@ func (l *lostSet) clear(off, n int64) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	next := cutRange(l.ranges, meta.Range{Off: off, Len: n})
-	if len(next) == len(l.ranges) && slices.Equal(next, l.ranges) {
+	if !l.overlapsLocked(off, n) {
 		return nil
 	}
+	next := cutRange(l.ranges, meta.Range{Off: off, Len: n})
 	if err := l.store(next); err != nil {
 		return err
 	}
