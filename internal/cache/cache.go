@@ -307,16 +307,11 @@ func (c *Cache) openSSD(cfg Config) error {
 			}
 		}()
 	}
+	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
 	c.lost.load(sb.Lost)
 	c.lost.persist = func(rs []meta.Range) error {
-		sb, _, err := cfg.Meta.Superblock()
-		if err != nil {
-			return err
-		}
-		sb.Lost = rs
-		return cfg.Meta.SetSuperblock(sb)
+		return j.updateSuperblock(func(sb *meta.Superblock) { sb.Lost = rs })
 	}
-	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
 	if t.pk != nil {
 		t.pk.kick = j.askCheckpoint
 	}

@@ -98,6 +98,8 @@ type journal struct {
 	// not take from one record (sum.go).
 	logSums map[uint64][]meta.Line
 	fixes   []sumFix
+	// sbMu orders the changes of the superblock after the start (updateSuperblock).
+	sbMu sync.Mutex
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
 	// checkpoint never commits a line's older record after a newer invalidation.

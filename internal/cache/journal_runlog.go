@@ -119,10 +119,18 @@ var errRunLogRecord = errors.New("a record of the run log does not fit the SSD t
 
 // closed notes in the superblock that the tier was closed after its last checkpoint (Open).
 func (j *journal) closed() error {
+	return j.updateSuperblock(func(sb *meta.Superblock) { sb.Open = false })
+}
+
+// updateSuperblock changes the stored superblock with fn, one change at a time (the lost ranges
+// change while requests run).
+func (j *journal) updateSuperblock(fn func(*meta.Superblock)) error {
+	j.sbMu.Lock()
+	defer j.sbMu.Unlock()
 	sb, ok, err := j.store.Superblock()
 	if err != nil || !ok {
 		return err
 	}
-	sb.Open = false
+	fn(&sb)
 	return j.store.SetSuperblock(sb)
 }
