@@ -35,7 +35,7 @@ func TestLostRanges(t *testing.T) {
 		{name: "overlapping join", add: rs(0, 1024, 512, 1024, 4096, 512, 1000, 3200), want: rs(0, 4608)},
 		{name: "add inside", have: rs(0, 8192), add: rs(512, 512), want: rs(0, 8192)},
 		{name: "cut middle", have: rs(0, 8192), cut: rs(512, 1024), want: rs(0, 512, 1536, 6656)},
-		{name: "cut all", have: rs(512, 512, 4096, 512), cut: rs(0, 1 << 20), want: rs()},
+		{name: "cut all", have: rs(512, 512, 4096, 512), cut: rs(0, 1<<20), want: rs()},
 		{name: "cut edges", have: rs(0, 4096, 8192, 4096), cut: rs(2048, 8192), want: rs(0, 2048, 10240, 2048)},
 		{name: "cut elsewhere", have: rs(0, 4096), cut: rs(4096, 4096), want: rs(0, 4096)},
 	} {
