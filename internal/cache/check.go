@@ -288,6 +288,11 @@ func (c *Cache) scrubLines(ctx context.Context, rate int64) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
+			if t.failed.Load() {
+				// Its clean lines are set aside, out of reach: what is left to check would read
+				// as nothing. The dirty lines stay, and reads check them.
+				return fmt.Errorf("the SSD tier was bypassed (%s): scrub stopped; it can run again once the tier is back in service", t.stats().Reason)
+			}
 			read, bad, err := c.checkLine(line)
 			s.done.Add(1)
 			s.bytes.Add(uint64(read) * blockSize)

@@ -346,8 +346,8 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 // the backend's older data (TestDirtyReadOnSSDError).
 func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
 	var err error
-	var overlayRuns func(bits lineBits)
-	overlayRuns = func(bits lineBits) {
+	var overlayRuns func(bits lineBits, again bool)
+	overlayRuns = func(bits lineBits, again bool) {
 		bits.runs(s.blocks(), func(b0, b1 int) {
 			if err != nil {
 				return
@@ -361,8 +361,14 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 				h.t.ioError(s.line, h.slot, rerr)
 				if d, ok := asDamage(rerr); ok {
 					// The damaged blocks are dealt with (a dirty one is lost: the read fails once
-					// it has its data, ReadAt); the others of the run are read again.
-					overlayRuns(rangeBits(b0, b1).andNot(d.bits))
+					// it has its data, ReadAt); the others of the run are read again, and, once,
+					// damaged ones the tier still holds (repaired from the RAM tier).
+					next := rangeBits(b0, b1).andNot(d.bits)
+					if again {
+						v, _ := h.t.bits(s.line)
+						next = next.or(d.bits.and(v))
+					}
+					overlayRuns(next, false)
 					return
 				}
 				if !dirty.and(rangeBits(b0, b1)).isZero() {
@@ -373,7 +379,7 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 			copy(data[lo-base:hi-base], tmp)
 		})
 	}
-	overlayRuns(h.valid.and(got))
+	overlayRuns(h.valid.and(got), true)
 	return err
 }
 

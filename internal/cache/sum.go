@@ -72,12 +72,18 @@ func (t *tier) lineBytes(line uint64) int64 {
 	return min(t.lineSize, t.size-int64(line)*t.lineSize)
 }
 
-// blockSpan widens [off, off+n), bytes of a run of lines from the start of line, to whole blocks,
-// short of where the backend ends.
-func (t *tier) blockSpan(line uint64, off int64, n int) (lo, hi int64) {
+// wholeBlocks widens p, bytes [off, off+len(p)) of a run of lines from the start of line, to whole
+// blocks [lo, hi), short of where the backend ends: buf is p itself when it is whole blocks
+// already, else a buffer for them, which done gives back.
+func (t *tier) wholeBlocks(line uint64, p []byte, off int64) (lo, hi int64, buf []byte, done func()) {
 	lo = off &^ (blockSize - 1)
-	hi = (off + int64(n) + blockSize - 1) &^ (blockSize - 1)
-	return lo, min(hi, t.size-int64(line)*t.lineSize)
+	hi = (off + int64(len(p)) + blockSize - 1) &^ (blockSize - 1)
+	hi = min(hi, t.size-int64(line)*t.lineSize)
+	if lo == off && hi == off+int64(len(p)) {
+		return lo, hi, p, func() {}
+	}
+	bp := bufpool.Get(int(hi - lo))
+	return lo, hi, *bp, func() { bufpool.Put(bp) }
 }
 
 // verify checks p, the whole blocks of a run of lines (line's slot and the slots after it) from
@@ -120,13 +126,8 @@ func (t *tier) setSums(line uint64, p []byte, off int64, sums []uint32) []uint32
 // readPlain is readSlot on a tier of slots: the bytes [off, off+len(p)) of a run of lines from
 // line's slot on, read as whole blocks and checked. cached reads through the SSD's page cache.
 func (t *tier) readPlain(line uint64, slot uint32, p []byte, off int64, cached bool) error {
-	lo, hi := t.blockSpan(line, off, len(p))
-	buf := p
-	if lo != off || hi != off+int64(len(p)) {
-		bp := bufpool.Get(int(hi - lo))
-		defer bufpool.Put(bp)
-		buf = *bp
-	}
+	lo, _, buf, done := t.wholeBlocks(line, p, off)
+	defer done()
 	base := int64(slot) * t.lineSize
 	var err error
 	if cr, ok := t.dev.(backend.CachedReader); cached && ok {
@@ -150,12 +151,9 @@ func (t *tier) readPlain(line uint64, slot uint32, p []byte, off int64, cached b
 // taking the rest of a block p covers in part from the slot (checked: the caller writes in part
 // only a block the slot holds), and sets their sums (writeSums).
 func (t *tier) writePlain(line uint64, slot uint32, p []byte, off int64) error {
-	lo, hi := t.blockSpan(line, off, len(p))
-	buf := p
-	if lo != off || hi != off+int64(len(p)) {
-		bp := bufpool.Get(int(hi - lo))
-		defer bufpool.Put(bp)
-		buf = *bp
+	lo, hi, buf, done := t.wholeBlocks(line, p, off)
+	defer done()
+	if len(buf) != len(p) {
 		if lo != off {
 			if err := t.readPlain(line, slot, buf[:min(blockSize, hi-lo)], lo, false); err != nil {
 				return err

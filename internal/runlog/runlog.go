@@ -362,25 +362,16 @@ func bootID() []byte {
 
 // words64 decodes n little-endian words, nil if all are zero (as the store reads empty bitmaps)
 // or n is 0.
-func words64(b []byte, n int) []uint64 {
-	w := make([]uint64, n)
-	zero := true
-	for i := range w {
-		w[i] = binary.LittleEndian.Uint64(b[8*i:])
-		zero = zero && w[i] == 0
-	}
-	if zero {
-		return nil
-	}
-	return w
-}
+func words64(b []byte, n int) []uint64 { return decodeLE(b, n, 8, binary.LittleEndian.Uint64) }
 
 // words32 is words64 for n 32-bit words: the checksums.
-func words32(b []byte, n int) []uint32 {
-	w := make([]uint32, n)
+func words32(b []byte, n int) []uint32 { return decodeLE(b, n, 4, binary.LittleEndian.Uint32) }
+
+func decodeLE[T uint32 | uint64](b []byte, n, size int, get func([]byte) T) []T {
+	w := make([]T, n)
 	zero := true
 	for i := range w {
-		w[i] = binary.LittleEndian.Uint32(b[4*i:])
+		w[i] = get(b[size*i:])
 		zero = zero && w[i] == 0
 	}
 	if zero {

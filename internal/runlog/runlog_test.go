@@ -303,62 +303,41 @@ func TestReplaySums(t *testing.T) {
 	}
 }
 
-// A log's records hold as many checksums as the lines it was created for: a tier whose lines need
-// another number is refused, and a damaged count fails the header's CRC.
-func TestRefusedSums(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0, sums, 0)
-	require.NoError(t, err)
-	l.Append(put(1, 1, 1, 1))
-	require.NoError(t, l.Close())
-	for _, tt := range []struct {
-		sums int
-		want string
+// A log's records hold as many location words and checksums as the lines it was created for: a
+// tier whose lines need another number is refused, and a damaged count fails the header's CRC.
+func TestRefusedCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		locs   int // the log's
+		header int // the header's field of the count
+		with   func(n int) (locs, sums int)
+		want   string
 	}{
-		{0, "records of 16 checksums, this tier's lines need 0"},
-		{64, "records of 16 checksums, this tier's lines need 64"},
+		{"location words", 16, hLocs, func(n int) (int, int) { return n, sums }, "records of 16 location words, this tier's lines need %d"},
+		{"checksums", 0, hSums, func(n int) (int, int) { return 0, n }, "records of 16 checksums, this tier's lines need %d"},
 	} {
-		_, err := Replay(path, id, 1, 0, tt.sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
-		require.ErrorIs(t, err, ErrUnusable)
-		require.ErrorContains(t, err, tt.want)
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "log")
+			l, err := Create(path, id, 1, tc.locs, sums, 0)
+			require.NoError(t, err)
+			l.Append(packed(1, 1, 1, 0))
+			require.NoError(t, l.Close())
+			for _, n := range []int{0, 64} {
+				locs, s := tc.with(n)
+				_, err := Replay(path, id, 1, locs, s, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+				require.ErrorIs(t, err, ErrUnusable)
+				require.ErrorContains(t, err, fmt.Sprintf(tc.want, n))
+			}
+			b, err := os.ReadFile(path)
+			require.NoError(t, err)
+			b[tc.header] = 64
+			require.NoError(t, os.WriteFile(path, b, 0o600))
+			locs, s := tc.with(64)
+			_, err = Replay(path, id, 1, locs, s, func(meta.Op) error { return nil })
+			require.ErrorIs(t, err, ErrUnusable)
+			require.ErrorContains(t, err, "its header is damaged")
+		})
 	}
-
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	b[hSums] = 64
-	require.NoError(t, os.WriteFile(path, b, 0o600))
-	_, err = Replay(path, id, 1, 0, 64, func(meta.Op) error { return nil })
-	require.ErrorIs(t, err, ErrUnusable)
-	require.ErrorContains(t, err, "its header is damaged")
-}
-
-// A log's records hold as many location words as the lines it was created for: a tier whose lines
-// need another number is refused, and a damaged count fails the header's CRC.
-func TestRefusedLocations(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 16, sums, 0)
-	require.NoError(t, err)
-	l.Append(packed(1, 1, 1, 0))
-	require.NoError(t, l.Close())
-	for _, tt := range []struct {
-		locs int
-		want string
-	}{
-		{0, "records of 16 location words, this tier's lines need 0"},
-		{64, "records of 16 location words, this tier's lines need 64"},
-	} {
-		_, err := Replay(path, id, 1, tt.locs, sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
-		require.ErrorIs(t, err, ErrUnusable)
-		require.ErrorContains(t, err, tt.want)
-	}
-
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	b[hLocs] = 64
-	require.NoError(t, os.WriteFile(path, b, 0o600))
-	_, err = Replay(path, id, 1, 64, sums, func(meta.Op) error { return nil })
-	require.ErrorIs(t, err, ErrUnusable)
-	require.ErrorContains(t, err, "its header is damaged")
 }
 
 // The record sizes DefaultSize's comment states, and how many records the default log holds; every
