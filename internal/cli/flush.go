@@ -65,22 +65,36 @@ the flush; the dirty data stays safe on the SSD.`,
 }
 
 func runFlush(ctx context.Context, o actionOpts) error {
-	if err := runAction(ctx, o, "flush", nil); err != nil {
+	final, err := doAction(ctx, o, "flush", nil, nil)
+	if err != nil {
 		return err
+	}
+	if final.Lost != nil && final.Lost.Bytes > 0 {
+		writeLostRanges(o.stdout, *final.Lost)
+		return fmt.Errorf("%s: dirty data written back, but for %s the SSD tier damaged before it could be: there the backend holds older data, and reads fail (EIO) until the ranges are written again",
+			exportLabel(o.export), humanBytes(final.Lost.Bytes))
 	}
 	fmt.Fprintf(o.stdout, "%s: dirty data written back; the backend holds every write acknowledged before the flush\n", exportLabel(o.export))
 	return nil
 }
 
 // runAction POSTs /path to the admin endpoint with query (and the export), shows the progress
-// lines and returns the final line's error.
+// lines (bytes written back) and returns the final line's error.
 func runAction(ctx context.Context, o actionOpts, path string, query url.Values) error {
+	_, err := doAction(ctx, o, path, query, nil)
+	return err
+}
+
+// doAction is runAction with the progress lines described by describe (nil: bytes written back,
+// see progress), returning the final line too.
+func doAction(ctx context.Context, o actionOpts, path string, query url.Values,
+	describe func(l metrics.ActionLine, pct int64) (line, bar string)) (metrics.ActionLine, error) {
 	if o.admin == "" {
-		return usageErrorf("--admin is required: the daemon's admin endpoint, unix:/path/to.sock or 127.0.0.1:PORT")
+		return metrics.ActionLine{}, usageErrorf("--admin is required: the daemon's admin endpoint, unix:/path/to.sock or 127.0.0.1:PORT")
 	}
 	network, address, err := metrics.ParseAdminAddr(o.admin)
 	if err != nil {
-		return usageErrorf("--admin: %v", err)
+		return metrics.ActionLine{}, usageErrorf("--admin: %v", err)
 	}
 	if query == nil {
 		query = url.Values{}
@@ -92,38 +106,38 @@ func runAction(ctx context.Context, o actionOpts, path string, query url.Values)
 	defer client.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, adminURL(network, address, path+"?"+query.Encode()), nil)
 	if err != nil {
-		return err
+		return metrics.ActionLine{}, err
 	}
 	resp, err := adminDo(client, req)
 	var se *statusError
 	if errors.As(err, &se) {
-		return fmt.Errorf("%s: %s", path, se.Body)
+		return metrics.ActionLine{}, fmt.Errorf("%s: %s", path, se.Body)
 	}
 	if err != nil {
-		return fmt.Errorf("no tierblk admin endpoint at %s: %w", o.admin, err)
+		return metrics.ActionLine{}, fmt.Errorf("no tierblk admin endpoint at %s: %w", o.admin, err)
 	}
 	defer resp.Body.Close()
-	p := progress{w: o.stdout, bar: o.bar, now: o.now}
+	p := progress{w: o.stdout, bar: o.bar, now: o.now, describe: describe}
 	defer p.end()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		var l metrics.ActionLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			return fmt.Errorf("POST /%s: the answer is not tierblk's: %w", path, err)
+			return metrics.ActionLine{}, fmt.Errorf("POST /%s: the answer is not tierblk's: %w", path, err)
 		}
 		switch {
 		case l.OK:
-			return nil
+			return l, nil
 		case l.Error != "":
-			return fmt.Errorf("%s: %s failed: %s", exportLabel(o.export), path, l.Error)
+			return l, fmt.Errorf("%s: %s failed: %s", exportLabel(o.export), path, l.Error)
 		default:
-			p.show(l.Done, l.Total)
+			p.show(l)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return fmt.Errorf("%s: %s: the daemon stopped answering before it finished: %w", exportLabel(o.export), path, err)
+		return metrics.ActionLine{}, fmt.Errorf("%s: %s: the daemon stopped answering before it finished: %w", exportLabel(o.export), path, err)
 	}
-	return fmt.Errorf("%s: %s: the daemon stopped answering before it finished", exportLabel(o.export), path)
+	return metrics.ActionLine{}, fmt.Errorf("%s: %s: the daemon stopped answering before it finished", exportLabel(o.export), path)
 }
 
 // exportLabel names an export in messages.
@@ -134,13 +148,17 @@ func exportLabel(export string) string {
 	return fmt.Sprintf("export %q", export)
 }
 
-// progress shows dirty bytes written back, with an estimate of the time left from the rate
-// measured since the first report: a bar redrawn in place on a terminal, else a line each.
+// progress shows an action's progress, dirty bytes written back unless describe says otherwise,
+// with an estimate of the time left from the rate measured since the first report: a bar redrawn
+// in place on a terminal, else a line each.
 type progress struct {
-	w     io.Writer
-	bar   bool
-	now   func() time.Time
-	drawn int // the length of the bar's line last drawn, 0 if none
+	w   io.Writer
+	bar bool
+	now func() time.Time
+	// describe says what a progress line reports: as a line of its own (before the estimate), and
+	// after the bar's percentage; nil: bytes written back.
+	describe func(l metrics.ActionLine, pct int64) (line, bar string)
+	drawn    int // the length of the bar's line last drawn, 0 if none
 
 	started bool
 	t0      time.Time
@@ -149,22 +167,33 @@ type progress struct {
 
 const barWidth = 40
 
-func (p *progress) show(done, total int64) {
+func (p *progress) show(l metrics.ActionLine) {
+	done, total := l.Done, l.Total
 	pct := int64(100)
 	if total > 0 {
 		pct = done * 100 / total
 	}
 	eta := p.eta(done, total)
+	describe := p.describe
+	if describe == nil {
+		describe = writtenBack
+	}
+	text, barText := describe(l, pct)
 	if !p.bar {
-		fmt.Fprintf(p.w, "written back %s of %s (%d%%)%s\n", humanBytes(uint64(done)), humanBytes(uint64(total)), pct, eta)
+		fmt.Fprintf(p.w, "%s%s\n", text, eta)
 		return
 	}
 	n := int(pct * barWidth / 100)
-	line := fmt.Sprintf("[%s%s] %3d%% %s of %s%s", strings.Repeat("#", n), strings.Repeat(" ", barWidth-n), pct,
-		humanBytes(uint64(done)), humanBytes(uint64(total)), eta)
+	line := fmt.Sprintf("[%s%s] %3d%% %s%s", strings.Repeat("#", n), strings.Repeat(" ", barWidth-n), pct, barText, eta)
 	// Spaces over what is left of a longer line drawn before (its estimate).
 	fmt.Fprintf(p.w, "\r%s%s", line, strings.Repeat(" ", max(0, p.drawn-len(line))))
 	p.drawn = len(line)
+}
+
+// writtenBack describes the progress of a flush (or a mode switch): bytes written back.
+func writtenBack(l metrics.ActionLine, pct int64) (line, bar string) {
+	of := humanBytes(uint64(l.Done)) + " of " + humanBytes(uint64(l.Total))
+	return fmt.Sprintf("written back %s (%d%%)", of, pct), of
 }
 
 // eta is ", about D left" from the rate since the first report, or nothing before there is one

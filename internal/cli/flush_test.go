@@ -20,8 +20,8 @@ import (
 )
 
 // actionDaemon is an admin endpoint over exports "disk0", a write-back cache holding dirty data
-// over backend; "plain", without a cache; and "fake", whose flush reports fixed progress and whose
-// mode switches fail.
+// over backend; "plain", without a cache; "fake", whose flush reports fixed progress and whose
+// mode switches fail; and "lossy", whose flush succeeds over a lost range.
 type actionDaemon struct {
 	admin   string
 	cache   *cache.Cache
@@ -56,7 +56,14 @@ func serveActions(t *testing.T) actionDaemon {
 		},
 		Heal: func() error { return errors.New("the SSD tier stays bypassed: probe write: input/output error") },
 	}
-	sources := []metrics.Source{metrics.CacheSource("disk0", d.cache), {Export: "plain"}, fake}
+	lossy := metrics.Source{Export: "lossy",
+		Stats: func() cache.Stats {
+			return cache.Stats{Lost: cache.LostStats{Bytes: 4096, Ranges: []meta.Range{{Off: 8192, Len: 4096}}, Blocks: 1}}
+		},
+		FlushAll: func(context.Context, func(done, total int64)) error { return nil },
+		SetMode:  func(context.Context, cache.Mode, func(done, total int64)) error { return nil },
+	}
+	sources := []metrics.Source{metrics.CacheSource("disk0", d.cache), {Export: "plain"}, fake, lossy}
 	ctx, cancel := context.WithCancel(context.Background())
 	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
 		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
@@ -99,6 +106,16 @@ func TestFlushDefaultExport(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "the default export: dirty data written back")
 	d.backendHoldsData(t)
+}
+
+// TestFlushReportsLostData: a flush of a cache that lost data (the SSD tier damaged it before it
+// was written back) lists the lost ranges and fails: the backend does not hold every write.
+func TestFlushReportsLostData(t *testing.T) {
+	d := serveActions(t)
+	out, err := flushCmd(actionOpts{admin: d.admin, export: "lossy"})
+	require.ErrorContains(t, err, `export "lossy": dirty data written back, but for 4KiB the SSD tier damaged before it could be`)
+	require.Contains(t, out, "8192 (8KiB)")
+	require.NotContains(t, out, "the backend holds every write acknowledged")
 }
 
 // TestFlushProgress: the progress of the fake export's flush (1, 2, then 4 MiB of 4), read one

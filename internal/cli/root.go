@@ -59,7 +59,7 @@ Quick start:
 	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
 	root.AddCommand(platformCommands(version)...)
-	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newISCSILsCmd())
+	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newScrubCmd(), newISCSILsCmd())
 	return root
 }
 

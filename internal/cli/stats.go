@@ -29,6 +29,8 @@ type statsOpts struct {
 	json   bool
 	export string
 	stdout io.Writer
+	// now is the clock that says how long ago a scrub ran; nil: time.Now.
+	now func() time.Time
 }
 
 func newStatsCmd() *cobra.Command {
@@ -38,7 +40,8 @@ func newStatsCmd() *cobra.Command {
 		Short: "Print the cache statistics of a running daemon",
 		Long: `Asks a running daemon's admin endpoint for a snapshot of every export's cache and prints, per
 tier, hits, misses, occupancy, promotions, evictions and errors; the backend's traffic; dirty data
-(write-back: dirty lines and bytes, what was destaged, throttled writes); and the request latency
+(write-back: dirty lines and bytes, what was destaged, throttled writes); blocks that failed their
+checksums, lost data and the SSD tier's scrub, when there are any; and the request latency
 quantiles, estimated from the latency histograms as Prometheus does.`,
 		Example: `  tierblk stats --admin unix:/run/tierblk-admin.sock
   tierblk stats --admin 127.0.0.1:9180 --export disk0 --json`,
@@ -86,11 +89,15 @@ func runStats(ctx context.Context, o statsOpts) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(resp)
 	}
+	now := time.Now
+	if o.now != nil {
+		now = o.now
+	}
 	for i, e := range resp.Exports {
 		if i > 0 {
 			fmt.Fprintln(o.stdout)
 		}
-		writeExportStats(o.stdout, e)
+		writeExportStats(o.stdout, e, now())
 	}
 	return nil
 }
@@ -165,7 +172,8 @@ func fetchStats(ctx context.Context, network, address string) (metrics.StatsResp
 	return out, nil
 }
 
-func writeExportStats(w io.Writer, e metrics.ExportStats) {
+// writeExportStats prints an export's stats; now says how long ago its scrub ran.
+func writeExportStats(w io.Writer, e metrics.ExportStats, now time.Time) {
 	s := e.Stats
 	name := e.Name
 	if name == "" {
@@ -179,6 +187,9 @@ func writeExportStats(w io.Writer, e metrics.ExportStats) {
 	writeMisses(w, s)
 	writeStored(w, s.Tiers)
 	writeDirty(w, s.Dirty)
+	writeChecksums(w, s.Tiers)
+	writeLost(w, s.Lost)
+	writeScrub(w, s.Scrub, now)
 	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
 }
 
@@ -265,6 +276,80 @@ func backendWaits(n uint64) string {
 		return ""
 	}
 	return fmt.Sprintf("; %d retries of writes waiting for the backend", n)
+}
+
+// writeChecksums prints the blocks of each tier that failed their checksums, and the dirty ones
+// taken as they were after an unclean stop: nothing while there are none (a sound SSD's case).
+func writeChecksums(w io.Writer, tiers []cache.TierStats) {
+	var parts []string
+	for _, t := range tiers {
+		var p []string
+		if t.ChecksumErrors > 0 {
+			p = append(p, fmt.Sprintf("%d blocks failed theirs (clean: read from the backend again; dirty: lost)", t.ChecksumErrors))
+		}
+		if t.Adopted > 0 {
+			p = append(p, fmt.Sprintf("%d dirty blocks taken as they were after an unclean stop", t.Adopted))
+		}
+		if len(p) > 0 {
+			parts = append(parts, t.Name+" "+strings.Join(p, ", "))
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "checksums: %s\n", strings.Join(parts, "; "))
+	}
+}
+
+// maxLostShown is how many lost ranges the stats line names; tierblk scrub and --json list them.
+const maxLostShown = 3
+
+// writeLost prints the lost ranges, if any: data the SSD tier damaged before it was written back.
+func writeLost(w io.Writer, l cache.LostStats) {
+	if l.Bytes == 0 {
+		return
+	}
+	var listed uint64
+	var shown []string
+	for i, r := range l.Ranges {
+		listed += uint64(r.Len)
+		if i < maxLostShown {
+			shown = append(shown, fmt.Sprintf("at %d, %s", r.Off, humanBytes(uint64(r.Len))))
+		}
+	}
+	n := fmt.Sprintf("%d range", len(l.Ranges))
+	if listed < l.Bytes {
+		n = "over " + n
+	}
+	if len(l.Ranges) != 1 || listed < l.Bytes {
+		n += "s"
+	}
+	if len(l.Ranges) > len(shown) {
+		shown = append(shown, "...")
+	}
+	fmt.Fprintf(w, "LOST: %s in %s (%s): reads of them fail until they are written again; write them, or restore their data from a backup (tierblk scrub lists them)\n",
+		humanBytes(l.Bytes), n, strings.Join(shown, "; "))
+}
+
+// writeScrub prints the SSD tier's scrub under way, or the last one's result and when it ended;
+// nothing before the first.
+func writeScrub(w io.Writer, s cache.ScrubStats, now time.Time) {
+	if s.Started == 0 {
+		return
+	}
+	when := func(unix float64) string {
+		t := time.Unix(0, int64(unix*1e9))
+		return fmt.Sprintf("%s (%s ago)", t.UTC().Format("2006-01-02 15:04:05 MST"), roughDuration(now.Sub(t)))
+	}
+	if s.Running {
+		fmt.Fprintf(w, "scrub: running since %s: %d of %d lines (%s), %s read, %d damaged blocks so far\n",
+			when(s.Started), s.Done, s.Lines, percent(s.Done, s.Lines), humanBytes(s.Bytes), s.Damaged)
+		return
+	}
+	fmt.Fprintf(w, "scrub: last ended %s after %s: %d of %d lines, %s read, %d damaged blocks (%d lost), %d read errors",
+		when(s.Ended), took(seconds(s.Ended-s.Started)), s.Done, s.Lines, humanBytes(s.Bytes), s.Damaged, s.Lost, s.Errors)
+	if s.Err != "" {
+		fmt.Fprintf(w, "; stopped: %s", s.Err)
+	}
+	fmt.Fprintln(w)
 }
 
 func writeTiers(w io.Writer, tiers []cache.TierStats) {

@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/metrics"
 )
 
@@ -230,6 +232,111 @@ func TestWriteStored(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
 			writeStored(&out, tc.tiers)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}
+
+// statsNow is the clock of the scrub tests: 2025-01-01 12:00 UTC.
+var statsNow = time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// damagedFixture is statsFixture after the SSD damaged data: blocks failed their checksums, some
+// dirty (lost), and a scrub found them.
+func damagedFixture() cache.Stats {
+	s := statsFixture()
+	s.Tiers[1].ChecksumErrors = 5
+	s.Tiers[1].Adopted = 2
+	s.Lost = cache.LostStats{Bytes: 12 << 10, Ranges: []meta.Range{{Off: 65536, Len: 4096}, {Off: 1 << 20, Len: 8192}}, Blocks: 3}
+	start := float64(statsNow.Add(-3 * time.Hour).Unix())
+	s.Scrub = cache.ScrubStats{Lines: 4000, Done: 4000, Bytes: 250 << 20, Damaged: 5, Lost: 3, Started: start, Ended: start + 125}
+	return s
+}
+
+// TestStatsDamage: the lines of checksum errors, lost data and the scrub come after the dirty
+// line, and only with something to say (TestStatsTable has none).
+func TestStatsDamage(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sources := []metrics.Source{{Export: "disk0", Stats: damagedFixture}}
+	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
+		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, wait())
+	})
+	out, err := statsCmd(statsOpts{admin: bound, now: func() time.Time { return statsNow }})
+	require.NoError(t, err)
+	latency := disk0Table[strings.Index(disk0Table, "latency:"):]
+	require.Equal(t, strings.TrimSuffix(disk0Table, latency)+
+		"checksums: ssd 5 blocks failed theirs (clean: read from the backend again; dirty: lost), 2 dirty blocks taken as they were after an unclean stop\n"+
+		"LOST: 12KiB in 2 ranges (at 65536, 4KiB; at 1048576, 8KiB): reads of them fail until they are written again; write them, or restore their data from a backup (tierblk scrub lists them)\n"+
+		"scrub: last ended 2025-01-01 09:02:05 UTC (2h58m ago) after 2m5s: 4000 of 4000 lines, 250MiB read, 5 damaged blocks (3 lost), 0 read errors\n"+
+		latency, out)
+}
+
+func TestWriteChecksums(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		tiers []cache.TierStats
+		want  string
+	}{
+		{"none", []cache.TierStats{{Name: "ram"}, {Name: "ssd"}}, ""},
+		{"failed", []cache.TierStats{{Name: "ram"}, {Name: "ssd", ChecksumErrors: 1}},
+			"checksums: ssd 1 blocks failed theirs (clean: read from the backend again; dirty: lost)\n"},
+		{"adopted", []cache.TierStats{{Name: "ssd", Adopted: 4}},
+			"checksums: ssd 4 dirty blocks taken as they were after an unclean stop\n"},
+		{"two tiers", []cache.TierStats{{Name: "ram", ChecksumErrors: 2}, {Name: "ssd", ChecksumErrors: 3}},
+			"checksums: ram 2 blocks failed theirs (clean: read from the backend again; dirty: lost); ssd 3 blocks failed theirs (clean: read from the backend again; dirty: lost)\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeChecksums(&out, tc.tiers)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}
+
+func TestWriteLost(t *testing.T) {
+	const tail = ": reads of them fail until they are written again; write them, or restore their data from a backup (tierblk scrub lists them)\n"
+	r := func(off, n int64) meta.Range { return meta.Range{Off: off, Len: n} }
+	for _, tc := range []struct {
+		name string
+		l    cache.LostStats
+		want string
+	}{
+		{"none", cache.LostStats{Blocks: 7}, ""}, // lost once, written since
+		{"one", cache.LostStats{Bytes: 4096, Ranges: []meta.Range{r(0, 4096)}}, "LOST: 4KiB in 1 range (at 0, 4KiB)" + tail},
+		{"four", cache.LostStats{Bytes: 16 << 10, Ranges: []meta.Range{r(0, 4096), r(8192, 4096), r(16384, 4096), r(1<<30, 4096)}},
+			"LOST: 16KiB in 4 ranges (at 0, 4KiB; at 8192, 4KiB; at 16384, 4KiB; ...)" + tail},
+		{"more than listed", cache.LostStats{Bytes: 1 << 20, Ranges: []meta.Range{r(512, 512)}},
+			"LOST: 1MiB in over 1 ranges (at 512, 512)" + tail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeLost(&out, tc.l)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}
+
+func TestWriteScrub(t *testing.T) {
+	at := func(d time.Duration) float64 { return float64(statsNow.Add(-d).UnixNano()) / 1e9 }
+	for _, tc := range []struct {
+		name string
+		s    cache.ScrubStats
+		want string
+	}{
+		{"never", cache.ScrubStats{}, ""},
+		{"running", cache.ScrubStats{Running: true, Lines: 400, Done: 100, Bytes: 100 << 16, Damaged: 1, Started: at(90 * time.Second)},
+			"scrub: running since 2025-01-01 11:58:30 UTC (1m30s ago): 100 of 400 lines (25.0%), 6.2MiB read, 1 damaged blocks so far\n"},
+		{"clean", cache.ScrubStats{Lines: 400, Done: 400, Bytes: 400 << 16, Started: at(26 * time.Hour), Ended: at(26*time.Hour - 300*time.Millisecond)},
+			"scrub: last ended 2024-12-31 10:00:00 UTC (26h0m ago) after 300ms: 400 of 400 lines, 25MiB read, 0 damaged blocks (0 lost), 0 read errors\n"},
+		{"stopped", cache.ScrubStats{Lines: 400, Done: 10, Bytes: 10 << 16, Errors: 1, Started: at(time.Minute), Ended: at(50 * time.Second), Err: "context canceled"},
+			"scrub: last ended 2025-01-01 11:59:10 UTC (50s ago) after 10s: 10 of 400 lines, 640KiB read, 0 damaged blocks (0 lost), 1 read errors; stopped: context canceled\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeScrub(&out, tc.s, statsNow)
 			require.Equal(t, tc.want, out.String())
 		})
 	}

@@ -22,6 +22,9 @@ func TestExampleConfigIsValid(t *testing.T) {
 	require.Len(t, c.Exports, 3)
 	require.Equal(t, "nas", c.Exports[0].Name)
 	require.True(t, c.Exports[2].ReadOnly)
+	every, rate, err := c.Exports[0].Cache.Scrub.Schedule()
+	require.NoError(t, err)
+	require.Equal(t, [2]int64{int64(DefaultScrubEvery), DefaultScrubRate}, [2]int64{int64(every), rate}, "the example shows the defaults")
 	require.Equal(t, []string{"unix:/run/tierblk/tierblk.sock", "127.0.0.1:10809"}, c.Listen)
 }
 
@@ -98,6 +101,17 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"congestion without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Congestion: "off"} }, "exports[0].cache.congestion: is set but ssd is not"},
 		{"reduction unknown", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Reduction: "zeros"} }, `exports[0].cache.reduction: unknown reduction "zeros"; use off, zero, compress or dedupe`},
 		{"reduction without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Reduction: "off"} }, "exports[0].cache.reduction: is set but ssd is not"},
+		{"scrub every negative", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Every: "-1h"}} },
+			`exports[0].cache.scrub.every: "-1h": use a duration such as 168h or 24h (default 168h), or 0 for no scheduled scrub`},
+		{"scrub every in days", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Every: "7d"}} }, `exports[0].cache.scrub.every: "7d": use a duration`},
+		{"scrub rate not a size", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Rate: "fast"}} },
+			`exports[0].cache.scrub.rate: rate "fast" is not a size a second (size "fast" is not a number with an optional unit (KiB, MiB, GiB, TiB)); write e.g. 64MiB/s, or 0 for no limit (default 64MiB/s)`},
+		{"scrub rate per minute", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Rate: "1GiB/min"}} }, `exports[0].cache.scrub.rate: rate "1GiB/min"`},
+		{"scrub rate negative", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Rate: "-64MiB/s"}} }, `exports[0].cache.scrub.rate: rate "-64MiB/s" is not a size a second (size "-64MiB" is negative)`},
+		{"scrub every and rate", func(c *Config) { c.Exports[0].Cache = &Cache{SSD: "/x", Scrub: Scrub{Every: "often", Rate: "fast"}} },
+			"exports[0].cache.scrub.every: \"often\": use a duration such as 168h or 24h (default 168h), or 0 for no scheduled scrub\nexports[0].cache.scrub.rate: rate \"fast\""},
+		{"scrub without ssd", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Scrub: Scrub{Every: "24h"}} },
+			"exports[0].cache.scrub.every: is set but ssd is not; a scrub checks the blocks the SSD tier stores"},
 		{"policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", Policy: "mru"} }, "exports[0].cache.policy: unknown eviction policy"},
 		{"ssd policy", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", SSDPolicy: "mru"} }, "exports[0].cache.ssd_policy"},
 		{"admission", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", RAMAdmission: "nhit:zero"} }, "exports[0].cache.ram_admission"},
@@ -377,4 +391,32 @@ func TestReductionDedupeAccepted(t *testing.T) {
 	r, err := c.Exports[0].Cache.ReductionLevel()
 	require.NoError(t, err)
 	require.Equal(t, cache.ReductionDedupe, r)
+}
+
+// TestScrubSchedule: the scrub's schedule from the config file: the defaults when absent, 0 as
+// given (never; no limit), a rate with or without "/s".
+func TestScrubSchedule(t *testing.T) {
+	for _, tc := range []struct {
+		yaml  string
+		every time.Duration
+		rate  int64
+	}{
+		{"", 168 * time.Hour, 64 << 20},
+		{"scrub: {}", 168 * time.Hour, 64 << 20},
+		{"scrub: {every: 24h}", 24 * time.Hour, 64 << 20},
+		{"scrub: {every: 0}", 0, 64 << 20},
+		{"scrub: {rate: 0}", 168 * time.Hour, 0},
+		{"scrub: {every: 12h30m, rate: 100MiB/s}", 12*time.Hour + 30*time.Minute, 100 << 20},
+		{"scrub: {rate: 1GiB}", 168 * time.Hour, 1 << 30},
+	} {
+		t.Run(tc.yaml, func(t *testing.T) {
+			c, err := Parse([]byte("exports:\n  - backend: file:///a\n    cache:\n      ssd: /ssd\n      "+tc.yaml+"\n"), "t.yaml")
+			require.NoError(t, err)
+			require.NoError(t, c.Validate(schemes))
+			every, rate, err := c.Exports[0].Cache.Scrub.Schedule()
+			require.NoError(t, err)
+			require.Equal(t, tc.every, every)
+			require.Equal(t, tc.rate, rate)
+		})
+	}
 }

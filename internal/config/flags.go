@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/units"
 )
 
 // Flag is one setting that `tierblk serve` takes on its command line, declared once: serve makes
@@ -136,6 +137,12 @@ var Flags = []Flag{
 		func(c *Cache, v string) { c.Congestion = v }),
 	cacheFlag("reduction", "reduction", "what the SSD tier stores no more of: off; zero (zero blocks take no SSD write or read); compress (the default: zero blocks, and every other block compressed: the tier holds more, for more index RAM per line); or dedupe (as compress, and a block with the bytes of one the tier holds is stored as a reference to it; about 72 bytes of RAM per unit remembered)",
 		func(c *Cache, v string) { c.Reduction = v }),
+	scrubFlag("scrub-every", "every", fmt.Sprintf("%gh", DefaultScrubEvery.Hours()),
+		"scrub the SSD tier (read and check every block it stores) this long after the start and then as often (0: never)",
+		func(s *Scrub, v string) { s.Every = v }),
+	scrubFlag("scrub-rate", "rate", units.FormatSize(DefaultScrubRate)+"/s",
+		"the most a scheduled scrub reads a second, e.g. 100MiB/s (0: as fast as the SSD goes)",
+		func(s *Scrub, v string) { s.Rate = v }),
 	dirtyFlag("dirty-high", "high", cache.DefaultWriteBack.High, "write-back: destage starts when this ratio of the SSD tier's lines is dirty", func(w *WriteBack) **float64 { return &w.High }),
 	dirtyFlag("dirty-low", "low", cache.DefaultWriteBack.Low, "write-back: destage stops below this ratio of dirty lines", func(w *WriteBack) **float64 { return &w.Low }),
 	dirtyFlag("dirty-max", "max", cache.DefaultWriteBack.Max, "write-back: writes wait rather than let dirty lines pass this ratio", func(w *WriteBack) **float64 { return &w.Max }),
@@ -207,6 +214,13 @@ func dirtyFlag(name, field string, def float64, usage string, ratio func(*WriteB
 		*ratio(&c.WriteBack) = &x
 	})
 	f.Kind, f.Def = Ratio64, strconv.FormatFloat(def, 'g', -1, 64)
+	return f
+}
+
+// scrubFlag declares a setting of the first export's scrub schedule.
+func scrubFlag(name, field, def, usage string, set func(*Scrub, string)) Flag {
+	f := cacheFlag(name, "scrub."+field, usage, func(c *Cache, v string) { set(&c.Scrub, v) })
+	f.Def = def
 	return f
 }
 

@@ -119,6 +119,9 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		return errors.Join(err, srv.Shutdown(sctx))
 	}
 	log.Info("serving", "exports", len(exports), "listen", addrs)
+	// The scrubs stop first when the stop begins: they would only hold it up.
+	stopScrubs := scheduleScrubs(scrubSchedules(cfg, caches, log), realTicker, log)
+	defer stopScrubs()
 	// READY=1 only now: every listener accepts and every device is attached, so a unit ordered
 	// after this one (a mount of /dev/nbdN, a client) finds them.
 	n.setStatus(servingStatus(len(exports), addrs, sources), "READY=1")
@@ -143,6 +146,7 @@ wait:
 		}
 	}
 	n.setStatus("stopping: finishing in-flight requests", "STOPPING=1")
+	stopScrubs()
 	last := final()
 	// The devices go first: their last requests (the page cache's writes, the flush of a
 	// clean removal) still need the server and the volumes.

@@ -261,8 +261,182 @@ func TestFlushInProgressMetrics(t *testing.T) {
 	for range 2 {
 		rec := <-done
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
-		require.True(t, strings.HasSuffix(rec.Body.String(), `{"ok":true}`+"\n"), rec.Body.String())
+		lines := strings.Split(strings.TrimSpace(rec.Body.String()), "\n")
+		require.True(t, strings.HasPrefix(lines[len(lines)-1], `{"ok":true`), rec.Body.String())
 	}
 	require.Zero(t, gauge("tierblk_cache_flushes_in_progress"))
 	require.Zero(t, gauge("tierblk_cache_flush_start_time_seconds"))
+}
+
+// scrubCache is a cache of 64 lines over a mem backend, with an SSD tier that admits every line
+// on a mem device it returns: in write-through it holds lines clean lines, read; in write-back
+// lines dirty lines, written. The data is at offset 0.
+func scrubCache(t *testing.T, mode cache.Mode, lines int) (*cache.Cache, *mem.Mem, []byte) {
+	t.Helper()
+	b, ssd := mem.New(1<<20), mem.New(64*testLine)
+	data := make([]byte, lines*testLine)
+	rand.NewChaCha8([32]byte{2}).Read(data)
+	c, err := cache.New(b, cache.Config{LineSize: testLine, Mode: mode, BackendID: "test",
+		SSD: cache.TierConfig{Size: 64 * testLine, Admission: "always"}, SSDDevice: ssd, Meta: meta.NewMem(),
+		WriteBack: cache.WriteBackConfig{Throttle: "none"}})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	if mode == cache.WriteBack {
+		_, err = c.WriteAt(data, 0)
+	} else {
+		_, err = b.WriteAt(data, 0)
+		require.NoError(t, err)
+		_, err = c.ReadAt(make([]byte, len(data)), 0)
+	}
+	require.NoError(t, err)
+	require.EqualValues(t, lines, c.Stats().Tiers[0].Lines)
+	return c, ssd, data
+}
+
+// rot flips a byte in every 16 of dev, as bit rot would: every block stored there fails its sum.
+func rot(t *testing.T, dev *mem.Mem) {
+	t.Helper()
+	buf := make([]byte, dev.Size())
+	_, err := dev.ReadAt(buf, 0)
+	require.NoError(t, err)
+	for i := 7; i < len(buf); i += 16 {
+		buf[i] ^= 0x5a
+	}
+	_, err = dev.WriteAt(buf, 0)
+	require.NoError(t, err)
+}
+
+// TestScrubAction scrubs an SSD tier whose device rotted: clean blocks are found damaged and read
+// from the backend again; dirty ones are lost, and the final line lists their range. The scrub is
+// paced (?rate=), so progress lines come, each with the figures so far.
+func TestScrubAction(t *testing.T) {
+	defer func(p time.Duration) { scrubPoll = p }(scrubPoll)
+	scrubPoll = 10 * time.Millisecond
+	const lines = 8
+	for _, tc := range []struct {
+		mode cache.Mode
+		lost bool
+	}{{cache.WriteThrough, false}, {cache.WriteBack, true}} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			c, ssd, data := scrubCache(t, tc.mode, lines)
+			rot(t, ssd)
+			h := NewHandler(func() []Source { return []Source{CacheSource("disk0", c)} })
+			// 8 blocks of 4 KiB at 64 KiB/s: half a second.
+			_, answer := post(t, h, "POST", "/scrub?export=disk0&rate=64KiB/s")
+			final := answer[len(answer)-1]
+			require.True(t, final.OK, "%+v", final)
+			require.NotNil(t, final.Scrub)
+			require.NotNil(t, final.Lost)
+			sc := *final.Scrub
+			require.False(t, sc.Running)
+			require.EqualValues(t, lines, sc.Lines)
+			require.EqualValues(t, lines, sc.Done)
+			require.EqualValues(t, lines*testLine, sc.Bytes)
+			require.EqualValues(t, lines, sc.Damaged)
+			require.Positive(t, sc.Ended)
+			require.Empty(t, sc.Err)
+
+			progress := answer[:len(answer)-1]
+			require.NotEmpty(t, progress, "a paced scrub reports its progress")
+			for _, l := range progress {
+				require.False(t, l.Final(), "a final line before the end: %+v", l)
+				require.NotNil(t, l.Scrub)
+				require.True(t, l.Scrub.Running)
+				require.EqualValues(t, lines, l.Total)
+				require.EqualValues(t, l.Scrub.Done, l.Done)
+				require.LessOrEqual(t, l.Scrub.Damaged, sc.Damaged)
+			}
+
+			buf := make([]byte, testLine)
+			if tc.lost {
+				require.EqualValues(t, lines, sc.Lost)
+				require.Equal(t, cache.LostStats{Bytes: lines * testLine, Ranges: []meta.Range{{Off: 0, Len: lines * testLine}}, Blocks: lines}, *final.Lost)
+				_, err := c.ReadAt(buf, 0)
+				require.ErrorIs(t, err, cache.ErrLost)
+				return
+			}
+			require.Zero(t, sc.Lost)
+			require.Zero(t, final.Lost.Bytes)
+			require.Empty(t, final.Lost.Ranges)
+			got := make([]byte, len(data))
+			_, err := c.ReadAt(got, 0)
+			require.NoError(t, err)
+			require.Equal(t, data, got, "clean data is read from the backend again")
+		})
+	}
+}
+
+// TestScrubRefused: what cannot be scrubbed is refused before the answer starts, with a status
+// that says why; a scrub that finds another one running once started ends with the error.
+func TestScrubRefused(t *testing.T) {
+	ram, err := cache.New(mem.New(1<<20), cache.Config{LineSize: testLine, BackendID: "test", RAM: cache.TierConfig{Size: 8 * testLine}})
+	require.NoError(t, err)
+	t.Cleanup(func() { ram.Close() })
+	ssdStats := func() cache.Stats { return cache.Stats{Tiers: []cache.TierStats{{Name: "ssd"}}} }
+	fake := func(name string, stats func() cache.Stats, scrub func(context.Context, int64) (cache.ScrubStats, error)) Source {
+		return Source{Export: name, Stats: stats, Scrub: scrub,
+			FlushAll: func(context.Context, func(done, total int64)) error { return nil },
+			SetMode:  func(context.Context, cache.Mode, func(done, total int64)) error { return nil }}
+	}
+	running := fake("running", func() cache.Stats {
+		s := ssdStats()
+		s.Scrub = cache.ScrubStats{Running: true, Lines: 400, Done: 100}
+		return s
+	}, func(context.Context, int64) (cache.ScrubStats, error) {
+		panic("scrubbed while a scrub runs")
+	})
+	raced := fake("raced", ssdStats, func(context.Context, int64) (cache.ScrubStats, error) {
+		return cache.ScrubStats{Running: true}, cache.ErrScrubRunning
+	})
+	h := NewHandler(func() []Source {
+		return []Source{CacheSource("ram", ram), running, raced, fake("old", ssdStats, nil), {Export: "plain"}}
+	})
+	for _, tc := range []struct {
+		method, target string
+		code           int
+		want           string
+	}{
+		{"POST", "/scrub?export=ram", http.StatusConflict, `export "ram" has no SSD tier to scrub`},
+		{"POST", "/scrub?export=running", http.StatusConflict, `export "running": a scrub of its SSD tier is already running (100 of 400 lines checked)`},
+		{"POST", "/scrub?export=old", http.StatusConflict, `export "old": its cache cannot be scrubbed`},
+		{"POST", "/scrub?export=plain", http.StatusConflict, `export "plain" has no cache`},
+		{"POST", "/scrub?export=nope", http.StatusNotFound, `no export "nope"`},
+		{"POST", "/scrub?export=raced&rate=fast", http.StatusBadRequest, `rate "fast" is not a size a second`},
+		{"GET", "/scrub?export=raced", http.StatusMethodNotAllowed, "takes POST only"},
+	} {
+		t.Run(tc.method+" "+tc.target, func(t *testing.T) {
+			rec, _ := post(t, h, tc.method, tc.target)
+			require.Equal(t, tc.code, rec.Code, rec.Body.String())
+			require.Contains(t, rec.Body.String(), tc.want)
+		})
+	}
+	_, lines := post(t, h, "POST", "/scrub?export=raced")
+	require.Equal(t, []ActionLine{{Error: cache.ErrScrubRunning.Error()}}, lines)
+}
+
+// TestScrubCancelledWithTheRequest: a client that goes away stops its scrub.
+func TestScrubCancelledWithTheRequest(t *testing.T) {
+	started := make(chan int64, 1)
+	stopped := make(chan error, 1)
+	src := Source{Export: "disk0", Stats: func() cache.Stats { return cache.Stats{Tiers: []cache.TierStats{{Name: "ssd"}}} },
+		FlushAll: func(context.Context, func(done, total int64)) error { return nil },
+		SetMode:  func(context.Context, cache.Mode, func(done, total int64)) error { return nil },
+		Scrub: func(ctx context.Context, rate int64) (cache.ScrubStats, error) {
+			started <- rate
+			<-ctx.Done()
+			stopped <- ctx.Err()
+			return cache.ScrubStats{}, ctx.Err()
+		}}
+	h := NewHandler(func() []Source { return []Source{src} })
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequestWithContext(ctx, "POST", "/scrub?rate=100MiB", nil)
+	req.Host = "127.0.0.1:9810"
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { h.ServeHTTP(rec, req); close(done) }()
+	require.Equal(t, int64(100<<20), <-started)
+	cancel()
+	require.ErrorIs(t, <-stopped, context.Canceled)
+	<-done
+	require.True(t, strings.HasSuffix(rec.Body.String(), `{"error":"context canceled"}`+"\n"), rec.Body.String())
 }

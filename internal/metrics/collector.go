@@ -10,7 +10,7 @@ import (
 )
 
 // statMetric is one series read from a part S of a snapshot: a tierSnap per tier, the backend's
-// IOStats or the DirtyStats per export.
+// IOStats, or the DirtyStats, LostStats or ScrubStats per export.
 type statMetric[S any] struct {
 	desc  *prometheus.Desc
 	typ   prometheus.ValueType
@@ -56,6 +56,10 @@ var (
 			func(t tierSnap) float64 { return float64(t.Invalidations) }},
 		{tierDesc("tierblk_cache_errors_total", "I/O errors of this tier's storage."), prometheus.CounterValue,
 			func(t tierSnap) float64 { return float64(t.Errors) }},
+		{tierDesc("tierblk_cache_checksum_errors_total", "Blocks read from this tier whose bytes did not match their checksums: clean ones were read from the backend again, dirty ones are lost (tierblk_cache_lost_blocks_total)."), prometheus.CounterValue,
+			func(t tierSnap) float64 { return float64(t.ChecksumErrors) }},
+		{tierDesc("tierblk_cache_checksums_adopted_total", "Dirty blocks that did not match their checksums after an unclean stop (a write under way), taken as they were."), prometheus.CounterValue,
+			func(t tierSnap) float64 { return float64(t.Adopted) }},
 		{tierDesc("tierblk_cache_lines", "Lines held by this tier now."), prometheus.GaugeValue,
 			func(t tierSnap) float64 { return float64(t.Lines) }},
 		{tierDesc("tierblk_cache_capacity_lines", "Lines this tier can hold."), prometheus.GaugeValue,
@@ -143,6 +147,23 @@ var (
 		{exportDesc("tierblk_cache_backend_waits_total", "Retries of writes that had to reach a failing backend at once (around a full SSD tier)."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return float64(d.BackendWaits) }},
 	}
+	lostMetrics = []statMetric[cache.LostStats]{
+		{exportDesc("tierblk_cache_lost_bytes", "Bytes in lost ranges now: dirty data the SSD tier damaged before it reached the backend; reads of them fail until they are written again."), prometheus.GaugeValue,
+			func(l cache.LostStats) float64 { return float64(l.Bytes) }},
+		{exportDesc("tierblk_cache_lost_blocks_total", "Dirty blocks lost since the start: they failed their checksums before they were written back."), prometheus.CounterValue,
+			func(l cache.LostStats) float64 { return float64(l.Blocks) }},
+	}
+	// scrubMetrics describe the SSD tier's scrub under way, or the last one (zero before any).
+	scrubMetrics = []statMetric[cache.ScrubStats]{
+		{exportDesc("tierblk_cache_scrub_running", "1 while a scrub reads and checks the SSD tier's blocks, else 0."), prometheus.GaugeValue,
+			func(s cache.ScrubStats) float64 { return boolValue(s.Running) }},
+		{exportDesc("tierblk_cache_scrub_progress_ratio", "The lines the scrub under way (or the last one) has checked, over those the SSD tier held when it started; 0 before any scrub."), prometheus.GaugeValue,
+			scrubProgress},
+		{exportDesc("tierblk_cache_scrub_damaged_blocks", "Blocks that failed their checksums in the scrub under way, or the last one."), prometheus.GaugeValue,
+			func(s cache.ScrubStats) float64 { return float64(s.Damaged) }},
+		{exportDesc("tierblk_cache_scrub_last_end_time_seconds", "When the last scrub of the SSD tier ended, in seconds since the Unix epoch; 0 before any has ended since the start, and while one runs."), prometheus.GaugeValue,
+			func(s cache.ScrubStats) float64 { return s.Ended }},
+	}
 	// dirtyWatermark is present for a cache with write-back set up (a maximum above 0).
 	dirtyWatermark = prometheus.NewDesc("tierblk_cache_dirty_watermark_ratio",
 		"Write-back's watermarks, as ratios of the SSD tier's lines (compare tierblk_cache_dirty_ratio): destage starts above high and stops below low; writes wait at max.",
@@ -156,6 +177,17 @@ var (
 	requestDuration = prometheus.NewDesc("tierblk_request_duration_seconds",
 		"Time to complete a client request through the cache.", []string{"export", "op"}, nil)
 )
+
+// scrubProgress is the scrub's lines done over its lines, 1 for one that ended on an empty tier.
+func scrubProgress(s cache.ScrubStats) float64 {
+	switch {
+	case s.Lines > 0:
+		return float64(s.Done) / float64(s.Lines)
+	case s.Ended > 0:
+		return 1
+	}
+	return 0
+}
 
 // cacheCollector turns the sources' snapshots into const metrics at every scrape, so the cache
 // keeps its own lock-free counters and nothing is registered or unregistered as exports change.
@@ -175,6 +207,12 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- m.desc
 	}
 	for _, m := range dirtyMetrics {
+		ch <- m.desc
+	}
+	for _, m := range lostMetrics {
+		ch <- m.desc
+	}
+	for _, m := range scrubMetrics {
 		ch <- m.desc
 	}
 	ch <- dirtyWatermark
@@ -205,6 +243,12 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, m := range dirtyMetrics {
 			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Dirty), src.Export)
+		}
+		for _, m := range lostMetrics {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Lost), src.Export)
+		}
+		for _, m := range scrubMetrics {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(s.Scrub), src.Export)
 		}
 		if s.Dirty.Max > 0 {
 			for _, w := range []struct {

@@ -1,7 +1,7 @@
 // Package metrics is tierblk's admin HTTP endpoint: Prometheus metrics at /metrics and a JSON
 // snapshot of every export's cache at /stats, both built from cache.Stats snapshots taken at request
 // time (and the NBD server's refused connections, counted by reason), and the admin actions POST
-// /flush and POST /mode (see actions.go).
+// /flush, /mode, /heal and /scrub (see actions.go).
 //
 // The admin endpoint has no authentication, so it must never listen anywhere but on loopback or a
 // unix socket. It must never change a cache but through those actions, which the cache makes safe
@@ -33,10 +33,12 @@ import (
 type Source struct {
 	Export string
 	Stats  func() cache.Stats
-	// FlushAll, SetMode and Heal are the cache's (see cache.Cache); the admin actions call them.
+	// FlushAll, SetMode, Heal and Scrub are the cache's (see cache.Cache); the admin actions call
+	// them.
 	FlushAll func(ctx context.Context, progress func(done, total int64)) error
 	SetMode  func(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
 	Heal     func() error
+	Scrub    func(ctx context.Context, rate int64) (cache.ScrubStats, error)
 }
 
 // StatsResponse is the body of GET /stats.
@@ -135,6 +137,7 @@ func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers
 			"POST /flush?export=NAME         write every dirty line back and flush the backend (tierblk flush)\n"+
 			"POST /mode?export=NAME&mode=M   switch the cache's mode (tierblk mode)\n"+
 			"POST /heal?export=NAME          retry a bypassed SSD tier now (tierblk heal)\n"+
+			"POST /scrub?export=NAME&rate=R  read and check every block of the SSD tier (tierblk scrub)\n"+
 			"/debug/pprof/                   Go profiles: CPU, heap, goroutines, mutex contention (go tool pprof)\n")
 	})
 	handleActions(admin, sources, flushes)

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/meta"
 )
 
 // fakeStats is a snapshot with distinct numbers everywhere, so a value read from the wrong field
@@ -35,8 +36,13 @@ func fakeStats() cache.Stats {
 			{Name: "ssd", Policy: "lru", Admission: "nhit:2", Hits: 60, Misses: 40, HitBytes: 60 * 65536,
 				Promotions: 11, Evictions: 13, Invalidations: 17, Lines: 4000, Capacity: 16384, LineBytes: 4000 * 65536,
 				Errors: 2, Failed: true, Reason: "write: input/output error", Rejected: 19, Congested: 5, CongestedNow: true,
-				LogicalBytes: 200 << 20, PhysicalBytes: 80 << 20, ReductionRatio: 2.5, Reduction: "zero"},
+				LogicalBytes: 200 << 20, PhysicalBytes: 80 << 20, ReductionRatio: 2.5, Reduction: "zero",
+				ChecksumErrors: 23, Adopted: 29},
 		},
+		Lost: cache.LostStats{Bytes: 3 * 4096, Ranges: []meta.Range{{Off: 65536, Len: 4096}, {Off: 1 << 20, Len: 8192}}, Blocks: 31},
+		// A scrub cut short a quarter of the way.
+		Scrub: cache.ScrubStats{Lines: 4000, Done: 1000, Bytes: 1000 * 65536, Damaged: 37, Lost: 3,
+			Started: 1.7e9, Ended: 1.7e9 + 120, Err: "context canceled"},
 		Backend: cache.IOStats{Reads: 40, Writes: 20, ReadBytes: 40 * 65536, WriteBytes: 20 * 4096, Errors: 1},
 		Dirty: cache.DirtyStats{Lines: 300, Bytes: 300 * 65536, Ratio: 0.125, High: 0.5, Low: 0.25, Max: 0.9,
 			Destaging: true, DestagedBytes: 7 << 20, DestageWrites: 21, DestageErrors: 4, ThrottledWrites: 33, ThrottleSeconds: 2.5,
@@ -214,6 +220,9 @@ func TestHandlerMetricsTiersAndBackend(t *testing.T) {
 		{"tierblk_cache_evictions_total", "ssd", dto.MetricType_COUNTER, 13},
 		{"tierblk_cache_invalidations_total", "ssd", dto.MetricType_COUNTER, 17},
 		{"tierblk_cache_errors_total", "ssd", dto.MetricType_COUNTER, 2},
+		{"tierblk_cache_checksum_errors_total", "ssd", dto.MetricType_COUNTER, 23},
+		{"tierblk_cache_checksum_errors_total", "ram", dto.MetricType_COUNTER, 0},
+		{"tierblk_cache_checksums_adopted_total", "ssd", dto.MetricType_COUNTER, 29},
 		{"tierblk_cache_lines", "ssd", dto.MetricType_GAUGE, 4000},
 		{"tierblk_cache_capacity_lines", "ssd", dto.MetricType_GAUGE, 16384},
 		{"tierblk_cache_bytes", "ram", dto.MetricType_GAUGE, 512 * 65536},
@@ -232,6 +241,12 @@ func TestHandlerMetricsTiersAndBackend(t *testing.T) {
 		{"tierblk_backend_read_bytes_total", "", dto.MetricType_COUNTER, 40 * 65536},
 		{"tierblk_backend_write_bytes_total", "", dto.MetricType_COUNTER, 20 * 4096},
 		{"tierblk_backend_errors_total", "", dto.MetricType_COUNTER, 1},
+		{"tierblk_cache_lost_bytes", "", dto.MetricType_GAUGE, 3 * 4096},
+		{"tierblk_cache_lost_blocks_total", "", dto.MetricType_COUNTER, 31},
+		{"tierblk_cache_scrub_running", "", dto.MetricType_GAUGE, 0},
+		{"tierblk_cache_scrub_progress_ratio", "", dto.MetricType_GAUGE, 0.25},
+		{"tierblk_cache_scrub_damaged_blocks", "", dto.MetricType_GAUGE, 37},
+		{"tierblk_cache_scrub_last_end_time_seconds", "", dto.MetricType_GAUGE, 1.7e9 + 120},
 	} {
 		t.Run(tc.name+"/"+tc.tier, func(t *testing.T) {
 			labels := map[string]string{"export": "disk0"}
@@ -301,6 +316,9 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 		`tierblk_cache_throttle_seconds_total{export="disk0"} 2.5`,
 		`tierblk_cache_destage_bytes_per_second{export="disk0"} 1.048576e+06`,
 		`tierblk_cache_throttle_delay_seconds{export="disk0"} 0.003`,
+		`tierblk_cache_checksum_errors_total{export="disk0",tier="ssd"} 23`,
+		`tierblk_cache_lost_bytes{export="disk0"} 12288`,
+		`tierblk_cache_scrub_last_end_time_seconds{export="disk0"} 1.70000012e+09`,
 	} {
 		require.Contains(t, body, line+"\n")
 	}
@@ -464,6 +482,7 @@ func TestMetricsHandler(t *testing.T) {
 		{"POST", "/flush?export=disk0", http.StatusNotFound},
 		{"POST", "/mode?export=disk0&mode=writethrough", http.StatusNotFound},
 		{"POST", "/heal?export=disk0", http.StatusNotFound},
+		{"POST", "/scrub?export=disk0", http.StatusNotFound},
 		{"GET", "/debug/pprof/", http.StatusNotFound},
 		{"POST", "/stats", http.StatusMethodNotAllowed},
 	} {
@@ -478,5 +497,22 @@ func TestMetricsHandler(t *testing.T) {
 				require.Contains(t, rec.Body.String(), `export="disk0"`)
 			}
 		})
+	}
+}
+
+func TestScrubProgress(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    cache.ScrubStats
+		want float64
+	}{
+		{"never", cache.ScrubStats{}, 0},
+		{"starting", cache.ScrubStats{Running: true, Lines: 8}, 0},
+		{"halfway", cache.ScrubStats{Running: true, Lines: 8, Done: 4}, 0.5},
+		{"done", cache.ScrubStats{Lines: 8, Done: 8, Ended: 1}, 1},
+		{"cut short", cache.ScrubStats{Lines: 8, Done: 2, Ended: 1, Err: "context canceled"}, 0.25},
+		{"empty tier", cache.ScrubStats{Ended: 1}, 1},
+	} {
+		require.Equal(t, tc.want, scrubProgress(tc.s), tc.name)
 	}
 }

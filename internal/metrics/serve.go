@@ -103,7 +103,7 @@ func (e Endpoints) Serve(h Handlers, log *slog.Logger) (stop func() error, err e
 		h                 http.Handler
 		serve             func(context.Context, string, http.Handler, *slog.Logger) (string, func() error, error)
 	}{
-		{"admin", e.Admin, "/metrics /stats /flush /mode /heal", h.Admin, Serve},
+		{"admin", e.Admin, "/metrics /stats /flush /mode /heal /scrub", h.Admin, Serve},
 		{"metrics", e.Metrics, "/metrics /stats", h.Metrics, ServeMetrics},
 	} {
 		if ep.addr == "" {

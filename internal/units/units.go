@@ -73,3 +73,17 @@ func FormatSize(n int64) string {
 	}
 	return strconv.FormatInt(n, 10)
 }
+
+// ParseRate parses a rate in bytes a second, written as a size ("64MiB", ParseSize) with or
+// without "/s" ("64MiB/s"); "0" is 0, which callers take as no limit.
+func ParseRate(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	if r, ok := strings.CutSuffix(t, "/s"); ok {
+		t = r
+	}
+	n, err := ParseSize(t)
+	if err != nil {
+		return 0, fmt.Errorf("rate %q is not a size a second (%v); write e.g. 64MiB/s, or 0 for no limit", s, err)
+	}
+	return n, nil
+}

@@ -50,3 +50,34 @@ func TestFormatSize(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRate(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "0", want: 0},
+		{in: "64MiB", want: 64 << 20},
+		{in: "64MiB/s", want: 64 << 20},
+		{in: " 100M/s ", want: 100 << 20},
+		{in: "1.5GiB/s", want: 3 << 29},
+		{in: "4096", want: 4096},
+		{in: "", bad: true},
+		{in: "/s", bad: true},
+		{in: "-1MiB/s", bad: true},
+		{in: "fast", bad: true},
+		{in: "64MiB/min", bad: true},
+	} {
+		got, err := ParseRate(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("ParseRate(%q) = %d, want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("ParseRate(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
