@@ -220,3 +220,65 @@ func TestDamageRepairedFromRAM(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordsWithoutChecksums starts on an SSD tier whose records have no checksums, as a tierblk
+// from before them wrote: its dirty blocks are read once for their sums and keep their data; its
+// clean blocks are dropped and read from the backend; nothing reads wrong, and damage found after
+// that is caught.
+func TestRecordsWithoutChecksums(t *testing.T) {
+	const line = 16 << 10
+	for _, r := range []Reduction{ReductionOff, ReductionCompress} {
+		t.Run(r.String(), func(t *testing.T) {
+			l := withReduction(layout{line: line, ssd: 32, mode: WriteBack}, r)
+			devSize := int64(8 * line)
+			back, ssd, store := newCrashDev(devSize), newCrashDev(l.ssd*l.line), meta.NewMem()
+			want := make([]byte, devSize)
+			stamp(want, 0, 1)
+			_, err := back.WriteAt(want, 0)
+			require.NoError(t, err)
+			start := func() *Cache {
+				g := &gate{}
+				return newCache(t, gatedDev{g, back}, l, gatedStore{g, store}, gatedDev{g, ssd})
+			}
+			c := start()
+			for range 2 { // clean lines
+				_, err := c.ReadAt(make([]byte, devSize), 0)
+				require.NoError(t, err)
+			}
+			for ln := int64(0); ln < 8; ln += 2 { // dirty blocks in every other line
+				off := ln*line + blockSize
+				stamp(want[off:off+blockSize], int(off/sector), 3)
+				_, err := c.WriteAt(want[off:off+blockSize], off)
+				require.NoError(t, err)
+			}
+			require.NoError(t, c.Close())
+
+			var ops []meta.Op
+			require.NoError(t, store.Lines(func(r meta.Line) error {
+				require.NotNil(t, r.Sum, "line %d was stored without checksums", r.Line)
+				r.Sum = nil
+				ops = append(ops, meta.Op{Rec: r})
+				return nil
+			}))
+			require.NoError(t, store.Commit(ops, true))
+
+			c = start()
+			defer c.Close()
+			for ln := range uint64(8) {
+				_, dirty := c.ssd.bits(ln)
+				if ln%2 == 0 {
+					require.Equal(t, rangeBits(1, 2), dirty, "line %d keeps its dirty block", ln)
+				} else {
+					require.False(t, c.ssd.holds(ln, rangeBits(0, 1)), "line %d, clean, was kept without checksums", ln)
+				}
+			}
+			got := make([]byte, devSize)
+			_, err = c.ReadAt(got, 0)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(want, got), "the data read after the start differs")
+			damages[0].do(ssd)
+			_, err = c.ReadAt(got[:blockSize], blockSize) // line 0's dirty block
+			require.ErrorIs(t, err, ErrLost, "a dirty block damaged after the start")
+		})
+	}
+}
