@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -281,4 +282,63 @@ func TestRecordsWithoutChecksums(t *testing.T) {
 			require.ErrorIs(t, err, ErrLost, "a dirty block damaged after the start")
 		})
 	}
+}
+
+// TestScrub damages chosen blocks of a tier of slots, clean and dirty, and scrubs it: the scrub
+// finds every one, reports the dirty ones as lost ranges, and a read of a clean one is right.
+func TestScrub(t *testing.T) {
+	const line = 16 << 10
+	l := layout{line: line, ssd: 16, mode: WriteBack}
+	devSize := int64(8 * line)
+	back, ssd := newCrashDev(devSize), newCrashDev(l.ssd*l.line)
+	want := make([]byte, devSize)
+	stamp(want, 0, 1)
+	_, err := back.WriteAt(want, 0)
+	require.NoError(t, err)
+	g := &gate{}
+	c := newCache(t, gatedDev{g, back}, l, gatedStore{g, meta.NewMem()}, gatedDev{g, ssd})
+	defer c.Close()
+	for range 2 {
+		_, err := c.ReadAt(make([]byte, devSize), 0)
+		require.NoError(t, err)
+	}
+	dirtyAt := []int64{2*line + blockSize, 5 * line}
+	for _, off := range dirtyAt {
+		stamp(want[off:off+blockSize], int(off/sector), 3)
+		_, err := c.WriteAt(want[off:off+blockSize], off)
+		require.NoError(t, err)
+	}
+	damageAt := append([]int64{0, 3*line + 2*blockSize, 7*line + 3*blockSize}, dirtyAt...)
+	for _, off := range damageAt {
+		slot, ok := c.ssd.slotOf(uint64(off / line))
+		require.True(t, ok)
+		at := int64(slot)*line + off%line + 100
+		ssd.change(func(b []byte) { b[at] ^= 1 })
+	}
+	s, err := c.Scrub(context.Background(), 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 8, s.Lines)
+	require.EqualValues(t, 8, s.Done)
+	require.EqualValues(t, devSize, s.Bytes)
+	require.EqualValues(t, len(damageAt), s.Damaged)
+	require.EqualValues(t, len(dirtyAt), s.Lost)
+	var lost []meta.Range
+	for _, off := range dirtyAt {
+		lost = append(lost, meta.Range{Off: off, Len: blockSize})
+	}
+	require.Equal(t, lost, c.LostRanges())
+	require.False(t, c.Stats().Scrub.Running)
+	got := make([]byte, blockSize)
+	for _, off := range damageAt {
+		_, err := c.ReadAt(got, off)
+		if slices.Contains(dirtyAt, off) {
+			require.ErrorIs(t, err, ErrLost)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, want[off:off+blockSize], got)
+	}
+	s, err = c.Scrub(context.Background(), 0) // nothing damaged is left on the tier
+	require.NoError(t, err)
+	require.Zero(t, s.Damaged)
 }
