@@ -26,10 +26,11 @@ import (
 // its sum before its bytes: the record with the new sum is queued (and logged) first, under
 // inplace held shared, which a checkpoint takes alone to snapshot the records, so that no
 // committed record has a sum whose bytes were not written yet. After a kill, the run log's records
-// give each such block the sums it may hold (the old and the new, journal.load); after a power cut,
-// which drops the log, a block rewritten since the last checkpoint holds bytes no committed record
-// has the sum of, or a torn mix of sectors, and reads as lost: a torn block cannot be told from a
-// damaged one.
+// give each such block the sums it may hold (the old and the new, journal.load). A power cut drops
+// the log: a packed tier never writes in place a unit a committed record finds (pack.go, inPlace),
+// so every committed sum is still true; a tier of slots takes its dirty blocks as they are after
+// such a stop ("Adopted blocks" below), since one rewritten since the last checkpoint may hold new
+// bytes, or a torn mix of sectors, that no committed record has the sum of.
 
 // castagnoli is the CRC32C table: the CPU computes it (SSE4.2, ARMv8 CRC).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
