@@ -340,11 +340,11 @@ func (c *Cache) openSSD(cfg Config) error {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
 		j.settleSums()
-		if sb.Open && c.lastRun != nil && t.pk == nil {
-			// The last run did not close the tier, and left no run log to tell which writes in
-			// place it made since its last checkpoint: on a tier of slots, its dirty blocks may
-			// hold other bytes than their records' checksums (sum.go, "Adopted blocks"). A
-			// packed tier writes no committed unit in place.
+		if sb.Open && t.pk == nil {
+			// The last run did not close the tier: on a tier of slots, its dirty blocks may hold
+			// other bytes than their records' checksums, written in place since their last
+			// record (sum.go, "Adopted blocks"). A packed tier writes no committed unit in place
+			// and logs its sums.
 			t.mu.Lock()
 			t.adoptDirtyLocked()
 			t.mu.Unlock()
@@ -476,6 +476,7 @@ func (c *Cache) Close() error {
 			c.bg.wait()
 		}
 		if !c.ssd.failed.Load() {
+			c.ssd.j.recordResummed()
 			backendErr, tierErr := c.ssd.j.checkpoint()
 			errs = append(errs, backendErr, tierErr)
 			if backendErr == nil && tierErr == nil {

@@ -533,9 +533,9 @@ func runCrashes(t *testing.T, l layout, wide bool, kind crashKind, base, seed ui
 			m.ssd.powerLoss(rng, rng.Float64())
 		}
 		// Damage, at times: never a wrong byte after the restart. Not on a tier of slots in
-		// write-back after a crash that leaves no run log: it takes its dirty blocks as they
-		// are then, rewritten in place or not (sum.go, "Adopted blocks").
-		if adopts := l.mode == WriteBack && l.reduction < ReductionCompress && kind != kill9Logged; !adopts && rng.IntN(3) == 0 {
+		// write-back: it takes its dirty blocks as they are after a crash, rewritten in place
+		// or not (sum.go, "Adopted blocks").
+		if adopts := l.mode == WriteBack && l.reduction < ReductionCompress; !adopts && rng.IntN(3) == 0 {
 			m.damage(rng)
 		}
 		c.Close() // stops the abandoned engine's checkpoint loop; every call it makes fails

@@ -100,6 +100,9 @@ type journal struct {
 	fixes   []sumFix
 	// sbMu orders the changes of the superblock after the start (updateSuperblock).
 	sbMu sync.Mutex
+	// resummed holds the lines of a tier of slots whose sums changed by writes in place since
+	// their last record (guarded by the tier's mu; resummedLocked).
+	resummed lineSet
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
 	// checkpoint never commits a line's older record after a newer invalidation.
@@ -143,6 +146,7 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 		invalidatedSinceSnapshot: map[uint64]lineBits{},
 		checkpointSoon:           make(chan struct{}, 1),
 		healFirst:                firstHealDelay,
+		resummed:                 newLineSet(t.lines),
 	}
 	t.j = j
 	return j
