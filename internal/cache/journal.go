@@ -199,21 +199,6 @@ func (j *journal) storedWithoutLocked(line uint64, bits lineBits) (op meta.Op, g
 	return j.without(b, bits), bits, !bitsFromWords(b.Rec.Valid).and(bits).isZero()
 }
 
-// unitCommittedLocked reports whether a record the store holds, or one the checkpoint under way is
-// committing, may find unit l for block b of line, in slot: one whose bytes must stay those of
-// the record's sum, never written in place (pack.go, inPlace).
-func (j *journal) unitCommittedLocked(line uint64, slot uint32, b int, l uint64) bool {
-	if !j.uncommittedLocked(line) {
-		return true // the store holds the line as the tier does
-	}
-	for _, op := range [2]meta.Op{j.stored[line], j.snapshot[line]} {
-		if !op.Delete && op.Rec.Slot == slot && b < len(op.Rec.Loc) && op.Rec.Loc[b] == l {
-			return true
-		}
-	}
-	return false
-}
-
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
 
 // without returns op with the blocks bits neither valid, dirty nor zero: a deletion if none is

@@ -128,6 +128,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	var toRelease []uint64 // a packed tier's dead units, freed as the slots are
 	if t.pk != nil {
 		toRelease, t.pk.dead = t.pk.dead, nil
+		clear(t.pk.fresh) // in the snapshot now
 	}
 	clear(j.invalidatedSinceSnapshot)
 	t.mu.Unlock()

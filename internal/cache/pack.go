@@ -95,6 +95,9 @@ type packed struct {
 	// that reclaim reads around its copies)
 	gen []uint32
 	dd  *dedupe // the content hashes of units (reduction dedupe); nil otherwise
+	// fresh holds the units born since the last checkpoint's snapshot: no committed record, and
+	// none the checkpoint under way commits, can find them (inPlace).
+	fresh map[uint64]struct{}
 
 	io sync.RWMutex
 
@@ -123,12 +126,13 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 	}
 	pk := &packed{
 		dev: dev, blocks: blocks, segSize: seg,
-		locs: make([]uint64, slots*blocks),
-		refs: map[uint64]int32{},
-		hot:  make([]uint64, (slots+63)/64),
-		gen:  make([]uint32, slots),
-		used: make([]int64, n),
-		open: -1,
+		locs:  make([]uint64, slots*blocks),
+		refs:  map[uint64]int32{},
+		hot:   make([]uint64, (slots+63)/64),
+		gen:   make([]uint32, slots),
+		fresh: map[uint64]struct{}{},
+		used:  make([]int64, n),
+		open:  -1,
 	}
 	pk.reserve = max(1, n/64)
 	pk.low = max(pk.reserve+1, n/32)
@@ -284,7 +288,10 @@ func (pk *packed) slotLocs(slot uint32, b0, b1 int) []uint64 {
 }
 
 // bornLocked counts a new unit l as live, with one reference.
-func (pk *packed) bornLocked(l uint64) { pk.stored += int64(locLen(l)) }
+func (pk *packed) bornLocked(l uint64) {
+	pk.stored += int64(locLen(l))
+	pk.fresh[l] = struct{}{}
+}
 
 // shareLocked takes one more reference to the live unit l.
 func (pk *packed) shareLocked(l uint64) { pk.refs[l]++ }
@@ -680,10 +687,11 @@ func twinOf(p []byte, off int64, b0 int, src []byte, h uint64, hashes []uint64, 
 // inPlace returns the unit of block b of slot if an incompressible block may be written over it in
 // place, as a slot is, sparing the new unit and the room reclaim would later free (its record
 // changes only its sum): a dirty block's unit stored as it is (a whole, aligned block), that no
-// other block shares, and that no record the store holds or is committing finds
-// (journal.unitCommittedLocked). So a power cut, which loses the records not committed, leaves
-// every committed record's unit with the bytes of its sum: the first rewrite of a block after a
-// checkpoint goes to a new unit, the next ones into it (sum.go). The caller holds the line's lock,
+// other block shares, and that was born since the last checkpoint's snapshot (fresh): no record the
+// store holds or is committing finds it, the block's own or another line's that shared it once
+// (dedupe). So a power cut, which loses the records not committed, leaves every committed record's
+// unit with the bytes of its sum: the first rewrite of a block after a checkpoint goes to a new
+// unit, the next ones into it (sum.go). The caller holds the line's lock,
 // so no read or destage of the block runs; only reclaim reads units without it, and the slot's gen
 // (odd from the first such write on, *started, until packWrite ends) has it drop the copy of a
 // unit written meanwhile. With dedupe, the unit leaves the table, which names it by its old bytes.
@@ -693,7 +701,10 @@ func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *boo
 	defer t.mu.Unlock()
 	l := pk.slotLocs(slot, b, b+1)[0]
 	if l == 0 || locCodec(l) != codecRaw || locLen(l) != blockSize || pk.refs[l] > 0 ||
-		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) || t.j.unitCommittedLocked(line, slot, b, l) {
+		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) {
+		return 0, false
+	}
+	if _, ok := pk.fresh[l]; !ok {
 		return 0, false
 	}
 	if pk.dd != nil {
@@ -981,6 +992,7 @@ func (pk *packed) claim(l uint64) bool {
 
 // loaded makes the segments with no unit claimed free (the last step of a restart's load).
 func (pk *packed) loaded() {
+	clear(pk.fresh) // the units records found: none is fresh
 	pk.free = pk.free[:0]
 	for s := len(pk.used) - 1; s >= 0; s-- {
 		if pk.used[s] == 0 {
