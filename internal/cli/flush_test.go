@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
@@ -64,14 +63,7 @@ func serveActions(t *testing.T) actionDaemon {
 		SetMode:  func(context.Context, cache.Mode, func(done, total int64)) error { return nil },
 	}
 	sources := []metrics.Source{metrics.CacheSource("disk0", d.cache), {Export: "plain"}, fake, lossy}
-	ctx, cancel := context.WithCancel(context.Background())
-	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
-		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, wait())
-	})
+	bound := serveAdmin(t, sources)
 	d.admin = bound
 	return d
 }

@@ -3,9 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"math/rand/v2"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -61,14 +59,7 @@ func serveScrubs(t *testing.T) string {
 		metrics.CacheSource("sound", open(cache.WriteBack, false)),
 		metrics.CacheSource("ram", ram),
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
-		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, wait())
-	})
+	bound := serveAdmin(t, sources)
 	return bound
 }
 

@@ -45,14 +45,11 @@ func statsFixture() cache.Stats {
 	}
 }
 
-// serveStats runs a real admin endpoint on a unix socket with exports disk0 and disk1.
-func serveStats(t *testing.T) string {
+// serveAdmin runs a real admin endpoint over sources on a unix socket until the test ends, and
+// returns its address.
+func serveAdmin(t *testing.T, sources []metrics.Source) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	sources := []metrics.Source{
-		{Export: "disk0", Stats: statsFixture},
-		{Export: "disk1", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through", LineSize: 4096} }},
-	}
 	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
 		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
@@ -60,6 +57,17 @@ func serveStats(t *testing.T) string {
 		cancel()
 		require.NoError(t, wait())
 	})
+	return bound
+}
+
+// serveStats runs a real admin endpoint on a unix socket with exports disk0 and disk1.
+func serveStats(t *testing.T) string {
+	t.Helper()
+	sources := []metrics.Source{
+		{Export: "disk0", Stats: statsFixture},
+		{Export: "disk1", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through", LineSize: 4096} }},
+	}
+	bound := serveAdmin(t, sources)
 	return bound
 }
 
@@ -255,15 +263,8 @@ func damagedFixture() cache.Stats {
 // TestStatsDamage: the lines of checksum errors, lost data and the scrub come after the dirty
 // line, and only with something to say (TestStatsTable has none).
 func TestStatsDamage(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
 	sources := []metrics.Source{{Export: "disk0", Stats: damagedFixture}}
-	bound, wait, err := metrics.Serve(ctx, "unix:"+filepath.Join(t.TempDir(), "admin.sock"),
-		metrics.NewHandler(func() []metrics.Source { return sources }), slog.New(slog.DiscardHandler))
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, wait())
-	})
+	bound := serveAdmin(t, sources)
 	out, err := statsCmd(statsOpts{admin: bound, now: func() time.Time { return statsNow }})
 	require.NoError(t, err)
 	latency := disk0Table[strings.Index(disk0Table, "latency:"):]
