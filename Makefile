@@ -188,6 +188,8 @@ crash-campaign: deps
 	  exit $$status
 
 # CACHESIM=/path/to/cachesim (libCacheSim, built outside this project) adds the comparison with it.
+# BASELINE=/path/to/tierblk (an older build, e.g. from before the SSD tier's checksums) adds bench
+# cache's checksums part: this build against that one and qemu-nbd (docs/benchmarks.md#checksums).
 # bench nbd's iscsi part (against qemu-nbd over a tgtd LUN) runs only as root: tgtd needs it.
 comma := ,
 NBD_PARTS ?= plain$(comma)tls$(if $(filter 0,$(shell id -u)),$(comma)iscsi)
@@ -195,6 +197,7 @@ bench: deps build
 	@case ",$(NBD_PARTS)," in *,iscsi,*) ;; *) echo "bench nbd: parts $(NBD_PARTS), no iscsi (tgtd needs root)";; esac
 	$(BIN) bench nbd --parts $(NBD_PARTS)
 	$(BIN) bench cache --work $(CURDIR)/.cache/bench-cache
+	$(if $(BASELINE),$(BIN) bench cache --parts checksums --baseline $(BASELINE) --rounds 5 --work $(CURDIR)/.cache/bench-checksums)
 	$(BIN) bench writeback --work $(CURDIR)/.cache/bench-writeback
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 	$(BIN) bench startup --work $(CURDIR)/.cache/bench-startup

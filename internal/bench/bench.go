@@ -204,6 +204,8 @@ type probe struct {
 	runtime, ramp time.Duration
 	// cpu, if not empty, are the processes whose CPU is recorded during each measurement.
 	cpu []Watch
+	// after, if not nil, runs after each measurement, untimed (to flush the server, say).
+	after func() error
 }
 
 // measure runs row on every probe for the given rounds, alternating as Run describes, and returns
@@ -235,6 +237,11 @@ func measure(ctx context.Context, row Row, probes []probe, rounds int, size stri
 					return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
 				}
 				r.addCPU(p.name, p.cpu, cpu1, cpu0)
+			}
+			if p.after != nil {
+				if err := p.after(); err != nil {
+					return Result{}, fmt.Errorf("%s on %s: %w", row.Name, p.name, err)
+				}
 			}
 			if row.Unit == "MiB/s" {
 				v.value = v.bytesPerSec / (1 << 20)

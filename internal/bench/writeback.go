@@ -180,14 +180,20 @@ func RunWriteBack(ctx context.Context, o WriteBackOptions) (WriteBackReport, err
 
 // flush makes the tierblk at the admin socket write back all its dirty data, with `tierblk flush`.
 func (o WriteBackOptions) flush(ctx context.Context, name, admin string) error {
+	return flushTierblk(ctx, o.Tierblk, name, admin, o.Log)
+}
+
+// flushTierblk makes the tierblk called name at the admin socket write back all its dirty data,
+// with `bin flush`, and logs how long that took.
+func flushTierblk(ctx context.Context, bin, name, admin string, log io.Writer) error {
 	began := time.Now()
 	var out bytes.Buffer
-	cmd := exec.CommandContext(ctx, o.Tierblk, flushArgs(admin)...)
+	cmd := exec.CommandContext(ctx, bin, flushArgs(admin)...)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("flush %s: %w: %s", name, err, strings.TrimSpace(out.String()))
 	}
-	fmt.Fprintf(o.Log, "flushed %s in %.1fs\n", name, time.Since(began).Seconds())
+	fmt.Fprintf(log, "flushed %s in %.1fs\n", name, time.Since(began).Seconds())
 	return nil
 }
 

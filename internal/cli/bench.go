@@ -160,9 +160,10 @@ func runBenchPart(ctx context.Context, o benchOpts, part, self, work string) err
 
 type benchCacheOpts struct {
 	bench.CacheOptions
-	parts []string
-	image string // the reduction part's disk image
-	out   io.Writer
+	parts    []string
+	image    string // the reduction part's disk image
+	baseline string // the checksums part's tierblk to compare with
+	out      io.Writer
 }
 
 func newBenchCacheCmd() *cobra.Command {
@@ -210,11 +211,23 @@ collisions, what a tier storing each distinct block's S2 unit once would hold, a
 clones' physical bytes over clone 0's (the goal: at most ` + fmt.Sprint(bench.DedupeGoal) + ` with dedupe). The clones are
 deleted when read; WORK needs room for ` + fmt.Sprint(bench.DedupeClones+1) + ` copies of IMAGE meanwhile, besides the SSD tiers.
 
+Then what checking the SSD tier's checksums costs (--parts checksums, which needs --baseline, a
+tierblk binary of the build to compare with, such as one built from before the checks): for each
+of --reduction ` + strings.Join(bench.ChecksumReductions(), " and ") + `, this tierblk and the baseline, each
+  serve --backend (a file) --ram 0 --ssd WORK/... --ssd-size ` + bench.ChecksumSSD + ` --reduction R
+and qemu-nbd as in the hit part, all in the same rounds. The hit part's rows on a working set
+(--size) written and read once; then 4K random writes at QD32 on five more such servers, the
+tierblks with --mode writeback, over the working set written once, each tierblk flushed (not
+timed) after that and after each of its measurements. Prints the medians, the medians of the
+per-round ratios this/baseline and this/qemu-nbd (lowest-highest), the SSD-tier lookups of the
+hit rows (misses: reads that were not hits) and the CPU each server used.
+
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tier and nbdkit's cache file
 live there.`,
 		Example: `  tierblk bench cache --work .cache/bench-cache
   tierblk bench cache --parts hits --rounds 5
-  tierblk bench cache --parts reduction --image usr.ext4 --rounds 5`,
+  tierblk bench cache --parts reduction --image usr.ext4 --rounds 5
+  tierblk bench cache --parts checksums --baseline /tmp/tierblk-19fdf5f --rounds 5`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -222,8 +235,9 @@ live there.`,
 		},
 	}
 	benchCacheFlags(cmd, &o.CacheOptions)
-	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd), reduction (the SSD tier's data reduction on --image)")
+	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd), reduction (the SSD tier's data reduction on --image), checksums (the hit paths and write-back writes against --baseline and qemu-nbd)")
 	cmd.Flags().StringVar(&o.image, "image", "", "raw disk image the reduction part reads through the cache")
+	cmd.Flags().StringVar(&o.baseline, "baseline", "", "tierblk binary the checksums part compares this one with, e.g. a build from before the checks")
 	return cmd
 }
 
@@ -264,11 +278,14 @@ func workDir(dir, prefix string) (string, func(), error) {
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
-	if err := checkParts(o.parts, "slow", "hits", "reduction"); err != nil {
+	if err := checkParts(o.parts, "slow", "hits", "reduction", "checksums"); err != nil {
 		return err
 	}
 	if slices.Contains(o.parts, "reduction") != (o.image != "") {
 		return usageErrorf("--image goes with --parts reduction, and the reduction part needs it: a raw disk image to read through the cache")
+	}
+	if slices.Contains(o.parts, "checksums") != (o.baseline != "") {
+		return usageErrorf("--baseline goes with --parts checksums, and the checksums part needs it: a tierblk binary to compare this one with")
 	}
 	done, err := prepareCache(&o.CacheOptions)
 	if err != nil {
@@ -301,6 +318,15 @@ func runBenchCache(ctx context.Context, o benchCacheOpts) error {
 		fmt.Fprintf(o.out, "\nReduction: %s (%.1f MiB), and %.1f MiB of random bytes, read once through each tierblk, then hits on all of it: fio, nbd engine, one job, unix socket, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
 			rep.Image, float64(rep.ImageBytes)/(1<<20), float64(rep.RandomBytes)/(1<<20), o.Rounds, o.Runtime)
 		bench.ReductionTable(o.out, rep)
+	}
+	if slices.Contains(o.parts, "checksums") {
+		rep, err := bench.RunChecksums(ctx, o.CacheOptions, o.baseline)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.out, "\nChecksums: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
+			o.Size, o.Rounds, o.Runtime)
+		bench.ChecksumTable(o.out, rep)
 	}
 	return nil
 }
