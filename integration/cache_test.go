@@ -91,6 +91,20 @@ type cacheStats struct {
 	WriteLatency struct {
 		Count uint64 `json:"count"` // client writes
 	} `json:"write_latency"`
+	Dirty struct {
+		Bytes uint64 `json:"bytes"`
+	} `json:"dirty"`
+	// Lost: the ranges whose dirty data the SSD tier damaged before it was written back.
+	Lost struct {
+		Bytes  uint64      `json:"bytes"`
+		Blocks uint64      `json:"blocks"`
+		Ranges []lostRange `json:"ranges"`
+	} `json:"lost"`
+}
+
+type lostRange struct {
+	Offset int64 `json:"offset"`
+	Length int64 `json:"length"`
 }
 
 type tierStats struct {
@@ -102,6 +116,8 @@ type tierStats struct {
 	Evictions uint64 `json:"evictions"`
 	Errors    uint64 `json:"errors"`
 	Failed    bool   `json:"failed"`
+	// ChecksumErrors: blocks read from the tier that failed their checksums.
+	ChecksumErrors uint64 `json:"checksum_errors"`
 	// Data reduction: the bytes of the blocks held as clients read them, and as stored.
 	LogicalBytes   uint64  `json:"logical_bytes"`
 	PhysicalBytes  uint64  `json:"physical_bytes"`

@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -128,8 +127,8 @@ func checkDamagedClean(t *testing.T, reduction string, stride int64) {
 
 	d, c = r.start(t)
 	requireBlocks(t, readEach(t, c, got), got, r.orig, "after the damage")
-	sums := adminChecksums(t, r.o.admin())
-	require.Positive(t, sums.ssd(t).ChecksumErrors, "SSD tier checksum_errors after reading blocks it stored damaged")
+	sums := adminStats(t, r.o.admin())
+	require.Positive(t, sums.tier(t, "ssd").ChecksumErrors, "SSD tier checksum_errors after reading blocks it stored damaged")
 	require.Zero(t, sums.Lost.Bytes, "lost bytes: no data was dirty")
 	st = adminStats(t, r.o.admin())
 	require.Zero(t, st.Backend.Errors, "backend errors")
@@ -138,7 +137,7 @@ func checkDamagedClean(t *testing.T, reduction string, stride int64) {
 	// errors: a device that damages many blocks in a short time is not trusted), so the count is
 	// of the blocks read before that, not of all the damaged ones; every read must be right all the
 	// same, which is what a client sees.
-	t.Logf("after the damage: %d checksum errors; the SSD tier holds %d of %d bytes, bypassed %v", sums.ssd(t).ChecksumErrors,
+	t.Logf("after the damage: %d checksum errors; the SSD tier holds %d of %d bytes, bypassed %v", sums.tier(t, "ssd").ChecksumErrors,
 		ssd.LogicalBytes, damageDisk, ssd.Failed)
 	// Read again: what the damaged blocks left (and what the reads put back) is whole too.
 	requireBlocks(t, readEach(t, c, got), got, r.orig, "read again after the damage")
@@ -167,7 +166,7 @@ func checkDamagedDirty(t *testing.T, reduction string, stride int64) {
 	}
 	// Most of it dirty at least: a machine too busy to run keepBusy for a second lets the
 	// destager write some back, which changes what is lost, not what a read may return.
-	sums := adminChecksums(t, r.o.admin())
+	sums := adminStats(t, r.o.admin())
 	dirty := int(sums.Dirty.Bytes / damageBlock)
 	require.GreaterOrEqual(t, dirty, damageBlocks/2, "dirty blocks after new data was written over the whole export")
 	cancel()
@@ -184,10 +183,10 @@ func checkDamagedDirty(t *testing.T, reduction string, stride int64) {
 	t.Logf("after the damage: %d of %d blocks fail (lost), the others read the new data", nLost, damageBlocks)
 	// Each block dirty at the stop and stored past the first MiB is lost.
 	require.GreaterOrEqual(t, nLost, dirty-damageSpared, "blocks that fail to read")
-	sums = adminChecksums(t, r.o.admin())
+	sums = adminStats(t, r.o.admin())
 	require.Equal(t, uint64(nLost)*damageBlock, sums.Lost.Bytes, "lost.bytes: 4096 times the blocks that fail")
 	require.Equal(t, uint64(nLost), sums.Lost.Blocks, "lost.blocks")
-	require.GreaterOrEqual(t, sums.ssd(t).ChecksumErrors, uint64(nLost), "SSD tier checksum_errors")
+	require.GreaterOrEqual(t, sums.tier(t, "ssd").ChecksumErrors, uint64(nLost), "SSD tier checksum_errors")
 	requireListed(t, sums.Lost.Ranges, lost)
 
 	// Part 3: the log names lost ranges, and only blocks that fail to read.
@@ -201,7 +200,7 @@ func checkDamagedDirty(t *testing.T, reduction string, stride int64) {
 
 	// The lost ranges survive a restart.
 	d, c = r.start(t)
-	sums = adminChecksums(t, r.o.admin())
+	sums = adminStats(t, r.o.admin())
 	require.Equal(t, uint64(nLost)*damageBlock, sums.Lost.Bytes, "lost.bytes after a restart")
 	again := requireNewOrFailed(t, readEach(t, c, got), got, fresh, "after a restart")
 	require.Equal(t, lost, again, "the blocks that fail after a restart: those lost before it")
@@ -245,7 +244,7 @@ func checkDamagedDirty(t *testing.T, reduction string, stride int64) {
 	require.Positive(t, nRewritten, "lost blocks rewritten")
 	left := requireNewOrFailed(t, readEach(t, c, got), got, want, "after rewriting lost blocks")
 	require.Equal(t, stillLost, left, "the blocks that fail after some of the lost ones were written")
-	sums = adminChecksums(t, r.o.admin())
+	sums = adminStats(t, r.o.admin())
 	require.Equal(t, uint64(nLost-nRewritten)*damageBlock, sums.Lost.Bytes, "lost.bytes after %d of the %d lost blocks were written", nRewritten, nLost)
 	t.Logf("%d of the %d lost blocks written again: they read back; the others still fail", nRewritten, nLost)
 	flushLost(t, r.o.admin())
@@ -422,59 +421,6 @@ func tail(s string, n int) string {
 		return "..." + s[len(s)-n:]
 	}
 	return s
-}
-
-// checksumStats are the parts of `tierblk stats --json` about the SSD tier's checksums that
-// cacheStats leaves out.
-type checksumStats struct {
-	Tiers []struct {
-		Name           string `json:"name"`
-		ChecksumErrors uint64 `json:"checksum_errors"`
-	} `json:"tiers"`
-	Dirty struct {
-		Bytes uint64 `json:"bytes"`
-	} `json:"dirty"`
-	Lost struct {
-		Bytes  uint64      `json:"bytes"`
-		Blocks uint64      `json:"blocks"`
-		Ranges []lostRange `json:"ranges"`
-	} `json:"lost"`
-}
-
-type lostRange struct {
-	Offset int64 `json:"offset"`
-	Length int64 `json:"length"`
-}
-
-// ssd returns the SSD tier's checksum counters.
-func (s checksumStats) ssd(t *testing.T) struct {
-	Name           string `json:"name"`
-	ChecksumErrors uint64 `json:"checksum_errors"`
-} {
-	t.Helper()
-	for _, ts := range s.Tiers {
-		if ts.Name == "ssd" {
-			return ts
-		}
-	}
-	t.Fatalf("the stats have no ssd tier: %+v", s.Tiers)
-	return s.Tiers[0]
-}
-
-// adminChecksums runs `tierblk stats --admin ADDR --json` and returns the one export's checksum
-// figures.
-func adminChecksums(t *testing.T, admin string) checksumStats {
-	t.Helper()
-	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
-	require.Zero(t, code, "tierblk stats --admin %s --json:\n%s", admin, out)
-	var resp struct {
-		Exports []struct {
-			Stats checksumStats `json:"stats"`
-		} `json:"exports"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
-	require.Len(t, resp.Exports, 1, "tierblk stats --json:\n%s", out)
-	return resp.Exports[0].Stats
 }
 
 // damageFile flips one byte (xor 0xff), at a random place, in every stride bytes of path past its

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,13 +138,12 @@ func (l *logLimit) allow(log *slog.Logger) bool {
 
 // firstBit returns the lowest block set in m (m is not empty).
 func firstBit(m lineBits) int {
-	b := 0
-	m.runs(maxBlocks, func(b0, _ int) {
-		if b == 0 {
-			b = b0
+	for i, w := range m {
+		if w != 0 {
+			return 64*i + bits.TrailingZeros64(w)
 		}
-	})
-	return b
+	}
+	return 0
 }
 
 // checkLine reads every block the SSD tier stores of line, under the line's lock, checking each

@@ -101,7 +101,7 @@ type journal struct {
 	// sbMu orders the changes of the superblock after the start (updateSuperblock).
 	sbMu sync.Mutex
 	// resummed holds the lines of a tier of slots whose sums changed by writes in place since
-	// their last record (guarded by the tier's mu; resummedLocked).
+	// their last record (guarded by the tier's mu; resummedLocked); empty on a packed tier.
 	resummed lineSet
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
@@ -146,7 +146,9 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 		invalidatedSinceSnapshot: map[uint64]lineBits{},
 		checkpointSoon:           make(chan struct{}, 1),
 		healFirst:                firstHealDelay,
-		resummed:                 newLineSet(t.lines),
+	}
+	if t.pk == nil { // a packed tier records such changes as they happen
+		j.resummed = newLineSet(t.lines)
 	}
 	t.j = j
 	return j

@@ -346,6 +346,7 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 // the backend's older data (TestDirtyReadOnSSDError).
 func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
 	var err error
+	var copied lineBits
 	var overlayRuns func(bits lineBits, again bool)
 	overlayRuns = func(bits lineBits, again bool) {
 		bits.runs(s.blocks(), func(b0, b1 int) {
@@ -377,9 +378,18 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 				return
 			}
 			copy(data[lo-base:hi-base], tmp)
+			copied = copied.or(rangeBits(b0, b1))
 		})
 	}
 	overlayRuns(h.valid.and(got), true)
+	if err == nil {
+		// A dirty block left with the backend's bytes must fail the read: lost (ReadAt), or, if
+		// the tier still holds it (damaged again after a repair), here.
+		if _, dirty := h.t.bits(s.line); !dirty.and(got).andNot(copied).isZero() {
+			err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w",
+				&damageError{line: s.line, bits: dirty.and(got).andNot(copied)})
+		}
+	}
 	return err
 }
 
