@@ -99,7 +99,31 @@ func runStats(ctx context.Context, o statsOpts) error {
 		}
 		writeExportStats(o.stdout, e, now())
 	}
+	writeDaemon(o.stdout, resp.Process, resp.Memory)
 	return nil
+}
+
+// writeDaemon prints the daemon's own lines: its memory against its bound, by part, and what it
+// asked of the kernel for itself; nothing from a daemon that does not report them.
+func writeDaemon(w io.Writer, p *metrics.ProcessStats, m *metrics.MemoryStats) {
+	if m != nil {
+		fmt.Fprintf(w, "\nmemory: holds %s (peak %s) of its bound %s; resident %s (with the binary's pages)\n",
+			humanBytes(m.Held), humanBytes(m.HeldPeak), humanBytes(m.Bound), humanBytes(m.RSS))
+		fmt.Fprintf(w, "memory by part: RAM tier %s, index %s, metadata store %s at most, request buffers %s of %s, Go heap %s, Go runtime %s\n",
+			humanBytes(m.RAMTier), humanBytes(m.Index), humanBytes(m.Metadata), humanBytes(m.IO), humanBytes(m.IOMax),
+			humanBytes(m.GoHeap), humanBytes(m.GoOther))
+	}
+	if p != nil {
+		flusher := "yes"
+		if !p.IOFlusher {
+			flusher = "no (not root, or in a container: a writer on a device it serves may stall it)"
+		}
+		locked := ""
+		if p.MemoryLocked {
+			locked = ", memory locked"
+		}
+		fmt.Fprintf(w, "process: I/O flusher %s, oom_score_adj %d%s\n", flusher, p.OOMScoreAdj, locked)
+	}
 }
 
 // adminClient dials network/address whatever a request URL's host says, so one client serves

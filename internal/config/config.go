@@ -57,6 +57,10 @@ type Config struct {
 	// RunDir holds what must outlive a tierblk process but not a reboot, as the kernel's block
 	// devices do: the SSD tiers' run logs and the marks of devices a clean stop left. A tmpfs.
 	RunDir string `yaml:"run_dir"`
+	// LockMemory locks the daemon's memory in RAM (mlockall), for a device that swap or the root
+	// file system lives on: a page of the daemon swapped out to the device it serves could never
+	// come back.
+	LockMemory bool `yaml:"lock_memory"`
 }
 
 // TLS configures TLS (X.509 certificates) on every NBD listener.

@@ -107,6 +107,12 @@ var Flags = []Flag{
 	{Name: "run-dir", Field: "run_dir", Def: Defaults().RunDir,
 		Usage: "directory on a tmpfs for the SSD tiers' run logs and the marks of kernel devices left attached",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.RunDir = last(v); return nil }},
+	{Name: "lock-memory", Field: "lock_memory", Kind: Bool,
+		Usage: "lock the daemon's memory in RAM (mlockall): for a device holding swap or the root file system; needs root or CAP_IPC_LOCK",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			c.LockMemory, _ = strconv.ParseBool(last(v))
+			return nil
+		}},
 	{Name: "admin", Field: "admin", Usage: "admin endpoint (/metrics, /stats): 127.0.0.1:PORT or unix:/path; loopback only",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.Admin = last(v); return nil }},
 	{Name: "metrics", Field: "metrics", Usage: "read-only endpoint serving /metrics and /stats alone, on any address (:9810) for a Prometheus on another host",

@@ -57,11 +57,21 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		defer func() { stopWatchdog(); wait() }()
 		log.Info("watchdog", "interval", opts.Watchdog, "ping_every", opts.Watchdog/2)
 	}
+	proc, err := setUpProcess(cfg, log)
+	if err != nil {
+		return err
+	}
 	n.setStatus(fmt.Sprintf("opening %d export%s", len(cfg.Exports), plural(len(cfg.Exports))))
 	vols, devs, caches, sources, closeAll, err := openExports(cfg, reg, log)
 	if err != nil {
 		return err
 	}
+	plan := planMemory(cfg, caches, vols)
+	limitGo(plan, log)
+	watch := &memoryWatch{plan: plan, log: log}
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	go watch.run(wctx)
 	defer func() { err = errors.Join(err, closeAll()) }()
 	watched.Store(&sources)
 	if opts.Opened != nil {
@@ -87,7 +97,8 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	}
 
 	stopEndpoints, err := metrics.Endpoints{Admin: cfg.Admin, Metrics: cfg.Metrics}.Serve(
-		metrics.NewHandlers(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections)), log)
+		metrics.NewHandlers(func() []metrics.Source { return sources }, metrics.RefusedConnections(srv.RefusedConnections),
+			metrics.DaemonStats(watch.stats(proc, srv))), log)
 	if err != nil {
 		return err
 	}

@@ -155,19 +155,35 @@ func need(ops []Op) uint64 {
 	return ReserveFree
 }
 
+// The memory of one store: its memory tables (each an arena on the heap of about 1.3 times its
+// size, and a log of its size mapped from the store's directory) and its index cache.
+const (
+	badgerMemTable   = 4 << 20
+	badgerMemTables  = 2
+	badgerIndexCache = 4 << 20
+	// BadgerMemoryBytes is the most RAM one store takes, which the daemon's memory bound counts
+	// for each SSD tier (docs/operations.md, "How much RAM"); BadgerMappedBytes of it are its
+	// memory tables' logs, mapped files rather than the Go heap.
+	BadgerMemoryBytes = badgerMemTables*(badgerMemTable*13/10) + BadgerMappedBytes + badgerIndexCache
+	BadgerMappedBytes = badgerMemTables * badgerMemTable
+)
+
 // badgerOptions keeps badger small: the SSD tier may hold 16 million lines, and the metadata must
-// not cost more memory than the cache's own per-line state.
+// not cost more memory than the cache's own per-line state. Small memory tables make more and
+// smaller tables to compact, and a checkpoint larger than a transaction goes in parts (Parts).
 func badgerOptions(dir string, log *slog.Logger) badger.Options {
 	return badger.DefaultOptions(dir).
 		WithLogger(badgerLogger{log}).
-		WithMemTableSize(16 << 20).
-		WithNumMemtables(2).
+		WithMemTableSize(badgerMemTable).
+		WithNumMemtables(badgerMemTables).
 		WithNumLevelZeroTables(2).
 		WithNumLevelZeroTablesStall(8).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
-		// Records stay in the LSM tree (badger's default threshold keeps values up to 1 MiB
-		// there), so the value log is unused: keep its mapped file small.
+		// Records (a few KiB at most) stay in the LSM tree, so the value log is unused: keep
+		// its mapped file small. The threshold must be below the largest transaction, 15 % of
+		// a memory table.
+		WithValueThreshold(64 << 10).
 		WithValueLogFileSize(16 << 20).
 		// Bitmaps barely compress and, without compression, the block cache would only
 		// duplicate the page cache over the mapped tables.
@@ -175,7 +191,7 @@ func badgerOptions(dir string, log *slog.Logger) badger.Options {
 		WithBlockCacheSize(0).
 		// Bounds the memory of table indexes and bloom filters, which otherwise grow with
 		// the number of lines.
-		WithIndexCacheSize(16 << 20).
+		WithIndexCacheSize(badgerIndexCache).
 		// One goroutine writes, so there are no conflicts to detect.
 		WithDetectConflicts(false).
 		// Each block of a table is checked as it is read, and every table once when the

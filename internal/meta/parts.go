@@ -9,7 +9,7 @@ import (
 // records of the largest line of the slot layout (1 MiB, 256 blocks) in one transaction
 // (TestPartFitsBadger). Records of the packed layout are larger, some 2 KiB for such a line with
 // its location words: Badger takes about 1,000 of them, and CommitParts halves its parts to fit.
-const PartOps = 4096
+const PartOps = 2048
 
 // CommitParts commits ops in order, in parts of at most PartOps ops (fewer where the store says
 // ErrTooBig), each applied atomically; committed is called with each part once it is applied,

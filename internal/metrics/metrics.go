@@ -44,6 +44,9 @@ type Source struct {
 // StatsResponse is the body of GET /stats.
 type StatsResponse struct {
 	Exports []ExportStats `json:"exports"`
+	// Process and Memory are the daemon's own (DaemonStats), where the handlers have them.
+	Process *ProcessStats `json:"process,omitempty"`
+	Memory  *MemoryStats  `json:"memory,omitempty"`
 }
 
 // ExportStats is one export's entry in StatsResponse.
@@ -100,7 +103,8 @@ func ParseAdminAddr(s string) (network, address string, err error) {
 type Handlers struct{ Admin, Metrics http.Handler }
 
 // NewHandlers makes the handlers of sources, which is called on every request, so exports may
-// come and go. more are further collectors for /metrics, such as RefusedConnections.
+// come and go. more are further collectors for /metrics, such as RefusedConnections; DaemonStats
+// among them shows in /stats too.
 func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers {
 	flushes := newFlushTracker()
 	reg := prometheus.NewRegistry()
@@ -110,6 +114,12 @@ func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	reg.MustRegister(more...)
+	var daemon func() Daemon
+	for _, c := range more {
+		if d, ok := c.(daemonCollector); ok {
+			daemon = d.read
+		}
+	}
 	// A "GET" pattern also matches HEAD; ServeMux answers other methods with 405 and other paths
 	// with 404.
 	readOnly := func(mux *http.ServeMux) {
@@ -121,6 +131,10 @@ func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers
 					continue
 				}
 				resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
+			}
+			if daemon != nil {
+				d := daemon()
+				resp.Process, resp.Memory = &d.Process, &d.Memory
 			}
 			w.Header().Set("Content-Type", "application/json")
 			enc := json.NewEncoder(w)

@@ -52,7 +52,11 @@ type Options struct {
 	ID     int // device number, -1 for any; a fixed ID also enables user recovery (see above)
 	Queues int // 0: one per CPU
 	Depth  int // 0: 128
-	Logger *slog.Logger
+	// BufferBytes bounds the I/O buffers of all the device's queues (a buffer the size of the
+	// largest request for each tag of each queue): requests, then depth, are made smaller to fit.
+	// 0: DefaultBufferBytes.
+	BufferBytes int
+	Logger      *slog.Logger
 	// BeforeRecover, if set, is called when Start finds a device a previous daemon left (by
 	// Leave or by dying) to take back, before the requests the kernel held reach the volume; an
 	// error refuses the device, which stays as it is, and Start returns that error.
@@ -96,6 +100,9 @@ func Start(dev volume.Device, o Options) (*Device, error) {
 	}
 	if o.Depth <= 0 {
 		o.Depth = defaultDepth
+	}
+	if o.BufferBytes <= 0 {
+		o.BufferBytes = DefaultBufferBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -226,10 +233,11 @@ func (d *Device) start(o Options) error {
 			return err
 		}
 	}
+	depth, most := fitBuffers(o.Queues, o.Depth, maxIO(d.vol.Info()), o.BufferBytes)
 	info := devInfo{
 		NrHWQueues:    uint16(o.Queues),
-		QueueDepth:    uint16(o.Depth),
-		MaxIOBufBytes: uint32(maxIO(d.vol.Info())),
+		QueueDepth:    uint16(depth),
+		MaxIOBufBytes: uint32(most),
 		DevID:         anyDevice,
 		UblksrvPID:    int32(os.Getpid()),
 		Flags:         flagCmdIoctlEncode,
@@ -292,6 +300,36 @@ func maxIO(info volume.Info) int {
 		n = min(n, int(info.MaxBlock))
 	}
 	return max(n/unix.Getpagesize()*unix.Getpagesize(), unix.Getpagesize())
+}
+
+// DefaultBufferBytes is the default of Options.BufferBytes: 2 queues of 32 tags with requests of
+// up to 128 KiB, or 16 queues of 16 with 32 KiB. The buffers are the daemon's memory (RSS) once
+// touched, whatever the load; docs/operations.md, "How much RAM", counts them.
+const DefaultBufferBytes = 8 << 20
+
+// The smallest the buffers' fitting makes a request and a queue; below them, a request of the
+// kernel's goes in many parts and a queue holds few.
+const (
+	minFitIO    = 128 << 10
+	minFitDepth = 16
+)
+
+// fitBuffers returns the depth and largest request that keep queues x depth x maxIO within
+// budget: the requests are made smaller first, to minFitIO, then the queues shallower, to
+// minFitDepth, then the requests smaller again, to a page; requests stay whole pages.
+func fitBuffers(queues, depth, maxIO, budget int) (int, int) {
+	page := unix.Getpagesize()
+	fits := func() bool { return queues*depth*maxIO <= budget }
+	if !fits() && maxIO > minFitIO {
+		maxIO = max(budget/(queues*depth)/page*page, minFitIO)
+	}
+	if !fits() && depth > minFitDepth {
+		depth = max(budget/(queues*maxIO), minFitDepth)
+	}
+	if !fits() {
+		maxIO = max(budget/(queues*depth)/page*page, page)
+	}
+	return depth, maxIO
 }
 
 // Discard and write-zeroes requests are split by the kernel at these sizes (in sectors), which

@@ -61,6 +61,27 @@ func TestMaxIO(t *testing.T) {
 	}
 }
 
+// The queues' buffers fit the budget, with requests made smaller before queues shallower.
+func TestFitBuffers(t *testing.T) {
+	page := unix.Getpagesize()
+	for _, tc := range []struct {
+		queues, depth, maxIO, budget int
+		wantDepth, wantIO            int
+	}{
+		{1, 128, 128 << 10, 16 << 20, 128, 128 << 10}, // fits as it is
+		{2, 128, maxIOBytes, 16 << 20, 64, minFitIO},  // smaller requests, then fewer tags
+		{2, 32, maxIOBytes, 16 << 20, 32, 256 << 10},  // smaller requests suffice
+		{16, 128, maxIOBytes, 16 << 20, 16, 64 << 10}, // down to minFitDepth, then requests again
+		{64, 128, maxIOBytes, 4 << 20, 16, page},      // never below a page
+		{2, 8, 64 << 10, 16 << 20, 8, 64 << 10},       // small already
+	} {
+		d, io := fitBuffers(tc.queues, tc.depth, tc.maxIO, tc.budget)
+		require.Equal(t, tc.wantDepth, d, "%+v", tc)
+		require.Equal(t, tc.wantIO, io, "%+v", tc)
+		require.Zero(t, io%page)
+	}
+}
+
 func TestAlive(t *testing.T) {
 	require.False(t, alive(os.Getpid()), "this process is not another daemon")
 	require.False(t, alive(-1))

@@ -14,6 +14,16 @@ import (
 // gigabytes. One request of the largest payload fits.
 const payloadBudget = maxPayload
 
+// DefaultPayloadBytes is the default of Config.PayloadBytes: the payload bytes all connections
+// hold at once. It is what keeps the daemon's memory bounded under any number of clients
+// (docs/operations.md, "How much RAM"). A connection may hold three quarters of it (connShare):
+// eight requests of 1 MiB, or 32 of 256 KiB.
+const DefaultPayloadBytes = 12 << 20
+
+// connShare is the part of the server's payload budget one connection may hold: a client that does
+// not take its replies leaves the rest to the others.
+func connShare(server int64) int64 { return server * 3 / 4 }
+
 // budget counts a connection's payload bytes. A request waits while its buffer would take the
 // count over max, unless nothing is held (so one request larger than the rest always goes). The
 // count is an atomic, taken and given back without a lock on the hit path (every request takes a
@@ -26,8 +36,8 @@ type budget struct {
 	cond    sync.Cond
 }
 
-func newBudget(max int) *budget {
-	b := &budget{max: int64(max)}
+func newBudget(max int64) *budget {
+	b := &budget{max: max}
 	b.cond.L = &b.mu
 	return b
 }
@@ -71,10 +81,16 @@ func (b *budget) release(n int) {
 	}
 }
 
-// getBuf takes a payload buffer of n bytes from the pool, within the connection's budget: it waits
-// for room while the connection holds too much. Give it back with putBuf.
+// getBuf takes a payload buffer of n bytes from the pool, within the connection's budget and then
+// the server's: it waits for room while the connection, or all of them, hold too much. Give it
+// back with putBuf.
+//
+// Waiting for the server's budget cannot deadlock: every holder of its bytes is a request being
+// served (the reader takes a request's slot before its payload), which gives them back once it is
+// answered, without waiting for more.
 func (c *conn) getBuf(n int) *[]byte {
 	c.budget.acquire(bufpool.Size(n), nil)
+	c.s.payloads.acquire(bufpool.Size(n), nil)
 	return bufpool.Get(n)
 }
 
@@ -82,11 +98,36 @@ func (c *conn) getBuf(n int) *[]byte {
 // their ends may be what gives the bytes back.
 func (c *conn) readerBuf(n int) *[]byte {
 	c.budget.acquire(bufpool.Size(n), c.unplug)
+	c.s.payloads.acquire(bufpool.Size(n), c.unplug)
 	return bufpool.Get(n)
+}
+
+// tryPrefetch takes n bytes of the server's prefetch budget (Server.prefetch) without waiting, or
+// reports false. A reader holds its prefetch buffer while it waits for the client's next request,
+// which may never come: were that buffer in the payloads' budget, idle connections could hold all
+// of it while a request of another connection, one the client waits for, waits for room.
+func (b *budget) tryPrefetch(n int) bool {
+	return int64(n) <= b.max && b.tryAcquire(int64(n))
+}
+
+// putPrefetched gives back a buffer readHeader read ahead into that no WRITE took.
+func (c *conn) putPrefetched(bp *[]byte) {
+	c.s.prefetch.release(cap(*bp))
+	bufpool.Put(bp)
+}
+
+// payloadOf makes a buffer readHeader read ahead into the payload of the WRITE it was read for:
+// it moves from the prefetch budget to the connection's and the server's.
+func (c *conn) payloadOf(bp *[]byte) *[]byte {
+	c.budget.acquire(cap(*bp), c.unplug)
+	c.s.payloads.acquire(cap(*bp), c.unplug)
+	c.s.prefetch.release(cap(*bp))
+	return bp
 }
 
 // putBuf gives back a buffer from getBuf.
 func (c *conn) putBuf(bp *[]byte) {
 	c.budget.release(cap(*bp))
+	c.s.payloads.release(cap(*bp))
 	bufpool.Put(bp)
 }

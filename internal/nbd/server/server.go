@@ -58,6 +58,13 @@ type Config struct {
 	Allow []netip.Prefix
 	// TLS is how connections from Serve and ServeConn are offered TLS; the zero value offers none.
 	TLS TLS
+	// PayloadBytes bounds the request payloads (WRITE data read, READ replies not yet written)
+	// that all connections hold at once; a request waits for room. One request larger than it
+	// goes alone. A connection holds at most three quarters of it, so that a client that does
+	// not take its replies stalls only itself (unless it sends requests larger than that). The
+	// readers' read-ahead of sequential WRITEs takes up to a quarter more. 0 =
+	// DefaultPayloadBytes.
+	PayloadBytes int64
 }
 
 // TLS is how the server offers TLS.
@@ -107,6 +114,8 @@ type Server struct {
 	refused     [numRefusals]atomic.Uint64 // connections refused as they arrived, by Refusal
 	refusalLogs refusalLimiter
 	tls         TLS
+	payloads    *budget // the payload bytes all connections hold (getBuf)
+	prefetch    *budget // the bytes readers hold read ahead of a WRITE's header (readHeader)
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
@@ -133,6 +142,12 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConnectionsPerPeer < 0 {
 		return nil, fmt.Errorf("nbd: MaxConnectionsPerPeer %d is negative (0 means %d)", cfg.MaxConnectionsPerPeer, defaultMaxPerPeer)
 	}
+	if cfg.PayloadBytes < 0 {
+		return nil, fmt.Errorf("nbd: PayloadBytes %d is negative (0 means %d)", cfg.PayloadBytes, DefaultPayloadBytes)
+	}
+	if cfg.PayloadBytes == 0 {
+		cfg.PayloadBytes = DefaultPayloadBytes
+	}
 	if cfg.TLS.Mode != tlsconf.Off && cfg.TLS.Config == nil {
 		return nil, fmt.Errorf("nbd: TLS mode %s without a TLS configuration", cfg.TLS.Mode)
 	}
@@ -145,6 +160,8 @@ func New(cfg Config) (*Server, error) {
 		maxPerPeer:  cfg.MaxConnectionsPerPeer,
 		allow:       append([]netip.Prefix(nil), cfg.Allow...),
 		tls:         cfg.TLS,
+		payloads:    newBudget(cfg.PayloadBytes),
+		prefetch:    newBudget(max(cfg.PayloadBytes/4, 1)),
 
 		handshakeTimeout: defaultHandshakeTimeout,
 		listeners:        map[net.Listener]struct{}{},
@@ -726,3 +743,7 @@ func peerOf(nc net.Conn) string {
 	}
 	return ""
 }
+
+// PayloadBytes reports the request payload bytes the server's connections hold now and the most
+// they may hold (Config.PayloadBytes).
+func (s *Server) PayloadBytes() (held, max int64) { return s.payloads.used.Load(), s.payloads.max }

@@ -1104,10 +1104,10 @@ func TestLargeRequestsWithoutBlockSizes(t *testing.T) {
 }
 
 // A client that sends large READs and never takes their replies holds at most the connection's
-// payload budget of the server's memory, not MaxInFlight replies' worth; it stalls only itself:
-// another client is served meanwhile.
+// payload budget of the server's memory (connShare of the server's), not MaxInFlight replies' worth; it
+// stalls only itself: another client is served meanwhile.
 func TestClientThatDoesNotRead(t *testing.T) {
-	const size, each = 64 << 20, 16 << 20
+	const size, each = 64 << 20, DefaultPayloadBytes / 4
 	dev, _ := nbdtest.NewVolume(size, 0x5a, volume.Options{})
 	ts := startServer(t, Config{Exports: []Export{{Name: "disk", Device: dev}}, Logger: slog.New(slog.DiscardHandler)})
 	var before runtime.MemStats
@@ -1129,7 +1129,7 @@ func TestClientThatDoesNotRead(t *testing.T) {
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
 	grew := int64(after.HeapInuse) - int64(before.HeapInuse)
-	require.Less(t, grew, int64(3*payloadBudget), "the server holds %d MiB for a client that does not read", grew>>20)
+	require.Less(t, grew, int64(3*DefaultPayloadBytes/2), "the server holds %d MiB for a client that does not read", grew>>20)
 	c.NC.Close()
 	h.NC.Close()
 	ts.waitIdle(t)
@@ -1406,4 +1406,45 @@ func TestRepliesAtRunEnd(t *testing.T) {
 	}
 	s.Request(proto.Request{Type: proto.CmdDisc}, nil)
 	s.ExpectClosed()
+}
+
+// The payloads all connections hold at once stay within Config.PayloadBytes: with the device
+// holding every write, eight clients that each send 32 writes of 1 MiB get as many read from the
+// socket as the budget takes and no more; once the device lets them go, every write is answered
+// and the budget is free again.
+func TestSharedPayloadBudget(t *testing.T) {
+	const conns, each, budget = 8, 32, 8 << 20
+	base, mem := nbdtest.NewVolume(64<<20, 0, volume.Options{})
+	release := make(chan struct{})
+	var inDevice atomic.Int32
+	dev := &hookDevice{Device: base, onWrite: func(int64) func() {
+		inDevice.Add(1)
+		<-release
+		return func() {}
+	}}
+	ts := startServer(t, Config{Exports: []Export{{Device: dev}}, PayloadBytes: budget, Logger: slog.New(slog.DiscardHandler)})
+	clients := make([]*nbdtest.RawClient, conns)
+	data := bytes.Repeat([]byte{0xa5}, 1<<20)
+	for i := range clients {
+		clients[i] = nbdtest.DialRaw(t, "unix", ts.Sock)
+		clients[i].Connect("", false)
+		go func(c *nbdtest.RawClient, i int) {
+			for k := range each {
+				c.Request(proto.Request{Type: proto.CmdWrite, Cookie: uint64(k + 1), Offset: uint64(i*each+k) << 20 % (64 << 20), Length: 1 << 20}, data)
+			}
+		}(clients[i], i)
+	}
+	// The writes that fit are in the device, waiting; the rest wait for room.
+	require.Eventually(t, func() bool { return inDevice.Load() == budget>>20 }, 10*time.Second, time.Millisecond, "%d writes in the device", inDevice.Load())
+	held, most := ts.s.PayloadBytes()
+	require.Equal(t, int64(budget), most)
+	require.Equal(t, int64(budget), held, "the payloads held are those of the writes in the device")
+	close(release)
+	for _, c := range clients {
+		for range each {
+			require.Zero(t, c.Reply().Errno)
+		}
+	}
+	require.Eventually(t, func() bool { h, _ := ts.s.PayloadBytes(); return h == 0 }, time.Minute, time.Millisecond)
+	require.Equal(t, data, mem.Snapshot()[:1<<20])
 }

@@ -29,7 +29,7 @@ func (c *conn) transmit() error {
 	c.order.cond.L = &c.order.mu
 	c.jobs = make(chan job)
 	c.slots = make(chan struct{}, c.s.maxInFlight)
-	c.budget = newBudget(payloadBudget)
+	c.budget = newBudget(min(payloadBudget, connShare(c.s.payloads.max)))
 	c.readDone = make(chan error, 1)
 	c.s.watch()
 
@@ -77,29 +77,9 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 			c.beforeWait()
 		}
 		c.unflushed++
-		pre, preN, err := c.readHeader(hdr[:])
-		if err != nil {
-			return c.readErr(err), false
-		}
-		req, ok := proto.ParseRequest(hdr[:])
-		if !ok || req.Type == proto.CmdDisc {
-			if pre != nil {
-				c.putBuf(pre)
-			}
-			if !ok {
-				return protocolErrorf("bad request magic %#x", hdr[:4]), false
-			}
-			return nil, false
-		}
-		j, ok, err := c.dispatch(req, pre, preN)
-		if err != nil {
-			return err, false
-		}
-		if !ok {
-			continue
-		}
-		more := c.br.Buffered() >= proto.RequestSize
-		c.moreInput.Store(more)
+		// The slot comes before the request's payload: a reader waiting for one then holds no
+		// payload bytes, so that the server's shared budget is only ever held by requests being
+		// served, which give it back without waiting for it (see budget.go).
 		select {
 		case c.slots <- struct{}{}:
 		default:
@@ -107,6 +87,32 @@ func (c *conn) readRequests() (err error, handedOver bool) {
 			c.unplug()
 			c.slots <- struct{}{}
 		}
+		pre, preN, err := c.readHeader(hdr[:])
+		if err != nil {
+			<-c.slots
+			return c.readErr(err), false
+		}
+		req, ok := proto.ParseRequest(hdr[:])
+		if !ok || req.Type == proto.CmdDisc {
+			<-c.slots
+			if pre != nil {
+				c.putPrefetched(pre)
+			}
+			if !ok {
+				return protocolErrorf("bad request magic %#x", hdr[:4]), false
+			}
+			return nil, false
+		}
+		j, ok, err := c.dispatch(req, pre, preN)
+		if err != nil || !ok {
+			<-c.slots
+			if err != nil {
+				return err, false
+			}
+			continue
+		}
+		more := c.br.Buffered() >= proto.RequestSize
+		c.moreInput.Store(more)
 		if async := req.Type == proto.CmdRead && c.async != nil || req.Type == proto.CmdWrite && c.asyncW != nil && j.buf != nil; async {
 			c.plugFor(more)
 			var started bool
@@ -183,10 +189,10 @@ const directRead = 16 << 10
 // before. dispatch gives those bytes back to br when the request is not such a WRITE: one system
 // call a request fewer in bench writeback's 64K sequential write row.
 func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
-	if !c.direct() || c.plain == nil {
+	if !c.direct() || c.plain == nil || !c.s.prefetch.tryPrefetch(bufpool.Size(c.bigLen)) {
 		return nil, 0, c.readFull(hdr)
 	}
-	pre = c.readerBuf(c.bigLen)
+	pre = bufpool.Get(c.bigLen)
 	n, err := c.plain.recv2(hdr, *pre)
 	if err == nil && n == 0 {
 		err = io.EOF
@@ -197,7 +203,7 @@ func (c *conn) readHeader(hdr []byte) (pre *[]byte, preN int, err error) {
 		}
 	}
 	if err != nil {
-		c.putBuf(pre)
+		c.putPrefetched(pre)
 		return nil, 0, err
 	}
 	return pre, max(0, n-len(hdr)), nil
@@ -240,7 +246,7 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 		// Not the WRITE expected: what was read of the socket belongs to what follows.
 		c.src.giveBack((*pre)[:preN])
 		c.bigWrites = false
-		c.putBuf(pre)
+		c.putPrefetched(pre)
 		pre = nil
 	}
 	var buf *[]byte
@@ -255,7 +261,7 @@ func (c *conn) dispatch(req proto.Request, pre *[]byte, preN int) (j job, ok boo
 				return job{}, false, c.readErr(err)
 			}
 		case pre != nil:
-			buf = pre
+			buf = c.payloadOf(pre)
 			if err := c.readFull((*buf)[preN:]); err != nil {
 				c.putBuf(buf)
 				return job{}, false, c.readErr(err)

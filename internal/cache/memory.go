@@ -1,0 +1,20 @@
+package cache
+
+// MemoryPlan is the most RAM the cache's tiers take, whatever the load: the RAM tier's bytes, and
+// the index of both tiers full (every slot holding a line), with its checksums and, on a packed
+// tier, its location words (TestIndexBytesPerLine). The daemon's memory bound and
+// docs/operations.md's "How much RAM" are made of these.
+func (c *Cache) MemoryPlan() (ramTier, index uint64) {
+	if c.ram != nil {
+		ramTier = uint64(len(c.ram.ram))
+		index += uint64(c.ram.slots) * indexBytesPerLine
+	}
+	if t := c.ssd; t != nil {
+		per := slotIndexBytesPerLine(t.blocks)
+		if t.pk != nil {
+			per = packedIndexBytesPerLine(t.blocks)
+		}
+		index += uint64(t.slots) * uint64(per)
+	}
+	return ramTier, index
+}

@@ -1,0 +1,197 @@
+package daemon
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/nbd/server"
+	"github.com/tierblk/tierblk/internal/process"
+	"github.com/tierblk/tierblk/internal/runlog"
+	"github.com/tierblk/tierblk/internal/ublk"
+	"github.com/tierblk/tierblk/internal/volume"
+)
+
+// servingOOMScore is the oom_score_adj the daemon takes while it serves a kernel device, as
+// configs/tierblk@.service sets it: the OOM killer then takes almost anything else first, since
+// killing the daemon fails every I/O of the device and may leave its file system unmountable.
+const servingOOMScore = -900
+
+// baselineMemory is the daemon's own share of its memory bound, besides its caches' RAM tiers and
+// indexes: the Go runtime, one metadata store, the NBD server's request payloads and one ublk
+// device's buffers, and the cache's copies of the requests in flight. Each part is bounded
+// (server.DefaultPayloadBytes, ublk.DefaultBufferBytes, meta.BadgerMemoryBytes). The bound is on
+// the memory the daemon holds (anonymous and shared: what the kernel cannot take back), not on
+// the pages of its binary and of the metadata store's tables, which the kernel reclaims under
+// pressure. integration's TestMemoryPressure holds the daemon to it under a writer in a small VM.
+const baselineMemory = 64 << 20
+
+// kernelDevices reports whether cfg serves a device of this machine's kernel (ublk or the kernel
+// NBD client), whose writers the daemon must never wait on.
+func kernelDevices(cfg config.Config) bool {
+	for _, e := range cfg.Exports {
+		if e.UBLK != nil || e.NBDDevice != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// setUpProcess asks the kernel for what a daemon serving block devices needs (package process),
+// before any export is opened, and says what it got. Only lock_memory, which the user asked for,
+// fails the start; the rest are warned about where a kernel device is served and they failed.
+func setUpProcess(cfg config.Config, log *slog.Logger) (metrics.ProcessStats, error) {
+	var st metrics.ProcessStats
+	kernel := kernelDevices(cfg)
+	if err := process.SetIOFlusher(); err != nil {
+		level := slog.LevelDebug
+		if kernel {
+			level = slog.LevelWarn
+		}
+		log.Log(context.Background(), level, "not an I/O flusher: a writer filling the page cache of a device this daemon serves can stall it", "err", err)
+	} else {
+		st.IOFlusher = true
+		log.Debug("every thread is an I/O flusher (PR_SET_IO_FLUSHER)")
+	}
+	if kernel {
+		from, err := process.LowerOOMScore(servingOOMScore)
+		switch {
+		case err != nil:
+			log.Warn("could not lower the OOM score while serving kernel devices: the OOM killer may choose this daemon and fail their I/O", "err", err)
+		case from > servingOOMScore:
+			log.Info("oom_score_adj lowered while serving kernel devices", "from", from, "to", servingOOMScore)
+		}
+	}
+	if cfg.LockMemory {
+		if err := process.LockMemory(); err != nil {
+			return st, err
+		}
+		st.MemoryLocked = true
+		log.Info("memory locked in RAM (lock_memory)")
+	}
+	return st, nil
+}
+
+// memoryPlan is the daemon's memory bound and its parts.
+type memoryPlan struct {
+	ramTier, index, metadata, ioMax, bound uint64
+	// outsideGo is the part of the bound outside the Go runtime's count: mapped files (the run
+	// logs, the metadata stores' logs) and the ublk buffers.
+	outsideGo uint64
+	ublk      uint64 // the ublk devices' buffers
+	// memBackends are the bytes of mem:// backends, on the heap, in the bound.
+	memBackends uint64
+}
+
+// planMemory adds up the bound: the caches' RAM tiers and indexes (with the SSD tiers' run logs,
+// the index's journal on /run), baselineMemory, the mem:// backends, and for each metadata store
+// and ublk device past the first, its own share.
+func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume) memoryPlan {
+	var p memoryPlan
+	stores, devices := 0, 0
+	for i, c := range caches {
+		if strings.HasPrefix(cfg.Exports[i].Backend, "mem://") {
+			// A backend in RAM, as asked: its bytes are on the heap, past any bound of ours.
+			p.memBackends += uint64(vols[i].Info().Size)
+		}
+		if c != nil {
+			r, x := c.MemoryPlan()
+			p.ramTier += r
+			p.index += x
+			if cfg.Exports[i].Cache != nil && cfg.Exports[i].Cache.SSD != "" {
+				stores++
+			}
+		}
+		if cfg.Exports[i].UBLK != nil {
+			devices++
+		}
+	}
+	runLogs := uint64(stores) * runlog.DefaultSize
+	p.index += runLogs
+	p.metadata = uint64(stores) * meta.BadgerMemoryBytes
+	p.ublk = uint64(devices) * ublk.DefaultBufferBytes
+	p.ioMax = server.DefaultPayloadBytes*5/4 + p.ublk
+	p.bound = p.ramTier + p.index + baselineMemory + p.memBackends +
+		uint64(max(stores-1, 0))*meta.BadgerMemoryBytes + uint64(max(devices-1, 0))*ublk.DefaultBufferBytes
+	p.outsideGo = runLogs + uint64(stores)*meta.BadgerMappedBytes + p.ublk
+	return p
+}
+
+// limitGo sets the Go runtime's memory limit so that its heap, the part that grows with load,
+// keeps the daemon within its bound: the garbage collector works harder near it rather than let
+// the heap double. A GOMEMLIMIT in the environment is the user's, and stays.
+func limitGo(p memoryPlan, log *slog.Logger) {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		log.Info("memory", "bound", p.bound, "go_limit", "GOMEMLIMIT")
+		return
+	}
+	limit := int64(p.bound - p.outsideGo)
+	debug.SetMemoryLimit(limit)
+	log.Info("memory", "bound", p.bound, "ram_tier", p.ramTier, "index", p.index, "go_limit", limit)
+}
+
+// memoryWatch samples the daemon's memory every second for the peak of what it holds, which the
+// kernel does not track (VmHWM counts the binary's pages too), and warns, at most once a minute,
+// while it is above its bound.
+type memoryWatch struct {
+	plan memoryPlan
+	log  *slog.Logger
+	peak atomic.Uint64
+	warn time.Time
+}
+
+func (w *memoryWatch) sample() process.Memory {
+	m, err := process.ReadMemory()
+	if err != nil {
+		w.log.Debug("reading the daemon's memory", "err", err)
+		return m
+	}
+	for p := w.peak.Load(); m.Held > p && !w.peak.CompareAndSwap(p, m.Held); p = w.peak.Load() {
+	}
+	return m
+}
+
+// run samples until ctx ends.
+func (w *memoryWatch) run(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if m := w.sample(); m.Held > w.plan.bound && now.Sub(w.warn) >= time.Minute {
+				w.warn = now
+				w.log.Warn("the daemon holds more memory than its bound", "held", m.Held, "bound", w.plan.bound,
+					"go_heap", m.GoHeap, "rss", m.RSS)
+			}
+		}
+	}
+}
+
+// stats reads the daemon's figures for /stats and /metrics.
+func (w *memoryWatch) stats(st metrics.ProcessStats, srv *server.Server) func() metrics.Daemon {
+	return func() metrics.Daemon {
+		m := w.sample()
+		if b, err := os.ReadFile(process.OOMScoreFile); err == nil {
+			if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				st.OOMScoreAdj = n
+			}
+		}
+		held, _ := srv.PayloadBytes()
+		p := w.plan
+		return metrics.Daemon{Process: st, Memory: metrics.MemoryStats{
+			Memory: m, Bound: p.bound, RAMTier: p.ramTier, Index: p.index, Metadata: p.metadata,
+			IO: uint64(held) + p.ublk, IOMax: p.ioMax, Baseline: baselineMemory, HeldPeak: w.peak.Load(),
+		}}
+	}
+}

@@ -1,0 +1,196 @@
+// Package process is what the daemon asks of the kernel about itself while it serves block
+// devices, and what it reads of its own memory: the I/O flusher flag on every thread, a lower OOM
+// score, locked memory, and the resident set by kind.
+//
+// A daemon that serves a block device to the kernel it runs on must never wait on that device's
+// own dirty pages or recurse into it from memory reclaim: the device would wait on the daemon and
+// the daemon on the device. PR_SET_IO_FLUSHER is the kernel's answer (ublksrv sets it on its queue
+// threads). This package must never raise a setting the user lowered (an OOM score set lower by
+// the unit stays), and never fail silently: every call says what it did or why it could not.
+package process
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/metrics"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// SetIOFlusher marks every thread of the process PR_SET_IO_FLUSHER: the kernel then throttles
+// their buffered writes only against the device each writes to, not against the dirty pages of
+// the whole machine (which may be those of the device the daemon serves), and their allocations
+// never start I/O to reclaim memory. The kernel copies the flag to every thread created after it
+// (clone keeps the task's flags), which is how the Go runtime's later threads get it; the test of
+// this package reads every thread's flags back. It needs CAP_SYS_RESOURCE.
+//
+// It fails with ENOTSUP in a binary built with cgo, where the runtime cannot reach every thread;
+// tierblk's releases are built without it.
+func SetIOFlusher() error {
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_IO_FLUSHER, 1, 0); e != 0 {
+		if e == syscall.EPERM {
+			return fmt.Errorf("PR_SET_IO_FLUSHER: %w (it needs root or CAP_SYS_RESOURCE)", e)
+		}
+		return fmt.Errorf("PR_SET_IO_FLUSHER: %w", e)
+	}
+	return nil
+}
+
+// Thread flags (include/linux/sched.h) that PR_SET_IO_FLUSHER sets.
+const (
+	pfMemallocNoIO   = 0x00080000
+	pfLocalThrottle  = 0x00100000
+	ioFlusherFlags   = pfMemallocNoIO | pfLocalThrottle
+	procTaskStatFlag = 9 // the flags' field of /proc/PID/task/TID/stat, counting from 1
+)
+
+// ThreadsWithoutIOFlusher lists the threads of the process (by thread ID) whose flags lack the
+// I/O flusher's: none once SetIOFlusher succeeded, however many threads were created since.
+func ThreadsWithoutIOFlusher() ([]int, error) {
+	dir := "/proc/self/task"
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var without []int
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "stat"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return nil, err
+		}
+		flags, err := statFlags(b)
+		if err != nil {
+			return nil, fmt.Errorf("thread %s: %w", t.Name(), err)
+		}
+		if flags&ioFlusherFlags != ioFlusherFlags {
+			tid, _ := strconv.Atoi(t.Name())
+			without = append(without, tid)
+		}
+	}
+	return without, nil
+}
+
+// statFlags reads the flags field of a /proc stat line. The command name, in parentheses, may
+// hold spaces and parentheses, so the fields are counted from the last ')'.
+func statFlags(stat []byte) (uint64, error) {
+	end := bytes.LastIndexByte(stat, ')')
+	if end < 0 {
+		return 0, errors.New("stat: no command name")
+	}
+	fields := strings.Fields(string(stat[end+1:]))
+	// fields[0] is field 3 (state).
+	if i := procTaskStatFlag - 3; i < len(fields) {
+		return strconv.ParseUint(fields[i], 10, 64)
+	}
+	return 0, errors.New("stat: too few fields")
+}
+
+// OOMScoreFile is where LowerOOMScore reads and writes; a variable for tests.
+var OOMScoreFile = "/proc/self/oom_score_adj"
+
+// LowerOOMScore sets the process's oom_score_adj to to, unless it is already that low or lower
+// (a unit's OOMScoreAdjust stays), and returns the value it found. Lowering it needs
+// CAP_SYS_RESOURCE.
+func LowerOOMScore(to int) (from int, err error) {
+	b, err := os.ReadFile(OOMScoreFile)
+	if err != nil {
+		return 0, err
+	}
+	if from, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		return 0, fmt.Errorf("%s: %w", OOMScoreFile, err)
+	}
+	if from <= to {
+		return from, nil
+	}
+	if err := os.WriteFile(OOMScoreFile, []byte(strconv.Itoa(to)), 0); err != nil {
+		return from, fmt.Errorf("lower the OOM score: %w (it needs root or CAP_SYS_RESOURCE)", err)
+	}
+	return from, nil
+}
+
+// LockMemory locks the process's pages in RAM, those it has and those it will fault in, so that
+// serving a swap device or the root file system never waits on a page swapped out to it. Pages
+// are locked as they are touched (MCL_ONFAULT), not all the address space the runtime reserves.
+func LockMemory() error {
+	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE | unix.MCL_ONFAULT); err != nil {
+		return fmt.Errorf("lock memory (mlockall): %w (it needs root, CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK, e.g. LimitMEMLOCK=infinity in a unit)", err)
+	}
+	return nil
+}
+
+// Memory is the process's memory as the kernel and the Go runtime count it, in bytes.
+type Memory struct {
+	RSS      uint64 `json:"rss_bytes"`       // resident now (VmRSS)
+	Peak     uint64 `json:"rss_peak_bytes"`  // the most resident at once since the start (VmHWM)
+	Anon     uint64 `json:"rss_anon_bytes"`  // of RSS: anonymous memory (Go's heap, mmapped buffers)
+	File     uint64 `json:"rss_file_bytes"`  // of RSS: pages of mapped files (the binary, the metadata store's tables)
+	Shmem    uint64 `json:"rss_shmem_bytes"` // of RSS: shared memory (files on a tmpfs it maps)
+	Held     uint64 `json:"held_bytes"`      // Anon + Shmem: what the kernel cannot reclaim from it
+	Locked   uint64 `json:"locked_bytes"`    // locked in RAM (VmLck)
+	GoHeap   uint64 `json:"go_heap_bytes"`   // Go's heap in use: live and not yet collected objects
+	GoFree   uint64 `json:"go_free_bytes"`   // Go's heap free but not yet returned to the kernel
+	GoOther  uint64 `json:"go_other_bytes"`  // Go's runtime besides its heap: stacks, metadata
+	GoLimit  uint64 `json:"go_limit_bytes"`  // the Go runtime's memory limit (SetMemoryLimit); 0 when none
+	GoCycles uint64 `json:"go_gc_cycles"`    // garbage collections so far
+}
+
+// ReadMemory reads /proc/self/status and the Go runtime's metrics.
+func ReadMemory() (Memory, error) {
+	var m Memory
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return m, err
+	}
+	defer f.Close()
+	fields := map[string]*uint64{"VmRSS:": &m.RSS, "VmHWM:": &m.Peak, "RssAnon:": &m.Anon,
+		"RssFile:": &m.File, "RssShmem:": &m.Shmem, "VmLck:": &m.Locked}
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		w := strings.Fields(s.Text())
+		if p, ok := fields[w[0]]; ok && len(w) == 3 && w[2] == "kB" {
+			kb, err := strconv.ParseUint(w[1], 10, 64)
+			if err != nil {
+				return m, fmt.Errorf("/proc/self/status: %s: %w", w[0], err)
+			}
+			*p = kb << 10
+		}
+	}
+	if err := s.Err(); err != nil {
+		return m, err
+	}
+	m.Held = m.Anon + m.Shmem
+	samples := []metrics.Sample{
+		{Name: "/memory/classes/total:bytes"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/memory/classes/heap/unused:bytes"},
+		{Name: "/memory/classes/heap/free:bytes"},
+		{Name: "/memory/classes/heap/released:bytes"},
+		{Name: "/gc/gomemlimit:bytes"},
+		{Name: "/gc/cycles/total:gc-cycles"},
+	}
+	metrics.Read(samples)
+	v := make([]uint64, len(samples))
+	for i, s := range samples {
+		if s.Value.Kind() == metrics.KindUint64 {
+			v[i] = s.Value.Uint64()
+		}
+	}
+	m.GoHeap = v[1] + v[2]
+	m.GoFree = v[3]
+	m.GoOther = v[0] - v[1] - v[2] - v[3] - v[4]
+	if v[5] < 1<<62 { // math.MaxInt64: no limit
+		m.GoLimit = v[5]
+	}
+	m.GoCycles = v[6]
+	return m, nil
+}
