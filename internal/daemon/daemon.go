@@ -67,7 +67,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		return err
 	}
 	plan := planMemory(cfg, caches, vols)
-	limitGo(plan, log)
+	defer limitGo(plan, log)()
 	watch := &memoryWatch{plan: plan, log: log}
 	wctx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()

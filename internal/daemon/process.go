@@ -3,10 +3,12 @@ package daemon
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -126,17 +128,47 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 	return p
 }
 
-// limitGo sets the Go runtime's memory limit so that its heap, the part that grows with load,
-// keeps the daemon within its bound: the garbage collector works harder near it rather than let
-// the heap double. A GOMEMLIMIT in the environment is the user's, and stays.
-func limitGo(p memoryPlan, log *slog.Logger) {
-	if os.Getenv("GOMEMLIMIT") != "" {
-		log.Info("memory", "bound", p.bound, "go_limit", "GOMEMLIMIT")
-		return
+// processPlans sums the memory plans of the daemons that run in this process: one, or one a volume in
+// the CSI node plugin (internal/csi), whose memory is one process's.
+var processPlans struct {
+	sync.Mutex
+	bound, outsideGo uint64
+}
+
+// processBound is the bound of all the daemons running in this process.
+func processBound() uint64 {
+	processPlans.Lock()
+	defer processPlans.Unlock()
+	return processPlans.bound
+}
+
+// limitGo adds p to the process's plans and sets the Go runtime's memory limit so that its heap,
+// the part that grows with load, keeps the process within its bound: the garbage collector works
+// harder near it rather than let the heap double. The returned release takes p out again when
+// its daemon stops. A GOMEMLIMIT in the environment is the user's, and stays.
+func limitGo(p memoryPlan, log *slog.Logger) (release func()) {
+	set := func(sign int) {
+		processPlans.Lock()
+		defer processPlans.Unlock()
+		if sign > 0 {
+			processPlans.bound += p.bound
+			processPlans.outsideGo += p.outsideGo
+		} else {
+			processPlans.bound -= p.bound
+			processPlans.outsideGo -= p.outsideGo
+		}
+		if os.Getenv("GOMEMLIMIT") != "" {
+			return
+		}
+		limit := int64(math.MaxInt64)
+		if processPlans.bound > 0 {
+			limit = int64(processPlans.bound - processPlans.outsideGo)
+		}
+		debug.SetMemoryLimit(limit)
 	}
-	limit := int64(p.bound - p.outsideGo)
-	debug.SetMemoryLimit(limit)
-	log.Info("memory", "bound", p.bound, "ram_tier", p.ramTier, "index", p.index, "go_limit", limit)
+	set(1)
+	log.Info("memory", "bound", p.bound, "ram_tier", p.ramTier, "index", p.index, "process_bound", processBound())
+	return func() { set(-1) }
 }
 
 // memoryWatch samples the daemon's memory every second for the peak of what it holds, which the
@@ -169,9 +201,9 @@ func (w *memoryWatch) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if m := w.sample(); m.Held > w.plan.bound && now.Sub(w.warn) >= time.Minute {
+			if m, bound := w.sample(), processBound(); m.Held > bound && now.Sub(w.warn) >= time.Minute {
 				w.warn = now
-				w.log.Warn("the daemon holds more memory than its bound", "held", m.Held, "bound", w.plan.bound,
+				w.log.Warn("the daemon holds more memory than its bound", "held", m.Held, "bound", bound,
 					"go_heap", m.GoHeap, "rss", m.RSS)
 			}
 		}
@@ -190,7 +222,7 @@ func (w *memoryWatch) stats(st metrics.ProcessStats, srv *server.Server) func() 
 		held, _ := srv.PayloadBytes()
 		p := w.plan
 		return metrics.Daemon{Process: st, Memory: metrics.MemoryStats{
-			Memory: m, Bound: p.bound, RAMTier: p.ramTier, Index: p.index, Metadata: p.metadata,
+			Memory: m, Bound: processBound(), RAMTier: p.ramTier, Index: p.index, Metadata: p.metadata,
 			IO: uint64(held) + p.ublk, IOMax: p.ioMax, Baseline: baselineMemory, HeldPeak: w.peak.Load(),
 		}}
 	}
