@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,9 +26,10 @@ func runVM(t *testing.T, guestScript string, disks ...string) {
 	runVMWith(t, vmOptions{}, guestScript, disks...)
 }
 
-// vmOptions change the guest image.
+// vmOptions change the guest image and the machine it boots on.
 type vmOptions struct {
-	fio bool // put fio in the image (a separate, larger cached image: VM_WITH_FIO=1)
+	fio    bool // put fio in the image (a separate, larger cached image: VM_WITH_FIO=1)
+	memMiB int  // the guest's RAM in MiB (run.sh --mem); 0: run.sh's default, 1024
 }
 
 func runVMWith(t *testing.T, o vmOptions, guestScript string, disks ...string) {
@@ -38,6 +40,9 @@ func runVMWith(t *testing.T, o vmOptions, guestScript string, disks ...string) {
 	args := []string{"--script", guestScript, "--tierblk", tierblkPath, "--timeout", "300"}
 	for _, size := range disks {
 		args = append(args, "--disk", size)
+	}
+	if o.memMiB > 0 {
+		args = append(args, "--mem", strconv.Itoa(o.memMiB))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout+2*time.Minute)
 	defer cancel()

@@ -6,7 +6,7 @@
 # disks (/dev/vda, /dev/vdb, ...).
 #
 # Usage: run.sh --script GUEST.sh [--tierblk BIN] [--disk SIZE | --disk-file IMG | --disk-nbd URI]...
-#               [--file HOSTPATH:GUESTPATH]... [--timeout SECONDS]
+#               [--file HOSTPATH:GUESTPATH]... [--timeout SECONDS] [--mem MIB]
 #   SIZE is anything truncate(1) takes (64M). Disks are sparse temporary files.
 #   IMG is an existing raw image, attached as it is and kept: a second boot on the same
 #   disks (after a power cut: killing qemu) passes the same images again.
@@ -14,11 +14,12 @@
 #   (csi-sanity, a test's client) or a data file.
 #   URI is an NBD export (nbd+unix:///?socket=PATH) that qemu attaches: a disk the host serves,
 #   such as one with a volatile write cache that a power cut empties.
+#   MIB is the guest's RAM in MiB (default 1024): the memory-pressure test boots with 512.
 # Exit:  0 when the guest printed "TIERBLK-VM-RESULT: PASS", 1 otherwise.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-script="" tierblk="" timeout=300
+script="" tierblk="" timeout=300 mem=1024
 disks=()
 files=()
 while [ $# -gt 0 ]; do
@@ -30,10 +31,12 @@ while [ $# -gt 0 ]; do
 	--disk-nbd) disks+=("nbd:$2"); shift 2 ;;
 	--file) files+=("$2"); shift 2 ;;
 	--timeout) timeout=$2; shift 2 ;;
+	--mem) mem=$2; shift 2 ;;
 	*) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
 	esac
 done
 [ -n "$script" ] || { echo "run.sh: --script is required" >&2; exit 2; }
+case $mem in '' | *[!0-9]*) echo "run.sh: --mem $mem: want a size in MiB" >&2; exit 2 ;; esac
 command -v qemu-system-x86_64 >/dev/null ||
 	{ echo "run.sh: qemu-system-x86_64 missing: make deps installs qemu-system-x86" >&2; exit 1; }
 
@@ -72,7 +75,7 @@ done
 # patches its own code during boot (an int3 trap, before /init runs): nothing of the test has
 # run then and no disk was touched, so such a boot is tried again, up to three times.
 for attempt in 1 2 3; do
-	timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 1024 \
+	timeout --kill-after=10 "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m "$mem" \
 		-nographic -nic none -no-reboot -kernel "$base/vmlinuz" -initrd "$work/initrd" \
 		-append "console=ttyS0 quiet panic=-1" "${drives[@]}" </dev/null | tee "$work/console" ||
 		[ "${PIPESTATUS[0]}" != 124 ] || echo "run.sh: the guest did not power off within $timeout seconds"
