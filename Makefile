@@ -202,6 +202,7 @@ bench: deps build
 	$(BIN) bench sim --work $(CURDIR)/.cache/bench-sim $(if $(CACHESIM),--cachesim $(CACHESIM))
 	$(BIN) bench startup --work $(CURDIR)/.cache/bench-startup
 	$(BIN) bench cold --work $(CURDIR)/.cache/bench-cold
+	$(BIN) bench memory --work $(CURDIR)/.cache/bench-memory
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi
