@@ -31,7 +31,7 @@ type MemoryStats struct {
 	IO       uint64 `json:"io_bytes"`       // request buffers held now: NBD payloads and ublk buffers
 	IOMax    uint64 `json:"io_max_bytes"`   // ... at most
 	Baseline uint64 `json:"baseline_bytes"` // the rest of the bound: the runtime, buffers, copies
-	// HeldPeak is the most Held seen (sampled every second); Held and HeldPeak stay below Bound.
+	// HeldPeak is the most Held seen (sampled five times a second); Held and HeldPeak stay below Bound.
 	HeldPeak uint64 `json:"held_peak_bytes"`
 }
 
