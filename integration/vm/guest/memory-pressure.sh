@@ -8,26 +8,27 @@
 #     (with the hog: none of tierblk's);
 #   - after an unmount, `e2fsck -fn` finds nothing; after drop_caches and a mount again, the file
 #     has its size and each of its 16 MiB pieces the checksum of the chunk;
-#   - tierblk alive, every one of its threads with PF_MEMALLOC_NOIO and PF_LOCAL_THROTTLE (the
-#     flags PR_SET_IO_FLUSHER sets: never throttled for the dirty pages of the device it serves),
-#     and its peak RSS (VmHWM) within the bound `tierblk stats --json` reports ("memory":
-#     "bound_bytes"), or, from a daemon that reports none, the RAM tier + the SSD tier's index +
-#     64 MiB; a SIGTERM stops it cleanly.
+#   - tierblk alive; its oom_score_adj below 0 (not the OOM killer's first choice); every one of
+#     its threads with PF_MEMALLOC_NOIO and PF_LOCAL_THROTTLE (the flags PR_SET_IO_FLUSHER sets:
+#     never throttled for the dirty pages of the device it serves); its peak RSS (VmHWM) within
+#     the bound `tierblk stats --json` reports ("memory": "bound_bytes"), or, from a daemon that
+#     reports none, the RAM tier + the SSD tier's index + 64 MiB; a SIGTERM stops it cleanly.
 # Each case runs twice: alone, and with a memory hog (busybox dd holding a buffer of all but
 # $hog_reserve_mib of MemAvailable) started before the writer; the hog may be OOM-killed,
 # tierblk must not be. The figures of every run (VmHWM, VmRSS, the daemon's memory object,
 # oom_score_adj, the time it took) go to the console. A check that fails is reported and the
 # runs go on; the script fails at the end, listing every failed check; a run that cannot go on
 # (the writer fails, the file system will not mount, tierblk died) fails at once.
-# A run of 256 MiB takes one to three minutes under qemu's TCG; TestMemoryPressure boots once for
-# each frontend, mode and hog (a boot may take 5 minutes at most). Variables a line before this script (or an edit
-# here) can set, for a longer run by hand (the writer wrote three times the guest's RAM:
-# size_mib=1536 write_timeout=900, and run.sh --timeout to match):
+# A run of 128 MiB takes about a minute under qemu's TCG; TestMemoryPressure boots once for each
+# frontend and mode, and runs the writer alone and with the hog (a boot may take 5 minutes at
+# most). Variables a line before this script (or an edit here) can set, for a longer run by hand
+# (the writer wrote three times the guest's RAM: size_mib=1536 write_timeout=900, and
+# run.sh --timeout to match):
 frontends=${frontends:-"ublk nbd"}      # ublk and/or nbd
 modes=${modes:-"writethrough writeback"} # tierblk's --mode
 hogs=${hogs:-"no yes"}                   # without and with the memory hog
-size_mib=${size_mib:-256}                # the file the writer writes, a multiple of 16
-hog_reserve_mib=${hog_reserve_mib:-128}  # MemAvailable the hog leaves
+size_mib=${size_mib:-128}                # the file the writer writes, a multiple of 16
+hog_reserve_mib=${hog_reserve_mib:-96}   # MemAvailable the hog leaves
 write_timeout=${write_timeout:-100}      # seconds the writer, and then its sync, may take
 
 admin=127.0.0.1:9810
@@ -276,6 +277,8 @@ case_run() {
 	[ -z "$bound" ] || [ $hwm -le $bound ] ||
 		problem "tierblk's peak RSS (VmHWM) $(mib1 $hwm) MiB is over its bound $(mib1 $bound) MiB"
 	thread_flags
+	[ "$(cat /proc/$pid/oom_score_adj)" -lt 0 ] ||
+		problem "tierblk's oom_score_adj is $(cat /proc/$pid/oom_score_adj) while it serves $dev: it is not lowered"
 
 	t4=$(now)
 	umount /mnt || fatal "umount"
