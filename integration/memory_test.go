@@ -18,9 +18,9 @@ import (
 // of tierblk in dmesg (none at all without the hog); `e2fsck -fn` clean after the unmount and the
 // file's checksums right after a remount with the page cache dropped; tierblk alive, its
 // oom_score_adj below 0, every one of its threads with the flags PR_SET_IO_FLUSHER sets (so that
-// it is never throttled for the dirty pages of the device it serves), its peak RSS (VmHWM) within
-// the bound `tierblk stats --json` reports ("memory": "bound_bytes"; from a daemon that reports
-// none, the RAM tier + the SSD tier's index + 64 MiB), and a SIGTERM that stops it cleanly. The
+// it is never throttled for the dirty pages of the device it serves), the peak of what it holds
+// within the bound `tierblk stats --json` reports ("memory": "held_peak_bytes", "bound_bytes"),
+// and a SIGTERM that stops it cleanly. The
 // guest's console, shown when a check fails, has each run's figures (VmHWM, VmRSS, the memory
 // object, oom_score_adj, the time of each phase).
 func TestMemoryPressure(t *testing.T) {

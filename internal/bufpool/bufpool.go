@@ -12,6 +12,7 @@ package bufpool
 import (
 	"math/bits"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -25,8 +26,47 @@ const (
 	maxShift = 27 // 128 MiB
 )
 
+// MaxKept is how many bytes of buffers the pool keeps through garbage collections (kept). A
+// sync.Pool alone loses its buffers at every collection; under a memory limit (the daemon's
+// bound) collections come often, and a pool that empties at each of them makes every request
+// allocate, which makes collections come oftener still: the hit paths then spent twice their CPU
+// collecting (docs/benchmarks.md, "Checksums", the run on 57dfb92). It holds the NBD server's
+// payload budget and its read-ahead (server.DefaultPayloadBytes). Kept buffers are part of the
+// daemon's memory bound (docs/operations.md, "How much RAM").
+const MaxKept = 16 << 20
+
 // A *[]byte is pooled, not a []byte, so that putting it back does not allocate.
 var pools [maxShift - minShift + 1]sync.Pool
+
+// kept holds, by class, buffers that survive collections, MaxKept bytes of them at most; past
+// that, buffers go to pools, which collections empty.
+var kept struct {
+	bytes   atomic.Int64
+	classes [maxShift - minShift + 1]keptClass
+}
+
+type keptClass struct {
+	mu   sync.Mutex
+	bufs []*[]byte
+}
+
+func (k *keptClass) pop() *[]byte {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n := len(k.bufs); n > 0 {
+		bp := k.bufs[n-1]
+		k.bufs[n-1] = nil
+		k.bufs = k.bufs[:n-1]
+		return bp
+	}
+	return nil
+}
+
+func (k *keptClass) push(bp *[]byte) {
+	k.mu.Lock()
+	k.bufs = append(k.bufs, bp)
+	k.mu.Unlock()
+}
 
 func class(n int) int {
 	if n <= 1<<minShift {
@@ -41,6 +81,11 @@ func Get(n int) *[]byte {
 	if c >= len(pools) {
 		b := Aligned(n)
 		return &b
+	}
+	if bp := kept.classes[c].pop(); bp != nil {
+		kept.bytes.Add(-int64(cap(*bp)))
+		*bp = (*bp)[:n]
+		return bp
 	}
 	if v := pools[c].Get(); v != nil {
 		bp := v.(*[]byte)
@@ -63,6 +108,12 @@ func Size(n int) int {
 func Put(bp *[]byte) {
 	c := class(cap(*bp))
 	if c < len(pools) && cap(*bp) == 1<<(c+minShift) {
+		size := int64(cap(*bp))
+		if kept.bytes.Add(size) <= MaxKept {
+			kept.classes[c].push(bp)
+			return
+		}
+		kept.bytes.Add(-size)
 		pools[c].Put(bp)
 	}
 }

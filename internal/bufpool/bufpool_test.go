@@ -1,6 +1,7 @@
 package bufpool
 
 import (
+	"runtime"
 	"testing"
 	"unsafe"
 
@@ -32,4 +33,35 @@ func TestGetPut(t *testing.T) {
 func TestNoAllocations(t *testing.T) {
 	Put(Get(64 << 10))
 	require.Zero(t, testing.AllocsPerRun(100, func() { Put(Get(64 << 10)) }))
+}
+
+// Buffers put back survive garbage collections, up to MaxKept bytes: a daemon under its memory
+// limit, collecting often, still reuses them rather than allocating at every request.
+func TestKeptThroughCollections(t *testing.T) {
+	const size = 1 << 20
+	for c := range kept.classes { // what earlier tests kept
+		for bp := kept.classes[c].pop(); bp != nil; bp = kept.classes[c].pop() {
+			kept.bytes.Add(-int64(cap(*bp)))
+		}
+	}
+	var bufs []*[]byte
+	for range MaxKept/size + 2 {
+		bufs = append(bufs, Get(size))
+	}
+	for _, bp := range bufs {
+		Put(bp)
+	}
+	require.LessOrEqual(t, kept.bytes.Load(), int64(MaxKept))
+	runtime.GC()
+	runtime.GC() // a sync.Pool's buffers are gone after two
+	again := map[*[]byte]bool{}
+	for range MaxKept / size {
+		again[Get(size)] = true
+	}
+	for _, bp := range bufs[:MaxKept/size] {
+		require.True(t, again[bp], "a kept buffer came back")
+	}
+	for bp := range again {
+		Put(bp)
+	}
 }
