@@ -141,18 +141,26 @@ func (s cacheStats) tier(t *testing.T, name string) tierStats {
 	return tierStats{}
 }
 
-// adminStats runs `tierblk stats --admin ADDR --json` and returns the one export's statistics.
-func adminStats(t *testing.T, admin string) cacheStats {
+// statsJSON runs `tierblk stats --admin ADDR --json`, requires it to succeed, decodes its output
+// into v and returns it (for the tests' messages).
+func statsJSON(t *testing.T, admin string, v any) string {
 	t.Helper()
 	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
 	require.Zero(t, code, "tierblk stats --admin %s --json:\n%s", admin, out)
+	require.NoError(t, json.Unmarshal([]byte(out), v), "tierblk stats --json:\n%s", out)
+	return out
+}
+
+// adminStats runs `tierblk stats --admin ADDR --json` and returns the one export's statistics.
+func adminStats(t *testing.T, admin string) cacheStats {
+	t.Helper()
 	var resp struct {
 		Exports []struct {
 			Name  string     `json:"name"`
 			Stats cacheStats `json:"stats"`
 		} `json:"exports"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	out := statsJSON(t, admin, &resp)
 	require.Len(t, resp.Exports, 1, "tierblk stats --json:\n%s", out)
 	return resp.Exports[0].Stats
 }

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"path/filepath"
 	"testing"
 
@@ -21,12 +20,10 @@ type daemonMemory struct {
 
 func adminMemory(t *testing.T, admin string) daemonMemory {
 	t.Helper()
-	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
-	require.Zero(t, code, "tierblk stats --json:\n%s", out)
 	var resp struct {
 		Memory *daemonMemory `json:"memory"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	out := statsJSON(t, admin, &resp)
 	require.NotNil(t, resp.Memory, "tierblk stats --json has no memory:\n%s", out)
 	return *resp.Memory
 }

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,8 +37,6 @@ type ssdTierState struct {
 
 func ssdState(t *testing.T, admin string) ssdTierState {
 	t.Helper()
-	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
-	require.Zero(t, code, "tierblk stats:\n%s", out)
 	var resp struct {
 		Exports []struct {
 			Stats struct {
@@ -50,7 +47,7 @@ func ssdState(t *testing.T, admin string) ssdTierState {
 			} `json:"stats"`
 		} `json:"exports"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	out := statsJSON(t, admin, &resp)
 	require.Len(t, resp.Exports, 1)
 	for _, tier := range resp.Exports[0].Stats.Tiers {
 		if tier.Name == "ssd" {

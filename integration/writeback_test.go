@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -42,8 +41,6 @@ type dirtyStats struct {
 // write-back counters.
 func adminDirty(t *testing.T, admin string) (string, dirtyStats) {
 	t.Helper()
-	code, out := runTierblk(t, "stats", "--admin", admin, "--json")
-	require.Zero(t, code, "tierblk stats --admin %s --json:\n%s", admin, out)
 	var resp struct {
 		Exports []struct {
 			Stats struct {
@@ -52,7 +49,7 @@ func adminDirty(t *testing.T, admin string) (string, dirtyStats) {
 			} `json:"stats"`
 		} `json:"exports"`
 	}
-	require.NoError(t, json.Unmarshal([]byte(out), &resp), "tierblk stats --json:\n%s", out)
+	out := statsJSON(t, admin, &resp)
 	require.Len(t, resp.Exports, 1, "tierblk stats --json:\n%s", out)
 	return resp.Exports[0].Stats.Mode, resp.Exports[0].Stats.Dirty
 }

@@ -343,6 +343,11 @@ func fio(ctx context.Context, ep Endpoint, size string, runtime, ramp time.Durat
 	if env := ep.fioEnv(); env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
+	return runFio(cmd)
+}
+
+// runFio runs a fio command and reads its JSON output; its error has fio's stderr.
+func runFio(cmd *exec.Cmd) (fioResult, error) {
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError

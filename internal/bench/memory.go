@@ -227,15 +227,7 @@ func runMemoryOnce(ctx context.Context, r memRun, round int, o MemoryOptions) (M
 
 // memoryFio runs phase p against uri.
 func memoryFio(ctx context.Context, uri string, p MemoryPhase) (fioResult, error) {
-	out, err := exec.CommandContext(ctx, "fio", memoryFioArgs(uri, p)...).Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return fioResult{}, fmt.Errorf("fio: %v: %s", err, ee.Stderr)
-		}
-		return fioResult{}, fmt.Errorf("fio: %w", err)
-	}
-	return parseFio(out)
+	return runFio(exec.CommandContext(ctx, "fio", memoryFioArgs(uri, p)...))
 }
 
 // parseMemory returns the memory object of a /stats answer, nil when it has none (a build from
