@@ -1,0 +1,37 @@
+package process
+
+import (
+	"fmt"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// SetIOFlusher marks every thread of the process PR_SET_IO_FLUSHER: the kernel then throttles
+// their buffered writes only against the device each writes to, not against the dirty pages of
+// the whole machine (which may be those of the device the daemon serves), and their allocations
+// never start I/O to reclaim memory. The kernel copies the flag to every thread created after it
+// (clone keeps the task's flags), which is how the Go runtime's later threads get it; the test of
+// this package reads every thread's flags back. It needs CAP_SYS_RESOURCE.
+//
+// It fails with ENOTSUP in a binary built with cgo, where the runtime cannot reach every thread;
+// tierblk's releases are built without it.
+func SetIOFlusher() error {
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_IO_FLUSHER, 1, 0); e != 0 {
+		if e == syscall.EPERM {
+			return fmt.Errorf("PR_SET_IO_FLUSHER: %w (it needs root or CAP_SYS_RESOURCE)", e)
+		}
+		return fmt.Errorf("PR_SET_IO_FLUSHER: %w", e)
+	}
+	return nil
+}
+
+// LockMemory locks the process's pages in RAM, those it has and those it will fault in, so that
+// serving a swap device or the root file system never waits on a page swapped out to it. Pages
+// are locked as they are touched (MCL_ONFAULT), not all the address space the runtime reserves.
+func LockMemory() error {
+	if err := unix.Mlockall(unix.MCL_CURRENT | unix.MCL_FUTURE | unix.MCL_ONFAULT); err != nil {
+		return fmt.Errorf("lock memory (mlockall): %w (it needs root, CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK, e.g. LimitMEMLOCK=infinity in a unit)", err)
+	}
+	return nil
+}
