@@ -93,6 +93,9 @@ func TestIdleConnections(t *testing.T) {
 
 	read := func(c *nbdtest.RawClient, cookie uint64) {
 		t.Helper()
+		// A deadline for this exchange: the one DialRaw set ran from the dial, and dialing
+		// thousands of clients on a busy machine takes longer than it.
+		require.NoError(t, c.NC.SetDeadline(time.Now().Add(time.Minute)))
 		c.Request(proto.Request{Type: proto.CmdRead, Cookie: cookie, Length: 4096}, nil)
 		r := c.Reply()
 		require.Equal(t, cookie, r.Cookie)
