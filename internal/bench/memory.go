@@ -20,15 +20,14 @@ import (
 	"github.com/tierblk/tierblk/internal/units"
 )
 
-// The memory benchmark's setup (issue 52): the daemon must hold at most its RAM tier + its index +
-// 64 MiB whatever the load. Each RAM tier of MemoryRAMTiers is measured in write-back over an SSD
+// The memory benchmark's setup (issue 52): the daemon must hold at most its bound whatever the
+// load (docs/operations.md, "How much RAM"). Each RAM tier of MemoryRAMTiers is measured in write-back over an SSD
 // tier of MemorySSD and a file backend of MemoryBackend, under MemoryPhases.
 const (
 	MemorySSD     = "512MiB"
 	MemoryBackend = "2GiB"
-	// MemorySlack is what the bound allows besides the RAM tier and the index; the RSS ratio is
-	// taken against RAM tier + MemorySlack, a figure both builds share (the older one reports no
-	// index).
+	// MemorySlack is a fixed allowance besides the RAM tier: the RSS ratio is taken against RAM
+	// tier + MemorySlack, a figure both builds share (the older one reports no bound).
 	MemorySlack = 64 << 20
 	// memoryRegion is the region of the disk the phases work on.
 	memoryRegion = "1g"

@@ -26,23 +26,40 @@ const (
 	maxShift = 27 // 128 MiB
 )
 
-// MaxKept is how many bytes of buffers the pool keeps through garbage collections (kept). A
-// sync.Pool alone loses its buffers at every collection; under a memory limit (the daemon's
-// bound) collections come often, and a pool that empties at each of them makes every request
-// allocate, which makes collections come oftener still: the hit paths then spent twice their CPU
-// collecting (docs/benchmarks.md, "Checksums", the run on 57dfb92). It holds the NBD server's
-// payload budget and its read-ahead (server.DefaultPayloadBytes). Kept buffers are part of the
-// daemon's memory bound (docs/operations.md, "How much RAM").
-const MaxKept = 16 << 20
+// DefaultBudget is the pool's budget (Budget) in a process that sets none: a test, a benchmark.
+const DefaultBudget = 16 << 20
 
-// A *[]byte is pooled, not a []byte, so that putting it back does not allocate.
-var pools [maxShift - minShift + 1]sync.Pool
+// The pool keeps the buffers put back, through garbage collections, while its buffers in use and
+// kept together stay within its budget; past it, buffers go to pools, which collections empty. A
+// sync.Pool alone loses its buffers at every collection; under a memory limit (the daemon's bound)
+// collections come often, and a pool that empties at each of them makes every request allocate,
+// which makes collections come oftener still and, on a machine whose CPU is busy elsewhere, lets
+// garbage pile up past the limit (integration's TestMemoryBoundNBD). So the pool holds at most
+// the most its holders held at once, up to the budget, and a steady load allocates nothing.
+var (
+	pools [maxShift - minShift + 1]sync.Pool // of *[]byte, so that putting one back does not allocate
+	// budgets is the sum of the budgets AddBudget added: the I/O buffers of the daemons' memory
+	// plans (docs/operations.md, "How much RAM").
+	budgets atomic.Int64
+	// inUse is the bytes of buffers handed out by Get and not yet put back.
+	inUse atomic.Int64
+	kept  struct {
+		bytes   atomic.Int64
+		classes [maxShift - minShift + 1]keptClass
+	}
+)
 
-// kept holds, by class, buffers that survive collections, MaxKept bytes of them at most; past
-// that, buffers go to pools, which collections empty.
-var kept struct {
-	bytes   atomic.Int64
-	classes [maxShift - minShift + 1]keptClass
+// AddBudget adds n bytes to the pool's budget, or takes them off with a negative n: a daemon adds
+// the I/O buffers its memory bound plans for while it runs.
+func AddBudget(n int64) { budgets.Add(n) }
+
+// Budget is the most bytes of buffers, in use and kept, that the pool keeps: the sum of the
+// budgets added, or DefaultBudget when none is.
+func Budget() int64 {
+	if b := budgets.Load(); b > 0 {
+		return b
+	}
+	return DefaultBudget
 }
 
 type keptClass struct {
@@ -82,6 +99,7 @@ func Get(n int) *[]byte {
 		b := Aligned(n)
 		return &b
 	}
+	inUse.Add(1 << (c + minShift))
 	if bp := kept.classes[c].pop(); bp != nil {
 		kept.bytes.Add(-int64(cap(*bp)))
 		*bp = (*bp)[:n]
@@ -109,7 +127,8 @@ func Put(bp *[]byte) {
 	c := class(cap(*bp))
 	if c < len(pools) && cap(*bp) == 1<<(c+minShift) {
 		size := int64(cap(*bp))
-		if kept.bytes.Add(size) <= MaxKept {
+		held := inUse.Add(-size)
+		if kept.bytes.Add(size)+held <= Budget() {
 			kept.classes[c].push(bp)
 			return
 		}

@@ -35,33 +35,70 @@ func TestNoAllocations(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(100, func() { Put(Get(64 << 10)) }))
 }
 
-// Buffers put back survive garbage collections, up to MaxKept bytes: a daemon under its memory
-// limit, collecting often, still reuses them rather than allocating at every request.
-func TestKeptThroughCollections(t *testing.T) {
-	const size = 1 << 20
-	for c := range kept.classes { // what earlier tests kept
+// drainKept empties the kept buffers (what earlier tests kept), so that a test starts from none,
+// and returns the room the budget leaves beside the buffers earlier tests did not put back.
+func drainKept() int {
+	for c := range kept.classes {
 		for bp := kept.classes[c].pop(); bp != nil; bp = kept.classes[c].pop() {
 			kept.bytes.Add(-int64(cap(*bp)))
 		}
 	}
+	return int(Budget() - inUse.Load())
+}
+
+// Buffers put back survive garbage collections while the pool's buffers, in use and kept, stay
+// within its budget: a daemon under its memory limit collects often, and a pool that lost its
+// buffers at each collection would make every request allocate.
+func TestKeptThroughCollections(t *testing.T) {
+	const size = 1 << 20
+	budget := drainKept()
 	var bufs []*[]byte
-	for range MaxKept/size + 2 {
+	for range budget/size + 2 {
 		bufs = append(bufs, Get(size))
 	}
 	for _, bp := range bufs {
 		Put(bp)
 	}
-	require.LessOrEqual(t, kept.bytes.Load(), int64(MaxKept))
+	require.LessOrEqual(t, kept.bytes.Load(), int64(budget))
 	runtime.GC()
 	runtime.GC() // a sync.Pool's buffers are gone after two
 	again := map[*[]byte]bool{}
-	for range MaxKept / size {
+	for range budget / size {
 		again[Get(size)] = true
 	}
-	for _, bp := range bufs[:MaxKept/size] {
+	// The first ones put back were not kept: with the rest still in use, the budget was full.
+	for _, bp := range bufs[len(bufs)-budget/size:] {
 		require.True(t, again[bp], "a kept buffer came back")
 	}
 	for bp := range again {
 		Put(bp)
 	}
+}
+
+// Buffers in use count against the budget: the pool keeps only what, with them, fits in it, and
+// a budget added (a daemon's) lets it keep more.
+func TestBudgetCountsBuffersInUse(t *testing.T) {
+	const size = 1 << 20
+	budget := drainKept()
+	held := make([]*[]byte, budget/size/2)
+	for i := range held {
+		held[i] = Get(size)
+	}
+	var back []*[]byte
+	for range budget / size {
+		back = append(back, Get(size))
+	}
+	for _, bp := range back {
+		Put(bp)
+	}
+	require.Equal(t, int64(budget-len(held)*size), kept.bytes.Load(), "kept beside the buffers in use: the budget's rest")
+
+	AddBudget(2 * DefaultBudget)
+	defer AddBudget(-2 * DefaultBudget)
+	require.Equal(t, int64(2*DefaultBudget), Budget(), "an added budget replaces the default")
+	for _, bp := range held {
+		Put(bp)
+	}
+	require.Equal(t, int64(budget), kept.bytes.Load(), "all kept within the daemon's budget")
+	drainKept()
 }

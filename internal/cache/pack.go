@@ -922,9 +922,13 @@ func (t *tier) reclaim() {
 // reserve), if its bytes match the block's sum; else it returns a *damageError.
 func (t *tier) copyUnit(line uint64, b int, l uint64, sum uint32) (uint64, error) {
 	pk := t.pk
-	var unit []byte
+	// A pooled buffer: reclaim copies every unit it keeps, and allocating each would make garbage
+	// at the rate the tier is written (TestMemoryBoundNBD).
+	bp := bufpool.Get(locLen(l))
+	defer bufpool.Put(bp)
+	unit := *bp
 	if err := pk.readUnits([]uint64{l}, false, func(_ int, u []byte) error {
-		unit = append(unit, u...)
+		copy(unit, u)
 		return nil
 	}); err != nil {
 		return 0, err

@@ -109,9 +109,10 @@ func writeDaemon(w io.Writer, p *metrics.ProcessStats, m *metrics.MemoryStats) {
 	if m != nil {
 		fmt.Fprintf(w, "\nmemory: holds %s (peak %s) of its bound %s; resident %s (with the binary's pages)\n",
 			humanBytes(m.Held), humanBytes(m.HeldPeak), humanBytes(m.Bound), humanBytes(m.RSS))
-		fmt.Fprintf(w, "memory by part: RAM tier %s, index %s, metadata store %s at most, request buffers %s of %s, Go heap %s, Go runtime %s\n",
+		fmt.Fprintf(w, "memory by part: RAM tier %s, index %s, metadata store %s at most, request buffers %s of %s, cache buffers %s at most, runtime %s\n",
 			humanBytes(m.RAMTier), humanBytes(m.Index), humanBytes(m.Metadata), humanBytes(m.IO), humanBytes(m.IOMax),
-			humanBytes(m.GoHeap), humanBytes(m.GoOther))
+			humanBytes(m.Work), humanBytes(m.Runtime))
+		fmt.Fprintf(w, "memory of Go: heap %s, runtime %s\n", humanBytes(m.GoHeap), humanBytes(m.GoOther))
 	}
 	if p != nil {
 		flusher := "yes"

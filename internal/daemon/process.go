@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/meta"
@@ -28,14 +29,14 @@ import (
 // killing the daemon fails every I/O of the device and may leave its file system unmountable.
 const servingOOMScore = -900
 
-// baselineMemory is the daemon's own share of its memory bound, besides its caches' RAM tiers and
-// indexes: the Go runtime, one metadata store, the NBD server's request payloads and one ublk
-// device's buffers, and the cache's copies of the requests in flight. Each part is bounded
-// (server.DefaultPayloadBytes, ublk.DefaultBufferBytes, meta.BadgerMemoryBytes). The bound is on
-// the memory the daemon holds (anonymous and shared: what the kernel cannot take back), not on
-// the pages of its binary and of the metadata store's tables, which the kernel reclaims under
-// pressure. integration's TestMemoryPressure holds the daemon to it under a writer in a small VM.
-const baselineMemory = 64 << 20
+// runtimeMemory is the Go runtime's share of the daemon's memory bound: its own structures, the
+// goroutines' stacks, and the small objects of the requests in flight and of the tiers' upkeep
+// (a reclaim's list of units to move). The other parts of the bound are each bounded by what
+// makes them (planMemory). The bound is on the memory the daemon holds (anonymous and shared:
+// what the kernel cannot take back), not on the pages of its binary and of the metadata store's
+// tables, which the kernel reclaims under pressure. integration's TestMemoryPressure holds the
+// daemon to it under a writer in a small VM, TestMemoryBoundNBD under many large requests.
+const runtimeMemory = 16 << 20
 
 // kernelDevices reports whether cfg serves a device of this machine's kernel (ublk or the kernel
 // NBD client), whose writers the daemon must never wait on.
@@ -85,7 +86,16 @@ func setUpProcess(cfg config.Config, log *slog.Logger) (metrics.ProcessStats, er
 
 // memoryPlan is the daemon's memory bound and its parts.
 type memoryPlan struct {
-	ramTier, index, metadata, ioMax, bound uint64
+	ramTier, index, metadata, bound uint64
+	// ioMax is the request buffers, at most: the NBD server's payloads and the ublk devices'.
+	ioMax uint64
+	// work is the caches' buffers, at most: a copy of each request in flight (a compressed unit,
+	// a read miss's fetch, a partial block's read-modify-write: no larger than the request, whose
+	// buffer ioMax bounds), and the destagers'.
+	work uint64
+	// pooled is the part of ioMax and work in the process's pool of buffers (bufpool), which
+	// keeps that much through garbage collections.
+	pooled uint64
 	// outsideGo is the part of the bound outside the Go runtime's count: mapped files (the run
 	// logs, the metadata stores' logs) and the ublk buffers.
 	outsideGo uint64
@@ -95,20 +105,22 @@ type memoryPlan struct {
 }
 
 // planMemory adds up the bound: the caches' RAM tiers and indexes (with the SSD tiers' run logs,
-// the index's journal on /run), baselineMemory, the mem:// backends, and for each metadata store
-// and ublk device past the first, its own share.
+// the index's journal on /run), their metadata stores, the request buffers and the caches' work
+// buffers, runtimeMemory, and the mem:// backends.
 func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume) memoryPlan {
 	var p memoryPlan
 	stores, devices := 0, 0
+	var destage uint64
 	for i, c := range caches {
 		if strings.HasPrefix(cfg.Exports[i].Backend, "mem://") {
 			// A backend in RAM, as asked: its bytes are on the heap, past any bound of ours.
 			p.memBackends += uint64(vols[i].Info().Size)
 		}
 		if c != nil {
-			r, x := c.MemoryPlan()
+			r, x, d := c.MemoryPlan()
 			p.ramTier += r
 			p.index += x
+			destage += d
 			if cfg.Exports[i].Cache != nil && cfg.Exports[i].Cache.SSD != "" {
 				stores++
 			}
@@ -121,9 +133,11 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 	p.index += runLogs
 	p.metadata = uint64(stores) * meta.BadgerMemoryBytes
 	p.ublk = uint64(devices) * ublk.DefaultBufferBytes
-	p.ioMax = server.DefaultPayloadBytes*5/4 + p.ublk
-	p.bound = p.ramTier + p.index + baselineMemory + p.memBackends +
-		uint64(max(stores-1, 0))*meta.BadgerMemoryBytes + uint64(max(devices-1, 0))*ublk.DefaultBufferBytes
+	payloads := uint64(server.DefaultPayloadBytes * 5 / 4) // and the read-ahead's quarter
+	p.ioMax = payloads + p.ublk
+	p.work = p.ioMax + destage
+	p.pooled = payloads + p.work
+	p.bound = p.ramTier + p.index + p.metadata + p.ioMax + p.work + runtimeMemory + p.memBackends
 	p.outsideGo = runLogs + uint64(stores)*meta.BadgerMappedBytes + p.ublk
 	return p
 }
@@ -157,6 +171,7 @@ func limitGo(p memoryPlan, log *slog.Logger) (release func()) {
 			processPlans.bound -= p.bound
 			processPlans.outsideGo -= p.outsideGo
 		}
+		bufpool.AddBudget(int64(sign) * int64(p.pooled))
 		if os.Getenv("GOMEMLIMIT") != "" {
 			return
 		}
@@ -231,7 +246,7 @@ func (w *memoryWatch) stats(st metrics.ProcessStats, srv *server.Server) func() 
 		p := w.plan
 		return metrics.Daemon{Process: st, Memory: metrics.MemoryStats{
 			Memory: m, Bound: processBound(), RAMTier: p.ramTier, Index: p.index, Metadata: p.metadata,
-			IO: uint64(held) + p.ublk, IOMax: p.ioMax, Baseline: baselineMemory, HeldPeak: w.peak.Load(),
+			IO: uint64(held) + p.ublk, IOMax: p.ioMax, Work: p.work, Runtime: runtimeMemory, HeldPeak: w.peak.Load(),
 		}}
 	}
 }

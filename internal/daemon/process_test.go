@@ -7,27 +7,29 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
-	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/ublk"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
-// The bound is baselineMemory, plus a mem:// backend's bytes, plus a ublk device's buffers past
-// the first; the Go runtime's limit leaves out what is not on its heap. (The caches' parts are
-// held to the bound by integration's TestMemoryBoundNBD.)
+// The bound is the request buffers (the NBD payloads and read-ahead, the ublk devices'), as much
+// again for the caches' copies of them, runtimeMemory, and a mem:// backend's bytes; the pool
+// keeps the buffers of the first two; the Go runtime's limit leaves out what is not on its heap.
+// (The caches' parts are held to the bound by integration's TestMemoryBoundNBD.)
 func TestPlanMemory(t *testing.T) {
 	memVol := volume.New(mem.New(32<<20), volume.Options{})
+	const payloads = server.DefaultPayloadBytes * 5 / 4
 	for _, tc := range []struct {
 		name      string
 		exports   []config.Export
 		bound     uint64
 		outsideGo uint64
 	}{
-		{"a file", []config.Export{{Backend: "file:///srv/disk.img"}}, baselineMemory, 0},
-		{"a mem backend", []config.Export{{Backend: "mem://32MiB"}}, baselineMemory + 32<<20, 0},
+		{"a file", []config.Export{{Backend: "file:///srv/disk.img"}}, 2*payloads + runtimeMemory, 0},
+		{"a mem backend", []config.Export{{Backend: "mem://32MiB"}}, 2*payloads + runtimeMemory + 32<<20, 0},
 		{"two ublk devices", []config.Export{{Backend: "file:///a", UBLK: &config.UBLK{}}, {Backend: "file:///b", UBLK: &config.UBLK{}}},
-			baselineMemory + ublk.DefaultBufferBytes, 2 * ublk.DefaultBufferBytes},
+			2*(payloads+2*ublk.DefaultBufferBytes) + runtimeMemory, 2 * ublk.DefaultBufferBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vols := make([]*volume.Volume, len(tc.exports))
@@ -38,7 +40,8 @@ func TestPlanMemory(t *testing.T) {
 			require.Equal(t, tc.bound, p.bound)
 			require.Equal(t, tc.outsideGo, p.outsideGo)
 			require.Zero(t, p.metadata, "no SSD tier, no metadata store")
+			require.Equal(t, p.ioMax, p.work, "no cache has a destager: the work buffers are the requests' copies")
+			require.Equal(t, payloads+p.work, p.pooled, "the pool keeps the payloads and the work buffers")
 		})
 	}
-	require.Less(t, uint64(meta.BadgerMemoryBytes), uint64(baselineMemory/2), "one store leaves room in the baseline")
 }

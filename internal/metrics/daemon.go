@@ -30,7 +30,8 @@ type MemoryStats struct {
 	Metadata uint64 `json:"metadata_bytes"` // the metadata stores' tables, at most
 	IO       uint64 `json:"io_bytes"`       // request buffers held now: NBD payloads and ublk buffers
 	IOMax    uint64 `json:"io_max_bytes"`   // ... at most
-	Baseline uint64 `json:"baseline_bytes"` // the rest of the bound: the runtime, buffers, copies
+	Work     uint64 `json:"work_bytes"`     // the caches' buffers, at most: copies of requests in flight, the destagers'
+	Runtime  uint64 `json:"runtime_bytes"`  // the Go runtime's share: its structures, stacks, small objects
 	// HeldPeak is the most Held seen (sampled five times a second); Held and HeldPeak stay below Bound.
 	HeldPeak uint64 `json:"held_peak_bytes"`
 }
@@ -45,9 +46,9 @@ var (
 	memoryDesc = prometheus.NewDesc("tierblk_memory_bytes",
 		"The daemon's memory by part: rss (resident), rss_peak, held (anonymous and shared: what the kernel cannot reclaim; "+
 			"below the bound), held_peak, go_heap, go_other (Go's runtime besides its heap), "+
-			"ram_tier, index (full), metadata (at most), io (request buffers held now).", []string{"part"}, nil)
+			"ram_tier, index (full), metadata (at most), io (request buffers held now), io_max, work (the caches' buffers, at most), runtime (the Go runtime's share).", []string{"part"}, nil)
 	memoryBoundDesc = prometheus.NewDesc("tierblk_memory_bound_bytes",
-		"The most memory the daemon should hold (tierblk_memory_bytes{part=\"held\"}): RAM tiers, indexes, and its own share.", nil, nil)
+		"The most memory the daemon should hold (tierblk_memory_bytes{part=\"held\"}): the sum of ram_tier, index, metadata, io_max, work, runtime and any mem:// backends.", nil, nil)
 	ioFlusherDesc = prometheus.NewDesc("tierblk_io_flusher",
 		"1 when every thread of the daemon is marked PR_SET_IO_FLUSHER (never throttled for the dirty pages of a device it serves).", nil, nil)
 	oomScoreDesc = prometheus.NewDesc("tierblk_oom_score_adj", "The daemon's oom_score_adj.", nil, nil)
@@ -64,7 +65,8 @@ func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	m := d.Memory
 	for part, v := range map[string]uint64{"rss": m.RSS, "rss_peak": m.Peak, "held": m.Held, "held_peak": m.HeldPeak,
 		"go_heap": m.GoHeap, "go_other": m.GoOther,
-		"ram_tier": m.RAMTier, "index": m.Index, "metadata": m.Metadata, "io": m.IO} {
+		"ram_tier": m.RAMTier, "index": m.Index, "metadata": m.Metadata, "io": m.IO, "io_max": m.IOMax,
+		"work": m.Work, "runtime": m.Runtime} {
 		ch <- prometheus.MustNewConstMetric(memoryDesc, prometheus.GaugeValue, float64(v), part)
 	}
 	ch <- prometheus.MustNewConstMetric(memoryBoundDesc, prometheus.GaugeValue, float64(m.Bound))

@@ -13,7 +13,8 @@
 #     never throttled for the dirty pages of the device it serves); the peak of what it holds
 #     ("memory": "held_peak_bytes") within the bound `tierblk stats --json` reports ("bound_bytes"),
 #     or its peak RSS (VmHWM) within the bound computed here, from a daemon that
-#     reports none, the RAM tier + the SSD tier's index + 64 MiB; a SIGTERM stops it cleanly.
+#     reports none, the RAM tier + the SSD tier's index + 64 MiB (the bound of the first
+#     builds that had one); a SIGTERM stops it cleanly.
 # Each case runs twice: alone, and with a memory hog (busybox dd holding a buffer of all but
 # $hog_reserve_mib of MemAvailable) started before the writer; the hog may be OOM-killed,
 # tierblk must not be. The figures of every run (VmHWM, VmRSS, the daemon's memory object,

@@ -7,11 +7,9 @@ import (
 	"github.com/tierblk/tierblk/internal/bufpool"
 )
 
-// payloadBudget bounds the payload buffers one connection holds at once: the WRITE payloads it has
-// read and the READ replies it has not yet written. A client that sends requests faster than it
-// takes their replies (or never takes them) then stalls only itself, and a connection holds at most
-// this much, whatever MaxInFlight is: MaxInFlight requests of the largest payload would be
-// gigabytes. One request of the largest payload fits.
+// payloadBudget caps a connection's budget of payload buffers (the WRITE payloads it has read and
+// the READ replies it has not yet written), which is otherwise its share of the server's
+// (connShare): one request of the largest payload, whatever a Config.PayloadBytes set above it.
 const payloadBudget = maxPayload
 
 // DefaultPayloadBytes is the default of Config.PayloadBytes: the payload bytes all connections

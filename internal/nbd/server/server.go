@@ -46,8 +46,8 @@ type Config struct {
 	Logger      *slog.Logger // nil = slog.Default()
 	MaxInFlight int          // requests served at once per connection; 0 = 64
 	// MaxConnections bounds the connections served at once; more are closed as they arrive.
-	// Each holds its buffers (2 x connBufSize) and at most payloadBudget of requests' payloads
-	// while it is served. 0 = 1024.
+	// Each holds its buffers (2 x connBufSize) while it is served; the requests' payloads of all
+	// of them together are bounded by PayloadBytes. 0 = 1024.
 	MaxConnections int
 	// MaxConnectionsPerPeer bounds the TCP connections from one IP address, so that one host
 	// cannot take all of MaxConnections; unix-socket clients are this machine's own. 0 = 128.
