@@ -30,26 +30,8 @@ import (
 // A writer so never waits for room while holding what the room's maker needs: past its
 // throttle it makes room itself, by a checkpoint or by writing its own lines back.
 func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
-	// Clean cached blocks about to be overwritten are invalidated durably first: a crash in the
-	// middle must not leave a record calling a half-new block clean (the backend has the old one).
-	var spanBuf [2]span // most requests touch one or two lines: no allocation
-	spans := spanBuf[:0]
-	for _, s := range segs {
-		v, d := c.ssd.bits(s.line)
-		if b := s.touched().and(v).andNot(d); !b.isZero() {
-			spans = append(spans, span{s.line, b})
-		}
-		if c.ram != nil {
-			c.ram.invalidate(s.line, s.touched())
-		}
-	}
-	if len(spans) > 0 {
-		if err := c.ssd.j.invalidateDurably(spans, false); err != nil {
-			// As in write-through (invalidate): the store may still call the old data valid, so
-			// the write must not happen, and the tier is bypassed until the store works again.
-			c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
-			return fmt.Errorf("cache metadata: cannot invalidate the SSD tier's copy before the write: %w", err)
-		}
+	if err := c.invalidateOverwritten(segs); err != nil {
+		return err
 	}
 	var whichBuf [2]int
 	which := whichBuf[:0]
@@ -71,9 +53,23 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 			// The SSD tier has no room for this line's new data, and holds the only copy of
 			// older writes to it: those go to the backend first, with the dirty data of every
 			// line the request has still to write (one backend flush for them all, not one a
-			// line), and then the write, over clean data now, is stored or goes around.
+			// line), and then the write, over clean data now, is stored or goes around. That
+			// clean data the store may call valid, as it may the blocks above: it is invalidated
+			// first too, or a crash would leave a record calling the old data clean while the
+			// backend has this write once the destager took it (TestCrashRestart, write-back
+			// with a full packed tier). The slots of the lines still to write are let go for it
+			// (an invalidation may drop a line) and taken again.
 			if err = c.retryBackend(func() error { return c.destageTouched(segs[i:]) }); err == nil {
-				err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+				for _, g := range grants[i+1:] {
+					if g.ok {
+						c.ssd.unpin(g.slot)
+					}
+				}
+				grants = grants[:i+1]
+				if err = c.invalidateOverwritten(segs[i:]); err == nil {
+					grants = c.acquireSegs(c.ssd, segs, which[i+1:], grants)
+					err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+				}
 			}
 		}
 		if err != nil {
@@ -93,6 +89,34 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 		} else if err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// invalidateOverwritten invalidates durably the clean cached blocks that segs are about to write
+// over (and drops them from the RAM tier): a crash in the middle must not leave a record calling a
+// half-new block clean (the backend has the old one). The caller holds the segments' line locks,
+// so no destage cleans a block of theirs after this.
+func (c *Cache) invalidateOverwritten(segs []seg) error {
+	var spanBuf [2]span // most requests touch one or two lines: no allocation
+	spans := spanBuf[:0]
+	for _, s := range segs {
+		v, d := c.ssd.bits(s.line)
+		if b := s.touched().and(v).andNot(d); !b.isZero() {
+			spans = append(spans, span{s.line, b})
+		}
+		if c.ram != nil {
+			c.ram.invalidate(s.line, s.touched())
+		}
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	if err := c.ssd.j.invalidateDurably(spans, false); err != nil {
+		// As in write-through (invalidate): the store may still call the old data valid, so
+		// the write must not happen, and the tier is bypassed until the store works again.
+		c.ssd.fail(fmt.Sprintf("metadata commit: %v", err))
+		return fmt.Errorf("cache metadata: cannot invalidate the SSD tier's copy before the write: %w", err)
 	}
 	return nil
 }
