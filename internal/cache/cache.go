@@ -340,11 +340,10 @@ func (c *Cache) openSSD(cfg Config) error {
 			return fmt.Errorf("SSD tier: %w", err)
 		}
 		j.settleSums()
-		if sb.Open && t.pk == nil {
-			// The last run did not close the tier: on a tier of slots, its dirty blocks may hold
-			// other bytes than their records' checksums, written in place since their last
-			// record (sum.go, "Adopted blocks"). A packed tier writes no committed unit in place
-			// and logs its sums.
+		if sb.Open {
+			// The last run did not close the tier: its dirty blocks of a tier of slots, and those
+			// of a packed tier in mutable units, may hold other bytes than their records'
+			// checksums, written in place since their last record (sum.go, "Adopted blocks").
 			t.mu.Lock()
 			t.adoptDirtyLocked()
 			t.mu.Unlock()

@@ -100,8 +100,9 @@ type journal struct {
 	fixes   []sumFix
 	// sbMu orders the changes of the superblock after the start (updateSuperblock).
 	sbMu sync.Mutex
-	// resummed holds the lines of a tier of slots whose sums changed by writes in place since
-	// their last record (guarded by the tier's mu; resummedLocked); empty on a packed tier.
+	// resummed holds the lines whose sums changed by writes in place since their last record, on
+	// a tier of slots or into a packed tier's mutable units (guarded by the tier's mu;
+	// resummedLocked).
 	resummed lineSet
 
 	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
@@ -147,9 +148,7 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 		checkpointSoon:           make(chan struct{}, 1),
 		healFirst:                firstHealDelay,
 	}
-	if t.pk == nil { // a packed tier records such changes as they happen
-		j.resummed = newLineSet(t.lines)
-	}
+	j.resummed = newLineSet(t.lines)
 	t.j = j
 	return j
 }

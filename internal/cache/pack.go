@@ -31,11 +31,11 @@ import (
 // dirty blocks).
 //
 // A block written again goes to a new unit, and the old one stays as it was until no record can
-// find it (but for a dirty block stored as it is, which incompressible data rewrites in place, as
-// a slot: inPlace). That keeps the journal's rules as they are for slots, with
-// units in their place: a unit's room is released only after a checkpoint has committed every
-// record that stopped pointing at it (dead, swapped out at the snapshot as freeAfterCommit is), and
-// segments are reused only once all their units are released. A record in the store may so find
+// find it (but for a dirty block stored as it is in a unit born fresh or mutable, which
+// incompressible data rewrites in place, as a slot: inPlace). That keeps the journal's rules as
+// they are for slots, with units in their place: a unit's room is released only after a
+// checkpoint has committed every record that stopped pointing at it (dead, swapped out at the
+// snapshot as freeAfterCommit is), and segments are reused only once all their units are released. A record in the store may so find
 // an older unit of a dirty block than the tier holds, which is what the durability contract allows
 // of a write not flushed yet; the destager has the store catch up before it writes such a block
 // back (journal.settleClaims), as for zero blocks.
@@ -43,10 +43,13 @@ import (
 // Reads take io shared while they read units; freeing segments takes it exclusively, so a read
 // that found a unit before it died finishes before its room can be written again.
 
-// Location words: the unit's byte offset on the device, its codec and its length (1 to 4096).
+// Location words: the unit's byte offset on the device, its codec, whether it is mutable (inPlace)
+// and its length (1 to 4096). A unit keeps its word for its life: the word names it (refs, fresh,
+// dead).
 const (
 	locLenMask    = 1<<16 - 1
 	locCodecShift = 16
+	locMutable    = 1 << 19
 	locOffShift   = 20
 	codecRaw      = 0
 	codecS2       = 1
@@ -55,9 +58,10 @@ const (
 func makeLoc(off int64, n, codec int) uint64 {
 	return uint64(off)<<locOffShift | uint64(codec)<<locCodecShift | uint64(n)
 }
-func locOff(l uint64) int64 { return int64(l >> locOffShift) }
-func locLen(l uint64) int   { return int(l & locLenMask) }
-func locCodec(l uint64) int { return int(l >> locCodecShift & 0xf) }
+func locOff(l uint64) int64      { return int64(l >> locOffShift) }
+func locLen(l uint64) int        { return int(l & locLenMask) }
+func locCodec(l uint64) int      { return int(l >> locCodecShift & 0x7) }
+func locIsMutable(l uint64) bool { return l&locMutable != 0 }
 
 // layoutOf is the superblock's layout of an SSD tier with reduction r.
 func layoutOf(r Reduction) string {
@@ -412,7 +416,10 @@ func decodeUnit(dst, unit []byte, l uint64) error {
 // packRead is readSlot on a packed tier: the line's bytes [off, off+len(p)) of slot. A block
 // without a unit reads as zeros (a zero block; the caller reads no block that is not valid). Each
 // unit read is decoded whole and checked against its block's sum (sum.go); a unit that does not
-// decode is damaged too.
+// decode is damaged too. Whole blocks of p stored as they are, one after another on the device
+// (all a line filled with incompressible data holds), are read straight into p and checked there:
+// the copy out of a buffer that decodeUnit would make costs a 1 MiB hit about what its sums do
+// (BenchmarkHits1M).
 func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bool) error {
 	pk := t.pk
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
@@ -436,7 +443,24 @@ func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bo
 		}
 	}
 	var dmg *damageError
-	err := pk.readUnits(locs, cached, func(i int, unit []byte) error {
+	// check checks blk, block b's bytes (nil for a unit that did not decode), against its sum.
+	check := func(b int, blk []byte) bool {
+		if sum := blockSum(line*uint64(t.blocks)+uint64(b), blk); blk == nil || sum != sums[b].Load() && !t.tryAdopt(line, slot, b, sum) {
+			if dmg == nil {
+				dmg = &damageError{line: line}
+			}
+			dmg.bits[b/64] |= 1 << (b % 64)
+			return false
+		}
+		return true
+	}
+	// direct reports whether block b0+i is read straight into p: a unit stored as it is, that p
+	// holds whole.
+	direct := func(i int) bool {
+		lo, hi := blockPart(b0+i, off, len(p))
+		return locs[i] != 0 && locCodec(locs[i]) == codecRaw && locLen(locs[i]) == blockSize && hi-lo == blockSize
+	}
+	unit := func(i int, unit []byte) error {
 		b := b0 + i
 		lo, hi := blockPart(b, off, len(p))
 		blk := p[lo:hi]
@@ -449,24 +473,53 @@ func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bo
 		if decodeUnit(blk, unit, locs[i]) != nil {
 			blk = nil
 		}
-		if sum := blockSum(line*uint64(t.blocks)+uint64(b), blk); blk == nil || sum != sums[b].Load() && !t.tryAdopt(line, slot, b, sum) {
-			if dmg == nil {
-				dmg = &damageError{line: line}
-			}
-			dmg.bits[b/64] |= 1 << (b % 64)
-			return nil
-		}
-		if hi-lo != blockSize {
+		if check(b, blk) && hi-lo != blockSize {
 			bo := int64(b)*blockSize - off // where the block starts relative to p (may be < 0)
 			copy(p[lo:hi], blk[int64(lo)-bo:])
 		}
 		return nil
-	})
-	if err == nil && dmg != nil {
+	}
+	for i := 0; i < len(locs); {
+		if locs[i] == 0 {
+			i++
+			continue
+		}
+		j := i + 1
+		if !direct(i) {
+			for j < len(locs) && !direct(j) {
+				j++
+			}
+			if err := pk.readUnits(locs[i:j], cached, func(k int, u []byte) error { return unit(i+k, u) }); err != nil {
+				return err
+			}
+			i = j
+			continue
+		}
+		for j < len(locs) && direct(j) && locOff(locs[j]) == locOff(locs[i])+int64(j-i)*blockSize {
+			j++
+		}
+		lo, _ := blockPart(b0+i, off, len(p))
+		_, hi := blockPart(b0+j-1, off, len(p))
+		var err error
+		if cr, ok := pk.dev.(backend.CachedReader); cached && ok {
+			_, err = cr.ReadAtCached(p[lo:hi], locOff(locs[i]))
+		} else {
+			_, err = pk.dev.ReadAt(p[lo:hi], locOff(locs[i]))
+		}
+		if err != nil {
+			return err
+		}
+		for k := i; k < j; k++ {
+			blo, bhi := blockPart(b0+k, off, len(p))
+			check(b0+k, p[blo:bhi])
+		}
+		i = j
+	}
+	if dmg != nil {
 		t.sumErrs.Add(uint64(dmg.bits.count()))
 		return dmg
 	}
-	return err
+	return nil
 }
 
 // rawSpan returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
@@ -521,7 +574,7 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	var offBuf [16]int64
 	var codecBuf [16]int
 	var locBuf, hashBuf [16]uint64
-	var newBuf, sameBuf [16]bool
+	var newBuf, sameBuf, mutBuf [16]bool
 	var twinBuf [16]int
 	var sumBuf [16]uint32
 	sums := slices.Grow(sumBuf[:0], nb)[:nb] // by block: its checksum
@@ -530,6 +583,7 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	hashes := slices.Grow(hashBuf[:0], nb)[:nb] // by block: its content hash (dedupe)
 	fresh := slices.Grow(newBuf[:0], nb)[:nb]   // by block: whether its unit is new
 	same := slices.Grow(sameBuf[:0], nb)[:nb]   // by block: written in place, in the unit it had
+	mutable := slices.Grow(mutBuf[:0], nb)[:nb] // by block: its new unit is born mutable (inPlace)
 	twin := slices.Grow(twinBuf[:0], nb)[:nb]   // by block: 1 + an earlier one of p with its bytes (dedupe)
 	// Until the blocks are placed, shared units hold a reference taken for them (dedupeCandidate).
 	// Writes in place end with the call.
@@ -586,7 +640,8 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 			}
 		}
 		if codec == codecRaw {
-			if l, ok := t.inPlace(line, slot, b, sums[b-b0], &inPlace); ok {
+			l, ok, rewrite := t.inPlace(line, slot, b, sums[b-b0], &inPlace)
+			if ok {
 				same[b-b0] = true
 				if _, err := pk.dev.WriteAt(src, locOff(l)); err != nil {
 					t.resettle(line, slot, b)
@@ -594,6 +649,7 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 				}
 				continue
 			}
+			mutable[b-b0] = rewrite
 		}
 		out = append(out, enc...)
 		sizes, codecs = append(sizes, len(enc)), append(codecs, codec)
@@ -608,6 +664,9 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 	for i, k := 0, 0; i < nb; i++ {
 		if fresh[i] {
 			locs[i] = makeLoc(offs[k], sizes[k], codecs[k])
+			if mutable[i] {
+				locs[i] |= locMutable
+			}
 			newLocs[k] = locs[i]
 			k++
 		}
@@ -686,26 +745,41 @@ func twinOf(p []byte, off int64, b0 int, src []byte, h uint64, hashes []uint64, 
 
 // inPlace returns the unit of block b of slot if an incompressible block may be written over it in
 // place, as a slot is, sparing the new unit and the room reclaim would later free (its record
-// changes only its sum): a dirty block's unit stored as it is (a whole, aligned block), that no
-// other block shares, and that was born since the last checkpoint's snapshot (fresh): no record the
-// store holds or is committing finds it, the block's own or another line's that shared it once
-// (dedupe). So a power cut, which loses the records not committed, leaves every committed record's
-// unit with the bytes of its sum: the first rewrite of a block after a checkpoint goes to a new
-// unit, the next ones into it (sum.go). The caller holds the line's lock,
-// so no read or destage of the block runs; only reclaim reads units without it, and the slot's gen
-// (odd from the first such write on, *started, until packWrite ends) has it drop the copy of a
-// unit written meanwhile. With dedupe, the unit leaves the table, which names it by its old bytes.
-func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (uint64, bool) {
+// changes only its sum): a dirty block's unit stored as it is (a whole, aligned block) that no
+// other block shares, and that is either
+//   - fresh, born since the last checkpoint's snapshot: no record the store holds or is committing
+//     finds it, the block's own or another line's that shared it once (dedupe). The record with the
+//     block's new sum is logged before its bytes are written, so after a kill the run log gives the
+//     block each sum it may hold (journal.load), and after a power cut no committed record finds it.
+//   - or mutable (locMutable): born for a rewrite of the block while it was dirty, on a tier
+//     without dedupe, where no other line's record ever finds it. Its new sum is recorded as a
+//     tier of slots records one, with the line's next record or at the close (resummed): after a
+//     stop that was not a close the block is taken as it is if it fails its sum (adoptDirtyLocked),
+//     as a dirty block of a slot is. So only data rewritten while dirty is written in place over
+//     what a committed record claims; a block written once keeps the sum it was written with.
+//
+// rewrite reports whether a new unit for the block should be born mutable: the block is dirty on
+// a tier without dedupe. The caller holds the line's lock, so no read or destage of the block
+// runs; only reclaim reads units without it, and the slot's gen (odd from the first such write on,
+// *started, until packWrite ends) has it drop the copy of a unit written meanwhile. With dedupe,
+// the unit leaves the table, which names it by its old bytes.
+func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (l uint64, ok, rewrite bool) {
 	pk := t.pk
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := pk.slotLocs(slot, b, b+1)[0]
-	if l == 0 || locCodec(l) != codecRaw || locLen(l) != blockSize || pk.refs[l] > 0 ||
-		!t.dirtyAt(slot).has(b) || t.zeroAt(slot).has(b) {
-		return 0, false
+	if !t.dirtyAt(slot).has(b) {
+		return 0, false, false
 	}
-	if _, ok := pk.fresh[l]; !ok {
-		return 0, false
+	rewrite = pk.dd == nil
+	l = pk.slotLocs(slot, b, b+1)[0]
+	if l == 0 || locCodec(l) != codecRaw || locLen(l) != blockSize || pk.refs[l] > 0 || t.zeroAt(slot).has(b) {
+		return 0, false, rewrite
+	}
+	mutable := locIsMutable(l)
+	if !mutable {
+		if _, ok := pk.fresh[l]; !ok {
+			return 0, false, rewrite
+		}
 	}
 	if pk.dd != nil {
 		pk.dd.forgetLocked(l)
@@ -714,14 +788,14 @@ func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *boo
 		*started = true
 		pk.gen[slot]++
 	}
-	// The record with the block's new sum goes first (under inplace, which the caller holds):
-	// see sum.go.
+	// A fresh unit's record with the block's new sum goes first (under inplace, which the caller
+	// holds): see sum.go.
 	t.sumsOf(slot)[b].Store(sum)
 	t.trusted(slot, b)
 	if s, ok := t.slotOf(line); ok && s == slot && t.j != nil {
-		t.j.resumLocked(line, slot)
+		t.j.resummedLocked(line, slot, b)
 	}
-	return l, true
+	return l, true, rewrite
 }
 
 // incompressible reports whether block b looks like random bytes, which S2 would fail to compress:
@@ -940,7 +1014,7 @@ func (t *tier) copyUnit(line uint64, b int, l uint64, sum uint32) (uint64, error
 	if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {
 		return 0, err
 	}
-	nl := makeLoc(off[0], len(unit), locCodec(l))
+	nl := makeLoc(off[0], len(unit), locCodec(l)) | l&locMutable // the block's, as mutable as it was
 	if err := pk.writeRuns(unit, []uint64{nl}); err != nil {
 		t.mu.Lock()
 		pk.dead = append(pk.dead, nl) // never live
@@ -987,7 +1061,8 @@ func (pk *packed) staleUnits(slot uint32, claimed lineBits, locs []uint64) bool 
 func (pk *packed) claim(l uint64) bool {
 	s := locOff(l) / pk.segSize
 	if l == 0 || s >= int64(len(pk.used)) || locOff(l)%pk.segSize+int64(locLen(l)) > pk.segSize ||
-		locLen(l) > blockSize || locCodec(l) > codecS2 {
+		locLen(l) > blockSize || locCodec(l) > codecS2 ||
+		locIsMutable(l) && (locCodec(l) != codecRaw || locLen(l) != blockSize) {
 		return false
 	}
 	pk.used[s] += int64(locLen(l))

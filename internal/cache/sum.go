@@ -24,15 +24,17 @@ import (
 //
 // A block written in place over data a record already claims (a dirty block rewritten) changes
 // its sum before its bytes, under inplace held shared, which a checkpoint takes alone to snapshot
-// the records, so that no committed record has a sum whose bytes were not written yet. On a packed
-// tier, the record with the new sum is queued (and logged) first: after a kill, the run log's
-// records give each such block the sums it may hold (the old and the new, journal.load); and it
-// never writes in place a unit a committed record finds (pack.go, inPlace), so after a power cut,
-// which drops the log, every committed sum is still true. A tier of slots can only rewrite in
-// place, and records the new sums only with the line's next record or at its close
-// (resummedLocked): after any stop that was not a close, it takes its dirty blocks as they are
-// ("Adopted blocks" below), since one rewritten since its last record may hold new bytes, or a
-// torn mix of sectors, that no committed record has the sum of.
+// the records, so that no committed record has a sum whose bytes were not written yet. A tier of
+// slots can only rewrite in place, and records the new sums only with the line's next record or at
+// its close (resummedLocked): after any stop that was not a close, it takes its dirty blocks as
+// they are ("Adopted blocks" below), since one rewritten since its last record may hold new bytes,
+// or a torn mix of sectors, that no committed record has the sum of. A packed tier writes in place
+// only two kinds of units (pack.go, inPlace): fresh ones, which no committed record finds, whose
+// record with the new sum is queued (and logged) first, so that after a kill the run log's records
+// give each such block the sums it may hold (the old and the new, journal.load); and mutable ones,
+// born for a rewrite of a dirty block, whose sums are recorded as a slot's are, and whose dirty
+// blocks are taken as they are after a stop that was not a close. Every other unit is never
+// written in place: its committed sum stays true whatever the stop.
 
 // castagnoli is the CRC32C table: the CPU computes it (SSE4.2, ARMv8 CRC).
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -197,7 +199,7 @@ func (t *tier) writeSums(line uint64, slot uint32, b0 int, sums []uint32, write 
 	}
 	if cur, ok := t.slotOf(line); changed && ok && cur == slot && t.j != nil &&
 		!t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b0+len(sums))).isZero() {
-		t.j.resummedLocked(line, slot)
+		t.j.resummedLocked(line, slot, b0)
 	}
 	t.mu.Unlock()
 	err := write()
@@ -215,14 +217,15 @@ func (t *tier) writeSums(line uint64, slot uint32, b0 int, sums []uint32, write 
 // hold the old bytes, the new or a mix, as a disk's would. adopt holds a bit for each block of each
 // slot (by slot*blocks + block); adopting says any is set.
 
-// adoptDirtyLocked makes every dirty block adoptable, after a restart that found no record of the last
-// run's writes in place. The caller holds the tier's mutex.
+// adoptDirtyLocked makes every dirty block that a write in place may have changed adoptable (of a
+// packed tier, those in mutable units), after a restart that found no record of the last run's
+// writes in place. The caller holds the tier's mutex.
 func (t *tier) adoptDirtyLocked() {
 	for _, s := range t.index.All() {
 		slot := uint32(s)
 		d := t.dirtyAt(slot).andNot(t.zeroAt(slot))
 		for b := range t.blocks {
-			if d.has(b) {
+			if d.has(b) && (t.pk == nil || locIsMutable(t.pk.slotLocs(slot, b, b+1)[0])) {
 				t.setAdoptable(slot, b)
 			}
 		}
@@ -266,7 +269,7 @@ func (t *tier) tryAdopt(line uint64, slot uint32, b int, sum uint32) bool {
 	t.adopt[i/64].And(^uint64(1 << (i % 64)))
 	t.sumsOf(slot)[b].Store(sum)
 	if t.j != nil {
-		t.j.resummedLocked(line, slot)
+		t.j.resummedLocked(line, slot, b)
 	}
 	if t.adopted.Add(1) == 1 {
 		t.log.Warn("SSD tier: dirty data written in place before an unclean stop holds other bytes than its checksum, as a write may leave them; taken as it is",
@@ -288,26 +291,27 @@ func (t *tier) resettle(line uint64, slot uint32, b int) {
 	t.sumsOf(slot)[b].Store(sum)
 	if cur, ok := t.slotOf(line); ok && cur == slot && t.j != nil &&
 		t.valid.get(slot).andNot(t.zeroAt(slot)).has(b) {
-		t.j.resummedLocked(line, slot)
+		t.j.resummedLocked(line, slot, b)
 	}
 }
 
-// resummedLocked notes that sums of line's stored blocks changed (a write in place); the caller
-// holds the tier's mutex. A tier of slots records no such change before its next record of the
-// line, or its close (journal.recordResummed): a record a write each would cost every rewrite of
-// dirty data a metadata commit (bench cache --parts checksums, the write-back row), and a stop
-// that is not a close has it take its dirty blocks as they are anyway ("Adopted blocks"). A packed
-// tier records it (resumLocked).
-func (j *journal) resummedLocked(line uint64, slot uint32) {
-	if j.t.pk != nil {
+// resummedLocked notes that sums of line's stored blocks changed (a write in place; on a packed
+// tier, of block b); the caller holds the tier's mutex. A tier of slots, and a packed tier's
+// mutable unit, records no such change before its next record of the line, or its close
+// (journal.recordResummed): a record a write each would cost every rewrite of dirty data a
+// metadata commit (bench cache --parts checksums, the write-back row), and a stop that is not a
+// close has it take such dirty blocks as they are anyway ("Adopted blocks"). A packed tier's fresh
+// unit has it recorded at once (resumLocked).
+func (j *journal) resummedLocked(line uint64, slot uint32, b int) {
+	if pk := j.t.pk; pk != nil && !locIsMutable(pk.slotLocs(slot, b, b+1)[0]) {
 		j.resumLocked(line, slot)
 		return
 	}
 	j.resummed.add(line)
 }
 
-// recordResummed records, for the checkpoint of a close, the lines of a tier of slots whose sums
-// changed by writes in place since their last record.
+// recordResummed records, for the checkpoint of a close, the lines whose sums changed by writes in
+// place since their last record.
 func (j *journal) recordResummed() {
 	t := j.t
 	t.mu.Lock()
