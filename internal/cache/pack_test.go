@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -13,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/file"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -318,37 +322,52 @@ func TestCrashDuringReclaim(t *testing.T) {
 }
 
 // BenchmarkHits1M measures 1 MiB reads that the SSD tier serves alone (no RAM tier), of random
-// (incompressible) data, over a RAM backend and SSD: the CPU a 1 MiB SSD-tier hit costs the
-// cache, checksums included, for each reduction (bench cache --parts checksums, the 1M row, through
-// NBD). A 32 MiB working set, written once and read once first; misses counts reads that were not
-// hits (0 when the tier holds the working set).
+// (incompressible) data, over a RAM backend: the CPU a 1 MiB SSD-tier hit costs the cache,
+// checksums included, for each reduction (bench cache --parts checksums, the 1M row, through
+// NBD). The SSD is in RAM ("mem", whose reads are copies), or a file in the test's directory
+// opened as the daemon opens one ("file": reads with O_DIRECT, through io_uring where the kernel
+// has it). A 32 MiB working set, written once and read once first; misses counts reads that were
+// not hits (0 when the tier holds the working set).
 func BenchmarkHits1M(b *testing.B) {
-	for _, r := range []Reduction{ReductionOff, ReductionCompress} {
-		b.Run("reduction-"+r.String(), func(b *testing.B) {
-			const size = 32 << 20
-			c := newCache(b, mem.New(size), layout{line: 64 << 10, ssd: 2 * size / (64 << 10), reduction: r}, nil, nil)
-			defer c.Close()
-			data := make([]byte, size)
-			_, _ = rand.NewChaCha8([32]byte{1}).Read(data)
-			_, err := c.WriteAt(data, 0)
-			require.NoError(b, err)
-			_, err = c.ReadAt(data, 0)
-			require.NoError(b, err)
-			misses := c.ssd.misses.Load()
-			b.SetBytes(1 << 20)
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				rng := rand.New(rand.NewPCG(rand.Uint64(), 0))
-				buf := make([]byte, 1<<20)
-				for pb.Next() {
-					if _, err := c.ReadAt(buf, rng.Int64N(size>>20)<<20); err != nil {
-						b.Error(err)
-						return
+	const size = 32 << 20
+	for _, dev := range []string{"mem", "file"} {
+		for _, r := range []Reduction{ReductionOff, ReductionCompress} {
+			b.Run(dev+"/reduction-"+r.String(), func(b *testing.B) {
+				l := layout{line: 64 << 10, ssd: 2 * size / (64 << 10), reduction: r}
+				var ssd backend.Backend = mem.New(l.ssd * l.line)
+				if dev == "file" {
+					u := url.URL{Scheme: "file", Path: filepath.Join(b.TempDir(), "ssd"),
+						RawQuery: fmt.Sprintf("direct=reads&size=%d", l.ssd*l.line)}
+					var err error
+					if ssd, err = file.Open(&u, backend.Options{}); errors.Is(err, backend.ErrNoDirectIO) {
+						b.Skip("no direct I/O in the test's directory")
 					}
+					require.NoError(b, err)
 				}
+				c := newCache(b, mem.New(size), l, nil, ssd)
+				defer c.Close()
+				data := make([]byte, size)
+				_, _ = rand.NewChaCha8([32]byte{1}).Read(data)
+				_, err := c.WriteAt(data, 0)
+				require.NoError(b, err)
+				_, err = c.ReadAt(data, 0)
+				require.NoError(b, err)
+				misses := c.ssd.misses.Load()
+				b.SetBytes(1 << 20)
+				b.ResetTimer()
+				b.RunParallel(func(pb *testing.PB) {
+					rng := rand.New(rand.NewPCG(rand.Uint64(), 0))
+					buf := make([]byte, 1<<20)
+					for pb.Next() {
+						if _, err := c.ReadAt(buf, rng.Int64N(size>>20)<<20); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+				b.ReportMetric(float64(c.ssd.misses.Load()-misses), "misses")
 			})
-			b.ReportMetric(float64(c.ssd.misses.Load()-misses), "misses")
-		})
+		}
 	}
 }
 
