@@ -138,10 +138,13 @@ func (c *Cache) writeRuns(runs []destageRun, inflight int) (int64, error) {
 		failed := first != nil
 		mu.Unlock()
 		if failed {
+			<-slots
 			break
 		}
+		c.destageSlots <- struct{}{}
 		wg.Go(func() {
 			err := c.writeRun(r)
+			<-c.destageSlots
 			mu.Lock()
 			if err == nil {
 				bytes += r.len()
@@ -209,12 +212,14 @@ func (c *Cache) writeRun(r destageRun) error {
 // batches of destageBatchUrgent bytes, destageInFlight writes of at most maxDestageWrite under way
 // at once. A burst through a smaller SSD tier runs at the destager's speed, which larger batches
 // nearly double whether the writes go one or four at a time (bench writeback's burst row; its slow
-// disk serves one request at a time, a disk with a queue takes them together).
+// disk serves one request at a time, a disk with a queue takes them together). The writes' buffers
+// are the daemon's memory (MemoryPlan): two of 2 MiB keep a disk with a queue busy, and writes
+// larger than that are split by the disk's own request size anyway.
 const (
 	destageBatch       = 1 << 20
 	destageBatchUrgent = 16 << 20
-	destageInFlight    = 4
-	maxDestageWrite    = 4 << 20
+	destageInFlight    = 2
+	maxDestageWrite    = 2 << 20
 )
 
 func (r destageRun) len() int64 {

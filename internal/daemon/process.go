@@ -111,7 +111,13 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 	var p memoryPlan
 	stores, devices := 0, 0
 	var destage uint64
+	// NBD payloads are held only where NBD clients can come: a listener or a kernel NBD device
+	// (served through the same server). A daemon serving ublk devices alone holds none.
+	nbd := len(cfg.Listen) > 0
 	for i, c := range caches {
+		if cfg.Exports[i].NBDDevice != "" {
+			nbd = true
+		}
 		if strings.HasPrefix(cfg.Exports[i].Backend, "mem://") {
 			// A backend in RAM, as asked: its bytes are on the heap, past any bound of ours.
 			p.memBackends += uint64(vols[i].Info().Size)
@@ -133,7 +139,10 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 	p.index += runLogs
 	p.metadata = uint64(stores) * meta.BadgerMemoryBytes
 	p.ublk = uint64(devices) * ublk.DefaultBufferBytes
-	payloads := uint64(server.DefaultPayloadBytes * 5 / 4) // and the read-ahead's quarter
+	var payloads uint64
+	if nbd {
+		payloads = server.DefaultPayloadBytes * 5 / 4 // and the read-ahead's quarter
+	}
 	p.ioMax = payloads + p.ublk
 	p.work = p.ioMax + destage
 	p.pooled = payloads + p.work

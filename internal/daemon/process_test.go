@@ -22,26 +22,30 @@ func TestPlanMemory(t *testing.T) {
 	const payloads = server.DefaultPayloadBytes * 5 / 4
 	for _, tc := range []struct {
 		name      string
+		listen    []string
 		exports   []config.Export
 		bound     uint64
 		outsideGo uint64
 	}{
-		{"a file", []config.Export{{Backend: "file:///srv/disk.img"}}, 2*payloads + runtimeMemory, 0},
-		{"a mem backend", []config.Export{{Backend: "mem://32MiB"}}, 2*payloads + runtimeMemory + 32<<20, 0},
-		{"two ublk devices", []config.Export{{Backend: "file:///a", UBLK: &config.UBLK{}}, {Backend: "file:///b", UBLK: &config.UBLK{}}},
+		{"a file", []string{"unix:/run/nbd.sock"}, []config.Export{{Backend: "file:///srv/disk.img"}}, 2*payloads + runtimeMemory, 0},
+		{"a mem backend", []string{"unix:/run/nbd.sock"}, []config.Export{{Backend: "mem://32MiB"}}, 2*payloads + runtimeMemory + 32<<20, 0},
+		{"a kernel NBD device", nil, []config.Export{{Backend: "file:///srv/disk.img", NBDDevice: "/dev/nbd0"}}, 2*payloads + runtimeMemory, 0},
+		{"two ublk devices and NBD", []string{"127.0.0.1:10809"}, []config.Export{{Backend: "file:///a", UBLK: &config.UBLK{}}, {Backend: "file:///b", UBLK: &config.UBLK{}}},
 			2*(payloads+2*ublk.DefaultBufferBytes) + runtimeMemory, 2 * ublk.DefaultBufferBytes},
+		{"a ublk device alone: no NBD payloads", nil, []config.Export{{Backend: "file:///a", UBLK: &config.UBLK{}}},
+			2*ublk.DefaultBufferBytes + runtimeMemory, ublk.DefaultBufferBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vols := make([]*volume.Volume, len(tc.exports))
 			for i := range vols {
 				vols[i] = memVol
 			}
-			p := planMemory(config.Config{Exports: tc.exports}, make([]*cache.Cache, len(tc.exports)), vols)
+			p := planMemory(config.Config{Listen: tc.listen, Exports: tc.exports}, make([]*cache.Cache, len(tc.exports)), vols)
 			require.Equal(t, tc.bound, p.bound)
 			require.Equal(t, tc.outsideGo, p.outsideGo)
 			require.Zero(t, p.metadata, "no SSD tier, no metadata store")
 			require.Equal(t, p.ioMax, p.work, "no cache has a destager: the work buffers are the requests' copies")
-			require.Equal(t, payloads+p.work, p.pooled, "the pool keeps the payloads and the work buffers")
+			require.Equal(t, p.ioMax-p.ublk+p.work, p.pooled, "the pool keeps the payloads and the work buffers")
 		})
 	}
 }

@@ -158,7 +158,7 @@ func need(ops []Op) uint64 {
 // The memory of one store: its memory tables (each an arena on the heap of about 1.3 times its
 // size, and a log of its size mapped from the store's directory) and its index cache.
 const (
-	badgerMemTable   = 4 << 20
+	badgerMemTable   = 2 << 20
 	badgerMemTables  = 2
 	badgerIndexCache = 4 << 20
 	// BadgerMemoryBytes is the most RAM one store takes, which the daemon's memory bound counts
