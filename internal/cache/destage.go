@@ -213,13 +213,14 @@ func (c *Cache) writeRun(r destageRun) error {
 // at once. A burst through a smaller SSD tier runs at the destager's speed, which larger batches
 // nearly double whether the writes go one or four at a time (bench writeback's burst row; its slow
 // disk serves one request at a time, a disk with a queue takes them together). The writes' buffers
-// are the daemon's memory (MemoryPlan): two of 2 MiB keep a disk with a queue busy, and writes
-// larger than that are split by the disk's own request size anyway.
+// are the daemon's memory (MemoryPlan), so one write of 4 MiB goes at a time: on that slow disk it
+// drains a burst as fast as four did, where two of 2 MiB were slower (a request's cost there is
+// its latency, not its size).
 const (
 	destageBatch       = 1 << 20
 	destageBatchUrgent = 16 << 20
-	destageInFlight    = 2
-	maxDestageWrite    = 2 << 20
+	destageInFlight    = 1
+	maxDestageWrite    = 4 << 20
 )
 
 func (r destageRun) len() int64 {
