@@ -3,10 +3,10 @@ package cache
 // MemoryPlan is the most RAM the cache takes besides its copies of the requests in flight,
 // whatever the load: the RAM tier's bytes; the index of both tiers full (every slot holding a
 // line), with its checksums and, on a packed tier, its location words (TestIndexBytesPerLine);
-// and, with an SSD tier (which write-back, or a switch to it, fills with dirty data), the
-// destager's buffers. The daemon's memory bound and docs/operations.md's "How much RAM" are made
-// of these.
-func (c *Cache) MemoryPlan() (ramTier, index, destage uint64) {
+// and, with an SSD tier (which write-back, or a switch to it, fills with dirty data), work: the
+// destager's buffers, and on a packed tier reclaim's lists. The daemon's memory bound and
+// docs/operations.md's "How much RAM" are made of these.
+func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 	if c.ram != nil {
 		ramTier = uint64(len(c.ram.ram))
 		index += uint64(c.ram.slots) * indexBytesPerLine
@@ -17,7 +17,10 @@ func (c *Cache) MemoryPlan() (ramTier, index, destage uint64) {
 			per = packedIndexBytesPerLine(t.blocks)
 		}
 		index += uint64(t.slots) * uint64(per)
-		destage = destageInFlight * maxDestageWrite
+		work = destageInFlight * maxDestageWrite
+		if t.pk != nil {
+			work += reclaimBytes()
+		}
 	}
-	return ramTier, index, destage
+	return ramTier, index, work
 }

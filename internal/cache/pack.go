@@ -237,11 +237,25 @@ func (pk *packed) short() bool {
 	return len(pk.free) < pk.low
 }
 
+// maxReclaimMoves bounds the block references one reclaim copies or drops (its lists of moves and
+// drops and its map of copies, 80 bytes a reference at most: a move of 40, and a map entry of 16
+// in a table at least half full: MemoryPlan counts them),
+// whatever the tier's size: a tier of a TiB short of room would otherwise list a sixteenth of its
+// blocks at once. A pass that reaches it frees fewer segments, and the next pass (room is still
+// short) goes on.
+var maxReclaimMoves = 8 << 10 // a variable for TestReclaimListsBounded
+
+// reclaimBytes is the most memory a reclaim's lists take: maxReclaimMoves references, and one
+// line's blocks past them (a line is listed whole).
+func reclaimBytes() uint64 { return uint64(maxReclaimMoves+MaxLineSize/blockSize) * 80 }
+
 // victims returns the segments reclaim empties, as many as it takes to reach target free
 // segments: those whose emptying copies the fewest bytes (copy, by segment: the bytes of its units
-// that reclaim must keep), then the fewest live ones. secondChance is false when copying what it
-// would keep does not fit the free room: hot clean lines are dropped too.
-func (pk *packed) victims(copy, hot []int64) (victims []int32, secondChance bool) {
+// that reclaim must keep), then the fewest live ones; but no more than copy at most
+// maxReclaimMoves block references (refs, by segment, as copy; the first victim whatever its
+// count: reclaim lists no more than that many, and the next goes on). secondChance is false when
+// copying what it would keep does not fit the free room: hot clean lines are dropped too.
+func (pk *packed) victims(copy, hot []int64, copyRefs, hotRefs []int32) (victims []int32, secondChance bool) {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
 	want := pk.target - len(pk.free)
@@ -274,7 +288,17 @@ func (pk *packed) victims(copy, hot []int64) (victims []int32, secondChance bool
 		})
 		victims = full[:min(want, len(full))]
 		var copied int64
-		for _, s := range victims {
+		refs := 0
+		for i, s := range victims {
+			r := int(copyRefs[s])
+			if secondChance {
+				r += int(hotRefs[s])
+			}
+			if i > 0 && refs+r > maxReclaimMoves {
+				victims = victims[:i]
+				break
+			}
+			refs += r
 			copied += keep(s)
 		}
 		// Each copy may waste up to a block aligning a unit stored as it is.
@@ -854,8 +878,9 @@ func (pk *packed) writeRuns(out []byte, locs []uint64) error {
 // reclaim frees segments of a packed tier that runs short of room: it empties the segments with
 // the fewest live bytes, dropping the clean lines with units there but copying the units of dirty
 // blocks and of lines hit since their last reclaim (a second chance, which keeps a hot line's
-// blocks). The room comes free after the next checkpoint (the caller runs one).
-func (t *tier) reclaim() {
+// blocks). The room comes free after the next checkpoint (the caller runs one). It returns how many
+// block references it listed to copy or drop.
+func (t *tier) reclaim() (listed int) {
 	pk := t.pk
 	pk.mu.Lock()
 	full := len(pk.free) >= pk.target
@@ -882,21 +907,23 @@ func (t *tier) reclaim() {
 	// What emptying each segment would copy: the units of dirty lines, and of hot ones.
 	nseg := len(pk.used)
 	copyBytes, hotBytes := make([]int64, nseg), make([]int64, nseg)
+	copyRefs, hotRefs := make([]int32, nseg), make([]int32, nseg)
 	for _, s := range t.index.All() {
 		slot := uint32(s)
-		to := hotBytes
+		to, refs := hotBytes, hotRefs
 		if !t.dirtyAt(slot).isZero() {
-			to = copyBytes
+			to, refs = copyBytes, copyRefs
 		} else if !pk.isHotLocked(slot) {
 			continue
 		}
 		for _, l := range pk.slotLocs(slot, 0, pk.blocks) {
 			if l != 0 {
 				to[locOff(l)/pk.segSize] += int64(locLen(l))
+				refs[locOff(l)/pk.segSize]++
 			}
 		}
 	}
-	victims, secondChance := pk.victims(copyBytes, hotBytes)
+	victims, secondChance := pk.victims(copyBytes, hotBytes, copyRefs, hotRefs)
 	if len(victims) == 0 {
 		t.mu.Unlock()
 		return
@@ -906,6 +933,11 @@ func (t *tier) reclaim() {
 		inVictim[s] = true
 	}
 	for line, s := range t.index.All() {
+		if len(moves)+len(drops) >= maxReclaimMoves {
+			// One victim with more references than that (tiny units, or one shared by many
+			// deduplicated lines): the rest stay for the next reclaim, which finds them there.
+			break
+		}
 		slot := uint32(s)
 		locs := pk.slotLocs(slot, 0, pk.blocks)
 		var there lineBits
@@ -933,6 +965,7 @@ func (t *tier) reclaim() {
 			}
 		}
 	}
+	listed = len(moves) + len(drops)
 	for _, line := range drops {
 		t.evict.Remove(policy.Key(line))
 		t.evictions.Add(1)
@@ -990,6 +1023,7 @@ func (t *tier) reclaim() {
 		}
 		t.mu.Unlock()
 	}
+	return listed
 }
 
 // copyUnit writes a copy of unit l, block b of line, to new room (reclaim's, which may take the

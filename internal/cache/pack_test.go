@@ -464,3 +464,63 @@ func TestPackReadMixed(t *testing.T) {
 		require.True(t, bytes.Equal(want[r[0]:r[1]], got), "bytes [%d, %d) read wrong", r[0], r[1])
 	}
 }
+
+// TestReclaimListsBounded: reclaim lists at most maxReclaimMoves block references to copy or drop
+// at once (and one line past them), whatever room it has to make: set low here, a tier asked to
+// empty every segment takes several passes, each within it, and loses nothing. The writes go on
+// with the background loop running (dirty data at its maximum waits for the destager).
+func TestReclaimListsBounded(t *testing.T) {
+	const line = 16 << 10
+	const lines = 24
+	for _, r := range []Reduction{ReductionCompress, ReductionDedupe} {
+		t.Run(r.String(), func(t *testing.T) {
+			defer func(n int) { maxReclaimMoves = n }(maxReclaimMoves)
+			maxReclaimMoves = 8
+			back := mem.New(lines * line)
+			c := newCache(t, back, layout{line: line, ssd: 16, mode: WriteBack, reduction: r}, nil, nil)
+			defer c.Close()
+			model := make([]byte, lines*line)
+			rng := rand.New(rand.NewPCG(3, 7))
+			for range 300 {
+				off := int64(rng.IntN(lines*line/blockSize)) * blockSize
+				p := textLike(blockSize, rng.Uint64())
+				if rng.IntN(3) == 0 {
+					for i := range p {
+						p[i] = byte(rng.Uint32())
+					}
+				}
+				_, err := c.WriteAt(p, off)
+				require.NoError(t, err)
+				copy(model[off:], p)
+			}
+			require.NoError(t, c.Flush())
+			// From here only the test reclaims and checkpoints.
+			c.bg.halt()
+			c.bg.wait()
+			pk := c.ssd.pk
+			pk.mu.Lock()
+			pk.target = len(pk.used) // reclaim empties every segment it can
+			pk.mu.Unlock()
+			passes, full := 0, 0
+			for listed := -1; listed != 0 && passes < 20; passes++ {
+				listed = c.ssd.reclaim()
+				require.LessOrEqual(t, listed, maxReclaimMoves+c.ssd.blocks, "pass %d", passes)
+				if listed >= maxReclaimMoves {
+					full++
+				}
+				require.NoError(t, c.ssd.j.makeRoom())
+			}
+			t.Logf("%d passes, %d of them at the bound", passes, full)
+			require.Greater(t, full, 1, "no two passes reached the bound: the test tests nothing")
+			got := make([]byte, len(model))
+			_, err := c.ReadAt(got, 0)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(model, got), "read back after the reclaims")
+			require.NoError(t, c.FlushAll(context.Background(), nil))
+			raw := make([]byte, len(model))
+			_, err = back.ReadAt(raw, 0)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(model, raw), "written back")
+		})
+	}
+}

@@ -91,7 +91,7 @@ type memoryPlan struct {
 	ioMax uint64
 	// work is the caches' buffers, at most: a copy of each request in flight (a compressed unit,
 	// a read miss's fetch, a partial block's read-modify-write: no larger than the request, whose
-	// buffer ioMax bounds), and the destagers'.
+	// buffer ioMax bounds), and the destagers' buffers and packed tiers' reclaim lists.
 	work uint64
 	// pooled is the part of ioMax and work in the process's pool of buffers (bufpool), which
 	// keeps that much through garbage collections.
@@ -110,7 +110,7 @@ type memoryPlan struct {
 func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume) memoryPlan {
 	var p memoryPlan
 	stores, devices := 0, 0
-	var destage uint64
+	var tierWork uint64 // the destagers' buffers, the reclaims' lists
 	// NBD payloads are held only where NBD clients can come: a listener or a kernel NBD device
 	// (served through the same server). A daemon serving ublk devices alone holds none.
 	nbd := len(cfg.Listen) > 0
@@ -126,7 +126,7 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 			r, x, d := c.MemoryPlan()
 			p.ramTier += r
 			p.index += x
-			destage += d
+			tierWork += d
 			if cfg.Exports[i].Cache != nil && cfg.Exports[i].Cache.SSD != "" {
 				stores++
 			}
@@ -144,7 +144,7 @@ func planMemory(cfg config.Config, caches []*cache.Cache, vols []*volume.Volume)
 		payloads = server.DefaultPayloadBytes * 5 / 4 // and the read-ahead's quarter
 	}
 	p.ioMax = payloads + p.ublk
-	p.work = p.ioMax + destage
+	p.work = p.ioMax + tierWork
 	p.pooled = payloads + p.work
 	p.bound = p.ramTier + p.index + p.metadata + p.ioMax + p.work + runtimeMemory + p.memBackends
 	p.outsideGo = runLogs + uint64(stores)*meta.BadgerMappedBytes + p.ublk
