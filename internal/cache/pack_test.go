@@ -259,6 +259,25 @@ func (d cutAfterDev) WriteAt(p []byte, off int64) (int, error) {
 	return d.gatedDev.WriteAt(p, off)
 }
 
+// rewriteBlocks writes n blocks at random over the device model mirrors, text that compresses or,
+// one time in three, random bytes that do not: rewrites leave dead units across a packed tier's
+// segments, among the dirty ones.
+func rewriteBlocks(t *testing.T, c *Cache, model []byte, rng *rand.Rand, n int) {
+	t.Helper()
+	for range n {
+		off := int64(rng.IntN(len(model)/blockSize)) * blockSize
+		p := textLike(blockSize, rng.Uint64())
+		if rng.IntN(3) == 0 {
+			for i := range p {
+				p[i] = byte(rng.Uint32())
+			}
+		}
+		_, err := c.WriteAt(p, off)
+		require.NoError(t, err)
+		copy(model[off:], p)
+	}
+}
+
 // TestCrashDuringReclaim crashes a packed tier (kill -9, no run log) at each write of a reclaim
 // that copies dirty units, the data flushed before: after the restart every byte reads as flushed,
 // and is written back so. Reclaim's copies are new units whose records the crash may or may not
@@ -276,20 +295,7 @@ func TestCrashDuringReclaim(t *testing.T) {
 				n.Store(1 << 40)
 				c := newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, cutAfterDev{gatedDev{g, m.ssd}, n})
 				model := make([]byte, lines*line)
-				rng := rand.New(rand.NewPCG(uint64(cut), 7))
-				// Rewrites leave dead units across the segments, among the dirty ones.
-				for range 200 {
-					off := int64(rng.IntN(lines*line/blockSize)) * blockSize
-					p := textLike(blockSize, rng.Uint64())
-					if rng.IntN(3) == 0 {
-						for i := range p {
-							p[i] = byte(rng.Uint32())
-						}
-					}
-					_, err := c.WriteAt(p, off)
-					require.NoError(t, err)
-					copy(model[off:], p)
-				}
+				rewriteBlocks(t, c, model, rand.New(rand.NewPCG(uint64(cut), 7)), 200)
 				require.NoError(t, c.Flush())
 				n.Store(int64(cut))
 				pk := c.ssd.pk
@@ -480,19 +486,7 @@ func TestReclaimListsBounded(t *testing.T) {
 			c := newCache(t, back, layout{line: line, ssd: 16, mode: WriteBack, reduction: r}, nil, nil)
 			defer c.Close()
 			model := make([]byte, lines*line)
-			rng := rand.New(rand.NewPCG(3, 7))
-			for range 300 {
-				off := int64(rng.IntN(lines*line/blockSize)) * blockSize
-				p := textLike(blockSize, rng.Uint64())
-				if rng.IntN(3) == 0 {
-					for i := range p {
-						p[i] = byte(rng.Uint32())
-					}
-				}
-				_, err := c.WriteAt(p, off)
-				require.NoError(t, err)
-				copy(model[off:], p)
-			}
+			rewriteBlocks(t, c, model, rand.New(rand.NewPCG(3, 7)), 300)
 			require.NoError(t, c.Flush())
 			// From here only the test reclaims and checkpoints.
 			c.bg.halt()
