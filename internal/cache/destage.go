@@ -3,7 +3,6 @@ package cache
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
@@ -27,16 +26,15 @@ type destagePiece struct {
 }
 
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
-// back to the backend, coalescing adjacent blocks into large writes, up to inflight of them under
-// way at once; it flushes the backend, and only then marks them clean: a line that gets a new
+// back to the backend, coalescing adjacent blocks into large writes (writeRuns); it flushes the backend, and only then marks them clean: a line that gets a new
 // write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
 // their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
 // more, and the rest is written back again.
-func (c *Cache) destageLocked(lines []uint64, inflight int) (int64, error) {
+func (c *Cache) destageLocked(lines []uint64) (int64, error) {
 	var total int64
 	var last *damageError
 	for {
-		n, err := c.destageOnce(lines, inflight)
+		n, err := c.destageOnce(lines)
 		total += n
 		d, ok := asDamage(err)
 		// Each damaged block found leaves the dirty data (or is repaired), unless recording it
@@ -49,7 +47,7 @@ func (c *Cache) destageLocked(lines []uint64, inflight int) (int64, error) {
 }
 
 // destageOnce is destageLocked's one pass.
-func (c *Cache) destageOnce(lines []uint64, inflight int) (bytes int64, err error) {
+func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
 	type held struct {
 		line        uint64
 		slot        uint32
@@ -105,7 +103,7 @@ func (c *Cache) destageOnce(lines []uint64, inflight int) (bytes int64, err erro
 		})
 	}
 	t0 := time.Now()
-	if bytes, err = c.writeRuns(runs, inflight); err != nil {
+	if bytes, err = c.writeRuns(runs); err != nil {
 		return 0, err
 	}
 	if err = c.b.Flush(); err != nil {
@@ -122,41 +120,21 @@ func (c *Cache) destageOnce(lines []uint64, inflight int) (bytes int64, err erro
 	return bytes, nil
 }
 
-// writeRuns writes runs to the backend, up to inflight at once, and returns the bytes written by
-// the time the first error stopped it.
-func (c *Cache) writeRuns(runs []destageRun, inflight int) (int64, error) {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		bytes int64
-		first error
-	)
-	slots := make(chan struct{}, inflight)
+// writeRuns writes runs to the backend one after another, each holding one of the cache's
+// destageSlots while it is under way, and returns the bytes written by the time the first error
+// stopped it.
+func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
+	var bytes int64
 	for _, r := range runs {
-		slots <- struct{}{}
-		mu.Lock()
-		failed := first != nil
-		mu.Unlock()
-		if failed {
-			<-slots
-			break
-		}
 		c.destageSlots <- struct{}{}
-		wg.Go(func() {
-			err := c.writeRun(r)
-			<-c.destageSlots
-			mu.Lock()
-			if err == nil {
-				bytes += r.len()
-			} else if first == nil {
-				first = err
-			}
-			mu.Unlock()
-			<-slots
-		})
+		err := c.writeRun(r)
+		<-c.destageSlots
+		if err != nil {
+			return bytes, err
+		}
+		bytes += r.len()
 	}
-	wg.Wait()
-	return bytes, first
+	return bytes, nil
 }
 
 // writeRun reads a run's pieces from their slots and writes them to the backend as one write; a
@@ -206,16 +184,14 @@ func (c *Cache) writeRun(r destageRun) error {
 	return nil
 }
 
-// How the destager goes: while it only tidies up, in batches of destageBatch bytes, one write at
-// a time, so that a foreground write to a line being written back waits little and read misses
-// find the backend free; when it is urgent (dirty data nears its maximum, a flush drains it), in
-// batches of destageBatchUrgent bytes, destageInFlight writes of at most maxDestageWrite under way
-// at once. A burst through a smaller SSD tier runs at the destager's speed, which larger batches
-// nearly double whether the writes go one or four at a time (bench writeback's burst row; its slow
-// disk serves one request at a time, a disk with a queue takes them together). The writes' buffers
-// are the daemon's memory (MemoryPlan), so one write of 4 MiB goes at a time: on that slow disk it
-// drains a burst as fast as four did, where two of 2 MiB were slower (a request's cost there is
-// its latency, not its size).
+// How the destager goes: while it only tidies up, in batches of destageBatch bytes, so that a
+// foreground write to a line being written back waits little and read misses find the backend
+// free; when it is urgent (dirty data nears its maximum, a flush drains it), in batches of
+// destageBatchUrgent bytes, which drain a burst through a smaller SSD tier at nearly twice the
+// speed (bench writeback's burst row). Either way its writes are of at most maxDestageWrite, and
+// destageInFlight of them, the destager's and every other caller's, are under way at once: their
+// buffers are the daemon's memory (MemoryPlan), and on a slow disk a request costs its latency,
+// not its size.
 const (
 	destageBatch       = 1 << 20
 	destageBatchUrgent = 16 << 20
@@ -238,9 +214,9 @@ func (r destageRun) end() int64 { return r.off + r.len() }
 // them or destageBatchUrgent when urgent. It reports the bytes written and whether there was
 // anything.
 func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
-	batch, inflight := int64(destageBatch), 1
+	batch := int64(destageBatch)
 	if urgent {
-		batch, inflight = destageBatchUrgent, destageInFlight
+		batch = destageBatchUrgent
 	}
 	window := uint64(max(1, batch/c.line))
 	c.ssd.mu.Lock()
@@ -261,7 +237,7 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 	*cursor = hi + 1
 	c.locks.lock(lo, hi)
 	defer c.locks.unlock(lo, hi)
-	n, err := c.destageLocked(lines, inflight)
+	n, err := c.destageLocked(lines)
 	return n, true, err
 }
 
@@ -278,7 +254,7 @@ func (c *Cache) destageDoomed(lines []uint64) error {
 			c.locks.unlock(l, l)
 		}
 	}()
-	_, err := c.destageLocked(lines, destageInFlight)
+	_, err := c.destageLocked(lines)
 	return err
 }
 
@@ -298,7 +274,7 @@ func (c *Cache) destageTouched(segs []seg) error {
 	if len(lines) == 0 {
 		return nil
 	}
-	_, err := c.destageLocked(lines, destageInFlight)
+	_, err := c.destageLocked(lines)
 	return err
 }
 

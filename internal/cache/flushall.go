@@ -63,7 +63,7 @@ func (c *Cache) drainSnapshot(ctx context.Context, progress func(done, total int
 				for _, l := range lines {
 					c.locks.lock(l, l)
 				}
-				_, err := c.destageLocked(t.stillInSnap(s, lines), destageInFlight)
+				_, err := c.destageLocked(t.stillInSnap(s, lines))
 				for _, l := range lines {
 					c.locks.unlock(l, l)
 				}

@@ -237,12 +237,11 @@ func (pk *packed) short() bool {
 	return len(pk.free) < pk.low
 }
 
-// maxReclaimMoves bounds the block references one reclaim copies or drops (its lists of moves and
-// drops and its map of copies, 80 bytes a reference at most: a move of 40, and a map entry of 16
-// in a table at least half full: MemoryPlan counts them),
-// whatever the tier's size: a tier of a TiB short of room would otherwise list a sixteenth of its
-// blocks at once. A pass that reaches it frees fewer segments, and the next pass (room is still
-// short) goes on.
+// maxReclaimMoves bounds the block references one reclaim copies or drops, whatever the tier's
+// size: a tier of a TiB short of room would otherwise list a sixteenth of its blocks at once. Its
+// lists of moves and drops and its map of copies take 80 bytes a reference at most (a move of 40,
+// and a map entry of 16 in a table at least half full), which MemoryPlan counts. A pass that
+// reaches the bound frees fewer segments, and the next pass (room is still short) goes on.
 var maxReclaimMoves = 8 << 10 // a variable for TestReclaimListsBounded
 
 // reclaimBytes is the most memory a reclaim's lists take: maxReclaimMoves references, and one

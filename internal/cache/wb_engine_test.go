@@ -469,7 +469,7 @@ func TestDestageBoundedAcrossCallers(t *testing.T) {
 		go func() {
 			c.locks.lock(l, l)
 			defer c.locks.unlock(l, l)
-			_, err := c.destageLocked([]uint64{l}, destageInFlight)
+			_, err := c.destageLocked([]uint64{l})
 			errs <- err
 		}()
 	}
