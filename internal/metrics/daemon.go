@@ -45,7 +45,7 @@ func DaemonStats(read func() Daemon) prometheus.Collector { return daemonCollect
 var (
 	memoryDesc = prometheus.NewDesc("tierblk_memory_bytes",
 		"The daemon's memory by part: rss (resident), rss_peak, held (anonymous and shared: what the kernel cannot reclaim; "+
-			"below the bound), held_peak, go_heap, go_other (Go's runtime besides its heap), "+
+			"below the bound), held_peak, binary (of the shared, its binary's pages where it lies on a tmpfs: not held), go_heap, go_other (Go's runtime besides its heap), "+
 			"ram_tier, index (full), metadata (at most), io (request buffers held now), io_max, work (the caches' buffers, at most), runtime (the Go runtime's share).", []string{"part"}, nil)
 	memoryBoundDesc = prometheus.NewDesc("tierblk_memory_bound_bytes",
 		"The most memory the daemon should hold (tierblk_memory_bytes{part=\"held\"}): the sum of ram_tier, index, metadata, io_max, work, runtime and any mem:// backends.", nil, nil)
@@ -63,7 +63,7 @@ func (daemonCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c daemonCollector) Collect(ch chan<- prometheus.Metric) {
 	d := c.read()
 	m := d.Memory
-	for part, v := range map[string]uint64{"rss": m.RSS, "rss_peak": m.Peak, "held": m.Held, "held_peak": m.HeldPeak,
+	for part, v := range map[string]uint64{"rss": m.RSS, "rss_peak": m.Peak, "held": m.Held, "held_peak": m.HeldPeak, "binary": m.Binary,
 		"go_heap": m.GoHeap, "go_other": m.GoOther,
 		"ram_tier": m.RAMTier, "index": m.Index, "metadata": m.Metadata, "io": m.IO, "io_max": m.IOMax,
 		"work": m.Work, "runtime": m.Runtime} {

@@ -14,6 +14,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
@@ -98,21 +99,25 @@ func LowerOOMScore(to int) (from int, err error) {
 
 // Memory is the process's memory as the kernel and the Go runtime count it, in bytes.
 type Memory struct {
-	RSS      uint64 `json:"rss_bytes"`       // resident now (VmRSS)
-	Peak     uint64 `json:"rss_peak_bytes"`  // the most resident at once since the start (VmHWM)
-	Anon     uint64 `json:"rss_anon_bytes"`  // of RSS: anonymous memory (Go's heap, mmapped buffers)
-	File     uint64 `json:"rss_file_bytes"`  // of RSS: pages of mapped files (the binary, the metadata store's tables)
-	Shmem    uint64 `json:"rss_shmem_bytes"` // of RSS: shared memory (files on a tmpfs it maps)
-	Held     uint64 `json:"held_bytes"`      // Anon + Shmem: what the kernel cannot reclaim from it
-	Locked   uint64 `json:"locked_bytes"`    // locked in RAM (VmLck)
-	GoHeap   uint64 `json:"go_heap_bytes"`   // Go's heap in use: live and not yet collected objects
-	GoFree   uint64 `json:"go_free_bytes"`   // Go's heap free but not yet returned to the kernel
-	GoOther  uint64 `json:"go_other_bytes"`  // Go's runtime besides its heap: stacks, metadata
-	GoLimit  uint64 `json:"go_limit_bytes"`  // the Go runtime's memory limit (SetMemoryLimit); 0 when none
-	GoCycles uint64 `json:"go_gc_cycles"`    // garbage collections so far
+	RSS   uint64 `json:"rss_bytes"`       // resident now (VmRSS)
+	Peak  uint64 `json:"rss_peak_bytes"`  // the most resident at once since the start (VmHWM)
+	Anon  uint64 `json:"rss_anon_bytes"`  // of RSS: anonymous memory (Go's heap, mmapped buffers)
+	File  uint64 `json:"rss_file_bytes"`  // of RSS: pages of mapped files (the binary, the metadata store's tables)
+	Shmem uint64 `json:"rss_shmem_bytes"` // of RSS: shared memory (files on a tmpfs it maps)
+	// Binary is, of Shmem, the pages of the process's own binary where that lies on a tmpfs (an
+	// initramfs, a live system): the file system holds them whether the process runs or not.
+	Binary   uint64 `json:"rss_binary_shmem_bytes"`
+	Held     uint64 `json:"held_bytes"`     // Anon + Shmem - Binary: what the kernel cannot reclaim from it
+	Locked   uint64 `json:"locked_bytes"`   // locked in RAM (VmLck)
+	GoHeap   uint64 `json:"go_heap_bytes"`  // Go's heap in use: live and not yet collected objects
+	GoFree   uint64 `json:"go_free_bytes"`  // Go's heap free but not yet returned to the kernel
+	GoOther  uint64 `json:"go_other_bytes"` // Go's runtime besides its heap: stacks, metadata
+	GoLimit  uint64 `json:"go_limit_bytes"` // the Go runtime's memory limit (SetMemoryLimit); 0 when none
+	GoCycles uint64 `json:"go_gc_cycles"`   // garbage collections so far
 }
 
-// ReadMemory reads /proc/self/status and the Go runtime's metrics.
+// ReadMemory reads /proc/self/status and the Go runtime's metrics (and /proc/self/smaps, where
+// the binary lies on a tmpfs).
 func ReadMemory() (Memory, error) {
 	var m Memory
 	f, err := os.Open("/proc/self/status")
@@ -136,7 +141,10 @@ func ReadMemory() (Memory, error) {
 	if err := s.Err(); err != nil {
 		return m, err
 	}
-	m.Held = m.Anon + m.Shmem
+	if m.Binary, err = binaryShmem(); err != nil {
+		return m, err
+	}
+	m.Held = m.Anon + m.Shmem - min(m.Binary, m.Shmem)
 	samples := []metrics.Sample{
 		{Name: "/memory/classes/total:bytes"},
 		{Name: "/memory/classes/heap/objects:bytes"},
@@ -161,4 +169,48 @@ func ReadMemory() (Memory, error) {
 	}
 	m.GoCycles = v[6]
 	return m, nil
+}
+
+// smapsFileShmem sums, over the mappings in smaps (the text of a /proc/PID/smaps) of the file
+// with device dev ("major:minor", in hex as the kernel writes it) and inode ino, their resident
+// pages less the anonymous ones (a private mapping's copied pages): the file's own pages.
+func smapsFileShmem(smaps io.Reader, major, minor uint32, ino uint64) (uint64, error) {
+	var sum, rss uint64
+	in := false
+	s := bufio.NewScanner(smaps)
+	for s.Scan() {
+		w := strings.Fields(s.Text())
+		if len(w) == 0 {
+			continue
+		}
+		if !strings.HasSuffix(w[0], ":") { // a mapping's first line: range perms offset dev inode [path]
+			if len(w) < 5 {
+				return 0, fmt.Errorf("smaps: a mapping's line of %d fields", len(w))
+			}
+			mj, mn, ok := strings.Cut(w[3], ":")
+			a, err1 := strconv.ParseUint(mj, 16, 32)
+			b, err2 := strconv.ParseUint(mn, 16, 32)
+			i, err3 := strconv.ParseUint(w[4], 10, 64)
+			if !ok || err1 != nil || err2 != nil || err3 != nil {
+				return 0, fmt.Errorf("smaps: a mapping's device %q and inode %q", w[3], w[4])
+			}
+			in = uint32(a) == major && uint32(b) == minor && i == ino
+			continue
+		}
+		if !in || len(w) != 3 || w[2] != "kB" {
+			continue
+		}
+		kb, err := strconv.ParseUint(w[1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("smaps: %s: %w", w[0], err)
+		}
+		switch w[0] {
+		case "Rss:":
+			rss = kb << 10
+			sum += rss
+		case "Anonymous:":
+			sum -= min(kb<<10, rss)
+		}
+	}
+	return sum, s.Err()
 }

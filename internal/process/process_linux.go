@@ -2,6 +2,8 @@ package process
 
 import (
 	"fmt"
+	"os"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -34,4 +36,34 @@ func LockMemory() error {
 		return fmt.Errorf("lock memory (mlockall): %w (it needs root, CAP_IPC_LOCK or a large enough RLIMIT_MEMLOCK, e.g. LimitMEMLOCK=infinity in a unit)", err)
 	}
 	return nil
+}
+
+// exeOnTmpfs is the device and inode of the process's binary where that lies on a tmpfs, whose
+// pages a mapping counts as shared memory; nil elsewhere (a disk's pages are file pages, which
+// the kernel reclaims).
+var exeOnTmpfs = sync.OnceValue(func() *unix.Stat_t {
+	var fs unix.Statfs_t
+	if unix.Statfs("/proc/self/exe", &fs) != nil || fs.Type != unix.TMPFS_MAGIC {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Stat("/proc/self/exe", &st) != nil {
+		return nil
+	}
+	return &st
+})
+
+// binaryShmem is, of the process's shared memory, the pages of its binary: 0 unless that lies on
+// a tmpfs.
+func binaryShmem() (uint64, error) {
+	st := exeOnTmpfs()
+	if st == nil {
+		return 0, nil
+	}
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return smapsFileShmem(f, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
 }

@@ -75,8 +75,18 @@ kib() {
 	echo "${v:-0}"
 }
 
+# maps PID: where the RSS of PID lies, from its smaps: the resident MiB of each mapping's file
+# (or [anon] for anonymous memory), the largest first, those of 1 MiB or more.
+maps() {
+	awk '
+		$1 ~ /^[0-9a-f]+-[0-9a-f]+$/ { name = $6 == "" ? "[anon]" : $6 ($7 == "" ? "" : " " $7); next }
+		$1 == "Rss:" { kb[name] += $2 }
+		END { for (n in kb) if (kb[n] >= 1024) printf "%d %s\n", kb[n] / 1024, n }' /proc/$1/smaps 2>/dev/null |
+		sort -rn | awk '{ printf "%s%s %s MiB", (NR > 1 ? ", " : ""), $2, $1 }'
+}
+
 # monitor: every 15 s while the writer runs, a line of figures: the file's size, the guest's
-# MemAvailable, Dirty and Writeback, tierblk's RSS and the hog's.
+# MemAvailable, Dirty and Writeback, tierblk's RSS and the hog's; and where tierblk's RSS lies.
 start_monitor() {
 	rm -f /tmp/stop-monitor
 	(
@@ -88,6 +98,7 @@ start_monitor() {
 			echo "  ${t}s: file $(mib $size) MiB; MemAvailable $(($(kib MemAvailable /proc/meminfo) / 1024)) MiB," \
 				"Dirty $(($(kib Dirty /proc/meminfo) / 1024)) MiB, Writeback $(($(kib Writeback /proc/meminfo) / 1024)) MiB;" \
 				"tierblk VmRSS $(($(kib VmRSS /proc/$pid/status) / 1024)) MiB${hog:+, hog VmRSS $(($(kib VmRSS /proc/$hog/status) / 1024)) MiB}"
+			echo "    tierblk: RssAnon $(($(kib RssAnon /proc/$pid/status) / 1024)) MiB, RssShmem $(($(kib RssShmem /proc/$pid/status) / 1024)) MiB; by mapping: $(maps $pid)"
 		done
 	) &
 	monitor=$!
