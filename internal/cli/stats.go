@@ -117,7 +117,11 @@ func writeDaemon(w io.Writer, p *metrics.ProcessStats, m *metrics.MemoryStats) {
 	if p != nil {
 		flusher := "yes"
 		if !p.IOFlusher {
-			flusher = "no (not root, or in a container: a writer on a device it serves may stall it)"
+			why := p.IOFlusherError
+			if why == "" { // a daemon that does not say
+				why = "not root, or in a container"
+			}
+			flusher = "no (" + why + "): a writer on a device it serves may stall it"
 		}
 		locked := ""
 		if p.MemoryLocked {

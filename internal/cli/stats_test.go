@@ -342,3 +342,28 @@ func TestWriteScrub(t *testing.T) {
 		})
 	}
 }
+
+// The process line says whether the daemon is an I/O flusher and, where it is not, the reason
+// the kernel gave, which names the fix.
+func TestWriteDaemonProcess(t *testing.T) {
+	cases := []struct {
+		name string
+		p    metrics.ProcessStats
+		want string
+	}{
+		{"an I/O flusher", metrics.ProcessStats{IOFlusher: true, OOMScoreAdj: -900},
+			"process: I/O flusher yes, oom_score_adj -900\n"},
+		{"refused, with the reason", metrics.ProcessStats{IOFlusherError: "PR_SET_IO_FLUSHER: operation not supported (a binary built with cgo)", MemoryLocked: true},
+			"process: I/O flusher no (PR_SET_IO_FLUSHER: operation not supported (a binary built with cgo)): " +
+				"a writer on a device it serves may stall it, oom_score_adj 0, memory locked\n"},
+		{"refused, by a daemon that does not say why", metrics.ProcessStats{},
+			"process: I/O flusher no (not root, or in a container): a writer on a device it serves may stall it, oom_score_adj 0\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			writeDaemon(&out, &tc.p, nil)
+			require.Equal(t, tc.want, out.String())
+		})
+	}
+}

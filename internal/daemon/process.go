@@ -61,6 +61,7 @@ func setUpProcess(cfg config.Config, log *slog.Logger) (metrics.ProcessStats, er
 			level = slog.LevelWarn
 		}
 		log.Log(context.Background(), level, "not an I/O flusher: a writer filling the page cache of a device this daemon serves can stall it", "err", err)
+		st.IOFlusherError = err.Error()
 	} else {
 		st.IOFlusher = true
 		log.Debug("every thread is an I/O flusher (PR_SET_IO_FLUSHER)")

@@ -15,9 +15,11 @@ type Daemon struct {
 
 // ProcessStats says what the daemon asked of the kernel for itself (internal/process).
 type ProcessStats struct {
-	IOFlusher    bool `json:"io_flusher"`    // every thread is PR_SET_IO_FLUSHER
-	OOMScoreAdj  int  `json:"oom_score_adj"` // the process's, as the daemon left it
-	MemoryLocked bool `json:"memory_locked"` // mlockall (lock_memory)
+	IOFlusher bool `json:"io_flusher"` // every thread is PR_SET_IO_FLUSHER
+	// IOFlusherError says why not, where the kernel refused it.
+	IOFlusherError string `json:"io_flusher_error,omitempty"`
+	OOMScoreAdj    int    `json:"oom_score_adj"` // the process's, as the daemon left it
+	MemoryLocked   bool   `json:"memory_locked"` // mlockall (lock_memory)
 }
 
 // MemoryStats is the daemon's memory: the kernel's and Go's figures, the parts the daemon plans

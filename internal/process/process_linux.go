@@ -20,8 +20,12 @@ import (
 // tierblk's releases are built without it.
 func SetIOFlusher() error {
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_IO_FLUSHER, 1, 0); e != 0 {
-		if e == syscall.EPERM {
-			return fmt.Errorf("PR_SET_IO_FLUSHER: %w (it needs root or CAP_SYS_RESOURCE)", e)
+		switch e {
+		case syscall.EPERM:
+			return fmt.Errorf("PR_SET_IO_FLUSHER: %w (it needs CAP_SYS_RESOURCE: root, outside a container or in a privileged one)", e)
+		case syscall.ENOTSUP:
+			return fmt.Errorf("PR_SET_IO_FLUSHER: %w (a binary built with cgo, whose threads Go cannot all reach: "+
+				"build it with CGO_ENABLED=0, as make build does)", e)
 		}
 		return fmt.Errorf("PR_SET_IO_FLUSHER: %w", e)
 	}
