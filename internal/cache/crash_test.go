@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -180,6 +181,23 @@ func (x gatedStore) Lines(fn func(meta.Line) error) error {
 }
 
 func (x gatedStore) Close() error { return nil }
+
+// killAndRestart kills c, whose devices and store are m's behind g (the gate crashes: nothing c
+// does after reaches them), starts a new engine of layout l on what m kept, closed when the test
+// ends, and checks that every byte reads as model.
+func killAndRestart(t *testing.T, m *machine, l layout, g *gate, c *Cache, model []byte) *Cache {
+	t.Helper()
+	g.crash()
+	c.Close()
+	g = &gate{}
+	c = newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, gatedDev{g, m.ssd})
+	t.Cleanup(func() { c.Close() })
+	got := make([]byte, len(model))
+	_, err := c.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(model, got), "read after the kill")
+	return c
+}
 
 // machine is what survives an engine: backend, SSD and metadata, and the clients' record of what
 // they wrote, sector by sector.

@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -317,16 +316,7 @@ func TestWriteBackNoRoomOverDirtyThenRoom(t *testing.T) {
 			_, err := c.destageLocked([]uint64{1})
 			c.locks.unlock(1, 1)
 			require.NoError(t, err)
-			g.crash()
-			c.Close()
-
-			g = &gate{}
-			c = newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, gatedDev{g, m.ssd})
-			defer c.Close()
-			got := make([]byte, len(model))
-			_, err = c.ReadAt(got, 0)
-			require.NoError(t, err)
-			require.True(t, bytes.Equal(model, got), "read after the crash")
+			killAndRestart(t, m, l, g, c, model)
 			checkBackend(t, m.back, model)
 		})
 	}

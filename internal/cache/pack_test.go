@@ -310,16 +310,7 @@ func TestCrashDuringReclaim(t *testing.T) {
 				} else if !reached {
 					t.Logf("reclaim wrote less than %d times: the crash came after it", cut+1)
 				}
-				g.crash()
-				c.Close()
-
-				g = &gate{}
-				c = newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, gatedDev{g, m.ssd})
-				defer c.Close()
-				got := make([]byte, len(model))
-				_, err := c.ReadAt(got, 0)
-				require.NoError(t, err)
-				require.True(t, bytes.Equal(model, got), "after the crash")
+				c = killAndRestart(t, m, l, g, c, model)
 				require.NoError(t, c.FlushAll(context.Background(), nil))
 				require.True(t, bytes.Equal(model, m.back.cur), "written back")
 			})
