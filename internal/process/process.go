@@ -171,9 +171,9 @@ func ReadMemory() (Memory, error) {
 	return m, nil
 }
 
-// smapsFileShmem sums, over the mappings in smaps (the text of a /proc/PID/smaps) of the file
-// with device dev ("major:minor", in hex as the kernel writes it) and inode ino, their resident
-// pages less the anonymous ones (a private mapping's copied pages): the file's own pages.
+// smapsFileShmem sums, over the mappings in smaps (the text of a /proc/PID/smaps) of the file on
+// device major:minor with inode ino, their resident pages less the anonymous ones (a private
+// mapping's copied pages): the file's own pages.
 func smapsFileShmem(smaps io.Reader, major, minor uint32, ino uint64) (uint64, error) {
 	var sum, rss uint64
 	in := false
