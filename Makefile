@@ -17,12 +17,14 @@ SSD_SIZE ?= 256MiB
 # prometheus (with promtool) for the dashboard test; systemd: systemd-socket-activate and
 # systemd-analyze for the service tests; podman and runc (IMAGE_DEB_PACKAGES) for the image and its
 # test, podman-compose for the test of configs/compose.yaml; e2fsprogs (mkfs.ext4 in the VM too) and
-# xfsprogs (CSI_DEB_PACKAGES) for the CSI driver's image.
+# xfsprogs (CSI_DEB_PACKAGES) for the CSI driver's image; dmsetup and make-bcache (bcache-tools) for
+# the kernel VM's image of bench kernel (KERNEL_BENCH_DEB_PACKAGES).
 IMAGE_DEB_PACKAGES := podman runc
 CSI_DEB_PACKAGES := e2fsprogs xfsprogs
+KERNEL_BENCH_DEB_PACKAGES := dmsetup bcache-tools
 DEB_PACKAGES := fio libnbd-bin nbdkit qemu-utils nbd-client qemu-system-x86 busybox-static cpio \
 	xz-utils kmod mount gnutls-bin tgt qemu-block-extra prometheus systemd $(IMAGE_DEB_PACKAGES) \
-	$(CSI_DEB_PACKAGES) podman-compose
+	$(CSI_DEB_PACKAGES) podman-compose $(KERNEL_BENCH_DEB_PACKAGES)
 TEST_TIMEOUT ?= 60m
 TESTLOG ?= $(CURDIR)/.cache/test.log
 
@@ -203,6 +205,7 @@ bench: deps build
 	$(BIN) bench startup --work $(CURDIR)/.cache/bench-startup
 	$(BIN) bench cold --work $(CURDIR)/.cache/bench-cold
 	$(BIN) bench memory --work $(CURDIR)/.cache/bench-memory
+	$(BIN) bench kernel
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi

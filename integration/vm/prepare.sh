@@ -8,6 +8,8 @@
 #
 # Usage: prepare.sh [CACHE]        prints the directory holding vmlinuz and base.cpio.gz
 # Env:   VM_WITH_FIO=1             also put fio in the image (its libraries add ~80 MB)
+#        VM_WITH_CACHES=1          fio, and the kernel's caches with their tools: dm-cache (smq),
+#                                  dm-writecache, bcache, dmsetup, make-bcache (bench kernel)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,15 +35,20 @@ fi
 [ -n "$pkg" ] || { log "no linux-image-6.12.*-cloud-amd64-unsigned package found"; exit 1; }
 
 tools=(/usr/sbin/nbd-client /usr/sbin/mke2fs /usr/sbin/e2fsck /usr/sbin/resize2fs)
+modules=(nbd ublk_drv virtio_blk configfs null_blk)
 suffix=""
-if [ "${VM_WITH_FIO:-}" = 1 ]; then
+if [ "${VM_WITH_CACHES:-}" = 1 ]; then
+	tools+=(/usr/bin/fio /usr/sbin/dmsetup /usr/sbin/make-bcache)
+	modules+=(libcrc32c dm-mod dm-bufio dm-bio-prison dm-persistent-data dm-cache dm-cache-smq dm-writecache bcache)
+	suffix="-caches"
+elif [ "${VM_WITH_FIO:-}" = 1 ]; then
 	tools+=(/usr/bin/fio)
 	suffix="-fio"
 fi
 
 out=$cache/$pkg$suffix
 # The stamp names every input, so changing this script or the tool list rebuilds.
-stamp="$(cat "$0" "$here/init" "$here/lib.sh" | sha256sum | cut -c1-16) ${tools[*]}"
+stamp="$(cat "$0" "$here/init" "$here/lib.sh" | sha256sum | cut -c1-16) ${tools[*]} ${modules[*]}"
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ]; then
 	echo "$out"
 	exit 0
@@ -64,7 +71,7 @@ cp "$work"/kernel/boot/vmlinuz-* "$work/vmlinuz"
 
 root=$work/root
 mkdir -p "$root"/{bin,sbin,dev,proc,sys,tmp,mnt,etc,lib/modules,run}
-for m in nbd ublk_drv virtio_blk configfs null_blk; do
+for m in "${modules[@]}"; do
 	f=$(find "$work/kernel/lib/modules" -name "$m.ko.xz" | head -n 1)
 	[ -n "$f" ] || { log "module $m not in $pkg"; exit 1; }
 	xz -dc "$f" >"$root/lib/modules/$m.ko"
