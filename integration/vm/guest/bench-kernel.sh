@@ -89,13 +89,7 @@ tierblk_up() {
 	rm -rf /tmp/meta
 	tierblk serve --backend "file://$nas?direct=true" --ublk "$@" 2>$log &
 	pid=$!
-	i=0
-	until grep -q 'msg="block device"' $log; do
-		kill -0 $pid 2>/dev/null || fail "tierblk exited: $(cat $log)"
-		i=$((i + 1))
-		[ $i -le 600 ] || fail "tierblk gave no device within 60 s"
-		sleep 0.1
-	done
+	wait_log 'msg="block device"'
 	target=$(grep -o 'msg="block device".*path=[^ ]*' $log | head -n 1 | sed 's/.*path=//')
 	wait_for "$target" 30
 }
