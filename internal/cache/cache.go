@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
+
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
@@ -148,10 +150,11 @@ type Cache struct {
 	lastRun error
 
 	backendStats ioCounters
-	// destageSlots bounds the destage writes under way across all their callers (the destager,
-	// a flush, the writes that destage the lines they touch or evict) to destageInFlight, so
-	// that their buffers stay within MemoryPlan's share.
-	destageSlots chan struct{}
+	// destageBudget bounds the destage writes under way across all their callers (the destager,
+	// a flush, the writes that destage the lines they touch or evict): their bytes to
+	// destageBytesInFlight, so that their buffers stay within MemoryPlan's share, and their number
+	// to destageWritesInFlight (destageWeight).
+	destageBudget *semaphore.Weighted
 	// streams follows sequential readers, whose misses fetch on to their line's end.
 	streams fetch.Streams
 	// asked counts the bytes clients read; fetched the bytes read misses fetched from the backend
@@ -185,7 +188,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	c := &Cache{b: b, size: b.Size(), line: cfg.LineSize, log: cfg.Log, destageSlots: make(chan struct{}, destageInFlight)}
+	c := &Cache{b: b, size: b.Size(), line: cfg.LineSize, log: cfg.Log, destageBudget: semaphore.NewWeighted(destageBytesInFlight)}
 	c.mode.Store(int32(cfg.Mode))
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)

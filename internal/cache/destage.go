@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
@@ -26,8 +28,8 @@ type destagePiece struct {
 }
 
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
-// back to the backend, coalescing adjacent blocks into large writes (writeRuns); it flushes the backend, and only then marks them clean: a line that gets a new
-// write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
+// back to the backend, coalescing adjacent blocks into large writes (writeRuns); it flushes the
+// backend, and only then marks them clean: a line that gets a new write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
 // their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
 // more, and the rest is written back again.
 func (c *Cache) destageLocked(lines []uint64) (int64, error) {
@@ -120,21 +122,47 @@ func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
 	return bytes, nil
 }
 
-// writeRuns writes runs to the backend one after another, each holding one of the cache's
-// destageSlots while it is under way, and returns the bytes written by the time the first error
-// stopped it.
+// writeRuns writes runs to the backend, each holding its share of the cache's destageBudget while
+// it is under way, and returns the bytes written by the time the first error stopped it. The runs
+// go together: on a disk behind a network or a queue, a write costs its latency more than its
+// size, and the scattered blocks of random writes make many small runs.
 func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
-	var bytes int64
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		bytes int64
+		first error
+	)
 	for _, r := range runs {
-		c.destageSlots <- struct{}{}
-		err := c.writeRun(r)
-		<-c.destageSlots
-		if err != nil {
-			return bytes, err
+		w := destageWeight(r.len())
+		_ = c.destageBudget.Acquire(context.Background(), w) // never fails: no deadline
+		mu.Lock()
+		failed := first != nil
+		mu.Unlock()
+		if failed {
+			c.destageBudget.Release(w)
+			break
 		}
-		bytes += r.len()
+		wg.Go(func() {
+			err := c.writeRun(r)
+			c.destageBudget.Release(w)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				bytes += r.len()
+			} else if first == nil {
+				first = err
+			}
+		})
 	}
-	return bytes, nil
+	wg.Wait()
+	return bytes, first
+}
+
+// destageWeight is what a write back of n bytes takes of destageBudget: its bytes, and at least
+// the budget's share of one of destageWritesInFlight writes, which bounds the small ones' number.
+func destageWeight(n int64) int64 {
+	return max(n, destageBytesInFlight/destageWritesInFlight)
 }
 
 // writeRun reads a run's pieces from their slots and writes them to the backend as one write; a
@@ -188,15 +216,16 @@ func (c *Cache) writeRun(r destageRun) error {
 // foreground write to a line being written back waits little and read misses find the backend
 // free; when it is urgent (dirty data nears its maximum, a flush drains it), in batches of
 // destageBatchUrgent bytes, which drain a burst through a smaller SSD tier at nearly twice the
-// speed (bench writeback's burst row). Either way its writes are of at most maxDestageWrite, and
-// destageInFlight of them, the destager's and every other caller's, are under way at once: their
-// buffers are the daemon's memory (MemoryPlan), and on a slow disk a request costs its latency,
-// not its size.
+// speed (bench writeback's burst row). Either way its writes are of at most maxDestageWrite; the
+// writes back of every caller together hold at most destageBytesInFlight (their buffers are the
+// daemon's memory: MemoryPlan) in at most destageWritesInFlight writes, so that one large write
+// goes alone and the small ones of scattered dirty blocks go many at a time.
 const (
-	destageBatch       = 1 << 20
-	destageBatchUrgent = 16 << 20
-	destageInFlight    = 1
-	maxDestageWrite    = 4 << 20
+	destageBatch          = 1 << 20
+	destageBatchUrgent    = 16 << 20
+	maxDestageWrite       = 4 << 20
+	destageBytesInFlight  = maxDestageWrite
+	destageWritesInFlight = 32
 )
 
 func (r destageRun) len() int64 {
@@ -370,6 +399,6 @@ func (c *Cache) dirtyStats() DirtyStats {
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
 		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.rate(time.Now(), w.destagedBytes.Load()),
 		ThrottledWrites: w.throttled.Load(), ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
-		ThrottleDelay: c.throttleDelay(1).Seconds(), BackendWaits: w.backendWaits.Load(),
+		ThrottleDelay: c.throttleDelay(c.ssd.blocks).Seconds(), BackendWaits: w.backendWaits.Load(),
 	}
 }

@@ -29,7 +29,7 @@ func (c *Cache) FlushAll(ctx context.Context, progress func(done, total int64)) 
 }
 
 // drainSnapshot writes back the SSD tier's dirty blocks of now, in address order, a window of
-// destageBatchUrgent bytes of lines at a time with destageInFlight writes under way, as the
+// destageBatchUrgent bytes of lines at a time with its writes under way together, as the
 // destager does when urgent. Only the lines written back are locked, not the lines between them:
 // writes to other lines go on.
 func (c *Cache) drainSnapshot(ctx context.Context, progress func(done, total int64)) error {

@@ -48,7 +48,7 @@ const checkpointOps = 16 * meta.PartOps
 //   - checkpointMu (one checkpoint at a time) guards backendFlushed and durableCovered.
 //   - commitMu guards no field: it orders commits (see the field).
 //   - healMu guards the heal schedule: healFirst, nextHeal, healDelay and healedAt.
-//   - durableCalls, checkpoints and largestCheckpoint are atomic; t, store, flushBackend,
+//   - durableCalls, roomMade, checkpoints and largestCheckpoint are atomic; t, store, flushBackend,
 //     backendChanges, reserve and the channels are set by newJournal and never change.
 //
 // Lock order: a request's line locks (a FUA write waits for a checkpoint holding them), then
@@ -115,6 +115,9 @@ type journal struct {
 	durableCovered uint64
 	// checkpointSoon holds a request for a checkpoint (askCheckpoint) until the loop takes it.
 	checkpointSoon chan struct{}
+	// roomMade counts the reclaims makeRoom ran, so that writers that found no room together
+	// share one (a reclaim lists the whole index).
+	roomMade atomic.Uint64
 
 	// For the stats: checkpoints that committed, and the most records one of them committed.
 	checkpoints       atomic.Uint64

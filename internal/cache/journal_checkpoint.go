@@ -78,14 +78,19 @@ func (j *journal) checkpointForSlots() error {
 }
 
 // makeRoom frees room on a packed tier (tier.reclaim) for a writer that found none, and runs the
-// checkpoint that makes it free.
-func (j *journal) makeRoom() error {
+// checkpoint that makes it free. seen is roomMade when the writer looked for room: if another
+// writer's makeRoom ran since, the writer tries that room first.
+func (j *journal) makeRoom(seen uint64) error {
 	j.checkpointMu.Lock()
 	defer j.checkpointMu.Unlock()
 	if j.t.failed.Load() {
 		return errNoRoom
 	}
+	if j.roomMade.Load() != seen {
+		return nil
+	}
 	j.t.reclaim()
+	defer j.roomMade.Add(1)
 	return j.checkpointOrFail()
 }
 

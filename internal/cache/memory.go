@@ -17,7 +17,7 @@ func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 			per = packedIndexBytesPerLine(t.blocks)
 		}
 		index += uint64(t.slots) * uint64(per)
-		work = destageInFlight * maxDestageWrite
+		work = destageBytesInFlight
 		if t.pk != nil {
 			work += reclaimBytes()
 		}

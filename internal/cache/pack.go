@@ -239,14 +239,20 @@ func (pk *packed) short() bool {
 
 // maxReclaimMoves bounds the block references one reclaim copies or drops, whatever the tier's
 // size: a tier of a TiB short of room would otherwise list a sixteenth of its blocks at once. Its
-// lists of moves and drops and its map of copies take 80 bytes a reference at most (a move of 40,
-// and a map entry of 16 in a table at least half full), which MemoryPlan counts. A pass that
+// lists of moves and drops, its map of copies and the copies' room take 120 bytes a reference at
+// most (a move of 40, a map entry of 16 in a table at least half full, and 41 for the unit's
+// copy: its old and new location words, its size twice, its offset and whether it was made),
+// which MemoryPlan counts. A pass that
 // reaches the bound frees fewer segments, and the next pass (room is still short) goes on.
 var maxReclaimMoves = 8 << 10 // a variable for TestReclaimListsBounded
 
+// reclaimPicked, when set, runs between reclaim's choice of what to copy (units) and its taking
+// the room for it: TestReclaimTakesItsRoomAtOnce takes room there, as writers may.
+var reclaimPicked func(units []uint64)
+
 // reclaimBytes is the most memory a reclaim's lists take: maxReclaimMoves references, and one
 // line's blocks past them (a line is listed whole).
-func reclaimBytes() uint64 { return uint64(maxReclaimMoves+MaxLineSize/blockSize) * 80 }
+func reclaimBytes() uint64 { return uint64(maxReclaimMoves+MaxLineSize/blockSize) * 120 }
 
 // victims returns the segments reclaim empties, as many as it takes to reach target free
 // segments: those whose emptying copies the fewest bytes (copy, by segment: the bytes of its units
@@ -927,9 +933,12 @@ func (t *tier) reclaim() (listed int) {
 		t.mu.Unlock()
 		return
 	}
-	inVictim := make(map[int32]bool, len(victims))
-	for _, s := range victims {
-		inVictim[s] = true
+	rank := make([]int32, nseg) // a segment's place in victims, -1 for none
+	for i := range rank {
+		rank[i] = -1
+	}
+	for i, s := range victims {
+		rank[s] = int32(i)
 	}
 	for line, s := range t.index.All() {
 		if len(moves)+len(drops) >= maxReclaimMoves {
@@ -941,7 +950,7 @@ func (t *tier) reclaim() (listed int) {
 		locs := pk.slotLocs(slot, 0, pk.blocks)
 		var there lineBits
 		for b, l := range locs {
-			if l != 0 && inVictim[int32(locOff(l)/pk.segSize)] {
+			if l != 0 && rank[locOff(l)/pk.segSize] >= 0 {
 				there[b/64] |= 1 << (b % 64)
 			}
 		}
@@ -973,20 +982,67 @@ func (t *tier) reclaim() (listed int) {
 	t.mu.Unlock()
 
 	// A shared unit has a move for each block that finds it: the first copies it, and the others
-	// point at the copy. Each copy holds a reference of reclaim's until the moves are done.
-	copies := map[uint64]uint64{}
+	// point at the copy. The room of the copies is taken at once, before the first is written, for
+	// as many whole victims as it fits (the cheapest first): copies that ran out of room half-way
+	// (writers take free segments meanwhile) would leave their victims half full and the room they
+	// took lost, until reclaim had none left to copy into at all (TestReclaimTakesItsRoomAtOnce).
+	// Each copy holds a reference of reclaim's until the moves are done; a copy never made
+	// (damage, an error) is dead at once.
+	copies := map[uint64]int{} // a unit's index in units
+	var units []uint64         // the units to copy, each once, in the order of moves
+	var sizes []int
+	for _, m := range moves {
+		if _, ok := copies[m.loc]; !ok {
+			copies[m.loc] = len(units)
+			units = append(units, m.loc)
+			sizes = append(sizes, locLen(m.loc))
+		}
+	}
+	if reclaimPicked != nil {
+		reclaimPicked(units)
+	}
+	news := make([]uint64, len(units)) // the copies' location words; 0: not copied this time
+	for k := int32(len(victims)); k > 0; k-- {
+		var sz []int
+		for i, l := range units {
+			if rank[locOff(l)/pk.segSize] < k {
+				sz = append(sz, sizes[i])
+			}
+		}
+		offs := make([]int64, len(sz))
+		if pk.alloc(sz, offs, true) != nil {
+			continue
+		}
+		j := 0
+		for i, l := range units {
+			if rank[locOff(l)/pk.segSize] < k {
+				news[i] = makeLoc(offs[j], sz[j], locCodec(l)) | l&locMutable // the block's, as mutable as it was
+				j++
+			}
+		}
+		break
+	}
+	made := make([]bool, len(units))
 	defer func() {
 		t.mu.Lock()
-		for _, nl := range copies {
-			pk.deadLocked(nl)
+		for i, nl := range news {
+			switch {
+			case made[i]:
+				pk.deadLocked(nl)
+			case nl != 0:
+				pk.dead = append(pk.dead, nl) // never live
+			}
 		}
 		t.mu.Unlock()
 	}()
 	for _, m := range moves {
-		nl, ok := copies[m.loc]
-		if !ok {
-			var err error
-			if nl, err = t.copyUnit(m.line, m.b, m.loc, m.sum); err != nil {
+		i := copies[m.loc]
+		nl := news[i]
+		if nl == 0 {
+			continue // its segment did not fit: the next reclaim picks again
+		}
+		if !made[i] {
+			if err := t.copyUnit(m.line, m.b, m.loc, nl, m.sum); err != nil {
 				if _, ok := asDamage(err); ok {
 					// Not copied: the unit stays, and its segment with it, until a check of
 					// the line under its lock (which a write to it may be changing) deals
@@ -994,18 +1050,16 @@ func (t *tier) reclaim() (listed int) {
 					t.recheck(m.line)
 					continue
 				}
-				if !errors.Is(err, errNoRoom) {
-					t.log.Warn("cache tier reclaim: copy failed", "tier", t.name, "err", err)
-				}
+				t.log.Warn("cache tier reclaim: copy failed", "tier", t.name, "err", err)
 				return
 			}
+			made[i] = true
 			t.mu.Lock()
 			pk.bornLocked(nl)
 			if pk.dd != nil {
 				pk.dd.movedLocked(m.loc, nl)
 			}
 			t.mu.Unlock()
-			copies[m.loc] = nl
 		}
 		t.mu.Lock()
 		cur := pk.slotLocs(m.slot, m.b, m.b+1)
@@ -1025,9 +1079,9 @@ func (t *tier) reclaim() (listed int) {
 	return listed
 }
 
-// copyUnit writes a copy of unit l, block b of line, to new room (reclaim's, which may take the
-// reserve), if its bytes match the block's sum; else it returns a *damageError.
-func (t *tier) copyUnit(line uint64, b int, l uint64, sum uint32) (uint64, error) {
+// copyUnit writes a copy of unit l, block b of line, to nl (room reclaim took for it), if its
+// bytes match the block's sum; else it returns a *damageError.
+func (t *tier) copyUnit(line uint64, b int, l, nl uint64, sum uint32) error {
 	pk := t.pk
 	// A pooled buffer: reclaim copies every unit it keeps, and allocating each would make garbage
 	// at the rate the tier is written (TestMemoryBoundNBD).
@@ -1038,23 +1092,12 @@ func (t *tier) copyUnit(line uint64, b int, l uint64, sum uint32) (uint64, error
 		copy(unit, u)
 		return nil
 	}); err != nil {
-		return 0, err
+		return err
 	}
 	if got, err := t.unitSum(line, b, unit, l); err != nil || got != sum {
-		return 0, &damageError{line: line, bits: rangeBits(b, b+1)}
+		return &damageError{line: line, bits: rangeBits(b, b+1)}
 	}
-	var off [1]int64
-	if err := pk.alloc([]int{len(unit)}, off[:], true); err != nil {
-		return 0, err
-	}
-	nl := makeLoc(off[0], len(unit), locCodec(l)) | l&locMutable // the block's, as mutable as it was
-	if err := pk.writeRuns(unit, []uint64{nl}); err != nil {
-		t.mu.Lock()
-		pk.dead = append(pk.dead, nl) // never live
-		t.mu.Unlock()
-		return 0, err
-	}
-	return nl, nil
+	return pk.writeRuns(unit, []uint64{nl})
 }
 
 // probe writes a block to free room and reads it back (journal.probe, on a packed tier).

@@ -493,7 +493,7 @@ func TestReclaimListsBounded(t *testing.T) {
 				if listed >= maxReclaimMoves {
 					full++
 				}
-				require.NoError(t, c.ssd.j.makeRoom())
+				require.NoError(t, c.ssd.j.makeRoom(c.ssd.j.roomMade.Load()))
 			}
 			t.Logf("%d passes, %d of them at the bound", passes, full)
 			require.Greater(t, full, 1, "no two passes reached the bound: the test tests nothing")
@@ -508,4 +508,101 @@ func TestReclaimListsBounded(t *testing.T) {
 			require.True(t, bytes.Equal(model, raw), "written back")
 		})
 	}
+}
+
+// TestReclaimTakesItsRoomAtOnce: writers may take free segments between reclaim's choice of
+// victims and its copies, down to the reserve. Reclaim then takes the room of the copies of as
+// many whole victims as fit, at once: copies that ran out half-way would leave their victims half
+// full and the reserve spent,
+// and every later reclaim without room to copy into (a tier wedged with most of its room in holes,
+// every write going the backend's way). Data stays right throughout.
+func TestReclaimTakesItsRoomAtOnce(t *testing.T) {
+	const line = 16 << 10
+	const lines = 48 // of 64 lines of room: all of it dirty stays below the maximum
+	back := mem.New(lines * line)
+	c := newCache(t, back, layout{line: line, ssd: 64, mode: WriteBack, reduction: ReductionCompress}, nil, nil)
+	defer c.Close()
+	c.bg.halt() // only the test and its writes reclaim and checkpoint: the same every run
+	c.bg.wait()
+	model := make([]byte, lines*line)
+	rewriteBlocks(t, c, model, rand.New(rand.NewPCG(5, 9)), 1200)
+	require.NoError(t, c.Flush())
+	pk := c.ssd.pk
+	pk.mu.Lock()
+	pk.target = len(pk.used) // reclaim plans to empty every segment it can
+	pk.mu.Unlock()
+	// Writers take every free segment above the reserve, and what is left of the open one, once
+	// reclaim has chosen: what is left is the reserve, too little for the copies chosen.
+	var taken []int64
+	var planned, left int64
+	before := map[int64]int64{} // the used bytes of the segments of the units to copy
+	defer func() { reclaimPicked = nil }()
+	reclaimPicked = func(units []uint64) {
+		pk.mu.Lock()
+		for _, l := range units {
+			planned += int64(locLen(l))
+			s := locOff(l) / pk.segSize
+			before[s] = pk.used[s]
+		}
+		pk.mu.Unlock()
+		for {
+			var off [1]int64
+			if pk.alloc([]int{blockSize}, off[:], false) != nil {
+				break
+			}
+			taken = append(taken, off[0])
+		}
+		pk.mu.Lock()
+		pk.sealLocked()
+		left = int64(len(pk.free)) * pk.segSize
+		pk.mu.Unlock()
+	}
+	c.ssd.reclaim()
+	reclaimPicked = nil
+	require.NotEmpty(t, taken, "no room taken between the choice and the copies: the test tests nothing")
+	require.Greater(t, planned, left, "copies of %d bytes fit the %d bytes left: the test tests nothing", planned, left)
+	// Once the checkpoints commit the moves, each victim is empty or as it was, never in part.
+	for range 2 {
+		backendErr, tierErr := c.ssd.j.checkpoint()
+		require.NoError(t, errors.Join(backendErr, tierErr))
+	}
+	emptied := 0
+	pk.mu.Lock()
+	for s, u := range before {
+		if pk.used[s] == 0 {
+			emptied++
+		} else if pk.used[s] != u {
+			t.Errorf("segment %d holds %d bytes, %d before the reclaim: emptied in part", s, pk.used[s], u)
+		}
+	}
+	pk.mu.Unlock()
+	t.Logf("%d of %d victims emptied in %d bytes left of %d planned", emptied, len(before), left, planned)
+	// A failed allocation may leave a segment open with nothing in it: as good as free.
+	empty := func() int {
+		pk.mu.Lock()
+		defer pk.mu.Unlock()
+		n := len(pk.free)
+		if pk.open >= 0 && pk.used[pk.open] == 0 {
+			n++
+		}
+		return n
+	}
+	reserve := pk.reserve
+	require.GreaterOrEqual(t, empty(), reserve, "empty segments after the reclaim and its checkpoints")
+	// The room the writers took is given back; reclaim then frees room as it should.
+	pk.mu.Lock()
+	for _, off := range taken {
+		pk.releaseLocked(off, blockSize)
+	}
+	pk.mu.Unlock()
+	require.NoError(t, c.ssd.j.makeRoom(c.ssd.j.roomMade.Load()))
+	require.Greater(t, empty(), reserve, "empty segments after a reclaim with room")
+	got := make([]byte, len(model))
+	_, err := c.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(model, got), "read back after the reclaims")
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	_, err = back.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(model, got), "written back")
 }

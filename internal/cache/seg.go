@@ -13,6 +13,15 @@ type seg struct {
 
 func (s seg) blocks() int { return int((s.n + blockSize - 1) / blockSize) }
 
+// touchedBlocks counts the blocks a request's segments touch.
+func touchedBlocks(segs []seg) int {
+	n := 0
+	for _, s := range segs {
+		n += int((s.hi+blockSize-1)/blockSize - s.lo/blockSize)
+	}
+	return n
+}
+
 // touched are the blocks the request touches; full those it covers entirely.
 func (s seg) touched() lineBits {
 	return rangeBits(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))

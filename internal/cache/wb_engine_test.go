@@ -443,11 +443,16 @@ func TestBurstPastTheSSDTierStaysOnIt(t *testing.T) {
 }
 
 // TestDestageBoundedAcrossCallers: the writes back of two callers at once (two writes over dirty
-// lines that destage what they touch, or such a write and the destager) share destageInFlight
-// writes under way, not each their own: the destager's buffers stay within MemoryPlan's share.
-// The backend holds the first write until another caller waits for its turn.
+// lines that destage what they touch, or such a write and the destager) share destageBudget, not
+// each their own: the destager's buffers stay within MemoryPlan's share. The first caller's run
+// of maxDestageWrite takes all of it, and the backend holds that write until the other caller
+// waits for its turn.
 func TestDestageBoundedAcrossCallers(t *testing.T) {
-	const line = 64 << 10
+	const (
+		line  = 64 << 10
+		first = maxDestageWrite / line // lines 0 to first-1: one run of maxDestageWrite
+		other = 300                    // farther than the destager's window
+	)
 	back := &writeRecorder{crashDev: newCrashDev(512 * line), gate: make(chan struct{})}
 	c := newCache(t, back, layout{line: line, ssd: 512, mode: WriteBack}, nil, nil)
 	defer c.Close()
@@ -455,53 +460,109 @@ func TestDestageBoundedAcrossCallers(t *testing.T) {
 	release := func() { open.Do(func() { close(back.gate) }) }
 	defer release() // before Close, should the test fail with writes held
 	want := make([]byte, 512*line)
-	// Farther apart than the destager's window: no one writes both back in one call.
-	lines := []uint64{0, 300}
-	for _, l := range lines {
+	calls := [][]uint64{{}, {other}}
+	for l := range uint64(first) {
+		calls[0] = append(calls[0], l)
+	}
+	for _, l := range append(slices.Clone(calls[0]), other) {
 		p := want[l*line : (l+1)*line]
 		stamp(p, int(l)*line/sector, 1)
 		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	errs := make(chan error, len(lines))
-	for _, l := range lines {
+	errs := make(chan error, len(calls))
+	for _, lines := range calls {
 		go func() {
-			c.locks.lock(l, l)
-			defer c.locks.unlock(l, l)
-			_, err := c.destageLocked([]uint64{l})
+			lo, hi := lines[0], lines[len(lines)-1]
+			c.locks.lock(lo, hi)
+			defer c.locks.unlock(lo, hi)
+			_, err := c.destageLocked(lines)
 			errs <- err
 		}()
 	}
 	waitFor(t, "a write back held by the backend and another caller waiting for its turn", func() bool {
 		back.mu.Lock()
-		n := back.inFlight
+		n, b := back.inFlight, back.bytesInFlight
 		back.mu.Unlock()
-		if n > destageInFlight {
-			t.Fatalf("%d backend writes under way at once, want at most %d", n, destageInFlight)
+		if b > destageBytesInFlight {
+			t.Fatalf("%d bytes of backend writes under way at once, want at most %d", b, destageBytesInFlight)
 		}
-		return n == destageInFlight && waitingForDestageSlot()
+		return n == 1 && waitingForDestageBudget()
 	})
 	release()
-	for range lines {
+	for range calls {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
 	back.mu.Lock()
-	most := back.most
+	most := back.mostBytes
 	back.mu.Unlock()
-	if most > destageInFlight {
-		t.Fatalf("%d backend writes under way at once, want at most %d", most, destageInFlight)
+	if most > destageBytesInFlight {
+		t.Fatalf("%d bytes of backend writes under way at once, want at most %d", most, destageBytesInFlight)
 	}
 	checkBackend(t, back.crashDev, want)
 }
 
-// waitingForDestageSlot reports whether a goroutine waits in writeRuns for a turn to write back.
-func waitingForDestageSlot() bool {
+// TestDestageSmallRunsTogether: the scattered dirty blocks of random writes make many small runs;
+// one destage sends them together, as many as destageWritesInFlight, not one after another. The
+// backend holds every write until that many are under way.
+func TestDestageSmallRunsTogether(t *testing.T) {
+	const line = 64 << 10
+	back := &writeRecorder{crashDev: newCrashDev(512 * line), gate: make(chan struct{})}
+	c := newCache(t, back, layout{line: line, ssd: 512, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	var open sync.Once
+	release := func() { open.Do(func() { close(back.gate) }) }
+	defer release()
+	want := make([]byte, 512*line)
+	var lines []uint64
+	// One block every other line: no two adjacent, so each is a run of its own.
+	for i := range uint64(2 * destageWritesInFlight) {
+		l := 2 * i
+		lines = append(lines, l)
+		p := want[l*line : l*line+blockSize]
+		stamp(p, int(l)*line/sector, 1)
+		if _, err := c.WriteAt(p, int64(l*line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		c.locks.lock(lines[0], lines[len(lines)-1])
+		defer c.locks.unlock(lines[0], lines[len(lines)-1])
+		_, err := c.destageLocked(lines)
+		errc <- err
+	}()
+	waitFor(t, fmt.Sprintf("%d backend writes under way together", destageWritesInFlight), func() bool {
+		back.mu.Lock()
+		n := back.inFlight
+		back.mu.Unlock()
+		if n > destageWritesInFlight {
+			t.Fatalf("%d backend writes under way at once, want at most %d", n, destageWritesInFlight)
+		}
+		return n == destageWritesInFlight
+	})
+	release()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	back.mu.Lock()
+	writes, most := len(back.sizes), back.most
+	back.mu.Unlock()
+	if writes != len(lines) || most != destageWritesInFlight {
+		t.Fatalf("%d backend writes, at most %d at once; want %d, %d at once", writes, most, len(lines), destageWritesInFlight)
+	}
+	checkBackend(t, back.crashDev, want)
+}
+
+// waitingForDestageBudget reports whether a goroutine waits in writeRuns for its share of the
+// destage budget.
+func waitingForDestageBudget() bool {
 	buf := make([]byte, 1<<20)
 	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-		if strings.Contains(g, "[chan send") && strings.Contains(g, "(*Cache).writeRuns(") {
+		if strings.Contains(g, "(*Weighted).Acquire(") && strings.Contains(g, "(*Cache).writeRuns(") {
 			return true
 		}
 	}
@@ -513,17 +574,20 @@ func waitingForDestageSlot() bool {
 // waits until gate is closed.
 type writeRecorder struct {
 	*crashDev
-	gate           chan struct{}
-	mu             sync.Mutex
-	sizes          []int
-	inFlight, most int
+	gate                     chan struct{}
+	mu                       sync.Mutex
+	sizes                    []int
+	inFlight, most           int
+	bytesInFlight, mostBytes int
 }
 
 func (w *writeRecorder) WriteAt(p []byte, off int64) (int, error) {
 	w.mu.Lock()
 	w.sizes = append(w.sizes, len(p))
 	w.inFlight++
+	w.bytesInFlight += len(p)
 	w.most = max(w.most, w.inFlight)
+	w.mostBytes = max(w.mostBytes, w.bytesInFlight)
 	w.mu.Unlock()
 	if w.gate != nil {
 		<-w.gate
@@ -533,6 +597,7 @@ func (w *writeRecorder) WriteAt(p []byte, off int64) (int, error) {
 	defer func() {
 		w.mu.Lock()
 		w.inFlight--
+		w.bytesInFlight -= len(p)
 		w.mu.Unlock()
 	}()
 	return w.crashDev.WriteAt(p, off)
@@ -540,7 +605,7 @@ func (w *writeRecorder) WriteAt(p []byte, off int64) (int, error) {
 
 // TestUrgentDestageWritesLargeWithinBound writes a sequential stretch in write-back and drains it
 // with FlushAll: the destager writes it back in writes of maxDestageWrite, never more than
-// destageInFlight under way at once (their buffers are MemoryPlan's destage share), and the
+// destageBytesInFlight under way at once (their buffers are MemoryPlan's destage share), and the
 // backend then holds it all.
 func TestUrgentDestageWritesLargeWithinBound(t *testing.T) {
 	const (
@@ -566,13 +631,13 @@ func TestUrgentDestageWritesLargeWithinBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	back.mu.Lock()
-	sizes, most := back.sizes, back.most
+	sizes, most := back.sizes, back.mostBytes
 	back.mu.Unlock()
 	if want := []int{maxDestageWrite, maxDestageWrite, maxDestageWrite}; !slices.Equal(sizes, want) {
 		t.Fatalf("backend writes of %v bytes, want %v", sizes, want)
 	}
-	if most < 1 || most > destageInFlight {
-		t.Fatalf("%d backend writes under way at once, want 1 to %d", most, destageInFlight)
+	if most < 1 || most > destageBytesInFlight {
+		t.Fatalf("%d bytes of backend writes under way at once, want 1 to %d", most, destageBytesInFlight)
 	}
 	checkBackend(t, back.crashDev, want)
 }
@@ -924,7 +989,7 @@ func TestSetModeWaitsForThrottledWrites(t *testing.T) {
 	b.SetFailing(false)
 	p := make([]byte, throttledLine)
 	c.wb.blockTime.Store(int64(20 * time.Millisecond)) // the next write sleeps a while in the throttle
-	require.Greater(t, c.throttleDelay(1), 100*time.Millisecond)
+	require.Greater(t, c.throttleDelay(c.ssd.blocks), 100*time.Millisecond)
 	written := make(chan error, 1)
 	go func() { _, err := c.WriteAt(p, int64(throttledSSD*throttledLine)); written <- err }()
 	time.Sleep(50 * time.Millisecond) // the write is asleep in the throttle

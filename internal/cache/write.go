@@ -55,7 +55,7 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 	}
 	if mode == WriteBack && c.ssd.usable() {
 		// Throttled before the line locks are taken: the destager needs them to make room.
-		if err := c.admitDirty(len(segs)); err != nil {
+		if err := c.admitDirty(len(segs), touchedBlocks(segs)); err != nil {
 			return err
 		}
 		defer c.releaseDirty(len(segs))

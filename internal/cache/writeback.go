@@ -124,12 +124,13 @@ func (c *Cache) ratio() float64 {
 	return float64(c.ssd.dirtyCount.Load()) / float64(c.wb.lines)
 }
 
-// admitDirty throttles a write-back write that may dirty n lines, then reserves room for them
-// below the maximum, waiting for the destager if there is none: writes never fail for lack of
-// space, and dirty lines never pass the maximum. releaseDirty(n) gives the reservation back.
-func (c *Cache) admitDirty(n int) error {
+// admitDirty throttles a write-back write that may dirty n lines, blocks blocks of them, then
+// reserves room for the lines below the maximum, waiting for the destager if there is none: writes
+// never fail for lack of space, and dirty lines never pass the maximum. releaseDirty(n) gives the
+// reservation back.
+func (c *Cache) admitDirty(n, blocks int) error {
 	w := c.wb
-	if d := c.throttleDelay(n); d > 0 {
+	if d := c.throttleDelay(blocks); d > 0 {
 		w.throttled.Add(1)
 		w.throttleNs.Add(int64(d))
 		time.Sleep(d)
@@ -163,9 +164,11 @@ func (c *Cache) releaseDirty(n int) {
 	w.cond.Broadcast()
 }
 
-// throttleDelay is the delay the throttle policy gives a write that may dirty n lines now.
-func (c *Cache) throttleDelay(n int) time.Duration {
+// throttleDelay is the delay the throttle policy gives a write that dirties blocks blocks now:
+// the destager's time for the blocks the write gives it, not for whole lines, or small random
+// writes would each be held for the time their lines' other blocks would take.
+func (c *Cache) throttleDelay(blocks int) time.Duration {
 	w := c.wb
 	return w.throttle.Delay(policy.ThrottleState{Ratio: c.ratio(), BlockTime: time.Duration(w.blockTime.Load()),
-		Blocks: n * c.ssd.blocks, Watermarks: w.cfg.watermarks()})
+		Blocks: blocks, Watermarks: w.cfg.watermarks()})
 }

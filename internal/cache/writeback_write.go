@@ -216,10 +216,12 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 		}
 		copy(buf[s.lo-lo:], data)
 	}
+	seen := c.ssd.j.roomMade.Load()
 	zeros, err := c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
 	for try := 0; errors.Is(err, errNoRoom) && try < *tries; try++ {
 		// A packed tier short of room (pack.go): reclaim frees some at the checkpoint it runs.
-		if err = c.ssd.j.makeRoom(); err == nil {
+		if err = c.ssd.j.makeRoom(seen); err == nil {
+			seen = c.ssd.j.roomMade.Load()
 			zeros, err = c.ssd.writeBlocks(s.line, slot, buf, lo, s.n)
 		}
 	}
