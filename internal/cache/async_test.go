@@ -5,18 +5,48 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
-// readAsync reads p at off with ReadAtAsync and reports whether it started, and the read's error.
-func readAsync(c *Cache, p []byte, off int64) (started bool, err error) {
+// asyncRead reads p at off without a goroutine of its caller's, where the cache can, and reports
+// whether it started, and the read's error.
+type asyncRead func(t *testing.T, c *Cache, p []byte, off int64) (started bool, err error)
+
+// asyncReads are the two ways a server starts such a read: ReadAtAsync (the NBD server) and
+// ReadAtOn, on the server's own ring (a ublk queue's loop), where the kernel has io_uring. Each
+// test of them runs with both.
+func asyncReads(t *testing.T) map[string]asyncRead {
+	reads := map[string]asyncRead{"ReadAtAsync": readAtAsync}
+	if loop := uringtest.New(t, 4); loop != nil {
+		reads["ReadAtOn"] = func(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
+			return readAtOn(loop, c, p, off)
+		}
+	}
+	return reads
+}
+
+// readAtOn is an asyncRead with ReadAtOn on loop's ring.
+func readAtOn(loop *uringtest.Loop, c *Cache, p []byte, off int64) (bool, error) {
+	return loop.Do(func(r backend.Ring, done func(error)) bool { return c.ReadAtOn(r, p, off, done) })
+}
+
+// readAtAsync is an asyncRead with ReadAtAsync.
+func readAtAsync(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
 	ended := make(chan error, 1)
 	if !c.ReadAtAsync(p, off, func(err error) { ended <- err }) {
 		return false, nil
 	}
 	return true, <-ended
+}
+
+// eachAsyncRead runs test with each of asyncReads.
+func eachAsyncRead(t *testing.T, test func(t *testing.T, readAsync asyncRead)) {
+	for name, read := range asyncReads(t) {
+		t.Run(name, func(t *testing.T) { test(t, read) })
+	}
 }
 
 // asyncSetup returns a backend of lines lines holding want, and an SSD file of ssdLines lines that
@@ -42,107 +72,113 @@ func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd 
 // a miss, a RAM-tier hit, a read across lines and a read of a line another request holds are left
 // to ReadAt and count nothing; an SSD read that fails is served from the backend.
 func TestReadAtAsync(t *testing.T) {
-	const line = 64 << 10
-	want, b, dev := asyncSetup(t, line, 64, 16)
-	ssd := fault.New(dev, fault.Options{})
-	c := newCache(t, b, layout{line: line, ram: 2, ssd: 16, mode: WriteThrough, admission: "nhit:3"}, nil, ssd)
-	defer c.Close()
-	buf := make([]byte, 8192)
-	ssdStats := func() TierStats { return c.Stats().Tiers[1] }
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+		const line = 64 << 10
+		want, b, dev := asyncSetup(t, line, 64, 16)
+		ssd := fault.New(dev, fault.Options{})
+		c := newCache(t, b, layout{line: line, ram: 2, ssd: 16, mode: WriteThrough, admission: "nhit:3"}, nil, ssd)
+		defer c.Close()
+		buf := make([]byte, 8192)
+		ssdStats := func() TierStats { return c.Stats().Tiers[1] }
 
-	started, _ := readAsync(c, buf, 3*line)
-	require.False(t, started, "a miss")
-	require.Zero(t, ssdStats().Misses, "a miss left to ReadAt is not counted")
-	require.NoError(t, c.Prefetch(3*line, line)) // the line on both tiers
-	started, _ = readAsync(c, buf, 3*line+4096)
-	require.False(t, started, "a RAM-tier hit")
+		started, _ := readAsync(t, c, buf, 3*line)
+		require.False(t, started, "a miss")
+		require.Zero(t, ssdStats().Misses, "a miss left to ReadAt is not counted")
+		require.NoError(t, c.Prefetch(3*line, line)) // the line on both tiers
+		started, _ = readAsync(t, c, buf, 3*line+4096)
+		require.False(t, started, "a RAM-tier hit")
 
-	require.NoError(t, c.Prefetch(4*line, 2*line))
-	for l := uint64(4); l < 6; l++ { // the lines on the SSD tier alone
-		c.ram.invalidate(l, rangeBits(0, line/blockSize))
-	}
-	before := ssdStats()
-	started, err := readAsync(c, buf, 4*line+8192)
-	require.True(t, started, "an SSD-tier hit")
-	require.NoError(t, err)
-	require.Equal(t, want[4*line+8192:4*line+16384], buf)
-	after := ssdStats()
-	require.Equal(t, before.Hits+1, after.Hits)
-	require.Equal(t, before.HitBytes+8192, after.HitBytes)
+		require.NoError(t, c.Prefetch(4*line, 2*line))
+		for l := uint64(4); l < 6; l++ { // the lines on the SSD tier alone
+			c.ram.invalidate(l, rangeBits(0, line/blockSize))
+		}
+		before := ssdStats()
+		started, err := readAsync(t, c, buf, 4*line+8192)
+		require.True(t, started, "an SSD-tier hit")
+		require.NoError(t, err)
+		require.Equal(t, want[4*line+8192:4*line+16384], buf)
+		after := ssdStats()
+		require.Equal(t, before.Hits+1, after.Hits)
+		require.Equal(t, before.HitBytes+8192, after.HitBytes)
 
-	started, _ = readAsync(c, buf, 5*line-4096)
-	require.False(t, started, "a read across two lines")
+		started, _ = readAsync(t, c, buf, 5*line-4096)
+		require.False(t, started, "a read across two lines")
 
-	c.locks.lock(4, 4)
-	started, _ = readAsync(c, buf, 4*line)
-	c.locks.unlock(4, 4)
-	require.False(t, started, "a line another request holds")
+		c.locks.lock(4, 4)
+		started, _ = readAsync(t, c, buf, 4*line)
+		c.locks.unlock(4, 4)
+		require.False(t, started, "a line another request holds")
 
-	ssd.SetFailing(true)
-	started, err = readAsync(c, buf, 5*line)
-	require.True(t, started)
-	require.NoError(t, err, "a failed SSD read is served from the backend")
-	require.Equal(t, want[5*line:5*line+8192], buf)
-	require.Equal(t, before.Errors+1, ssdStats().Errors)
-	ssd.SetFailing(false)
+		ssd.SetFailing(true)
+		started, err = readAsync(t, c, buf, 5*line)
+		require.True(t, started)
+		require.NoError(t, err, "a failed SSD read is served from the backend")
+		require.Equal(t, want[5*line:5*line+8192], buf)
+		require.Equal(t, before.Errors+1, ssdStats().Errors)
+		ssd.SetFailing(false)
 
-	// Every read that started asynchronously has ended and let go of its line.
-	require.True(t, c.locks.tryLock(4) && c.locks.tryLock(5))
-	c.locks.unlock(4, 5)
+		// Every read that started asynchronously has ended and let go of its line.
+		require.True(t, c.locks.tryLock(4) && c.locks.tryLock(5))
+		c.locks.unlock(4, 5)
+	})
 }
 
 // TestReadAtAsyncPromotes: where the RAM tier admits the line, an asynchronous SSD-tier hit reads
 // the blocks it touches into RAM, which then holds them.
 func TestReadAtAsyncPromotes(t *testing.T) {
-	const line = 16 << 10
-	want, b, dev := asyncSetup(t, line, 32, 8)
-	c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
-	defer c.Close()
-	require.NoError(t, c.Prefetch(2*line, line))
-	c.ram.invalidate(2, rangeBits(0, line/blockSize))
-	buf := make([]byte, 4096)
-	started, err := readAsync(c, buf, 2*line+8192)
-	require.True(t, started)
-	require.NoError(t, err)
-	require.Equal(t, want[2*line+8192:2*line+12288], buf)
-	require.True(t, c.ram.holds(2, rangeBits(2, 3)), "the block read is in RAM")
-	require.False(t, c.ram.holds(2, rangeBits(0, 1)), "a block not read is not")
-	st := c.Stats()
-	require.Equal(t, uint64(1), st.Tiers[1].Hits)
-	started, _ = readAsync(c, buf, 2*line+8192)
-	require.False(t, started, "the block is a RAM-tier hit now")
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+		const line = 16 << 10
+		want, b, dev := asyncSetup(t, line, 32, 8)
+		c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
+		defer c.Close()
+		require.NoError(t, c.Prefetch(2*line, line))
+		c.ram.invalidate(2, rangeBits(0, line/blockSize))
+		buf := make([]byte, 4096)
+		started, err := readAsync(t, c, buf, 2*line+8192)
+		require.True(t, started)
+		require.NoError(t, err)
+		require.Equal(t, want[2*line+8192:2*line+12288], buf)
+		require.True(t, c.ram.holds(2, rangeBits(2, 3)), "the block read is in RAM")
+		require.False(t, c.ram.holds(2, rangeBits(0, 1)), "a block not read is not")
+		st := c.Stats()
+		require.Equal(t, uint64(1), st.Tiers[1].Hits)
+		started, _ = readAsync(t, c, buf, 2*line+8192)
+		require.False(t, started, "the block is a RAM-tier hit now")
+	})
 }
 
 // TestReadAtAsyncShared: without a RAM tier an asynchronous SSD-tier hit holds its line shared: it
 // starts while another such read holds the line, not while a request holds it exclusively, and one
 // that the SSD fails is read again from the backend, after which the line is free.
 func TestReadAtAsyncShared(t *testing.T) {
-	const line = 16 << 10
-	want, b, dev := asyncSetup(t, line, 32, 8)
-	ssd := fault.New(dev, fault.Options{})
-	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: "always"}, nil, ssd)
-	defer c.Close()
-	require.NoError(t, c.Prefetch(2*line, line))
-	buf := make([]byte, 4096)
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+		const line = 16 << 10
+		want, b, dev := asyncSetup(t, line, 32, 8)
+		ssd := fault.New(dev, fault.Options{})
+		c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: "always"}, nil, ssd)
+		defer c.Close()
+		require.NoError(t, c.Prefetch(2*line, line))
+		buf := make([]byte, 4096)
 
-	require.True(t, c.locks.tryRLock(2), "another hit holds the line")
-	started, err := readAsync(c, buf, 2*line+4096)
-	require.True(t, started, "a hit beside it")
-	require.NoError(t, err)
-	require.Equal(t, want[2*line+4096:2*line+8192], buf)
-	c.locks.runlock(2)
+		require.True(t, c.locks.tryRLock(2), "another hit holds the line")
+		started, err := readAsync(t, c, buf, 2*line+4096)
+		require.True(t, started, "a hit beside it")
+		require.NoError(t, err)
+		require.Equal(t, want[2*line+4096:2*line+8192], buf)
+		c.locks.runlock(2)
 
-	c.locks.lock(2, 2)
-	started, _ = readAsync(c, buf, 2*line)
-	c.locks.unlock(2, 2)
-	require.False(t, started, "a request holds the line exclusively")
+		c.locks.lock(2, 2)
+		started, _ = readAsync(t, c, buf, 2*line)
+		c.locks.unlock(2, 2)
+		require.False(t, started, "a request holds the line exclusively")
 
-	ssd.SetFailing(true)
-	started, err = readAsync(c, buf, 2*line+8192)
-	ssd.SetFailing(false)
-	require.True(t, started)
-	require.NoError(t, err, "served from the backend")
-	require.Equal(t, want[2*line+8192:2*line+12288], buf)
-	require.True(t, c.locks.tryLock(2), "the line is free")
-	c.locks.unlock(2, 2)
+		ssd.SetFailing(true)
+		started, err = readAsync(t, c, buf, 2*line+8192)
+		ssd.SetFailing(false)
+		require.True(t, started)
+		require.NoError(t, err, "served from the backend")
+		require.Equal(t, want[2*line+8192:2*line+12288], buf)
+		require.True(t, c.locks.tryLock(2), "the line is free")
+		c.locks.unlock(2, 2)
+	})
 }

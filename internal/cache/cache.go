@@ -142,8 +142,10 @@ type Cache struct {
 	log   *slog.Logger
 	trim  backend.Trimmer
 	zero  backend.ZeroWriter
-	// ssdAsync is the SSD tier's device when it reads asynchronously (ReadAtAsync).
+	// ssdAsync is the SSD tier's device when it reads asynchronously (ReadAtAsync), ssdRing when
+	// it reads on a caller's ring (ReadAtOn).
 	ssdAsync backend.AsyncReader
+	ssdRing  backend.RingReader
 	closed   atomic.Bool
 	// lastRun is nil when the start found every index record the SSD tier's last run wrote (its
 	// run log replayed), else why not; see Recovered.
@@ -305,6 +307,7 @@ func (c *Cache) openSSD(cfg Config) error {
 	t.dev = cfg.SSDDevice
 	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
 	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
+	c.ssdRing, _ = cfg.SSDDevice.(backend.RingReader)
 	t.doomedWake = c.wb.kick
 	t.onDamage = c.damaged
 	t.recheck = func(line uint64) {

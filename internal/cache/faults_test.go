@@ -307,7 +307,7 @@ func TestDirtyReadOnSSDError(t *testing.T) {
 		buf := make([]byte, r.n)
 		_, err := c.ReadAt(buf, r.off)
 		require.ErrorIs(t, err, fault.ErrInjected, "a read of %d bytes at %d", r.n, r.off)
-		started, err := readAsync(c, buf, r.off)
+		started, err := readAtAsync(t, c, buf, r.off)
 		require.True(t, !started || errors.Is(err, fault.ErrInjected), "an asynchronous read of %d bytes at %d: %v", r.n, r.off, err)
 	}
 	_, err = c.ReadAt(clean, 8*line)

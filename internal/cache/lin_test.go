@@ -19,6 +19,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/file"
@@ -280,10 +281,14 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	var history []porcupine.Operation
 	var wg sync.WaitGroup
 	for client := range clients {
+		var loop *uringtest.Loop // half the clients read as a ublk queue does
+		if client%2 == 1 {
+			loop = uringtest.New(t, 4)
+		}
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(client)))
 			for k := range opsPer {
-				op, call, got, err := linRequest(c, rng, int64(client*opsPer+k+1), devSize/sector)
+				op, call, got, err := linRequest(c, loop, rng, int64(client*opsPer+k+1), devSize/sector)
 				ret := linNow()
 				switch {
 				case err != nil && !mayFail:
@@ -344,8 +349,10 @@ var linEpoch = time.Now()
 func linNow() int64 { return int64(time.Since(linEpoch)) }
 
 // linRequest issues one random request and returns what it did, when it was called and, for a
-// read, the ids it returned.
-func linRequest(c *Cache, rng *rand.Rand, id int64, sectors int) (op linOp, call int64, got []int64, err error) {
+// read, the ids it returned. A read goes as the NBD server's do (ReadAtAsync) or, with loop, as a ublk queue's (ReadAtOn on
+// the loop's ring), where the cache starts it so (an SSD-tier hit on a file through io_uring),
+// else with ReadAt.
+func linRequest(c *Cache, loop *uringtest.Loop, rng *rand.Rand, id int64, sectors int) (op linOp, call int64, got []int64, err error) {
 	const perBlock = blockSize / sector
 	if rng.IntN(2) == 0 { // whole 4 KiB blocks
 		op.n = perBlock * (1 + rng.IntN(3))
@@ -360,12 +367,13 @@ func linRequest(c *Cache, rng *rand.Rand, id int64, sectors int) (op linOp, call
 	case r < 40:
 		op.what = "read"
 		call = linNow()
-		// As the NBD server reads: asynchronously where the cache starts the read so (an SSD-tier
-		// hit on a file through io_uring), else with ReadAt.
-		ended := make(chan error, 1)
-		if c.ReadAtAsync(buf, off, func(err error) { ended <- err }) {
-			err = <-ended
+		var started bool
+		if loop != nil {
+			started, err = readAtOn(loop, c, buf, off)
 		} else {
+			started, err = readAtAsync(nil, c, buf, off)
+		}
+		if !started {
 			_, err = c.ReadAt(buf, off)
 		}
 		if err == nil {

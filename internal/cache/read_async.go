@@ -1,6 +1,10 @@
 package cache
 
-import "time"
+import (
+	"time"
+
+	"github.com/tierblk/tierblk/pkg/backend"
+)
 
 // ReadAtAsync implements backend.AsyncReader for the reads the SSD tier serves alone: a request
 // within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
@@ -9,7 +13,23 @@ import "time"
 // is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
 // exclusively, see lineLocks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	if c.ssdAsync == nil || len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
+	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, p, off, done)
+}
+
+// ReadAtOn implements backend.RingReader for the reads ReadAtAsync starts: the SSD tier's read
+// runs on the caller's ring (a ublk queue's), and done is called on the ring's goroutine.
+func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	return c.ssdRing != nil && c.readAsync(func(p []byte, off int64, done func(error)) bool {
+		return c.ssdRing.ReadAtOn(r, p, off, done)
+	}, p, off, done)
+}
+
+// ssdStart starts a read of the SSD tier's device and reports whether it did.
+type ssdStart func(p []byte, off int64, done func(error)) bool
+
+// readAsync is ReadAtAsync with the SSD tier's reads started by start.
+func (c *Cache) readAsync(start ssdStart, p []byte, off int64, done func(error)) bool {
+	if len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
 	}
 	var segBuf [2]seg
@@ -76,7 +96,7 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	// blocks the slot holds. So does a read of part of a block: its sum is the whole block's.
 	whole := s.lo%blockSize == 0 && (s.hi%blockSize == 0 || s.hi == s.n && c.ssd.pk == nil)
 	plain := g.zero.and(need).isZero() && c.ssd.pk == nil && whole
-	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(s, src, p, finish) {
+	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(start, s, src, p, finish) {
 		return true
 	}
 	// read ends an asynchronous read of the hit from the device.
@@ -96,13 +116,13 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 		c.ssd.unpin(slot)
 		finish(nil)
 	}
-	if plain && c.ssdAsync.ReadAtAsync(p, int64(slot)*c.line+s.lo, read) {
+	if plain && start(p, int64(slot)*c.line+s.lo, read) {
 		return true
 	}
 	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
 	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() && whole {
 		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi); ok {
-			if c.ssdAsync.ReadAtAsync(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
+			if start(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
 				return true
 			}
 			pk.io.RUnlock()
@@ -120,11 +140,11 @@ func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	return true
 }
 
-// promoteAsync is promote started on the SSD device: the blocks p touches are read into a RAM
+// promoteAsync is promote started on the SSD device (by start): the blocks p touches are read into a RAM
 // slot, then copied to p, and finish is called. It reports false, having done nothing, where RAM
 // has no slot to spare, the blocks to read are not one run or the device will not start the read:
 // the caller then reads the SSD tier alone.
-func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bool {
+func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish func(error)) bool {
 	g := c.ram.acquire(s.line)
 	if !g.ok {
 		return false
@@ -159,7 +179,7 @@ func (c *Cache) promoteAsync(s seg, src source, p []byte, finish func(error)) bo
 	case runs == 0: // another request promoted the blocks meanwhile
 		ended(nil)
 		return true
-	case runs == 1 && c.ssdAsync.ReadAtAsync(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
+	case runs == 1 && start(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
 		return true
 	}
 	c.ram.unpin(slot)

@@ -12,29 +12,39 @@ import (
 
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // queue serves one hardware queue of a device. Its loop owns the queue's io_uring and runs
 // locked to one OS thread, because the kernel takes the task that fetched a queue's tags as that
-// queue's daemon and accepts its commands from that task only. Each request is served on its
-// own goroutine, so that a slow backend read never holds up the others; finished requests come
-// back to the loop through a list and an eventfd that the ring polls.
+// queue's daemon and accepts its commands from that task only. A read or write the volume can do
+// as file I/O (a file backend read or written direct, a cache's SSD-tier hit) runs on that same
+// ring: the loop starts it, reaps it and commits it, and no other thread wakes for it. Every other
+// request is served on its own goroutine, so that a slow backend read never holds up the others;
+// those come back to the loop through a list and an eventfd that the ring polls.
 type queue struct {
 	id    uint16
 	depth int
 	maxIO int
 	dev   volume.Device
-	log   *slog.Logger
+	// rr and rw are dev where it can serve reads and writes on the loop's ring (ops).
+	rr  backend.RingReader
+	rw  backend.RingWriter
+	ops *uring.Ops
+	log *slog.Logger
 
 	charFD int
 	iods   []byte // the kernel's request descriptors, mmapped read-only from /dev/ublkcN
 	bufs   []byte // maxIO bytes of data per tag; the kernel copies request data to and from them
 	efd    int    // an eventfd, written when done gets its first entry
 
-	mu      sync.Mutex
-	done    []completion
+	mu   sync.Mutex
+	done []completion
+	// reaping is set while the loop handles a batch of completions, after which it takes done
+	// itself: a request finished meanwhile (on the ring, or by a goroutine) needs no wake-up.
+	reaping bool
 	quit    bool           // abandon asked the loop to leave
-	workers sync.WaitGroup // requests being served
+	workers sync.WaitGroup // requests being served on goroutines
 }
 
 type completion struct {
@@ -52,6 +62,8 @@ func roundUp(n, to int) int { return (n + to - 1) / to * to }
 
 func newQueue(charFD int, id uint16, depth, maxIO int, dev volume.Device, log *slog.Logger) (*queue, error) {
 	q := &queue{id: id, depth: depth, maxIO: maxIO, dev: dev, log: log, charFD: charFD, efd: -1}
+	q.rr, _ = dev.(backend.RingReader)
+	q.rw, _ = dev.(backend.RingWriter)
 	var err error
 	q.iods, err = unix.Mmap(charFD, int64(id)*int64(maxCmdBufSize()), roundUp(depth*sizeofIODesc, unix.Getpagesize()),
 		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
@@ -106,11 +118,15 @@ func (q *queue) run(ready chan<- error) {
 }
 
 // fetchAll sets up the ring and submits FETCH_REQ for every tag, which makes the queue ready.
+// The ring has room for a command of every tag, the eventfd's poll and a file op of every tag:
+// what one pass of the loop can queue, and (twice that, the completion queue) all that can be
+// in flight.
 func (q *queue) fetchAll() (*uring.Ring, error) {
-	r, err := uring.New(uint32(q.depth+1), 0)
+	r, err := uring.New(uint32(2*q.depth+1), 0)
 	if err != nil {
 		return nil, err
 	}
+	q.ops = uring.NewOps(r, q.depth)
 	for tag := range q.depth {
 		if err == nil {
 			err = q.prepIO(r, ioFetchReq, completion{tag: uint16(tag)})
@@ -158,14 +174,17 @@ func (q *queue) armPoll(r *uring.Ring) error {
 }
 
 func (q *queue) serve(r *uring.Ring) error {
-	live := q.depth // tags not aborted: with the kernel, or with a worker
+	live := q.depth // tags not aborted: with the kernel, or being served
 	for live > 0 {
 		if err := r.Submit(1); err != nil {
+			q.drain(r)
 			return err
 		}
+		q.setReaping()
 		woken := false
 		r.Reap(func(e uring.CQE) {
 			switch {
+			case q.ops.Complete(e):
 			case e.UserData == pollTag:
 				woken = true
 			case e.Res == ioResOK:
@@ -177,37 +196,62 @@ func (q *queue) serve(r *uring.Ring) error {
 				live--
 			}
 		})
-		if !woken {
-			continue
-		}
-		done, quit := q.takeDone()
+		done, quit := q.takeDone(woken)
 		if quit {
+			q.drain(r)
 			return errAbandoned
 		}
 		for _, c := range done {
 			if err := q.prepIO(r, ioCommitAndFetchRq, c); err != nil {
+				q.drain(r)
 				return err
 			}
 		}
-		if err := q.armPoll(r); err != nil {
-			return err
+		if woken {
+			if err := q.armPoll(r); err != nil {
+				q.drain(r)
+				return err
+			}
 		}
 	}
 	return nil
 }
 
+// drain reaps until no file op is in flight on the ring: their done release what the volume
+// holds for them (a cache's line locks), so none may be left to the ring's close.
+func (q *queue) drain(r *uring.Ring) {
+	for q.ops.InFlight() > 0 {
+		if err := r.Submit(1); err != nil {
+			q.log.Error("ublk queue: file I/O left in flight", "queue", q.id, "ops", q.ops.InFlight(), "err", err)
+			return
+		}
+		r.Reap(func(e uring.CQE) { q.ops.Complete(e) })
+	}
+}
+
 // errAbandoned ends a queue loop that abandon asked to leave.
 var errAbandoned = errors.New("abandoned")
 
-// takeDone empties the list of finished requests. The eventfd is read first: a completion
-// added after the read writes it again, so none is left waiting without a wake-up.
-func (q *queue) takeDone() ([]completion, bool) {
-	var b [8]byte
-	_, _ = unix.Read(q.efd, b[:])
+// setReaping tells complete that the loop takes the finished requests after this batch.
+func (q *queue) setReaping() {
+	q.mu.Lock()
+	q.reaping = true
+	q.mu.Unlock()
+}
+
+// takeDone ends a batch: it empties the list of finished requests. When the eventfd's poll fired
+// (woken) the eventfd is read first: a completion added after the read writes it again, so none
+// is left waiting without a wake-up.
+func (q *queue) takeDone(woken bool) ([]completion, bool) {
+	if woken {
+		var b [8]byte
+		_, _ = unix.Read(q.efd, b[:])
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	done := q.done
 	q.done = nil
+	q.reaping = false
 	return done, q.quit
 }
 
@@ -216,13 +260,14 @@ func (q *queue) wake() {
 	_, _ = unix.Write(q.efd, one[:])
 }
 
-// complete hands a finished request back to the loop.
+// complete hands a finished request back to the loop: the list is taken at the end of the
+// loop's batch, or, if the loop is not in one, after the wake-up of the first request put in it.
 func (q *queue) complete(c completion) {
 	q.mu.Lock()
-	first := len(q.done) == 0
+	wake := len(q.done) == 0 && !q.reaping
 	q.done = append(q.done, c)
 	q.mu.Unlock()
-	if first {
+	if wake {
 		q.wake()
 	}
 }
@@ -237,20 +282,54 @@ func (q *queue) abandon() {
 	q.wake()
 }
 
-// dispatch serves the request of tag on a new goroutine. The descriptor is copied now: the
-// kernel rewrites it only for the tag's next request, after our commit.
+// dispatch serves the request of tag, on the loop's ring if the volume can, else on a new
+// goroutine. The descriptor is copied now: the kernel rewrites it only for the tag's next
+// request, after our commit.
 func (q *queue) dispatch(tag uint16) {
 	d := *(*ioDesc)(unsafe.Pointer(&q.iods[int(tag)*sizeofIODesc]))
+	if q.onRing(tag, d) {
+		return
+	}
 	q.workers.Add(1)
 	go func() {
 		defer q.workers.Done()
 		res, err := handle(q.dev, d, q.buf(tag))
-		if err != nil {
-			q.log.Warn("ublk request failed", "queue", q.id, "op", opName(d.OpFlags),
-				"offset", int64(d.StartSector)<<sectorShift, "length", int64(d.NrSectors)<<sectorShift, "err", err)
-		}
-		q.complete(completion{tag: tag, res: res})
+		q.finish(tag, d, res, err)
 	}()
+}
+
+// onRing starts a read or write on the loop's ring where the volume can serve it so, and
+// reports whether it did.
+func (q *queue) onRing(tag uint16, d ioDesc) bool {
+	off := int64(d.StartSector) << sectorShift
+	n := int64(d.NrSectors) << sectorShift
+	if n == 0 || n > int64(q.maxIO) {
+		return false // handle refuses it
+	}
+	buf := q.buf(tag)[:n]
+	done := func(err error) {
+		res := int32(n)
+		if err != nil {
+			res = errnoOf(err)
+		}
+		q.finish(tag, d, res, err)
+	}
+	switch d.OpFlags & 0xff {
+	case opRead:
+		return q.rr != nil && q.rr.ReadAtOn(q.ops, buf, off, done)
+	case opWrite:
+		return q.rw != nil && q.rw.WriteAtOn(q.ops, buf, off, d.OpFlags&ioFlagFUA != 0, done)
+	}
+	return false
+}
+
+// finish logs a request that failed and hands it back to the loop.
+func (q *queue) finish(tag uint16, d ioDesc, res int32, err error) {
+	if err != nil {
+		q.log.Warn("ublk request failed", "queue", q.id, "op", opName(d.OpFlags),
+			"offset", int64(d.StartSector)<<sectorShift, "length", int64(d.NrSectors)<<sectorShift, "err", err)
+	}
+	q.complete(completion{tag: tag, res: res})
 }
 
 // handle runs one request on the volume and returns the result the kernel expects: the byte

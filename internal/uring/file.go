@@ -130,26 +130,18 @@ func (f *File) rw(op uint8, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// result interprets the kernel's answer res to a request of total bytes of which n were done
-// before it: more is set when the rest is to be asked for again (a short transfer, an EINTR), as
-// os.File's ReadAt and WriteAt do.
+// result is progress, with the errors of os.File's ReadAt and WriteAt: io.EOF as it is, the rest
+// naming the file.
 func (f *File) result(op uint8, res int32, n, total int) (int, bool, error) {
-	name := "read"
-	if op == OpWrite {
-		name = "write"
+	n, more, err := progress(op, res, n, total)
+	if err != nil && err != io.EOF {
+		name := "read"
+		if op == OpWrite {
+			name = "write"
+		}
+		err = &os.PathError{Op: name, Path: f.name, Err: err}
 	}
-	switch {
-	case res == -int32(unix.EINTR) || res == -int32(unix.EAGAIN):
-		return n, true, nil
-	case res < 0:
-		return n, false, &os.PathError{Op: name, Path: f.name, Err: unix.Errno(-res)}
-	case res == 0 && op == OpRead:
-		return n, false, io.EOF
-	case res == 0:
-		return n, false, &os.PathError{Op: name, Path: f.name, Err: io.ErrShortWrite}
-	}
-	n += int(res)
-	return n, n < total, nil
+	return n, more, err
 }
 
 // do runs one request and returns the kernel's result.

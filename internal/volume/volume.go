@@ -159,6 +159,26 @@ func (v *Volume) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) b
 	return a.WriteAtAsync(p, off, fua, done)
 }
 
+// ReadAtOn implements backend.RingReader where the backend does (a file read direct, a cache's
+// SSD-tier hits); it leaves a request it would refuse to ReadAt.
+func (v *Volume) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	rr, ok := v.b.(backend.RingReader)
+	if !ok || v.check(off, int64(len(p)), false) != nil {
+		return false
+	}
+	return rr.ReadAtOn(r, p, off, done)
+}
+
+// WriteAtOn implements backend.RingWriter where the backend does (a file written direct); it
+// leaves a request it would refuse to WriteAt.
+func (v *Volume) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done func(error)) bool {
+	rw, ok := v.b.(backend.RingWriter)
+	if !ok || v.check(off, int64(len(p)), true) != nil {
+		return false
+	}
+	return rw.WriteAtOn(r, p, off, fua, done)
+}
+
 // Plug implements backend.Plugger where the backend does (an iSCSI LUN); elsewhere it does nothing.
 func (v *Volume) Plug() {
 	if p, ok := v.b.(backend.Plugger); ok {

@@ -114,6 +114,29 @@ type AsyncWriter interface {
 	WriteAtAsync(p []byte, off int64, fua bool, done func(error)) bool
 }
 
+// Ring runs file reads and writes on the io_uring of the goroutine that calls it (a ublk queue's
+// loop, internal/uring's Ops): the request is that goroutine's own work, and done runs on it, so
+// done must neither block nor wait for that goroutine. ReadFile and WriteFile report false, having
+// started nothing, where the ring has no room; fd must stay open until done.
+type Ring interface {
+	ReadFile(fd int, p []byte, off int64, done func(n int, err error)) bool
+	WriteFile(fd int, p []byte, off int64, dsync bool, done func(n int, err error)) bool
+}
+
+// RingReader is a backend that can serve a read, or some reads, as file reads on a caller's Ring
+// (a file opened for direct I/O; a cache's SSD-tier hits). ReadAtOn reports false, having done
+// nothing, where it cannot (the caller reads with ReadAt); else done is called once, with
+// ReadAt's error, on the ring's goroutine, or on one of the backend's if it finishes the read its
+// own way. p is the backend's until then.
+type RingReader interface {
+	ReadAtOn(r Ring, p []byte, off int64, done func(error)) bool
+}
+
+// RingWriter is RingReader's counterpart for writes: durable when done reports success if fua.
+type RingWriter interface {
+	WriteAtOn(r Ring, p []byte, off int64, fua bool, done func(error)) bool
+}
+
 // Plugger is an asynchronous backend that can hold the reads and writes started on it and send
 // them together, as the kernel's block layer plugs a queue: a caller that knows more requests
 // follow at once (an NBD server with pipelined requests in its buffer) calls Plug, starts them,

@@ -7,7 +7,9 @@
 #   4. kill -9 while fio runs: fio's I/O fails (within a timeout, no hang) and the kernel
 #      removes /dev/ublkb0;
 #   5. SIGTERM with ext4 still mounted: the device is removed all the same and tierblk exits
-#      non-zero, saying why.
+#      non-zero, saying why;
+#   6. without a cache, the backend opened direct (its reads and writes served on the queues'
+#      own rings): fio's verify, and ext4 (whose journal writes FUA) read back after a remount.
 log=/tmp/tierblk.log
 
 start_tierblk() {
@@ -98,5 +100,28 @@ rc=$?
 grep -q "still holds $dev open (a mounted file system?)" $log || fail "tierblk did not say that $dev was mounted"
 gone $dev
 umount /mnt 2>/dev/null || umount -l /mnt
+
+step "no cache, backend direct: requests on the queues' rings"
+dev=/dev/ublkb5
+tierblk serve --backend "file:///dev/vda?direct=true" --ublk --ublk-id 5 2>>$log &
+pid=$!
+wait_for $dev 60
+fio --name=plain --filename=$dev --direct=1 --ioengine=libaio --iodepth=32 \
+	--rw=randrw --bssplit=4k/50:16k/20:64k/15:1m/15 --size=48M --offset=64M \
+	--verify=crc32c --verify_fatal=1 --do_verify=1 --verify_state_save=0 \
+	--output=/tmp/fio-plain.out || { cat /tmp/fio-plain.out; fail "fio verify failed without a cache"; }
+grep -q 'err= 0' /tmp/fio-plain.out || { cat /tmp/fio-plain.out; fail "fio reported an error without a cache"; }
+mkfs.ext4 -q -F $dev || fail "mkfs.ext4 $dev"
+mount -t ext4 $dev /mnt || fail "mount $dev"
+write_files /mnt
+umount /mnt || fail "umount $dev"
+echo 3 >/proc/sys/vm/drop_caches
+mount -t ext4 $dev /mnt || fail "mount $dev again"
+check_files /mnt "without a cache, after remount"
+umount /mnt || fail "umount $dev again"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] || fail "tierblk without a cache exited $rc after SIGTERM"
 cat $log
 step "all checks passed"

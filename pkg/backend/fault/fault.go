@@ -316,6 +316,31 @@ func (f *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	return true
 }
 
+// ReadAtOn implements backend.RingReader where the wrapped backend does; it counts, delays and
+// fails as a Read. A read without a fault or a delay goes to the wrapped backend on the caller's
+// ring; the others are served on a goroutine of its own (the ring is its owner's alone), as
+// ReadAtAsync serves them.
+func (f *Backend) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	rr, ok := f.inner.(backend.RingReader)
+	if !ok {
+		return false
+	}
+	v := f.decide(Read, off, int64(len(p)))
+	if v.err == nil && v.delay == 0 && rr.ReadAtOn(r, p, off, done) {
+		return true
+	}
+	go func() {
+		time.Sleep(v.delay)
+		if v.err != nil {
+			done(v.err)
+			return
+		}
+		_, err := f.inner.ReadAt(p, off)
+		done(err)
+	}()
+	return true
+}
+
 // WriteAt implements backend.Backend. A failed write reports 0 bytes written, even if torn.
 func (f *Backend) WriteAt(p []byte, off int64) (int, error) {
 	if err := f.inject(Write, off, int64(len(p)), p); err != nil {

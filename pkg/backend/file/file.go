@@ -36,7 +36,7 @@ import (
 
 // File is an open file or block device. It implements backend.Trimmer, backend.ZeroWriter,
 // backend.FUAWriter, backend.CachedReader, backend.ReadOnlyReporter, backend.Waiter,
-// backend.DeviceTimer and backend.AsyncReader.
+// backend.DeviceTimer, backend.AsyncReader, backend.RingReader and backend.RingWriter.
 type File struct {
 	f  *os.File
 	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
@@ -55,7 +55,11 @@ type File struct {
 	// of a block device, 1 for a regular file.
 	sector int64
 	closed atomic.Bool
-	waits  atomic.Uint64 // requests that waited on the disk (Waits)
+	// ringOps counts the requests in flight on callers' rings (ReadAtOn, WriteAtOn), which Close
+	// waits for; ringMu, held shared while one starts, lets none start once Close has begun.
+	ringOps sync.WaitGroup
+	ringMu  sync.RWMutex
+	waits   atomic.Uint64 // requests that waited on the disk (Waits)
 	// statPath is the kernel's statistics file of the block device under the file (DeviceTime),
 	// "" where there is none.
 	statPath string
@@ -143,6 +147,53 @@ func (f *File) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	}
 	err := f.ring.ReadAtAsync(p, off, func(_ int, err error) { done(f.readResult(off, err)) })
 	return err == nil
+}
+
+// ReadAtOn implements backend.RingReader: a direct read on the caller's ring, under the
+// conditions of ReadAtAsync.
+func (f *File) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	if f.ring == nil || !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
+		return false
+	}
+	return f.onRing(func(end func(int, error)) bool {
+		return r.ReadFile(int(f.r.Fd()), p, off, end)
+	}, func(err error) { done(f.readResult(off, f.pathError("read", err))) })
+}
+
+// WriteAtOn implements backend.RingWriter: a direct write on the caller's ring, with RWF_DSYNC
+// if fua, where the file is written direct and the request aligned.
+func (f *File) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done func(error)) bool {
+	if f.ring == nil || !f.directWrite || !aligned(p, off) || f.check(off, int64(len(p)), true) != nil {
+		return false
+	}
+	return f.onRing(func(end func(int, error)) bool {
+		return r.WriteFile(int(f.f.Fd()), p, off, fua, end)
+	}, func(err error) { done(f.closedOr(f.pathError("write", err))) })
+}
+
+// onRing starts an op on a caller's ring with start, unless f is closed, and has Close wait for
+// it: the op uses f's descriptors.
+func (f *File) onRing(start func(end func(int, error)) bool, done func(error)) bool {
+	f.ringMu.RLock()
+	if f.closed.Load() {
+		f.ringMu.RUnlock()
+		return false
+	}
+	f.ringOps.Add(1)
+	f.ringMu.RUnlock()
+	if !start(func(_ int, err error) { done(err); f.ringOps.Done() }) {
+		f.ringOps.Done()
+		return false
+	}
+	return true
+}
+
+// pathError names the file in a bare error from a ring (an errno); io.EOF stays as it is.
+func (f *File) pathError(op string, err error) error {
+	if err == nil || err == io.EOF {
+		return err
+	}
+	return &fs.PathError{Op: op, Path: f.path, Err: err}
 }
 
 // ReadAtCached implements backend.CachedReader. With direct=reads it reads through the page cache,
@@ -350,9 +401,13 @@ func (f *File) writeZeroData(off, length int64) error {
 
 // Close implements backend.Backend. It releases the lock; it does not flush.
 func (f *File) Close() error {
-	if f.closed.Swap(true) {
+	f.ringMu.Lock() // no request starts on a ring after this
+	already := f.closed.Swap(true)
+	f.ringMu.Unlock()
+	if already {
 		return fmt.Errorf("%w: %s", backend.ErrClosed, f.path)
 	}
+	f.ringOps.Wait()
 	var err error
 	if f.ring != nil {
 		err = f.ring.Close() // waits for the reads in flight, which use r's descriptor

@@ -1,0 +1,72 @@
+// Package uringtest runs requests on a ring the test's goroutine owns, as a ublk queue's loop
+// does, for the tests of backends that serve reads and writes on a caller's ring
+// (backend.RingReader, backend.RingWriter). It is for tests only.
+package uringtest
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/uring"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Loop is a ring and its Ops, owned by the goroutine that calls Do.
+type Loop struct {
+	r   *uring.Ring
+	ops *uring.Ops
+}
+
+// New sets up a ring for n ops at once; it returns nil where the kernel refuses io_uring.
+func New(t testing.TB, n int) *Loop {
+	t.Helper()
+	r, err := uring.New(uint32(n), 0)
+	if uring.Unavailable(err) {
+		return nil
+	}
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return &Loop{r: r, ops: uring.NewOps(r, n)}
+}
+
+// Do calls start with the loop's ring and a done, then, if it started, reaps the ring until done
+// is called (on the ring's goroutine, or on another the backend chose). It reports whether start
+// started and done's error, or what went wrong with the ring (an op left in flight, a completion
+// not an op's). It does not fail the test itself, so any goroutine may call it.
+func (l *Loop) Do(start func(r backend.Ring, done func(error)) bool) (bool, error) {
+	ended := make(chan error, 1)
+	if !start(l.ops, func(err error) { ended <- err }) {
+		if l.ops.InFlight() != 0 {
+			return false, errors.New("uringtest: a request not started left an op in flight")
+		}
+		return false, nil
+	}
+	for {
+		select {
+		case err := <-ended:
+			if l.ops.InFlight() != 0 {
+				return true, errors.New("uringtest: done called with an op in flight")
+			}
+			return true, err
+		default:
+		}
+		if l.ops.InFlight() == 0 {
+			return true, <-ended // done comes from another goroutine
+		}
+		if err := l.r.Submit(1); err != nil {
+			return true, fmt.Errorf("uringtest: %w", err)
+		}
+		var stray error
+		l.r.Reap(func(c uring.CQE) {
+			if !l.ops.Complete(c) {
+				stray = fmt.Errorf("uringtest: a completion not an op's: %+v", c)
+			}
+		})
+		if stray != nil {
+			return true, stray
+		}
+	}
+}
