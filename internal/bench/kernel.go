@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -50,7 +51,11 @@ type KernelOptions struct {
 	Warm, Measure time.Duration
 	// MemMiB is the guest's RAM.
 	MemMiB int
-	Log    io.Writer
+	// Profile, if set, is a directory for CPU profiles of tierblk over each measured window of
+	// the ublk and tierblk contenders (not the sequential row), taken in the guest from its admin
+	// endpoint: nas<ms>-round<r>-<contender>-<row>.pprof, for go tool pprof with the same binary.
+	Profile string
+	Log     io.Writer
 }
 
 // KernelSample is one contender's figures on one row in one boot.
@@ -129,6 +134,48 @@ func parseKernelBench(console io.Reader) ([]KernelSample, error) {
 	return out, s.Err()
 }
 
+// kernelProfiles reads the guest's CPU profiles from its console, by contender and row: the
+// lines "TIERBLK-PPROF: contender=C row=R BASE64" of each, in order.
+func kernelProfiles(console string) (map[string][]byte, error) {
+	enc := map[string]*strings.Builder{}
+	var keys []string
+	for line := range strings.Lines(console) {
+		_, rest, ok := strings.Cut(strings.TrimRight(line, "\r\n"), "TIERBLK-PPROF: ")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		c, okc := strings.CutPrefix(field(f, 0), "contender=")
+		r, okr := strings.CutPrefix(field(f, 1), "row=")
+		if len(f) != 3 || !okc || !okr {
+			return nil, fmt.Errorf("bench-kernel.sh: %q: want contender=C row=R BASE64", line)
+		}
+		k := c + "-" + r
+		if enc[k] == nil {
+			enc[k] = &strings.Builder{}
+			keys = append(keys, k)
+		}
+		enc[k].WriteString(f[2])
+	}
+	out := map[string][]byte{}
+	for _, k := range keys {
+		b, err := base64.StdEncoding.DecodeString(enc[k].String())
+		if err != nil {
+			return nil, fmt.Errorf("bench-kernel.sh: the profile of %s: %w", k, err)
+		}
+		out[k] = b
+	}
+	return out, nil
+}
+
+// field is f[i], or "" past f's end.
+func field(f []string, i int) string {
+	if i < len(f) {
+		return f[i]
+	}
+	return ""
+}
+
 // Validate checks the options a user gives.
 func (o KernelOptions) Validate() error {
 	if o.Rounds < 1 || o.Warm < 0 || o.Measure < time.Second || o.MemMiB < 512 {
@@ -174,6 +221,13 @@ func RunKernel(ctx context.Context, o KernelOptions) ([]KernelResult, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	profile := 0 // the guest script's switch
+	if o.Profile != "" {
+		if err := os.MkdirAll(o.Profile, 0o755); err != nil {
+			return nil, err
+		}
+		profile = 1
+	}
 	var results []KernelResult
 	for _, ms := range o.NASms {
 		res := KernelResult{NASms: ms, Samples: map[string]map[string][]KernelSample{}}
@@ -184,14 +238,21 @@ func RunKernel(ctx context.Context, o KernelOptions) ([]KernelResult, error) {
 			}
 			fmt.Fprintf(o.Log, "NAS at %d ms, round %d of %d: %s\n", ms, round+1, o.Rounds, strings.Join(order, ", "))
 			script := filepath.Join(dir, "bench-kernel.sh")
-			vars := fmt.Sprintf("contenders=%q\nrows=%q\nnas_ms=%d\nwarm=%d\nmeasure=%d\n",
-				strings.Join(order, " "), strings.Join(rows, " "), ms, int(o.Warm.Seconds()), int(o.Measure.Seconds()))
+			vars := fmt.Sprintf("contenders=%q\nrows=%q\nnas_ms=%d\nwarm=%d\nmeasure=%d\nprofile=%d\n",
+				strings.Join(order, " "), strings.Join(rows, " "), ms, int(o.Warm.Seconds()), int(o.Measure.Seconds()), profile)
 			if err := os.WriteFile(script, append([]byte(vars), guest...), 0o644); err != nil {
 				return nil, err
 			}
-			samples, err := o.boot(ctx, script, len(order)*len(rows))
+			samples, profiles, err := o.boot(ctx, script, len(order)*len(rows))
 			if err != nil {
 				return nil, fmt.Errorf("NAS at %d ms, round %d: %w", ms, round+1, err)
+			}
+			for k, prof := range profiles {
+				path := filepath.Join(o.Profile, fmt.Sprintf("nas%d-round%d-%s.pprof", ms, round+1, k))
+				if err := os.WriteFile(path, prof, 0o644); err != nil {
+					return nil, err
+				}
+				fmt.Fprintf(o.Log, "  CPU profile: %s\n", path)
 			}
 			for _, s := range samples {
 				if res.Samples[s.Contender] == nil {
@@ -207,8 +268,8 @@ func RunKernel(ctx context.Context, o KernelOptions) ([]KernelResult, error) {
 	return results, nil
 }
 
-// boot runs the guest script in the VM and returns its want samples.
-func (o KernelOptions) boot(ctx context.Context, script string, want int) ([]KernelSample, error) {
+// boot runs the guest script in the VM and returns its want samples, and its CPU profiles.
+func (o KernelOptions) boot(ctx context.Context, script string, want int) ([]KernelSample, map[string][]byte, error) {
 	// Each row takes its warm-up and window, or a pass of the NAS, plus making the devices and
 	// the contender: ten minutes more than that is ample under emulation.
 	perRow := o.Warm + o.Measure + 2*time.Minute
@@ -218,16 +279,17 @@ func (o KernelOptions) boot(ctx context.Context, script string, want int) ([]Ker
 	cmd.Env = append(os.Environ(), "VM_WITH_CACHES=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("the VM failed: %w; its console's end:\n%s", err, tail(string(out), 40))
+		return nil, nil, fmt.Errorf("the VM failed: %w; its console's end:\n%s", err, tail(string(out), 40))
 	}
 	samples, err := parseKernelBench(strings.NewReader(string(out)))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(samples) != want {
-		return nil, fmt.Errorf("the guest reported %d results, want %d; its console's end:\n%s", len(samples), want, tail(string(out), 40))
+		return nil, nil, fmt.Errorf("the guest reported %d results, want %d; its console's end:\n%s", len(samples), want, tail(string(out), 40))
 	}
-	return samples, nil
+	profiles, err := kernelProfiles(string(out))
+	return samples, profiles, err
 }
 
 // tail is the last n lines of s.

@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +34,36 @@ TIERBLK-BENCH: contender=tierblk row=seq iops=24 mbps=24.1 busy=0.900 lat_p50_us
 		"TIERBLK-BENCH: contender=none row=zipf iops",
 	} {
 		_, err := parseKernelBench(strings.NewReader(bad + "\n"))
+		require.Error(t, err, bad)
+	}
+}
+
+// The guest's CPU profiles come base64 in lines of 76 characters, between other lines; each is
+// put together by contender and row and decoded; a line or an encoding that does not parse is an
+// error.
+func TestKernelProfiles(t *testing.T) {
+	a, b := bytes.Repeat([]byte("profile of ublk, zipf "), 10), []byte("tierblk, randw")
+	lines := func(c, r string, p []byte) string {
+		enc := base64.StdEncoding.EncodeToString(p)
+		var out strings.Builder
+		for len(enc) > 0 {
+			n := min(76, len(enc))
+			fmt.Fprintf(&out, "TIERBLK-PPROF: contender=%s row=%s %s\n", c, r, enc[:n])
+			enc = enc[n:]
+		}
+		return out.String()
+	}
+	console := "TIERBLK-VM: booted\n" + lines("ublk", "zipf", a) + "[ 1.2] kernel line\r\n" + lines("tierblk", "randw", b)
+	got, err := kernelProfiles(console)
+	require.NoError(t, err)
+	require.Equal(t, map[string][]byte{"ublk-zipf": a, "tierblk-randw": b}, got)
+
+	for _, bad := range []string{
+		"TIERBLK-PPROF: contender=ublk AAAA",
+		"TIERBLK-PPROF: row=zipf contender=ublk AAAA",
+		"TIERBLK-PPROF: contender=ublk row=zipf not*base64",
+	} {
+		_, err := kernelProfiles(bad + "\n")
 		require.Error(t, err, bad)
 	}
 }

@@ -662,7 +662,8 @@ ratios, lowest and highest).
 
 Run from the repository's root (or give --vm), with a static tierblk (make build).`,
 		Example: `  tierblk bench kernel --rounds 3
-  tierblk bench kernel --contenders none,ublk,tierblk --rows zipf --nas-ms 2 --rounds 1`,
+  tierblk bench kernel --contenders none,ublk,tierblk --rows zipf --nas-ms 2 --rounds 1
+  tierblk bench kernel --contenders ublk,tierblk --rows zipf,randw --nas-ms 2 --rounds 1 --profile /tmp/prof`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -679,6 +680,7 @@ Run from the repository's root (or give --vm), with a static tierblk (make build
 	f.IntVar(&o.MemMiB, "mem", 3072, "the guest's RAM in MiB (the null_blk devices are in it)")
 	f.StringVar(&o.VMDir, "vm", "integration/vm", "the repository's integration/vm directory")
 	f.StringVar(&o.Tierblk, "tierblk", "", "the static tierblk binary the guest runs (default: this one)")
+	f.StringVar(&o.Profile, "profile", "", "a directory for CPU profiles of tierblk over each measured window of the ublk and tierblk contenders (go tool pprof BINARY FILE)")
 	return cmd
 }
 

@@ -22,6 +22,9 @@
 #
 # One line per contender and row on the console, for `tierblk bench kernel` to read:
 #   TIERBLK-BENCH: contender=C row=R iops=N mbps=N busy=F lat_p50_us=N lat_p99_us=N
+# and with profile=1, for the ublk and tierblk contenders' zipf and randw rows, tierblk's CPU
+# profile over the measured window (from its admin endpoint on the loopback), base64:
+#   TIERBLK-PPROF: contender=C row=R BASE64
 # Variables a line before this script can set:
 contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk"}
 rows=${rows:-"zipf randw seq"}
@@ -30,6 +33,7 @@ ssd_mib=${ssd_mib:-256}
 nas_ms=${nas_ms:-2}
 warm=${warm:-40}
 measure=${measure:-20}
+profile=${profile:-0}
 
 for m in configfs null_blk libcrc32c dm-mod dm-bufio dm-bio-prison dm-persistent-data dm-cache dm-cache-smq \
 	dm-writecache bcache; do
@@ -45,6 +49,9 @@ for m in libcrc32c dm-mod dm-bufio dm-bio-prison dm-persistent-data dm-cache dm-
 	insmod /lib/modules/$m.ko || fail "insmod $m"
 done
 mdev -s
+if [ "$profile" = 1 ]; then
+	ip link set lo up || fail "loopback up"
+fi
 
 # nullb NAME MIB NSEC: a memory-backed null_blk device of MIB MiB completing each request NSEC ns
 # after it arrives (0: at once); its path in $dev.
@@ -87,7 +94,9 @@ teardown_ssd() { :; }
 tierblk_up() {
 	log=/tmp/tierblk.bench.log
 	rm -rf /tmp/meta
-	tierblk serve --backend "file://$nas?direct=true" --ublk "$@" 2>$log &
+	admin=
+	[ "$profile" = 1 ] && admin="--admin 127.0.0.1:6060"
+	tierblk serve --backend "file://$nas?direct=true" --ublk $admin "$@" 2>$log &
 	pid=$!
 	wait_log 'msg="block device"'
 	target=$(grep -o 'msg="block device".*path=[^ ]*' $log | head -n 1 | sed 's/.*path=//')
@@ -174,12 +183,25 @@ run_row() {
 		(sleep "$warm"; busy >/tmp/busy0) &
 		clock=$!
 	fi
+	prof=
+	case $profile-$contender-$1 in
+	1-ublk-seq | 1-tierblk-seq) ;;
+	1-ublk-* | 1-tierblk-*)
+		rm -f /tmp/cpu.pprof
+		(sleep "$warm"; wget -q -O /tmp/cpu.pprof "http://127.0.0.1:6060/debug/pprof/profile?seconds=$measure") &
+		prof=$!
+		;;
+	esac
 	fio --name="$1" --filename="$target" --direct=1 --ioengine=libaio $job --minimal >/tmp/fio.out 2>/tmp/fio.err ||
 		fail "fio $1 on $target ($contender): $(cat /tmp/fio.err)"
 	b1=$(busy)
 	if [ "$1" != seq ]; then
 		wait $clock
 		b0=$(cat /tmp/busy0)
+	fi
+	if [ -n "$prof" ]; then
+		wait $prof || fail "the CPU profile of $contender, $1: wget failed"
+		base64 /tmp/cpu.pprof | sed "s/^/TIERBLK-PPROF: contender=$contender row=$1 /"
 	fi
 	# --minimal (terse v3, fio 3.33): reads' bandwidth (KiB/s) 7, IOPS 8, completion latency's
 	# 50th and 99th percentiles ("50.000000%=N", µs) 24 and 30; writes' the same 41 fields on.
