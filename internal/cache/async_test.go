@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -42,10 +43,11 @@ func readAtAsync(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
 	return true, <-ended
 }
 
-// eachAsyncRead runs test with each of asyncReads.
-func eachAsyncRead(t *testing.T, test func(t *testing.T, readAsync asyncRead)) {
+// eachAsyncRead runs test with each of asyncReads; ramNow is set for the one that serves RAM-tier
+// hits at once (ReadAtOn).
+func eachAsyncRead(t *testing.T, test func(t *testing.T, readAsync asyncRead, ramNow bool)) {
 	for name, read := range asyncReads(t) {
-		t.Run(name, func(t *testing.T) { test(t, read) })
+		t.Run(name, func(t *testing.T) { test(t, read, name == "ReadAtOn") })
 	}
 }
 
@@ -69,10 +71,11 @@ func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd 
 
 // TestReadAtAsync: on an SSD tier on a file (direct reads through io_uring), a read within one line
 // that the SSD tier holds, and the RAM tier does not, is started asynchronously and counts as a hit;
-// a miss, a RAM-tier hit, a read across lines and a read of a line another request holds are left
-// to ReadAt and count nothing; an SSD read that fails is served from the backend.
+// a miss, a read across lines and a read of a line another request holds are left to ReadAt and
+// count nothing; a RAM-tier hit is served at once on a ring (ReadAtOn), else left to ReadAt; an
+// SSD read that fails is served from the backend.
 func TestReadAtAsync(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
 		const line = 64 << 10
 		want, b, dev := asyncSetup(t, line, 64, 16)
 		ssd := fault.New(dev, fault.Options{})
@@ -85,15 +88,25 @@ func TestReadAtAsync(t *testing.T) {
 		require.False(t, started, "a miss")
 		require.Zero(t, ssdStats().Misses, "a miss left to ReadAt is not counted")
 		require.NoError(t, c.Prefetch(3*line, line)) // the line on both tiers
-		started, _ = readAsync(t, c, buf, 3*line+4096)
-		require.False(t, started, "a RAM-tier hit")
+		ramHits := c.Stats().Tiers[0].Hits
+		started, err := readAsync(t, c, buf, 3*line+4096)
+		require.Equal(t, ramNow, started, "a RAM-tier hit")
+		if ramNow {
+			require.NoError(t, err)
+			require.Equal(t, want[3*line+4096:3*line+12288], buf)
+			require.Equal(t, ramHits+1, c.Stats().Tiers[0].Hits)
+			c.locks.lock(3, 3)
+			started, _ = readAsync(t, c, buf, 3*line)
+			c.locks.unlock(3, 3)
+			require.False(t, started, "a RAM-tier hit on a line another request holds")
+		}
 
 		require.NoError(t, c.Prefetch(4*line, 2*line))
 		for l := uint64(4); l < 6; l++ { // the lines on the SSD tier alone
 			c.ram.invalidate(l, rangeBits(0, line/blockSize))
 		}
 		before := ssdStats()
-		started, err := readAsync(t, c, buf, 4*line+8192)
+		started, err = readAsync(t, c, buf, 4*line+8192)
 		require.True(t, started, "an SSD-tier hit")
 		require.NoError(t, err)
 		require.Equal(t, want[4*line+8192:4*line+16384], buf)
@@ -126,7 +139,7 @@ func TestReadAtAsync(t *testing.T) {
 // TestReadAtAsyncPromotes: where the RAM tier admits the line, an asynchronous SSD-tier hit reads
 // the blocks it touches into RAM, which then holds them.
 func TestReadAtAsyncPromotes(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
 		const line = 16 << 10
 		want, b, dev := asyncSetup(t, line, 32, 8)
 		c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
@@ -143,15 +156,39 @@ func TestReadAtAsyncPromotes(t *testing.T) {
 		st := c.Stats()
 		require.Equal(t, uint64(1), st.Tiers[1].Hits)
 		started, _ = readAsync(t, c, buf, 2*line+8192)
-		require.False(t, started, "the block is a RAM-tier hit now")
+		require.Equal(t, ramNow, started, "the block is a RAM-tier hit now")
 	})
+}
+
+// TestReadAtOnRAMOnly: without an SSD tier, ReadAtOn serves RAM-tier hits at once and leaves the
+// rest to ReadAt.
+func TestReadAtOnRAMOnly(t *testing.T) {
+	loop := uringtest.New(t, 4)
+	if loop == nil {
+		t.Skip("no io_uring here")
+	}
+	const line = 16 << 10
+	want := bytes.Repeat([]byte("ram only"), 16*line/8)
+	b := mem.New(16 * line)
+	_, err := b.WriteAt(want, 0)
+	require.NoError(t, err)
+	c := newCache(t, b, layout{line: line, ram: 4, mode: WriteThrough, admission: "always"}, nil, nil)
+	defer c.Close()
+	buf := make([]byte, 4096)
+	started, _ := readAtOn(loop, c, buf, 5*line)
+	require.False(t, started, "a miss")
+	require.NoError(t, c.Prefetch(5*line, line))
+	started, err = readAtOn(loop, c, buf, 5*line+4096)
+	require.True(t, started, "a RAM-tier hit")
+	require.NoError(t, err)
+	require.Equal(t, want[5*line+4096:5*line+8192], buf)
 }
 
 // TestReadAtAsyncShared: without a RAM tier an asynchronous SSD-tier hit holds its line shared: it
 // starts while another such read holds the line, not while a request holds it exclusively, and one
 // that the SSD fails is read again from the backend, after which the line is free.
 func TestReadAtAsyncShared(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
 		const line = 16 << 10
 		want, b, dev := asyncSetup(t, line, 32, 8)
 		ssd := fault.New(dev, fault.Options{})

@@ -13,22 +13,26 @@ import (
 // is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
 // exclusively, see lineLocks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, p, off, done)
+	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, false, p, off, done)
 }
 
-// ReadAtOn implements backend.RingReader for the reads ReadAtAsync starts: the SSD tier's read
-// runs on the caller's ring (a ublk queue's), and done is called on the ring's goroutine.
+// ReadAtOn implements backend.RingReader for the reads ReadAtAsync starts, the SSD tier's read
+// on the caller's ring (a ublk queue's), and for RAM-tier hits within one line: those are a copy,
+// made at once, and done is called before ReadAtOn returns, on the ring's goroutine as the others.
 func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
-	return c.ssdRing != nil && c.readAsync(func(p []byte, off int64, done func(error)) bool {
-		return c.ssdRing.ReadAtOn(r, p, off, done)
-	}, p, off, done)
+	var start ssdStart // nil: no SSD-tier read can be started on r
+	if c.ssdRing != nil {
+		start = func(p []byte, off int64, done func(error)) bool { return c.ssdRing.ReadAtOn(r, p, off, done) }
+	}
+	return c.readAsync(start, true, p, off, done)
 }
 
 // ssdStart starts a read of the SSD tier's device and reports whether it did.
 type ssdStart func(p []byte, off int64, done func(error)) bool
 
-// readAsync is ReadAtAsync with the SSD tier's reads started by start.
-func (c *Cache) readAsync(start ssdStart, p []byte, off int64, done func(error)) bool {
+// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil) and,
+// with ramNow, RAM-tier hits served at once.
+func (c *Cache) readAsync(start ssdStart, ramNow bool, p []byte, off int64, done func(error)) bool {
 	if len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
 	}
@@ -39,9 +43,13 @@ func (c *Cache) readAsync(start ssdStart, p []byte, off int64, done func(error))
 	}
 	s := segs[0]
 	need := s.touched()
-	// A RAM-tier hit, the cheapest read, is left to ReadAt before the line is locked: ReadAt locks
-	// it again. Should RAM take the line meanwhile, the SSD tier's copy is as current.
 	if c.ram.usable() && c.ram.holds(s.line, need) {
+		// A RAM-tier hit, the cheapest read, is served at once, or left to ReadAt before the line
+		// is locked: ReadAt locks it again. Should RAM take the line meanwhile, the SSD tier's copy
+		// is as current.
+		return ramNow && c.readRAMNow(s, p, off, done)
+	}
+	if start == nil || c.ssd == nil {
 		return false
 	}
 	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
@@ -137,6 +145,31 @@ func (c *Cache) readAsync(start ssdStart, p []byte, off int64, done func(error))
 		}
 		fallback()
 	}()
+	return true
+}
+
+// readRAMNow serves a RAM-tier hit of segment s at once, if its line is free and RAM still holds
+// the blocks it touches; done is called before it returns. Otherwise it does nothing and counts
+// nothing, for ReadAt to serve the read.
+func (c *Cache) readRAMNow(s seg, p []byte, off int64, done func(error)) bool {
+	if !c.locks.tryLock(s.line) {
+		return false
+	}
+	t0 := time.Now()
+	ok := c.ram.copyHit(s.line, s.touched(), p, s.lo)
+	c.locks.unlock(s.line, s.line)
+	if !ok {
+		return false
+	}
+	if c.wb != nil {
+		c.wb.lastIO.Store(t0.UnixNano())
+	}
+	err := c.lost.check(off, int64(len(p)))
+	if err == nil {
+		c.asked.Add(uint64(len(p)))
+	}
+	c.readLat.observe(time.Since(t0))
+	done(err)
 	return true
 }
 

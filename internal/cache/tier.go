@@ -219,11 +219,19 @@ func (t *tier) holds(line uint64, need lineBits) bool {
 // shared, so that hits on every core copy at once; eviction, which needs it exclusively, waits for
 // the copy. The access reaches the eviction policy later (accessBuffer).
 func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
+	if !t.copyHit(line, need, dst, off) {
+		t.misses.Add(1)
+		return false
+	}
+	return true
+}
+
+// copyHit is readHit, counting nothing where the tier does not hold the blocks.
+func (t *tier) copyHit(line uint64, need lineBits, dst []byte, off int64) bool {
 	t.mu.RLock()
 	slot, ok := t.slotOf(line)
 	if !ok || !t.valid.get(slot).covers(need) {
 		t.mu.RUnlock()
-		t.misses.Add(1)
 		return false
 	}
 	copy(dst, t.ram[int64(slot)*t.lineSize+off:])
