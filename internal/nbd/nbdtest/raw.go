@@ -33,15 +33,27 @@ func DialRaw(t testing.TB, network, addr string) *RawClient {
 // NewRawClient speaks on nc, which it closes when the test ends.
 func NewRawClient(t testing.TB, nc net.Conn) *RawClient {
 	t.Helper()
-	// A bound on every test exchange: a server that fails to answer fails the test, not hangs it.
-	require.NoError(t, nc.SetDeadline(time.Now().Add(20*time.Second)))
+	c := &RawClient{T: t, NC: nc, reads: map[uint64]uint32{}}
+	c.bound()
 	t.Cleanup(func() { nc.Close() })
-	return &RawClient{T: t, NC: nc, reads: map[uint64]uint32{}}
+	return c
+}
+
+// exchangeBound bounds each Send and Recv: a server that fails to answer fails the test, not
+// hangs it. It is far above what an exchange takes on a loaded machine (64 MiB requests under the
+// race detector on two shared cores took 20 s and more).
+const exchangeBound = 2 * time.Minute
+
+// bound sets the connection's deadline exchangeBound from now.
+func (c *RawClient) bound() {
+	c.T.Helper()
+	require.NoError(c.T, c.NC.SetDeadline(time.Now().Add(exchangeBound)))
 }
 
 // Send writes parts in turn.
 func (c *RawClient) Send(parts ...[]byte) {
 	c.T.Helper()
+	c.bound()
 	for _, p := range parts {
 		if len(p) == 0 {
 			continue // a write of nothing fails once the server closed, which DISC makes it do
@@ -54,6 +66,7 @@ func (c *RawClient) Send(parts ...[]byte) {
 // Recv reads n bytes.
 func (c *RawClient) Recv(n int) []byte {
 	c.T.Helper()
+	c.bound()
 	b := make([]byte, n)
 	_, err := io.ReadFull(c.NC, b)
 	require.NoError(c.T, err)
