@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -57,17 +58,39 @@ var exeOnTmpfs = sync.OnceValue(func() *unix.Stat_t {
 	return &st
 })
 
+// binaryEvery is how often binaryShmem reads /proc/self/smaps again. A read walks the page tables
+// of every mapping, which the daemon's memory watch paid at each of its samples (bench kernel
+// --profile: a few per cent of the guest's CPU, whose binary lies on a tmpfs), while the binary's
+// pages change only as more of its code first runs.
+const binaryEvery = 10 * time.Second
+
+// binaryLast is binaryShmem's last reading and when it was taken.
+var binaryLast struct {
+	sync.Mutex
+	at    time.Time
+	bytes uint64
+}
+
 // binaryShmem is, of the process's shared memory, the pages of its binary: 0 unless that lies on
-// a tmpfs.
+// a tmpfs. It reads them at most every binaryEvery.
 func binaryShmem() (uint64, error) {
 	st := exeOnTmpfs()
 	if st == nil {
 		return 0, nil
+	}
+	binaryLast.Lock()
+	defer binaryLast.Unlock()
+	if !binaryLast.at.IsZero() && time.Since(binaryLast.at) < binaryEvery {
+		return binaryLast.bytes, nil
 	}
 	f, err := os.Open("/proc/self/smaps")
 	if err != nil {
 		return 0, err
 	}
 	defer f.Close()
-	return smapsFileShmem(f, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	n, err := smapsFileShmem(f, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	if err == nil {
+		binaryLast.at, binaryLast.bytes = time.Now(), n
+	}
+	return n, err
 }

@@ -20,8 +20,8 @@ import (
 // queue's daemon and accepts its commands from that task only. A read or write the volume can do
 // as file I/O (a file backend read or written direct, a cache's SSD-tier hit) runs on that same
 // ring: the loop starts it, reaps it and commits it, and no other thread wakes for it. Every other
-// request is served on its own goroutine, so that a slow backend read never holds up the others;
-// those come back to the loop through a list and an eventfd that the ring polls.
+// request is served by a worker goroutine of its own, so that a slow backend read never holds up
+// the others; those come back to the loop through a list and an eventfd that the ring polls.
 type queue struct {
 	id    uint16
 	depth int
@@ -43,8 +43,21 @@ type queue struct {
 	// reaping is set while the loop handles a batch of completions, after which it takes done
 	// itself: a request finished meanwhile (on the ring, or by a goroutine) needs no wake-up.
 	reaping bool
-	quit    bool           // abandon asked the loop to leave
-	workers sync.WaitGroup // requests being served on goroutines
+	quit    bool // abandon asked the loop to leave
+
+	// work hands a request to an idle worker. A worker serves requests until the loop has left
+	// and closed work: at most depth of them (started, the loop's count), started as requests find
+	// none idle, so that a request costs no new goroutine, nor the growth of a new goroutine's
+	// stack to what the volume's path needs (bench kernel --profile).
+	work    chan request
+	started int
+	workers sync.WaitGroup
+}
+
+// request is a request for a worker: its tag and descriptor.
+type request struct {
+	tag uint16
+	d   ioDesc
 }
 
 type completion struct {
@@ -61,7 +74,7 @@ func maxCmdBufSize() int { return roundUp(maxQueueDepth*sizeofIODesc, unix.Getpa
 func roundUp(n, to int) int { return (n + to - 1) / to * to }
 
 func newQueue(charFD int, id uint16, depth, maxIO int, dev volume.Device, log *slog.Logger) (*queue, error) {
-	q := &queue{id: id, depth: depth, maxIO: maxIO, dev: dev, log: log, charFD: charFD, efd: -1}
+	q := &queue{id: id, depth: depth, maxIO: maxIO, dev: dev, log: log, charFD: charFD, efd: -1, work: make(chan request)}
 	q.rr, _ = dev.(backend.RingReader)
 	q.rw, _ = dev.(backend.RingWriter)
 	var err error
@@ -114,6 +127,7 @@ func (q *queue) run(ready chan<- error) {
 		q.log.Error("ublk queue stopped", "queue", q.id, "err", err)
 	}
 	r.Close()
+	close(q.work)
 	q.workers.Wait()
 }
 
@@ -282,20 +296,35 @@ func (q *queue) abandon() {
 	q.wake()
 }
 
-// dispatch serves the request of tag, on the loop's ring if the volume can, else on a new
-// goroutine. The descriptor is copied now: the kernel rewrites it only for the tag's next
-// request, after our commit.
+// dispatch serves the request of tag, on the loop's ring if the volume can, else by an idle
+// worker or a new one. The descriptor is copied now: the kernel rewrites it only for the tag's
+// next request, after our commit.
 func (q *queue) dispatch(tag uint16) {
-	d := *(*ioDesc)(unsafe.Pointer(&q.iods[int(tag)*sizeofIODesc]))
-	if q.onRing(tag, d) {
+	w := request{tag: tag, d: *(*ioDesc)(unsafe.Pointer(&q.iods[int(tag)*sizeofIODesc]))}
+	if q.onRing(tag, w.d) {
 		return
 	}
-	q.workers.Add(1)
-	go func() {
-		defer q.workers.Done()
-		res, err := handle(q.dev, d, q.buf(tag))
-		q.finish(tag, d, res, err)
-	}()
+	if q.started == q.depth {
+		// Fewer than depth other requests are being served: a worker is idle, or about to be.
+		q.work <- w
+		return
+	}
+	select {
+	case q.work <- w:
+	default:
+		q.started++
+		q.workers.Add(1)
+		go q.worker(w)
+	}
+}
+
+// worker serves w, then the requests handed to it, until the loop closes work.
+func (q *queue) worker(w request) {
+	defer q.workers.Done()
+	for ok := true; ok; w, ok = <-q.work {
+		res, err := handle(q.dev, w.d, q.buf(w.tag))
+		q.finish(w.tag, w.d, res, err)
+	}
 }
 
 // onRing starts a read or write on the loop's ring where the volume can serve it so, and

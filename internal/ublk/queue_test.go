@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -101,4 +103,58 @@ func TestHandleData(t *testing.T) {
 	_, err = handle(f, ioDesc{OpFlags: opWrite, NrSectors: 1}, buf)
 	require.NoError(t, err)
 	require.Equal(t, buf[:512], f.data)
+}
+
+// gateVolume is fakeVolume whose writes wait for a token on gate.
+type gateVolume struct {
+	fakeVolume
+	gate chan struct{}
+}
+
+func (g *gateVolume) WriteAt(p []byte, off int64, fua bool) error {
+	<-g.gate
+	return nil
+}
+
+// Requests the volume cannot serve on the ring go to workers: a new one while none is idle, up to
+// the queue's depth, then handed to the next worker free; every request is handed back once; the
+// workers leave once the loop has closed work.
+func TestWorkers(t *testing.T) {
+	const depth = 8
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	require.NoError(t, err)
+	g := &gateVolume{gate: make(chan struct{})}
+	q := &queue{depth: depth, maxIO: 4096, dev: g, efd: efd, work: make(chan request),
+		iods: make([]byte, depth*sizeofIODesc), bufs: make([]byte, depth*4096)}
+	t.Cleanup(func() { unix.Close(efd) })
+	for tag := range depth {
+		*(*ioDesc)(unsafe.Pointer(&q.iods[tag*sizeofIODesc])) = ioDesc{OpFlags: opWrite, NrSectors: 8, StartSector: uint64(8 * tag)}
+	}
+	// batch dispatches every tag and lets the writes end, then waits for them.
+	batch := func() {
+		for tag := range depth {
+			q.dispatch(uint16(tag))
+		}
+		for range depth {
+			g.gate <- struct{}{}
+		}
+		seen := map[uint16]bool{}
+		for len(seen) < depth {
+			done, _ := q.takeDone(false)
+			for _, c := range done {
+				require.False(t, seen[c.tag], "tag %d handed back twice", c.tag)
+				require.Equal(t, int32(4096), c.res)
+				seen[c.tag] = true
+			}
+			if len(seen) < depth {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	batch() // the writes wait on the volume until every one was dispatched
+	require.Equal(t, depth, q.started, "a worker for each request waiting on the volume")
+	batch() // each handed to a worker free, or about to be
+	require.Equal(t, depth, q.started)
+	close(q.work)
+	q.workers.Wait()
 }
