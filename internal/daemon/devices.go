@@ -168,6 +168,19 @@ func (d *distrustFlush) Flush() error {
 	return d.Device.Flush()
 }
 
+// ReadAtOn implements backend.RingReader where the device does: the ublk queue's reads on its own
+// ring do not go through Flush.
+func (d *distrustFlush) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	rr, ok := d.Device.(backend.RingReader)
+	return ok && rr.ReadAtOn(r, p, off, done)
+}
+
+// WriteAtOn implements backend.RingWriter where the device does, as ReadAtOn.
+func (d *distrustFlush) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done func(error)) bool {
+	rw, ok := d.Device.(backend.RingWriter)
+	return ok && rw.WriteAtOn(r, p, off, fua, done)
+}
+
 // leftDevice is a kernel device a stop leaves, with its export's identity.
 type leftDevice struct{ path, identity string }
 

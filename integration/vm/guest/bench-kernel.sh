@@ -4,8 +4,10 @@
 #
 # The devices are null_blk's, memory-backed and made again for each contender, so that each starts
 # empty: a "NAS" of $nas_mib MiB whose requests complete $nas_ms ms after they arrive (null_blk's
-# completion timer) and an "SSD" of $ssd_mib MiB that completes them at once. The contenders, each
-# set up fresh over them with blocks or lines of 64 KiB:
+# completion timer) and an "SSD" of $ssd_mib MiB that completes them at once. For the rows that
+# read, the NAS is first filled with random data (64 MiB of it, over and over), as a NAS holds:
+# a cache that keeps no zero blocks (tierblk) would otherwise serve its hits without reading its
+# SSD. The contenders, each set up fresh over them with blocks or lines of 64 KiB:
 #   none          fio on the NAS itself (no cache);
 #   ssd           fio on the SSD itself (the fast device's bound);
 #   ublk          tierblk's ublk device over the NAS without a cache (tierblk's own path's bound);
@@ -83,6 +85,17 @@ nullb_gone() {
 }
 
 sectors() { echo $(($(blockdev --getsize64 "$1") / 512)); }
+
+# fill_nas: random data over the whole NAS, written to it directly (no cache is set up yet).
+fill_nas() {
+	[ -f /tmp/pattern ] || head -c $((64 << 20)) /dev/urandom >/tmp/pattern || fail "random data"
+	i=0
+	while [ $i -lt $((nas_mib / 64)) ]; do
+		dd if=/tmp/pattern of="$nas" bs=1M seek=$((i * 64)) oflag=direct conv=notrunc 2>/dev/null ||
+			fail "filling the NAS"
+		i=$((i + 1))
+	done
+}
 
 # setup_C: the contender's device over $nas and $ssd, in $target; teardown_C undoes it (a
 # write-back cache's dirty data is dropped with the devices).
@@ -222,6 +235,7 @@ for contender in $contenders; do
 		nullb_gone ssd
 		nullb nas "$nas_mib" $((nas_ms * 1000000))
 		nas=$dev
+		[ "$row" = randw ] || fill_nas
 		nullb ssd "$ssd_mib" 0
 		ssd=$dev
 		setup_$contender
