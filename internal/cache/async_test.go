@@ -2,10 +2,14 @@ package cache
 
 import (
 	"bytes"
+	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -43,9 +47,9 @@ func readAtAsync(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
 	return true, <-ended
 }
 
-// eachAsyncRead runs test with each of asyncReads; ramNow is set for the one that serves RAM-tier
+// eachAsyncRead runs test with each of asyncReads; onRing is set for the one that serves RAM-tier
 // hits at once (ReadAtOn).
-func eachAsyncRead(t *testing.T, test func(t *testing.T, readAsync asyncRead, ramNow bool)) {
+func eachAsyncRead(t *testing.T, test func(t *testing.T, readAsync asyncRead, onRing bool)) {
 	for name, read := range asyncReads(t) {
 		t.Run(name, func(t *testing.T) { test(t, read, name == "ReadAtOn") })
 	}
@@ -75,7 +79,7 @@ func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd 
 // count nothing; a RAM-tier hit is served at once on a ring (ReadAtOn), else left to ReadAt; an
 // SSD read that fails is served from the backend.
 func TestReadAtAsync(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, onRing bool) {
 		const line = 64 << 10
 		want, b, dev := asyncSetup(t, line, 64, 16)
 		ssd := fault.New(dev, fault.Options{})
@@ -90,8 +94,8 @@ func TestReadAtAsync(t *testing.T) {
 		require.NoError(t, c.Prefetch(3*line, line)) // the line on both tiers
 		ramHits := c.Stats().Tiers[0].Hits
 		started, err := readAsync(t, c, buf, 3*line+4096)
-		require.Equal(t, ramNow, started, "a RAM-tier hit")
-		if ramNow {
+		require.Equal(t, onRing, started, "a RAM-tier hit")
+		if onRing {
 			require.NoError(t, err)
 			require.Equal(t, want[3*line+4096:3*line+12288], buf)
 			require.Equal(t, ramHits+1, c.Stats().Tiers[0].Hits)
@@ -139,7 +143,7 @@ func TestReadAtAsync(t *testing.T) {
 // TestReadAtAsyncPromotes: where the RAM tier admits the line, an asynchronous SSD-tier hit reads
 // the blocks it touches into RAM, which then holds them.
 func TestReadAtAsyncPromotes(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, onRing bool) {
 		const line = 16 << 10
 		want, b, dev := asyncSetup(t, line, 32, 8)
 		c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
@@ -156,7 +160,7 @@ func TestReadAtAsyncPromotes(t *testing.T) {
 		st := c.Stats()
 		require.Equal(t, uint64(1), st.Tiers[1].Hits)
 		started, _ = readAsync(t, c, buf, 2*line+8192)
-		require.Equal(t, ramNow, started, "the block is a RAM-tier hit now")
+		require.Equal(t, onRing, started, "the block is a RAM-tier hit now")
 	})
 }
 
@@ -188,7 +192,7 @@ func TestReadAtOnRAMOnly(t *testing.T) {
 // starts while another such read holds the line, not while a request holds it exclusively, and one
 // that the SSD fails is read again from the backend, after which the line is free.
 func TestReadAtAsyncShared(t *testing.T) {
-	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, ramNow bool) {
+	eachAsyncRead(t, func(t *testing.T, readAsync asyncRead, onRing bool) {
 		const line = 16 << 10
 		want, b, dev := asyncSetup(t, line, 32, 8)
 		ssd := fault.New(dev, fault.Options{})
@@ -218,4 +222,66 @@ func TestReadAtAsyncShared(t *testing.T) {
 		require.True(t, c.locks.tryLock(2), "the line is free")
 		c.locks.unlock(2, 2)
 	})
+}
+
+// TestReadAtOnNeverWaits: on a packed tier an SSD-tier hit read on a ring holds the tier's read
+// lock until the ring's owner reaps it. While a reclaim waits for that lock exclusively, new
+// readers of it wait too; ReadAtOn, called by that same owner, must not: it leaves the read to a
+// goroutine of its own, or to ReadAt, and returns, else the owner would never reap the read that
+// holds the lock.
+func TestReadAtOnNeverWaits(t *testing.T) {
+	const line = 16 << 10
+	_, b, dev := asyncSetup(t, line, 32, 8)
+	loop := uringtest.New(t, 4)
+	if loop == nil {
+		t.Skip("no io_uring here")
+	}
+	want := make([]byte, 2*line) // incompressible: stored as it is, read straight from the device
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	_, err := b.WriteAt(want, 2*line)
+	require.NoError(t, err)
+	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: "always", reduction: ReductionCompress}, nil, dev)
+	defer c.Close()
+	require.NotNil(t, c.ssd.pk, "a packed tier")
+	require.NoError(t, c.Prefetch(2*line, 2*line))
+	buf, other := bufpool.Aligned(4096), bufpool.Aligned(4096)
+	first, started, err := loop.Begin(func(r backend.Ring, done func(error)) bool { return c.ReadAtOn(r, buf, 2*line, done) })
+	require.NoError(t, err)
+	require.True(t, started)
+	require.Equal(t, 1, loop.InFlight(), "a hit, its read in flight on the ring")
+
+	pk := c.ssd.pk
+	locked := make(chan struct{})
+	go func() { pk.io.Lock(); close(locked) }() // as a reclaim does
+	for pk.io.TryRLock() {                      // until the writer waits
+		pk.io.RUnlock()
+		runtime.Gosched()
+	}
+	type begun struct {
+		ended   <-chan error
+		started bool
+	}
+	returned := make(chan begun)
+	go func() {
+		ended, started, _ := loop.Begin(func(r backend.Ring, done func(error)) bool { return c.ReadAtOn(r, other, 3*line, done) })
+		returned <- begun{ended, started}
+	}()
+	var second begun
+	select {
+	case second = <-returned:
+	case <-time.After(time.Minute):
+		t.Fatal("ReadAtOn waited for the tier's read lock, held by a read on its own ring")
+	}
+	require.Equal(t, 1, loop.InFlight(), "no second read on the ring")
+	require.NoError(t, loop.End(first))
+	require.Equal(t, want[:4096], buf)
+	<-locked
+	pk.io.Unlock()
+	if second.started {
+		require.NoError(t, loop.End(second.ended))
+		require.Equal(t, want[line:line+4096], other)
+	}
 }

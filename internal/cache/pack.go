@@ -554,10 +554,16 @@ func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bo
 // rawSpan returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
 // units stored as they are, one after another: such a read goes to the device as on a slot
 // (read_async.go). When ok, the caller holds io shared, and lets go of it once the read is done.
-func (t *tier) rawSpan(slot uint32, lo, hi int64) (at int64, ok bool) {
+// With try it does not wait for io: where another holds it exclusively, or waits to, it reports
+// false.
+func (t *tier) rawSpan(slot uint32, lo, hi int64, try bool) (at int64, ok bool) {
 	pk := t.pk
 	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)
-	pk.io.RLock()
+	if !try {
+		pk.io.RLock()
+	} else if !pk.io.TryRLock() {
+		return 0, false
+	}
 	t.mu.RLock()
 	locs := pk.slotLocs(slot, b0, b1)
 	ok = true

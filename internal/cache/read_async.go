@@ -30,9 +30,13 @@ func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) 
 // ssdStart starts a read of the SSD tier's device and reports whether it did.
 type ssdStart func(p []byte, off int64, done func(error)) bool
 
-// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil) and,
-// with ramNow, RAM-tier hits served at once.
-func (c *Cache) readAsync(start ssdStart, ramNow bool, p []byte, off int64, done func(error)) bool {
+// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil).
+// onRing says that start runs them on a ring the caller's goroutine owns and reaps: RAM-tier hits
+// are then served at once, and nothing here may wait for another request, whose SSD read may be
+// in flight on that same ring (a packed tier's read lock, held by such reads, is only tried: a
+// reclaim waiting for it would stop new readers, the caller among them, and the ring's reads
+// would never end).
+func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done func(error)) bool {
 	if len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
 	}
@@ -47,7 +51,7 @@ func (c *Cache) readAsync(start ssdStart, ramNow bool, p []byte, off int64, done
 		// A RAM-tier hit, the cheapest read, is served at once, or left to ReadAt before the line
 		// is locked: ReadAt locks it again. Should RAM take the line meanwhile, the SSD tier's copy
 		// is as current.
-		return ramNow && c.readRAMNow(s, p, off, done)
+		return onRing && c.readRAMNow(s, p, off, done)
 	}
 	if start == nil || c.ssd == nil {
 		return false
@@ -129,7 +133,7 @@ func (c *Cache) readAsync(start ssdStart, ramNow bool, p []byte, off int64, done
 	}
 	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
 	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() && whole {
-		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi); ok {
+		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi, onRing); ok {
 			if start(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
 				return true
 			}

@@ -32,32 +32,50 @@ func New(t testing.TB, n int) *Loop {
 	return &Loop{r: r, ops: uring.NewOps(r, n)}
 }
 
+// InFlight is the number of ops on the loop's ring not yet reaped.
+func (l *Loop) InFlight() int { return l.ops.InFlight() }
+
 // Do calls start with the loop's ring and a done, then, if it started, reaps the ring until done
 // is called (on the ring's goroutine, or on another the backend chose). It reports whether start
 // started and done's error, or what went wrong with the ring (an op left in flight, a completion
 // not an op's). It does not fail the test itself, so any goroutine may call it.
 func (l *Loop) Do(start func(r backend.Ring, done func(error)) bool) (bool, error) {
+	ended, started, err := l.Begin(start)
+	if !started || err != nil {
+		return started, err
+	}
+	return true, l.End(ended)
+}
+
+// Begin is Do's first half: it calls start and, if it started, returns what End waits on.
+func (l *Loop) Begin(start func(r backend.Ring, done func(error)) bool) (<-chan error, bool, error) {
 	ended := make(chan error, 1)
 	if !start(l.ops, func(err error) { ended <- err }) {
 		if l.ops.InFlight() != 0 {
-			return false, errors.New("uringtest: a request not started left an op in flight")
+			return nil, false, errors.New("uringtest: a request not started left an op in flight")
 		}
-		return false, nil
+		return nil, false, nil
 	}
+	return ended, true, nil
+}
+
+// End is Do's second half: it reaps the ring until the request Begin started ends, and returns
+// its error.
+func (l *Loop) End(ended <-chan error) error {
 	for {
 		select {
 		case err := <-ended:
 			if l.ops.InFlight() != 0 {
-				return true, errors.New("uringtest: done called with an op in flight")
+				return errors.New("uringtest: done called with an op in flight")
 			}
-			return true, err
+			return err
 		default:
 		}
 		if l.ops.InFlight() == 0 {
-			return true, <-ended // done comes from another goroutine
+			return <-ended // done comes from another goroutine
 		}
 		if err := l.r.Submit(1); err != nil {
-			return true, fmt.Errorf("uringtest: %w", err)
+			return fmt.Errorf("uringtest: %w", err)
 		}
 		var stray error
 		l.r.Reap(func(c uring.CQE) {
@@ -66,7 +84,7 @@ func (l *Loop) Do(start func(r backend.Ring, done func(error)) bool) (bool, erro
 			}
 		})
 		if stray != nil {
-			return true, stray
+			return stray
 		}
 	}
 }
