@@ -145,8 +145,10 @@ func TestFlushAllEndsWhileWriting(t *testing.T) {
 		}
 		t.Logf("round %d: FlushAll took %v; %d of %d bytes, %d progress calls; %d writes meanwhile, %d lines dirty now",
 			round, time.Since(t0), last[0], last[1], calls, w.writes.Load()-before, c.ssd.dirtyCount.Load())
-		if last[1] == 0 || last[0] != last[1] {
-			t.Fatalf("round %d: progress ended at %d of %d", round, last[0], last[1])
+		// Nothing may be dirty at the call (the destager cleaned it all while the writer waited
+		// for a CPU): the progress then ends at 0 of 0, but it must be told.
+		if calls == 0 || last[0] != last[1] {
+			t.Fatalf("round %d: progress ended at %d of %d after %d calls", round, last[0], last[1], calls)
 		}
 		checkCovers(t, back, want)
 	}
@@ -167,12 +169,13 @@ func TestSetModeEndsWhileWriting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), flushEndBound)
 	defer cancel()
 	t0 := time.Now()
-	if err := c.SetMode(ctx, WriteThrough, func(done, total int64) { last = [2]int64{done, total} }); err != nil {
+	calls := 0
+	if err := c.SetMode(ctx, WriteThrough, func(done, total int64) { last = [2]int64{done, total}; calls++ }); err != nil {
 		t.Fatalf("SetMode(writethrough) while a writer writes: %v (progress %d of %d after %v)", err, last[0], last[1], time.Since(t0))
 	}
 	t.Logf("SetMode took %v; %d of %d bytes", time.Since(t0), last[0], last[1])
-	if last[1] == 0 || last[0] != last[1] {
-		t.Fatalf("progress ended at %d of %d", last[0], last[1])
+	if calls == 0 || last[0] != last[1] { // 0 of 0 where nothing was dirty at the call, as above
+		t.Fatalf("progress ended at %d of %d after %d calls", last[0], last[1], calls)
 	}
 	if n := c.ssd.dirtyCount.Load(); n != 0 {
 		t.Fatalf("%d lines dirty after the switch to write-through", n)
