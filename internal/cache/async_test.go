@@ -273,6 +273,13 @@ func TestReadAtOnNeverWaits(t *testing.T) {
 	select {
 	case second = <-returned:
 	case <-time.After(time.Minute):
+		// Everything let go first, so that the failure is reported, not a Close waiting on them.
+		require.NoError(t, loop.End(first))
+		<-locked
+		pk.io.Unlock()
+		if second = <-returned; second.started {
+			require.NoError(t, loop.End(second.ended))
+		}
 		t.Fatal("ReadAtOn waited for the tier's read lock, held by a read on its own ring")
 	}
 	require.Equal(t, 1, loop.InFlight(), "no second read on the ring")

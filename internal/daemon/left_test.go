@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"errors"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,10 +11,9 @@ import (
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
-	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend"
-	"github.com/tierblk/tierblk/pkg/backend/file"
+	"github.com/tierblk/tierblk/pkg/backend/file/filetest"
 	"github.com/tierblk/tierblk/pkg/backend/registry"
 )
 
@@ -113,28 +110,11 @@ func TestDeviceIdentity(t *testing.T) {
 // not send every read and write of a taken-back device to a goroutine. Its flush fails once
 // armed, then passes too.
 func TestDistrustFlushPassesRingRequests(t *testing.T) {
-	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "f"), RawQuery: "direct=true&size=1MiB"}
-	f, err := file.Open(u, backend.Options{})
-	if errors.Is(err, backend.ErrNoDirectIO) {
-		t.Skipf("no direct I/O here: %v", err)
-	}
-	require.NoError(t, err)
-	defer f.Close()
-	loop := uringtest.New(t, 2)
-	if loop == nil {
-		t.Skip("no io_uring here")
-	}
+	f, loop := filetest.DirectOnRing(t, "1MiB", 2)
 	d := &distrustFlush{Device: volume.New(f, volume.Options{})}
 	p := bufpool.Aligned(4096)
 	copy(p, "taken back")
-	started, err := loop.Do(func(r backend.Ring, done func(error)) bool { return d.WriteAtOn(r, p, 8192, false, done) })
-	require.True(t, started, "a write on the ring")
-	require.NoError(t, err)
-	got := bufpool.Aligned(4096)
-	started, err = loop.Do(func(r backend.Ring, done func(error)) bool { return d.ReadAtOn(r, got, 8192, done) })
-	require.True(t, started, "a read on the ring")
-	require.NoError(t, err)
-	require.Equal(t, p, got)
+	loop.RoundTrip(t, d, d, p, 8192, false)
 
 	d.armed.Store(true)
 	require.ErrorIs(t, d.Flush(), errKilledDaemon)

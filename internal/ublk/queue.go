@@ -31,6 +31,11 @@ type queue struct {
 	rr  backend.RingReader
 	rw  backend.RingWriter
 	ops *uring.Ops
+	// onRingDone[tag] ends the tag's request served on the ring, whose descriptor is
+	// onRingDesc[tag]: made once, so that a request the volume declines costs no closure.
+	onRingDone []func(error)
+	onRingDesc []ioDesc
+
 	log *slog.Logger
 
 	charFD int
@@ -77,6 +82,20 @@ func newQueue(charFD int, id uint16, depth, maxIO int, dev volume.Device, log *s
 	q := &queue{id: id, depth: depth, maxIO: maxIO, dev: dev, log: log, charFD: charFD, efd: -1, work: make(chan request)}
 	q.rr, _ = dev.(backend.RingReader)
 	q.rw, _ = dev.(backend.RingWriter)
+	if q.rr != nil || q.rw != nil {
+		q.onRingDesc = make([]ioDesc, depth)
+		q.onRingDone = make([]func(error), depth)
+		for tag := range q.onRingDone {
+			q.onRingDone[tag] = func(err error) {
+				d := q.onRingDesc[tag]
+				res := int32(d.NrSectors) << sectorShift
+				if err != nil {
+					res = errnoOf(err)
+				}
+				q.finish(uint16(tag), d, res, err)
+			}
+		}
+	}
 	var err error
 	q.iods, err = unix.Mmap(charFD, int64(id)*int64(maxCmdBufSize()), roundUp(depth*sizeofIODesc, unix.Getpagesize()),
 		unix.PROT_READ, unix.MAP_SHARED|unix.MAP_POPULATE)
@@ -332,22 +351,17 @@ func (q *queue) worker(w request) {
 func (q *queue) onRing(tag uint16, d ioDesc) bool {
 	off := int64(d.StartSector) << sectorShift
 	n := int64(d.NrSectors) << sectorShift
-	if n == 0 || n > int64(q.maxIO) {
-		return false // handle refuses it
+	if q.onRingDone == nil || n == 0 || n > int64(q.maxIO) {
+		return false // nothing serves on the ring, or handle refuses it
 	}
 	buf := q.buf(tag)[:n]
-	done := func(err error) {
-		res := int32(n)
-		if err != nil {
-			res = errnoOf(err)
-		}
-		q.finish(tag, d, res, err)
-	}
+	// The tag's descriptor stays until its request is committed, so the one done reads is this.
+	q.onRingDesc[tag] = d
 	switch d.OpFlags & 0xff {
 	case opRead:
-		return q.rr != nil && q.rr.ReadAtOn(q.ops, buf, off, done)
+		return q.rr != nil && q.rr.ReadAtOn(q.ops, buf, off, q.onRingDone[tag])
 	case opWrite:
-		return q.rw != nil && q.rw.WriteAtOn(q.ops, buf, off, d.OpFlags&ioFlagFUA != 0, done)
+		return q.rw != nil && q.rw.WriteAtOn(q.ops, buf, off, d.OpFlags&ioFlagFUA != 0, q.onRingDone[tag])
 	}
 	return false
 }

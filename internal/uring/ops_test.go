@@ -65,3 +65,40 @@ func TestOps(t *testing.T) {
 
 	require.False(t, o.Complete(CQE{UserData: 7}), "the owner's own completion")
 }
+
+// A short transfer asked for again while the owner's own entries fill the submission queue is
+// finished with plain system calls: a read across the file's end gets what is there, then io.EOF.
+func TestOpsRestWhenQueueFull(t *testing.T) {
+	r := testRing(t, 2, 0)
+	o := NewOps(r, 1)
+	path := filepath.Join(t.TempDir(), "f")
+	data := bytes.Repeat([]byte("tierblk!"), 1024) // 8 KiB
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+
+	var got []opsResult
+	tail := make([]byte, 8192)
+	require.True(t, o.ReadFile(int(f.Fd()), tail, int64(len(data)-4096), func(n int, err error) {
+		got = append(got, opsResult{n, err})
+	}))
+	require.NoError(t, r.Submit(1)) // the read's first, short, completion is in
+	for range 2 {
+		s, _, err := r.Get()
+		require.NoError(t, err)
+		s.Opcode, s.UserData = OpNop, 1
+	}
+	_, _, err = r.Get()
+	require.Error(t, err, "the submission queue is full")
+	r.Reap(func(c CQE) { require.True(t, o.Complete(c)) })
+	require.Equal(t, []opsResult{{4096, io.EOF}}, got)
+	require.Equal(t, data[len(data)-4096:], tail[:4096])
+	require.Zero(t, o.InFlight())
+
+	nops := 0
+	for nops < 2 {
+		require.NoError(t, r.Submit(1))
+		r.Reap(func(c CQE) { require.False(t, o.Complete(c)); nops++ })
+	}
+}

@@ -2,18 +2,14 @@ package volume
 
 import (
 	"bytes"
-	"errors"
-	"net/url"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
-	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
-	"github.com/tierblk/tierblk/pkg/backend/file"
+	"github.com/tierblk/tierblk/pkg/backend/file/filetest"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -143,28 +139,12 @@ func TestRefusedTrimAndZeroFallBack(t *testing.T) {
 // so (a file opened direct), after its own checks: out of range or, read-only, a write is left
 // to ReadAt and WriteAt, which report why; a backend without them leaves every request.
 func TestOnRing(t *testing.T) {
-	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "f"), RawQuery: "direct=true&size=1MiB"}
-	f, err := file.Open(u, backend.Options{})
-	if errors.Is(err, backend.ErrNoDirectIO) {
-		t.Skipf("no direct I/O here: %v", err)
-	}
-	require.NoError(t, err)
-	defer f.Close()
-	loop := uringtest.New(t, 2)
-	if loop == nil {
-		t.Skip("no io_uring here")
-	}
+	f, loop := filetest.DirectOnRing(t, "1MiB", 2)
 	v := New(f, Options{})
 	p := bufpool.Aligned(8192)
 	copy(p, bytes.Repeat([]byte("ring"), 2048))
-	started, err := loop.Do(func(r backend.Ring, done func(error)) bool { return v.WriteAtOn(r, p, 4096, true, done) })
-	require.True(t, started, "a write")
-	require.NoError(t, err)
+	loop.RoundTrip(t, v, v, p, 4096, true)
 	got := bufpool.Aligned(8192)
-	started, err = loop.Do(func(r backend.Ring, done func(error)) bool { return v.ReadAtOn(r, got, 4096, done) })
-	require.True(t, started, "a read")
-	require.NoError(t, err)
-	require.Equal(t, p, got)
 
 	never := func(error) { t.Error("done called for a request left to ReadAt or WriteAt") }
 	require.False(t, v.ReadAtOn(nil, got, size-4096, never), "past the end")

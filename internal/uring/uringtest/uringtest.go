@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -87,4 +88,18 @@ func (l *Loop) End(ended <-chan error) error {
 			return stray
 		}
 	}
+}
+
+// RoundTrip writes p at off through w on the loop's ring, then reads it back through r, and fails
+// t unless both went on the ring, without error, and the data came back.
+func (l *Loop) RoundTrip(t testing.TB, w backend.RingWriter, r backend.RingReader, p []byte, off int64, fua bool) {
+	t.Helper()
+	started, err := l.Do(func(ring backend.Ring, done func(error)) bool { return w.WriteAtOn(ring, p, off, fua, done) })
+	require.True(t, started, "a write on the ring")
+	require.NoError(t, err)
+	got := bufpool.Aligned(len(p))
+	started, err = l.Do(func(ring backend.Ring, done func(error)) bool { return r.ReadAtOn(ring, got, off, done) })
+	require.True(t, started, "a read on the ring")
+	require.NoError(t, err)
+	require.Equal(t, p, got)
 }

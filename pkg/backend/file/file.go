@@ -44,7 +44,10 @@ type File struct {
 	r *os.File
 	// ring, if not nil, serves the direct reads of r: a pread per request costs an OS thread
 	// asleep in the kernel and, on a virtual disk, a doorbell each (bench cache --parts hits).
-	ring     *uring.File
+	ring *uring.File
+	// rfd and wfd are r's and f's descriptors, for the callers' rings (ReadAtOn, WriteAtOn), set
+	// with ring.
+	rfd, wfd int
 	path     string
 	size     int64
 	readOnly bool
@@ -155,9 +158,17 @@ func (f *File) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) b
 	if f.ring == nil || !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
 		return false
 	}
-	return f.onRing(func(end func(int, error)) bool {
-		return r.ReadFile(int(f.r.Fd()), p, off, end)
-	}, func(err error) { done(f.readResult(off, f.pathError("read", err))) })
+	if !f.ringBegin() {
+		return false
+	}
+	if !r.ReadFile(f.rfd, p, off, func(_ int, err error) {
+		done(f.readResult(off, f.pathError("read", err)))
+		f.ringOps.Done()
+	}) {
+		f.ringOps.Done()
+		return false
+	}
+	return true
 }
 
 // WriteAtOn implements backend.RingWriter: a direct write on the caller's ring, with RWF_DSYNC
@@ -166,25 +177,29 @@ func (f *File) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done fun
 	if f.ring == nil || !f.directWrite || !aligned(p, off) || f.check(off, int64(len(p)), true) != nil {
 		return false
 	}
-	return f.onRing(func(end func(int, error)) bool {
-		return r.WriteFile(int(f.f.Fd()), p, off, fua, end)
-	}, func(err error) { done(f.closedOr(f.pathError("write", err))) })
-}
-
-// onRing starts an op on a caller's ring with start, unless f is closed, and has Close wait for
-// it: the op uses f's descriptors.
-func (f *File) onRing(start func(end func(int, error)) bool, done func(error)) bool {
-	f.ringMu.RLock()
-	if f.closed.Load() {
-		f.ringMu.RUnlock()
+	if !f.ringBegin() {
 		return false
 	}
-	f.ringOps.Add(1)
-	f.ringMu.RUnlock()
-	if !start(func(_ int, err error) { done(err); f.ringOps.Done() }) {
+	if !r.WriteFile(f.wfd, p, off, fua, func(_ int, err error) {
+		done(f.closedOr(f.pathError("write", err)))
+		f.ringOps.Done()
+	}) {
 		f.ringOps.Done()
 		return false
 	}
+	return true
+}
+
+// ringBegin counts an op about to start on a caller's ring, unless f is closed, and has Close
+// wait for it: the op uses f's descriptors. The op's end, or its failure to start, calls
+// ringOps.Done.
+func (f *File) ringBegin() bool {
+	f.ringMu.RLock()
+	defer f.ringMu.RUnlock()
+	if f.closed.Load() {
+		return false
+	}
+	f.ringOps.Add(1)
 	return true
 }
 

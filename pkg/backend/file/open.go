@@ -176,6 +176,7 @@ func (f *File) openRing() {
 	ring, err := uring.NewFile(int(f.r.Fd()), f.path, ringDepth)
 	if err == nil {
 		f.ring = ring
+		f.rfd, f.wfd = int(f.r.Fd()), int(f.f.Fd())
 	}
 }
 
