@@ -113,7 +113,7 @@ func TestScrub(t *testing.T) {
 	// but its range is still lost.
 	out, err := scrubCmd(scrubOpts{actionOpts: actionOpts{admin: admin, export: "dirty"}, rate: "1GiB/s"})
 	require.ErrorContains(t, err, "32KiB of data is lost")
-	require.Contains(t, out, `export "dirty": scrub done: 0 lines, 0 read and checked in `)
+	require.Contains(t, out, `export "dirty": scrub done: 0 lines, 0B read and checked in `)
 	require.Contains(t, out, "; no damaged block\nLost ranges, 32KiB in all")
 }
 
@@ -191,7 +191,7 @@ func TestWriteScrubSummary(t *testing.T) {
 			"disk: scrub done: 10 lines, 40KiB read and checked in 3s; no damaged block; 2 lines could not be read (I/O errors: the daemon's log says which)\n", false},
 		{"lost before", done, cache.LostStats{Bytes: 512, Ranges: []meta.Range{{Off: 512, Len: 512}}},
 			"disk: scrub done: 10 lines, 40KiB read and checked in 3s; no damaged block\n" +
-				"Lost ranges, 512 in all: reads of them fail until they are written again\n" +
+				"Lost ranges, 512B in all: reads of them fail until they are written again\n" +
 				"  offset   length\n" +
 				"  512      512\n", true},
 		{"more than listed", done, cache.LostStats{Bytes: 3 << 20, Ranges: []meta.Range{{Off: 1 << 30, Len: 1 << 20}}},

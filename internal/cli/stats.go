@@ -208,8 +208,12 @@ func writeExportStats(w io.Writer, e metrics.ExportStats, now time.Time) {
 	if name == "" {
 		name = `"" (the default export)`
 	}
-	fmt.Fprintf(w, "export %s: mode %s, line size %s\n", name, s.Mode, units.FormatSize(int64(s.LineSize)))
-	writeTiers(w, s.Tiers)
+	if s.Mode == cache.StatsModeNone {
+		fmt.Fprintf(w, "export %s: no cache, its backend served as it is\n", name)
+	} else {
+		fmt.Fprintf(w, "export %s: mode %s, line size %s\n", name, s.Mode, units.FormatSize(int64(s.LineSize)))
+		writeTiers(w, s.Tiers)
+	}
 	b := s.Backend
 	fmt.Fprintf(w, "backend: %d reads (%s), %d writes (%s), %d errors\n",
 		b.Reads, humanBytes(b.ReadBytes), b.Writes, humanBytes(b.WriteBytes), b.Errors)
@@ -249,6 +253,10 @@ func writeMisses(w io.Writer, s cache.Stats) {
 	fmt.Fprintln(w)
 }
 
+// maxRatioShown is the largest reduction ratio the stats line prints: a tier whose blocks are
+// nearly all zeros, which take no room, would show millions.
+const maxRatioShown = 100
+
 // writeStored prints what each tier stores: the bytes of its valid blocks as clients read them
 // (logical), those on its device (physical) and their ratio, with the SSD tier's reduction.
 func writeStored(w io.Writer, tiers []cache.TierStats) {
@@ -261,7 +269,10 @@ func writeStored(w io.Writer, tiers []cache.TierStats) {
 			fmt.Fprint(w, ";")
 		}
 		ratio := "-" // only zero blocks: no ratio
-		if t.ReductionRatio > 0 {
+		switch {
+		case t.ReductionRatio > maxRatioShown: // nearly all zero blocks: a figure of no use
+			ratio = fmt.Sprintf(">%dx", maxRatioShown)
+		case t.ReductionRatio > 0:
 			ratio = fmt.Sprintf("%.2fx", t.ReductionRatio)
 		}
 		fmt.Fprintf(w, " %s %s logical, %s physical (%s", t.Name, humanBytes(t.LogicalBytes), humanBytes(t.PhysicalBytes), ratio)
@@ -423,7 +434,7 @@ func percent(n, of uint64) string {
 func humanBytes(n uint64) string {
 	const unitNames = "KMGTPE"
 	if n < 1024 {
-		return strconv.FormatUint(n, 10)
+		return strconv.FormatUint(n, 10) + "B"
 	}
 	i := 0
 	for i < len(unitNames)-1 && n>>(10*(i+1)) >= 1024 {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -60,12 +61,17 @@ func serveAdmin(t *testing.T, sources []metrics.Source) string {
 	return bound
 }
 
-// serveStats runs a real admin endpoint on a unix socket with exports disk0 and disk1.
+// serveStats runs a real admin endpoint on a unix socket with exports disk0, disk1 and remote,
+// the last without a cache.
 func serveStats(t *testing.T) string {
 	t.Helper()
+	var remote cache.Meter
+	remote.Read(4096, time.Millisecond, nil)
+	remote.Write(512, time.Second, errors.New("the backend failed"))
 	sources := []metrics.Source{
 		{Export: "disk0", Stats: statsFixture},
 		{Export: "disk1", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through", LineSize: 4096} }},
+		{Export: "remote", Stats: remote.Stats},
 	}
 	bound := serveAdmin(t, sources)
 	return bound
@@ -96,9 +102,17 @@ func TestStatsTable(t *testing.T) {
 	require.Equal(t, disk0Table+`
 export disk1: mode write-through, line size 4KiB
 no cache tiers
-backend: 0 reads (0), 0 writes (0), 0 errors
+backend: 0 reads (0B), 0 writes (0B), 0 errors
 latency: read no requests; write no requests
+
+export remote: no cache, its backend served as it is
+backend: 1 reads (4KiB), 1 writes (512B), 1 errors
+latency: read p50 781µs p99 996µs (1 requests); write p50 781ms p99 996ms (1 requests)
 `, out)
+
+	out, err = statsCmd(statsOpts{admin: bound, export: "remote"})
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(out, "export remote: no cache"), out)
 
 	out, err = statsCmd(statsOpts{admin: bound, export: "disk0"})
 	require.NoError(t, err)
@@ -145,7 +159,7 @@ func TestStatsErrors(t *testing.T) {
 		{"nothing listening", statsOpts{admin: dead}, 1, "no tierblk admin endpoint at " + dead + ": dial unix "},
 		{"not tierblk", statsOpts{admin: strings.TrimPrefix(notTierblk.URL, "http://")}, 1, "404 Not Found"},
 		{"not JSON", statsOpts{admin: strings.TrimPrefix(notJSON.URL, "http://")}, 1, "the answer is not tierblk stats"},
-		{"unknown export", statsOpts{admin: bound, export: "disk9"}, 1, `--export "disk9": the daemon at ` + bound + " has no such export; it serves: disk0, disk1"},
+		{"unknown export", statsOpts{admin: bound, export: "disk9"}, 1, `--export "disk9": the daemon at ` + bound + " has no such export; it serves: disk0, disk1, remote"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := statsCmd(tc.o)
@@ -179,8 +193,8 @@ func TestStatsQuantile(t *testing.T) {
 
 func TestStatsHumanBytes(t *testing.T) {
 	for n, want := range map[uint64]string{
-		0:             "0",
-		1000:          "1000",
+		0:             "0B",
+		1000:          "1000B",
 		4096:          "4KiB",
 		1536:          "1.5KiB",
 		250 << 20:     "250MiB",
@@ -198,16 +212,16 @@ func TestWriteDirty(t *testing.T) {
 	withRate.DestageRate = 1 << 20
 	waited := marks
 	waited.BackendWaits = 7
-	const tail = ", 0 destaged, 0 destage errors; 0 throttled writes (0s), delay now 0s a line\n"
+	const tail = ", 0B destaged, 0 destage errors; 0 throttled writes (0s), delay now 0s a line\n"
 	cases := []struct {
 		name string
 		d    cache.DirtyStats
 		want string
 	}{
 		{"no SSD tier", cache.DirtyStats{}, ""},
-		{"idle", marks, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle" + tail},
-		{"idle, having destaged a moment ago", withRate, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle at 1MiB/s" + tail},
-		{"writes waited for the backend", waited, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0; idle" +
+		{"idle", marks, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle" + tail},
+		{"idle, having destaged a moment ago", withRate, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle at 1MiB/s" + tail},
+		{"writes waited for the backend", waited, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle" +
 			strings.TrimSuffix(tail, "\n") + "; 7 retries of writes waiting for the backend\n"},
 	}
 	for _, tc := range cases {
@@ -227,9 +241,12 @@ func TestWriteStored(t *testing.T) {
 	}{
 		{"no tiers", nil, ""},
 		{"empty", []cache.TierStats{{Name: "ssd", ReductionRatio: 1, Reduction: "off"}},
-			"stored: ssd 0 logical, 0 physical (1.00x, reduction off)\n"},
+			"stored: ssd 0B logical, 0B physical (1.00x, reduction off)\n"},
 		{"only zero blocks", []cache.TierStats{{Name: "ssd", LogicalBytes: 1 << 20, Reduction: "zero"}},
-			"stored: ssd 1MiB logical, 0 physical (-, reduction zero)\n"},
+			"stored: ssd 1MiB logical, 0B physical (-, reduction zero)\n"},
+		{"nearly all zero blocks", []cache.TierStats{{Name: "ssd", LogicalBytes: 256 << 20, PhysicalBytes: 160,
+			ReductionRatio: float64(256<<20) / 160, Reduction: "compress"}},
+			"stored: ssd 256MiB logical, 160B physical (>100x, reduction compress)\n"},
 		{"dedupe", []cache.TierStats{{Name: "ram", LogicalBytes: 1 << 20, PhysicalBytes: 1 << 20, ReductionRatio: 1},
 			{Name: "ssd", LogicalBytes: 8 << 20, PhysicalBytes: 2 << 20, ReductionRatio: 4, Reduction: "dedupe", DedupeHits: 1024}},
 			"stored: ram 1MiB logical, 1MiB physical (1.00x); ssd 8MiB logical, 2MiB physical (4.00x, reduction dedupe, 1024 blocks deduped)\n"},
@@ -310,7 +327,7 @@ func TestWriteLost(t *testing.T) {
 		{"four", cache.LostStats{Bytes: 16 << 10, Ranges: []meta.Range{r(0, 4096), r(8192, 4096), r(16384, 4096), r(1<<30, 4096)}},
 			"LOST: 16KiB in 4 ranges (at 0, 4KiB; at 8192, 4KiB; at 16384, 4KiB; ...)" + tail},
 		{"more than listed", cache.LostStats{Bytes: 1 << 20, Ranges: []meta.Range{r(512, 512)}},
-			"LOST: 1MiB in over 1 ranges (at 512, 512)" + tail},
+			"LOST: 1MiB in over 1 ranges (at 512, 512B)" + tail},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -243,6 +243,7 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 		if err != nil {
 			return nil, nil, nil, nil, nil, fail(err)
 		}
+		var meter volume.Meter // nil for a cached export: its cache keeps the statistics
 		if e.Cache != nil {
 			c, err := openCache(e, b, reg, cfg.RunDir, log)
 			if err != nil {
@@ -252,11 +253,14 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 			sources = append(sources, metrics.CacheSource(e.Name, c))
 			caches[i], b = c, c
 		} else {
-			// Listed without a cache so that an admin action on it says so rather than "no export".
-			sources = append(sources, metrics.Source{Export: e.Name})
+			// Its statistics, in a cache's shape, show its backend to monitoring; without cache
+			// actions, an admin action on it says it has no cache rather than "no export".
+			m := &cache.Meter{}
+			sources = append(sources, metrics.Source{Export: e.Name, Stats: m.Stats})
+			meter = m
 		}
 		closers = append(closers, b.Close)
-		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true})
+		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true, Meter: meter})
 		vols = append(vols, v)
 		var dev volume.Device = v
 		if e.RecordTrace != "" {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd/client"
@@ -264,6 +265,12 @@ func TestWriteBackFlushAndMode(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, data, onDisk[64<<10:64<<10+len(data)], "after /flush the backend holds what was written")
 
+	pc := dial(t, sock, "plain")
+	_, err = pc.WriteAt(data[:4096], 0)
+	require.NoError(t, err)
+	_, err = pc.ReadAt(make([]byte, 8192), 0)
+	require.NoError(t, err)
+	pc.Close()
 	code, body = adminPost(t, admin, "/flush?export=plain")
 	require.Equal(t, http.StatusConflict, code)
 	require.Contains(t, body, `export "plain" has no cache`)
@@ -278,10 +285,17 @@ func TestWriteBackFlushAndMode(t *testing.T) {
 	defer resp.Body.Close()
 	var stats metrics.StatsResponse
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&stats))
-	require.Len(t, stats.Exports, 1)
+	require.Len(t, stats.Exports, 2)
 	dirty := stats.Exports[0].Stats.Dirty
 	require.Equal(t, [3]float64{0.6, 0.3, 0.95}, [3]float64{dirty.High, dirty.Low, dirty.Max})
 	require.Zero(t, dirty.Lines)
+	// The export without a cache is in the statistics too, with what reached its backend.
+	plain := stats.Exports[1]
+	require.Equal(t, "plain", plain.Name)
+	require.Equal(t, cache.StatsModeNone, plain.Stats.Mode)
+	require.Equal(t, cache.IOStats{Reads: 1, ReadBytes: 8192, Writes: 1, WriteBytes: 4096}, plain.Stats.Backend)
+	require.Equal(t, uint64(1), plain.Stats.ReadLatency.Count)
+	require.Equal(t, uint64(1), plain.Stats.WriteLatency.Count)
 	c.Close()
 	require.NoError(t, d.stop())
 }

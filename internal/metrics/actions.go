@@ -234,7 +234,7 @@ func findExport(sources []Source, r *http.Request) (Source, int, error) {
 		if s.Export != name && (named || i > 0) {
 			continue
 		}
-		if s.Stats == nil || s.FlushAll == nil || s.SetMode == nil {
+		if s.FlushAll == nil || s.SetMode == nil { // an export served without a cache
 			return Source{}, http.StatusConflict, fmt.Errorf("export %q has no cache", s.Export)
 		}
 		return s, 0, nil

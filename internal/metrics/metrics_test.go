@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -515,4 +517,22 @@ func TestScrubProgress(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, scrubProgress(tc.s), tc.name)
 	}
+}
+
+// An export served without a cache (its statistics a cache.Meter's) has its backend's series, its
+// request durations and the mode "none", so that the backend-errors alert sees it.
+func TestHandlerMetricsExportWithoutCache(t *testing.T) {
+	var m cache.Meter
+	m.Read(4096, time.Millisecond, errors.New("gone"))
+	h := NewHandler(func() []Source { return []Source{{Export: "remote", Stats: m.Stats}} })
+	body := get(t, h, "GET", "/metrics").Body.String()
+	for _, line := range []string{
+		`tierblk_cache_mode_info{export="remote",mode="none"} 1`,
+		`tierblk_backend_errors_total{export="remote"} 1`,
+		`tierblk_backend_read_bytes_total{export="remote"} 4096`,
+		`tierblk_request_duration_seconds_count{export="remote",op="read"} 1`,
+	} {
+		require.Contains(t, body, line+"\n")
+	}
+	require.NotContains(t, body, `tier="`, "no tiers")
 }

@@ -10,6 +10,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -73,6 +74,16 @@ type Volume struct {
 	zeroer  backend.ZeroWriter
 	fua     backend.FUAWriter
 	cacher  cacher
+	meter   Meter
+}
+
+// Meter records the requests of a volume served without a cache (cache.Meter), so that its
+// export's statistics show its backend's traffic, errors and latency.
+type Meter interface {
+	Read(n int, d time.Duration, err error)
+	Write(n int, d time.Duration, err error)
+	// Failed records the error, if any, of another request: a flush, a trim, a write of zeroes.
+	Failed(err error)
 }
 
 // cacher is a backend that can act on NBD_CMD_CACHE (the cache engine).
@@ -86,11 +97,13 @@ type Options struct {
 	// MultiConn says the backend is safe for several connections (true for every backend tierblk
 	// has: they share one device and one flush).
 	MultiConn bool
+	// Meter, if not nil, records every request that reaches the backend.
+	Meter Meter
 }
 
 // New wraps b. The backend's optional abilities are detected once here.
 func New(b backend.Backend, o Options) *Volume {
-	v := &Volume{b: b}
+	v := &Volume{b: b, meter: o.Meter}
 	v.trimmer, _ = b.(backend.Trimmer)
 	v.zeroer, _ = b.(backend.ZeroWriter)
 	v.fua, _ = b.(backend.FUAWriter)
@@ -135,8 +148,30 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 	if err := v.check(off, int64(len(p)), false); err != nil {
 		return err
 	}
+	if v.meter == nil {
+		_, err := v.b.ReadAt(p, off)
+		return err
+	}
+	t0 := time.Now()
 	_, err := v.b.ReadAt(p, off)
+	v.meter.Read(len(p), time.Since(t0), err)
 	return err
+}
+
+// metered is done, recording the request of n bytes that starts now when the volume has a meter.
+func (v *Volume) metered(write bool, n int, done func(error)) func(error) {
+	if v.meter == nil {
+		return done
+	}
+	t0 := time.Now()
+	return func(err error) {
+		if write {
+			v.meter.Write(n, time.Since(t0), err)
+		} else {
+			v.meter.Read(n, time.Since(t0), err)
+		}
+		done(err)
+	}
 }
 
 // ReadAtAsync implements backend.AsyncReader where the backend does (a cache whose SSD tier
@@ -146,7 +181,7 @@ func (v *Volume) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if !ok || v.check(off, int64(len(p)), false) != nil {
 		return false
 	}
-	return a.ReadAtAsync(p, off, done)
+	return a.ReadAtAsync(p, off, v.metered(false, len(p), done))
 }
 
 // WriteAtAsync implements backend.AsyncWriter where the backend does (an iSCSI LUN); it leaves a
@@ -156,7 +191,7 @@ func (v *Volume) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) b
 	if !ok || v.check(off, int64(len(p)), true) != nil {
 		return false
 	}
-	return a.WriteAtAsync(p, off, fua, done)
+	return a.WriteAtAsync(p, off, fua, v.metered(true, len(p), done))
 }
 
 // ReadAtOn implements backend.RingReader where the backend does (a file read direct, a cache's
@@ -166,7 +201,7 @@ func (v *Volume) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error))
 	if !ok || v.check(off, int64(len(p)), false) != nil {
 		return false
 	}
-	return rr.ReadAtOn(r, p, off, done)
+	return rr.ReadAtOn(r, p, off, v.metered(false, len(p), done))
 }
 
 // WriteAtOn implements backend.RingWriter where the backend does (a file written direct); it
@@ -176,7 +211,7 @@ func (v *Volume) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done f
 	if !ok || v.check(off, int64(len(p)), true) != nil {
 		return false
 	}
-	return rw.WriteAtOn(r, p, off, fua, done)
+	return rw.WriteAtOn(r, p, off, fua, v.metered(true, len(p), done))
 }
 
 // Plug implements backend.Plugger where the backend does (an iSCSI LUN); elsewhere it does nothing.
@@ -205,6 +240,16 @@ func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {
 		return err
 	}
+	if v.meter == nil {
+		return v.writeAt(p, off, fua)
+	}
+	t0 := time.Now()
+	err := v.writeAt(p, off, fua)
+	v.meter.Write(len(p), time.Since(t0), err)
+	return err
+}
+
+func (v *Volume) writeAt(p []byte, off int64, fua bool) error {
 	if fua && v.fua != nil {
 		_, err := v.fua.WriteAtFUA(p, off)
 		return err
@@ -223,7 +268,15 @@ func (v *Volume) Flush() error {
 	if v.info.ReadOnly {
 		return nil
 	}
-	return v.b.Flush()
+	return v.failed(v.b.Flush())
+}
+
+// failed records err, if the volume has a meter, and returns it.
+func (v *Volume) failed(err error) error {
+	if v.meter != nil {
+		v.meter.Failed(err)
+	}
+	return err
 }
 
 // Trim implements Device. Trim is advisory: a backend without it ignores the request.
@@ -231,6 +284,10 @@ func (v *Volume) Trim(off, length int64, fua bool) error {
 	if err := v.check(off, length, true); err != nil {
 		return err
 	}
+	return v.failed(v.trim(off, length, fua))
+}
+
+func (v *Volume) trim(off, length int64, fua bool) error {
 	if v.trimmer == nil || length == 0 {
 		return nil
 	}
@@ -256,6 +313,14 @@ func (v *Volume) WriteZeroes(off, length int64, f ZeroFlags) error {
 	if err := v.check(off, length, true); err != nil {
 		return err
 	}
+	err := v.writeZeroes(off, length, f)
+	if errors.Is(err, ErrNotSupported) { // the client's fast zero refused: no failure of the backend
+		return err
+	}
+	return v.failed(err)
+}
+
+func (v *Volume) writeZeroes(off, length int64, f ZeroFlags) error {
 	if length == 0 {
 		return nil
 	}

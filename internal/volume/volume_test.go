@@ -2,13 +2,17 @@ package volume
 
 import (
 	"bytes"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/file/filetest"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -152,4 +156,46 @@ func TestOnRing(t *testing.T) {
 	bare := New(&plain{Backend: f}, Options{})
 	require.False(t, bare.ReadAtOn(nil, got, 0, never), "a backend without ring reads")
 	require.False(t, bare.WriteAtOn(nil, p, 0, false, never), "a backend without ring writes")
+}
+
+// meterCalls records what a volume told its meter.
+type meterCalls struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (m *meterCalls) add(kind string, n int, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls = append(m.calls, fmt.Sprintf("%s %d %v", kind, n, err != nil))
+}
+
+func (m *meterCalls) Read(n int, _ time.Duration, err error)  { m.add("read", n, err) }
+func (m *meterCalls) Write(n int, _ time.Duration, err error) { m.add("write", n, err) }
+func (m *meterCalls) Failed(err error)                        { m.add("other", 0, err) }
+
+// TestMeter: a volume with a meter records every request that reaches its backend, by kind, bytes
+// and failure, on its ring too; a request it refuses itself (out of range) is not the backend's.
+func TestMeter(t *testing.T) {
+	f, loop := filetest.DirectOnRing(t, "1MiB", 2)
+	dev := fault.New(f, fault.Options{})
+	m := &meterCalls{}
+	v := New(dev, Options{Meter: m})
+	p := bufpool.Aligned(4096)
+	require.NoError(t, v.WriteAt(p, 0, true))
+	require.NoError(t, v.ReadAt(p[:512], 512))
+	require.Error(t, v.ReadAt(p, size), "out of range")
+	dev.SetFailing(true)
+	require.Error(t, v.ReadAt(p, 0))
+	require.Error(t, v.Flush())
+	require.Error(t, v.Trim(0, 4096, false))
+	require.Error(t, v.WriteZeroes(0, 4096, ZeroFlags{}))
+	dev.SetFailing(false)
+	require.NoError(t, v.Flush())
+	require.Equal(t, []string{"write 4096 false", "read 512 false", "read 4096 true", "other 0 true", "other 0 true", "other 0 true", "other 0 false"}, m.calls)
+
+	m.calls = nil
+	ring := New(f, Options{Meter: m})
+	loop.RoundTrip(t, ring, ring, p, 8192, false)
+	require.Equal(t, []string{"write 4096 false", "read 4096 false"}, m.calls, "on the ring")
 }
