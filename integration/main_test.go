@@ -177,14 +177,20 @@ func startServe(t *testing.T, args ...string) *daemon {
 // status 0, and logs the daemon's output when the test failed.
 func startDaemon(t *testing.T, program string, args []string, listen ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, output: &nbdtest.Buffer{}, exited: make(chan struct{})}
+	return startCmd(t, exec.Command(program, args...), listen...)
+}
+
+// startCmd is startDaemon for a command the caller set up (another user, say).
+func startCmd(t *testing.T, cmd *exec.Cmd, listen ...string) *daemon {
+	t.Helper()
+	program, args := cmd.Path, cmd.Args[1:]
+	d := &daemon{t: t, output: &nbdtest.Buffer{}, exited: make(chan struct{}), cmd: cmd}
 	// Registered first so it runs last, after the stop below has collected everything.
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("%s %s output:\n%s", program, strings.Join(args, " "), d.output.String())
 		}
 	})
-	d.cmd = exec.Command(program, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.output, d.output
 	require.NoError(t, d.cmd.Start())
 	go func() {

@@ -92,7 +92,7 @@ func (j *journal) startRun(path string, sb meta.Superblock) error {
 	}
 	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), j.sumWords(), 0)
 	if err != nil {
-		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "err", err)
+		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint; give --run-dir (run_dir) a directory on a tmpfs this user may write", "err", err)
 		return nil
 	}
 	j.t.mu.Lock()

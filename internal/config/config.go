@@ -206,7 +206,7 @@ func Defaults() Config {
 		LogLevel:    "info",
 		MaxInFlight: 64,
 		TLS:         TLS{Mode: tlsconf.Off.String()},
-		RunDir:      "/run/tierblk",
+		RunDir:      DefaultRunDir(),
 	}
 }
 

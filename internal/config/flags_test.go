@@ -129,3 +129,26 @@ func TestFlagsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A daemon not run by root gets a run directory it may write, on a tmpfs: its session's runtime
+// directory, else its own under /dev/shm; root keeps /run/tierblk.
+func TestDefaultRunDir(t *testing.T) {
+	for _, tc := range []struct {
+		euid int
+		xdg  string
+		want string
+	}{
+		{0, "/run/user/0", "/run/tierblk"},
+		{1000, "/run/user/1000", "/run/user/1000/tierblk"},
+		{1000, "", "/dev/shm/tierblk-1000"},
+		{1000, "relative", "/dev/shm/tierblk-1000"},
+	} {
+		got := defaultRunDir(tc.euid, func(k string) string {
+			if k == "XDG_RUNTIME_DIR" {
+				return tc.xdg
+			}
+			return ""
+		})
+		require.Equal(t, tc.want, got, "euid %d, XDG_RUNTIME_DIR %q", tc.euid, tc.xdg)
+	}
+}

@@ -75,8 +75,9 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 			return nil, fmt.Errorf("cache.meta: %w", err)
 		}
 		cfg.SSDDevice, cfg.Meta = dev, store
-		if err := os.MkdirAll(runDir, 0o755); err != nil {
-			log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint", "export", e.Name, "err", err)
+		if err := prepareRunDir(runDir); err != nil {
+			log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint; give --run-dir (run_dir) a directory on a tmpfs this user may write",
+				"export", e.Name, "err", err)
 		} else {
 			cfg.RunLog = runLog(runDir, e)
 		}

@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 		defer cancel()
 		return errors.Join(err, srv.Shutdown(sctx))
 	}
-	log.Info("serving", "exports", len(exports), "listen", addrs)
+	log.Info("serving", "exports", len(exports), "listen", addrs, "run_dir", cfg.RunDir)
 	// The scrubs stop first when the stop begins: they would only hold it up.
 	stopScrubs := scheduleScrubs(scrubSchedules(cfg, caches, log), realTicker, log)
 	defer stopScrubs()

@@ -192,7 +192,7 @@ func leftMark(dir, path string) string {
 func markLeft(dir string, devs []leftDevice) error {
 	var errs []error
 	for _, d := range devs {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := prepareRunDir(dir); err != nil {
 			errs = append(errs, err)
 			continue
 		}

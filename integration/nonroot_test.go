@@ -1,0 +1,67 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/pkg/backend/backendtest"
+)
+
+// TestNonRootKill9 runs tierblk serve as a user other than root (nobody), as a fresh clone's `make
+// run` by a user would, with no --run-dir and no XDG_RUNTIME_DIR: the daemon must find a run
+// directory it may write by itself and keep its run log there, so that a kill -9 of a write-back
+// cache loses no acknowledged write, as root's does. The write is never flushed: only the run log
+// brings its record back.
+func TestNonRootKill9(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run the daemon as nobody")
+	}
+	const nobody = 65534
+	dir := shortTempDir(t)
+	require.NoError(t, os.Chown(dir, nobody, nobody))
+	// A copy nobody may run: the built one is in a directory of root's alone.
+	bin := filepath.Join(dir, "tierblk")
+	data, err := os.ReadFile(tierblkPath)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, data, 0o755))
+	runDir := "/dev/shm/tierblk-65534"
+	t.Cleanup(func() { os.RemoveAll(runDir) })
+	args := []string{"serve", "--backend", "file://" + filepath.Join(dir, "disk.img") + "?size=16MiB",
+		"--ssd", filepath.Join(dir, "ssd.img"), "--ssd-size", "8MiB", "--mode", "writeback"}
+	serve := func() *daemon {
+		sock := filepath.Join(dir, "tierblk.sock")
+		cmd := exec.Command(bin, append(args, "--nbd", "unix:"+sock)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
+		d := startCmd(t, cmd, "unix:"+sock)
+		d.Unix = sock
+		return d
+	}
+
+	d := serve()
+	c := dialNBD(t, d.Unix)
+	want := backendtest.Pattern(45, 64<<10)
+	_, err = c.WriteAt(want, 1<<20)
+	require.NoError(t, err)
+	d.stop(syscall.SIGKILL)
+	c.Close()
+	out := d.output.String()
+	require.Contains(t, out, "run_dir="+runDir, "the run directory it chose, in its log")
+	require.NotContains(t, out, "no run log")
+
+	d = serve()
+	c = dialNBD(t, d.Unix)
+	got := make([]byte, len(want))
+	_, err = c.ReadAt(got, 1<<20)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the write acknowledged before the kill")
+	require.NoError(t, c.Close())
+	require.Zero(t, d.stop(syscall.SIGTERM))
+	require.False(t, strings.Contains(d.output.String(), "no run log"))
+}
