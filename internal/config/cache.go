@@ -17,12 +17,13 @@ type Cache struct {
 	Mode string `yaml:"mode"`
 	// Line is the unit of caching: a power of two from 4KiB to 1MiB, 64KiB by default.
 	Line string `yaml:"line"`
-	// RAM is the size of the RAM tier; empty or 0 for none.
+	// RAM is the size of the RAM tier, a whole number of lines; empty or 0 for none.
 	RAM string `yaml:"ram"`
 	// SSD is the file or block device of the SSD tier; empty for none. A missing file is created,
 	// sparse, at SSDSize.
 	SSD string `yaml:"ssd"`
-	// SSDSize is how much of SSD the tier uses; by default all of it.
+	// SSDSize is how much of SSD the tier uses, a whole number of lines; by default all of it
+	// (rounded down to whole lines).
 	SSDSize string `yaml:"ssd_size"`
 	// Meta is the directory of the SSD tier's metadata; by default SSD + ".meta" (required when SSD
 	// is a block device).
@@ -272,11 +273,16 @@ func (c *Cache) validate() []error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if l := s.Line; l < cache.MinLineSize || l > cache.MaxLineSize || l&(l-1) != 0 {
+	l := s.Line
+	lineOK := l >= cache.MinLineSize && l <= cache.MaxLineSize && l&(l-1) == 0
+	if !lineOK {
 		errs = append(errs, fieldErr("line", "%q: use a power of two from 4KiB to 1MiB (default 64KiB)", c.Line))
 	}
+	// A tier holds whole lines: a size between two would be rounded down without a word.
 	if s.RAM < 0 || (s.RAM > 0 && s.RAM < s.Line) {
 		errs = append(errs, fieldErr("ram", "%q is less than one line (%s); use 0 for no RAM tier", c.RAM, units.FormatSize(s.Line)))
+	} else if lineOK && s.RAM%l != 0 {
+		errs = append(errs, fieldErr("ram", "%q is not a whole number of lines (%s); use %s", c.RAM, units.FormatSize(l), units.Nearest(s.RAM, l)))
 	}
 	if c.SSD == "" {
 		if c.SSDSize != "" {
@@ -298,6 +304,8 @@ func (c *Cache) validate() []error {
 		}
 	} else if s.SSDSize != 0 && s.SSDSize < 2*s.Line {
 		errs = append(errs, fieldErr("ssd_size", "%q is less than two lines (%s)", c.SSDSize, units.FormatSize(2*s.Line)))
+	} else if lineOK && s.SSDSize%l != 0 {
+		errs = append(errs, fieldErr("ssd_size", "%q is not a whole number of lines (%s); use %s", c.SSDSize, units.FormatSize(l), units.Nearest(s.SSDSize, l)))
 	}
 	if _, err := c.CongestionThreshold(); err != nil {
 		errs = append(errs, err)

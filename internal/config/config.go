@@ -5,10 +5,8 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -19,8 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/tlsconf"
@@ -233,14 +229,13 @@ func Load(path string) (Config, error) {
 	return Parse(data, path)
 }
 
-// Parse decodes YAML over Defaults(). name is used in error messages.
+// Parse decodes YAML over Defaults(). name is used in error messages, which say where in the file
+// (name:LINE) and which field (exports[0].cache.ram) is wrong, and what would be valid.
 func Parse(data []byte, name string) (Config, error) {
 	c := Defaults()
 	c.Listen = nil // absent: the default, unless an export is served as a block device
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, fmt.Errorf("config %s: %s", name, strings.TrimPrefix(err.Error(), "yaml: "))
+	if err := decode(data, name, &c); err != nil {
+		return Config{}, err
 	}
 	if c.Listen == nil && !c.servesDevices() {
 		c.Listen = Defaults().Listen

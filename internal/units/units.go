@@ -3,6 +3,7 @@
 package units
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -15,16 +16,66 @@ var suffixes = []struct {
 }{
 	// Longest first, so "KiB" is matched before "B".
 	{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
-	{"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
 	{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
 }
 
+// decimalUnits are the SI units, which are refused rather than read: "1GB" taken as 10^9 bytes
+// makes a size that is no whole number of 4 KiB blocks, and taken as 1 GiB it would be a guess. The
+// error names the binary unit the user probably meant.
+var decimalUnits = []struct {
+	name, binary string
+	mult         float64
+}{{"TB", "TiB", 1e12}, {"GB", "GiB", 1e9}, {"MB", "MiB", 1e6}, {"KB", "KiB", 1e3}}
+
 // ParseSize parses a size such as "4096", "64KiB", "1.5GiB" or "10G" (single letters are binary
-// units, as in dd and qemu-img). The result must be a whole number of bytes.
+// units, as in dd and qemu-img). The result must be a whole number of bytes. Decimal units ("1GB")
+// are refused.
 func ParseSize(s string) (int64, error) {
+	n, dec, err := parse(s)
+	if dec != nil {
+		return 0, dec.refuse("size", s, "", "")
+	}
+	return n, err
+}
+
+// decimalSize is a size written with a decimal unit: the number and the unit as written, and the
+// unit's factor and binary counterpart.
+type decimalSize struct {
+	num, unit, binary string
+	mult              float64
+}
+
+// refuse says what the size would have been and what to write instead; what is "size" or "rate",
+// per is what follows a unit ("/s") and perWord what follows "bytes" (" a second") in the message.
+func (d *decimalSize) refuse(what, in, per, perWord string) error {
+	f, _ := strconv.ParseFloat(d.num, 64) // parse found it a number
+	msg := fmt.Sprintf("%s %q: decimal units are not accepted (%s%s%s would be %s bytes%s); ",
+		what, in, d.num, d.unit, per, strconv.FormatFloat(f*d.mult, 'f', -1, 64), perWord)
+	if b, _, err := parse(d.num + d.binary); err == nil {
+		msg += fmt.Sprintf("write %s%s%s (%d bytes%s), or a number of bytes%s", d.num, d.binary, per, b, perWord, perWord)
+	} else {
+		msg += fmt.Sprintf("write a size in KiB, MiB, GiB or TiB, or a number of bytes%s", perWord)
+	}
+	return errors.New(msg)
+}
+
+// parse is ParseSize, but a size with a decimal unit comes back as dec, for the caller to word.
+func parse(s string) (n int64, dec *decimalSize, err error) {
 	t := strings.TrimSpace(s)
 	if t == "" {
-		return 0, fmt.Errorf("empty size; write a number of bytes or use KiB, MiB, GiB, TiB")
+		return 0, nil, fmt.Errorf("empty size; write a number of bytes or use KiB, MiB, GiB, TiB")
+	}
+	for _, d := range decimalUnits {
+		if !strings.HasSuffix(strings.ToUpper(t), d.name) {
+			continue
+		}
+		num := strings.TrimSpace(t[:len(t)-len(d.name)])
+		if f, err := strconv.ParseFloat(num, 64); err == nil && !math.IsInf(f, 0) && !math.IsNaN(f) {
+			if f < 0 {
+				return 0, nil, fmt.Errorf("size %q is negative", s)
+			}
+			return 0, &decimalSize{num: num, unit: t[len(t)-len(d.name):], binary: d.binary, mult: d.mult}, nil
+		}
 	}
 	mult := int64(1)
 	for _, suf := range suffixes {
@@ -36,28 +87,28 @@ func ParseSize(s string) (int64, error) {
 	}
 	if n, err := strconv.ParseInt(t, 10, 64); err == nil {
 		if n < 0 {
-			return 0, fmt.Errorf("size %q is negative", s)
+			return 0, nil, fmt.Errorf("size %q is negative", s)
 		}
 		if n > math.MaxInt64/mult {
-			return 0, fmt.Errorf("size %q is too large", s)
+			return 0, nil, fmt.Errorf("size %q is too large", s)
 		}
-		return n * mult, nil
+		return n * mult, nil, nil
 	}
 	f, err := strconv.ParseFloat(t, 64)
 	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
-		return 0, fmt.Errorf("size %q is not a number with an optional unit (KiB, MiB, GiB, TiB)", s)
+		return 0, nil, fmt.Errorf("size %q is not a number with an optional unit (KiB, MiB, GiB, TiB)", s)
 	}
 	if f < 0 {
-		return 0, fmt.Errorf("size %q is negative", s)
+		return 0, nil, fmt.Errorf("size %q is negative", s)
 	}
 	v := f * float64(mult)
 	if v >= math.MaxInt64 {
-		return 0, fmt.Errorf("size %q is too large", s)
+		return 0, nil, fmt.Errorf("size %q is too large", s)
 	}
 	if v != math.Trunc(v) {
-		return 0, fmt.Errorf("size %q is not a whole number of bytes", s)
+		return 0, nil, fmt.Errorf("size %q is not a whole number of bytes", s)
 	}
-	return int64(v), nil
+	return int64(v), nil, nil
 }
 
 // FormatSize prints n with the largest binary unit that divides it exactly ("64KiB", "1GiB"), or in
@@ -74,14 +125,32 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// Nearest names the multiples of unit nearest to n, for an error about a size that must be one:
+// "976560KiB (999997440 bytes) or 976564KiB (1000001536 bytes)"; below one unit, the unit alone.
+func Nearest(n, unit int64) string {
+	var vals []string
+	q := n / unit
+	if q > 0 {
+		vals = append(vals, fmt.Sprintf("%s (%d bytes)", FormatSize(q*unit), q*unit))
+	}
+	if q < math.MaxInt64/unit { // else the next multiple is past any size
+		vals = append(vals, fmt.Sprintf("%s (%d bytes)", FormatSize((q+1)*unit), (q+1)*unit))
+	}
+	return strings.Join(vals, " or ")
+}
+
 // ParseRate parses a rate in bytes a second, written as a size ("64MiB", ParseSize) with or
 // without "/s" ("64MiB/s"); "0" is 0, which callers take as no limit.
 func ParseRate(s string) (int64, error) {
 	t := strings.TrimSpace(s)
+	per := "" // the suggestion is written as the rate was, with or without "/s"
 	if r, ok := strings.CutSuffix(t, "/s"); ok {
-		t = r
+		t, per = r, "/s"
 	}
-	n, err := ParseSize(t)
+	n, dec, err := parse(t)
+	if dec != nil {
+		return 0, dec.refuse("rate", s, per, " a second")
+	}
 	if err != nil {
 		return 0, fmt.Errorf("rate %q is not a size a second (%v); write e.g. 64MiB/s, or 0 for no limit", s, err)
 	}

@@ -1,6 +1,9 @@
 package units
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseSize(t *testing.T) {
 	for _, tc := range []struct {
@@ -15,7 +18,6 @@ func TestParseSize(t *testing.T) {
 		{in: "1.5GiB", want: 3 << 29},
 		{in: "10G", want: 10 << 30},
 		{in: "2TiB", want: 2 << 40},
-		{in: "1GB", want: 1e9},
 		{in: " 8 MiB ", want: 8 << 20},
 		{in: "", bad: true},
 		{in: "-1", bad: true},
@@ -23,6 +25,8 @@ func TestParseSize(t *testing.T) {
 		{in: "0.3B", bad: true},
 		{in: "99999999999TiB", bad: true},
 		{in: "NaN", bad: true},
+		{in: "NaNGB", bad: true},
+		{in: "-1GB", bad: true},
 	} {
 		got, err := ParseSize(tc.in)
 		if tc.bad {
@@ -33,6 +37,41 @@ func TestParseSize(t *testing.T) {
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("ParseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// Decimal units are refused, never read as 10^n nor guessed to be binary: the error names the
+// binary size the user probably meant, and both byte counts.
+func TestParseSizeRefusesDecimalUnits(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"1GB", `size "1GB": decimal units are not accepted (1GB would be 1000000000 bytes); write 1GiB (1073741824 bytes), or a number of bytes`},
+		{"64MB", `size "64MB": decimal units are not accepted (64MB would be 64000000 bytes); write 64MiB (67108864 bytes), or a number of bytes`},
+		{"2TB", `size "2TB": decimal units are not accepted (2TB would be 2000000000000 bytes); write 2TiB (2199023255552 bytes), or a number of bytes`},
+		{"4kb", `size "4kb": decimal units are not accepted (4kb would be 4000 bytes); write 4KiB (4096 bytes), or a number of bytes`},
+		{" 1.5 GB ", `size " 1.5 GB ": decimal units are not accepted (1.5GB would be 1500000000 bytes); write 1.5GiB (1610612736 bytes), or a number of bytes`},
+		// 0.3KiB is no whole number of bytes, so it is not offered.
+		{"0.3KB", `size "0.3KB": decimal units are not accepted (0.3KB would be 300 bytes); write a size in KiB, MiB, GiB or TiB, or a number of bytes`},
+	} {
+		got, err := ParseSize(tc.in)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("ParseSize(%q) = %d, %v;\nwant error %s", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestNearest(t *testing.T) {
+	for _, tc := range []struct {
+		n, unit int64
+		want    string
+	}{
+		{1e9, 4096, "976560KiB (999997440 bytes) or 976564KiB (1000001536 bytes)"},
+		{100e6, 64 << 10, "97600KiB (99942400 bytes) or 97664KiB (100007936 bytes)"},
+		{1000, 4096, "4KiB (4096 bytes)"},
+		{1<<63 - 1, 4096, "9007199254740988KiB (9223372036854771712 bytes)"},
+	} {
+		if got := Nearest(tc.n, tc.unit); got != tc.want {
+			t.Errorf("Nearest(%d, %d) = %q, want %q", tc.n, tc.unit, got, tc.want)
 		}
 	}
 }
@@ -55,7 +94,7 @@ func TestParseRate(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
 		want int64
-		bad  bool
+		bad  string // what the error must contain; empty: no error
 	}{
 		{in: "0", want: 0},
 		{in: "64MiB", want: 64 << 20},
@@ -63,16 +102,18 @@ func TestParseRate(t *testing.T) {
 		{in: " 100M/s ", want: 100 << 20},
 		{in: "1.5GiB/s", want: 3 << 29},
 		{in: "4096", want: 4096},
-		{in: "", bad: true},
-		{in: "/s", bad: true},
-		{in: "-1MiB/s", bad: true},
-		{in: "fast", bad: true},
-		{in: "64MiB/min", bad: true},
+		{in: "", bad: "is not a size a second"},
+		{in: "/s", bad: "is not a size a second"},
+		{in: "-1MiB/s", bad: "is not a size a second"},
+		{in: "fast", bad: "is not a size a second"},
+		{in: "64MiB/min", bad: "is not a size a second"},
+		{in: "1GB/s", bad: "rate \"1GB/s\": decimal units are not accepted (1GB/s would be 1000000000 bytes a second); write 1GiB/s (1073741824 bytes a second), or a number of bytes a second"},
+		{in: "100MB", bad: "rate \"100MB\": decimal units are not accepted (100MB would be 100000000 bytes a second); write 100MiB (104857600 bytes a second), or a number of bytes a second"},
 	} {
 		got, err := ParseRate(tc.in)
-		if tc.bad {
-			if err == nil {
-				t.Errorf("ParseRate(%q) = %d, want an error", tc.in, got)
+		if tc.bad != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.bad) {
+				t.Errorf("ParseRate(%q) = %d, %v; want an error with %q", tc.in, got, err, tc.bad)
 			}
 			continue
 		}

@@ -175,7 +175,13 @@ func TestOpenErrors(t *testing.T) {
 		{"character device", fileURL("/dev/null", ""), true, "is a character device"},
 		{"empty file", fileURL(empty, ""), false, "is empty"},
 		{"direct on an odd size", fileURL(odd, "direct=true"), false, "multiple of 4096"},
-		{"direct creating an odd size", fileURL(missing, "direct=true&size=5000"), false, "multiple of 4096"},
+		{"creating an odd size", fileURL(missing, "size=5000"), false,
+			"cannot create " + missing + " of 5000 bytes (size=): a new file must be a whole number of 4KiB blocks; use 4KiB (4096 bytes) or 8KiB (8192 bytes)"},
+		{"creating a decimal gigabyte", fileURL(missing, "size=1000000000"), false,
+			"use 976560KiB (999997440 bytes) or 976564KiB (1000001536 bytes)"},
+		{"creating less than a block", fileURL(missing, "size=512"), false, "use 4KiB (4096 bytes)"},
+		{"direct creating an odd size", fileURL(missing, "direct=true&size=5000"), false, "whole number of 4KiB blocks"},
+		{"decimal unit", fileURL(missing, "size=1GB"), false, `size "1GB": decimal units are not accepted`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -183,6 +189,10 @@ func TestOpenErrors(t *testing.T) {
 			require.ErrorContains(t, err, c.wantErr)
 		})
 	}
+	// An existing file of a size no new one may have is served as it is.
+	f := mustOpen(t, fileURL(odd, "size=5000"), backend.Options{})
+	require.Equal(t, int64(5000), f.Size())
+	require.NoError(t, f.Close())
 	// Nothing was created, resized or truncated on the way.
 	_, err := os.Stat(missing)
 	require.ErrorIs(t, err, os.ErrNotExist)

@@ -194,6 +194,12 @@ func (f *File) openDirectReader(c config) error {
 	return nil
 }
 
+// newFileBlock is what the size of a file the backend creates must be a multiple of: 4 KiB, the
+// block the cache keeps its state in and a ublk device's logical block, and what direct I/O needs
+// (dioAlign), so that the file can be served with direct= later. A file of another size, made from
+// a typo or a decimal size, would leave a partial block at its end that no client expects.
+const newFileBlock = 4 << 10
+
 // checkCreate says why a missing file cannot be created, if it cannot.
 func checkCreate(c config, readOnly bool) error {
 	switch {
@@ -202,8 +208,9 @@ func checkCreate(c config, readOnly bool) error {
 			c.path, c.path))
 	case readOnly:
 		return fmt.Errorf("%s does not exist, and a read-only backend does not create it", c.path)
-	case c.direct != directNone && c.size%dioAlign != 0:
-		return fmt.Errorf("size=%d: direct I/O needs a size that is a multiple of %d", c.size, dioAlign)
+	case c.size%newFileBlock != 0:
+		return backend.BadURL(fmt.Errorf("cannot create %s of %d bytes (size=): a new file must be a whole number of %s blocks; use %s",
+			c.path, c.size, units.FormatSize(newFileBlock), units.Nearest(c.size, newFileBlock)))
 	}
 	dir := filepath.Dir(c.path)
 	di, err := os.Stat(dir)
