@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/internal/sim"
 	"github.com/tierblk/tierblk/internal/trace"
@@ -40,64 +41,103 @@ type simOpts struct {
 	reduceMode string
 }
 
+// The daemon's cache as `tierblk serve` runs it with nothing configured, which `tierblk sim`
+// simulates unless told otherwise: taken from the constants the daemon uses, so that they cannot
+// drift apart (TestSimDefaultsAreTheDaemons).
+var (
+	simLineSize      = units.FormatSize(cache.DefaultLineSize)
+	simReductionMode = cache.DefaultReduction.String()
+)
+
+// The object model's defaults are libCacheSim's: one key per request and no admission policy.
+const (
+	simObjectBlockSize = "0"
+	simObjectAdmission = "always"
+)
+
 func newSimCmd() *cobra.Command {
 	o := simOpts{}
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Replay a block trace through cache policies and report miss ratios",
-		Long: `Replays a block I/O trace through one simulated cache per policy and size, in parallel, and
-reports each cache's miss ratio. The policies are the code the daemon's cache will run.
+		Long: fmt.Sprintf(`Replays a block I/O trace through one simulated cache per policy and size, in parallel, and
+reports each cache's miss ratio. The policies are the code the daemon's cache runs.
+
+By default it simulates the cache the daemon runs when its config sets nothing: lines of %[1]s
+(--model lines, --block-size %[1]s), eviction %[2]s, admission %[3]s, and, for --reduction-of,
+the SSD tier's reduction %[4]s. --model object simulates libCacheSim's model instead (a key is cached
+or not, and a miss fetches it whole), with one key per request unless --block-size is given and
+admission always unless --admission is.
 
 The trace is streamed, never held in memory: one read of it feeds every cache (sizes given as
 fractions need one more read first, to count the distinct keys). Memory is the caches' own plus a
 few MiB of buffers, whatever the trace's length. On a terminal, stderr shows the progress.
 
 Sizes: a fraction below 1 is that share of the trace's distinct keys (floor, as libCacheSim counts);
-a whole number is a number of objects; a size with a unit (64MiB, 1GiB) is bytes divided by
---block-size.
+a whole number is a number of keys (lines, blocks or objects); a size with a unit (64MiB, 1GiB) is
+bytes divided by --block-size. Sizes at which no cache evicted a key hold the trace's working set,
+and the output says so: a larger size gives the same rows.
 
-With --model lines and --block-size set to the daemon's line size, each simulated line holds the
-4 KiB blocks fetched into it, and a read misses wherever its blocks are not held, as in the daemon;
-a miss fetches the blocks it touches, or on to the line's end for a sequential reader. The "fetched"
-column is the bytes read misses fetched from the backend over the bytes read: what a cache costs the
-link to the backend.
+In the lines model each simulated line holds the 4 KiB blocks fetched into it, and a read misses
+wherever its blocks are not held, as in the daemon; a miss fetches the blocks it touches, or on to
+the line's end for a sequential reader. The "fetched" column is the bytes read misses fetched from
+the backend over the bytes read: what a cache costs the link to the backend.
 
 --reduction RATIO shows what an SSD tier with data reduction holds: each cache keeps RATIO times
 its size in keys. --reduction-of FILE measures the ratio on a sample of the data (a disk image):
-its 4 KiB zero blocks take no space (reduction: zero); with --reduction-mode compress the
-others count compressed with S2, a block at a time; with --reduction-mode dedupe each block whose
-bytes an earlier block had counts nothing, the unique ones compressed (blocks are told apart by
-SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
-		Example: `  tierblk sim --trace cloudPhysicsIO.vscsi --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
-  tierblk sim --trace oltp.arc.gz --block-size 512 --policy all --size 0.01,0.1 --output csv
-  tierblk sim --trace my.iolog --format fio --block-size 64KiB --policy lru --size 1GiB,8GiB,64GiB
-  tierblk sim --trace cloudPhysicsIO.vscsi --block-size 64KiB --model lines --policy lru,s3fifo --size 0.01,0.1
-  tierblk sim --trace my.iolog --format fio --block-size 64KiB --size 8GiB --reduction-of /srv/vm.img`,
+its 4 KiB zero blocks take no space (reduction-mode zero); with --reduction-mode compress (the
+daemon's) the others count compressed with S2, a block at a time; with --reduction-mode dedupe each
+block whose bytes an earlier block had counts nothing, the unique ones compressed (blocks are told
+apart by SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
+			simLineSize, cache.DefaultPolicy, cache.DefaultAdmission, simReductionMode),
+		Example: `  tierblk sim --trace my.iolog --format fio --size 1GiB,8GiB,64GiB --plot mrc.svg
+  tierblk sim --trace my.iolog --format fio --policy all --size 0.01,0.1 --output csv
+  tierblk sim --trace my.iolog --format fio --size 8GiB --reduction-of /srv/vm.img
+  tierblk sim --trace cloudPhysicsIO.vscsi --model object --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
+  tierblk sim --trace oltp.arc.gz --model object --block-size 512 --policy all --size 0.01,0.1 --output csv`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
+			o.modelDefaults(cmd.Flags().Changed)
 			return runSim(cmd.Context(), o)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.tracePath, "trace", "", "trace file (.gz, .zst and .xz are read transparently)")
 	f.StringVar(&o.format, "format", "auto", "trace format: "+strings.Join(trace.Formats(), ", "))
-	f.StringVar(&o.policies, "policy", "lru", "comma-separated eviction policies, or 'all': "+strings.Join(policy.EvictionNames(), ", "))
-	f.StringVar(&o.admission, "admission", "always", "admission policy: "+strings.Join(policy.AdmissionNames(), ", ")+" (e.g. nhit:2, seqcutoff:4MiB)")
+	f.StringVar(&o.policies, "policy", cache.DefaultPolicy, "comma-separated eviction policies, or 'all': "+strings.Join(policy.EvictionNames(), ", ")+"; the daemon's by default")
+	f.StringVar(&o.admission, "admission", cache.DefaultAdmission, "admission policy: "+strings.Join(policy.AdmissionNames(), ", ")+
+		" (e.g. nhit:2, seqcutoff:4MiB); the daemon's by default, "+simObjectAdmission+" with --model object")
 	f.StringVar(&o.sizes, "size", "0.01,0.05,0.1", "comma-separated cache sizes")
-	f.StringVar(&o.blockSize, "block-size", "0", "split requests into blocks of this size (512, 4KiB, 64KiB), one key each; 0: one key per request")
+	f.StringVar(&o.blockSize, "block-size", simLineSize, "with --model lines the line size, the daemon's by default; "+
+		"with --model object split requests into blocks of this size (512, 4KiB), one key each, or "+simObjectBlockSize+" (its default there): one key per request")
 	f.StringVar(&o.ops, "ops", "all", "which requests to simulate: all or read")
-	f.StringVar(&o.model, "model", "object", "object: a key is cached or not, and a miss fetches it whole (libCacheSim's model); "+
-		"lines: the daemon's cache lines (--block-size is the line size): 4 KiB valid blocks, misses fetch what the daemon fetches")
+	f.StringVar(&o.model, "model", "lines", "lines: the daemon's cache lines (--block-size is the line size): 4 KiB valid blocks, misses fetch what the daemon fetches; "+
+		"object: libCacheSim's model, a key is cached or not and a miss fetches it whole (with --block-size "+simObjectBlockSize+" and --admission "+simObjectAdmission+" unless given)")
 	f.IntVar(&o.warmup, "warmup", 0, "requests replayed before counting starts")
 	f.StringVar(&o.output, "output", "table", "table, csv or json")
 	f.StringVar(&o.plot, "plot", "", "also draw the miss-ratio curves into this .png or .svg file")
 	f.IntVar(&o.workers, "workers", runtime.NumCPU(), "goroutines feeding the caches, each owning a share of them (the trace is read once for all)")
 	f.StringVar(&o.reduction, "reduction", "", "the data's reduction ratio on the SSD tier (2, 2.5:1): each cache holds that many times its size")
 	f.StringVar(&o.reducedBy, "reduction-of", "", "measure the reduction ratio on this data file (a disk image) instead of giving --reduction")
-	f.StringVar(&o.reduceMode, "reduction-mode", "zero", "what --reduction-of counts: zero (zero blocks take no space), compress (and the rest compressed) or dedupe (and duplicate blocks stored once)")
+	f.StringVar(&o.reduceMode, "reduction-mode", simReductionMode, "what --reduction-of counts: zero (zero blocks take no space), compress (and the rest compressed) or dedupe (and duplicate blocks stored once); the daemon's by default")
 	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr (shown only when stderr is a terminal)")
 	return cmd
+}
+
+// modelDefaults gives the object model libCacheSim's defaults where the user set no value:
+// the flags' defaults are the daemon's, which belong to the lines model. changed reports whether
+// the user set a flag.
+func (o *simOpts) modelDefaults(changed func(flag string) bool) {
+	if o.model != "object" {
+		return
+	}
+	if !changed("block-size") {
+		o.blockSize = simObjectBlockSize
+	}
+	if !changed("admission") {
+		o.admission = simObjectAdmission
+	}
 }
 
 func runSim(ctx context.Context, o simOpts) error {
@@ -186,7 +226,7 @@ func runSim(ctx context.Context, o simOpts) error {
 			if ratio > 1 {
 				k = sim.Reduce(k, ratio)
 			}
-			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label})
+			jobs = append(jobs, sim.Job{Policy: n, Admission: o.admission, Size: k, Label: s.Label, Bytes: s.Bytes()})
 		}
 	}
 	sum, err := simPass(o, func(r trace.Reader) (sim.Summary, error) { return sim.Run(ctx, r, jobs, opts) })
@@ -197,6 +237,8 @@ func runSim(ctx context.Context, o simOpts) error {
 		return err
 	}
 	res := sum.Results
+	keys := simKeys(o.model, blockSize)
+	note := simWorkingSetNote(res, keys, blockSize)
 	switch o.output {
 	case "csv":
 		err = sim.WriteCSV(o.stdout, res)
@@ -205,24 +247,114 @@ func runSim(ctx context.Context, o simOpts) error {
 	default:
 		fmt.Fprintf(o.stdout, "%s: %d requests", filepath.Base(o.tracePath), sum.Requests)
 		if countDistinct {
-			fmt.Fprintf(o.stdout, ", %d distinct keys", distinct)
+			fmt.Fprintf(o.stdout, ", %d distinct %s", distinct, keys.plural)
 		}
 		fmt.Fprintln(o.stdout)
+		fmt.Fprintln(o.stdout, simModel(o, keys))
 		if ratio > 1 {
 			fmt.Fprintf(o.stdout, "reduction %.2f:1%s: each cache holds %.2f times its size\n", ratio, measured, ratio)
 		}
 		err = sim.WriteTable(o.stdout, res)
+		if err == nil && note != "" {
+			fmt.Fprintln(o.stdout, note)
+			note = ""
+		}
 	}
 	if err != nil {
 		return err
 	}
+	if note != "" {
+		// Beside CSV or JSON, which scripts read, it goes where people look.
+		fmt.Fprintln(o.stderr, note)
+	}
 	if o.plot != "" {
-		if err := sim.Plot(o.plot, "miss ratio: "+filepath.Base(o.tracePath), res); err != nil {
+		if err := sim.Plot(o.plot, "miss ratio: "+filepath.Base(o.tracePath), keys.axis, res); err != nil {
 			return err
 		}
 		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)
 	}
 	return nil
+}
+
+// simKeyNames say what a simulated cache counts, in the output's words.
+type simKeyNames struct {
+	plural string // "lines", "blocks", "keys"
+	axis   string // a plot's unit: "64KiB lines"
+}
+
+func simKeys(model string, blockSize int64) simKeyNames {
+	size := units.FormatSize(blockSize)
+	if strings.TrimLeft(size, "0123456789") == "" {
+		size += "-byte" // not "512 blocks", which reads as a count
+	}
+	switch {
+	case model == "lines":
+		return simKeyNames{"lines", size + " lines"}
+	case blockSize > 0:
+		return simKeyNames{"blocks", size + " blocks"}
+	}
+	return simKeyNames{"keys", "objects"}
+}
+
+// simModel is the heading's line that says which cache was simulated: the daemon's by default, so
+// that its figures are read as what `tierblk serve` would do, and so that they are not where they
+// are libCacheSim's model's.
+func simModel(o simOpts, keys simKeyNames) string {
+	if o.model == "object" {
+		what := "one key per request"
+		if keys.plural != "keys" {
+			what = keys.axis + ", one key each"
+		}
+		return fmt.Sprintf("model object (libCacheSim's): %s, admission %s", what, o.admission)
+	}
+	s := fmt.Sprintf("model lines (the daemon's cache): %s, admission %s", keys.axis, o.admission)
+	if o.reduction == "" && o.reducedBy == "" {
+		// No ratio can be measured without the data, but an SSD tier stores it reduced all the same.
+		s += fmt.Sprintf("\nreduction: none counted; an SSD tier with reduction %s holds more (--reduction-of IMAGE measures how much)", o.reduceMode)
+	}
+	return s
+}
+
+// simWorkingSetNote names the sizes at which no cache evicted a key, which otherwise give rows
+// that repeat without a word: each of those caches held every key it admitted, so its misses were
+// cold misses (or keys its admission turned away), and any larger size gives the same rows. Empty
+// when every size evicted.
+func simWorkingSetNote(res []sim.Result, keys simKeyNames, blockSize int64) string {
+	var labels []string
+	evicted := map[string]bool{}
+	held := 0
+	for _, r := range res {
+		if _, seen := evicted[r.SizeLabel]; !seen {
+			labels = append(labels, r.SizeLabel)
+		}
+		evicted[r.SizeLabel] = evicted[r.SizeLabel] || r.Evicted > 0
+		if r.Evicted == 0 {
+			held = max(held, r.Held)
+		}
+	}
+	var full []string
+	for _, l := range labels {
+		if !evicted[l] {
+			full = append(full, l)
+		}
+	}
+	if len(full) == 0 {
+		return ""
+	}
+	set := fmt.Sprintf("%d %s", held, keys.plural)
+	if blockSize > 0 {
+		set += fmt.Sprintf(" (%s)", humanBytes(uint64(held)*uint64(blockSize)))
+	}
+	sizes := "size " + full[0]
+	if len(full) > 1 {
+		sizes = "sizes " + strings.Join(full, ", ")
+	}
+	adm := res[0].Admission
+	if adm == "" || adm == "always" {
+		return fmt.Sprintf("note: %s >= the trace's working set of %s: nothing was evicted, so every miss is a cold miss, and a larger size gives the same rows", sizes, set)
+	}
+	return fmt.Sprintf("note: at %s nothing was evicted: the cache held all %s that admission %s let in, so every miss is a cold miss or one the admission turned away, and a larger size gives the same rows",
+		sizes, set, adm)
 }
 
 // simReduction is the reduction ratio the caches' sizes are multiplied by (1: none), given or

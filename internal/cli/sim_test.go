@@ -9,15 +9,24 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	"github.com/ulikunitz/xz"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/units"
 )
 
 // traces is the repository's directory of real traces (see its README).
 const traces = "../../testdata/traces"
 
+// simCmd runs runSim with o, whose empty fields take libCacheSim's object model (one key per
+// request, admission always) and reduction-mode zero: the tests that use it are about that model,
+// and ask for the daemon's lines explicitly. They are not the command's defaults, which
+// simCommand's tests check as a user types them.
 func simCmd(t *testing.T, o simOpts) (string, error) {
 	t.Helper()
 	var out, errOut bytes.Buffer
@@ -207,5 +216,186 @@ func TestSimReductionDedupe(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tc.objects, rows[1][1], "what a cache of 489 holds at %s:1", tc.ratio)
 		})
+	}
+}
+
+// simCommand runs `tierblk sim args...` as a user types it, through the command tree.
+func simCommand(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	root := NewRoot("test")
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs(append([]string{"sim", "--workers", "2"}, args...))
+	err = root.ExecuteContext(context.Background())
+	return out.String(), errOut.String(), err
+}
+
+// TestSimDefaultsAreTheDaemons: with no flags, tierblk sim simulates what the daemon runs for an
+// export whose cache section sets nothing: its line size, policy, admission and reduction.
+func TestSimDefaultsAreTheDaemons(t *testing.T) {
+	var cc config.Cache // an export's cache with nothing set
+	sizes, err := cc.Sizes()
+	require.NoError(t, err)
+	reduction, err := cc.ReductionLevel()
+	require.NoError(t, err)
+	_, _, ssdPolicy, ssdAdmission := cc.TierPolicies()
+	require.Empty(t, ssdPolicy+ssdAdmission, "the config leaves them to the cache, whose defaults follow")
+
+	f := newSimCmd().Flags()
+	def := func(flag string) string { return f.Lookup(flag).DefValue }
+	require.Equal(t, "lines", def("model"), "the daemon's cache lines")
+	line, err := units.ParseSize(def("block-size"))
+	require.NoError(t, err)
+	require.Equal(t, sizes.Line, line)
+	require.Equal(t, cache.DefaultPolicy, def("policy"))
+	require.Equal(t, cache.DefaultAdmission, def("admission"))
+	require.Equal(t, reduction.String(), def("reduction-mode"))
+
+	help, _, err := simCommand(t, "--help")
+	require.NoError(t, err)
+	for _, want := range []string{
+		"By default it simulates the cache the daemon runs",
+		"--model object simulates libCacheSim's model instead",
+		`(default "` + cache.DefaultPolicy + `")`,
+		`(default "` + cache.DefaultAdmission + `")`,
+		`(default "` + units.FormatSize(sizes.Line) + `")`,
+		`(default "` + reduction.String() + `")`,
+	} {
+		require.Contains(t, help, want)
+	}
+}
+
+// TestSimCommandDefaults: what each model gives unless told otherwise, as a user types it. The
+// lines model's defaults are the daemon's settings spelt out; the object model's are libCacheSim's,
+// one key per request and no admission policy, each still settable.
+func TestSimCommandDefaults(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	daemon := []string{"--model", "lines", "--block-size", units.FormatSize(cache.DefaultLineSize),
+		"--policy", cache.DefaultPolicy, "--admission", cache.DefaultAdmission, "--reduction-mode", cache.DefaultReduction.String()}
+	// rows are the CSV rows of a run, less the throughput, which varies.
+	rows := func(args ...string) [][]string {
+		out, _, err := simCommand(t, append([]string{"--trace", path, "--size", "0.01,489", "--output", "csv"}, args...)...)
+		require.NoError(t, err, "%v", args)
+		rs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+		require.NoError(t, err)
+		for _, r := range rs {
+			r[5] = ""
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name       string
+		args, same []string
+		policy     string // the CSV's policy column
+	}{
+		{"the daemon's", nil, daemon, cache.DefaultPolicy + "+" + cache.DefaultAdmission},
+		{"object", []string{"--model", "object"}, []string{"--model", "object", "--block-size", "0", "--admission", "always"}, cache.DefaultPolicy},
+		{"object in blocks", []string{"--model", "object", "--block-size", "4KiB"}, []string{"--model", "object", "--block-size", "4096", "--admission", "always"}, cache.DefaultPolicy},
+		{"object with admission", []string{"--model", "object", "--admission", "nhit:2"}, []string{"--model", "object", "--block-size", "0", "--admission", "nhit:2"}, cache.DefaultPolicy + "+nhit:2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := rows(tc.args...)
+			require.Equal(t, rows(tc.same...), got)
+			require.Len(t, got, 3)
+			require.Equal(t, tc.policy, got[1][0])
+		})
+	}
+	require.NotEqual(t, rows(), rows("--model", "object"), "the two models differ on this trace")
+}
+
+// TestSimHeading: the table's heading says which cache was simulated, and that the daemon's SSD
+// tier would hold more than a run without a reduction ratio shows.
+func TestSimHeading(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	for _, tc := range []struct {
+		args []string
+		want []string // the lines before the table's
+	}{
+		{nil, []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
+			"model lines (the daemon's cache): 64KiB lines, admission auto",
+			"reduction: none counted; an SSD tier with reduction compress holds more (--reduction-of IMAGE measures how much)",
+		}},
+		{[]string{"--reduction", "2"}, []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
+			"model lines (the daemon's cache): 64KiB lines, admission auto",
+			"reduction 2.00:1: each cache holds 2.00 times its size",
+		}},
+		{[]string{"--model", "object"}, []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 48974 distinct keys",
+			"model object (libCacheSim's): one key per request, admission always",
+		}},
+		{[]string{"--model", "object", "--block-size", "512", "--admission", "nhit:2"}, []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 2125107 distinct blocks",
+			"model object (libCacheSim's): 512-byte blocks, one key each, admission nhit:2",
+		}},
+	} {
+		out, _, err := simCommand(t, append([]string{"--trace", path, "--size", "0.1"}, tc.args...)...)
+		require.NoError(t, err, "%v", tc.args)
+		lines := strings.Split(out, "\n")
+		require.Equal(t, tc.want, lines[:len(tc.want)], "%v", tc.args)
+		require.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(tc.want)]), "policy"), "%v: the table follows", tc.args)
+	}
+}
+
+// TestSimWorkingSetNote: sizes at which no cache evicted anything say so, rather than repeating
+// the rows of a smaller size without a word; the note goes with a table, and to stderr beside CSV.
+func TestSimWorkingSetNote(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	for _, tc := range []struct {
+		name string
+		args []string
+		note string // "" for none; else it names the last two sizes
+	}{
+		{"object, always", []string{"--model", "object", "--policy", "lru,fifo", "--size", "489,48974,100000"},
+			"note: sizes 48974, 100000 >= the trace's working set of 48974 keys: nothing was evicted, so every miss is a cold miss, and a larger size gives the same rows"},
+		{"the daemon's", []string{"--size", "1GiB,64GiB,1TiB"},
+			"note: at sizes 64GiB, 1TiB nothing was evicted: the cache held all 19372 lines (1.2GiB) that admission auto let in, so every miss is a cold miss or one the admission turned away, and a larger size gives the same rows"},
+		{"lines, always", []string{"--admission", "always", "--size", "64GiB,1TiB"},
+			"note: sizes 64GiB, 1TiB >= the trace's working set of 19372 lines (1.2GiB): nothing was evicted, so every miss is a cold miss, and a larger size gives the same rows"},
+		{"every size evicts", []string{"--policy", "lru,s3fifo", "--size", "0.01,1GiB"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--trace", path}, tc.args...)
+			out, _, err := simCommand(t, args...)
+			require.NoError(t, err)
+			if tc.note == "" {
+				require.NotContains(t, out, "note:")
+				return
+			}
+			require.True(t, strings.HasSuffix(out, "\n"+tc.note+"\n"), "the note follows the table:\n%s", out)
+
+			out, errOut, err := simCommand(t, append(args, "--output", "csv")...)
+			require.NoError(t, err)
+			require.NotContains(t, out, "note:", "CSV is for scripts")
+			require.Equal(t, tc.note+"\n", errOut)
+			rs, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+			require.NoError(t, err)
+			last, before := rs[len(rs)-1], rs[len(rs)-2]
+			require.Equal(t, before[3:5], last[3:5], "the sizes the note names miss alike")
+		})
+	}
+}
+
+// TestSimPlotInBytes: a plot of sizes given in bytes is marked in binary units, not in keys.
+func TestSimPlotInBytes(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	for _, tc := range []struct {
+		size      string
+		want, not string
+	}{
+		{"256MiB,1GiB,4GiB", ">1GiB</text>", "64KiB lines"},
+		{"0.01,1GiB", ">cache size (64KiB lines), log scale</text>", "GiB</text>"},
+	} {
+		plot := filepath.Join(t.TempDir(), "mrc.svg")
+		_, errOut, err := simCommand(t, "--trace", path, "--size", tc.size, "--plot", plot)
+		require.NoError(t, err)
+		require.Contains(t, errOut, "plot: "+plot)
+		svg, err := os.ReadFile(plot)
+		require.NoError(t, err)
+		require.Contains(t, string(svg), tc.want, tc.size)
+		require.NotContains(t, string(svg), tc.not, tc.size)
+		require.NotContains(t, string(svg), "objects", tc.size)
 	}
 }

@@ -96,7 +96,9 @@ func newLineSim(j Job, o Options) (*lineSim, error) {
 	return s, nil
 }
 
-func (s *lineSim) result(total int64) Result { return s.n.result(s.job, total-s.warmup, total, s.busy) }
+func (s *lineSim) result(total int64) Result {
+	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy)
+}
 
 func (s *lineSim) feed(b *batch) {
 	start := time.Now()

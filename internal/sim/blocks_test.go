@@ -31,6 +31,12 @@ func TestLinesModelByHand(t *testing.T) {
 	read := 4096*5 + 100 + 1
 	fetched := 4096 + (line - 4096) + 4096 + 4096
 	require.InDelta(t, float64(fetched)/float64(read), r.FetchRatio, 1e-9)
+	require.Equal(t, 3, r.Held, "lines 0, 10 and 20")
+	require.Zero(t, r.Evicted)
+	s, err = run(t, reqs, []Job{{Policy: "fifo", Size: 2}}, Options{BlockSize: line, Blocks: true})
+	require.NoError(t, err)
+	require.Equal(t, 2, s.Results[0].Held)
+	require.EqualValues(t, 1, s.Results[0].Evicted, "line 20 evicts line 0")
 
 	// The object model: a line held is a hit whatever blocks it holds, and a miss fetches it whole.
 	s, err = run(t, reqs, jobs, Options{BlockSize: line})

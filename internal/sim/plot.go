@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/tierblk/tierblk/internal/units"
 )
 
 // CheckPlotPath reports whether Plot can write path, before any work is done.
@@ -21,13 +24,24 @@ func CheckPlotPath(path string) error {
 }
 
 // Plot draws the miss-ratio curve of every policy over the cache sizes into path (.png or .svg).
-func Plot(path, title string, rs []Result) error {
+// keys names what a cache size counts ("objects", "64KiB lines"), for the axis' label; where every
+// size was given in bytes, the axis is in bytes instead, marked in binary units, since those are
+// the sizes the user asked about (with data reduction a cache of 1GiB holds more keys than 1GiB of
+// them).
+func Plot(path, title, keys string, rs []Result) error {
 	if err := CheckPlotPath(path); err != nil {
 		return err
 	}
+	inBytes := len(rs) > 0
+	for _, r := range rs {
+		inBytes = inBytes && r.SizeBytes > 0
+	}
 	p := plot.New()
 	p.Title.Text = title
-	p.X.Label.Text = "cache size (objects)"
+	p.X.Label.Text = "cache size (" + keys + ")"
+	if inBytes {
+		p.X.Label.Text = "cache size"
+	}
 	p.Y.Label.Text = "miss ratio"
 	p.Add(plotter.NewGrid())
 	byPolicy := map[string]plotter.XYs{}
@@ -37,7 +51,11 @@ func Plot(path, title string, rs []Result) error {
 		if _, ok := byPolicy[name]; !ok {
 			names = append(names, name)
 		}
-		byPolicy[name] = append(byPolicy[name], plotter.XY{X: float64(r.CacheSize), Y: r.MissRatio})
+		x := float64(r.CacheSize)
+		if inBytes {
+			x = float64(r.SizeBytes)
+		}
+		byPolicy[name] = append(byPolicy[name], plotter.XY{X: x, Y: r.MissRatio})
 	}
 	for i, name := range names {
 		pts := byPolicy[name]
@@ -55,15 +73,54 @@ func Plot(path, title string, rs []Result) error {
 	}
 	// Miss ratios of competing policies differ by little: zoom on them rather than show 0 to 1.
 	p.Y.Min, p.Y.Max = max(p.Y.Min-0.02, 0), min(p.Y.Max+0.02, 1)
-	if p.X.Min > 0 && p.X.Max/p.X.Min >= 10 {
+	if inBytes && p.X.Min == p.X.Max {
+		// One size: an axis from half to twice it, so that its ticks are round sizes around it.
+		p.X.Min, p.X.Max = p.X.Min/2, p.X.Max*2
+	}
+	logScale := p.X.Min > 0 && p.X.Max/p.X.Min >= 10
+	if logScale {
 		// Cache sizes are usually swept over orders of magnitude.
 		p.X.Scale = plot.LogScale{}
 		p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 		p.X.Label.Text += ", log scale"
+	}
+	if inBytes {
+		p.X.Tick.Marker = byteTicks{log: logScale}
 	}
 	p.Legend.Left = true
 	if err := p.Save(8*vg.Inch, 5*vg.Inch, path); err != nil {
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// byteTicks marks an axis of bytes in binary units (1GiB, not 1.074e+09): at the powers of two on
+// a log scale, at the multiples of a power of two on a linear one.
+type byteTicks struct{ log bool }
+
+// maxByteLabels is about the most tick labels that fit under an 8-inch plot.
+const maxByteLabels = 8
+
+func (t byteTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	if t.log {
+		e0, e1 := int(math.Floor(math.Log2(lo))), int(math.Ceil(math.Log2(hi)))
+		every := max(1, (e1-e0+maxByteLabels)/maxByteLabels) // label one power in every
+		for e := e0; e <= e1; e++ {
+			tk := plot.Tick{Value: math.Ldexp(1, e)}
+			if e%every == 0 {
+				tk.Label = units.FormatSize(int64(tk.Value))
+			}
+			ticks = append(ticks, tk)
+		}
+		return ticks
+	}
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: units.FormatSize(int64(lo))}}
+	}
+	step := max(1, math.Ldexp(1, int(math.Ceil(math.Log2((hi-lo)/maxByteLabels)))))
+	for v := math.Ceil(lo/step) * step; v <= hi; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: units.FormatSize(int64(v))})
+	}
+	return ticks
 }

@@ -45,7 +45,7 @@ func WriteTable(w io.Writer, rs []Result) error {
 	return tw.Flush()
 }
 
-// policyLabel names the eviction policy, with its admission policy when it is not the default.
+// policyLabel names the eviction policy, with its admission policy unless that admits every miss.
 func policyLabel(r Result) string {
 	if r.Admission == "" || r.Admission == "always" {
 		return r.Policy

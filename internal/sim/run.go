@@ -18,8 +18,10 @@ type Job struct {
 	Admission string
 	// Size is the capacity in keys.
 	Size int
-	// Label is the size as the user wrote it, for reports.
+	// Label is the size as the user wrote it, for reports; Bytes is that size in bytes where it
+	// was given in bytes (0 where it was a number of keys or a fraction), for plots.
 	Label string
+	Bytes int64
 }
 
 // Result is what one simulated cache measured.
@@ -28,6 +30,7 @@ type Result struct {
 	Admission string `json:"admission,omitempty"`
 	CacheSize int    `json:"cache_size"`
 	SizeLabel string `json:"size_label,omitempty"`
+	SizeBytes int64  `json:"size_bytes,omitempty"`
 	// Requests counted (after warm-up); Accesses is the keys they touched.
 	Requests int64 `json:"requests"`
 	Accesses int64 `json:"accesses"`
@@ -40,6 +43,12 @@ type Result struct {
 	// amplification of the daemon's stats): a whole key per admitted miss, or with Options.Blocks
 	// what package fetch's rule says; a miss not admitted fetches only what it asked for.
 	FetchRatio float64 `json:"fetch_ratio"`
+	// Held is the keys the cache held at the end, Evicted the keys its policy evicted over the
+	// whole replay (warm-up included). A cache that evicted none never had to choose: any larger
+	// one gives the same figures, and its misses are cold misses or misses its admission policy
+	// turned away.
+	Held    int   `json:"held"`
+	Evicted int64 `json:"evicted"`
 }
 
 // simulator is one simulated cache, fed the batches of a pass in order.
@@ -118,6 +127,8 @@ type cache struct {
 	ev   policy.Eviction
 	adm  policy.Admission
 	seen policy.HitObserver // adm, if it wants to hear of hits
+	// evicted counts the keys ev evicted (through its OnEvict hook).
+	evicted *int64
 }
 
 // hit tells the admission policy of a hit, if it wants to know.
@@ -131,7 +142,14 @@ func newCache(j Job) (cache, error) { return newCacheEvicting(j, nil) }
 
 // newCacheEvicting is newCache with a callback for each key the policy evicts.
 func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
-	ev, err := policy.NewEviction(j.Policy, policy.Config{Capacity: j.Size, OnEvict: onEvict})
+	evicted := new(int64)
+	count := func(k policy.Key) {
+		*evicted++
+		if onEvict != nil {
+			onEvict(k)
+		}
+	}
+	ev, err := policy.NewEviction(j.Policy, policy.Config{Capacity: j.Size, OnEvict: count})
 	if err != nil {
 		return cache{}, err
 	}
@@ -144,7 +162,14 @@ func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
 		return cache{}, err
 	}
 	seen, _ := adm.(policy.HitObserver)
-	return cache{ev: ev, adm: adm, seen: seen}, nil
+	return cache{ev: ev, adm: adm, seen: seen, evicted: evicted}, nil
+}
+
+// result is what the cache counted, with what it holds and evicted.
+func (c *cache) result(n counts, j Job, counted, replayed int64, elapsed time.Duration) Result {
+	res := n.result(j, counted, replayed, elapsed)
+	res.Held, res.Evicted = c.ev.Len(), *c.evicted
+	return res
 }
 
 // objectSim is a cache of whole objects, libCacheSim's model.
@@ -203,7 +228,7 @@ func (s *objectSim) feed(b *batch) {
 }
 
 func (s *objectSim) result(total int64) Result {
-	return s.n.result(s.job, total-s.warmup, total, s.busy)
+	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy)
 }
 
 // counts are what a replay counts once warm-up is over.
@@ -226,7 +251,7 @@ func (n *counts) access(size int64, hit bool) {
 // warm-up, in elapsed time of its own.
 func (n counts) result(j Job, counted, replayed int64, elapsed time.Duration) Result {
 	res := Result{
-		Policy: j.Policy, Admission: j.Admission, CacheSize: j.Size, SizeLabel: j.Label,
+		Policy: j.Policy, Admission: j.Admission, CacheSize: j.Size, SizeLabel: j.Label, SizeBytes: j.Bytes,
 		Requests: counted, Accesses: n.accesses,
 	}
 	if n.accesses > 0 {

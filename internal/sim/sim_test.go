@@ -108,6 +108,8 @@ func TestRunLRUByHand(t *testing.T) {
 	require.InDelta(t, 3.0/6, res[1].MissRatio, 1e-12) // 3 slots hold all: only cold misses
 	require.EqualValues(t, 6, res[0].Requests)
 	require.InDelta(t, res[0].MissRatio, res[0].ByteMissRatio, 1e-12, "equal-sized requests")
+	require.Equal(t, [2]int64{2, 3}, [2]int64{int64(res[0].Held), res[0].Evicted}, "c evicts b, b evicts a, a evicts c")
+	require.Equal(t, [2]int64{3, 0}, [2]int64{int64(res[1].Held), res[1].Evicted}, "3 slots hold all: nothing evicted")
 
 	// Warm-up: the first 3 requests are not counted; with 3 slots all of 1, 2, 3 fit, so of
 	// 3 2 1, 3 misses (cold) and 2 and 1 hit.
@@ -249,7 +251,7 @@ func TestOutputs(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"mrc.png", "mrc.svg"} {
 		p := filepath.Join(dir, name)
-		require.NoError(t, Plot(p, "test", rs))
+		require.NoError(t, Plot(p, "test", "objects", rs))
 		data, err := os.ReadFile(p)
 		require.NoError(t, err)
 		if strings.HasSuffix(name, ".png") {
@@ -258,5 +260,43 @@ func TestOutputs(t *testing.T) {
 			require.Contains(t, string(data), "<svg")
 		}
 	}
-	require.ErrorContains(t, Plot(filepath.Join(dir, "mrc.jpg"), "t", rs), ".png or .svg")
+	require.ErrorContains(t, Plot(filepath.Join(dir, "mrc.jpg"), "t", "objects", rs), ".png or .svg")
+}
+
+// TestPlotAxis: the size axis counts keys, named by the caller, unless every size was given in
+// bytes: then it is in bytes, marked in binary units.
+func TestPlotAxis(t *testing.T) {
+	res := func(sizes ...int64) []Result {
+		var rs []Result
+		for i, b := range sizes {
+			rs = append(rs, Result{Policy: "lru", CacheSize: 100 * (i + 1), SizeBytes: b, MissRatio: 0.5 - float64(i)/10})
+		}
+		return rs
+	}
+	for _, tc := range []struct {
+		name  string
+		rs    []Result
+		label string
+		ticks []string // tick labels the axis must have
+	}{
+		{"keys", res(0, 0, 0), "cache size (64KiB lines)", []string{"100", "300"}},
+		{"keys and bytes", res(0, 1<<30, 0), "cache size (64KiB lines)", []string{"100", "300"}},
+		{"bytes", res(1<<30, 2<<30, 3<<30), "cache size", []string{"1GiB", "1536MiB", "2GiB", "3GiB"}},
+		{"bytes, log scale", res(64<<20, 1<<30, 64<<30), "cache size, log scale", []string{"64MiB", "1GiB", "64GiB"}},
+		{"one size in bytes", res(8 << 30), "cache size", []string{"8GiB"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "mrc.svg")
+			require.NoError(t, Plot(path, "test", "64KiB lines", tc.rs))
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			svg := string(data)
+			has := func(text string) bool { return strings.Contains(svg, ">"+text+"</text>") }
+			require.True(t, has(tc.label), "the axis' label is %q", tc.label)
+			for _, tick := range tc.ticks {
+				require.True(t, has(tick), "a tick labelled %q", tick)
+			}
+			require.False(t, strings.Contains(svg, "e+0"), "no tick in powers of ten")
+		})
+	}
 }

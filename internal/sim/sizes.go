@@ -50,6 +50,9 @@ func ParseSizes(list string) ([]Size, error) {
 	return out, nil
 }
 
+// Bytes is the size in bytes where it was given in bytes, else 0.
+func (s Size) Bytes() int64 { return s.bytes }
+
 // Fractional reports whether the size depends on the number of distinct keys.
 func (s Size) Fractional() bool { return s.fraction > 0 }
 
