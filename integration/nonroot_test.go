@@ -65,3 +65,29 @@ func TestNonRootKill9(t *testing.T) {
 	require.Zero(t, d.stop(syscall.SIGTERM))
 	require.False(t, strings.Contains(d.output.String(), "no run log"))
 }
+
+// An SSD tier its user may not write is refused saying so, not with the file backend's advice to
+// open it read-only, which a tier cannot be.
+func TestNonRootSSDNotWritable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run the daemon as nobody")
+	}
+	const nobody = 65534
+	dir := shortTempDir(t)
+	require.NoError(t, os.Chown(dir, nobody, nobody))
+	bin := filepath.Join(dir, "tierblk")
+	data, err := os.ReadFile(tierblkPath)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, data, 0o755))
+	ssd := filepath.Join(dir, "ssd.img")
+	require.NoError(t, os.WriteFile(ssd, make([]byte, 8<<20), 0o644)) // root's
+	cmd := exec.Command(bin, "serve", "--backend", "file://"+filepath.Join(dir, "disk.img")+"?size=16MiB", "--ssd", ssd, "--nbd", "unix:"+filepath.Join(dir, "s.sock"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 1, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), ssd+" cannot be opened for writing (permission denied); an SSD tier is written to: fix its permissions (the daemon runs as uid 65534)")
+	require.NotContains(t, string(out), "read-only")
+}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -263,6 +264,7 @@ func (c *Config) Validate(schemes []string) error {
 	}
 	names := map[string]int{}
 	ssds := map[string]int{}
+	files := map[string]int{} // file backends, by path
 	nbdDevs := map[string]int{}
 	devices := false
 	for i, e := range c.Exports {
@@ -276,6 +278,11 @@ func (c *Config) Validate(schemes []string) error {
 		}
 		if err := checkBackendURL(e.Backend, schemes); err != nil {
 			errs = append(errs, fieldErr(f+".backend", "%v", err))
+		} else if path := backendFile(e.Backend); path != "" {
+			if j, dup := files[path]; dup && !(e.ReadOnly && c.Exports[j].ReadOnly) {
+				errs = append(errs, fieldErr(f+".backend", "the file %s is also the backend of exports[%d] (%q); one export a file, unless every export of it is read_only: two caches of one file would each serve data the other's writes made stale", path, j, c.Exports[j].Name))
+			}
+			files[path] = i
 		}
 		if e.Cache != nil {
 			for _, err := range e.Cache.validate() {
@@ -495,4 +502,13 @@ func ParseLogLevel(s string) (slog.Level, error) {
 		return 0, fmt.Errorf("%q is not a level; use debug, info, warn or error", s)
 	}
 	return l, nil
+}
+
+// backendFile is the cleaned path of a file:// backend URL, "" for any other.
+func backendFile(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "file" || u.Path == "" {
+		return ""
+	}
+	return filepath.Clean(u.Path)
 }

@@ -149,6 +149,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"bad url", func(c *Config) { c.Exports[0].Backend = "file://%zz" }, "exports[0].backend"},
 		{"password hidden", func(c *Config) { c.Exports[0].Backend = "tape://alice:s3cret@nas/x" }, `exports[0].backend: "tape://alice:xxxxx@nas/x" has unknown scheme`},
 		{"duplicate name", func(c *Config) { c.Exports = append(c.Exports, Export{Name: "a", Backend: "mem://1MiB"}) }, "exports[1].name"},
+		{"one file, two exports", func(c *Config) {
+			c.Exports[0].Backend = "file:///srv/nas.img?size=1GiB"
+			c.Exports = append(c.Exports, Export{Name: "b", Backend: "file:///srv/../srv/nas.img", ReadOnly: true})
+		}, `exports[1].backend: the file /srv/nas.img is also the backend of exports[0] ("a"); one export a file, unless every export of it is read_only`},
 		{"no listen", func(c *Config) { c.Listen = nil }, "listen: no listen address"},
 		{"bad listen", func(c *Config) { c.Listen = []string{"localhost"} }, "listen[0]"},
 		{"empty unix", func(c *Config) { c.Listen = []string{"unix:"} }, "listen[0]"},
@@ -504,4 +508,11 @@ func TestScrubSchedule(t *testing.T) {
 			require.Equal(t, tc.rate, rate)
 		})
 	}
+}
+
+// One file may back several exports when every one of them only reads it.
+func TestValidateOneFileReadOnlyExports(t *testing.T) {
+	c := Defaults()
+	c.Exports = []Export{{Name: "a", Backend: "file:///srv/nas.img", ReadOnly: true}, {Name: "b", Backend: "file:///srv/nas.img", ReadOnly: true}}
+	require.NoError(t, c.Validate([]string{"file"}))
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
@@ -135,6 +136,11 @@ func openSSD(reg *backend.Registry, path string, size int64, log *slog.Logger) (
 		dev, err = reg.Open(u.String(), opts)
 	}
 	if err != nil {
+		if errno := syscall.Errno(0); errors.As(err, &errno) && (errno == syscall.EACCES || errno == syscall.EPERM || errno == syscall.EROFS) {
+			// Not the file backend's advice to open it read-only: a tier is written.
+			return nil, fmt.Errorf("%s cannot be opened for writing (%w); an SSD tier is written to: fix its permissions (the daemon runs as uid %d), or give --ssd (ssd) another path",
+				path, errno, os.Geteuid())
+		}
 		// The user named a path, not the URL made of it: say what the file backend said.
 		if inner := errors.Unwrap(err); inner != nil {
 			err = inner
@@ -143,7 +149,7 @@ func openSSD(reg *backend.Registry, path string, size int64, log *slog.Logger) (
 	}
 	if ro, ok := dev.(backend.ReadOnlyReporter); ok && ro.ReadOnly() {
 		dev.Close()
-		return nil, fmt.Errorf("%s is read-only", path)
+		return nil, fmt.Errorf("%s is read-only (blockdev --setrw %s makes a read-only block device writable); an SSD tier is written to", path, path)
 	}
 	return dev, nil
 }
