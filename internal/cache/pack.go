@@ -76,6 +76,12 @@ func layoutOf(r Reduction) string {
 // 2.5:1 with zero blocks). Its cost is the index's RAM for the extra lines (TestIndexBytesPerLine).
 const packedSlotsPerLine = 3
 
+// PackedLinesPerLine is packedSlotsPerLine for a model of the tier (tierblk sim): the most lines a
+// tier with reduction compress or dedupe holds per line of room, whatever its data's ratio. A tier
+// with reduction off or zero holds one line a line of room (a line's zero blocks take no write,
+// but the line takes its slot).
+const PackedLinesPerLine = packedSlotsPerLine
+
 // compressedMax is the largest a compressed unit may be: one larger is stored as it is.
 const compressedMax = blockSize * 7 / 8
 

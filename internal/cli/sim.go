@@ -185,6 +185,9 @@ func runSim(ctx context.Context, o simOpts) error {
 	if err != nil {
 		return err
 	}
+	if o.model == "lines" {
+		ratio, measured = daemonReduction(ratio, measured, o.reduceMode)
+	}
 	var progress io.Writer
 	if !o.noProgress && isTerminal(o.stderr) {
 		progress = o.stderr
@@ -251,10 +254,14 @@ func runSim(ctx context.Context, o simOpts) error {
 		}
 		fmt.Fprintln(o.stdout)
 		fmt.Fprintln(o.stdout, simModel(o, keys))
-		if ratio > 1 {
+		if ratio > 1 || measured != "" {
 			fmt.Fprintf(o.stdout, "reduction %.2f:1%s: each cache holds %.2f times its size\n", ratio, measured, ratio)
 		}
-		err = sim.WriteTable(o.stdout, res)
+		column := keys.plural
+		if column == "keys" {
+			column = "objects" // libCacheSim's word
+		}
+		err = sim.WriteTable(o.stdout, res, column)
 		if err == nil && note != "" {
 			fmt.Fprintln(o.stdout, note)
 			note = ""
@@ -388,6 +395,19 @@ func simReduction(o simOpts) (ratio float64, measured string, err error) {
 		return ratio, fmt.Sprintf(" (%s, reduction-mode %s: %s)", filepath.Base(o.reducedBy), o.reduceMode, m), nil
 	}
 	return 1, "", nil
+}
+
+// daemonReduction is what a data reduction ratio makes of the daemon's SSD tier: at most
+// cache.PackedLinesPerLine times the lines with reduction compress or dedupe, and no more lines
+// with zero (a line takes its slot whatever its zero blocks), said in the heading's note.
+func daemonReduction(ratio float64, measured, mode string) (float64, string) {
+	switch {
+	case ratio > 1 && mode == sim.ReduceZero.String():
+		return 1, measured + fmt.Sprintf("; the daemon's SSD tier with reduction zero holds no more lines for it (%.2f:1 is its data's, not its lines')", ratio)
+	case ratio > cache.PackedLinesPerLine:
+		return cache.PackedLinesPerLine, measured + fmt.Sprintf("; the daemon's SSD tier holds at most %d lines a line of room (%.2f:1 is its data's)", cache.PackedLinesPerLine, ratio)
+	}
+	return ratio, measured
 }
 
 // simPass opens the trace, makes one pass over it, and closes it. Errors that are not the reader's

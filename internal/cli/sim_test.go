@@ -309,24 +309,40 @@ func TestSimCommandDefaults(t *testing.T) {
 func TestSimHeading(t *testing.T) {
 	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
 	for _, tc := range []struct {
-		args []string
-		want []string // the lines before the table's
+		args   []string
+		want   []string // the lines before the table's
+		column string   // what the table's third column counts
 	}{
-		{nil, []string{
+		{column: "lines", want: []string{
 			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
 			"model lines (the daemon's cache): 64KiB lines, admission auto",
 			"reduction: none counted; an SSD tier with reduction compress holds more (--reduction-of IMAGE measures how much)",
 		}},
-		{[]string{"--reduction", "2"}, []string{
+		{args: []string{"--reduction", "2"}, column: "lines", want: []string{
 			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
 			"model lines (the daemon's cache): 64KiB lines, admission auto",
 			"reduction 2.00:1: each cache holds 2.00 times its size",
 		}},
-		{[]string{"--model", "object"}, []string{
+		{args: []string{"--reduction", "5"}, column: "lines", want: []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
+			"model lines (the daemon's cache): 64KiB lines, admission auto",
+			"reduction 3.00:1; the daemon's SSD tier holds at most 3 lines a line of room (5.00:1 is its data's): each cache holds 3.00 times its size",
+		}},
+		{args: []string{"--reduction", "2", "--reduction-mode", "zero"}, column: "lines", want: []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
+			"model lines (the daemon's cache): 64KiB lines, admission auto",
+			"reduction 1.00:1; the daemon's SSD tier with reduction zero holds no more lines for it (2.00:1 is its data's, not its lines'): each cache holds 1.00 times its size",
+		}},
+		{args: []string{"--model", "object", "--reduction", "5"}, column: "objects", want: []string{
+			"cloudPhysicsIO.vscsi.xz: 113872 requests, 48974 distinct keys",
+			"model object (libCacheSim's): one key per request, admission always",
+			"reduction 5.00:1: each cache holds 5.00 times its size",
+		}},
+		{args: []string{"--model", "object"}, column: "objects", want: []string{
 			"cloudPhysicsIO.vscsi.xz: 113872 requests, 48974 distinct keys",
 			"model object (libCacheSim's): one key per request, admission always",
 		}},
-		{[]string{"--model", "object", "--block-size", "512", "--admission", "nhit:2"}, []string{
+		{args: []string{"--model", "object", "--block-size", "512", "--admission", "nhit:2"}, column: "blocks", want: []string{
 			"cloudPhysicsIO.vscsi.xz: 113872 requests, 2125107 distinct blocks",
 			"model object (libCacheSim's): 512-byte blocks, one key each, admission nhit:2",
 		}},
@@ -335,7 +351,7 @@ func TestSimHeading(t *testing.T) {
 		require.NoError(t, err, "%v", tc.args)
 		lines := strings.Split(out, "\n")
 		require.Equal(t, tc.want, lines[:len(tc.want)], "%v", tc.args)
-		require.True(t, strings.HasPrefix(strings.TrimSpace(lines[len(tc.want)]), "policy"), "%v: the table follows", tc.args)
+		require.Equal(t, []string{"policy", "size", tc.column, "requests"}, strings.Fields(lines[len(tc.want)])[:4], "%v: the table follows", tc.args)
 	}
 }
 

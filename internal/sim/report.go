@@ -34,10 +34,11 @@ func WriteJSON(w io.Writer, rs []Result) error {
 	return enc.Encode(rs)
 }
 
-// WriteTable writes a table for people.
-func WriteTable(w io.Writer, rs []Result) error {
+// WriteTable writes a table for people; keys names what a cache's size counts (lines, blocks,
+// objects), the heading of that column.
+func WriteTable(w io.Writer, rs []Result, keys string) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tsize\tobjects\trequests\tmiss ratio\tbyte miss ratio\tfetched/read\tMreq/s\t")
+	fmt.Fprintf(tw, "policy\tsize\t%s\trequests\tmiss ratio\tbyte miss ratio\tfetched/read\tMreq/s\t\n", keys)
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.4f\t%.4f\t%.2f\t%.2f\t\n", policyLabel(r), r.SizeLabel, r.CacheSize, r.Requests,
 			r.MissRatio, r.ByteMissRatio, r.FetchRatio, r.ThroughputMQPS)

@@ -220,6 +220,10 @@ func TestSizes(t *testing.T) {
 		_, err := ParseSizes(bad)
 		require.Error(t, err, bad)
 	}
+	_, err = ParseSizes("1GiB,1GB")
+	require.ErrorContains(t, err, `size "1GB": decimal units are not accepted`, "a unit's own error, naming 1GiB")
+	_, err = ParseSizes("lots")
+	require.ErrorContains(t, err, "neither a fraction (0.01), a number of objects (5000) nor bytes (1GiB)")
 	ss, _ = ParseSizes("0.001")
 	_, err = ss[0].Keys(10, 0)
 	require.ErrorContains(t, err, "less than one object")
@@ -243,8 +247,8 @@ func TestOutputs(t *testing.T) {
 	require.Equal(t, rs, back)
 
 	b.Reset()
-	require.NoError(t, WriteTable(&b, rs))
-	require.Contains(t, b.String(), "miss ratio")
+	require.NoError(t, WriteTable(&b, rs, "lines"))
+	require.Contains(t, b.String(), "size  lines  requests  miss ratio")
 	require.Contains(t, b.String(), "0.5000")
 	require.Contains(t, b.String(), "fetched/read")
 

@@ -39,6 +39,8 @@ func ParseSizes(list string) ([]Size, error) {
 			s.fraction = x
 		} else if b, err := units.ParseSize(f); err == nil && b > 0 {
 			s.bytes = b
+		} else if err != nil && f[0] >= '0' && f[0] <= '9' && strings.ContainsAny(f[len(f)-1:], "KMGTBkmgtb") {
+			return nil, err // a size with a unit: units says what is wrong with it (1GB: decimal)
 		} else {
 			return nil, fmt.Errorf("size %q is neither a fraction (0.01), a number of objects (5000) nor bytes (1GiB)", f)
 		}
