@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -515,4 +516,24 @@ func TestValidateOneFileReadOnlyExports(t *testing.T) {
 	c := Defaults()
 	c.Exports = []Export{{Name: "a", Backend: "file:///srv/nas.img", ReadOnly: true}, {Name: "b", Backend: "file:///srv/nas.img", ReadOnly: true}}
 	require.NoError(t, c.Validate([]string{"file"}))
+}
+
+// FuzzParse: any config text gets a configuration or an error that names the file, never a
+// panic (the node walk of decode.go, the syntax error's line search).
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"exports:\n  - name: a\n    backend: file:///x\n    cache: {ram: 1GiB}\n",
+		"listen: unix:/run/x.sock\n",
+		"exports:\n\t- name: a\n",
+		"a: &x {b: 1}\nc: *x\n<<: *x\n",
+		"exports: [{name: 'a, backend: x}]",
+		"---\n...\n",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if _, err := Parse([]byte(s), "fuzz.yaml"); err != nil && !strings.Contains(err.Error(), "fuzz.yaml") {
+			t.Fatalf("error without the file's name: %v", err)
+		}
+	})
 }

@@ -122,3 +122,24 @@ func TestParseRate(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseSize: any text gets a size or an error, never a panic; a size is never negative, and
+// what FormatSize prints of it parses back to it.
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"4096", "64KiB", "1.5GiB", "10G", "1GB", "0.5K", "-1", "9223372036854775807", "1e3", "  2 MiB "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := ParseSize(s)
+		if err != nil {
+			return
+		}
+		if n < 0 {
+			t.Fatalf("ParseSize(%q) = %d", s, n)
+		}
+		back, err := ParseSize(FormatSize(n))
+		if err != nil || back != n {
+			t.Fatalf("ParseSize(%q) = %d, printed %q, read back %d, %v", s, n, FormatSize(n), back, err)
+		}
+	})
+}
