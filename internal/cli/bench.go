@@ -35,8 +35,10 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks: 'bench nbd' (fio against nbdkit, and qemu-nbd over iSCSI), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier), 'bench cold' (the cache against no cache on cold workloads), 'bench memory' (the daemon's memory against its bound under load), 'bench kernel' (tierblk's ublk cache beside dm-cache, bcache and dm-writecache in the kernel VM)",
-		Args:  noSuchCommand("unknown benchmark %q; use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory' or 'tierblk bench kernel'"),
+		Args:  noSuchCommand("unknown benchmark %q%s (use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory' or 'tierblk bench kernel')"),
 		RunE:  showHelp,
+		// As the root's: noSuchCommand suggests the benchmarks this near to what was typed.
+		SuggestionsMinimumDistance: 2,
 	}
 	cmd.AddCommand(newBenchNBDCmd(), newBenchCacheCmd(), newBenchWriteBackCmd(), newBenchSimCmd(), newBenchStartupCmd(), newBenchColdCmd(), newBenchMemoryCmd(), newBenchKernelCmd())
 	return cmd
@@ -65,7 +67,7 @@ faster), then the CPU each server used. The parts (--parts):
 		Example: `  tierblk bench nbd
   tierblk bench nbd --parts tls --rounds 5
   sudo tierblk bench nbd --parts iscsi --rounds 5 --runtime 5s`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBench(cmd.Context(), o)
@@ -229,7 +231,7 @@ live there.`,
   tierblk bench cache --parts hits --rounds 5
   tierblk bench cache --parts reduction --image usr.ext4 --rounds 5
   tierblk bench cache --parts checksums --baseline /tmp/tierblk-19fdf5f --rounds 5`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchCache(cmd.Context(), o)
@@ -358,7 +360,7 @@ burst's peak dirty ratio against its maximum.
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tiers and nbdkit's cache file
 live there.`,
 		Example: `  tierblk bench writeback --work .cache/bench-writeback`,
-		Args:    cobra.NoArgs,
+		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchWriteBack(cmd.Context(), o)
@@ -417,7 +419,7 @@ miss ratios.`,
 		Example: `  tierblk bench sim
   tierblk bench sim --policy lru,s3fifo --cachesim /tmp/libcachesim/_build/bin/cachesim --work /tmp/simbench
   tierblk bench sim --requests 100000000 --policy lru --rounds 1 --work /tmp/simbench`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchSim(cmd.Context(), o)
@@ -493,7 +495,7 @@ on the empty one, in the same round. Prints the medians and the command lines me
 files are removed at the end.`,
 		Example: `  tierblk bench startup --work .cache/bench-startup
   tierblk bench startup --lines 100K,1M --rounds 5`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchStartup(cmd.Context(), o)
@@ -586,7 +588,7 @@ faster; replay times: below 1.0, the cache is faster) and the command lines.
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tiers live there.`,
 		Example: `  tierblk bench cold --work .cache/bench-cold
   tierblk bench cold --rows nas-read,replay --rounds 5`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchCold(cmd.Context(), o)
@@ -664,7 +666,7 @@ Run from the repository's root (or give --vm), with a static tierblk (make build
 		Example: `  tierblk bench kernel --rounds 3
   tierblk bench kernel --contenders none,ublk,tierblk --rows zipf --nas-ms 2 --rounds 1
   tierblk bench kernel --contenders ublk,tierblk --rows zipf,randw --nas-ms 2 --rounds 1 --profile /tmp/prof`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchKernel(cmd.Context(), o)
@@ -735,7 +737,7 @@ the Go heap. A run whose held peak passes its bound leaves its heap profile (/de
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tiers live there.`,
 		Example: `  tierblk bench memory --work .cache/bench-memory
   tierblk bench memory --rounds 3 --baseline /tmp/tierblk-e113d40 --work /tmp/bench-memory`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.out, o.Log = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			return runBenchMemory(cmd.Context(), o)

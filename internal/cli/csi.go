@@ -42,7 +42,7 @@ I/O held, and the next plugin takes them back from what --state-dir recorded.`,
 		Example: `  tierblk csi --controller --node --endpoint unix:///csi/csi.sock --backing-dir /mnt/nas/tierblk
   tierblk csi --node --node-id "$NODE_NAME" --endpoint unix:///csi/csi.sock --backing-dir /mnt/nas/tierblk \
     --cache-dir /var/cache/tierblk/csi --state-dir /var/lib/tierblk/csi --metrics :9810 --admin unix:/csi/admin.sock`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stderr = cmd.ErrOrStderr()
 			o.Version = version

@@ -54,7 +54,7 @@ written meanwhile, which the cache absorbs as before (it stays in its mode). Int
 the flush; the dirty data stays safe on the SSD.`,
 		Example: `  tierblk flush --admin unix:/run/tierblk/admin.sock
   tierblk flush --admin 127.0.0.1:9810 --export nas`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.bind(cmd)
 			return runFlush(cmd.Context(), o)

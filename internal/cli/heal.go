@@ -20,7 +20,7 @@ probe write and a flush, and the metadata a commit; the tier then serves the lin
 otherwise.`,
 		Example: `  tierblk heal --admin unix:/run/tierblk/admin.sock
   tierblk heal --admin 127.0.0.1:9810 --export nas`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.bind(cmd)
 			return runHeal(cmd.Context(), o)

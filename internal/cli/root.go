@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -38,7 +39,8 @@ func ExitCode(err error) int {
 	}
 }
 
-// NewRoot builds the tierblk command tree. version is printed by `tierblk version`.
+// NewRoot builds the tierblk command tree. version is printed by `tierblk version` and
+// `tierblk --version`.
 func NewRoot(version string) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "tierblk",
@@ -51,10 +53,25 @@ Quick start:
   nbdinfo 'nbd+unix:///?socket=/run/tierblk.sock'`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          noSuchCommand("unknown command %q; see 'tierblk --help'"),
+		Args:          noSuchCommand("unknown command %q for \"tierblk\"%s (see 'tierblk --help')"),
 		RunE:          showHelp,
+		// What cobra's own suggestions use; SuggestionsFor (noSuchCommand) takes it as it is.
+		SuggestionsMinimumDistance: 2,
+		// cobra's --version (and -v) prints this through the template below: the same line as
+		// `tierblk version`.
+		Version: versionLine(version),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		// A command with subcommands (the root, bench) runs itself with its arguments when the
+		// first is no subcommand, so cobra parses its flags before its Args sees that word: in
+		// `tierblk statss --admin x` the flag would be the error reported. The words read before
+		// the bad flag are kept: the first of them is the mistake to report.
+		if c.HasSubCommands() && c.Args != nil {
+			if argErr := c.Args(c, c.Flags().Args()); argErr != nil {
+				return argErr
+			}
+		}
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
@@ -64,14 +81,27 @@ Quick start:
 }
 
 // noSuchCommand makes a command with subcommands treat a stray argument as a usage error: cobra
-// otherwise reports an unknown command as a plain error (exit 1). format takes the argument.
+// otherwise reports an unknown command as a plain error (exit 1). format takes the argument and
+// the subcommands it may be a misspelling of ("; did you mean stats?", or nothing).
 func noSuchCommand(format string) cobra.PositionalArgs {
-	return func(_ *cobra.Command, args []string) error {
-		if len(args) > 0 {
-			return usageErrorf(format, args[0])
+	return func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return nil
 		}
-		return nil
+		var meant string
+		if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+			meant = "; did you mean " + strings.Join(s, " or ") + "?"
+		}
+		return usageErrorf(format, args[0], meant)
 	}
+}
+
+// noArgs is cobra.NoArgs as a usage error: cobra's is a plain error (exit 1).
+func noArgs(c *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageErrorf("%q takes no arguments, only flags, and was given %q (see '%s --help')", c.CommandPath(), args[0], c.CommandPath())
+	}
+	return nil
 }
 
 // showHelp is the action of a command that only groups subcommands.

@@ -47,7 +47,7 @@ backend), and 1 when lost ranges exist, listing them (offset and length, in byte
 it stops the scrub.`,
 		Example: `  tierblk scrub --admin unix:/run/tierblk/admin.sock
   tierblk scrub --admin 127.0.0.1:9810 --export nas --rate 100MiB`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.bind(cmd)
 			return runScrub(cmd.Context(), o)

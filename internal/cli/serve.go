@@ -41,6 +41,9 @@ Backends are URLs:
   nbd://HOST[:PORT]/EXPORT                           another NBD server over TCP
   nbd+unix:///EXPORT?socket=PATH                     another NBD server over a unix socket
   nbds://HOST[:PORT]/EXPORT?tls-certificates=DIR     the same over TLS (also nbds+unix://; docs/operations.md#tls)
+  iscsi://HOST[:PORT]/TARGET-IQN/LUN                 a LUN of an iSCSI target, through tierblk's own initiator
+                                                     (CHAP from TIERBLK_ISCSI_USER, TIERBLK_ISCSI_PASSWORD);
+                                                     'tierblk iscsi-ls iscsi://HOST' lists a portal's LUNs
 
 A tiered cache goes in front of the backend with --ram and/or --ssd: reads look in RAM, then on
 the SSD, then go to the backend; --mode says what writes do. The SSD tier's index is kept in --meta,
@@ -50,7 +53,11 @@ all back and 'tierblk mode' switches a running cache's mode. --admin serves /met
 
 --ublk also serves the (first) export as a ublk block device, /dev/ublkbN (Linux 6.0+, module
 ublk_drv); --nbd-device /dev/nbdN attaches the kernel's NBD client to it (module nbd). Without
---nbd, a command line with either of them opens no NBD listener. A stop removes the devices.
+--nbd, a command line with either of them opens no NBD listener. A stop leaves a device, its I/O
+held, for the next tierblk to take back, so a restart does not disturb a mounted file system:
+the NBD device stays attached unless --nbd-device-on-stop release; the ublk device stays when it
+has a fixed number (--ublk-id N) unless --ublk-on-stop remove, and one the kernel numbered (no
+--ublk-id) is removed (docs/operations.md#restarts-and-upgrades-of-a-block-device).
 
 --allow CIDR lets TCP clients connect only from the networks given (others are closed at once,
 logged and counted in /metrics); --socket-mode and --socket-group set the NBD unix sockets' mode
@@ -68,7 +75,7 @@ config or --nbd, as nbdkit does; --allow still governs TCP clients.`,
   tierblk serve --backend nbd://nas:10809/lun0 --ram 2GiB --ssd /dev/nvme0n1p3 --meta /var/lib/tierblk/lun0.meta --admin 127.0.0.1:9810
   tierblk serve --backend file:///srv/nas.img --ssd /var/cache/tierblk/ssd.img --ssd-size 32GiB --mode writeback --ublk
   tierblk serve --config configs/tierblk.example.yaml`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stderr = cmd.ErrOrStderr()
 			return runServe(cmd.Context(), o)
@@ -135,6 +142,29 @@ func buildConfig(o serveOpts, schemes []string, activated []systemd.Listener) (c
 	return cfg, replaced, nil
 }
 
+// ssdFilesSized refuses an SSD tier whose file does not exist and whose size is not given: nothing
+// says how large to create it, so a flag (or field) is missing, as for a file:// backend without
+// ?size=. The daemon would find it too, but only after opening (perhaps creating) the backend.
+// flags says the configuration was typed as flags, which the message then names.
+func ssdFilesSized(cfg config.Config, flags bool) error {
+	for i, e := range cfg.Exports {
+		if e.Cache == nil || e.Cache.SSD == "" {
+			continue
+		}
+		if sizes, err := e.Cache.Sizes(); err != nil || sizes.SSDSize != 0 {
+			continue // a size to create it at, or a bad one, which Validate has refused
+		}
+		if _, err := os.Stat(e.Cache.SSD); errors.Is(err, os.ErrNotExist) {
+			msg := fmt.Sprintf("exports[%d].cache.ssd: %s does not exist; give its size (--ssd-size, ssd_size) to create it", i, e.Cache.SSD)
+			if flags {
+				msg = config.FlagNames(msg)
+			}
+			return usageErrorf("%s", msg)
+		}
+	}
+	return nil
+}
+
 func runServe(ctx context.Context, o serveOpts) error {
 	reg := registry.Default()
 	// The service manager's environment is malformed input like a bad flag: said, exit status 2.
@@ -148,6 +178,9 @@ func runServe(ctx context.Context, o serveOpts) error {
 	}
 	cfg, replaced, err := buildConfig(o, reg.Schemes(), activated)
 	if err != nil {
+		return err
+	}
+	if err := ssdFilesSized(cfg, o.configFile == ""); err != nil {
 		return err
 	}
 	log, err := newLogger(o.stderr, cfg.LogLevel)
@@ -169,7 +202,10 @@ func runServe(ctx context.Context, o serveOpts) error {
 	if err == nil {
 		return nil
 	}
-	bad := errors.Is(err, backend.ErrBadURL)
+	// The daemon marks what is wrong with the settings themselves: the backend's URL, and the
+	// values it checks only as it starts (a --socket-group that names no group) as *config.Error.
+	var setting *config.Error
+	bad := errors.Is(err, backend.ErrBadURL) || errors.As(err, &setting)
 	if o.configFile == "" {
 		// Without a config file the user typed flags: name those.
 		err = errors.New(config.FlagNames(err.Error()))

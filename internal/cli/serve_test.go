@@ -182,6 +182,35 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 	}
 }
 
+// An SSD tier's file that does not exist, with no size to create it at, is a missing flag (or
+// field), said before the backend is opened: its file, to be created, is not.
+func TestServeSSDFileWithoutSize(t *testing.T) {
+	dir := t.TempDir()
+	backend := filepath.Join(dir, "backend.img")
+	ssd := filepath.Join(dir, "ssd.img")
+	cfgFile := filepath.Join(dir, "c.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte("exports:\n  - backend: file://"+backend+"?size=1MiB\n    cache:\n      ssd: "+ssd+"\n"), 0o644))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"flags", []string{"--backend", "file://" + backend + "?size=1MiB", "--ssd", ssd}, "--ssd: " + ssd + " does not exist; give its size (--ssd-size, ssd_size) to create it"},
+		{"size 0", []string{"--backend", "file://" + backend + "?size=1MiB", "--ssd", ssd, "--ssd-size", "0"}, "--ssd: " + ssd + " does not exist; give its size (--ssd-size, ssd_size) to create it"},
+		{"config file", []string{"--config", cfgFile}, "exports[0].cache.ssd: " + ssd + " does not exist; give its size (--ssd-size, ssd_size) to create it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := serveArgs(t, tc.args...)
+			o.stderr = io.Discard
+			err := runServe(context.Background(), o)
+			require.EqualError(t, err, tc.want)
+			require.Equal(t, 2, ExitCode(err))
+			require.NoFileExists(t, backend)
+			require.NoFileExists(t, ssd)
+		})
+	}
+}
+
 // A flag's text that is not of its kind is refused as the command line is read, naming the flag.
 func TestServeFlagKinds(t *testing.T) {
 	for _, args := range [][]string{{"--dirty-high", "half"}, {"--max-in-flight", "many"}, {"--ublk-id", "1.5"}, {"--read-only=perhaps"}} {

@@ -95,7 +95,7 @@ apart by SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
   tierblk sim --trace my.iolog --format fio --size 8GiB --reduction-of /srv/vm.img
   tierblk sim --trace cloudPhysicsIO.vscsi --model object --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
   tierblk sim --trace oltp.arc.gz --model object --block-size 512 --policy all --size 0.01,0.1 --output csv`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
 			o.modelDefaults(cmd.Flags().Changed)

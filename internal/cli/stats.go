@@ -43,9 +43,9 @@ tier, hits, misses, occupancy, promotions, evictions and errors; the backend's t
 (write-back: dirty lines and bytes, what was destaged, throttled writes); blocks that failed their
 checksums, lost data and the SSD tier's scrub, when there are any; and the request latency
 quantiles, estimated from the latency histograms as Prometheus does.`,
-		Example: `  tierblk stats --admin unix:/run/tierblk-admin.sock
-  tierblk stats --admin 127.0.0.1:9180 --export disk0 --json`,
-		Args: cobra.NoArgs,
+		Example: `  tierblk stats --admin unix:/run/tierblk/admin.sock
+  tierblk stats --admin 127.0.0.1:9810 --export nas --json`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout = cmd.OutOrStdout()
 			return runStats(cmd.Context(), o)
