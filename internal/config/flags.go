@@ -297,6 +297,12 @@ var flagRenames = func() []rename {
 		}
 		add(`(?m)`+before+field, "${1}--"+f.Name)
 	}
+	for _, f := range Flags {
+		// The daemon's errors about a setting of the export ("exports[0] (""): record_trace: ...").
+		if field, ok := strings.CutPrefix(f.Field, "exports[0]."); ok && !strings.ContainsAny(field, ".[") {
+			add(`exports\[0\] \("[^"]*"\): `+regexp.QuoteMeta(field)+`: `, "--"+f.Name+": ")
+		}
+	}
 	add(`exports\[0\] \("[^"]*"\)`, "--backend") // the daemon's errors opening the export's backend
 	add(`exports\[0\]\.cache: `, "")             // and making its cache
 	add(`(?m)^listen: no listen address`, "no listen address")

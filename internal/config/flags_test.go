@@ -88,6 +88,8 @@ func TestFlagNames(t *testing.T) {
 		"exports[1].cache.ram: too small":                     "exports[1].cache.ram: too small", // another export's, from a file
 		"log_level: use an admin endpoint":                    "--log-level: use an admin endpoint",
 		`exports[0] ("x"): open: no such file`:                "--backend: open: no such file",
+		`exports[0] (""): record_trace: open /nope/x: gone`:   "--record-trace: open /nope/x: gone",
+		`exports[0] ("x"): nbd_device: busy`:                  "--nbd-device: busy",
 		"exports[0].cache: ssd: in use":                       "ssd: in use",
 		"allow: is set but no listen address is HOST:PORT":    "--allow: is set but no listen address is HOST:PORT",
 	} {
