@@ -46,6 +46,8 @@ func TestExitStatus(t *testing.T) {
 	dir := t.TempDir()
 	existing := filepath.Join(dir, "existing.img")
 	require.NoError(t, os.WriteFile(existing, make([]byte, 1<<20), 0o644))
+	existingSSD := filepath.Join(dir, "existing-ssd.img")
+	require.NoError(t, os.WriteFile(existingSSD, make([]byte, 1<<20), 0o644))
 	missing := filepath.Join(dir, "missing.img")
 	ssd := filepath.Join(dir, "ssd.img")
 	sock := "unix:" + filepath.Join(dir, "nbd.sock")
@@ -81,6 +83,12 @@ func TestExitStatus(t *testing.T) {
 			`tierblk: --socket-group: no group "no-such-group-here" on this machine; give a group name from /etc/group or a numeric GID`},
 		{"flags refused together", []string{"serve", "--backend", "file://" + existing, "--ssd-size", "1GiB"}, 2,
 			"tierblk: --ssd-size: is set but ssd is not; give the SSD tier's path too"},
+		{"SSD tier on the backend's file", []string{"serve", "--backend", "file://" + existing, "--nbd", sock, "--ssd", existing, "--meta", "/dev/tierblk-meta"}, 2,
+			"tierblk: --ssd: " + existing + " is also the export's backend; an SSD tier needs a file or device of its own"},
+		{"metadata directory on /dev", []string{"serve", "--backend", "file://" + existing, "--nbd", sock, "--ssd", existingSSD, "--meta", "/dev/tierblk-meta"}, 2,
+			"tierblk: --meta: /dev/tierblk-meta is a block device's path; give a metadata directory on a file system"},
+		{"record trace in a missing directory", []string{"serve", "--backend", "file://" + existing, "--nbd", sock, "--record-trace", filepath.Join(missing, "t.log")}, 1,
+			"tierblk: --record-trace: open " + filepath.Join(missing, "t.log") + ": no such file or directory"},
 		// At run time: what was typed is well formed, what it names fails.
 		{"daemon not answering", []string{"stats", "--admin", "unix:" + filepath.Join(dir, "admin.sock")}, 1,
 			"tierblk: no tierblk admin endpoint at unix:" + filepath.Join(dir, "admin.sock") + ": "},

@@ -332,6 +332,18 @@ func (c *Config) Validate(schemes []string) error {
 			}
 		}
 	}
+	// An SSD tier on a backend's file would overwrite the data it caches.
+	for i, e := range c.Exports {
+		if e.Cache == nil || e.Cache.SSD == "" {
+			continue
+		}
+		switch j, dup := files[filepath.Clean(e.Cache.SSD)]; {
+		case dup && j == i:
+			errs = append(errs, fieldErr(fmt.Sprintf("exports[%d].cache.ssd", i), "%s is also the export's backend; an SSD tier needs a file or device of its own", e.Cache.SSD))
+		case dup:
+			errs = append(errs, fieldErr(fmt.Sprintf("exports[%d].cache.ssd", i), "%s is the backend of exports[%d] (%q); an SSD tier needs a file or device of its own", e.Cache.SSD, j, c.Exports[j].Name))
+		}
+	}
 	// IDs must differ too; -1 (any) may repeat.
 	ublkIDs := map[int]int{}
 	for i, e := range c.Exports {

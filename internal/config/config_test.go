@@ -150,6 +150,10 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"bad url", func(c *Config) { c.Exports[0].Backend = "file://%zz" }, "exports[0].backend"},
 		{"password hidden", func(c *Config) { c.Exports[0].Backend = "tape://alice:s3cret@nas/x" }, `exports[0].backend: "tape://alice:xxxxx@nas/x" has unknown scheme`},
 		{"duplicate name", func(c *Config) { c.Exports = append(c.Exports, Export{Name: "a", Backend: "mem://1MiB"}) }, "exports[1].name"},
+		{"SSD on the backend's file", func(c *Config) {
+			c.Exports[0].Backend = "file:///srv/nas.img"
+			c.Exports[0].Cache = &Cache{SSD: "/srv/nas.img"}
+		}, `exports[0].cache.ssd: /srv/nas.img is also the export's backend; an SSD tier needs a file or device of its own`},
 		{"one file, two exports", func(c *Config) {
 			c.Exports[0].Backend = "file:///srv/nas.img?size=1GiB"
 			c.Exports = append(c.Exports, Export{Name: "b", Backend: "file:///srv/../srv/nas.img", ReadOnly: true})

@@ -68,7 +68,7 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 			// The default next to a block device (/dev/sdb.meta) would land in devtmpfs and be lost
 			// at boot. /dev/shm is an ordinary tmpfs, which a user may choose.
 			dev.Close()
-			return nil, fmt.Errorf("cache.meta: %s is a block device's path; give a metadata directory on a file system", dir)
+			return nil, &config.Error{Field: "cache.meta", Msg: fmt.Sprintf("%s is a block device's path; give a metadata directory on a file system", dir)}
 		}
 		store, err := meta.OpenBadger(dir, log)
 		if err != nil {
