@@ -89,6 +89,12 @@ func TestExitStatus(t *testing.T) {
 			"tierblk: --meta: /dev/tierblk-meta is a block device's path; give a metadata directory on a file system"},
 		{"record trace in a missing directory", []string{"serve", "--backend", "file://" + existing, "--nbd", sock, "--record-trace", filepath.Join(missing, "t.log")}, 1,
 			"tierblk: --record-trace: open " + filepath.Join(missing, "t.log") + ": no such file or directory"},
+		{"csi without a service", []string{"csi"}, 2, "tierblk: give --controller, --node or both: the services to serve"},
+		{"csi attach that names no way", []string{"csi", "--node", "--attach", "iscsi"}, 2, `tierblk: --attach "iscsi": use auto, ublk or nbd`},
+		{"csi controller without its directory", []string{"csi", "--controller"}, 2,
+			"tierblk: --backing-dir: the controller needs the directory that holds dynamic volumes (a share every node mounts at the same path)"},
+		{"csi endpoint not an absolute path", []string{"csi", "--node", "--endpoint", "unix:csi.sock"}, 2,
+			`tierblk: --endpoint "unix:csi.sock": give a unix socket's absolute path, as unix:///csi/csi.sock`},
 		// At run time: what was typed is well formed, what it names fails.
 		{"daemon not answering", []string{"stats", "--admin", "unix:" + filepath.Join(dir, "admin.sock")}, 1,
 			"tierblk: no tierblk admin endpoint at unix:" + filepath.Join(dir, "admin.sock") + ": "},

@@ -69,13 +69,13 @@ func runCSI(ctx context.Context, o csiOpts) error {
 	if err != nil {
 		return err
 	}
-	if !o.Controller && !o.Node {
-		return usageErrorf("give --controller, --node or both")
-	}
 	if o.NodeID == "" {
 		if o.NodeID, err = os.Hostname(); err != nil {
 			return usageErrorf("--node-id: none given, and the host name is unknown: %v", err)
 		}
+	}
+	if err := o.Check(); err != nil {
+		return usageErrorf("%v", err)
 	}
 	o.Logger, o.Registry = log, registry.Default()
 	raiseProcs()

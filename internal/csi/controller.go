@@ -33,9 +33,6 @@ type controller struct {
 }
 
 func newController(o Options) (*controller, error) {
-	if o.BackingDir == "" {
-		return nil, errors.New("--backing-dir: the controller needs the directory that holds dynamic volumes (a share every node mounts at the same path)")
-	}
 	if fi, err := os.Stat(o.BackingDir); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("--backing-dir %s: not a directory (%v)", o.BackingDir, err)
 	}

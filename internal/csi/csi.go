@@ -76,13 +76,10 @@ type Options struct {
 // takes back the volumes its state directory records as staged; at the end it stops them, not
 // finally: their devices stay for the next plugin.
 func Run(ctx context.Context, o Options) error {
-	if !o.Controller && !o.Node {
-		return errors.New("serve the controller service, the node service or both")
-	}
-	path, err := socketPath(o.Endpoint)
-	if err != nil {
+	if err := o.Check(); err != nil {
 		return err
 	}
+	path, _ := socketPath(o.Endpoint)
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(o.Logger)))
 	csipb.RegisterIdentityServer(srv, &identity{o: o})
 	if o.Controller {
@@ -127,6 +124,26 @@ func Run(ctx context.Context, o Options) error {
 }
 
 // socketPath is the file of a unix endpoint: unix:///path, unix:/path or a plain path.
+// Check reports what is wrong with o itself, before Run looks at the machine: no service asked
+// for, an endpoint that is not a unix socket's absolute path, a controller without its backing
+// directory, an attach setting that names no way. The CLI reports these as usage errors.
+func (o Options) Check() error {
+	if !o.Controller && !o.Node {
+		return errors.New("give --controller, --node or both: the services to serve")
+	}
+	if _, err := socketPath(o.Endpoint); err != nil {
+		return err
+	}
+	if o.Controller && o.BackingDir == "" {
+		return errors.New("--backing-dir: the controller needs the directory that holds dynamic volumes (a share every node mounts at the same path)")
+	}
+	switch o.Attach {
+	case AttachAuto, AttachUBLK, AttachNBD, "":
+		return nil
+	}
+	return fmt.Errorf("--attach %q: use auto, ublk or nbd", o.Attach)
+}
+
 func socketPath(endpoint string) (string, error) {
 	p := strings.TrimPrefix(strings.TrimPrefix(endpoint, "unix://"), "unix:")
 	if p == "" || !filepath.IsAbs(p) {
