@@ -13,33 +13,45 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 )
 
+// nobody is the user the tests of a daemon not run by root run it as.
+const nobody = 65534
+
+// asNobody skips t unless the test runs as root, and returns a directory of nobody's with a copy
+// of tierblk nobody may run (the built one is in a directory of root's alone) and a command that
+// runs it as nobody with args, without XDG_RUNTIME_DIR, as from a bare login.
+func asNobody(t *testing.T) (dir string, command func(args ...string) *exec.Cmd) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run the daemon as nobody")
+	}
+	dir = shortTempDir(t)
+	require.NoError(t, os.Chown(dir, nobody, nobody))
+	bin := filepath.Join(dir, "tierblk")
+	data, err := os.ReadFile(tierblkPath)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(bin, data, 0o755))
+	return dir, func(args ...string) *exec.Cmd {
+		cmd := exec.Command(bin, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
+		return cmd
+	}
+}
+
 // TestNonRootKill9 runs tierblk serve as a user other than root (nobody), as a fresh clone's `make
 // run` by a user would, with no --run-dir and no XDG_RUNTIME_DIR: the daemon must find a run
 // directory it may write by itself and keep its run log there, so that a kill -9 of a write-back
 // cache loses no acknowledged write, as root's does. The write is never flushed: only the run log
 // brings its record back.
 func TestNonRootKill9(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run the daemon as nobody")
-	}
-	const nobody = 65534
-	dir := shortTempDir(t)
-	require.NoError(t, os.Chown(dir, nobody, nobody))
-	// A copy nobody may run: the built one is in a directory of root's alone.
-	bin := filepath.Join(dir, "tierblk")
-	data, err := os.ReadFile(tierblkPath)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, data, 0o755))
+	dir, command := asNobody(t)
 	runDir := "/dev/shm/tierblk-65534"
 	t.Cleanup(func() { os.RemoveAll(runDir) })
 	args := []string{"serve", "--backend", "file://" + filepath.Join(dir, "disk.img") + "?size=16MiB",
 		"--ssd", filepath.Join(dir, "ssd.img"), "--ssd-size", "8MiB", "--mode", "writeback"}
 	serve := func() *daemon {
 		sock := filepath.Join(dir, "tierblk.sock")
-		cmd := exec.Command(bin, append(args, "--nbd", "unix:"+sock)...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
-		d := startCmd(t, cmd, "unix:"+sock)
+		d := startCmd(t, command(append(args, "--nbd", "unix:"+sock)...), "unix:"+sock)
 		d.Unix = sock
 		return d
 	}
@@ -47,7 +59,7 @@ func TestNonRootKill9(t *testing.T) {
 	d := serve()
 	c := dialNBD(t, d.Unix)
 	want := backendtest.Pattern(45, 64<<10)
-	_, err = c.WriteAt(want, 1<<20)
+	_, err := c.WriteAt(want, 1<<20)
 	require.NoError(t, err)
 	d.stop(syscall.SIGKILL)
 	c.Close()
@@ -69,22 +81,11 @@ func TestNonRootKill9(t *testing.T) {
 // An SSD tier its user may not write is refused saying so, not with the file backend's advice to
 // open it read-only, which a tier cannot be.
 func TestNonRootSSDNotWritable(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run the daemon as nobody")
-	}
-	const nobody = 65534
-	dir := shortTempDir(t)
-	require.NoError(t, os.Chown(dir, nobody, nobody))
-	bin := filepath.Join(dir, "tierblk")
-	data, err := os.ReadFile(tierblkPath)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(bin, data, 0o755))
+	dir, command := asNobody(t)
 	ssd := filepath.Join(dir, "ssd.img")
 	require.NoError(t, os.WriteFile(ssd, make([]byte, 8<<20), 0o644)) // root's
-	cmd := exec.Command(bin, "serve", "--backend", "file://"+filepath.Join(dir, "disk.img")+"?size=16MiB", "--ssd", ssd, "--nbd", "unix:"+filepath.Join(dir, "s.sock"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=/nonexistent"}
-	out, err := cmd.CombinedOutput()
+	out, err := command("serve", "--backend", "file://"+filepath.Join(dir, "disk.img")+"?size=16MiB", "--ssd", ssd,
+		"--nbd", "unix:"+filepath.Join(dir, "s.sock")).CombinedOutput()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "%s", out)
 	require.Equal(t, 1, exit.ExitCode(), "%s", out)
