@@ -105,7 +105,7 @@ var Flags = []Flag{
 			return nil
 		}},
 	{Name: "run-dir", Field: "run_dir", Def: Defaults().RunDir,
-		Usage: "directory on a tmpfs for the SSD tiers' run logs and the marks of kernel devices left attached (default for a user other than root: $XDG_RUNTIME_DIR/tierblk, else /dev/shm/tierblk-UID)",
+		Usage: "directory on a tmpfs for the SSD tiers' run logs and the marks of kernel devices left attached (default for a user other than root: /run/tierblk if it is theirs, else $XDG_RUNTIME_DIR/tierblk, else /dev/shm/tierblk-UID)",
 		apply: func(c *Config, v []string, _ func(string) bool) error { c.RunDir = last(v); return nil }},
 	{Name: "lock-memory", Field: "lock_memory", Kind: Bool,
 		Usage: "lock the daemon's memory in RAM (mlockall): for a device holding swap or the root file system; needs root or CAP_IPC_LOCK",

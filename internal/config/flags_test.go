@@ -132,25 +132,28 @@ func TestFlagsDocumented(t *testing.T) {
 	}
 }
 
-// A daemon not run by root gets a run directory it may write, on a tmpfs: its session's runtime
-// directory, else its own under /dev/shm; root keeps /run/tierblk.
+// A daemon not run by root gets a run directory it may write, on a tmpfs: /run/tierblk where it
+// is that user's (a container image's), else its session's runtime directory, else its own under
+// /dev/shm; root keeps /run/tierblk.
 func TestDefaultRunDir(t *testing.T) {
 	for _, tc := range []struct {
-		euid int
-		xdg  string
-		want string
+		euid  int
+		xdg   string
+		owner int // of /run/tierblk; -1: there is none
+		want  string
 	}{
-		{0, "/run/user/0", "/run/tierblk"},
-		{1000, "/run/user/1000", "/run/user/1000/tierblk"},
-		{1000, "", "/dev/shm/tierblk-1000"},
-		{1000, "relative", "/dev/shm/tierblk-1000"},
+		{0, "/run/user/0", -1, "/run/tierblk"},
+		{1000, "/run/user/1000", 0, "/run/user/1000/tierblk"},
+		{1000, "", -1, "/dev/shm/tierblk-1000"},
+		{1000, "relative", 0, "/dev/shm/tierblk-1000"},
+		{65532, "", 65532, "/run/tierblk"},
 	} {
 		got := defaultRunDir(tc.euid, func(k string) string {
 			if k == "XDG_RUNTIME_DIR" {
 				return tc.xdg
 			}
 			return ""
-		})
-		require.Equal(t, tc.want, got, "euid %d, XDG_RUNTIME_DIR %q", tc.euid, tc.xdg)
+		}, func(string) (int, bool) { return tc.owner, tc.owner >= 0 })
+		require.Equal(t, tc.want, got, "euid %d, XDG_RUNTIME_DIR %q, /run/tierblk's owner %d", tc.euid, tc.xdg, tc.owner)
 	}
 }
