@@ -299,7 +299,7 @@ func (c *Cache) validate() []error {
 				errs = append(errs, fieldErr(f.name, "is set but ssd is not; a scrub checks the blocks the SSD tier stores"))
 			}
 		}
-		if s.RAM == 0 {
+		if _, refused := units.ParseSize(c.RAM); s.RAM == 0 && (c.RAM == "" || refused == nil) { // a ram refused has its own error
 			errs = append(errs, fieldErr("ram", "a cache needs a RAM tier, an SSD tier or both; give ram (e.g. 1GiB), ssd (a path) or both"))
 		}
 	} else if s.SSDSize != 0 && s.SSDSize < 2*s.Line {

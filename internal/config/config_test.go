@@ -154,6 +154,7 @@ func TestValidateNamesTheField(t *testing.T) {
 			c.Exports[0].Backend = "file:///srv/nas.img"
 			c.Exports[0].Cache = &Cache{SSD: "/srv/nas.img"}
 		}, `exports[0].cache.ssd: /srv/nas.img is also the export's backend; an SSD tier needs a file or device of its own`},
+		{"no tier", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "0"} }, "exports[0].cache.ram: a cache needs a RAM tier, an SSD tier or both"},
 		{"one file, two exports", func(c *Config) {
 			c.Exports[0].Backend = "file:///srv/nas.img?size=1GiB"
 			c.Exports = append(c.Exports, Export{Name: "b", Backend: "file:///srv/../srv/nas.img", ReadOnly: true})
@@ -540,4 +541,12 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("error without the file's name: %v", err)
 		}
 	})
+}
+
+// A ram refused for its units gets that error alone, not also the one of a cache without tiers.
+func TestValidateRefusedRAMOneError(t *testing.T) {
+	c := Defaults()
+	c.Exports = []Export{{Name: "a", Backend: "mem://1GiB", Cache: &Cache{RAM: "64MB"}}}
+	require.EqualError(t, c.Validate([]string{"mem"}),
+		`exports[0].cache.ram: size "64MB": decimal units are not accepted (64MB would be 64000000 bytes); write 64MiB (67108864 bytes), or a number of bytes`)
 }
