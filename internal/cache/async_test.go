@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -25,10 +26,13 @@ type asyncRead func(t *testing.T, c *Cache, p []byte, off int64) (started bool, 
 // test of them runs with both.
 func asyncReads(t *testing.T) map[string]asyncRead {
 	reads := map[string]asyncRead{"ReadAtAsync": readAtAsync}
-	if loop := uringtest.New(t, 4); loop != nil {
-		reads["ReadAtOn"] = func(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
-			return readAtOn(loop, c, p, off)
-		}
+	loop := uringtest.New(t, 4)
+	if loop == nil {
+		testenv.Without(t, testenv.IOUring, "ReadAtOn left out: no ring to read on")
+		return reads
+	}
+	reads["ReadAtOn"] = func(_ *testing.T, c *Cache, p []byte, off int64) (bool, error) {
+		return readAtOn(loop, c, p, off)
 	}
 	return reads
 }
@@ -68,7 +72,7 @@ func asyncSetup(t *testing.T, line, lines, ssdLines int64) (want []byte, b, ssd 
 	require.NoError(t, err)
 	ssd = fileSSD(t, ssdLines*line, false)
 	if _, ok := ssd.(backend.AsyncReader); !ok {
-		t.Skip("the SSD file reads synchronously here")
+		testenv.Skip(t, testenv.IOUring, "the SSD file reads synchronously")
 	}
 	return want, b, ssd
 }
@@ -169,7 +173,7 @@ func TestReadAtAsyncPromotes(t *testing.T) {
 func TestReadAtOnRAMOnly(t *testing.T) {
 	loop := uringtest.New(t, 4)
 	if loop == nil {
-		t.Skip("no io_uring here")
+		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
 	const line = 16 << 10
 	want := bytes.Repeat([]byte("ram only"), 16*line/8)
@@ -234,7 +238,7 @@ func TestReadAtOnNeverWaits(t *testing.T) {
 	_, b, dev := asyncSetup(t, line, 32, 8)
 	loop := uringtest.New(t, 4)
 	if loop == nil {
-		t.Skip("no io_uring here")
+		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
 	want := make([]byte, 2*line) // incompressible: stored as it is, read straight from the device
 	rng := rand.New(rand.NewPCG(1, 2))

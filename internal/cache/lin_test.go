@@ -19,6 +19,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -236,7 +237,7 @@ func fileSSD(t *testing.T, size int64, pread bool) backend.Backend {
 	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "ssd.img"), RawQuery: q.Encode()}
 	dev, err := file.Open(u, backend.Options{})
 	if errors.Is(err, backend.ErrNoDirectIO) {
-		t.Skipf("no direct I/O in %s: %v", t.TempDir(), err)
+		testenv.Skip(t, testenv.DirectIO, fmt.Sprintf("%s: %v", t.TempDir(), err))
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { dev.Close() })
@@ -283,7 +284,9 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	for client := range clients {
 		var loop *uringtest.Loop // half the clients read as a ublk queue does
 		if client%2 == 1 {
-			loop = uringtest.New(t, 4)
+			if loop = uringtest.New(t, 4); loop == nil {
+				testenv.Without(t, testenv.IOUring, "every client reads with ReadAt: no ring to read on")
+			}
 		}
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(seed, uint64(client)))

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/file"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -337,7 +338,7 @@ func BenchmarkHits1M(b *testing.B) {
 						RawQuery: fmt.Sprintf("direct=reads&size=%d", l.ssd*l.line)}
 					var err error
 					if ssd, err = file.Open(&u, backend.Options{}); errors.Is(err, backend.ErrNoDirectIO) {
-						b.Skip("no direct I/O in the test's directory")
+						testenv.Skip(b, testenv.DirectIO, "the SSD tier's file cannot be opened direct")
 					}
 					require.NoError(b, err)
 				}

@@ -328,16 +328,6 @@ func TestSimHeading(t *testing.T) {
 			"model lines (the daemon's cache): 64KiB lines, admission auto",
 			"reduction 3.00:1; the daemon's SSD tier holds at most 3 lines a line of room (5.00:1 is its data's): each cache holds 3.00 times its size",
 		}},
-		{args: []string{"--reduction", "2", "--reduction-mode", "zero"}, column: "lines", want: []string{
-			"cloudPhysicsIO.vscsi.xz: 113872 requests, 19372 distinct lines",
-			"model lines (the daemon's cache): 64KiB lines, admission auto",
-			"reduction 1.00:1; the daemon's SSD tier with reduction zero holds no more lines for it (2.00:1 is its data's, not its lines'): each cache holds 1.00 times its size",
-		}},
-		{args: []string{"--model", "object", "--reduction", "5"}, column: "objects", want: []string{
-			"cloudPhysicsIO.vscsi.xz: 113872 requests, 48974 distinct keys",
-			"model object (libCacheSim's): one key per request, admission always",
-			"reduction 5.00:1: each cache holds 5.00 times its size",
-		}},
 		{args: []string{"--model", "object"}, column: "objects", want: []string{
 			"cloudPhysicsIO.vscsi.xz: 113872 requests, 48974 distinct keys",
 			"model object (libCacheSim's): one key per request, admission always",
@@ -413,5 +403,26 @@ func TestSimPlotInBytes(t *testing.T) {
 		require.Contains(t, string(svg), tc.want, tc.size)
 		require.NotContains(t, string(svg), tc.not, tc.size)
 		require.NotContains(t, string(svg), "objects", tc.size)
+	}
+}
+
+// The daemon's SSD tier holds at most cache.PackedLinesPerLine lines a line of room, and no more
+// lines with reduction zero, whatever the data's ratio.
+func TestDaemonReduction(t *testing.T) {
+	for _, tc := range []struct {
+		ratio    float64
+		mode     string
+		want     float64
+		measured string
+	}{
+		{1, "compress", 1, ""},
+		{2.5, "compress", 2.5, ""},
+		{5, "dedupe", 3, "; the daemon's SSD tier holds at most 3 lines a line of room (5.00:1 is its data's)"},
+		{2, "zero", 1, "; the daemon's SSD tier with reduction zero holds no more lines for it (2.00:1 is its data's, not its lines')"},
+		{1, "zero", 1, ""},
+	} {
+		got, measured := daemonReduction(tc.ratio, "", tc.mode)
+		require.Equal(t, tc.want, got, "%v %s", tc.ratio, tc.mode)
+		require.Equal(t, tc.measured, measured, "%v %s", tc.ratio, tc.mode)
 	}
 }

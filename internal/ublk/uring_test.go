@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring"
 )
 
@@ -15,7 +16,7 @@ func testRing(t *testing.T, entries, flags uint32) *uring.Ring {
 	t.Helper()
 	r, err := uring.New(entries, flags)
 	if uring.Unavailable(err) {
-		t.Skipf("io_uring is not available on this host: %v", err)
+		testenv.Skip(t, testenv.IOUring, err.Error())
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })

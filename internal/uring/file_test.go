@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/testenv"
 )
 
 // testFile opens path with flags through a File of depth entries, or skips where io_uring is
@@ -29,7 +31,7 @@ func testFileWaits(t *testing.T, path string, flags, depth int, events bool) (*F
 	t.Cleanup(func() { osf.Close() })
 	f, err := newFile(int(osf.Fd()), path, depth, events)
 	if Unavailable(err) {
-		t.Skipf("io_uring is not available on this host: %v", err)
+		testenv.Skip(t, testenv.IOUring, err.Error())
 	}
 	require.NoError(t, err)
 	require.Equal(t, events, f.events != nil, "the reaper waits on an eventfd")
@@ -89,7 +91,7 @@ func TestFileDirect(t *testing.T) {
 	buf := alignedBuf(4096, 8192)
 	n, err := f.ReadAt(buf, 16384)
 	if n == 0 && err != nil {
-		t.Skipf("no O_DIRECT here: %v", err)
+		testenv.Skip(t, testenv.DirectIO, err.Error())
 	}
 	require.NoError(t, err)
 	require.Equal(t, data[16384:16384+8192], buf)

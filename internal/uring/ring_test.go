@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/abitest"
+	"github.com/tierblk/tierblk/internal/testenv"
 )
 
 // testRing sets up a ring, or skips the test where the host kernel forbids io_uring.
@@ -14,7 +15,7 @@ func testRing(t *testing.T, entries, flags uint32) *Ring {
 	t.Helper()
 	r, err := New(entries, flags)
 	if Unavailable(err) {
-		t.Skipf("io_uring is not available on this host: %v", err)
+		testenv.Skip(t, testenv.IOUring, err.Error())
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })

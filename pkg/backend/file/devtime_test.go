@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 )
@@ -85,7 +86,7 @@ func TestReadAtAsync(t *testing.T) {
 	f := mustOpen(t, fileURL(path, "direct=reads"), backend.Options{})
 	defer f.Close()
 	if f.ring == nil {
-		t.Skip("no io_uring here")
+		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
 	buf := bufpool.Aligned(8192)
 	done := make(chan error, 1)

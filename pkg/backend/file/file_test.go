@@ -2,6 +2,7 @@ package file
 
 import (
 	"bytes"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
@@ -49,11 +51,11 @@ func directDir(t *testing.T) string {
 	probe := filepath.Join(dir, "probe")
 	fd, err := unix.Open(probe, unix.O_CREAT|unix.O_RDWR|unix.O_DIRECT, 0o644)
 	if err != nil {
-		t.Skipf("the file system of %s refuses O_DIRECT: %v", dir, err)
+		testenv.Skip(t, testenv.DirectIO, fmt.Sprintf("the file system of %s refuses O_DIRECT: %v", dir, err))
 	}
 	defer unix.Close(fd)
 	if _, err := unix.Pwrite(fd, bufpool.Aligned(dioAlign), 0); err != nil {
-		t.Skipf("the file system of %s refuses direct writes: %v", dir, err)
+		testenv.Skip(t, testenv.DirectIO, fmt.Sprintf("the file system of %s refuses direct writes: %v", dir, err))
 	}
 	return dir
 }

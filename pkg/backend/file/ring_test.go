@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -28,7 +29,7 @@ func TestReadWriteAtOn(t *testing.T) {
 	defer f.Close()
 	loop := uringtest.New(t, 4)
 	if f.ring == nil || loop == nil {
-		t.Skip("no io_uring here")
+		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
 	never := func(error) { t.Error("done called for a request left to ReadAt or WriteAt") }
 

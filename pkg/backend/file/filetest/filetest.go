@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/file"
@@ -23,13 +24,13 @@ func DirectOnRing(t *testing.T, size string, n int) (backend.Backend, *uringtest
 	u := &url.URL{Scheme: "file", Path: filepath.Join(t.TempDir(), "f"), RawQuery: "direct=true&size=" + size}
 	f, err := file.Open(u, backend.Options{})
 	if errors.Is(err, backend.ErrNoDirectIO) {
-		t.Skipf("no direct I/O here: %v", err)
+		testenv.Skip(t, testenv.DirectIO, err.Error())
 	}
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, f.Close()) })
 	loop := uringtest.New(t, n)
 	if loop == nil {
-		t.Skip("no io_uring here")
+		testenv.Skip(t, testenv.IOUring, "no ring to serve the file on")
 	}
 	return f, loop
 }
