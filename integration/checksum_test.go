@@ -21,7 +21,7 @@ import (
 	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
-// The test here is issue 43 as a user met it: an export over a file of random data, behind an SSD
+// The test here is a damaged SSD tier as a user met it: an export over a file of random data, behind an SSD
 // tier (a file, ssd.img) a bit over 1.5 times its size and no RAM tier, and ssd.img damaged while
 // tierblk was stopped: a byte flipped in every 4 KiB block past its first MiB. The SSD tier keeps a
 // CRC32C of every block it stores and checks it on every read, so after a restart:
@@ -49,7 +49,7 @@ const (
 	damageSpared = damageSkip / damageBlock
 )
 
-// TestDamagedSSDTier runs issue 43 for --reduction off and compress (the default): read-cached
+// TestDamagedSSDTier runs it for --reduction off and compress (the default): read-cached
 // (clean) data, then write-back (dirty) data, on an ssd.img damaged while tierblk was stopped.
 func TestDamagedSSDTier(t *testing.T) {
 	for _, tc := range []struct {

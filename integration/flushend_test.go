@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestWriteBackFlushEndsWhileWriting (issue 24): `tierblk flush`, and then `tierblk mode
+// TestWriteBackFlushEndsWhileWriting: `tierblk flush`, and then `tierblk mode
 // writethrough`, while fio keeps writing 4 KiB blocks at random at a fixed rate to a write-back
 // cache over a slow disk, faster than the disk takes them one by one: each writes back what was
 // dirty when it started, so each exits 0, its progress reaching 100 %, long before fio stops. The

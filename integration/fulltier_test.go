@@ -16,7 +16,7 @@ import (
 	"github.com/tierblk/tierblk/internal/rangelock"
 )
 
-// The test here is issue 42 as a user met it: a 50 MiB export over a file, behind a 16 MiB SSD
+// The test here is a full SSD tier as a user met it: a 50 MiB export over a file, behind a 16 MiB SSD
 // tier in write-back, and clients that write requests of 4 KiB to 50 MiB over data they wrote
 // before, several in flight, reading back and flushing. The SSD tier is full of dirty data most of
 // the time, and many writes are larger than it: none may fail, for any --reduction and line size.

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestMemoryPressure runs vm/guest/memory-pressure.sh (issue 52) in a guest of 512 MiB, with
+// TestMemoryPressure runs vm/guest/memory-pressure.sh in a guest of 512 MiB, with
 // backend /dev/vda (2G) and SSD tier /dev/vdb (256M): `tierblk serve --ram 32MiB`, ext4 on its
 // device and one process writing a file of 128 MiB with ordinary buffered writes, then sync,
 // alone and then with a memory hog holding all but 96 MiB of what was available; one boot (about

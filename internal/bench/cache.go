@@ -13,8 +13,8 @@ import (
 	"time"
 )
 
-// The cache benchmark's setup (issue 4): a slow disk that serves one request at a time, 5 ms each
-// (about 190 IOPS, a 7,200 rpm disk or a small NAS), and two caches over it of that disk's kind.
+// The cache benchmark's setup: a slow disk that serves one request at a time, each taking
+// slowDelay (a 7,200 rpm disk or a small NAS), and two caches over it of that disk's kind.
 const (
 	slowDelay = "5ms"
 	// CacheRAM and CacheSSD are tierblk's tiers: the RAM tier holds the default working set, as

@@ -14,7 +14,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 )
 
-// The checksum benchmark (issue 43): what checking every SSD-tier block's CRC32C costs the hit
+// The checksum benchmark: what checking every SSD-tier block's CRC32C costs the hit
 // path and write-back writes, against a baseline tierblk built without the checks (there is no
 // switch to turn them off), and against qemu-nbd as the hit part measures it. The builds run the
 // same command lines, each with its own files, in the same rounds.

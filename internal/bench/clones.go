@@ -10,7 +10,7 @@ import (
 	"github.com/klauspost/compress/s2"
 )
 
-// The dedupe rows of the reduction part (issue 26): clones of the image, each with a few of its
+// The dedupe rows of the reduction part: clones of the image, each with a few of its
 // blocks rewritten, as the disks of VMs made from one template drift apart.
 const (
 	// DedupeClones is how many clones are served together as one export.

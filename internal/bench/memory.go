@@ -20,7 +20,7 @@ import (
 	"github.com/tierblk/tierblk/internal/units"
 )
 
-// The memory benchmark's setup (issue 52): the daemon must hold at most its bound whatever the
+// The memory benchmark's setup: the daemon must hold at most its bound whatever the
 // load (docs/operations.md, "How much RAM"). Each RAM tier of MemoryRAMTiers is measured in write-back over an SSD
 // tier of MemorySSD and a file backend of MemoryBackend, under MemoryPhases.
 const (

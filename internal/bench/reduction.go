@@ -328,7 +328,7 @@ func measureWrites(ctx context.Context, o CacheOptions, dir string) (Result, err
 	return measure(ctx, ReductionWriteRow(), wprobes, o.Rounds, ReductionWriteSize, o.Log, nil)
 }
 
-// runDedupe is the dedupe rows (issue 26): DedupeClones clones of image's whole lines written to
+// runDedupe is the dedupe rows: DedupeClones clones of image's whole lines written to
 // dir (makeClones) one after another into one file, served as one export by a tierblk with
 // reduction dedupe and by one with compress, and clone 0 alone by one with dedupe; each is read
 // once (as fillReduction reads an image) and what its SSD tier stores goes to rep. One run: a size,

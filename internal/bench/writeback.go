@@ -21,7 +21,7 @@ import (
 	"github.com/tierblk/tierblk/internal/metrics"
 )
 
-// The write-back benchmark's setup (issue 5): the cache benchmark's servers with both caches in
+// The write-back benchmark's setup: the cache benchmark's servers with both caches in
 // write-back (nbdkit's default: fast, and everything not flushed is lost on a crash), and for the
 // burst a second tierblk whose SSD tier is smaller than the burst.
 const (

@@ -601,7 +601,7 @@ func ownedSectors(rng *rand.Rand, devSize, writers, w int) (first, n int) {
 // ownedRange picks, for writer w of writers, sectors [first, first+n) within the w-th of writers
 // equal parts of a device of devSize bytes: up to the whole part, whole 4 KiB blocks half of the
 // time. On a small SSD tier in write-back, the writers together keep it full of dirty data and
-// write over it (issue 42).
+// write over it.
 func ownedRange(rng *rand.Rand, devSize, writers, w int) (first, n int) {
 	const perBlk = blockSize / sector
 	part := devSize / sector / writers

@@ -18,7 +18,7 @@ import (
 )
 
 // The tests here keep a write-back SSD tier full of dirty data with writes from one block to
-// several times the tier's size, and hold it to issue 42's contract: no write fails for lack of
+// several times the tier's size, and hold it to the contract of a full tier: no write fails for lack of
 // room, whatever the layout, the line size or the backend's health (while it recovers).
 
 // fullTierRig drives a write-back cache with clients writing, reading and flushing at once, and

@@ -1,4 +1,4 @@
-# Guest benchmark (issue 44): tierblk's cache behind its ublk device beside the kernel's own
+# Guest benchmark: tierblk's cache behind its ublk device beside the kernel's own
 # caches, over the same two devices, in one guest. Needs the image with the caches (prepare.sh,
 # VM_WITH_CACHES=1: fio, dmsetup, make-bcache and the dm-cache, dm-writecache and bcache modules).
 #

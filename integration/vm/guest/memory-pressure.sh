@@ -1,4 +1,4 @@
-# Guest test (issue 52): a buffered writer on a device tierblk serves, in a guest of 512 MiB
+# Guest test: a buffered writer on a device tierblk serves, in a guest of 512 MiB
 # (run.sh --mem 512), /dev/vda (2G) the backend and /dev/vdb (256M) the SSD tier, the metadata on
 # the guest's /tmp (tmpfs, so in its RAM too). For each frontend (ublk: --ublk; nbd: --nbd-device
 # /dev/nbd0) and mode in $frontends and $modes, `tierblk serve --ram 32MiB`, ext4 on the device,
