@@ -1,8 +1,9 @@
 // Package cache is tierblk's tiered cache engine: it sits between a volume and a backend, and is a
-// backend itself. Reads look up the RAM tier, then the SSD tier, then the backend; a miss brings the
-// whole line into the tiers whose admission policy takes it, and their eviction policies choose what
-// leaves. Lines (4 KiB to 1 MiB) carry one valid bit per 4 KiB block, so a partial write never needs
-// a read from the backend.
+// backend itself. Reads look up the RAM tier, then the SSD tier, then the backend; a miss brings
+// what package fetch says (the blocks it touches; to the line's end for a sequential reader) into
+// the tiers whose admission policy takes the line, and their eviction policies choose what leaves.
+// Lines (4 KiB to 1 MiB) carry one valid bit per 4 KiB block, so neither a partial write nor a
+// partial fill needs a read of the rest of the line from the backend.
 //
 // The engine must never return data older than a write acknowledged before the read was issued,
 // whatever races with it (another connection, promotion, eviction), never lets a crash make the
