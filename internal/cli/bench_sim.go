@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tierblk/tierblk/internal/bench"
-	"github.com/tierblk/tierblk/internal/policy"
 )
 
 type benchSimOpts struct {
@@ -64,14 +63,9 @@ func runBenchSim(ctx context.Context, o benchSimOpts) error {
 	if o.rounds < 1 || o.fraction <= 0 || o.fraction >= 1 || o.requests < 1 || o.requests > math.MaxUint32 {
 		return usageErrorf("--rounds must be at least 1, --fraction between 0 and 1, and --requests between 1 and %d", uint32(math.MaxUint32))
 	}
-	names := splitList(o.policies)
-	if len(names) == 1 && names[0] == "all" {
-		names = policy.EvictionNames()
-	}
-	for _, n := range names {
-		if _, err := policy.NewEviction(n, policy.Config{Capacity: 1}); err != nil {
-			return usageErrorf("--policy: %v", err)
-		}
+	names, err := policyNames(o.policies)
+	if err != nil {
+		return err
 	}
 	dir, done, err := workDir(o.work, "tierblk-bench-sim")
 	if err != nil {

@@ -169,14 +169,9 @@ func runSim(ctx context.Context, o simOpts) error {
 	if err != nil {
 		return usageErrorf("--size: %v", err)
 	}
-	names := splitList(o.policies)
-	if len(names) == 1 && names[0] == "all" {
-		names = policy.EvictionNames()
-	}
-	for _, n := range names {
-		if _, err := policy.NewEviction(n, policy.Config{Capacity: 1}); err != nil {
-			return usageErrorf("--policy: %v", err)
-		}
+	names, err := policyNames(o.policies)
+	if err != nil {
+		return err
 	}
 	if _, err := policy.NewAdmission(o.admission); err != nil {
 		return usageErrorf("--admission: %v", err)
@@ -446,4 +441,18 @@ func isTerminal(w io.Writer) bool {
 	}
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// policyNames parses --policy: eviction policies' names, comma-separated, or all of them.
+func policyNames(list string) ([]string, error) {
+	names := splitList(list)
+	if len(names) == 1 && names[0] == "all" {
+		names = policy.EvictionNames()
+	}
+	for _, n := range names {
+		if _, err := policy.NewEviction(n, policy.Config{Capacity: 1}); err != nil {
+			return nil, usageErrorf("--policy: %v", err)
+		}
+	}
+	return names, nil
 }
