@@ -10,6 +10,7 @@ package volume
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -159,19 +160,50 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 }
 
 // metered is done, recording the request of n bytes that starts now when the volume has a meter.
+// The ublk queue's ring requests come this way: the op that records one is pooled, so that it
+// costs no allocation.
 func (v *Volume) metered(write bool, n int, done func(error)) func(error) {
 	if v.meter == nil {
 		return done
 	}
-	t0 := time.Now()
-	return func(err error) {
-		if write {
-			v.meter.Write(n, time.Since(t0), err)
-		} else {
-			v.meter.Read(n, time.Since(t0), err)
-		}
-		done(err)
+	op := meteredOps.Get().(*meteredOp)
+	op.v, op.write, op.n, op.done, op.t0 = v, write, n, done, time.Now()
+	return op.endFn
+}
+
+// meteredOp is a request in flight on a metered volume; endFn is its end, bound once.
+type meteredOp struct {
+	v     *Volume
+	write bool
+	n     int
+	done  func(error)
+	t0    time.Time
+	endFn func(error)
+}
+
+var meteredOps sync.Pool
+
+func init() {
+	// Set here: the op's end puts it back in the pool, which its initializer would refer to.
+	meteredOps.New = func() any {
+		op := &meteredOp{}
+		op.endFn = op.end
+		return op
 	}
+}
+
+// end records the request and calls its done, the op back in the pool first: done may start
+// another request.
+func (op *meteredOp) end(err error) {
+	v, write, n, done, d := op.v, op.write, op.n, op.done, time.Since(op.t0)
+	*op = meteredOp{endFn: op.endFn}
+	meteredOps.Put(op)
+	if write {
+		v.meter.Write(n, d, err)
+	} else {
+		v.meter.Read(n, d, err)
+	}
+	done(err)
 }
 
 // ReadAtAsync implements backend.AsyncReader where the backend does (a cache whose SSD tier

@@ -199,3 +199,24 @@ func TestMeter(t *testing.T) {
 	loop.RoundTrip(t, ring, ring, p, 8192, false)
 	require.Equal(t, []string{"write 4096 false", "read 4096 false"}, m.calls, "on the ring")
 }
+
+// nopMeter records nothing: the allocations measured are the volume's own.
+type nopMeter struct{}
+
+func (nopMeter) Read(int, time.Duration, error)  {}
+func (nopMeter) Write(int, time.Duration, error) {}
+func (nopMeter) Failed(error)                    {}
+
+// A metered request on a ring or started asynchronously costs no allocation once the pool of
+// the ops that record them is warm.
+func TestMeteredAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops ops on purpose")
+	}
+	v := New(mem.New(size), Options{Meter: nopMeter{}})
+	done := func(error) {}
+	v.metered(false, 4096, done)(nil) // warms the pool
+	if n := testing.AllocsPerRun(100, func() { v.metered(true, 4096, done)(nil) }); n > 0 {
+		t.Fatalf("%.1f allocations a metered request, want none", n)
+	}
+}
