@@ -61,6 +61,8 @@ func TestExitStatus(t *testing.T) {
 			`tierblk: unknown command "statss" for "tierblk"; did you mean stats? (see 'tierblk --help')`},
 		{"mistyped command", []string{"sats"}, 2,
 			`tierblk: unknown command "sats" for "tierblk"; did you mean stats? (see 'tierblk --help')`},
+		{"help on a mistyped command", []string{"help", "statss"}, 2,
+			`tierblk: unknown command "statss" for "tierblk"; did you mean stats? (see 'tierblk --help')`},
 		{"unknown command", []string{"frobnicate"}, 2,
 			`tierblk: unknown command "frobnicate" for "tierblk" (see 'tierblk --help')`},
 		{"mistyped benchmark before a flag", []string{"bench", "nbdd", "--work", "x"}, 2,

@@ -74,6 +74,22 @@ Quick start:
 		}
 		return &UsageError{Err: fmt.Errorf("%w (see '%s --help')", err, c.CommandPath())}
 	})
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		// cobra's own finds the root for a word that names no command (the root takes
+		// arguments) and prints its help: a mistyped topic is a usage error, as the command is.
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := c.Root().Find(args)
+			if err == nil && len(rest) > 0 && target.Args != nil {
+				err = target.Args(target, rest)
+			}
+			if err != nil {
+				return err
+			}
+			return target.Help()
+		},
+	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
 	root.AddCommand(platformCommands(version)...)
 	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newScrubCmd(), newISCSILsCmd())
