@@ -550,3 +550,11 @@ func TestValidateRefusedRAMOneError(t *testing.T) {
 	require.EqualError(t, c.Validate([]string{"mem"}),
 		`exports[0].cache.ram: size "64MB": decimal units are not accepted (64MB would be 64000000 bytes); write 64MiB (67108864 bytes), or a number of bytes`)
 }
+
+// A config of two YAML documents is refused: the second's settings would be ignored.
+func TestParseSecondDocument(t *testing.T) {
+	_, err := Parse([]byte("log_level: debug\n---\nmax_in_flight: 8\n"), "two.yaml")
+	require.EqualError(t, err, "config two.yaml:2: a second YAML document begins here (---); a config is one document: put its settings in the first")
+	_, err = Parse([]byte("log_level: debug\n---\n"), "empty-second.yaml")
+	require.NoError(t, err, "an empty second document holds no setting")
+}

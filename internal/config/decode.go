@@ -19,11 +19,17 @@ import (
 // file, the line, the field's YAML path and what would be valid, and all of them come at once.
 func decode(data []byte, name string, c *Config) error {
 	var doc yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil // no document: the defaults
 		}
 		return syntaxError(data, name, err)
+	}
+	// A second document would be ignored: settings the user wrote, silently not taken.
+	var more yaml.Node
+	if err := dec.Decode(&more); err == nil && len(more.Content) > 0 {
+		return fmt.Errorf("config %s:%d: a second YAML document begins here (---); a config is one document: put its settings in the first", name, more.Line)
 	}
 	k := checker{file: name}
 	for _, n := range doc.Content { // the document's one root node
