@@ -28,7 +28,7 @@ func decode(data []byte, name string, c *Config) error {
 	}
 	// A second document would be ignored: settings the user wrote, silently not taken.
 	var more yaml.Node
-	if err := dec.Decode(&more); err == nil && len(more.Content) > 0 {
+	if err := dec.Decode(&more); err == nil && len(more.Content) > 0 && more.Content[0].ShortTag() != "!!null" {
 		return fmt.Errorf("config %s:%d: a second YAML document begins here (---); a config is one document: put its settings in the first", name, more.Line)
 	}
 	k := checker{file: name}
