@@ -50,8 +50,8 @@ func (r *fullTierRig) request(rng *rand.Rand) (off, n int64) {
 	return off, n
 }
 
-// client runs ops requests. A write may fail only if writeErrOK; a read or flush only if
-// otherErrOK (the backend is down, and a read miss has nowhere to go).
+// client runs ops requests. A write may never fail; a read or flush only if otherErrOK (the
+// backend is down, and a read miss has nowhere to go).
 func (r *fullTierRig) client(rng *rand.Rand, ops int, otherErrOK func() bool) error {
 	for k := range ops {
 		off, n := r.request(rng)

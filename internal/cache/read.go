@@ -106,7 +106,7 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 }
 
 // readHits serves the segments the SSD tier holds. Segments whose lines sit in adjacent slots are
-// read with one request (a sequential fill stores a run of lines so, see tier.acquireRun), and
+// read with one request (a sequential fill stores a run of lines so, see tier.acquireLines), and
 // several such runs at once: the device serves them in parallel (bench cache --parts hits, 1M
 // reads). Then, if RAM admits them, they are copied into RAM one after the other from what was
 // read: promotions at once would pin each other's victims and leave RAM short of full
