@@ -62,7 +62,7 @@ type task struct {
 	r2tSN  uint32    // the next R2T's R2TSN
 	r2ts   chan r2t
 	done   chan struct{} // closed when the task ends, unless it has cb
-	// cb, for a command started with startRead, is called on the reader goroutine when the task
+	// cb, for a command started with session.start, is called on the reader goroutine when the task
 	// ends, instead of closing done; it must not block.
 	cb func(*task)
 
