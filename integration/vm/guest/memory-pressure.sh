@@ -42,6 +42,8 @@ run=0
 problem() {
 	echo "TIERBLK-VM: PROBLEM in run $run ($name): $*"
 	echo "run $run ($name): $*" >>/tmp/problems
+	# What tierblk warned of meanwhile (a connection the kernel closed, a stalled destage).
+	[ ! -s "${log:-}" ] || grep -E 'level=(WARN|ERROR)' "$log" | tail -n 30
 }
 
 # fatal MSG: the run cannot go on: the kernel's messages, where tierblk's threads wait, the checks
@@ -99,6 +101,13 @@ start_monitor() {
 				"Dirty $(($(kib Dirty /proc/meminfo) / 1024)) MiB, Writeback $(($(kib Writeback /proc/meminfo) / 1024)) MiB;" \
 				"tierblk VmRSS $(($(kib VmRSS /proc/$pid/status) / 1024)) MiB${hog:+, hog VmRSS $(($(kib VmRSS /proc/$hog/status) / 1024)) MiB}"
 			echo "    tierblk: RssAnon $(($(kib RssAnon /proc/$pid/status) / 1024)) MiB, RssShmem $(($(kib RssShmem /proc/$pid/status) / 1024)) MiB; by mapping: $(maps $pid)"
+			# Write-back: how full, how fast it drains, how long a write is held (a stall shows
+			# here). busybox wget, not tierblk stats: a client named tierblk that the OOM killer
+			# took would read as the daemon killed.
+			echo "    dirty: $(timeout 10 wget -q -O - "http://$admin/stats" 2>/dev/null |
+				grep -oE '"(ratio|destaging|destage_bytes_per_second|throttled_writes|throttle_delay_seconds|backend_waits)":[^,}]*' |
+				tr '\n' ' ')"
+			echo "    tierblk: $(grep -c 'level=WARN' "$log" 2>/dev/null) warnings so far"
 		done
 	) &
 	monitor=$!
