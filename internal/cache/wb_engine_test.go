@@ -1020,3 +1020,52 @@ const (
 	throttledLine = 64 << 10
 	throttledSSD  = 16
 )
+
+// TestAdmitDirtyInOrder: writes waiting for room for dirty data get it in the order they asked.
+// A write of three lines waits first, then one of a single line; a line of room comes free: the
+// single line would fit, but waits behind the first; two more lines free: the first goes, then,
+// once its room is given back, the second. Otherwise small writes that fit in each line the
+// destager frees could pass a large one for as long as they come (the kernel's NBD client times a
+// request out after 30 s).
+func TestAdmitDirtyInOrder(t *testing.T) {
+	c := newCache(t, mem.New(64<<10*64), layout{line: 64 << 10, ssd: 16, mode: WriteBack}, nil, nil)
+	defer c.Close()
+	w := c.wb
+	full := int64(w.maxLines)
+	c.ssd.dirtyCount.Store(full) // as if the tier held its most dirty lines: none are, really
+	defer c.ssd.dirtyCount.Store(0)
+	var mu sync.Mutex
+	var order []string
+	admit := func(name string, n int) func() {
+		return func() {
+			if err := c.admitDirty(n, n); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			c.releaseDirty(n)
+		}
+	}
+	waitFor := func(n int32) {
+		for w.waiting.Load() < n {
+			runtime.Gosched()
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(admit("three lines", 3))
+	waitFor(1)
+	wg.Go(admit("one line", 1))
+	waitFor(2)
+	free := func(lines int64) {
+		w.mu.Lock()
+		c.ssd.dirtyCount.Add(-lines)
+		w.mu.Unlock()
+		w.cond.Broadcast()
+	}
+	free(1)
+	free(2)
+	wg.Wait()
+	require.Equal(t, []string{"three lines", "one line"}, order)
+}

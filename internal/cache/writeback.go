@@ -3,6 +3,7 @@ package cache
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,8 +65,14 @@ type writeBack struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	reserved int // lines that writes in flight may dirty, counted against maxLines
-	waiting  atomic.Int32
-	closed   bool
+	// queue holds the tickets of the writes in admitDirty, in the order they came (next is the
+	// next ticket): room goes to the first, so that a large write is not passed for ever by the
+	// small ones that fit in each line the destager frees (a request held past the kernel NBD
+	// client's 30 s timeout, or the hung-task detector's 20 s).
+	queue   []uint64
+	next    uint64
+	waiting atomic.Int32
+	closed  bool
 
 	lastIO    atomic.Int64 // unix nanoseconds of the last client request
 	running   atomic.Bool
@@ -137,10 +144,18 @@ func (c *Cache) admitDirty(n, blocks int) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	ticket := w.next
+	w.next++
+	w.queue = append(w.queue, ticket)
+	defer func() { // out of the queue, whatever ended the wait: the next may be first now
+		i := slices.Index(w.queue, ticket)
+		w.queue = slices.Delete(w.queue, i, i+1)
+		w.cond.Broadcast()
+	}()
 	// A tier bypassed meanwhile takes no more dirty data: the write goes through (write); the
 	// destager wakes waiting writes after each attempt, failed or not.
-	for int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines && !w.closed && c.ssd.usable() {
-		if w.reserved == 0 && n > w.maxLines {
+	for (w.queue[0] != ticket || int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines) && !w.closed && c.ssd.usable() {
+		if w.queue[0] == ticket && w.reserved == 0 && n > w.maxLines {
 			break // one request larger than the whole allowance: let it through alone
 		}
 		w.waiting.Add(1)
