@@ -223,9 +223,9 @@ type machine struct {
 }
 
 // damage flips a byte at a random place of the SSD, as rot or a stray write would, but not one
-// of the units that c, the engine that crashed, would have its restart take as they are (asIs).
+// of the units that the restart after c's crash may take as they are (asIs).
 func (m *machine) damage(rng *rand.Rand, c *Cache) {
-	skip := asIs(c)
+	skip := asIs(c, m.store)
 	at := rng.IntN(len(m.ssd.cur))
 	for skip[int64(at)&^(blockSize-1)] {
 		at = rng.IntN(len(m.ssd.cur))
@@ -235,20 +235,30 @@ func (m *machine) damage(rng *rand.Rand, c *Cache) {
 }
 
 // asIs returns the device offsets of the units of a packed tier that a restart after c's crash
-// may take as they are when they fail their sums: the mutable ones c finds, and those it let go
-// of (dead), which a committed record may still find (sum.go, "Adopted blocks").
-func asIs(c *Cache) map[int64]bool {
+// may take as they are when they fail their sums (sum.go, "Adopted blocks"): the mutable ones
+// that c finds, those it let go of (dead), and those that a record in store finds, which the
+// restart loads when no run log replaces it. The last are not all among c's: a checkpoint that the
+// crash cut short holds the dead units it releases apart from the tier, while records of its
+// snapshot not committed yet still find them.
+func asIs(c *Cache, store *meta.Mem) map[int64]bool {
 	pk := c.ssd.pk
 	if pk == nil {
 		return nil
 	}
-	c.ssd.mu.RLock()
-	defer c.ssd.mu.RUnlock()
 	units := map[int64]bool{}
-	for _, l := range slices.Concat(pk.locs, pk.dead) {
-		if locIsMutable(l) {
-			units[locOff(l)] = true
+	mutable := func(locs []uint64) {
+		for _, l := range locs {
+			if locIsMutable(l) {
+				units[locOff(l)] = true
+			}
 		}
+	}
+	c.ssd.mu.RLock()
+	mutable(pk.locs)
+	mutable(pk.dead)
+	c.ssd.mu.RUnlock()
+	if err := store.Lines(func(r meta.Line) error { mutable(r.Loc); return nil }); err != nil {
+		panic(err) // a Mem fails only once closed, which the machine's store never is
 	}
 	return units
 }
