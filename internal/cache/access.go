@@ -23,6 +23,8 @@ const (
 )
 
 type accessStripe struct {
+	// mu guards n and keys. record takes it under the tier's mu held shared, drain under it held
+	// exclusively; nothing is taken under it.
 	mu   sync.Mutex
 	n    int
 	keys [accessStripeLen]uint64

@@ -11,6 +11,37 @@
 // it acknowledged to a kill of the process (journal_runlog.go). Every request locks the lines it
 // touches, in order, which also makes concurrent misses on one line fetch it once. A tier whose storage keeps
 // failing is bypassed, never trusted; reads then go on from the backend.
+//
+// # Locks
+//
+// Each mutex says in its comment what it guards. Where a goroutine holds two at once it took them
+// in this order, and never takes one while it holds one later in the list:
+//
+//  1. writeBack.mu, in admitDirty, where a write-back write waits (writeBack.cond) for room below
+//     the maximum of dirty lines: let go before anything below is taken, and nothing is taken
+//     under it. The destager, which makes that room, needs line locks.
+//  2. writeBack.modeMu: shared by a write-back write until its lines are dirty, alone by SetMode.
+//  3. Line locks (lineLocks), in ascending line order; lockShard.mu only to find a line's lock,
+//     never while waiting for one. ReadAtAsync and ReadAtOn only try them, and an asynchronous
+//     read lets its line go on the goroutine that ends it.
+//  4. destageBudget (a semaphore), under the line locks of the lines being written back.
+//  5. lostSet.mu, then journal.sbMu (the lost ranges live in the superblock): nothing but the
+//     metadata store is used under them.
+//  6. journal.checkpointMu: checkpoints, heal and makeRoom's reclaim. Writers and the destager
+//     wait for it under their line locks (for a slot, room, a FUA write, settled claims), so its
+//     holder never waits for a line lock, a writer or the items above.
+//  7. journal.commitMu (invalidations shared, a checkpoint's commit and heal alone) and
+//     tier.inplace (writes in place shared, a checkpoint's snapshot alone); never held together.
+//  8. packed.io: shared by reads of units (an asynchronous read until it ends) and by reclaim,
+//     alone by packed.release, which frees room.
+//  9. The mutex of fetch.Streams, under which readMiss asks the tiers' admission policies.
+//  10. tier.mu, of one tier at a time: the RAM tier's and the SSD tier's are never held together.
+//  11. Under tier.mu: packed.mu, accessStripe.mu, journal.healMu and the run log's append.
+//
+// rateMeter.mu, congestion.mu (only tried), logLimit.mu and writeRuns' mutex are leaves: nothing
+// is taken under them. No goroutine takes an RWMutex shared while it holds it shared already (a
+// waiting writer would stop the second), and a goroutine that reaps its own reads (a ublk queue's
+// loop, ReadAtOn) only tries a line lock or packed.io while one of its reads holds it.
 package cache
 
 import (

@@ -112,7 +112,7 @@ const damageLogsPerMinute = 20
 // logLimit lets through up to damageLogsPerMinute log lines a minute, and then says how many it
 // held back.
 type logLimit struct {
-	mu     sync.Mutex
+	mu     sync.Mutex // guards since, n and out; nothing is taken under it
 	since  time.Time
 	n, out int
 }

@@ -39,7 +39,7 @@ type congestion struct {
 	interval  time.Duration // congestionInterval; tests read the counters at every miss
 
 	next atomic.Int64 // when to read the counters next (ns since epoch)
-	mu   sync.Mutex   // held by the one goroutine reading the counters
+	mu   sync.Mutex   // guards last, have and over; only tried, by whoever reads the counters
 	last backend.DeviceTime
 	have bool // last holds a reading
 	over int  // intervals in a row whose requests were slow

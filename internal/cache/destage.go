@@ -129,7 +129,7 @@ func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
 func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
 	var (
 		wg    sync.WaitGroup
-		mu    sync.Mutex
+		mu    sync.Mutex // guards bytes and first, which the writes' goroutines update
 		bytes int64
 		first error
 	)

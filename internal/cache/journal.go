@@ -98,15 +98,20 @@ type journal struct {
 	// not take from one record (sum.go).
 	logSums map[uint64][]meta.Line
 	fixes   []sumFix
-	// sbMu orders the changes of the superblock after the start (updateSuperblock).
+	// sbMu orders the changes of the superblock after the start (updateSuperblock). It is taken
+	// under the cache's lostSet.mu (the lost ranges), and only the store is used under it.
 	sbMu sync.Mutex
 	// resummed holds the lines whose sums changed by writes in place since their last record, on
 	// a tier of slots or into a packed tier's mutable units (guarded by the tier's mu;
 	// resummedLocked).
 	resummed lineSet
 
-	// commitMu orders commits: invalidations share it, a checkpoint's commit takes it alone, so a
-	// checkpoint never commits a line's older record after a newer invalidation.
+	// commitMu orders commits: invalidations share it, a checkpoint's commit (and heal) takes it
+	// alone, so a checkpoint never commits a line's older record after a newer invalidation.
+	// checkpointMu makes checkpoints (checkpointLocked), heal and makeRoom's reclaim one at a time
+	// and guards backendFlushed and durableCovered. Writers and the destager wait for it under
+	// their line locks, so nothing under it waits for a line lock; it comes before commitMu, the
+	// tier's inplace, packed.io and the tier's mu.
 	commitMu     sync.RWMutex
 	checkpointMu sync.Mutex
 	// Group commit of durable(): durableCalls counts the calls; durableCovered is the last call
@@ -125,7 +130,8 @@ type journal struct {
 
 	// The schedule of a bypassed tier's attempts to come back (heal): the next at nextHeal, each
 	// failed one doubling healDelay up to maxHealDelay. A tier that fails again soon after it came
-	// back keeps its delay, so that a flapping device is not hammered.
+	// back keeps its delay, so that a flapping device is not hammered. healMu guards healFirst,
+	// nextHeal, healDelay and healedAt; heal takes it under the tier's mu, and nothing under it.
 	healMu    sync.Mutex
 	healFirst time.Duration
 	nextHeal  time.Time

@@ -14,13 +14,19 @@ type lineLocks struct {
 }
 
 type lockShard struct {
+	// mu guards m and the refs of the locks in it. It is held to find, insert or drop a line's
+	// lock, to try one and to unlock one, never while waiting for one.
 	mu sync.Mutex
 	m  map[uint64]*lineLock
 }
 
 type lineLock struct {
+	// mu is the line's lock, held for a whole request (shared only by reads that change nothing
+	// but counters): no other request reads or changes the line's data or bits meanwhile, in a
+	// tier or on the backend. Lines are locked in ascending order, after writeBack's locks and
+	// before every other lock of the package (see the package doc).
 	mu   sync.RWMutex
-	refs int // holders and waiters
+	refs int // holders and waiters; guarded by the shard's mu
 }
 
 const keepLocks = 32

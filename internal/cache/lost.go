@@ -20,6 +20,8 @@ var ErrLost = errors.New("the data of this range was lost: the SSD tier damaged 
 // dropped from the tier once it is recorded here, and the backend's older data must not be served
 // in its place after a restart either).
 type lostSet struct {
+	// mu guards ranges (and n's changes). It is held while persist stores the ranges, which
+	// takes the journal's sbMu; it is taken with no lock held but line locks.
 	mu     sync.Mutex
 	ranges []meta.Range
 	n      atomic.Int64 // len(ranges): reads look without the mutex when it is 0

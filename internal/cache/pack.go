@@ -109,8 +109,15 @@ type packed struct {
 	// none the checkpoint under way commits, can find them (inPlace).
 	fresh map[uint64]struct{}
 
+	// io guards no field: it keeps the room of units from being released (release holds it alone)
+	// while a read found them and reads them (packRead, rawSum, rawSpan until the asynchronous
+	// read ends), or reclaim picks them and copies them (shared). Taken after line locks,
+	// checkpointMu and the tier's inplace, before the tier's mu.
 	io sync.RWMutex
 
+	// mu guards used, free, open and at (the segments' state; reserve, low and target are set
+	// once). It is taken after the tier's mu (reclaim's victims) and io (release), never before
+	// them; nothing is taken under it.
 	mu      sync.Mutex
 	used    []int64 // by segment: bytes of its units not released
 	free    []int32 // segments with no unit, the lowest last

@@ -8,7 +8,7 @@ import (
 // rateMeter measures how fast a counter grows, from samples the destager takes at least every
 // 100 ms (rateEvery apart), over about the last second.
 type rateMeter struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards samples and n; nothing is taken under it
 	samples [rateSamples]rateSample
 	n       int // samples taken; the newest is samples[(n-1)%rateSamples]
 }

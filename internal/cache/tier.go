@@ -42,7 +42,7 @@ type tier struct {
 	// cache) deals with such blocks of line: a clean one is dropped, a dirty one lost.
 	sums     []atomic.Uint32
 	size     int64
-	inplace  sync.RWMutex
+	inplace  sync.RWMutex // guards no field; shared by writes in place, alone by checkpointLocked
 	sumErrs  atomic.Uint64
 	adopt    []atomic.Uint64 // see sum.go, "Adopted blocks"
 	adopting atomic.Bool
@@ -52,9 +52,13 @@ type tier struct {
 	// damaged, holding no line lock).
 	recheck func(line uint64)
 
-	// mu guards the tier's state. RAM-tier hits take it shared (readHit) and leave their accesses
-	// in recent for the next holder of it exclusively to give the eviction policy; everything else
-	// takes it exclusively.
+	// mu guards the tier's state: the fields from here to setAside but the atomics, the journal's
+	// maps and run log (changed, snapshot, stored, invalidatedSinceSnapshot, freeAfterCommit,
+	// resummed, log), and a packed tier's locs, refs, dead, stored, hot, gen, fresh and dedupe
+	// table. RAM-tier hits take it shared (readHit) and leave their accesses in recent for the next
+	// holder of it exclusively to give the eviction policy; everything else takes it exclusively.
+	// Only packed.mu, the access stripes' mutexes and journal.healMu are taken under it (the
+	// package doc has the order); the RAM tier's and the SSD tier's are never held together.
 	mu      sync.RWMutex
 	recent  accessBuffer
 	index   keyindex.Index // line -> slot

@@ -59,9 +59,14 @@ type writeBack struct {
 	maxLines int
 
 	// modeMu orders mode switches against write-back writes: those hold it shared from their
-	// last look at the mode until their lines are dirty, SetMode alone to switch.
+	// last look at the mode until their lines are dirty (taking their line locks under it),
+	// SetMode alone to switch. It guards no field: the mode is the cache's atomic.
 	modeMu sync.RWMutex
 
+	// mu guards reserved, queue, next and closed. It is taken before any line lock (admitDirty)
+	// or with none, and nothing is taken under it. cond (L is mu) wakes the writes waiting in
+	// admitDirty for room: broadcast when room may have come (wake, releaseDirty, a write leaving
+	// the queue) and at Close.
 	mu       sync.Mutex
 	cond     *sync.Cond
 	reserved int // lines that writes in flight may dirty, counted against maxLines

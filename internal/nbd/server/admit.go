@@ -56,7 +56,7 @@ const refusalLogEvery = time.Second
 
 // refusalLimiter rate-limits the warnings of refusals, by reason.
 type refusalLimiter struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards last and skipped; nothing is taken under it
 	last    [numRefusals]time.Time
 	skipped [numRefusals]uint64
 }

@@ -30,8 +30,8 @@ type budget struct {
 	used    atomic.Int64
 	max     int64
 	waiting atomic.Int32
-	mu      sync.Mutex
-	cond    sync.Cond
+	mu      sync.Mutex // guards no field: a waiter's look at used against release's Broadcast
+	cond    sync.Cond  // L is mu; broadcast by release while some wait
 }
 
 func newBudget(max int64) *budget {

@@ -36,6 +36,8 @@ type conn struct {
 	wire *wire
 	log  *slog.Logger
 
+	// stopMu guards stopping and orders it against the setting of nc and sock and of raw's
+	// deadlines. Taken under Server.mu (Shutdown); sock.mu is taken under it.
 	stopMu   sync.Mutex
 	stopping bool // Shutdown was called: no new deadline may be set, no socket detached
 
@@ -74,7 +76,8 @@ type conn struct {
 	order     writeOrder
 	// Reads the device started asynchronously wait in ended until a replier goroutine, or the
 	// device's own at the end of its run (runend.go), one at a time (replying), answers them, or
-	// the reader does while it looks for work (readerLooking).
+	// the reader does while it looks for work (readerLooking). endedMu guards ended, replying,
+	// readerLooking and runSpare; it is taken alone or under wmu, and nothing is taken under it.
 	endedMu       sync.Mutex
 	ended         []ended
 	replying      bool
@@ -82,8 +85,10 @@ type conn struct {
 	spare         []ended // the reader's batch, kept between its turns
 	runSpare      []ended // the batch of a run's end, kept between runs
 
-	// Replies. Whole replies are written under wmu; queued counts the writers holding or waiting
-	// for it, so that the last of a burst flushes the buffer (replies are batched).
+	// Replies. Whole replies are written under wmu, which guards bw, out, werr, bigSendBuf and
+	// scratch; queued counts the writers holding or waiting for it, so that the last of a burst
+	// flushes the buffer (replies are batched). Under it: endedMu, and the writes (over TLS, the
+	// session's lock and wire.mu).
 	wmu    sync.Mutex
 	queued atomic.Int32
 	// moreInput is set while the reader has another request buffered; it then flushes the replies

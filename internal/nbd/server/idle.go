@@ -33,7 +33,9 @@ var kernelWaits atomic.Int32
 // idlePoller wakes the sockets that wait in it: each waits for readable (a reader) or writable (a
 // writer) through a one-shot registration in the epoll set, re-armed by each wait.
 type idlePoller struct {
-	epfd    int
+	epfd int
+	// mu guards waiting and the want of each sock in it. It is taken under a sock's mu (forget)
+	// and while a wait registers; nothing is taken under it (a wake's token never blocks).
 	mu      sync.Mutex
 	waiting map[int32]*sock // by descriptor; a sock is in it from its first wait to its close
 }

@@ -6,11 +6,28 @@
 // NBD client, internal/nbd/kernel).
 //
 // TLS (NBD_OPT_STARTTLS, handshake.go) is offered, or required, as Config.TLS says; a connection
-// over TLS is served through its *tls.Conn and the runtime's poller, not a detached socket.
+// over TLS is served through its *tls.Conn, whose records go through the detached socket as a
+// plain connection's bytes do (wire.go).
 //
 // The server must never let one connection's bad input harm another connection or write anything
 // a client did not ask for: malformed requests get an error reply or a closed connection. With TLS
 // required it must never tell a client that has not started TLS anything about its exports.
+//
+// # Locks
+//
+// Each mutex says in its comment what it guards. No lock is held across a call of the device
+// (volume.Device), nor while a request waits for a slot or a payload buffer. Where a goroutine
+// holds two at once it took them in one of these orders:
+//
+//   - Server.mu, then a connection's stopMu (Shutdown stops or hangs up every connection), then
+//     its sock's mu (a shutdown of the socket), then the idle poller's mu (a close forgets the
+//     socket there).
+//   - A connection's wmu (the reply writer), then its endedMu (replyAtRunEnd, which only tries
+//     wmu), or, over TLS, wire.mu (conn.batch), or the TLS session's own lock and then wire.mu.
+//     A write that must wait for the socket takes the idle poller's mu for a moment.
+//
+// The payload budgets' mutexes, writeOrder.mu and refusalLimiter.mu are leaves: nothing is taken
+// under them. A request takes its slot, then the connection's payload budget, then the server's.
 package server
 
 import (
@@ -116,6 +133,8 @@ type Server struct {
 	// handshakeTimeout is defaultHandshakeTimeout; tests shorten it.
 	handshakeTimeout time.Duration
 
+	// mu guards closing, listeners, conns, peers and watching. Shutdown stops the connections
+	// under it (their stopMu), and the watchdog looks at them under it.
 	mu        sync.Mutex
 	closing   bool
 	listeners map[net.Listener]struct{}

@@ -52,7 +52,7 @@ type sock struct {
 	beforeWait func()
 	looking    func(bool)
 	stopped    atomic.Bool // reads fail: the server is shutting down, or the connection hung up
-	mu         sync.Mutex  // orders shutdowns against close
+	mu         sync.Mutex  // guards closed: orders shutdowns against close
 	closed     bool
 	// The reader's recvmsg arguments, kept here so that a read allocates nothing.
 	msg unix.Msghdr

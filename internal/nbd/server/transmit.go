@@ -436,11 +436,11 @@ func (c *conn) serve(j job) time.Duration {
 // writeOrder lets a FLUSH wait for the write-type requests (WRITE, TRIM, WRITE_ZEROES) received
 // before it on the same connection, while later ones run on.
 type writeOrder struct {
-	mu      sync.Mutex
-	cond    sync.Cond // L is mu; signalled on completions while a flush waits
-	next    uint64    // ticket of the next write-type request
-	pending []uint64  // tickets of write-type requests not yet completed (at most MaxInFlight+1)
-	waiting int       // flushes waiting
+	mu      sync.Mutex // guards next, pending and waiting; nothing is taken under it
+	cond    sync.Cond  // L is mu; signalled on completions while a flush waits
+	next    uint64     // ticket of the next write-type request
+	pending []uint64   // tickets of write-type requests not yet completed (at most MaxInFlight+1)
+	waiting int        // flushes waiting
 }
 
 // start registers a write-type request and returns its ticket.

@@ -21,8 +21,9 @@ type wire struct {
 	// only if the socket takes them at once, as a client that does not read would hold them.
 	closing atomic.Bool
 	// While a reply writer holds the wire, what the session writes waits in out, and goes in one
-	// system call at release (conn.batch). mu orders those writes and any the session makes on
-	// its own meanwhile (an alert, a key update).
+	// system call at release (conn.batch). mu guards held and out, and orders those writes and
+	// any the session makes on its own meanwhile (an alert, a key update); it is taken under the
+	// session's lock, and a write that waits for the socket takes the idle poller's mu under it.
 	mu   sync.Mutex
 	held bool
 	out  []byte
