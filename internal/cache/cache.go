@@ -49,7 +49,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -285,135 +284,6 @@ func (c *Cache) spec(name string, tc TierConfig, reserve int) tierSpec {
 	return s
 }
 
-// ssdReserve is how many SSD slots stay out of the policy's capacity, so that evicted slots can
-// wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, up to 4096, but on
-// a small tier 1/8 of it, up to 256. A checkpoint frees at most the reserve, and a flush of the SSD
-// comes with each: with only 1/64 of a small tier, a burst through it spends its time in
-// checkpoints (bench writeback's burst row).
-func ssdReserve(slots int) int { return max(1, min(max(slots/64, min(slots/8, 256)), 4096)) }
-
-func (c *Cache) openSSD(cfg Config) error {
-	slots := int(cfg.SSD.Size / c.line)
-	sb, ok, err := cfg.Meta.Superblock()
-	if err != nil {
-		return fmt.Errorf("SSD tier metadata: %w", err)
-	}
-	if cfg.ReductionDefault && ok && sb.Layout != layoutOf(cfg.Reduction) {
-		keep := ReductionZero
-		if sb.Layout == meta.LayoutPacked {
-			keep = ReductionCompress
-		}
-		c.log.Info("SSD tier: kept in its layout; set reduction to change it (on a new tier)",
-			"reduction", keep.String(), "default", cfg.Reduction.String())
-		cfg.Reduction = keep
-	}
-	indexed, layout := slots, layoutOf(cfg.Reduction)
-	if layout == meta.LayoutPacked {
-		indexed = slots * packedSlotsPerLine
-	}
-	warnIndexRAM(c.log, indexed, int(c.line/blockSize), cfg.Reduction)
-	spec := c.spec("ssd", cfg.SSD, ssdReserve(indexed))
-	spec.slots = indexed
-	spec.lines = uint64((c.size + c.line - 1) / c.line)
-	spec.reduction = cfg.Reduction
-	spec.size = c.size
-	t, err := newTier(spec, c.log)
-	if err != nil {
-		return err
-	}
-	if layout == meta.LayoutPacked {
-		if t.pk, err = newPacked(cfg.SSDDevice, int64(slots)*c.line, indexed, t.blocks); err != nil {
-			return err
-		}
-		if cfg.Reduction == ReductionDedupe {
-			t.pk.dd = newDedupe(dedupeMaxEntries)
-		}
-	}
-	keep := 0
-	if t.pk != nil {
-		keep = t.pk.dirtyRoomKept(c.line)
-	}
-	if c.wb, err = newWriteBack(cfg.WriteBack, slots, keep); err != nil {
-		return err
-	}
-	t.dev = cfg.SSDDevice
-	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
-	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
-	c.ssdRing, _ = cfg.SSDDevice.(backend.RingReader)
-	t.doomedWake = c.wb.kick
-	t.onDamage = c.damaged
-	t.recheck = func(line uint64) {
-		go func() {
-			if !c.closed.Load() {
-				c.checkLine(line)
-			}
-		}()
-	}
-	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
-	c.lost.load(sb.Lost)
-	c.lost.persist = func(rs []meta.Range) error {
-		return j.updateSuperblock(func(sb *meta.Superblock) { sb.Lost = rs })
-	}
-	if t.pk != nil {
-		t.pk.kick = j.askCheckpoint
-	}
-	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
-		BackendSize: c.size, Slots: uint32(slots), Layout: layout}
-	c.lastRun = errNoRunLog
-	switch {
-	case !ok:
-		sb = want
-	default:
-		if err := sb.Mismatch(want); err != nil {
-			return fmt.Errorf("%w: %s", ErrMismatch, strings.ReplaceAll(err.Error(), "\n", "; "))
-		}
-		logged, found, err := j.readRunLog(cfg.RunLog, sb)
-		switch {
-		case err != nil:
-			c.lastRun = err
-			c.log.Warn("the run log of the SSD tier's last run cannot be used: if that run was killed, the index records it wrote since its last checkpoint are lost",
-				"err", err)
-		case found:
-			c.lastRun = nil
-		}
-		if err := j.load(logged); errors.Is(err, errRunLogRecord) {
-			return fmt.Errorf("SSD tier: %w. Delete %s to start without it (the writes the last run acknowledged since its last checkpoint are lost)", err, cfg.RunLog)
-		} else if err != nil {
-			return fmt.Errorf("SSD tier: %w", err)
-		}
-		j.settleSums()
-		if sb.Open {
-			// The last run did not close the tier: its dirty blocks of a tier of slots, and those
-			// of a packed tier in mutable units, may hold other bytes than their records'
-			// checksums, written in place since their last record (sum.go, "Adopted blocks").
-			t.mu.Lock()
-			t.adoptDirtyLocked()
-			t.mu.Unlock()
-		}
-		if len(logged) > 0 {
-			// Committed before anything is served, and before the epoch moves on (startRun): a
-			// kill in between replays the same log again.
-			if backendErr, tierErr := j.checkpoint(); tierErr != nil || backendErr != nil {
-				return fmt.Errorf("SSD tier: committing the records of the run log: %w", errors.Join(tierErr, backendErr))
-			}
-			c.log.Info("SSD tier: replayed the last run's log", "lines", len(logged), "log", cfg.RunLog)
-		}
-		c.log.Info("SSD tier warm", "lines", t.index.Len(), "slots", slots)
-	}
-	if err := j.startRun(cfg.RunLog, sb); err != nil {
-		return err
-	}
-	if t.dirtyLines > 0 {
-		c.log.Info("SSD tier holds dirty data from the last run; it will be written back",
-			"lines", t.dirtyLines, "mode", c.Mode())
-	}
-	c.ssd = t
-	c.bg = newBackground()
-	c.bg.run(j.loop)
-	c.bg.run(c.destager)
-	return nil
-}
-
 // Recovered returns nil when the start found every index record that the SSD tier's last run
 // wrote, however it ended (its run log, Config.RunLog, replayed): then every write that run
 // acknowledged reads back, as before a kill -9, and a kernel device that outlived the run may be
@@ -551,33 +421,4 @@ func (c *Cache) Stats() Stats {
 		}
 	}
 	return s
-}
-
-// indexBytesPerLine is the most RAM the SSD tier's index takes per line it indexes with the default
-// policy, but for the blocks' checksums, 4 bytes each (TestIndexBytesPerLine holds it to
-// slotIndexBytesPerLine); a packed tier adds each block's location word and the slot's gen
-// (TestPackedIndexBytesPerLine).
-const indexBytesPerLine = 128
-
-func slotIndexBytesPerLine(blocks int) int   { return indexBytesPerLine + blocks*4 }
-func packedIndexBytesPerLine(blocks int) int { return slotIndexBytesPerLine(blocks) + blocks*8 + 4 }
-
-// warnIndexRAM warns when the SSD tier's index, full, would take more than half of the machine's
-// RAM: with reduction compress it indexes packedSlotsPerLine lines per line of room, each with its
-// location words, several times what reduction zero needs.
-func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
-	per := slotIndexBytesPerLine(blocks)
-	if layoutOf(r) == meta.LayoutPacked {
-		per = packedIndexBytesPerLine(blocks)
-	}
-	need, ram := uint64(indexed)*uint64(per), totalRAM()
-	if ram == 0 || need <= ram/2 {
-		return
-	}
-	zero := uint64(indexed) * uint64(slotIndexBytesPerLine(blocks))
-	if layoutOf(r) == meta.LayoutPacked {
-		zero /= packedSlotsPerLine
-	}
-	log.Warn("the SSD tier's index, full, may take more than half of this machine's RAM; reduction zero, or a larger line, needs less",
-		"index_bytes", need, "ram_bytes", ram, "reduction", r.String(), "index_bytes_with_zero", zero)
 }

@@ -59,97 +59,138 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
 	// shared with other such reads, and two reads of one line do not wait for each other.
 	shared := !c.ram.usable()
-	unlock := func() { c.unlockSegs(segs) }
-	if shared {
-		if !c.locks.tryRLock(s.line) {
-			return false
-		}
-		unlock = func() { c.locks.runlock(s.line) }
-	} else if !c.locks.tryLock(s.line) {
+	if (shared && !c.locks.tryRLock(s.line)) || (!shared && !c.locks.tryLock(s.line)) {
 		return false
 	}
+	h := &hitRead{c: c, segs: [1]seg{s}, p: p, off: off, done: done, shared: shared}
 	g := c.ssd.lookupHit(s.line, need)
 	if !g.ok {
-		unlock()
+		h.unlock()
 		return false
 	}
-	slot := g.slot
+	h.src = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 	// From here on the read is this call's: it counts as read does.
-	t0 := time.Now()
+	h.t0 = time.Now()
 	if c.wb != nil {
-		c.wb.lastIO.Store(t0.UnixNano())
+		c.wb.lastIO.Store(h.t0.UnixNano())
 	}
 	if c.ram.usable() {
 		c.ram.misses.Add(1)
 	}
-	src := source{t: c.ssd, slot: slot, valid: g.valid, zero: g.zero}
-	end := func(err error) { // once the line is let go
-		if err == nil {
-			err = c.lost.check(off, int64(len(p)))
-		}
-		if err == nil {
-			c.asked.Add(uint64(len(p)))
-		}
-		c.readLat.observe(time.Since(t0))
-		done(err)
+	if !h.startOnDevice(start, onRing, g.zero.and(need).isZero()) {
+		// Zero blocks, or the device would not start it (an unaligned buffer): read's own way,
+		// on a goroutine.
+		go h.readHit()
 	}
-	finish := func(err error) { unlock(); end(err) }
-	// fallback serves the read from the backend after the SSD tier failed it. A miss fills the
-	// tiers: held shared, the line is let go and read locks it again, exclusively.
-	fallback := func() {
-		if shared {
-			unlock()
-			end(c.read(p, off, false))
-			return
-		}
-		finish(c.readMiss(segs, p, false))
+	return true
+}
+
+// hitRead is a read of an SSD-tier hit that readAsync took on, with the line locked (held shared
+// with other such reads where there is no RAM tier to promote into) and the slot pinned; its steps
+// end on the device's goroutine.
+type hitRead struct {
+	c      *Cache
+	segs   [1]seg // the line the read is within
+	p      []byte
+	off    int64
+	done   func(error)
+	shared bool      // the line is held shared
+	src    source    // the SSD tier's slot of the line, pinned
+	t0     time.Time // when the read was taken on
+}
+
+// unlock lets go of the line.
+func (h *hitRead) unlock() {
+	if h.shared {
+		h.c.locks.runlock(h.segs[0].line)
+		return
 	}
-	// Zero blocks are not on the device: such a read goes read's way, below, which reads only the
-	// blocks the slot holds. So does a read of part of a block: its sum is the whole block's.
+	h.c.unlockSegs(h.segs[:])
+}
+
+// end ends the read, once the line is let go: it counts it and calls done.
+func (h *hitRead) end(err error) {
+	c := h.c
+	if err == nil {
+		err = c.lost.check(h.off, int64(len(h.p)))
+	}
+	if err == nil {
+		c.asked.Add(uint64(len(h.p)))
+	}
+	c.readLat.observe(time.Since(h.t0))
+	h.done(err)
+}
+
+// finish lets go of the line and ends the read.
+func (h *hitRead) finish(err error) { h.unlock(); h.end(err) }
+
+// fallback serves the read from the backend after the SSD tier failed it. A miss fills the tiers:
+// held shared, the line is let go and read locks it again, exclusively.
+func (h *hitRead) fallback() {
+	c := h.c
+	if h.shared {
+		h.unlock()
+		h.end(c.read(h.p, h.off, false))
+		return
+	}
+	h.finish(c.readMiss(h.segs[:], h.p, false))
+}
+
+// startOnDevice starts the read on the SSD tier's device by start, with a promotion into RAM where
+// RAM admits the line; noZeros says that none of the blocks read is a zero block. It reports false,
+// having started nothing, where the device cannot serve the read alone.
+func (h *hitRead) startOnDevice(start ssdStart, onRing, noZeros bool) bool {
+	c, s, slot := h.c, h.segs[0], h.src.slot
+	// Zero blocks are not on the device: such a read goes read's way (hitRead.readHit), which reads
+	// only the blocks the slot holds. So does a read of part of a block: its sum is the whole
+	// block's.
 	whole := s.lo%blockSize == 0 && (s.hi%blockSize == 0 || s.hi == s.n && c.ssd.pk == nil)
-	plain := g.zero.and(need).isZero() && c.ssd.pk == nil && whole
-	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(start, s, src, p, finish) {
+	plain := noZeros && c.ssd.pk == nil && whole
+	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(start, s, h.src, h.p, h.finish) {
 		return true
 	}
-	// read ends an asynchronous read of the hit from the device.
-	read := func(err error) {
-		if err == nil {
-			err = c.ssd.verify(s.line, slot, p, s.lo)
-		}
-		if err != nil { // as readHit does, off the device's goroutine
-			go func() {
-				c.ssd.ioError(s.line, slot, err)
-				c.ssd.unpin(slot)
-				fallback()
-			}()
-			return
-		}
-		c.ssd.hitBytes.Add(uint64(len(p)))
-		c.ssd.unpin(slot)
-		finish(nil)
-	}
-	if plain && start(p, int64(slot)*c.line+s.lo, read) {
+	if plain && start(h.p, int64(slot)*c.line+s.lo, h.read) {
 		return true
 	}
 	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
-	if pk := c.ssd.pk; pk != nil && g.zero.and(need).isZero() && whole {
+	if pk := c.ssd.pk; pk != nil && noZeros && whole {
 		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi, onRing); ok {
-			if start(p, at, func(err error) { pk.io.RUnlock(); read(err) }) {
+			if start(h.p, at, func(err error) { pk.io.RUnlock(); h.read(err) }) {
 				return true
 			}
 			pk.io.RUnlock()
 		}
 	}
-	// Zero blocks, or the device would not start it (an unaligned buffer): read's own way, on a
-	// goroutine.
-	go func() {
-		if c.readHit(s, src, p, false) {
-			finish(nil)
-			return
-		}
-		fallback()
-	}()
-	return true
+	return false
+}
+
+// read ends an asynchronous read of the hit from the device.
+func (h *hitRead) read(err error) {
+	c, s, slot := h.c, h.segs[0], h.src.slot
+	if err == nil {
+		err = c.ssd.verify(s.line, slot, h.p, s.lo)
+	}
+	if err != nil { // as readHit does, off the device's goroutine
+		go func() {
+			c.ssd.ioError(s.line, slot, err)
+			c.ssd.unpin(slot)
+			h.fallback()
+		}()
+		return
+	}
+	c.ssd.hitBytes.Add(uint64(len(h.p)))
+	c.ssd.unpin(slot)
+	h.finish(nil)
+}
+
+// readHit serves the read as read does (Cache.readHit); readAsync runs it on a goroutine of its
+// own.
+func (h *hitRead) readHit() {
+	if h.c.readHit(h.segs[0], h.src, h.p, false) {
+		h.finish(nil)
+		return
+	}
+	h.fallback()
 }
 
 // readRAMNow serves a RAM-tier hit of segment s at once, if its line is free and RAM still holds

@@ -184,3 +184,60 @@ func (h *histogram) snapshot() Histogram {
 	out.Sum = float64(h.sumNs.Load()) / 1e9
 	return out
 }
+
+func (t *tier) stats() TierStats {
+	t.mu.Lock()
+	lines, aside := t.index.Len(), len(t.setAside)
+	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
+	if t.pk != nil {
+		physical = uint64(t.pk.stored)
+	}
+	t.mu.Unlock()
+	s := TierStats{
+		Name:           t.name,
+		Policy:         t.policyName,
+		Admission:      t.admissionName,
+		Hits:           t.hits.Load(),
+		Misses:         t.misses.Load(),
+		HitBytes:       t.hitBytes.Load(),
+		Promotions:     t.promotions.Load(),
+		Admitted:       t.admitted.Load(),
+		Rejected:       t.rejected.Load(),
+		Evictions:      t.evictions.Load(),
+		Invalidations:  t.invalids.Load(),
+		Lines:          uint64(lines),
+		Capacity:       uint64(t.slots),
+		LineBytes:      uint64(lines) * uint64(t.lineSize),
+		Errors:         t.errs.Load(),
+		ChecksumErrors: t.sumErrs.Load(),
+		Adopted:        t.adopted.Load(),
+		Failed:         t.failed.Load(),
+		SetAside:       uint64(aside),
+		LogicalBytes:   logical,
+		PhysicalBytes:  physical,
+	}
+	switch {
+	case logical == 0:
+		s.ReductionRatio = 1
+	case physical > 0:
+		s.ReductionRatio = float64(logical) / float64(physical)
+	}
+	if t.lines > 0 {
+		s.Reduction = t.reduction.String()
+	}
+	if t.pk != nil && t.pk.dd != nil {
+		s.DedupeHits, s.DedupeCollisions = t.pk.dd.shared.Load(), t.pk.dd.collisions.Load()
+	}
+	if r := t.reason.Load(); r != nil {
+		s.Reason = *r
+	}
+	s.Bypasses, s.Heals = t.bypasses.Load(), t.heals.Load()
+	t.cong.stats(&s)
+	if t.j != nil {
+		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largestCheckpoint.Load()
+		if s.Failed {
+			s.RetryIn = max(0, time.Until(t.j.healAt()).Seconds())
+		}
+	}
+	return s
+}

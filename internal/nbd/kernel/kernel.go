@@ -28,9 +28,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/tierblk/tierblk/internal/nbd/client"
-	"github.com/tierblk/tierblk/internal/nbd/proto"
 )
 
 // Timeouts of the kernel's client. When tierblk stops without releasing the device (Leave) or
@@ -269,38 +266,6 @@ func closeAll(files []*os.File) {
 	}
 }
 
-// deviceState is what /sys/block/nbdN shows of a device.
-type deviceState struct {
-	pid     int    // the thread that connected it; 0: not connected
-	backend string // its backend identifier
-	sectors uint64 // its size in 512-byte sectors
-	queues  int    // its hardware queues: one per connection
-}
-
-func readState(index uint32) deviceState {
-	var st deviceState
-	if b, err := os.ReadFile(sysBlockFile(index, "pid")); err == nil {
-		st.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
-	if b, err := os.ReadFile(sysBlockFile(index, "backend")); err == nil {
-		st.backend = strings.TrimSpace(string(b))
-	}
-	if b, err := os.ReadFile(sysBlockFile(index, "size")); err == nil {
-		st.sectors, _ = strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	}
-	if ents, err := os.ReadDir(sysBlockFile(index, "mq")); err == nil {
-		st.queues = len(ents)
-	}
-	return st
-}
-
-// processAlive reports whether the thread pid exists (the kernel records the connecting
-// thread's id; /proc/ID exists for threads too).
-func processAlive(pid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-	return !errors.Is(err, os.ErrNotExist)
-}
-
 // lockDevice makes sure that one tierblk at a time serves device index: it binds an abstract
 // unix socket named after it, which the kernel frees when the process ends, even killed.
 func lockDevice(path string, index uint32) (io.Closer, error) {
@@ -371,6 +336,20 @@ func (k *Device) detach() error {
 	return errors.Join(syncErr, waitReleased(k.path, k.index, releaseTimeout))
 }
 
+// syncBlockDevice writes the device's dirty pages and flushes its cache, so that nothing buffered
+// in the kernel is lost when it lets go of the device.
+func syncBlockDevice(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
+	}
+	return nil
+}
+
 // nbdIndex is the index of an NBD device, N in /dev/nbdN (the path may be a symbolic link to it).
 func nbdIndex(path string) (uint32, error) {
 	name := path
@@ -438,172 +417,4 @@ func (k *Device) release(g *genlConn, family uint16, pid int) error {
 		return fmt.Errorf("nbd: disconnect stale %s (connected by the dead process %d): %w", k.path, pid, err)
 	}
 	return waitReleased(k.path, k.index, releaseTimeout)
-}
-
-// sockets makes n connections to export (one if the export cannot take several) and returns the
-// client ends, negotiated, with what the first negotiation learnt.
-func (k *Device) sockets(export string, n int) ([]*os.File, client.Export, error) {
-	var files []*os.File
-	var first client.Export
-	for i := 0; i < n; i++ {
-		f, ex, err := k.socket(export, i)
-		if err != nil {
-			for _, f := range files {
-				f.Close()
-			}
-			return nil, client.Export{}, err
-		}
-		files = append(files, f)
-		if i == 0 {
-			first = ex
-			if n > 1 && ex.Flags&proto.FlagCanMultiConn == 0 {
-				k.log.Info("nbd: export does not allow several connections; the kernel gets one", "export", export, "asked", n)
-				n = 1
-			}
-		}
-	}
-	return files, first, nil
-}
-
-// socket makes one socketpair, serves one end and negotiates export on the other, which it
-// returns in blocking mode, ready for the kernel.
-func (k *Device) socket(export string, i int) (*os.File, client.Export, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, client.Export{}, fmt.Errorf("socketpair: %w", err)
-	}
-	server, err := fileConn(fds[0], "nbd-server")
-	if err != nil {
-		unix.Close(fds[1])
-		return nil, client.Export{}, err
-	}
-	k.conns.Add(1)
-	go func() {
-		defer k.conns.Done()
-		k.srv.ServeLocalConn(server, fmt.Sprintf("kernel:%s#%d", k.path, i))
-		k.ended.Add(1)
-		if k.attached.Load() && !k.detaching.Load() && !k.srv.ShuttingDown() {
-			// The kernel gave up on the connection: a request took longer than its timeout, or
-			// someone disconnected the device. Its requests go to the other connections, if any.
-			k.log.Warn("nbd: the kernel closed a connection of its device", "device", k.path, "connection", i,
-				"request_timeout", requestTimeout)
-		}
-	}()
-
-	f := os.NewFile(uintptr(fds[1]), "nbd-kernel")
-	ex, err := negotiate(f, export)
-	if err != nil {
-		f.Close()
-		return nil, client.Export{}, err
-	}
-	// net.FileConn made the socket non-blocking; the kernel's client expects it blocking.
-	if err := unix.SetNonblock(fds[1], false); err != nil {
-		f.Close()
-		return nil, client.Export{}, fmt.Errorf("socket: %w", err)
-	}
-	return f, ex, nil
-}
-
-// fileConn wraps a socket descriptor in a net.Conn, which takes it over.
-func fileConn(fd int, name string) (net.Conn, error) {
-	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	nc, err := net.FileConn(f)
-	if err != nil {
-		return nil, fmt.Errorf("socket %s: %w", name, err)
-	}
-	return nc, nil
-}
-
-// negotiate runs the client's handshake for export on the socket f, without structured replies
-// (the kernel knows none), through a duplicate that it closes: f stays open.
-func negotiate(f *os.File, export string) (client.Export, error) {
-	nc, err := net.FileConn(f)
-	if err != nil {
-		return client.Export{}, fmt.Errorf("socket: %w", err)
-	}
-	defer nc.Close()
-	if err := nc.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
-		return client.Export{}, err
-	}
-	ex, err := client.Handshake(nc, export)
-	if err != nil {
-		return client.Export{}, fmt.Errorf("handshake for export %q: %w", export, err)
-	}
-	return ex, nil
-}
-
-// kernelConfigFor is the kernel's view of the negotiated export. The kernel's logical block size
-// must be a power of two from 512 bytes to a page, and no smaller than the export's minimum.
-func kernelConfigFor(index uint32, ex client.Export, files []*os.File) (kernelConfig, error) {
-	bs := max(uint64(ex.MinBlock), 512)
-	if bs > uint64(os.Getpagesize()) {
-		return kernelConfig{}, fmt.Errorf("nbd: the export's minimum block size %d is more than the kernel's client allows (%d)", bs, os.Getpagesize())
-	}
-	cfg := kernelConfig{
-		index:           index,
-		size:            uint64(ex.Size),
-		blockSize:       bs,
-		flags:           ex.Flags,
-		timeout:         uint64(requestTimeout / time.Second),
-		deadConnTimeout: deadConnTimeout,
-	}
-	for _, f := range files {
-		cfg.fds = append(cfg.fds, int(f.Fd()))
-	}
-	return cfg, nil
-}
-
-// syncBlockDevice writes the device's dirty pages and flushes its cache, so that nothing buffered
-// in the kernel is lost when it lets go of the device.
-func syncBlockDevice(path string) error {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("nbd: sync %s before disconnecting: %w", path, err)
-	}
-	return nil
-}
-
-// waitReleased waits until the kernel shows device index with size 0: it has dropped its
-// configuration, which it keeps while anyone has the device open.
-func waitReleased(path string, index uint32, timeout time.Duration) error {
-	size, done := waitSysBlock(sysBlockFile(index, "size"), timeout, func(v string) bool { return v == "0" })
-	if !done {
-		return fmt.Errorf("nbd: %s still has %s sectors %v after the disconnect: something keeps it open (a mounted file system?); its I/O fails until it is closed",
-			path, size, timeout)
-	}
-	return nil
-}
-
-// waitIdle waits until the kernel has no request of device index in flight, or timeout passes.
-func waitIdle(index uint32, timeout time.Duration) {
-	// The file holds the reads and the writes in flight.
-	waitSysBlock(sysBlockFile(index, "inflight"), timeout, func(v string) bool { return strings.Join(strings.Fields(v), " ") == "0 0" })
-}
-
-// sysBlockFile is the path of an attribute of NBD device index.
-func sysBlockFile(index uint32, attr string) string {
-	return filepath.Join(sysBlock, fmt.Sprintf("nbd%d", index), attr)
-}
-
-// waitSysBlock polls the attribute file name until ok accepts its value (spaces trimmed) or
-// timeout passes. It returns the last value, and done true when ok accepted it or the file is
-// gone (the device with it).
-func waitSysBlock(name string, timeout time.Duration, ok func(string) bool) (value string, done bool) {
-	deadline := time.Now().Add(timeout)
-	for {
-		b, err := os.ReadFile(name)
-		value = strings.TrimSpace(string(b))
-		if err != nil || ok(value) {
-			return value, true
-		}
-		if time.Now().After(deadline) {
-			return value, false
-		}
-		time.Sleep(releasePollPeriod)
-	}
 }

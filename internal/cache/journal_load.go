@@ -1,0 +1,242 @@
+package cache
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
+)
+
+// load rebuilds the tier's index from the store after a restart, with the records of logged (the
+// last record of each line the run log holds, runlog.Replay) in place of the store's: the store's
+// record of such a line is kept in stored, and the line in changed, for the checkpoint that the
+// caller runs before anything else.
+func (j *journal) load(logged map[uint64]meta.Op) error {
+	t := j.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := &loader{j: j, t: t, used: make([]bool, t.slots), units: map[uint64]bool{}}
+	if err := l.addStored(logged); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if err := l.addLogged(logged); err != nil {
+		return fmt.Errorf("%w: %w", errRunLogRecord, err)
+	}
+	if t.pk != nil {
+		if err := l.claimReplaced(); err != nil {
+			return fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
+		t.pk.loaded()
+	}
+	l.freeUnused()
+	l.rebuildPolicy()
+	return nil
+}
+
+// loader is load's state while it takes in the records, under the tier's mu: the slots and, on a
+// packed tier, the units that the records taken so far claim, so that none is claimed twice.
+type loader struct {
+	j     *journal
+	t     *tier
+	used  []bool          // the slots claimed so far
+	units map[uint64]bool // a packed tier's units claimed so far
+}
+
+// addStored takes in the store's records, but for the lines the run log has a later record of
+// (logged): the store's record of such a line is kept in stored, as what the store holds.
+func (l *loader) addStored(logged map[uint64]meta.Op) error {
+	return l.j.store.Lines(func(r meta.Line) error {
+		if _, ok := logged[r.Line]; ok {
+			l.j.stored[r.Line] = meta.Op{Rec: r}
+			return nil
+		}
+		return l.add(r)
+	})
+}
+
+// addLogged takes in the run log's records, in line order, each line in changed for the checkpoint
+// that commits them; a line the store holds nothing of is stored as a deletion.
+func (l *loader) addLogged(logged map[uint64]meta.Op) error {
+	j := l.j
+	for _, line := range slices.Sorted(maps.Keys(logged)) {
+		op := logged[line]
+		if _, ok := j.stored[line]; !ok {
+			j.stored[line] = deleteOp(line)
+		}
+		j.changed[line] = op
+		if op.Delete {
+			continue
+		}
+		if err := l.add(op.Rec); err != nil {
+			return err
+		}
+		j.logFixes(op.Rec)
+	}
+	return nil
+}
+
+// claimReplaced claims the units of the store's records that the run log replaced (a packed tier
+// only): they keep their units until the checkpoint that the caller runs first has committed the
+// log's records.
+func (l *loader) claimReplaced() error {
+	for _, op := range l.j.stored {
+		if op.Delete {
+			continue
+		}
+		if err := l.claimUnits(op.Rec, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// add checks record r against the tier and puts its line in the index, with its bits, sums and (on
+// a packed tier) units.
+func (l *loader) add(r meta.Line) error {
+	t := l.t
+	v, d, z, err := l.check(r)
+	if err != nil {
+		return err
+	}
+	var into []uint64
+	if t.pk != nil {
+		into = t.pk.slotLocs(r.Slot, 0, t.blocks)
+	}
+	if err := l.claimUnits(r, into); err != nil {
+		return err
+	}
+	if err := l.loadSums(r, v.andNot(z)); err != nil {
+		return err
+	}
+	l.used[r.Slot] = true
+	t.index.Put(r.Line, int32(r.Slot))
+	t.setLocked(r.Line, r.Slot, v, d, z)
+	return nil
+}
+
+// check reports whether record r fits the tier: its slot free and in range, its line within the
+// backend, and its dirty and zero bits within its valid bits, which fit a line. It returns the
+// record's valid, dirty and zero bits.
+func (l *loader) check(r meta.Line) (v, d, z lineBits, err error) {
+	t := l.t
+	if int(r.Slot) >= t.slots || l.used[r.Slot] {
+		return v, d, z, fmt.Errorf("line %d: slot %d is out of range or used twice (%d slots)", r.Line, r.Slot, t.slots)
+	}
+	if t.lines > 0 && r.Line >= t.lines {
+		return v, d, z, fmt.Errorf("line %d is beyond the backend's %d lines", r.Line, t.lines)
+	}
+	v = bitsFromWords(r.Valid)
+	if v.andNot(rangeBits(0, t.blocks)) != (lineBits{}) || v.isZero() {
+		return v, d, z, fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
+	}
+	d = bitsFromWords(r.Dirty)
+	if d.andNot(v) != (lineBits{}) {
+		return v, d, z, fmt.Errorf("line %d: dirty bits %x outside the valid bits %x", r.Line, r.Dirty, r.Valid)
+	}
+	if !d.isZero() && t.dirty.words == nil {
+		return v, d, z, fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
+	}
+	z = bitsFromWords(r.Zero)
+	if z.andNot(v) != (lineBits{}) {
+		return v, d, z, fmt.Errorf("line %d: zero bits %x outside the valid bits %x", r.Line, r.Zero, r.Valid)
+	}
+	return v, d, z, nil
+}
+
+// loadSums puts the sums of record r's stored blocks (valid and not zero) in its slot.
+func (l *loader) loadSums(r meta.Line, stored lineBits) error {
+	t := l.t
+	switch {
+	case stored.isZero():
+	case r.Sum == nil:
+		// A record from before checksums: its blocks' sums are what they hold (sumFix).
+		for b := range t.blocks {
+			if stored.has(b) {
+				l.j.fixes = append(l.j.fixes, sumFix{line: r.Line, b: b})
+			}
+		}
+	case len(r.Sum) != t.blocks:
+		return fmt.Errorf("line %d: %d checksums for a line of %d blocks", r.Line, len(r.Sum), t.blocks)
+	default:
+		sums := t.sumsOf(r.Slot)
+		for b := range sums {
+			sums[b].Store(r.Sum[b])
+		}
+	}
+	return nil
+}
+
+// claimUnits checks the unit locations of record r and claims its units on a packed tier (a tier
+// of slots must find none). A live record copies them into into, the locations of its slot; a
+// record the run log replaced passes nil, and its units die at the first checkpoint.
+func (l *loader) claimUnits(r meta.Line, into []uint64) error {
+	t := l.t
+	if t.pk == nil {
+		if r.Loc != nil {
+			return fmt.Errorf("line %d has compressed units but this SSD tier is not packed", r.Line)
+		}
+		return nil
+	}
+	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
+	if !stored.isZero() && len(r.Loc) != t.blocks {
+		return fmt.Errorf("line %d: %d unit locations for a line of %d blocks", r.Line, len(r.Loc), t.blocks)
+	}
+	for b, loc := range r.Loc {
+		if (loc != 0) != stored.has(b) {
+			return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, loc)
+		}
+		if loc == 0 {
+			continue
+		}
+		if l.units[loc] {
+			// Claimed before: by a live record (they all come first), which shares it with
+			// this one (dedupe) if this one is live too.
+			if into != nil {
+				t.pk.shareLocked(loc)
+			}
+			continue
+		}
+		if !t.pk.claim(loc) {
+			return fmt.Errorf("line %d: block %d's unit %#x is outside the SSD tier", r.Line, b, loc)
+		}
+		l.units[loc] = true
+		if into == nil { // a record the run log replaced: its units die at the first checkpoint
+			t.pk.dead = append(t.pk.dead, loc)
+		} else {
+			t.pk.bornLocked(loc)
+		}
+	}
+	if into != nil {
+		copy(into, r.Loc)
+	}
+	return nil
+}
+
+// freeUnused lists the slots no record claimed as free, the lowest to be taken first.
+func (l *loader) freeUnused() {
+	t := l.t
+	t.free, t.fresh = t.free[:0], t.slots
+	for s := t.slots - 1; s >= 0; s-- {
+		if !l.used[s] {
+			t.free = append(t.free, uint32(s))
+		}
+	}
+}
+
+// rebuildPolicy rebuilds the policy in line order. Should the tier hold more lines than the
+// policy's capacity (a larger reserve than the last run's), the policy evicts the excess as usual.
+func (l *loader) rebuildPolicy() {
+	t := l.t
+	lines := make([]uint64, 0, t.index.Len())
+	for line := range t.index.All() {
+		lines = append(lines, line)
+	}
+	slices.Sort(lines)
+	for _, line := range lines {
+		t.victims = t.victims[:0]
+		t.evict.Insert(policy.Key(line))
+		t.dropVictimsLocked()
+	}
+}

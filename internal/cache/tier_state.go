@@ -1,0 +1,122 @@
+package cache
+
+import (
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/policy"
+)
+
+// validate marks bits of line valid (and dirty, for a write-back write) after its data was
+// written to slot, and unpins the slot; of bits, those in zeros are zero blocks, not written
+// (writeBlocks), the others hold their data in the slot. If the line was evicted meanwhile (it was
+// clean: a dirty line is never evicted), nothing is marked and validate reports false.
+func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool, zeros lineBits) (marked bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.unpinLocked(slot)
+	if s, ok := t.slotOf(line); ok && s == slot {
+		marked = true
+		v, d, z := t.valid.get(slot), t.dirtyAt(slot), t.zeroAt(slot)
+		nv, nd, nz := v.or(bits), d, z.andNot(bits).or(zeros.and(bits))
+		if dirty {
+			nd = d.or(bits)
+		}
+		if nv == v && nd == d && nz == z {
+			// Data rewritten in place under the same bits (a dirty block overwritten, say): the
+			// record is what it was. Not queuing it spares a checkpoint, whose SSD flush would write
+			// back a busy line's pages every second for nothing; a FLUSH still flushes the SSD.
+			return marked
+		}
+		if t.j != nil {
+			t.j.keepStoredLocked(line, slot)
+		}
+		t.setLocked(line, slot, nv, nd, nz)
+		if t.j != nil {
+			t.j.record(t.recordLocked(line, slot))
+		}
+	}
+	return marked
+}
+
+// clean marks bits of line clean after the destager wrote them to the backend (and flushed it),
+// and unpins the slot. A doomed line left with nothing dirty goes.
+func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.slotOf(line); ok && s == slot {
+		t.j.keepStoredLocked(line, slot)
+		d := t.dirtyAt(slot).andNot(bits)
+		t.setLocked(line, slot, t.valid.get(slot), d, t.zeroAt(slot))
+		t.j.record(t.recordLocked(line, slot))
+		if d.isZero() && t.doomed[line] {
+			t.evictions.Add(1)
+			t.dropLocked(line)
+		}
+	}
+	t.unpinLocked(slot)
+}
+
+// pinDirty returns line's slot, pinned, its dirty bits and its zero bits, if it has dirty ones.
+func (t *tier) pinDirty(line uint64) (slot uint32, dirty, zero lineBits, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if slot, ok = t.slotOf(line); !ok {
+		return 0, lineBits{}, lineBits{}, false
+	}
+	if dirty = t.dirtyAt(slot); dirty.isZero() {
+		return 0, lineBits{}, lineBits{}, false
+	}
+	t.pins[slot]++
+	return slot, dirty, t.zeroAt(slot), true
+}
+
+// invalidateLocked clears bits of line; a line left with no valid block is dropped.
+func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed bool) {
+	slot, ok := t.slotOf(line)
+	if !ok {
+		return deleteOp(line), false
+	}
+	old := t.valid.get(slot)
+	v := old.andNot(bits)
+	if v == old {
+		return t.recordLocked(line, slot), false
+	}
+	t.invalids.Add(1)
+	if v.isZero() {
+		t.evict.Remove(policy.Key(line))
+		t.dropLocked(line)
+		return deleteOp(line), true
+	}
+	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits), t.zeroAt(slot).andNot(bits))
+	return t.recordLocked(line, slot), true
+}
+
+// invalidate clears bits of line in a tier without persistence (RAM).
+func (t *tier) invalidate(line uint64, bits lineBits) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.invalidateLocked(line, bits)
+}
+
+func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
+	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.get(slot).words(t.blocks)}
+	if d := t.dirtyAt(slot); !d.isZero() {
+		r.Dirty = d.words(t.blocks)
+	}
+	if z := t.zeroAt(slot); !z.isZero() {
+		r.Zero = z.words(t.blocks)
+	}
+	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+	if t.pk != nil {
+		r.Loc = t.pk.unitsOf(slot, stored)
+	}
+	if t.sums != nil && !stored.isZero() {
+		r.Sum = make([]uint32, t.blocks)
+		sums := t.sumsOf(slot)
+		for b := range sums {
+			if stored.has(b) {
+				r.Sum[b] = sums[b].Load()
+			}
+		}
+	}
+	return meta.Op{Rec: r}
+}
