@@ -3,7 +3,6 @@ package cache
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,7 +69,7 @@ type writeBack struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	reserved int // lines that writes in flight may dirty, counted against maxLines
-	// queue holds the tickets of the writes in admitDirty, in the order they came (next is the
+	// queue holds the tickets of the writes waiting in admitDirty (waitTurn), in the order they came (next is the
 	// next ticket): room goes to the first, so that a large write is not passed for ever by the
 	// small ones that fit in each line the destager frees (a request held past the kernel NBD
 	// client's 30 s timeout, or the hung-task detector's 20 s).
@@ -149,30 +148,39 @@ func (c *Cache) admitDirty(n, blocks int) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	ticket := w.next
-	w.next++
-	w.queue = append(w.queue, ticket)
-	defer func() { // out of the queue, whatever ended the wait: the next may be first now
-		i := slices.Index(w.queue, ticket)
-		w.queue = slices.Delete(w.queue, i, i+1)
-		w.cond.Broadcast()
-	}()
-	// A tier bypassed meanwhile takes no more dirty data: the write goes through (write); the
-	// destager wakes waiting writes after each attempt, failed or not.
-	for (w.queue[0] != ticket || int(c.ssd.dirtyCount.Load())+w.reserved+n > w.maxLines) && !w.closed && c.ssd.usable() {
-		if w.queue[0] == ticket && w.reserved == 0 && n > w.maxLines {
-			break // one request larger than the whole allowance: let it through alone
-		}
-		w.waiting.Add(1)
-		w.kick()
-		w.cond.Wait()
-		w.waiting.Add(-1)
+	// fits: room for n more lines, or a request larger than the whole allowance with none
+	// reserved, which goes through alone. A tier bypassed meanwhile takes no more dirty data: the
+	// write goes through (write); the destager wakes waiting writes after each attempt, failed or
+	// not.
+	fits := func() bool {
+		return int(c.ssd.dirtyCount.Load())+w.reserved+n <= w.maxLines || (w.reserved == 0 && n > w.maxLines) ||
+			w.closed || !c.ssd.usable()
+	}
+	if len(w.queue) > 0 || !fits() {
+		w.waitTurn(fits)
 	}
 	if w.closed {
 		return errors.New("cache: closed while waiting for room for dirty data")
 	}
 	w.reserved += n
 	return nil
+}
+
+// waitTurn queues a write that found no room, or others waiting before it, and waits until it is
+// the first and fits. The caller holds w.mu.
+func (w *writeBack) waitTurn(fits func() bool) {
+	ticket := w.next
+	w.next++
+	w.queue = append(w.queue, ticket)
+	for w.queue[0] != ticket || !fits() {
+		w.waiting.Add(1)
+		w.kick()
+		w.cond.Wait()
+		w.waiting.Add(-1)
+	}
+	// Out of the queue: the next may be first now.
+	w.queue = w.queue[1:]
+	w.cond.Broadcast()
 }
 
 // releaseDirty gives back the room admitDirty(n) reserved.
