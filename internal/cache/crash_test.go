@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -246,8 +247,8 @@ func asIs(c *Cache) map[int64]bool {
 	defer c.ssd.mu.RUnlock()
 	units := map[int64]bool{}
 	for _, l := range slices.Concat(pk.locs, pk.dead) {
-		if locIsMutable(l) {
-			units[locOff(l)] = true
+		if pack.IsMutable(l) {
+			units[pack.Off(l)] = true
 		}
 	}
 	return units
