@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
@@ -248,8 +249,8 @@ func asIs(c *Cache, store *meta.Mem) map[int64]bool {
 	units := map[int64]bool{}
 	mutable := func(locs []uint64) {
 		for _, l := range locs {
-			if locIsMutable(l) {
-				units[locOff(l)] = true
+			if pack.IsMutable(l) {
+				units[pack.Off(l)] = true
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -236,7 +237,7 @@ func TestDedupeTableBytesPerEntry(t *testing.T) {
 	before := heapInUse()
 	d := newDedupe(n)
 	for i := range uint64(n) {
-		d.rememberLocked(i*0x9e3779b97f4a7c15, makeLoc(int64(i)*blockSize, blockSize, codecRaw))
+		d.Remember(i*0x9e3779b97f4a7c15, pack.Loc(int64(i)*blockSize, blockSize, pack.Raw))
 	}
 	per := float64(heapInUse()-before) / n
 	t.Logf("%.1f bytes of RAM per dedupe table entry", per)

@@ -14,6 +14,7 @@ import (
 	"github.com/klauspost/compress/s2"
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -189,7 +190,7 @@ func TestIncompressible(t *testing.T) {
 		{"half zeros", halfZero, false},
 		{"zeros", make([]byte, blockSize), false},
 	} {
-		require.Equal(t, tc.want, incompressible(tc.b), tc.name)
+		require.Equal(t, tc.want, pack.Incompressible(tc.b), tc.name)
 	}
 }
 
@@ -232,13 +233,13 @@ func BenchmarkUnitDecode(b *testing.B) {
 		name  string
 		codec int
 		unit  []byte
-	}{{"s2", codecS2, s2.Encode(nil, src)}, {"raw", codecRaw, src}} {
+	}{{"s2", pack.S2, s2.Encode(nil, src)}, {"raw", pack.Raw, src}} {
 		b.Run(tc.name, func(b *testing.B) {
-			l := makeLoc(0, len(tc.unit), tc.codec)
+			l := pack.Loc(0, len(tc.unit), tc.codec)
 			dst := make([]byte, blockSize)
 			b.SetBytes(blockSize)
 			for b.Loop() {
-				if err := decodeUnit(dst, tc.unit, l); err != nil {
+				if err := pack.Decode(dst, tc.unit, l); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -407,20 +408,20 @@ func TestMutableUnits(t *testing.T) {
 	write(0, block()) // dirty, written once
 	write(1, block())
 	checkpoint()
-	require.False(t, locIsMutable(loc(0)), "a block written once got a mutable unit")
+	require.False(t, pack.IsMutable(loc(0)), "a block written once got a mutable unit")
 	write(0, block()) // rewritten while dirty
 	checkpoint()
 	rewritten := loc(0)
-	require.True(t, locIsMutable(rewritten), "a block rewritten while dirty did not get a mutable unit")
+	require.True(t, pack.IsMutable(rewritten), "a block rewritten while dirty did not get a mutable unit")
 	last := block()
 	write(0, last)
 	require.Equal(t, rewritten, loc(0), "a rewrite of a block in a mutable unit was not written in place")
 	once := loc(1)
-	require.False(t, locIsMutable(once))
+	require.False(t, pack.IsMutable(once))
 
 	g.crash() // a kill: the SSD keeps what was written, the store what was committed
 	c.Close()
-	ssd.change(func(b []byte) { b[locOff(once)+100] ^= 1 })
+	ssd.change(func(b []byte) { b[pack.Off(once)+100] ^= 1 })
 	c = newCache(t, gatedDev{&gate{}, back}, l, gatedStore{&gate{}, store}, gatedDev{&gate{}, ssd})
 	defer c.Close()
 	got := make([]byte, blockSize)
@@ -543,8 +544,8 @@ func TestReclaimTakesItsRoomAtOnce(t *testing.T) {
 	reclaimPicked = func(units []uint64) {
 		pk.mu.Lock()
 		for _, l := range units {
-			planned += int64(locLen(l))
-			s := locOff(l) / pk.segSize
+			planned += int64(pack.Len(l))
+			s := pack.Off(l) / pk.segSize
 			before[s] = pk.used[s]
 		}
 		pk.mu.Unlock()

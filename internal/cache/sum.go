@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -29,7 +30,7 @@ import (
 // its close (resummedLocked): after any stop that was not a close, it takes its dirty blocks as
 // they are ("Adopted blocks" below), since one rewritten since its last record may hold new bytes,
 // or a torn mix of sectors, that no committed record has the sum of. A packed tier writes in place
-// only two kinds of units (pack.go, inPlace): fresh ones, which no committed record finds, whose
+// only two kinds of units (pack_write.go, inPlace): fresh ones, which no committed record finds, whose
 // record with the new sum is queued (and logged) first, so that after a kill the run log's records
 // give each such block the sums it may hold (the old and the new, journal.load); and mutable ones,
 // born for a rewrite of a dirty block, whose sums are recorded as a slot's are, and whose dirty
@@ -225,7 +226,7 @@ func (t *tier) adoptDirtyLocked() {
 		slot := uint32(s)
 		d := t.dirtyAt(slot).andNot(t.zeroAt(slot))
 		for b := range t.blocks {
-			if d.has(b) && (t.pk == nil || locIsMutable(t.pk.slotLocs(slot, b, b+1)[0])) {
+			if d.has(b) && (t.pk == nil || pack.IsMutable(t.pk.slotLocs(slot, b, b+1)[0])) {
 				t.setAdoptable(slot, b)
 			}
 		}
@@ -303,7 +304,7 @@ func (t *tier) resettle(line uint64, slot uint32, b int) {
 // close has it take such dirty blocks as they are anyway ("Adopted blocks"). A packed tier's fresh
 // unit has it recorded at once (resumLocked).
 func (j *journal) resummedLocked(line uint64, slot uint32, b int) {
-	if pk := j.t.pk; pk != nil && !locIsMutable(pk.slotLocs(slot, b, b+1)[0]) {
+	if pk := j.t.pk; pk != nil && !pack.IsMutable(pk.slotLocs(slot, b, b+1)[0]) {
 		j.resumLocked(line, slot)
 		return
 	}
@@ -354,7 +355,7 @@ func (j *journal) resumLocked(line uint64, slot uint32) {
 func (t *tier) unitSum(line uint64, b int, unit []byte, l uint64) (uint32, error) {
 	bp := bufpool.Get(blockSize)
 	defer bufpool.Put(bp)
-	if err := decodeUnit(*bp, unit, l); err != nil {
+	if err := pack.Decode(*bp, unit, l); err != nil {
 		return 0, err
 	}
 	return blockSum(line*uint64(t.blocks)+uint64(b), *bp), nil

@@ -92,7 +92,7 @@ type writeBack struct {
 }
 
 // newWriteBack is the write-back machinery of an SSD tier with room for lines lines, of which it
-// keeps keep from dirty data (a packed tier's room for reclaim, pack.go: dirtyRoomKept).
+// keeps keep from dirty data (a packed tier's room for reclaim, pack_seg.go: dirtyRoomKept).
 func newWriteBack(cfg WriteBackConfig, lines, keep int) (*writeBack, error) {
 	cfg.fill()
 	if err := cfg.validate(); err != nil {
