@@ -163,7 +163,7 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 // which bounds both their memory and how long a checkpoint's commit holds invalidations up.
 //
 // The record also goes to the run log, if the tier has one, before the caller lets go of the mutex:
-// a write is acknowledged only after validate recorded it, so a run killed after that leaves the
+// a write is acknowledged only after markValid recorded it, so a run killed after that leaves the
 // record for the next run to replay (TestCrashRestart's kill-9 cases in write-back).
 func (j *journal) record(op meta.Op) {
 	j.changed[op.Rec.Line] = op

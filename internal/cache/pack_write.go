@@ -216,7 +216,7 @@ func (w *packWriter) place(t *tier) {
 	pk := t.pk
 	if s, ok := t.slotOf(w.line); !ok || s != w.slot {
 		pk.dead = append(pk.dead, w.units[:w.n]...)
-		return // evicted meanwhile: validate says so to the caller (finish lets go of shared units)
+		return // evicted meanwhile: markValid says so to the caller (finish lets go of shared units)
 	}
 	w.placed = true
 	rewrite := w.changesRecord(t)
@@ -255,7 +255,7 @@ func (w *packWriter) place(t *tier) {
 
 // changesRecord reports whether placing the write changes the line's record. A record finds units
 // of valid blocks only (recordLocked): new units of blocks not valid yet change no record before
-// validate marks them, but a valid block written again does. Blocks written in place change no
+// markValid marks them, but a valid block written again does. Blocks written in place change no
 // record.
 func (w *packWriter) changesRecord(t *tier) bool {
 	var moved lineBits

@@ -231,7 +231,7 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 		return false, true
 	}
 	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
-	c.ram.validate(s.line, slot, missing, false, lineBits{})
+	c.ram.markValid(s.line, slot, missing, false, lineBits{})
 	return true, true
 }
 
@@ -420,7 +420,7 @@ func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits 
 		t.ioError(s.line, slot, err)
 		return
 	}
-	t.validate(s.line, slot, missing, false, zeros)
+	t.markValid(s.line, slot, missing, false, zeros)
 }
 
 func (c *Cache) backendRead(p []byte, off int64) error {

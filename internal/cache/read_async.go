@@ -248,7 +248,7 @@ func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish
 			return
 		}
 		copy(p, c.ram.ram[at+s.lo:])
-		c.ram.validate(s.line, slot, missing, false, lineBits{})
+		c.ram.markValid(s.line, slot, missing, false, lineBits{})
 		c.ssd.hitBytes.Add(uint64(len(p)))
 		c.ssd.unpin(src.slot)
 		finish(nil)

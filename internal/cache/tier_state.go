@@ -5,11 +5,11 @@ import (
 	"github.com/tierblk/tierblk/internal/policy"
 )
 
-// validate marks bits of line valid (and dirty, for a write-back write) after its data was
+// markValid marks bits of line valid (and dirty, for a write-back write) after its data was
 // written to slot, and unpins the slot; of bits, those in zeros are zero blocks, not written
 // (writeBlocks), the others hold their data in the slot. If the line was evicted meanwhile (it was
-// clean: a dirty line is never evicted), nothing is marked and validate reports false.
-func (t *tier) validate(line uint64, slot uint32, bits lineBits, dirty bool, zeros lineBits) (marked bool) {
+// clean: a dirty line is never evicted), nothing is marked and markValid reports false.
+func (t *tier) markValid(line uint64, slot uint32, bits lineBits, dirty bool, zeros lineBits) (marked bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	defer t.unpinLocked(slot)

@@ -127,7 +127,7 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 			f.t.unpin(f.slot)
 			continue
 		}
-		f.t.validate(f.line, f.slot, f.bits, false, f.zeros)
+		f.t.markValid(f.line, f.slot, f.bits, false, f.zeros)
 	}
 	return err
 }
@@ -307,7 +307,7 @@ func (c *Cache) zeroHeld(segs []seg) {
 	}
 	for _, s := range segs {
 		if g := c.ssd.acquire(s.line); g.ok {
-			c.ssd.validate(s.line, g.slot, s.full(), false, s.full())
+			c.ssd.markValid(s.line, g.slot, s.full(), false, s.full())
 		}
 	}
 }

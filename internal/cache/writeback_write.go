@@ -244,7 +244,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 		}
 		return fmt.Errorf("cache: SSD tier write failed: %w", err)
 	}
-	if !c.ssd.validate(s.line, slot, touched, true, zeros) {
+	if !c.ssd.markValid(s.line, slot, touched, true, zeros) {
 		// The line was evicted while its data was written: the backend takes the write instead.
 		return c.writeAroundSeg(s, data)
 	}
@@ -253,7 +253,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 	if c.ram.usable() && full != rangeBits(0, s.blocks()) && c.storesWrite(c.ram, s) {
 		g := c.ram.acquire(s.line)
 		if bits, zeros, ok := c.writeTier(c.ram, s, g, p); ok {
-			c.ram.validate(s.line, g.slot, bits, false, zeros)
+			c.ram.markValid(s.line, g.slot, bits, false, zeros)
 		}
 	}
 	return nil
