@@ -33,7 +33,7 @@
 //  7. journal.commitMu (invalidations shared, a checkpoint's commit and heal alone) and
 //     tier.inplace (writes in place shared, a checkpoint's snapshot alone); never held together.
 //  8. packed.io: shared by reads of units (an asynchronous read until it ends) and by reclaim,
-//     alone by packed.release, which frees room.
+//     alone by packed.releaseUnits, which frees room.
 //  9. The mutex of fetch.Streams, under which readMiss asks the tiers' admission policies.
 //  10. tier.mu, of one tier at a time: the RAM tier's and the SSD tier's are never held together.
 //  11. Under tier.mu: packed.mu, accessStripe.mu, journal.healMu and the run log's append.

@@ -143,7 +143,7 @@ func probeSlot(t *tier, slot uint32) error {
 		w[i] = byte(i*7 + int(slot))
 	}
 	if t.pk != nil { // slots are not places on a packed tier: the probe takes free room
-		if err := t.pk.probe(w, r); err != nil {
+		if err := t.pk.probeRoom(w, r); err != nil {
 			return err
 		}
 	} else {

@@ -211,7 +211,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	}
 	t.mu.Unlock()
 	if t.pk != nil {
-		t.pk.release(toRelease) // not under the tier's mu: it waits for reads, which take it
+		t.pk.releaseUnits(toRelease) // not under the tier's mu: it waits for reads, which take it
 	}
 	return nil, nil
 }

@@ -75,11 +75,11 @@ type packed struct {
 	segSize int64
 
 	// Guarded by the tier's mu:
-	locs   []uint64         // by slot*blocks + block: 0 where the block has no unit
-	refs   map[uint64]int32 // by unit: its references beyond the first (shared units only)
-	dead   []uint64         // units no record will find once the next checkpoint has committed
-	stored int64            // bytes of the live units: the tier's physical bytes
-	hot    []uint64         // by slot, a bit: the line was hit since its units were last reclaimed
+	locs      []uint64         // by slot*blocks + block: 0 where the block has no unit
+	refs      map[uint64]int32 // by unit: its references beyond the first (shared units only)
+	dead      []uint64         // units no record will find once the next checkpoint has committed
+	liveBytes int64            // bytes of the live units: the tier's physical bytes
+	hot       []uint64         // by slot, a bit: the line was hit since its units were last reclaimed
 	// by slot, odd while a unit of the slot is written in place, counting such writes (a seqlock
 	// that reclaim reads around its copies)
 	gen []uint32
@@ -88,14 +88,14 @@ type packed struct {
 	// none the checkpoint under way commits, can find them (inPlace).
 	fresh map[uint64]struct{}
 
-	// io guards no field: it keeps the room of units from being released (release holds it alone)
+	// io guards no field: it keeps the room of units from being released (releaseUnits holds it alone)
 	// while a read found them and reads them (packRead, rawSum, rawSpan until the asynchronous
 	// read ends), or reclaim picks them and copies them (shared). Taken after line locks,
 	// checkpointMu and the tier's inplace, before the tier's mu.
 	io sync.RWMutex
 
 	// mu guards used, free, open and at (the segments' state, pack_seg.go; reserve, low and
-	// target are set once). It is taken after the tier's mu (reclaim's victims) and io (release),
+	// target are set once). It is taken after the tier's mu (reclaim's victims) and io (releaseUnits),
 	// never before them; nothing is taken under it.
 	mu      sync.Mutex
 	used    []int64 // by segment: bytes of its units not released
@@ -147,7 +147,7 @@ func (pk *packed) slotLocs(slot uint32, b0, b1 int) []uint64 {
 
 // bornLocked counts a new unit l as live, with one reference.
 func (pk *packed) bornLocked(l uint64) {
-	pk.stored += int64(pack.Len(l))
+	pk.liveBytes += int64(pack.Len(l))
 	pk.fresh[l] = struct{}{}
 }
 
@@ -167,7 +167,7 @@ func (pk *packed) deadLocked(l uint64) {
 		return
 	}
 	pk.dead = append(pk.dead, l)
-	pk.stored -= int64(pack.Len(l))
+	pk.liveBytes -= int64(pack.Len(l))
 	if pk.dd != nil {
 		pk.dd.Forget(l)
 	}

@@ -338,5 +338,5 @@ func (t *tier) copyUnit(line uint64, b int, l, nl uint64, sum uint32) error {
 	if got, err := t.unitSum(line, b, unit, l); err != nil || got != sum {
 		return &damageError{line: line, bits: rangeBits(b, b+1)}
 	}
-	return pk.writeRuns(unit, []uint64{nl})
+	return pk.writeUnits(unit, []uint64{nl})
 }

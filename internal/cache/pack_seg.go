@@ -79,8 +79,8 @@ func (pk *packed) releaseLocked(off int64, n int) {
 	}
 }
 
-// release frees the room of units no record finds any more, once reads that found them are done.
-func (pk *packed) release(units []uint64) {
+// releaseUnits frees the room of units no record finds any more, once reads that found them are done.
+func (pk *packed) releaseUnits(units []uint64) {
 	if len(units) == 0 {
 		return
 	}
@@ -100,13 +100,13 @@ func (pk *packed) short() bool {
 	return len(pk.free) < pk.low
 }
 
-// probe writes a block to free room and reads it back (journal.probe, on a packed tier).
-func (pk *packed) probe(w, r []byte) error {
+// probeRoom writes a block to free room and reads it back (journal.probe, on a packed tier).
+func (pk *packed) probeRoom(w, r []byte) error {
 	var off [1]int64
 	if err := pk.alloc([]int{len(w)}, off[:], true); err != nil {
 		return errors.New("probe of the SSD tier: no free room to write to")
 	}
-	defer pk.release([]uint64{pack.Loc(off[0], len(w), pack.Raw)})
+	defer pk.releaseUnits([]uint64{pack.Loc(off[0], len(w), pack.Raw)})
 	if _, err := pk.dev.WriteAt(w, off[0]); err != nil {
 		return fmt.Errorf("probe write to the SSD tier: %w", err)
 	}

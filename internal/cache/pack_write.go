@@ -201,7 +201,7 @@ func (w *packWriter) store(t *tier, out []byte) error {
 			k++
 		}
 	}
-	if err := pk.writeRuns(out, units); err != nil {
+	if err := pk.writeUnits(out, units); err != nil {
 		t.mu.Lock()
 		pk.dead = append(pk.dead, units...) // never live: not in stored either
 		t.mu.Unlock()
@@ -340,9 +340,9 @@ func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *boo
 	return l, true, rewrite
 }
 
-// writeRuns writes out, the units locs in order, with one write for each run of them stored one
+// writeUnits writes out, the units locs in order, with one write for each run of them stored one
 // after another.
-func (pk *packed) writeRuns(out []byte, locs []uint64) error {
+func (pk *packed) writeUnits(out []byte, locs []uint64) error {
 	pos := 0
 	for i := 0; i < len(locs); {
 		start, n, j := pack.Off(locs[i]), pack.Len(locs[i]), i+1

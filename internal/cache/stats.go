@@ -190,7 +190,7 @@ func (t *tier) stats() TierStats {
 	lines, aside := t.index.Len(), len(t.setAside)
 	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
 	if t.pk != nil {
-		physical = uint64(t.pk.stored)
+		physical = uint64(t.pk.liveBytes)
 	}
 	t.mu.Unlock()
 	s := TierStats{
