@@ -142,29 +142,6 @@ func buildConfig(o serveOpts, schemes []string, activated []systemd.Listener) (c
 	return cfg, replaced, nil
 }
 
-// ssdFilesSized refuses an SSD tier whose file does not exist and whose size is not given: nothing
-// says how large to create it, so a flag (or field) is missing, as for a file:// backend without
-// ?size=. The daemon would find it too, but only after opening (perhaps creating) the backend.
-// flags says the configuration was typed as flags, which the message then names.
-func ssdFilesSized(cfg config.Config, flags bool) error {
-	for i, e := range cfg.Exports {
-		if e.Cache == nil || e.Cache.SSD == "" {
-			continue
-		}
-		if sizes, err := e.Cache.Sizes(); err != nil || sizes.SSDSize != 0 {
-			continue // a size to create it at, or a bad one, which Validate has refused
-		}
-		if _, err := os.Stat(e.Cache.SSD); errors.Is(err, os.ErrNotExist) {
-			msg := fmt.Sprintf("exports[%d].cache.ssd: %s does not exist; give its size (--ssd-size, ssd_size) to create it", i, e.Cache.SSD)
-			if flags {
-				msg = config.FlagNames(msg)
-			}
-			return usageErrorf("%s", msg)
-		}
-	}
-	return nil
-}
-
 func runServe(ctx context.Context, o serveOpts) error {
 	reg := registry.Default()
 	// The service manager's environment is malformed input like a bad flag: said, exit status 2.
@@ -178,9 +155,6 @@ func runServe(ctx context.Context, o serveOpts) error {
 	}
 	cfg, replaced, err := buildConfig(o, reg.Schemes(), activated)
 	if err != nil {
-		return err
-	}
-	if err := ssdFilesSized(cfg, o.configFile == ""); err != nil {
 		return err
 	}
 	log, err := newLogger(o.stderr, cfg.LogLevel)
@@ -203,7 +177,8 @@ func runServe(ctx context.Context, o serveOpts) error {
 		return nil
 	}
 	// The daemon marks what is wrong with the settings themselves: the backend's URL, and the
-	// values it checks only as it starts (a --socket-group that names no group) as *config.Error.
+	// values it checks only as it starts (a --socket-group that names no group, an SSD file that
+	// does not exist with no size to create it at) as *config.Error.
 	var setting *config.Error
 	bad := errors.Is(err, backend.ErrBadURL) || errors.As(err, &setting)
 	if o.configFile == "" {

@@ -104,6 +104,28 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 	return c, nil
 }
 
+// ssdFilesSized refuses an SSD tier whose file does not exist and whose size is not given: nothing
+// says how large to create it, so a setting is missing, as for a file:// backend without ?size=.
+// Run checks it before it opens (perhaps creates) any backend; the error is a *config.Error.
+func ssdFilesSized(cfg config.Config) error {
+	for i, e := range cfg.Exports {
+		if e.Cache == nil || e.Cache.SSD == "" {
+			continue
+		}
+		if sizes, err := e.Cache.Sizes(); err != nil || sizes.SSDSize != 0 {
+			continue // a size to create it at, or a bad one, which Validate has refused
+		}
+		if _, err := os.Stat(e.Cache.SSD); errors.Is(err, os.ErrNotExist) {
+			return &config.Error{Field: fmt.Sprintf("exports[%d].cache.ssd", i), Msg: errSSDUnsized(e.Cache.SSD).Error()}
+		}
+	}
+	return nil
+}
+
+func errSSDUnsized(path string) error {
+	return fmt.Errorf("%s does not exist; give its size (--ssd-size, ssd_size) to create it", path)
+}
+
 // openSSD opens the SSD tier's file or device, creating a missing file at size. Reads bypass the
 // page cache (O_DIRECT), which would only hold a second copy of what the RAM tier holds; writes go
 // through it, so that a burst of small writes costs memory copies, not disk round trips: the
@@ -118,8 +140,8 @@ func openSSD(reg *backend.Registry, path string, size int64, log *slog.Logger) (
 	}
 	q := url.Values{}
 	if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
-		if size == 0 {
-			return nil, fmt.Errorf("%s does not exist; give its size (--ssd-size, ssd_size) to create it", path)
+		if size == 0 { // gone since Run's ssdFilesSized
+			return nil, errSSDUnsized(path)
 		}
 		q.Set("size", fmt.Sprint(size))
 	}

@@ -43,6 +43,9 @@ func Run(ctx context.Context, cfg config.Config, reg *backend.Registry, log *slo
 	if err := checkActivated(cfg, opts.Activated); err != nil {
 		return err
 	}
+	if err := ssdFilesSized(cfg); err != nil {
+		return err
+	}
 	n := &notifier{send: opts.Notify, log: log}
 	// The sources the watchdog checks: none until the exports are open, so that a long open
 	// (an SSD tier's index) is bounded by the unit's start timeout, not the watchdog.
