@@ -60,14 +60,18 @@ problem() {
 fatal() {
 	echo "--- dmesg (last 150 lines)"
 	dmesg | tail -n 150
-	if [ -n "$pid" ] && kill -0 $pid 2>/dev/null; then
-		echo "--- tierblk's threads: state and wait channel (tid)"
-		for t in /proc/$pid/task/*; do
-			echo "$(sed 's/.*) //' $t/stat 2>/dev/null | cut -d' ' -f1) $(cat $t/wchan 2>/dev/null) (${t##*/})"
-		done | sort
-	fi
+	threads
 	[ ! -s /tmp/problems ] || { echo "--- failed checks so far"; cat /tmp/problems; }
 	fail "run $run ($name): $*"
+}
+
+# threads: where each of tierblk's threads waits (state, wait channel, tid), if it is alive.
+threads() {
+	[ -n "$pid" ] && kill -0 $pid 2>/dev/null || return 0
+	echo "--- tierblk's threads: state and wait channel (tid)"
+	for t in /proc/$pid/task/*; do
+		echo "$(sed 's/.*) //' $t/stat 2>/dev/null | cut -d' ' -f1) $(cat $t/wchan 2>/dev/null) (${t##*/})"
+	done | sort
 }
 
 mib() { echo $(($1 / 1048576)); }
@@ -98,7 +102,7 @@ maps() {
 # monitor: every 15 s while the writer runs, a line of figures: the file's size, the guest's
 # MemAvailable, Dirty and Writeback, tierblk's RSS and the hog's; and where tierblk's RSS lies.
 start_monitor() {
-	rm -f /tmp/stop-monitor
+	rm -f /tmp/stop-monitor /tmp/hung-shown
 	(
 		t=0
 		while [ ! -e /tmp/stop-monitor ]; do
@@ -116,6 +120,12 @@ start_monitor() {
 				grep -oE '"(ratio|destaging|destage_bytes_per_second|throttled_writes|throttle_delay_seconds|backend_waits)":[^,}]*' |
 				tr '\n' ' ')"
 			echo "    tierblk: $(grep -c 'level=WARN' "$log" 2>/dev/null) warnings so far"
+			# The first hung-task warning of the run: where tierblk's threads wait then (the
+			# kernel's own report has only the blocked task's stack), while it is still stalled.
+			if [ ! -e /tmp/hung-shown ] && dmesg | grep -q 'blocked for more than'; then
+				touch /tmp/hung-shown
+				threads
+			fi
 		done
 	) &
 	monitor=$!
