@@ -249,7 +249,7 @@ func TestReadAtOnNeverWaits(t *testing.T) {
 	require.NoError(t, err)
 	c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: "always", reduction: ReductionCompress}, nil, dev)
 	defer c.Close()
-	require.NotNil(t, c.ssd.pk, "a packed tier")
+	require.NotNil(t, packedOf(c.ssd), "a packed tier")
 	require.NoError(t, c.Prefetch(2*line, 2*line))
 	buf, other := bufpool.Aligned(4096), bufpool.Aligned(4096)
 	first, started, err := loop.Begin(func(r backend.Ring, done func(error)) bool { return c.ReadAtOn(r, buf, 2*line, done) })
@@ -257,7 +257,7 @@ func TestReadAtOnNeverWaits(t *testing.T) {
 	require.True(t, started)
 	require.Equal(t, 1, loop.InFlight(), "a hit, its read in flight on the ring")
 
-	pk := c.ssd.pk
+	pk := packedOf(c.ssd)
 	locked := make(chan struct{})
 	go func() { pk.io.Lock(); close(locked) }() // as a reclaim does
 	for pk.io.TryRLock() {                      // until the writer waits

@@ -54,7 +54,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -230,7 +229,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
 			return nil, err
 		}
-		c.ram.ram = bufpool.Aligned(c.ram.slots * int(c.line))
+		c.ram.st = newRAMStore(c.ram.slots, c.line)
 	}
 	if cfg.SSDDevice != nil {
 		if err := c.openSSD(cfg); err != nil {

@@ -47,7 +47,7 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 		t.Fatal(err)
 	}
 	if l.dedupeHash != nil {
-		c.ssd.pk.dd.Hash = l.dedupeHash // before any write
+		packedOf(c.ssd).dd.Hash = l.dedupeHash // before any write
 	}
 	return c
 }

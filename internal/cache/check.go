@@ -85,12 +85,12 @@ func (c *Cache) repairFromRAM(line uint64, slot uint32, dirty lineBits) (repaire
 	var held lineBits
 	if ok {
 		held = dirty.and(r.valid.get(rslot))
-		copy(*bp, r.ram[int64(rslot)*r.lineSize:int64(rslot)*r.lineSize+n])
+		_ = r.st.read(line, rslot, (*bp)[:n], 0, false) // RAM: nothing to fail
 	}
 	r.mu.RUnlock()
 	held.runs(c.ssd.blocks, func(b0, b1 int) {
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
-		if err := c.ssd.writeSlot(line, slot, (*bp)[lo:hi], lo); err == nil {
+		if err := c.ssd.st.write(line, slot, (*bp)[lo:hi], lo); err == nil {
 			repaired = repaired.or(rangeBits(b0, b1))
 		}
 	})
@@ -165,7 +165,7 @@ func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 	check = func(bits lineBits) {
 		bits.runs(t.blocks, func(b0, b1 int) {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
-			rerr := t.readSlot(line, g.slot, (*bp)[lo:hi], lo)
+			rerr := t.st.read(line, g.slot, (*bp)[lo:hi], lo, false)
 			if rerr == nil {
 				read += b1 - b0
 				return

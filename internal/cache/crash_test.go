@@ -242,7 +242,7 @@ func (m *machine) damage(rng *rand.Rand, c *Cache) {
 // crash cut short holds the dead units it releases apart from the tier, while records of its
 // snapshot not committed yet still find them.
 func asIs(c *Cache, store *meta.Mem) map[int64]bool {
-	pk := c.ssd.pk
+	pk := packedOf(c.ssd)
 	if pk == nil {
 		return nil
 	}

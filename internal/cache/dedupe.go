@@ -41,8 +41,8 @@ func newDedupe(max int) *dedupe { return &dedupe{Dedupe: pack.NewDedupe(max)} }
 // dedupeCandidate returns a live unit of the tier that holds the bytes of block src (a whole
 // block) with hash h, with a reference taken for the caller, or 0 when there is none. The caller
 // either places the unit in a slot's locations or lets go of the reference with deadLocked.
-func (t *tier) dedupeCandidate(src []byte, h uint64, scratch []byte) uint64 {
-	pk := t.pk
+func (pk *packed) dedupeCandidate(src []byte, h uint64, scratch []byte) uint64 {
+	t := pk.t
 	t.mu.Lock()
 	l := pk.dd.Lookup(h)
 	if l != 0 {

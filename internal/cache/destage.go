@@ -192,7 +192,7 @@ func (c *Cache) writeRun(r destageRun) error {
 			pos += p.hi - p.lo
 			continue
 		}
-		if err := c.ssd.readSlotCached(p.line, p.slot, buf[pos:pos+p.hi-p.lo], p.lo); err != nil {
+		if err := c.ssd.st.read(p.line, p.slot, buf[pos:pos+p.hi-p.lo], p.lo, true); err != nil {
 			// Counted as any error of the tier's device: a dirty line the destager cannot read
 			// keeps its dirty data from leaving, and a device that keeps failing is bypassed, so
 			// that writes waiting for room go on to the backend (admitDirty) rather than wait.

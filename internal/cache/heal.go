@@ -135,24 +135,16 @@ func (j *journal) probe() error {
 	return nil
 }
 
-// probeSlot writes a pattern to the first block of a slot nobody uses and reads it back.
+// probeSlot writes a pattern where no line's data is (a slot nobody uses; free room on a packed
+// tier, whose slots are not places) and reads it back.
 func probeSlot(t *tier, slot uint32) error {
 	buf := bufpool.Aligned(2 * blockSize)
 	w, r := buf[:blockSize], buf[blockSize:]
 	for i := range w {
 		w[i] = byte(i*7 + int(slot))
 	}
-	if t.pk != nil { // slots are not places on a packed tier: the probe takes free room
-		if err := t.pk.probeRoom(w, r); err != nil {
-			return err
-		}
-	} else {
-		if err := t.writeSlot(0, slot, w, 0); err != nil {
-			return fmt.Errorf("probe write to the SSD tier: %w", err)
-		}
-		if err := t.readSlot(0, slot, r, 0); err != nil {
-			return fmt.Errorf("probe read from the SSD tier: %w", err)
-		}
+	if err := t.st.probe(slot, w, r); err != nil {
+		return err
 	}
 	if !bytes.Equal(w, r) {
 		return errors.New("probe of the SSD tier: a block read back differs from what was written")

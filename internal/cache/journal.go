@@ -345,7 +345,7 @@ func (j *journal) staleClaims(spans []span) bool {
 				if claimed.and(bitsFromWords(b.Rec.Zero)) != claimed.and(zero) {
 					return true
 				}
-				if t.pk != nil && t.pk.staleUnits(slot, claimed, b.Rec.Loc) {
+				if t.st.staleUnits(slot, claimed, b.Rec.Loc) {
 					return true
 				}
 			}

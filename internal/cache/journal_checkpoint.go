@@ -30,11 +30,11 @@ func (j *journal) loop(stop <-chan struct{}) {
 			}
 		}
 		j.t.mu.Lock()
-		idle := len(j.changed) == 0 && len(j.freeAfterCommit) == 0 && (j.t.pk == nil || len(j.t.pk.dead) == 0)
+		idle := len(j.changed) == 0 && len(j.freeAfterCommit) == 0 && !j.t.st.hasDeadLocked()
 		j.t.mu.Unlock()
-		if t := j.t; t.pk != nil && !t.failed.Load() && t.pk.short() {
-			// Room is short: free segments, which come free at the checkpoint below.
-			t.reclaim()
+		if t := j.t; !t.failed.Load() && t.st.short() {
+			// Room is short (a packed tier): free segments, which come free at the checkpoint below.
+			t.st.reclaim()
 			idle = false
 		}
 		if !idle {
@@ -77,7 +77,7 @@ func (j *journal) checkpointForSlots() error {
 	return j.checkpointOrFail()
 }
 
-// makeRoom frees room on a packed tier (tier.reclaim) for a writer that found none, and runs the
+// makeRoom frees room on a packed tier (packed.reclaim) for a writer that found none, and runs the
 // checkpoint that makes it free. seen is roomMade when the writer looked for room: if another
 // writer's makeRoom ran since, the writer tries that room first.
 func (j *journal) makeRoom(seen uint64) error {
@@ -89,7 +89,7 @@ func (j *journal) makeRoom(seen uint64) error {
 	if j.roomMade.Load() != seen {
 		return nil
 	}
-	j.t.reclaim()
+	j.t.st.reclaim()
 	defer j.roomMade.Add(1)
 	return j.checkpointOrFail()
 }
@@ -130,11 +130,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 	// Every record logged so far is in snap: once it is committed, a replay may skip them.
 	logged := j.loggedLocked()
 	j.changed, j.snapshot, j.freeAfterCommit = map[uint64]meta.Op{}, snap, nil
-	var toRelease []uint64 // a packed tier's dead units, freed as the slots are
-	if t.pk != nil {
-		toRelease, t.pk.dead = t.pk.dead, nil
-		clear(t.pk.fresh) // in the snapshot now
-	}
+	toRelease := t.st.snapshotLocked() // a packed tier's dead units, freed as the slots are
 	clear(j.invalidatedSinceSnapshot)
 	t.mu.Unlock()
 	t.inplace.Unlock()
@@ -192,9 +188,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 			}
 		}
 		j.freeAfterCommit = append(j.freeAfterCommit, toFree...)
-		if t.pk != nil {
-			t.pk.dead = append(t.pk.dead, toRelease...)
-		}
+		t.st.keepDeadLocked(toRelease)
 		t.mu.Unlock()
 		return backendErr, tierErr
 	}
@@ -210,9 +204,7 @@ func (j *journal) checkpointLocked() (backendErr, tierErr error) {
 		j.largestCheckpoint.Store(n) // only checkpoints (under checkpointMu) store it
 	}
 	t.mu.Unlock()
-	if t.pk != nil {
-		t.pk.releaseUnits(toRelease) // not under the tier's mu: it waits for reads, which take it
-	}
+	t.st.releaseUnits(toRelease) // not under the tier's mu: it waits for reads, which take it
 	return nil, nil
 }
 

@@ -17,31 +17,28 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 	t := j.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := &loader{j: j, t: t, used: make([]bool, t.slots), units: map[uint64]bool{}}
+	l := &loader{j: j, t: t, used: make([]bool, t.slots)}
 	if err := l.addStored(logged); err != nil {
 		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if err := l.addLogged(logged); err != nil {
 		return fmt.Errorf("%w: %w", errRunLogRecord, err)
 	}
-	if t.pk != nil {
-		if err := l.claimReplaced(); err != nil {
-			return fmt.Errorf("%w: %w", ErrCorrupt, err)
-		}
-		t.pk.loaded()
+	if err := t.st.loadedLocked(j.stored); err != nil {
+		return fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	l.freeUnused()
 	l.rebuildPolicy()
 	return nil
 }
 
-// loader is load's state while it takes in the records, under the tier's mu: the slots and, on a
-// packed tier, the units that the records taken so far claim, so that none is claimed twice.
+// loader is load's state while it takes in the records, under the tier's mu: the slots that the
+// records taken so far claim, so that none is claimed twice (a packed tier's store keeps count of
+// their units so, packed.claimUnits).
 type loader struct {
-	j     *journal
-	t     *tier
-	used  []bool          // the slots claimed so far
-	units map[uint64]bool // a packed tier's units claimed so far
+	j    *journal
+	t    *tier
+	used []bool // the slots claimed so far
 }
 
 // addStored takes in the store's records, but for the lines the run log has a later record of
@@ -77,21 +74,6 @@ func (l *loader) addLogged(logged map[uint64]meta.Op) error {
 	return nil
 }
 
-// claimReplaced claims the units of the store's records that the run log replaced (a packed tier
-// only): they keep their units until the checkpoint that the caller runs first has committed the
-// log's records.
-func (l *loader) claimReplaced() error {
-	for _, op := range l.j.stored {
-		if op.Delete {
-			continue
-		}
-		if err := l.claimUnits(op.Rec, nil); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // add checks record r against the tier and puts its line in the index, with its bits, sums and (on
 // a packed tier) units.
 func (l *loader) add(r meta.Line) error {
@@ -100,11 +82,7 @@ func (l *loader) add(r meta.Line) error {
 	if err != nil {
 		return err
 	}
-	var into []uint64
-	if t.pk != nil {
-		into = t.pk.slotLocs(r.Slot, 0, t.blocks)
-	}
-	if err := l.claimUnits(r, into); err != nil {
+	if err := t.st.claimUnits(r, true); err != nil {
 		return err
 	}
 	if err := l.loadSums(r, v.andNot(z)); err != nil {
@@ -164,52 +142,6 @@ func (l *loader) loadSums(r meta.Line, stored lineBits) error {
 		for b := range sums {
 			sums[b].Store(r.Sum[b])
 		}
-	}
-	return nil
-}
-
-// claimUnits checks the unit locations of record r and claims its units on a packed tier (a tier
-// of slots must find none). A live record copies them into into, the locations of its slot; a
-// record the run log replaced passes nil, and its units die at the first checkpoint.
-func (l *loader) claimUnits(r meta.Line, into []uint64) error {
-	t := l.t
-	if t.pk == nil {
-		if r.Loc != nil {
-			return fmt.Errorf("line %d has compressed units but this SSD tier is not packed", r.Line)
-		}
-		return nil
-	}
-	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
-	if !stored.isZero() && len(r.Loc) != t.blocks {
-		return fmt.Errorf("line %d: %d unit locations for a line of %d blocks", r.Line, len(r.Loc), t.blocks)
-	}
-	for b, loc := range r.Loc {
-		if (loc != 0) != stored.has(b) {
-			return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, loc)
-		}
-		if loc == 0 {
-			continue
-		}
-		if l.units[loc] {
-			// Claimed before: by a live record (they all come first), which shares it with
-			// this one (dedupe) if this one is live too.
-			if into != nil {
-				t.pk.shareLocked(loc)
-			}
-			continue
-		}
-		if !t.pk.claim(loc) {
-			return fmt.Errorf("line %d: block %d's unit %#x is outside the SSD tier", r.Line, b, loc)
-		}
-		l.units[loc] = true
-		if into == nil { // a record the run log replaced: its units die at the first checkpoint
-			t.pk.dead = append(t.pk.dead, loc)
-		} else {
-			t.pk.bornLocked(loc)
-		}
-	}
-	if into != nil {
-		copy(into, r.Loc)
 	}
 	return nil
 }

@@ -62,12 +62,7 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 func (j *journal) words() int { return (j.t.blocks + 63) / 64 }
 
 // locWords is how many location words a record carries: one a block on a packed tier, else none.
-func (j *journal) locWords() int {
-	if j.t.pk != nil {
-		return j.t.blocks
-	}
-	return 0
-}
+func (j *journal) locWords() int { return j.t.st.locWords() }
 
 // sumWords is how many checksums a record carries: one a block.
 func (j *journal) sumWords() int { return j.t.blocks }

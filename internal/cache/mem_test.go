@@ -29,6 +29,7 @@ func TestIndexBytesPerLine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		tr.st = &slotStore{t: tr}
 		// Insert twice the capacity so that policies with ghost entries fill those too.
 		for line := range uint64(2 * slots) {
 			g := tr.acquire(line * 7)
@@ -72,7 +73,7 @@ func TestPackedIndexBytesPerLine(t *testing.T) {
 	tr, err := newTier(tierSpec{name: "ssd", slots: slots, lineSize: 64 << 10, policy: DefaultPolicy,
 		admission: "always", lines: slots, reduction: ReductionCompress}, slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
-	tr.pk, err = newPacked(nil, slots/packedSlotsPerLine*(64<<10), slots, tr.blocks)
+	tr.st, err = newPacked(tr, nil, slots/packedSlotsPerLine*(64<<10))
 	require.NoError(t, err)
 	for line := range uint64(2 * slots) {
 		g := tr.acquire(line * 7)

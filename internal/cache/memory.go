@@ -14,19 +14,12 @@ import (
 // docs/operations.md's "How much RAM" are made of these.
 func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 	if c.ram != nil {
-		ramTier = uint64(len(c.ram.ram))
-		index += uint64(c.ram.slots) * indexBytesPerLine
+		ramTier = uint64(c.ram.slots) * uint64(c.ram.lineSize)
+		index += uint64(c.ram.slots) * uint64(c.ram.st.indexBytes(c.ram.blocks))
 	}
 	if t := c.ssd; t != nil {
-		per := slotIndexBytesPerLine(t.blocks)
-		if t.pk != nil {
-			per = packedIndexBytesPerLine(t.blocks)
-		}
-		index += uint64(t.slots) * uint64(per)
-		work = destageBytesInFlight
-		if t.pk != nil {
-			work += reclaimBytes()
-		}
+		index += uint64(t.slots) * uint64(t.st.indexBytes(t.blocks))
+		work = destageBytesInFlight + t.st.workBytes()
 	}
 	return ramTier, index, work
 }

@@ -289,7 +289,7 @@ func TestWriteBackNoRoomOverDirtyThenRoom(t *testing.T) {
 			backendErr, tierErr := c.ssd.j.checkpoint()
 			require.NoError(t, backendErr)
 			require.NoError(t, tierErr)
-			pk := c.ssd.pk
+			pk := packedOf(c.ssd)
 			pk.mu.Lock()
 			hidden := append([]int32(nil), pk.free[pk.reserve:]...)
 			pk.free = pk.free[:pk.reserve]

@@ -35,10 +35,11 @@ import (
 // Reads take io shared while they read units; freeing segments takes it exclusively, so a read
 // that found a unit before it died finishes before its room can be written again.
 //
-// The code is in rooms: this file holds the packed type and the bookkeeping of units by slot;
-// pack_seg.go the segment allocator; pack_read.go, pack_write.go and pack_reclaim.go the read
-// path, the write path and reclaim; package pack the location words, the codec and dedupe's
-// table, which need nothing of the tier.
+// The packed type is the tier's store (store.go) in this layout. The code is in rooms: this file
+// holds the packed type, the bookkeeping of units by slot and the hooks of the tier's slots and
+// checkpoints; pack_seg.go the segment allocator and a restart's load; pack_read.go, pack_write.go
+// and pack_reclaim.go the read path, the write path and reclaim; package pack the location words,
+// the codec and dedupe's table, which need nothing of the tier.
 //
 // Lock order. The tier's inplace (held shared by a write, which may read a unit it merges) comes
 // before io; io comes before the tier's mu; mu (the segments') comes after the tier's mu, never
@@ -68,8 +69,9 @@ const PackedLinesPerLine = packedSlotsPerLine
 // caller does not cache the data (a fill) or sends it to the backend (a write-back write).
 var errNoRoom = errors.New("the SSD tier has no free room now")
 
-// packed is the packed layout's state.
+// packed is the store of a tier in the packed layout, and its state.
 type packed struct {
+	t       *tier // the tier it stores the blocks of
 	dev     backend.Backend
 	blocks  int
 	segSize int64
@@ -87,10 +89,13 @@ type packed struct {
 	// fresh holds the units born since the last checkpoint's snapshot: no committed record, and
 	// none the checkpoint under way commits, can find them (inPlace).
 	fresh map[uint64]struct{}
+	// claimed holds the units that the records a restart loaded so far claim, so that a unit
+	// claimed twice is shared (claimUnits); nil but during the load.
+	claimed map[uint64]bool
 
 	// io guards no field: it keeps the room of units from being released (releaseUnits holds it alone)
-	// while a read found them and reads them (packRead, rawSum, rawSpan until the asynchronous
-	// read ends), or reclaim picks them and copies them (shared). Taken after line locks,
+	// while a read found them and reads them (read, rawSum, span until the asynchronous read
+	// ends: endSpan), or reclaim picks them and copies them (shared). Taken after line locks,
 	// checkpointMu and the tier's inplace, before the tier's mu.
 	io sync.RWMutex
 
@@ -105,11 +110,11 @@ type packed struct {
 	reserve int     // free segments that only reclaim's copies may take
 	low     int     // reclaim starts below this many free segments
 	target  int     // and frees segments up to this many
-	kick    func()  // asks for reclaim (the journal's loop); set before the tier is used
 }
 
-// newPacked lays out a device of size bytes for a tier of slots slots of blocks blocks.
-func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, error) {
+// newPacked lays out dev, of size bytes, as the store of tier t.
+func newPacked(t *tier, dev backend.Backend, size int64) (*packed, error) {
+	slots, blocks := t.slots, t.blocks
 	// Segments of up to 4 MiB, at least 128 of them where the tier is large enough; a tiny tier
 	// (the tests') gets segments of one block.
 	seg := int64(blockSize)
@@ -121,7 +126,7 @@ func newPacked(dev backend.Backend, size int64, slots, blocks int) (*packed, err
 		return nil, fmt.Errorf("the SSD tier of %d bytes is too small for reduction compress: it needs 4 segments of %d bytes", size, seg)
 	}
 	pk := &packed{
-		dev: dev, blocks: blocks, segSize: seg,
+		t: t, dev: dev, blocks: blocks, segSize: seg,
 		locs:  make([]uint64, slots*blocks),
 		refs:  map[uint64]int32{},
 		hot:   make([]uint64, (slots+63)/64),
@@ -187,13 +192,21 @@ func (pk *packed) dropBlocksLocked(slot uint32, gone lineBits) {
 	}
 }
 
+// unpinnedLocked takes, at slot's last unpin, the units that setLocked kept for the I/O that pinned
+// it, and the units written for blocks that were not validated.
+func (pk *packed) unpinnedLocked(slot uint32) {
+	t := pk.t
+	pk.dropBlocksLocked(slot, rangeBits(0, pk.blocks).andNot(t.valid.get(slot).andNot(t.zeroAt(slot))))
+}
+
 // releaseSlotLocked takes every unit of a slot being released.
 func (pk *packed) releaseSlotLocked(slot uint32) {
 	pk.dropBlocksLocked(slot, rangeBits(0, pk.blocks))
 	pk.hot[slot/64] &^= 1 << (slot % 64)
 }
 
-func (pk *packed) setHotLocked(slot uint32) { pk.hot[slot/64] |= 1 << (slot % 64) }
+// hitLocked marks slot hot: reclaim copies its units rather than drop its line.
+func (pk *packed) hitLocked(slot uint32) { pk.hot[slot/64] |= 1 << (slot % 64) }
 
 func (pk *packed) isHotLocked(slot uint32) bool { return pk.hot[slot/64]>>(slot%64)&1 != 0 }
 
@@ -228,3 +241,42 @@ func (pk *packed) staleUnits(slot uint32, claimed lineBits, locs []uint64) bool 
 	}
 	return false
 }
+
+// locWords: a record carries the location word of each block.
+func (pk *packed) locWords() int { return pk.blocks }
+
+// contiguous: a slot is only a number; its blocks are where their units are.
+func (pk *packed) contiguous() bool { return false }
+
+// mutable: a block is written over in place as a slot's is when its unit is mutable (inPlace).
+func (pk *packed) mutable(slot uint32, b int) bool {
+	return pack.IsMutable(pk.slotLocs(slot, b, b+1)[0])
+}
+
+// indexBytes: a slot's index has each block's location word and the slot's gen besides.
+func (pk *packed) indexBytes(blocks int) int { return packedIndexBytesPerLine(blocks) }
+
+// workBytes: reclaim's lists.
+func (pk *packed) workBytes() uint64 { return reclaimBytes() }
+
+// physicalBytesLocked: the bytes of the live units, whatever the blocks they store.
+func (pk *packed) physicalBytesLocked(int) uint64 { return uint64(pk.liveBytes) }
+
+func (pk *packed) addStats(s *TierStats) {
+	if pk.dd != nil {
+		s.DedupeHits, s.DedupeCollisions = pk.dd.shared.Load(), pk.dd.collisions.Load()
+	}
+}
+
+func (pk *packed) hasDeadLocked() bool { return len(pk.dead) > 0 }
+
+// snapshotLocked takes the dead units for the checkpoint whose snapshot is taken: the units born
+// since the last one are in it, no longer fresh.
+func (pk *packed) snapshotLocked() []uint64 {
+	dead := pk.dead
+	pk.dead = nil
+	clear(pk.fresh)
+	return dead
+}
+
+func (pk *packed) keepDeadLocked(dead []uint64) { pk.dead = append(pk.dead, dead...) }

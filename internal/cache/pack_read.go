@@ -44,15 +44,15 @@ func (pk *packed) readUnits(locs []uint64, cached bool, fn func(i int, unit []by
 	return nil
 }
 
-// packRead is readSlot on a packed tier: the line's bytes [off, off+len(p)) of slot. A block
+// read is store.read on a packed tier: the line's bytes [off, off+len(p)) of slot. A block
 // without a unit reads as zeros (a zero block; the caller reads no block that is not valid). Each
 // unit read is decoded whole and checked against its block's sum (sum.go); a unit that does not
 // decode is damaged too. Whole blocks of p stored as they are, one after another on the device
 // (all a line filled with incompressible data holds), are read straight into p and checked there:
 // the copy out of a buffer that pack.Decode would make costs a 1 MiB hit about what its sums do
 // (BenchmarkHits1M).
-func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bool) error {
-	pk := t.pk
+func (pk *packed) read(line uint64, slot uint32, p []byte, off int64, cached bool) error {
+	t := pk.t
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
 	var buf [16]uint64
 	pk.io.RLock()
@@ -62,7 +62,7 @@ func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bo
 	t.mu.RUnlock()
 	// locs stays out of r, which holds what escapes (p, the damage found): escape analysis does
 	// not tell a struct's fields apart, and buf would go to the heap with them.
-	r := packReader{t: t, line: line, slot: slot, p: p, off: off, b0: b0, cached: cached, sums: t.sumsOf(slot)}
+	r := packReader{pk: pk, t: t, line: line, slot: slot, p: p, off: off, b0: b0, cached: cached, sums: t.sumsOf(slot)}
 	defer r.done()
 	for i, l := range locs {
 		if l == 0 {
@@ -91,8 +91,9 @@ func (t *tier) packRead(line uint64, slot uint32, p []byte, off int64, cached bo
 	return nil
 }
 
-// packReader is one packRead's state: where its bytes go, and the damage it found.
+// packReader is one read's state: where its bytes go, and the damage it found.
 type packReader struct {
+	pk     *packed
 	t      *tier
 	line   uint64
 	slot   uint32
@@ -141,10 +142,10 @@ func (r *packReader) directRun(locs []uint64, i int) (int, error) {
 	lo, _ := blockPart(r.b0+i, r.off, len(r.p))
 	_, hi := blockPart(r.b0+j-1, r.off, len(r.p))
 	var err error
-	if cr, ok := r.t.pk.dev.(backend.CachedReader); r.cached && ok {
+	if cr, ok := r.pk.dev.(backend.CachedReader); r.cached && ok {
 		_, err = cr.ReadAtCached(r.p[lo:hi], pack.Off(locs[i]))
 	} else {
-		_, err = r.t.pk.dev.ReadAt(r.p[lo:hi], pack.Off(locs[i]))
+		_, err = r.pk.dev.ReadAt(r.p[lo:hi], pack.Off(locs[i]))
 	}
 	if err != nil {
 		return j, err
@@ -163,7 +164,7 @@ func (r *packReader) decodeRun(locs []uint64, i int) (int, error) {
 	for j < len(locs) && !r.direct(locs, j) {
 		j++
 	}
-	return j, r.t.pk.readUnits(locs[i:j], r.cached, func(k int, u []byte) error { return r.unit(locs[i+k], i+k, u) })
+	return j, r.pk.readUnits(locs[i:j], r.cached, func(k int, u []byte) error { return r.unit(locs[i+k], i+k, u) })
 }
 
 // unit decodes unit l, of block b0+i, into p, checked.
@@ -187,13 +188,13 @@ func (r *packReader) unit(l uint64, i int, unit []byte) error {
 	return nil
 }
 
-// rawSpan returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
+// span returns where on the device the line's bytes [lo, hi) of slot are, if their blocks are
 // units stored as they are, one after another: such a read goes to the device as on a slot
-// (read_async.go). When ok, the caller holds io shared, and lets go of it once the read is done.
-// With try it does not wait for io: where another holds it exclusively, or waits to, it reports
-// false.
-func (t *tier) rawSpan(slot uint32, lo, hi int64, try bool) (at int64, ok bool) {
-	pk := t.pk
+// (read_async.go). When ok, the caller holds io shared, and lets go of it once the read is done
+// (endSpan). With try it does not wait for io: where another holds it exclusively, or waits to, it
+// reports false.
+func (pk *packed) span(slot uint32, lo, hi int64, try bool) (at int64, ok bool) {
+	t := pk.t
 	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)
 	if !try {
 		pk.io.RLock()
@@ -223,9 +224,29 @@ func blockPart(b int, off int64, n int) (lo, hi int) {
 	return int(max(s, off) - off), int(min(e, off+int64(n)) - off)
 }
 
+// endSpan lets go of io, which span took.
+func (pk *packed) endSpan() { pk.io.RUnlock() }
+
 // hasUnit reports whether block b of slot has a unit.
-func (t *tier) hasUnit(slot uint32, b int) bool {
+func (pk *packed) hasUnit(slot uint32, b int) bool {
+	pk.t.mu.RLock()
+	defer pk.t.mu.RUnlock()
+	return pk.slotLocs(slot, b, b+1)[0] != 0
+}
+
+// rawSum decodes block b of line from its unit in slot, unchecked, and returns its sum.
+func (pk *packed) rawSum(line uint64, slot uint32, b int) (uint32, error) {
+	t := pk.t
+	pk.io.RLock()
+	defer pk.io.RUnlock()
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.pk.slotLocs(slot, b, b+1)[0] != 0
+	l := pk.slotLocs(slot, b, b+1)[0]
+	t.mu.RUnlock()
+	var sum uint32
+	err := pk.readUnits([]uint64{l}, false, func(_ int, unit []byte) error {
+		var err error
+		sum, err = t.unitSum(line, b, unit, l)
+		return err
+	})
+	return sum, err
 }

@@ -91,8 +91,8 @@ func (pk *packed) victims(copy, hot []int64, copyRefs, hotRefs []int32) (victims
 // blocks and of lines hit since their last reclaim (a second chance, which keeps a hot line's
 // blocks). The room comes free after the next checkpoint (the caller runs one). It returns how many
 // block references it listed to copy or drop.
-func (t *tier) reclaim() (listed int) {
-	pk := t.pk
+func (pk *packed) reclaim() (listed int) {
+	t := pk.t
 	pk.mu.Lock()
 	full := len(pk.free) >= pk.target
 	pk.mu.Unlock()
@@ -105,7 +105,7 @@ func (t *tier) reclaim() (listed int) {
 	pk.io.RLock()
 	defer pk.io.RUnlock()
 	t.mu.Lock()
-	victims, secondChance := pk.victims(t.reclaimCosts())
+	victims, secondChance := pk.victims(pk.reclaimCosts())
 	if len(victims) == 0 {
 		t.mu.Unlock()
 		return
@@ -117,7 +117,7 @@ func (t *tier) reclaim() (listed int) {
 	for i, s := range victims {
 		rank[s] = int32(i)
 	}
-	moves, drops := t.reclaimList(rank, secondChance)
+	moves, drops := pk.reclaimList(rank, secondChance)
 	listed = len(moves) + len(drops)
 	for _, line := range drops {
 		t.evict.Remove(policy.Key(line))
@@ -125,7 +125,7 @@ func (t *tier) reclaim() (listed int) {
 		t.dropLocked(line)
 	}
 	t.mu.Unlock()
-	t.reclaimMoves(moves, rank, int32(len(victims)))
+	pk.reclaimMoves(moves, rank, int32(len(victims)))
 	return listed
 }
 
@@ -142,8 +142,8 @@ type reclaimMove struct {
 // reclaimCosts returns, by segment, what emptying it would copy: the bytes and block references of
 // the units of dirty lines (copyBytes, copyRefs), and of hot ones (hotBytes, hotRefs). The caller
 // holds the tier's mu.
-func (t *tier) reclaimCosts() (copyBytes, hotBytes []int64, copyRefs, hotRefs []int32) {
-	pk := t.pk
+func (pk *packed) reclaimCosts() (copyBytes, hotBytes []int64, copyRefs, hotRefs []int32) {
+	t := pk.t
 	nseg := len(pk.used)
 	copyBytes, hotBytes = make([]int64, nseg), make([]int64, nseg)
 	copyRefs, hotRefs = make([]int32, nseg), make([]int32, nseg)
@@ -168,8 +168,8 @@ func (t *tier) reclaimCosts() (copyBytes, hotBytes []int64, copyRefs, hotRefs []
 // reclaimList lists what emptying the victims (the segments of rank 0 or more) takes: the blocks
 // to move, and the clean lines to drop (those not hot, or all with no second chance). A line loses
 // its second chance as it is listed. The caller holds the tier's mu.
-func (t *tier) reclaimList(rank []int32, secondChance bool) (moves []reclaimMove, drops []uint64) {
-	pk := t.pk
+func (pk *packed) reclaimList(rank []int32, secondChance bool) (moves []reclaimMove, drops []uint64) {
+	t := pk.t
 	for line, s := range t.index.All() {
 		if len(moves)+len(drops) >= maxReclaimMoves {
 			// One victim with more references than that (tiny units, or one shared by many
@@ -211,8 +211,8 @@ func (t *tier) reclaimList(rank []int32, secondChance bool) (moves []reclaimMove
 // room of the copies is taken at once, before the first is written (reclaimRoom). Each copy holds
 // a reference of reclaim's until the moves are done; a copy never made (damage, an error) is dead
 // at once.
-func (t *tier) reclaimMoves(moves []reclaimMove, rank []int32, nvictims int32) {
-	pk := t.pk
+func (pk *packed) reclaimMoves(moves []reclaimMove, rank []int32, nvictims int32) {
+	t := pk.t
 	copies := map[uint64]int{} // a unit's index in units
 	var units []uint64         // the units to copy, each once, in the order of moves
 	var sizes []int
@@ -247,7 +247,7 @@ func (t *tier) reclaimMoves(moves []reclaimMove, rank []int32, nvictims int32) {
 			continue // its segment did not fit: the next reclaim picks again
 		}
 		if !made[i] {
-			if err := t.copyUnit(m.line, m.b, m.loc, nl, m.sum); err != nil {
+			if err := pk.copyUnit(m.line, m.b, m.loc, nl, m.sum); err != nil {
 				if _, ok := asDamage(err); ok {
 					// Not copied: the unit stays, and its segment with it, until a check of
 					// the line under its lock (which a write to it may be changing) deals
@@ -266,7 +266,7 @@ func (t *tier) reclaimMoves(moves []reclaimMove, rank []int32, nvictims int32) {
 			}
 			t.mu.Unlock()
 		}
-		t.moveBlock(m, nl)
+		pk.moveBlock(m, nl)
 	}
 }
 
@@ -302,8 +302,8 @@ func (pk *packed) reclaimRoom(units []uint64, sizes []int, rank []int32, nvictim
 
 // moveBlock points m's block at nl, the copy of its unit, if the block still has the unit and no
 // write in place went over it since it was listed; the line's record follows.
-func (t *tier) moveBlock(m reclaimMove, nl uint64) {
-	pk := t.pk
+func (pk *packed) moveBlock(m reclaimMove, nl uint64) {
+	t := pk.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur := pk.slotLocs(m.slot, m.b, m.b+1)
@@ -322,8 +322,8 @@ func (t *tier) moveBlock(m reclaimMove, nl uint64) {
 
 // copyUnit writes a copy of unit l, block b of line, to nl (room reclaim took for it), if its
 // bytes match the block's sum; else it returns a *damageError.
-func (t *tier) copyUnit(line uint64, b int, l, nl uint64, sum uint32) error {
-	pk := t.pk
+func (pk *packed) copyUnit(line uint64, b int, l, nl uint64, sum uint32) error {
+	t := pk.t
 	// A pooled buffer: reclaim copies every unit it keeps, and allocating each would make garbage
 	// at the rate the tier is written (TestMemoryBoundNBD).
 	bp := bufpool.Get(pack.Len(l))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/meta"
 )
 
 // The segment allocator of the packed layout (pack.go): units are appended to the open segment,
@@ -56,9 +57,10 @@ func (pk *packed) dirtyRoomKept(line int64) int {
 	return int((int64(pk.low)*pk.segSize+line-1)/line) + 1
 }
 
+// askReclaim asks the journal's loop for reclaim (a tier without a journal has none: the tests').
 func (pk *packed) askReclaim() {
-	if pk.kick != nil {
-		pk.kick()
+	if j := pk.t.j; j != nil {
+		j.askCheckpoint()
 	}
 }
 
@@ -100,8 +102,9 @@ func (pk *packed) short() bool {
 	return len(pk.free) < pk.low
 }
 
-// probeRoom writes a block to free room and reads it back (journal.probe, on a packed tier).
-func (pk *packed) probeRoom(w, r []byte) error {
+// probe writes a block to free room, not to slot (slots are not places on a packed tier), and
+// reads it back.
+func (pk *packed) probe(_ uint32, w, r []byte) error {
 	var off [1]int64
 	if err := pk.alloc([]int{len(w)}, off[:], true); err != nil {
 		return errors.New("probe of the SSD tier: no free room to write to")
@@ -112,6 +115,48 @@ func (pk *packed) probeRoom(w, r []byte) error {
 	}
 	if _, err := pk.dev.ReadAt(r, off[0]); err != nil {
 		return fmt.Errorf("probe read from the SSD tier: %w", err)
+	}
+	return nil
+}
+
+// claimUnits checks the unit locations of record r (a restart's load) and claims its units. A live
+// record's are copied into its slot's locations; the units of a record the run log replaced die at
+// the first checkpoint.
+func (pk *packed) claimUnits(r meta.Line, live bool) error {
+	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
+	if !stored.isZero() && len(r.Loc) != pk.blocks {
+		return fmt.Errorf("line %d: %d unit locations for a line of %d blocks", r.Line, len(r.Loc), pk.blocks)
+	}
+	if pk.claimed == nil {
+		pk.claimed = map[uint64]bool{}
+	}
+	for b, loc := range r.Loc {
+		if (loc != 0) != stored.has(b) {
+			return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, loc)
+		}
+		if loc == 0 {
+			continue
+		}
+		if pk.claimed[loc] {
+			// Claimed before: by a live record (they all come first), which shares it with
+			// this one (dedupe) if this one is live too.
+			if live {
+				pk.shareLocked(loc)
+			}
+			continue
+		}
+		if !pk.claim(loc) {
+			return fmt.Errorf("line %d: block %d's unit %#x is outside the SSD tier", r.Line, b, loc)
+		}
+		pk.claimed[loc] = true
+		if live {
+			pk.bornLocked(loc)
+		} else { // a record the run log replaced: its units die at the first checkpoint
+			pk.dead = append(pk.dead, loc)
+		}
+	}
+	if live {
+		copy(pk.slotLocs(r.Slot, 0, pk.blocks), r.Loc)
 	}
 	return nil
 }
@@ -128,8 +173,19 @@ func (pk *packed) claim(l uint64) bool {
 	return true
 }
 
-// loaded makes the segments with no unit claimed free (the last step of a restart's load).
-func (pk *packed) loaded() {
+// loadedLocked ends a restart's load: it claims the units of the store's records that the run log
+// replaced (replaced), which they keep until the checkpoint that the load runs first has committed
+// the log's records, and makes the segments with no unit claimed free.
+func (pk *packed) loadedLocked(replaced map[uint64]meta.Op) error {
+	for _, op := range replaced {
+		if op.Delete {
+			continue
+		}
+		if err := pk.claimUnits(op.Rec, false); err != nil {
+			return err
+		}
+	}
+	pk.claimed = nil
 	clear(pk.fresh) // the units records found: none is fresh
 	pk.free = pk.free[:0]
 	for s := len(pk.used) - 1; s >= 0; s-- {
@@ -137,4 +193,5 @@ func (pk *packed) loaded() {
 			pk.free = append(pk.free, int32(s))
 		}
 	}
+	return nil
 }

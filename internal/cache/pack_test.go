@@ -22,6 +22,12 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
+// packedOf returns t's packed store, nil if t has another.
+func packedOf(t *tier) *packed {
+	pk, _ := t.st.(*packed)
+	return pk
+}
+
 // textLike returns n bytes that compress as text does (words from a small vocabulary), seeded.
 func textLike(n int, seed uint64) []byte {
 	words := []string{"block ", "cache ", "tier ", "the ", "of ", "segment ", "line ", "write ", "read ", "\n"}
@@ -147,7 +153,7 @@ func TestPackedCorruptUnit(t *testing.T) {
 }
 
 // TestPackedLargeLines writes and reads whole 1 MiB lines (256 blocks, more units in one write
-// than packWrite keeps on its stack) through a tier with reduction compress.
+// than packed.write keeps on its stack) through a tier with reduction compress.
 func TestPackedLargeLines(t *testing.T) {
 	const line = 1 << 20
 	b, ssd := mem.New(4*line), mem.New(8*line)
@@ -298,7 +304,7 @@ func TestCrashDuringReclaim(t *testing.T) {
 				c := newCache(t, gatedDev{g, m.back}, l, gatedStore{g, m.store}, cutAfterDev{gatedDev{g, m.ssd}, n})
 				model := make([]byte, lines*line)
 				rng := rand.New(rand.NewPCG(uint64(cut), 7))
-				pk := c.ssd.pk
+				pk := packedOf(c.ssd)
 				// How many copies reclaim makes depends on what the background loop's own reclaim
 				// left it; where that is fewer than the cut, more rewrites leave it more to copy.
 				for range 10 {
@@ -309,7 +315,7 @@ func TestCrashDuringReclaim(t *testing.T) {
 					pk.mu.Lock()
 					pk.target = len(pk.used) // reclaim empties every segment it can
 					pk.mu.Unlock()
-					c.ssd.reclaim()
+					c.ssd.st.reclaim()
 					if n.Load() < 0 {
 						break
 					}
@@ -404,7 +410,7 @@ func TestMutableUnits(t *testing.T) {
 		defer c.ssd.mu.RUnlock()
 		slot, ok := c.ssd.slotOf(0)
 		require.True(t, ok)
-		return c.ssd.pk.slotLocs(slot, b, b+1)[0]
+		return packedOf(c.ssd).slotLocs(slot, b, b+1)[0]
 	}
 	checkpoint := func() {
 		t.Helper()
@@ -466,7 +472,7 @@ func TestPackReadMixed(t *testing.T) {
 	require.True(t, ok)
 	for _, r := range [][2]int{{0, line}, {blockSize, line}, {100, line - 100}, {blockSize, 3 * blockSize}} {
 		got := bytes.Repeat([]byte{0xff}, r[1]-r[0])
-		require.NoError(t, c.ssd.readSlot(0, slot, got, int64(r[0])))
+		require.NoError(t, c.ssd.st.read(0, slot, got, int64(r[0]), false))
 		require.True(t, bytes.Equal(want[r[0]:r[1]], got), "bytes [%d, %d) read wrong", r[0], r[1])
 	}
 }
@@ -491,13 +497,13 @@ func TestReclaimListsBounded(t *testing.T) {
 			// From here only the test reclaims and checkpoints.
 			c.bg.halt()
 			c.bg.wait()
-			pk := c.ssd.pk
+			pk := packedOf(c.ssd)
 			pk.mu.Lock()
 			pk.target = len(pk.used) // reclaim empties every segment it can
 			pk.mu.Unlock()
 			passes, full := 0, 0
 			for listed := -1; listed != 0 && passes < 20; passes++ {
-				listed = c.ssd.reclaim()
+				listed = c.ssd.st.reclaim()
 				require.LessOrEqual(t, listed, maxReclaimMoves+c.ssd.blocks, "pass %d", passes)
 				if listed >= maxReclaimMoves {
 					full++
@@ -538,7 +544,7 @@ func TestReclaimTakesItsRoomAtOnce(t *testing.T) {
 	model := make([]byte, lines*line)
 	rewriteBlocks(t, c, model, rand.New(rand.NewPCG(5, 9)), 1200)
 	require.NoError(t, c.Flush())
-	pk := c.ssd.pk
+	pk := packedOf(c.ssd)
 	pk.mu.Lock()
 	pk.target = len(pk.used) // reclaim plans to empty every segment it can
 	pk.mu.Unlock()
@@ -568,7 +574,7 @@ func TestReclaimTakesItsRoomAtOnce(t *testing.T) {
 		left = int64(len(pk.free)) * pk.segSize
 		pk.mu.Unlock()
 	}
-	c.ssd.reclaim()
+	c.ssd.st.reclaim()
 	reclaimPicked = nil
 	require.NotEmpty(t, taken, "no room taken between the choice and the copies: the test tests nothing")
 	require.Greater(t, planned, left, "copies of %d bytes fit the %d bytes left: the test tests nothing", planned, left)

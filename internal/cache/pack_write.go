@@ -8,7 +8,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache/pack"
 )
 
-// packWrite is writeSlot on a packed tier: it stores the blocks of p (the line's bytes from off) as
+// write is store.write on a packed tier: it stores the blocks of p (the line's bytes from off) as
 // new units, or as references to units with the same bytes (reduction dedupe), and points slot's
 // locations at them, if slot is still line's. A block p covers in part takes the rest of its bytes
 // from its unit (the caller merged zero blocks and blocks the tier does not hold already). The
@@ -18,7 +18,8 @@ import (
 // It goes in steps: gather encodes each block (or finds it a unit to share, or its own to write
 // over in place), store takes room for the new units and writes them, and place, under the tier's
 // mu, points the slot at them.
-func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
+func (pk *packed) write(line uint64, slot uint32, p []byte, off int64) error {
+	t := pk.t
 	t.inplace.RLock() // for the blocks written in place (inPlace)
 	defer t.inplace.RUnlock()
 	b0, b1 := int(off/blockSize), int((off+int64(len(p))+blockSize-1)/blockSize)
@@ -34,23 +35,23 @@ func (t *tier) packWrite(line uint64, slot uint32, p []byte, off int64) error {
 		sizes:  slices.Grow(sizeBuf[:0], nb)[:nb],
 		units:  slices.Grow(unitBuf[:0], nb)[:nb],
 	}
-	defer w.finish(t)
+	defer w.finish(pk)
 	outp := bufpool.Get(nb * blockSize)
 	defer bufpool.Put(outp)
-	out, err := w.gather(t, p, (*outp)[:0])
+	out, err := w.gather(pk, p, (*outp)[:0])
 	if err != nil {
 		return err
 	}
-	if err := w.store(t, out); err != nil {
+	if err := w.store(pk, out); err != nil {
 		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w.place(t)
+	w.place(pk)
 	return nil
 }
 
-// packBlock is what packWrite knows of one block of its write.
+// packBlock is what a packed write knows of one block of its write.
 type packBlock struct {
 	loc     uint64 // its unit: a shared one, or its new one once stored
 	hash    uint64 // its content hash (dedupe)
@@ -62,10 +63,10 @@ type packBlock struct {
 	mutable bool   // its new unit is born mutable (inPlace)
 }
 
-// packWriter is one packWrite's state, on its stack. It points at nothing but packWrite's arrays,
+// packWriter is one packed write's state, on its stack. It points at nothing but write's arrays,
 // and its methods set their elements, never its slices: escape analysis does not tell a struct's
-// fields apart, so a tier, a buffer the device writes or a slice appended to here would take the
-// arrays to the heap with it (go build -gcflags=-m says so). The tier and the buffers are
+// fields apart, so the store, a buffer the device writes or a slice appended to here would take the
+// arrays to the heap with it (go build -gcflags=-m says so). The store and the buffers are
 // parameters instead.
 type packWriter struct {
 	line   uint64
@@ -83,22 +84,22 @@ type packWriter struct {
 
 // gather goes over the blocks of p: each gets its sum, and a unit to share (dedupe), its own to
 // write over in place, or a new one, appended to out, which it returns.
-func (w *packWriter) gather(t *tier, p, out []byte) ([]byte, error) {
+func (w *packWriter) gather(pk *packed, p, out []byte) ([]byte, error) {
 	blk := bufpool.Get(blockSize)
 	defer bufpool.Put(blk)
 	scratch := bufpool.Get(pack.ScratchSize())
 	defer bufpool.Put(scratch)
 	for i := range w.blocks {
 		b := w.b0 + i
-		src, err := w.whole(t, p, b, *blk)
+		src, err := w.whole(pk, p, b, *blk)
 		if err != nil {
 			return out, err
 		}
-		w.blocks[i].sum = blockSum(w.line*uint64(t.blocks)+uint64(b), src)
-		if t.pk.dd != nil && w.shared(t, p, i, src, *scratch) {
+		w.blocks[i].sum = blockSum(w.line*uint64(pk.blocks)+uint64(b), src)
+		if pk.dd != nil && w.shared(pk, p, i, src, *scratch) {
 			continue
 		}
-		if out, err = w.unit(t, out, i, src, *scratch); err != nil {
+		if out, err = w.unit(pk, out, i, src, *scratch); err != nil {
 			return out, err
 		}
 	}
@@ -107,15 +108,15 @@ func (w *packWriter) gather(t *tier, p, out []byte) ([]byte, error) {
 
 // whole returns the bytes of block b: p's, or for a block p covers in part, blk holding them,
 // with the rest of its bytes from its unit.
-func (w *packWriter) whole(t *tier, p []byte, b int, blk []byte) ([]byte, error) {
+func (w *packWriter) whole(pk *packed, p []byte, b int, blk []byte) ([]byte, error) {
 	lo, hi := blockPart(b, w.off, len(p))
 	src := p[lo:hi]
 	if hi-lo == blockSize {
 		return src, nil
 	}
 	clear(blk)
-	if t.hasUnit(w.slot, b) {
-		if err := t.packRead(w.line, w.slot, blk, int64(b)*blockSize, false); err != nil {
+	if pk.hasUnit(w.slot, b) {
+		if err := pk.read(w.line, w.slot, blk, int64(b)*blockSize, false); err != nil {
 			return nil, err
 		}
 	}
@@ -125,15 +126,15 @@ func (w *packWriter) whole(t *tier, p []byte, b int, blk []byte) ([]byte, error)
 
 // shared finds block i (bytes src) a unit with its bytes (reduction dedupe): an earlier block's of
 // the write, or one the tier holds. False: the block needs a unit of its own.
-func (w *packWriter) shared(t *tier, p []byte, i int, src, scratch []byte) bool {
-	dd, pb := t.pk.dd, &w.blocks[i]
+func (w *packWriter) shared(pk *packed, p []byte, i int, src, scratch []byte) bool {
+	dd, pb := pk.dd, &w.blocks[i]
 	pb.hash = dd.Hash(src)
 	if j := w.twinOf(p, i, src); j >= 0 {
 		pb.twin = j + 1
 		dd.shared.Add(1)
 		return true
 	}
-	if l := t.dedupeCandidate(src, pb.hash, scratch[:blockSize]); l != 0 {
+	if l := pk.dedupeCandidate(src, pb.hash, scratch[:blockSize]); l != 0 {
 		pb.loc = l
 		return true
 	}
@@ -159,15 +160,15 @@ func (w *packWriter) twinOf(p []byte, i int, src []byte) int {
 
 // unit gives block i (bytes src) a new unit, appended to out, or writes it over its own unit in
 // place (inPlace).
-func (w *packWriter) unit(t *tier, out []byte, i int, src, scratch []byte) ([]byte, error) {
+func (w *packWriter) unit(pk *packed, out []byte, i int, src, scratch []byte) ([]byte, error) {
 	pb, b := &w.blocks[i], w.b0+i
 	enc, codec := pack.Encode(scratch, src)
 	if codec == pack.Raw {
-		l, ok, rewrite := t.inPlace(w.line, w.slot, b, pb.sum, &w.inPlace)
+		l, ok, rewrite := pk.inPlace(w.line, w.slot, b, pb.sum, &w.inPlace)
 		if ok {
 			pb.same = true
-			if _, err := t.pk.dev.WriteAt(src, pack.Off(l)); err != nil {
-				t.resettle(w.line, w.slot, b)
+			if _, err := pk.dev.WriteAt(src, pack.Off(l)); err != nil {
+				pk.t.resettle(w.line, w.slot, b)
 				return out, err
 			}
 			return out, nil
@@ -182,8 +183,7 @@ func (w *packWriter) unit(t *tier, out []byte, i int, src, scratch []byte) ([]by
 
 // store takes room for the new units, out, and writes them. Units whose write failed are dead at
 // once.
-func (w *packWriter) store(t *tier, out []byte) error {
-	pk := t.pk
+func (w *packWriter) store(pk *packed, out []byte) error {
 	var offBuf [16]int64
 	offs := slices.Grow(offBuf[:0], w.n)[:w.n]
 	sizes, units := w.sizes[:w.n], w.units[:w.n]
@@ -202,9 +202,9 @@ func (w *packWriter) store(t *tier, out []byte) error {
 		}
 	}
 	if err := pk.writeUnits(out, units); err != nil {
-		t.mu.Lock()
+		pk.t.mu.Lock()
 		pk.dead = append(pk.dead, units...) // never live: not in stored either
-		t.mu.Unlock()
+		pk.t.mu.Unlock()
 		return err
 	}
 	return nil
@@ -212,8 +212,8 @@ func (w *packWriter) store(t *tier, out []byte) error {
 
 // place points the slot's locations at the blocks' units, and queues the line's record with them,
 // if slot is still line's; else the new units are dead at once. The caller holds the tier's mu.
-func (w *packWriter) place(t *tier) {
-	pk := t.pk
+func (w *packWriter) place(pk *packed) {
+	t := pk.t
 	if s, ok := t.slotOf(w.line); !ok || s != w.slot {
 		pk.dead = append(pk.dead, w.units[:w.n]...)
 		return // evicted meanwhile: markValid says so to the caller (finish lets go of shared units)
@@ -269,18 +269,19 @@ func (w *packWriter) changesRecord(t *tier) bool {
 
 // finish lets go of the references taken for shared units that were not placed, and ends the
 // writes in place (the slot's gen is even again).
-func (w *packWriter) finish(t *tier) {
+func (w *packWriter) finish(pk *packed) {
 	if w.placed && !w.inPlace {
 		return
 	}
+	t := pk.t
 	t.mu.Lock()
 	for i := range w.blocks {
 		if l := w.blocks[i].loc; l != 0 && !w.blocks[i].fresh && !w.placed {
-			t.pk.deadLocked(l) // a shared unit's reference
+			pk.deadLocked(l) // a shared unit's reference
 		}
 	}
 	if w.inPlace {
-		t.pk.gen[w.slot]++
+		pk.gen[w.slot]++
 	}
 	t.mu.Unlock()
 }
@@ -303,10 +304,10 @@ func (w *packWriter) finish(t *tier) {
 // rewrite reports whether a new unit for the block should be born mutable: the block is dirty on
 // a tier without dedupe. The caller holds the line's lock, so no read or destage of the block
 // runs; only reclaim reads units without it, and the slot's gen (odd from the first such write on,
-// *started, until packWrite ends) has it drop the copy of a unit written meanwhile. With dedupe,
+// *started, until write ends) has it drop the copy of a unit written meanwhile. With dedupe,
 // the unit leaves the table, which names it by its old bytes.
-func (t *tier) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (l uint64, ok, rewrite bool) {
-	pk := t.pk
+func (pk *packed) inPlace(line uint64, slot uint32, b int, sum uint32, started *bool) (l uint64, ok, rewrite bool) {
+	t := pk.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.dirtyAt(slot).has(b) {

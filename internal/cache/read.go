@@ -133,7 +133,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			continue
 		}
 		hits++
-		if n := len(runs); n > 0 && c.ssd.pk == nil && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 && !alone(i) && !alone(i-1) {
+		if n := len(runs); n > 0 && c.ssd.st.contiguous() && runs[n-1][1] == i-1 && src[i].slot == src[i-1].slot+1 && !alone(i) && !alone(i-1) {
 			runs[n-1][1] = i
 			continue
 		}
@@ -153,7 +153,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			return
 		}
 		a, b := segs[r[0]], segs[r[1]]
-		err := c.ssd.readSlot(a.line, src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo)
+		err := c.ssd.st.read(a.line, src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo, false)
 		for i := r[0]; i <= r[1]; i++ {
 			if err != nil {
 				hit(i, false)
@@ -222,15 +222,14 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 			return
 		}
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-		ram := c.ram.ram[int64(slot)*c.line+lo : int64(slot)*c.line+hi]
-		err = c.ssd.readBlocks(s.line, ssdSlot, ram, lo, src.zero)
+		err = c.ssd.readBlocks(s.line, ssdSlot, c.ram.ramSlot(slot)[lo:hi], lo, src.zero)
 	})
 	if err != nil {
 		c.ram.unpin(slot)
 		c.ssd.ioError(s.line, ssdSlot, err)
 		return false, true
 	}
-	copy(dst, c.ram.ram[int64(slot)*c.line+s.lo:])
+	copy(dst, c.ram.ramSlot(slot)[s.lo:])
 	c.ram.markValid(s.line, slot, missing, false, lineBits{})
 	return true, true
 }

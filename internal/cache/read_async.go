@@ -144,29 +144,30 @@ func (h *hitRead) startOnDevice(start ssdStart, onRing, noZeros bool) bool {
 	// Zero blocks are not on the device: such a read goes read's way (hitRead.readHit), which reads
 	// only the blocks the slot holds. So does a read of part of a block: its sum is the whole
 	// block's.
-	whole := s.lo%blockSize == 0 && (s.hi%blockSize == 0 || s.hi == s.n && c.ssd.pk == nil)
-	plain := noZeros && c.ssd.pk == nil && whole
-	if plain && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(start, s, h.src, h.p, h.finish) {
+	st := c.ssd.st
+	if !noZeros || s.lo%blockSize != 0 || s.hi%blockSize != 0 && (s.hi != s.n || !st.contiguous()) {
+		return false
+	}
+	if st.contiguous() && c.ram.usable() && c.ram.admits(c.promotion(s)) && c.promoteAsync(start, s, h.src, h.p, h.finish) {
 		return true
 	}
-	if plain && start(h.p, int64(slot)*c.line+s.lo, h.read) {
+	// The bytes as they are on the device: a slot's, or on a packed tier blocks stored as they
+	// are, one after another.
+	at, ok := st.span(slot, s.lo, s.hi, onRing)
+	if !ok {
+		return false
+	}
+	if start(h.p, at, h.read) {
 		return true
 	}
-	// On a packed tier, blocks stored as they are, one after another, are read as on a slot.
-	if pk := c.ssd.pk; pk != nil && noZeros && whole {
-		if at, ok := c.ssd.rawSpan(slot, s.lo, s.hi, onRing); ok {
-			if start(h.p, at, func(err error) { pk.io.RUnlock(); h.read(err) }) {
-				return true
-			}
-			pk.io.RUnlock()
-		}
-	}
+	st.endSpan()
 	return false
 }
 
-// read ends an asynchronous read of the hit from the device.
+// read ends an asynchronous read of the hit from the device (of a span of the store's).
 func (h *hitRead) read(err error) {
 	c, s, slot := h.c, h.segs[0], h.src.slot
+	c.ssd.st.endSpan()
 	if err == nil {
 		err = c.ssd.verify(s.line, slot, h.p, s.lo)
 	}
@@ -218,10 +219,10 @@ func (c *Cache) readRAMNow(s seg, p []byte, off int64, done func(error)) bool {
 	return true
 }
 
-// promoteAsync is promote started on the SSD device (by start): the blocks p touches are read into a RAM
-// slot, then copied to p, and finish is called. It reports false, having done nothing, where RAM
-// has no slot to spare, the blocks to read are not one run or the device will not start the read:
-// the caller then reads the SSD tier alone.
+// promoteAsync is promote started on the SSD device (by start), of a store of slots (contiguous):
+// the blocks p touches are read into a RAM slot, then copied to p, and finish is called. It
+// reports false, having done nothing, where RAM has no slot to spare, the blocks to read are not
+// one run or the device will not start the read: the caller then reads the SSD tier alone.
 func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish func(error)) bool {
 	g := c.ram.acquire(s.line)
 	if !g.ok {
@@ -233,10 +234,10 @@ func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish
 		runs++
 		lo, hi = int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 	})
-	at := int64(slot) * c.line
+	mem := c.ram.ramSlot(slot)
 	ended := func(err error) {
 		if err == nil {
-			err = c.ssd.verify(s.line, src.slot, c.ram.ram[at+lo:at+hi], lo)
+			err = c.ssd.verify(s.line, src.slot, mem[lo:hi], lo)
 		}
 		if err != nil { // as promote does, off the device's goroutine
 			go func() {
@@ -247,7 +248,7 @@ func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish
 			}()
 			return
 		}
-		copy(p, c.ram.ram[at+s.lo:])
+		copy(p, mem[s.lo:])
 		c.ram.markValid(s.line, slot, missing, false, lineBits{})
 		c.ssd.hitBytes.Add(uint64(len(p)))
 		c.ssd.unpin(src.slot)
@@ -257,7 +258,7 @@ func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish
 	case runs == 0: // another request promoted the blocks meanwhile
 		ended(nil)
 		return true
-	case runs == 1 && start(c.ram.ram[at+lo:at+hi], int64(src.slot)*c.line+lo, ended):
+	case runs == 1 && start(mem[lo:hi], int64(src.slot)*c.line+lo, ended):
 		return true
 	}
 	c.ram.unpin(slot)

@@ -105,6 +105,7 @@ func TestAcquireLinesOrder(t *testing.T) {
 	tr, err := newTier(tierSpec{name: "ram", slots: 16, lineSize: 64 << 10, policy: "lru", admission: "always"},
 		slog.New(slog.DiscardHandler))
 	require.NoError(t, err)
+	tr.st = newRAMStore(tr.slots, tr.lineSize)
 	for line := range uint64(16) {
 		g := tr.acquire(line)
 		require.True(t, g.ok)

@@ -172,11 +172,12 @@ func (t *tier) doomedLines(n int) []uint64 {
 // setLocked sets the valid, dirty and zero bits of line's slot, keeping the block counts and the
 // set of dirty lines. Dirty and zero are subsets of valid.
 func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
-	if t.pk != nil && t.pins[slot] == 0 {
-		// Blocks that had a unit and have none now (invalidated, or zeros now): their units die.
-		// A pinned slot keeps them until its last unpin, for the reads that found them.
+	if t.pins[slot] == 0 {
+		// Blocks that were stored and are not now (invalidated, or zeros now): a packed tier's
+		// units of them die. A pinned slot keeps them until its last unpin, for the reads that
+		// found them.
 		had := t.valid.get(slot).andNot(t.zeroAt(slot))
-		t.pk.dropBlocksLocked(slot, had.andNot(valid.andNot(zero)))
+		t.st.dropBlocksLocked(slot, had.andNot(valid.andNot(zero)))
 	}
 	t.setBitsLocked(line, slot, valid, dirty, zero)
 }
@@ -258,9 +259,7 @@ func (t *tier) setAsideLocked(line uint64) {
 // releaseLocked returns a slot nobody uses. A persistent tier cannot reuse it before the deletion
 // of its old record is committed: a crash would otherwise let that record find new data.
 func (t *tier) releaseLocked(slot uint32) {
-	if t.pk != nil {
-		t.pk.releaseSlotLocked(slot)
-	}
+	t.st.releaseSlotLocked(slot)
 	if t.j != nil {
 		t.j.freeAfterCommit = append(t.j.freeAfterCommit, slot)
 		return
@@ -291,11 +290,7 @@ func (t *tier) unpinLocked(slot uint32) {
 	if t.pins[slot]--; t.pins[slot] > 0 {
 		return
 	}
-	if t.pk != nil {
-		// Units that setLocked kept for the I/O that pinned the slot, and units written for
-		// blocks that were not validated, die now.
-		t.pk.dropBlocksLocked(slot, rangeBits(0, t.blocks).andNot(t.valid.get(slot).andNot(t.zeroAt(slot))))
-	}
+	t.st.unpinnedLocked(slot)
 	if t.zombies[slot] {
 		delete(t.zombies, slot)
 		t.releaseLocked(slot)

@@ -32,11 +32,7 @@ func (c *Cache) openSSD(cfg Config) error {
 	if err != nil {
 		return err
 	}
-	keep := 0
-	if t.pk != nil {
-		keep = t.pk.dirtyRoomKept(c.line)
-	}
-	if c.wb, err = newWriteBack(cfg.WriteBack, slots, keep); err != nil {
+	if c.wb, err = newWriteBack(cfg.WriteBack, slots, t.st.dirtyRoomKept(c.line)); err != nil {
 		return err
 	}
 	c.attachSSD(t, &cfg)
@@ -81,8 +77,8 @@ func (c *Cache) keptReduction(layout string, r Reduction) Reduction {
 	return keep
 }
 
-// newSSDTier builds the SSD tier of cfg, of slots lines of room, with its packed store if its
-// reduction packs; indexed is how many lines its index holds.
+// newSSDTier builds the SSD tier of cfg, of slots lines of room, with its store: the packed log if
+// its reduction packs, else slots; indexed is how many lines its index holds.
 func (c *Cache) newSSDTier(cfg *Config, slots int) (t *tier, indexed int, err error) {
 	indexed, layout := slots, layoutOf(cfg.Reduction)
 	if layout == meta.LayoutPacked {
@@ -97,14 +93,18 @@ func (c *Cache) newSSDTier(cfg *Config, slots int) (t *tier, indexed int, err er
 	if t, err = newTier(spec, c.log); err != nil {
 		return nil, 0, err
 	}
-	if layout == meta.LayoutPacked {
-		if t.pk, err = newPacked(cfg.SSDDevice, int64(slots)*c.line, indexed, t.blocks); err != nil {
-			return nil, 0, err
-		}
-		if cfg.Reduction == ReductionDedupe {
-			t.pk.dd = newDedupe(dedupeMaxEntries)
-		}
+	if layout != meta.LayoutPacked {
+		t.st = &slotStore{t: t}
+		return t, indexed, nil
 	}
+	pk, err := newPacked(t, cfg.SSDDevice, int64(slots)*c.line)
+	if err != nil {
+		return nil, 0, err
+	}
+	if cfg.Reduction == ReductionDedupe {
+		pk.dd = newDedupe(dedupeMaxEntries)
+	}
+	t.st = pk
 	return t, indexed, nil
 }
 
@@ -132,9 +132,6 @@ func (c *Cache) newSSDJournal(t *tier, cfg *Config, sb meta.Superblock, indexed 
 	c.lost.load(sb.Lost)
 	c.lost.persist = func(rs []meta.Range) error {
 		return j.updateSuperblock(func(sb *meta.Superblock) { sb.Lost = rs })
-	}
-	if t.pk != nil {
-		t.pk.kick = j.askCheckpoint
 	}
 	return j
 }

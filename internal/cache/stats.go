@@ -188,10 +188,7 @@ func (h *histogram) snapshot() Histogram {
 func (t *tier) stats() TierStats {
 	t.mu.Lock()
 	lines, aside := t.index.Len(), len(t.setAside)
-	logical, physical := uint64(t.validBlocks)*blockSize, uint64(t.validBlocks-t.zeroBlocks)*blockSize
-	if t.pk != nil {
-		physical = uint64(t.pk.liveBytes)
-	}
+	logical, physical := uint64(t.validBlocks)*blockSize, t.st.physicalBytesLocked(t.validBlocks-t.zeroBlocks)
 	t.mu.Unlock()
 	s := TierStats{
 		Name:           t.name,
@@ -225,9 +222,7 @@ func (t *tier) stats() TierStats {
 	if t.lines > 0 {
 		s.Reduction = t.reduction.String()
 	}
-	if t.pk != nil && t.pk.dd != nil {
-		s.DedupeHits, s.DedupeCollisions = t.pk.dd.shared.Load(), t.pk.dd.collisions.Load()
-	}
+	t.st.addStats(&s)
 	if r := t.reason.Load(); r != nil {
 		s.Reason = *r
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache/pack"
 	"github.com/tierblk/tierblk/internal/meta"
-	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // Checksums of the SSD tier (docs/architecture.md, "What is checked"). Every block the tier stores
@@ -129,58 +128,6 @@ func (t *tier) setSums(line uint64, p []byte, off int64, sums []uint32) []uint32
 	return sums
 }
 
-// readPlain is readSlot on a tier of slots: the bytes [off, off+len(p)) of a run of lines from
-// line's slot on, read as whole blocks and checked. cached reads through the SSD's page cache.
-func (t *tier) readPlain(line uint64, slot uint32, p []byte, off int64, cached bool) error {
-	lo, _, buf, done := t.wholeBlocks(line, p, off)
-	defer done()
-	base := int64(slot) * t.lineSize
-	var err error
-	if cr, ok := t.dev.(backend.CachedReader); cached && ok {
-		_, err = cr.ReadAtCached(buf, base+lo)
-	} else {
-		_, err = t.dev.ReadAt(buf, base+lo)
-	}
-	if err != nil {
-		return err
-	}
-	if err := t.verify(line, slot, buf, lo); err != nil {
-		return err
-	}
-	if len(buf) != len(p) {
-		copy(p, buf[off-lo:])
-	}
-	return nil
-}
-
-// writePlain is writeSlot on a tier of slots: it writes p, line's bytes from off, as whole blocks,
-// taking the rest of a block p covers in part from the slot (checked: the caller writes in part
-// only a block the slot holds), and sets their sums (writeSums).
-func (t *tier) writePlain(line uint64, slot uint32, p []byte, off int64) error {
-	lo, hi, buf, done := t.wholeBlocks(line, p, off)
-	defer done()
-	if len(buf) != len(p) {
-		if lo != off {
-			if err := t.readPlain(line, slot, buf[:min(blockSize, hi-lo)], lo, false); err != nil {
-				return err
-			}
-		}
-		if end := off + int64(len(p)); end != hi && (lo == off || hi-lo > blockSize) {
-			tail := (end - 1) &^ (blockSize - 1)
-			if err := t.readPlain(line, slot, buf[tail-lo:], tail, false); err != nil {
-				return err
-			}
-		}
-		copy(buf[off-lo:], p)
-	}
-	var sumBuf [16]uint32
-	sums := t.setSums(line, buf, lo, sumBuf[:0])
-	return t.writeSums(line, slot, int(lo/blockSize), sums, func() error {
-		_, err := t.dev.WriteAt(buf, int64(slot)*t.lineSize+lo)
-		return err
-	})
-}
-
 // writeSums sets the sums of slot's blocks from b0 on and then runs write, which writes their
 // bytes. Where a block is one a record claims already (valid, not a zero block: a write in place),
 // the line's record with the new sums is queued first, and inplace is held shared until the bytes
@@ -226,7 +173,7 @@ func (t *tier) adoptDirtyLocked() {
 		slot := uint32(s)
 		d := t.dirtyAt(slot).andNot(t.zeroAt(slot))
 		for b := range t.blocks {
-			if d.has(b) && (t.pk == nil || pack.IsMutable(t.pk.slotLocs(slot, b, b+1)[0])) {
+			if d.has(b) && t.st.mutable(slot, b) {
 				t.setAdoptable(slot, b)
 			}
 		}
@@ -282,7 +229,7 @@ func (t *tier) tryAdopt(line uint64, slot uint32, b int, sum uint32) bool {
 // resettle sets the sum of block b of line, in slot, to what the block holds after a write of it
 // failed (read back); if that read fails too, the block is adoptable.
 func (t *tier) resettle(line uint64, slot uint32, b int) {
-	sum, err := t.rawSum(line, slot, b)
+	sum, err := t.st.rawSum(line, slot, b)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if err != nil {
@@ -304,7 +251,7 @@ func (t *tier) resettle(line uint64, slot uint32, b int) {
 // close has it take such dirty blocks as they are anyway ("Adopted blocks"). A packed tier's fresh
 // unit has it recorded at once (resumLocked).
 func (j *journal) resummedLocked(line uint64, slot uint32, b int) {
-	if pk := j.t.pk; pk != nil && !pack.IsMutable(pk.slotLocs(slot, b, b+1)[0]) {
+	if !j.t.st.mutable(slot, b) {
 		j.resumLocked(line, slot)
 		return
 	}
@@ -422,7 +369,7 @@ func (j *journal) settleSums() {
 		var sum uint32
 		var err error
 		if f.cands != nil || dirty {
-			sum, err = t.rawSum(f.line, slot, f.b)
+			sum, err = t.st.rawSum(f.line, slot, f.b)
 		}
 		t.mu.Lock()
 		switch {
@@ -442,29 +389,4 @@ func (j *journal) settleSums() {
 		t.mu.Unlock()
 	}
 	j.fixes, j.logSums = nil, nil
-}
-
-// rawSum reads block b of line from slot, unchecked, and returns its sum.
-func (t *tier) rawSum(line uint64, slot uint32, b int) (uint32, error) {
-	bp := bufpool.Get(blockSize)
-	defer bufpool.Put(bp)
-	if t.pk != nil {
-		t.pk.io.RLock()
-		defer t.pk.io.RUnlock()
-		t.mu.RLock()
-		l := t.pk.slotLocs(slot, b, b+1)[0]
-		t.mu.RUnlock()
-		var sum uint32
-		err := t.pk.readUnits([]uint64{l}, false, func(_ int, unit []byte) error {
-			var err error
-			sum, err = t.unitSum(line, b, unit, l)
-			return err
-		})
-		return sum, err
-	}
-	blk := (*bp)[:min(blockSize, t.lineBytes(line)-int64(b)*blockSize)]
-	if _, err := t.dev.ReadAt(blk, int64(slot)*t.lineSize+int64(b)*blockSize); err != nil {
-		return 0, err
-	}
-	return blockSum(line*uint64(t.blocks)+uint64(b), blk), nil
 }

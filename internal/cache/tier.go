@@ -12,7 +12,8 @@ import (
 )
 
 // tier is one level of the cache: a fixed number of slots, each holding one line, an index from line
-// number to slot, the valid bits of every slot, and the policies that choose what stays.
+// number to slot, the valid bits of every slot, and the policies that choose what stays. Where a
+// slot's blocks are (RAM, the SSD's slots, the packed log) is its store's business (store.go).
 //
 // Slots are pinned while their data is read or written without the tier's mutex, so that an
 // eviction racing with that I/O never hands the slot to another line before the I/O is done.
@@ -21,9 +22,8 @@ type tier struct {
 	lineSize int64
 	blocks   int
 	slots    int
-	ram      []byte          // RAM tier: slot s is ram[s*lineSize:]
-	dev      backend.Backend // SSD tier: slot s is at s*lineSize, or where pk says
-	pk       *packed         // SSD tier with reduction compress (pack.go); nil otherwise
+	st       store           // where the slots' blocks are: RAM, the SSD's slots or its packed log
+	dev      backend.Backend // SSD tier: the device st keeps the blocks on; nil for RAM
 	j        *journal        // SSD tier: persistence of the index; nil for RAM
 	cong     *congestion     // SSD tier on a device the kernel times; nil otherwise
 	log      *slog.Logger
@@ -198,9 +198,7 @@ func (t *tier) lookupHit(line uint64, need lineBits) grant {
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
-	if t.pk != nil {
-		t.pk.setHotLocked(slot)
-	}
+	t.st.hitLocked(slot)
 	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
@@ -231,7 +229,7 @@ func (t *tier) copyHit(line uint64, need lineBits, dst []byte, off int64) bool {
 		t.mu.RUnlock()
 		return false
 	}
-	copy(dst, t.ram[int64(slot)*t.lineSize+off:])
+	_ = t.st.read(line, slot, dst, off, false) // RAM: nothing to fail
 	full := t.recent.record(line)
 	t.mu.RUnlock()
 	t.hits.Add(1)
@@ -242,6 +240,10 @@ func (t *tier) copyHit(line uint64, need lineBits, dst []byte, off int64) bool {
 	}
 	return true
 }
+
+// ramSlot returns the bytes of slot of the RAM tier, for a promotion that reads the SSD tier
+// straight into them.
+func (t *tier) ramSlot(slot uint32) []byte { return t.st.(*ramStore).slot(slot) }
 
 // applyHitsLocked gives the eviction policy the hits recorded since the last call. A line evicted
 // meanwhile is no longer the policy's: its access is ignored.
@@ -311,41 +313,4 @@ func (t *tier) dirtyAt(slot uint32) lineBits {
 		return lineBits{}
 	}
 	return t.dirty.get(slot)
-}
-
-// readSlot and writeSlot move data of slot (line's) at byte offset off within the line; a read of
-// a tier of slots may go on into the slots after it, which hold the lines after it (readHits).
-// Reads of the SSD tier are checked (sum.go): a block that fails makes a *damageError.
-func (t *tier) readSlot(line uint64, slot uint32, p []byte, off int64) error {
-	if t.ram != nil {
-		copy(p, t.ram[int64(slot)*t.lineSize+off:])
-		return nil
-	}
-	if t.pk != nil {
-		return t.packRead(line, slot, p, off, false)
-	}
-	return t.readPlain(line, slot, p, off, false)
-}
-
-// readSlotCached is readSlot for data written a moment ago, the destager's: through the SSD's
-// page cache when its reads bypass it (backend.CachedReader).
-func (t *tier) readSlotCached(line uint64, slot uint32, p []byte, off int64) error {
-	switch {
-	case t.ram != nil:
-		return t.readSlot(line, slot, p, off)
-	case t.pk != nil:
-		return t.packRead(line, slot, p, off, true)
-	}
-	return t.readPlain(line, slot, p, off, true)
-}
-
-func (t *tier) writeSlot(line uint64, slot uint32, p []byte, off int64) error {
-	if t.ram != nil {
-		copy(t.ram[int64(slot)*t.lineSize+off:], p)
-		return nil
-	}
-	if t.pk != nil {
-		return t.packWrite(line, slot, p, off)
-	}
-	return t.writePlain(line, slot, p, off)
 }

@@ -106,9 +106,7 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 		r.Zero = z.words(t.blocks)
 	}
 	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
-	if t.pk != nil {
-		r.Loc = t.pk.unitsOf(slot, stored)
-	}
+	r.Loc = t.st.unitsOf(slot, stored)
 	if t.sums != nil && !stored.isZero() {
 		r.Sum = make([]uint32, t.blocks)
 		sums := t.sumsOf(slot)

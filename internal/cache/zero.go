@@ -124,7 +124,7 @@ func zeroRuns(p []byte, off int64, zero lineBits, fn func(q []byte, at int64, ze
 	})
 }
 
-// readBlocks is readSlot for a slot whose zero blocks are zero: those are filled with zeros, not
+// readBlocks is store.read for a slot whose zero blocks are zero: those are filled with zeros, not
 // read.
 func (t *tier) readBlocks(line uint64, slot uint32, p []byte, off int64, zero lineBits) error {
 	return zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
@@ -132,26 +132,26 @@ func (t *tier) readBlocks(line uint64, slot uint32, p []byte, off int64, zero li
 			clear(q)
 			return nil
 		}
-		return t.readSlot(line, slot, q, at)
+		return t.st.read(line, slot, q, at, false)
 	})
 }
 
-// writeBlocks is writeSlot for a line of n bytes on a tier that reduces: the blocks of p that are
+// writeBlocks is store.write for a line of n bytes on a tier that reduces: the blocks of p that are
 // whole and hold only zeros are not written, and returned, for the caller to mark zero when it
 // marks them valid. A tier that does not reduce writes p whole and returns none.
 func (t *tier) writeBlocks(line uint64, slot uint32, p []byte, off, n int64) (lineBits, error) {
 	if !t.reduce {
-		return lineBits{}, t.writeSlot(line, slot, p, off)
+		return lineBits{}, t.st.write(line, slot, p, off)
 	}
 	zero := zeroBlocks(p, off, n)
 	if zero.isZero() { // data: written as it is
-		return zero, t.writeSlot(line, slot, p, off)
+		return zero, t.st.write(line, slot, p, off)
 	}
 	return zero, zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
 		if z {
 			return nil
 		}
-		return t.writeSlot(line, slot, q, at)
+		return t.st.write(line, slot, q, at)
 	})
 }
 
