@@ -290,12 +290,12 @@ func (c *Cache) destageDoomed(lines []uint64) error {
 // destageTouched writes back the dirty blocks of the lines a non-write-back change touches (the
 // caller holds their locks), so that the change never loses the part of a dirty block it does not
 // cover, and the backend's copy is whole before the cache lets go of it.
-func (c *Cache) destageTouched(segs []seg) error {
+func (c *Cache) destageTouched(pieces []piece) error {
 	if c.ssd == nil || c.ssd.dirtyCount.Load() == 0 {
 		return nil
 	}
 	var lines []uint64
-	for _, s := range segs {
+	for _, s := range pieces {
 		if _, d := c.ssd.bits(s.line); !d.isZero() {
 			lines = append(lines, s.line)
 		}

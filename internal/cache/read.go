@@ -46,7 +46,7 @@ func (c *Cache) Prefetch(off, length int64) error {
 	return nil
 }
 
-// source says where a segment's data comes from.
+// source says where a piece's data comes from.
 type source struct {
 	t      *tier // nil: the backend
 	slot   uint32
@@ -68,13 +68,13 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	if c.Mode() == PassThrough && (c.ssd == nil || c.ssd.dirtyCount.Load() == 0) {
 		return c.backendRead(p, off)
 	}
-	var segBuf [2]seg
+	var pieceBuf [2]piece
 	var srcBuf [2]source
-	segs := c.segments(segBuf[:0], off, int64(len(p)))
-	c.lockSegs(segs)
-	defer c.unlockSegs(segs)
+	pieces := c.split(pieceBuf[:0], off, int64(len(p)))
+	c.lockPieces(pieces)
+	defer c.unlockPieces(pieces)
 	src := srcBuf[:0]
-	for i, s := range segs {
+	for i, s := range pieces {
 		src = append(src, source{})
 		need := s.touched()
 		if c.ram.usable() && c.ram.readHit(s.line, need, p[s.pOff:s.pOff+s.hi-s.lo], s.lo) {
@@ -87,17 +87,17 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 			}
 		}
 	}
-	c.readHits(segs, src, p, force)
-	for i := 0; i < len(segs); {
+	c.readHits(pieces, src, p, force)
+	for i := 0; i < len(pieces); {
 		if src[i].served {
 			i++
 			continue
 		}
 		j := i + 1
-		for j < len(segs) && !src[j].served {
+		for j < len(pieces) && !src[j].served {
 			j++
 		}
-		if err := c.readMiss(segs[i:j], p, force); err != nil {
+		if err := c.readMiss(pieces[i:j], p, force); err != nil {
 			return err
 		}
 		i = j
@@ -105,29 +105,29 @@ func (c *Cache) read(p []byte, off int64, force bool) error {
 	return nil
 }
 
-// readHits serves the segments the SSD tier holds. Segments whose lines sit in adjacent slots are
+// readHits serves the pieces the SSD tier holds. Pieces whose lines sit in adjacent slots are
 // read with one request (a sequential fill stores a run of lines so, see tier.acquireLines), and
 // several such runs at once: the device serves them in parallel (bench cache --parts hits, 1M
 // reads). Then, if RAM admits them, they are copied into RAM one after the other from what was
 // read: promotions at once would pin each other's victims and leave RAM short of full
-// (TestCacheAdmin). A single segment promotes as readHit does. A run the SSD fails is read again
-// line by line, so that only the lines that fail are dropped; a segment that fails is left to the
-// backend: its source is cleared. A segment with zero blocks is read alone (readHit), which reads
+// (TestCacheAdmin). A single piece promotes as readHit does. A run the SSD fails is read again
+// line by line, so that only the lines that fail are dropped; a piece that fails is left to the
+// backend: its source is cleared. A piece with zero blocks is read alone (readHit), which reads
 // only the blocks the slot holds.
-func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
-	promotes := func(s seg) bool {
+func (c *Cache) readHits(pieces []piece, src []source, p []byte, force bool) {
+	promotes := func(s piece) bool {
 		return c.ram.usable() && (force || c.ram.admits(c.promotion(s)))
 	}
 	hit := func(i int, promote bool) {
-		if c.readHit(segs[i], src[i], p, promote) {
+		if c.readHit(pieces[i], src[i], p, promote) {
 			src[i].served = true
 		}
 		src[i].t = nil // read, or failed: the line goes to the backend
 	}
-	var runBuf [2][2]int // [first, last] indexes of segments; most requests touch one or two lines
+	var runBuf [2][2]int // [first, last] indexes of pieces; most requests touch one or two lines
 	runs := runBuf[:0]
 	hits := 0
-	alone := func(i int) bool { return !src[i].zero.and(segs[i].touched()).isZero() }
+	alone := func(i int) bool { return !src[i].zero.and(pieces[i].touched()).isZero() }
 	for i := range src {
 		if src[i].t == nil {
 			continue
@@ -144,7 +144,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 		return
 	case 1:
 		i := runs[0][0]
-		hit(i, promotes(segs[i]))
+		hit(i, promotes(pieces[i]))
 		return
 	}
 	readRun := func(r [2]int) {
@@ -152,7 +152,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 			hit(r[0], false)
 			return
 		}
-		a, b := segs[r[0]], segs[r[1]]
+		a, b := pieces[r[0]], pieces[r[1]]
 		err := c.ssd.st.read(a.line, src[r[0]].slot, p[a.pOff:b.pOff+b.hi-b.lo], a.lo, false)
 		for i := r[0]; i <= r[1]; i++ {
 			if err != nil {
@@ -160,7 +160,7 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 				continue
 			}
 			c.ssd.unpin(src[i].slot)
-			c.ssd.hitBytes.Add(uint64(segs[i].hi - segs[i].lo))
+			c.ssd.hitBytes.Add(uint64(pieces[i].hi - pieces[i].lo))
 			src[i].served, src[i].t = true, nil
 		}
 	}
@@ -175,17 +175,17 @@ func (c *Cache) readHits(segs []seg, src []source, p []byte, force bool) {
 	}
 	for _, r := range runs {
 		for i := r[0]; i <= r[1]; i++ {
-			if s := segs[i]; src[i].served && promotes(s) {
+			if s := pieces[i]; src[i].served && promotes(s) {
 				c.fillTier(c.ram, s, c.ram.acquire(s.line), p[s.pOff:s.pOff+s.hi-s.lo], s.lo, s.full())
 			}
 		}
 	}
 }
 
-// readHit serves a segment from the SSD tier, promoting the blocks it reads to RAM if promote is
+// readHit serves a piece from the SSD tier, promoting the blocks it reads to RAM if promote is
 // set. It reports false if the SSD failed the read (the line is dropped and the caller goes to the
 // backend).
-func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
+func (c *Cache) readHit(s piece, src source, p []byte, promote bool) bool {
 	dst := p[s.pOff : s.pOff+s.hi-s.lo]
 	t := src.t
 	defer t.unpin(src.slot)
@@ -209,7 +209,7 @@ func (c *Cache) readHit(s seg, src source, p []byte, promote bool) bool {
 // from there. Only those blocks: a RAM tier smaller than the working set would otherwise read a
 // whole line from the SSD for every 4 KiB hit, and evict as much (bench cache --parts hits).
 // done is false if RAM had no slot to spare (the caller reads the SSD directly).
-func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
+func (c *Cache) promote(s piece, src source, dst []byte) (ok, done bool) {
 	g := c.ram.acquire(s.line)
 	if !g.ok {
 		return false, false
@@ -234,32 +234,32 @@ func (c *Cache) promote(s seg, src source, dst []byte) (ok, done bool) {
 	return true, true
 }
 
-func (c *Cache) access(s seg, write bool) policy.Access {
+func (c *Cache) access(s piece, write bool) policy.Access {
 	return policy.Access{Key: policy.Key(s.line), Offset: s.start + s.lo, Length: s.hi - s.lo, Write: write}
 }
 
 // promotion is the access of a read that the SSD tier serves, asking RAM to admit it.
-func (c *Cache) promotion(s seg) policy.Access {
+func (c *Cache) promotion(s piece) policy.Access {
 	a := c.access(s, false)
 	a.Promotion = true
 	return a
 }
 
-// readMiss fetches a run of adjacent missed segments with one backend read: for a segment that a
+// readMiss fetches a run of adjacent missed pieces with one backend read: for a piece that a
 // tier admits or already partly holds, what package fetch's rule says; only the requested bytes
 // otherwise. Blocks the SSD tier holds are served from it, not from the backend, so
 // that every path gives one answer per block: they are never older than the backend, and after a
 // power cut they may differ from a backend write that was never flushed. Then it fills the tiers
 // with what it fetched.
-func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
+func (c *Cache) readMiss(pieces []piece, p []byte, force bool) error {
 	type fill struct {
 		ram, ssd bool
 		held     source // the SSD tier's partial copy of the line, pinned
 		lo, hi   int64  // the bytes of the line fetched
 	}
-	fills := make([]fill, len(segs))
+	fills := make([]fill, len(pieces))
 	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
-	for i, s := range segs {
+	for i, s := range pieces {
 		if c.ssd != nil {
 			if g := c.ssd.pin(s.line); g.ok {
 				fills[i].held = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
@@ -273,10 +273,10 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 			}
 		}
 	}()
-	first, last := segs[0], segs[len(segs)-1]
+	first, last := pieces[0], pieces[len(pieces)-1]
 	var from, to int64
 	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
-		for i, s := range segs {
+		for i, s := range pieces {
 			a := c.access(s, false)
 			a.Sequential = seq || int64(len(p)) > c.line // a request of several lines is a sequential run
 			fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
@@ -289,8 +289,8 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		case seq:
 			r = fetch.Ahead
 		}
-		for i, s := range segs {
-			// The segments between the first and the last are whole lines already.
+		for i, s := range pieces {
+			// The pieces between the first and the last are whole lines already.
 			fills[i].lo, fills[i].hi = fetch.Range(s.lo, s.hi, s.n, cached(fills[i]), r)
 		}
 		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
@@ -312,8 +312,8 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 		}
 	}
 	var grantBuf [2]grant
-	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
-	for i, s := range segs {
+	grants := c.acquirePieces(c.ssd, pieces, which, grantBuf[:0])
+	for i, s := range pieces {
 		f := fills[i]
 		data := buf[s.start+f.lo-from : s.start+f.hi-from] // the line's bytes [f.lo, f.hi)
 		if !cached(f) {
@@ -343,7 +343,7 @@ func (c *Cache) readMiss(segs []seg, p []byte, force bool) error {
 // stays for clean blocks, which the backend holds too, and the line is dropped from the tier; a
 // dirty block's only copy is the SSD's, so the read fails, as bcache fails it, rather than return
 // the backend's older data (TestDirtyReadOnSSDError).
-func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) error {
+func (c *Cache) overlay(s piece, h source, data []byte, base int64, got lineBits) error {
 	var err error
 	var copied lineBits
 	var overlayRuns func(bits lineBits, again bool)
@@ -395,7 +395,7 @@ func (c *Cache) overlay(s seg, h source, data []byte, base int64, got lineBits) 
 // fillTier stores the blocks bits of the line in tier t from data, the line's bytes from base,
 // skipping blocks t already holds: those are never older than the backend. g is the line's
 // acquired slot, if any. A tier that reduces writes no zero block (writeBlocks).
-func (c *Cache) fillTier(t *tier, s seg, g grant, data []byte, base int64, bits lineBits) {
+func (c *Cache) fillTier(t *tier, s piece, g grant, data []byte, base int64, bits lineBits) {
 	if !g.ok {
 		return
 	}

@@ -40,12 +40,12 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	if len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
 	}
-	var segBuf [2]seg
-	segs := c.segments(segBuf[:0], off, int64(len(p)))
-	if len(segs) != 1 {
+	var pieceBuf [2]piece
+	pieces := c.split(pieceBuf[:0], off, int64(len(p)))
+	if len(pieces) != 1 {
 		return false
 	}
-	s := segs[0]
+	s := pieces[0]
 	need := s.touched()
 	if c.ram.usable() && c.ram.holds(s.line, need) {
 		// A RAM-tier hit, the cheapest read, is served at once, or left to ReadAt before the line
@@ -62,7 +62,7 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	if (shared && !c.locks.tryRLock(s.line)) || (!shared && !c.locks.tryLock(s.line)) {
 		return false
 	}
-	h := &hitRead{c: c, segs: [1]seg{s}, p: p, off: off, done: done, shared: shared}
+	h := &hitRead{c: c, pieces: [1]piece{s}, p: p, off: off, done: done, shared: shared}
 	g := c.ssd.lookupHit(s.line, need)
 	if !g.ok {
 		h.unlock()
@@ -90,7 +90,7 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 // end on the device's goroutine.
 type hitRead struct {
 	c      *Cache
-	segs   [1]seg // the line the read is within
+	pieces [1]piece // the line the read is within
 	p      []byte
 	off    int64
 	done   func(error)
@@ -102,10 +102,10 @@ type hitRead struct {
 // unlock lets go of the line.
 func (h *hitRead) unlock() {
 	if h.shared {
-		h.c.locks.runlock(h.segs[0].line)
+		h.c.locks.runlock(h.pieces[0].line)
 		return
 	}
-	h.c.unlockSegs(h.segs[:])
+	h.c.unlockPieces(h.pieces[:])
 }
 
 // end ends the read, once the line is let go: it counts it and calls done.
@@ -133,14 +133,14 @@ func (h *hitRead) fallback() {
 		h.end(c.read(h.p, h.off, false))
 		return
 	}
-	h.finish(c.readMiss(h.segs[:], h.p, false))
+	h.finish(c.readMiss(h.pieces[:], h.p, false))
 }
 
 // startOnDevice starts the read on the SSD tier's device by start, with a promotion into RAM where
 // RAM admits the line; noZeros says that none of the blocks read is a zero block. It reports false,
 // having started nothing, where the device cannot serve the read alone.
 func (h *hitRead) startOnDevice(start ssdStart, onRing, noZeros bool) bool {
-	c, s, slot := h.c, h.segs[0], h.src.slot
+	c, s, slot := h.c, h.pieces[0], h.src.slot
 	// Zero blocks are not on the device: such a read goes read's way (hitRead.readHit), which reads
 	// only the blocks the slot holds. So does a read of part of a block: its sum is the whole
 	// block's.
@@ -166,7 +166,7 @@ func (h *hitRead) startOnDevice(start ssdStart, onRing, noZeros bool) bool {
 
 // read ends an asynchronous read of the hit from the device (of a span of the store's).
 func (h *hitRead) read(err error) {
-	c, s, slot := h.c, h.segs[0], h.src.slot
+	c, s, slot := h.c, h.pieces[0], h.src.slot
 	c.ssd.st.endSpan()
 	if err == nil {
 		err = c.ssd.verify(s.line, slot, h.p, s.lo)
@@ -187,17 +187,17 @@ func (h *hitRead) read(err error) {
 // readHit serves the read as read does (Cache.readHit); readAsync runs it on a goroutine of its
 // own.
 func (h *hitRead) readHit() {
-	if h.c.readHit(h.segs[0], h.src, h.p, false) {
+	if h.c.readHit(h.pieces[0], h.src, h.p, false) {
 		h.finish(nil)
 		return
 	}
 	h.fallback()
 }
 
-// readRAMNow serves a RAM-tier hit of segment s at once, if its line is free and RAM still holds
+// readRAMNow serves a RAM-tier hit of piece s at once, if its line is free and RAM still holds
 // the blocks it touches; done is called before it returns. Otherwise it does nothing and counts
 // nothing, for ReadAt to serve the read.
-func (c *Cache) readRAMNow(s seg, p []byte, off int64, done func(error)) bool {
+func (c *Cache) readRAMNow(s piece, p []byte, off int64, done func(error)) bool {
 	if !c.locks.tryLock(s.line) {
 		return false
 	}
@@ -223,7 +223,7 @@ func (c *Cache) readRAMNow(s seg, p []byte, off int64, done func(error)) bool {
 // the blocks p touches are read into a RAM slot, then copied to p, and finish is called. It
 // reports false, having done nothing, where RAM has no slot to spare, the blocks to read are not
 // one run or the device will not start the read: the caller then reads the SSD tier alone.
-func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish func(error)) bool {
+func (c *Cache) promoteAsync(start ssdStart, s piece, src source, p []byte, finish func(error)) bool {
 	g := c.ram.acquire(s.line)
 	if !g.ok {
 		return false
@@ -244,7 +244,7 @@ func (c *Cache) promoteAsync(start ssdStart, s seg, src source, p []byte, finish
 				c.ram.unpin(slot)
 				c.ssd.ioError(s.line, src.slot, err)
 				c.ssd.unpin(src.slot)
-				finish(c.readMiss([]seg{s}, p, false))
+				finish(c.readMiss([]piece{s}, p, false))
 			}()
 			return
 		}

@@ -296,3 +296,19 @@ func (t *tier) unpinLocked(slot uint32) {
 		t.releaseLocked(slot)
 	}
 }
+
+// acquirePieces acquires in t the lines of pieces[i] for each i of which (ascending) as one run
+// (tier.acquireLines), appending their grants to grants.
+func (c *Cache) acquirePieces(t *tier, pieces []piece, which []int, grants []grant) []grant {
+	if len(which) == 0 {
+		return grants
+	}
+	var lineBuf [2]uint64
+	lines := lineBuf[:0]
+	for _, i := range which {
+		lines = append(lines, pieces[i].line)
+	}
+	grants = slices.Grow(grants, len(lines))[:len(grants)+len(lines)]
+	t.acquireLines(lines, grants[len(grants)-len(lines):])
+	return grants
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -47,27 +46,27 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 	if len(p) == 0 {
 		return nil
 	}
-	var segBuf [2]seg
-	segs := c.segments(segBuf[:0], off, int64(len(p)))
+	var pieceBuf [2]piece
+	pieces := c.split(pieceBuf[:0], off, int64(len(p)))
 	mode := c.Mode()
 	if c.wb != nil {
 		c.wb.lastIO.Store(time.Now().UnixNano())
 	}
 	if mode == WriteBack && c.ssd.usable() {
 		// Throttled before the line locks are taken: the destager needs them to make room.
-		if err := c.admitDirty(len(segs), touchedBlocks(segs)); err != nil {
+		if err := c.admitDirty(len(pieces), touchedBlocks(pieces)); err != nil {
 			return err
 		}
-		defer c.releaseDirty(len(segs))
+		defer c.releaseDirty(len(pieces))
 		// The mode again, under the mode lock held shared until the lines are dirty: SetMode
 		// changes the mode holding it alone, so the flush after a switch finds what this write
 		// dirtied, and a switch while the write was throttled sends it the new mode's way (as a
 		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
 		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
-			c.lockSegs(segs)
-			err := c.writeBackSegs(segs, p, fua)
-			c.unlockSegs(segs)
+			c.lockPieces(pieces)
+			err := c.writeBackPieces(pieces, p, fua)
+			c.unlockPieces(pieces)
 			c.wb.modeMu.RUnlock()
 			if errors.Is(err, errDurableElsewhere) {
 				return c.Flush() // the bypassed tier's way to durability
@@ -76,24 +75,24 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		}
 		c.wb.modeMu.RUnlock()
 	}
-	c.lockSegs(segs)
-	defer c.unlockSegs(segs)
-	if err := c.destageTouched(segs); err != nil {
+	c.lockPieces(pieces)
+	defer c.unlockPieces(pieces)
+	if err := c.destageTouched(pieces); err != nil {
 		return err
 	}
-	if err := c.invalidate(segs, fua); err != nil {
+	if err := c.invalidate(pieces, fua); err != nil {
 		return err
 	}
 	if mode != WriteThrough && mode != WriteBack {
 		return c.backendWrite(p, off, fua)
 	}
-	return c.writeThrough(segs, p, off, fua)
+	return c.writeThrough(pieces, p, off, fua)
 }
 
 // writeThrough writes RAM, the SSD and then the backend; the cached blocks become valid only once
 // the backend has the data. The SSD's writes go to the page cache (see daemon.openSSD), a memory
 // copy, cheaper than handing them to another goroutine. The caller holds the line locks.
-func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
+func (c *Cache) writeThrough(pieces []piece, p []byte, off int64, fua bool) error {
 	type filled struct {
 		t           *tier
 		line        uint64
@@ -109,13 +108,13 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 			continue
 		}
 		which := whichBuf[:0]
-		for i, s := range segs {
+		for i, s := range pieces {
 			if c.storesWrite(t, s) {
 				which = append(which, i)
 			}
 		}
-		for k, g := range c.acquireSegs(t, segs, which, grantBuf[:0]) {
-			s := segs[which[k]]
+		for k, g := range c.acquirePieces(t, pieces, which, grantBuf[:0]) {
+			s := pieces[which[k]]
 			if bits, zeros, ok := c.writeTier(t, s, g, p); ok {
 				done = append(done, filled{t, s.line, g.slot, bits, zeros})
 			}
@@ -132,66 +131,10 @@ func (c *Cache) writeThrough(segs []seg, p []byte, off int64, fua bool) error {
 	return err
 }
 
-// storesWrite reports whether t stores the write of s: the whole blocks it covers, if t holds the
-// line or admits it.
-func (c *Cache) storesWrite(t *tier, s seg) bool {
-	if s.full().isZero() {
-		return false
-	}
-	v, _ := t.bits(s.line)
-	return !v.isZero() || t.admits(c.access(s, true))
-}
-
-// acquireSegs acquires in t the lines of segs[i] for each i of which (ascending) as one run
-// (tier.acquireLines), appending their grants to grants.
-func (c *Cache) acquireSegs(t *tier, segs []seg, which []int, grants []grant) []grant {
-	if len(which) == 0 {
-		return grants
-	}
-	var lineBuf [2]uint64
-	lines := lineBuf[:0]
-	for _, i := range which {
-		lines = append(lines, segs[i].line)
-	}
-	grants = slices.Grow(grants, len(lines))[:len(grants)+len(lines)]
-	t.acquireLines(lines, grants[len(grants)-len(lines):])
-	return grants
-}
-
-// writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
-// any), but for the zero blocks a tier that reduces does not write (zeros). The caller validates
-// them once the backend has the data.
-func (c *Cache) writeTier(t *tier, s seg, g grant, p []byte) (full, zeros lineBits, ok bool) {
-	full = s.full()
-	if !g.ok {
-		return full, zeros, false
-	}
-	slot := g.slot
-	var err error
-	full.runs(s.blocks(), func(b0, b1 int) {
-		if err == nil {
-			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
-			var z lineBits
-			z, err = t.writeBlocks(s.line, slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
-			zeros = zeros.or(z)
-		}
-	})
-	if errors.Is(err, errNoRoom) {
-		t.noRoom(s.line, slot)
-		return full, zeros, false
-	}
-	if err != nil {
-		t.unpin(slot)
-		t.ioError(s.line, slot, err)
-		return full, zeros, false
-	}
-	return full, zeros, true
-}
-
 // invalidate drops the cached blocks a change is about to touch: in RAM at once, on the SSD with a
 // metadata commit, so that no crash can leave a record calling the old data valid.
-func (c *Cache) invalidate(segs []seg, sync bool) error {
-	for _, s := range segs {
+func (c *Cache) invalidate(pieces []piece, sync bool) error {
+	for _, s := range pieces {
 		if c.ram != nil {
 			c.ram.invalidate(s.line, s.touched())
 		}
@@ -199,8 +142,8 @@ func (c *Cache) invalidate(segs []seg, sync bool) error {
 	if c.ssd == nil {
 		return nil
 	}
-	spans := make([]span, len(segs))
-	for i, s := range segs {
+	spans := make([]span, len(pieces))
+	for i, s := range pieces {
 		spans[i] = span{s.line, s.touched()}
 	}
 	if err := c.ssd.j.invalidateDurably(spans, sync); err != nil {
@@ -257,18 +200,18 @@ func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	if length == 0 {
 		return op()
 	}
-	var segBuf [2]seg
-	segs := c.segments(segBuf[:0], off, length)
-	c.lockSegs(segs)
-	defer c.unlockSegs(segs)
-	if err := c.destageTouched(segs); err != nil {
+	var pieceBuf [2]piece
+	pieces := c.split(pieceBuf[:0], off, length)
+	c.lockPieces(pieces)
+	defer c.unlockPieces(pieces)
+	if err := c.destageTouched(pieces); err != nil {
 		return err
 	}
-	var held []seg
+	var held []piece
 	if zeroing {
-		held = c.heldSegs(segs)
+		held = c.heldPieces(pieces)
 	}
-	if err := c.invalidate(segs, false); err != nil {
+	if err := c.invalidate(pieces, false); err != nil {
 		return err
 	}
 	err := op()
@@ -282,14 +225,14 @@ func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	return err
 }
 
-// heldSegs returns the segments of segs with whole blocks whose lines the SSD tier holds, if the
+// heldPieces returns the pieces of pieces with whole blocks whose lines the SSD tier holds, if the
 // tier reduces: after a zeroing, zeroHeld marks those blocks zero.
-func (c *Cache) heldSegs(segs []seg) []seg {
+func (c *Cache) heldPieces(pieces []piece) []piece {
 	if !c.ssd.usable() || !c.ssd.reduce {
 		return nil
 	}
-	var held []seg
-	for _, s := range segs {
+	var held []piece
+	for _, s := range pieces {
 		if v, _ := c.ssd.bits(s.line); !v.isZero() && !s.full().isZero() {
 			held = append(held, s)
 		}
@@ -297,15 +240,15 @@ func (c *Cache) heldSegs(segs []seg) []seg {
 	return held
 }
 
-// zeroHeld marks the whole blocks of segs valid zero blocks on the SSD tier, after the backend
+// zeroHeld marks the whole blocks of pieces valid zero blocks on the SSD tier, after the backend
 // zeroed them (the caller holds the line locks): reads of them are then hits that need no SSD I/O.
-// The lines were on the tier before the zeroing invalidated them (heldSegs); lines that were not
+// The lines were on the tier before the zeroing invalidated them (heldPieces); lines that were not
 // are not brought in: a zeroing of a whole disk would push out every line for lines of nothing.
-func (c *Cache) zeroHeld(segs []seg) {
-	if len(segs) == 0 || !c.ssd.usable() {
+func (c *Cache) zeroHeld(pieces []piece) {
+	if len(pieces) == 0 || !c.ssd.usable() {
 		return
 	}
-	for _, s := range segs {
+	for _, s := range pieces {
 		if g := c.ssd.acquire(s.line); g.ok {
 			c.ssd.markValid(s.line, g.slot, s.full(), false, s.full())
 		}

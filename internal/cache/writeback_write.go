@@ -9,7 +9,7 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// writeBackSegs writes a request to the SSD tier as dirty data; the backend gets it later. The
+// writeBackPieces writes a request to the SSD tier as dirty data; the backend gets it later. The
 // caller holds the line locks. A line the SSD tier cannot take now goes to the backend, after the
 // dirty data it overlaps: no write fails for lack of room.
 //
@@ -17,7 +17,7 @@ import (
 // SSD tier has no room"), so that no cycle of waits can form:
 //  1. room below the maximum of dirty lines (admitDirty), before any line lock: the destager,
 //     which needs line locks to make that room, wakes it after each attempt;
-//  2. its line locks, in ascending order (lockSegs), as the destager and FlushAll take theirs;
+//  2. its line locks, in ascending order (lockPieces), as the destager and FlushAll take theirs;
 //  3. under them, checkpointMu: a checkpoint for evicted slots (checkpointForSlots), reclaim and a
 //     checkpoint for room (makeRoom), a checkpoint for FUA (durable). A checkpoint waits for the
 //     devices and the metadata store, never for a line lock or a writer; reclaim takes the tier's
@@ -29,25 +29,25 @@ import (
 //
 // A writer so never waits for room while holding what the room's maker needs: past its
 // throttle it makes room itself, by a checkpoint or by writing its own lines back.
-func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
-	if err := c.invalidateOverwritten(segs); err != nil {
+func (c *Cache) writeBackPieces(pieces []piece, p []byte, fua bool) error {
+	if err := c.invalidateOverwritten(pieces); err != nil {
 		return err
 	}
 	var whichBuf [2]int
 	which := whichBuf[:0]
-	for i := range segs {
+	for i := range pieces {
 		which = append(which, i)
 	}
 	var grantBuf [2]grant
-	grants := c.acquireSegs(c.ssd, segs, which, grantBuf[:0])
+	grants := c.acquirePieces(c.ssd, pieces, which, grantBuf[:0])
 	tries := slotTries
-	for i, s := range segs {
-		err := c.writeBackSeg(s, grants[i], p, &tries)
+	for i, s := range pieces {
+		err := c.writeBackPiece(s, grants[i], p, &tries)
 		if _, ok := asDamage(err); ok {
 			// The rest of a block the write covers in part failed its checksum: dealt with
 			// (ioError: a dirty block is lost, a clean one dropped), the block is no longer in
 			// the slot, and the write takes the rest from the backend.
-			err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+			err = c.writeBackPiece(s, c.ssd.acquire(s.line), p, &tries)
 		}
 		if errors.Is(err, errDirtyNoRoom) {
 			// The SSD tier has no room for this line's new data, and holds the only copy of
@@ -59,16 +59,16 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 			// backend has this write once the destager took it (TestCrashRestart, write-back
 			// with a full packed tier). The slots of the lines still to write are let go for it
 			// (an invalidation may drop a line) and taken again.
-			if err = c.retryBackend(func() error { return c.destageTouched(segs[i:]) }); err == nil {
+			if err = c.retryBackend(func() error { return c.destageTouched(pieces[i:]) }); err == nil {
 				for _, g := range grants[i+1:] {
 					if g.ok {
 						c.ssd.unpin(g.slot)
 					}
 				}
 				grants = grants[:i+1]
-				if err = c.invalidateOverwritten(segs[i:]); err == nil {
-					grants = c.acquireSegs(c.ssd, segs, which[i+1:], grants)
-					err = c.writeBackSeg(s, c.ssd.acquire(s.line), p, &tries)
+				if err = c.invalidateOverwritten(pieces[i:]); err == nil {
+					grants = c.acquirePieces(c.ssd, pieces, which[i+1:], grants)
+					err = c.writeBackPiece(s, c.ssd.acquire(s.line), p, &tries)
 				}
 			}
 		}
@@ -93,14 +93,14 @@ func (c *Cache) writeBackSegs(segs []seg, p []byte, fua bool) error {
 	return nil
 }
 
-// invalidateOverwritten invalidates durably the clean cached blocks that segs are about to write
+// invalidateOverwritten invalidates durably the clean cached blocks that pieces are about to write
 // over (and drops them from the RAM tier): a crash in the middle must not leave a record calling a
-// half-new block clean (the backend has the old one). The caller holds the segments' line locks,
+// half-new block clean (the backend has the old one). The caller holds the pieces' line locks,
 // so no destage cleans a block of theirs after this.
-func (c *Cache) invalidateOverwritten(segs []seg) error {
+func (c *Cache) invalidateOverwritten(pieces []piece) error {
 	var spanBuf [2]span // most requests touch one or two lines: no allocation
 	spans := spanBuf[:0]
-	for _, s := range segs {
+	for _, s := range pieces {
 		v, d := c.ssd.bits(s.line)
 		if b := s.touched().and(v).andNot(d); !b.isZero() {
 			spans = append(spans, span{s.line, b})
@@ -121,8 +121,8 @@ func (c *Cache) invalidateOverwritten(segs []seg) error {
 	return nil
 }
 
-// errDirtyNoRoom is a write-back segment that found no room on a packed SSD tier (errNoRoom) over
-// dirty blocks, which writeBackSegs writes back so that the segment can go around the tier.
+// errDirtyNoRoom is a write-back piece that found no room on a packed SSD tier (errNoRoom) over
+// dirty blocks, which writeBackPieces writes back so that the piece can go around the tier.
 var errDirtyNoRoom = errors.New("cache: the SSD tier has no room for a write over dirty data")
 
 // backendWait is how long a write-back write that the SSD tier cannot take (no room for it, or
@@ -154,11 +154,11 @@ func (c *Cache) retryBackend(op func() error) error {
 // has done by a Flush, outside the write's line locks (Flush writes back every dirty line).
 var errDurableElsewhere = errors.New("the SSD tier failed to make a FUA write durable")
 
-// writeBackSeg writes a segment to the SSD tier as dirty data, in the slot g acquired for its line
+// writeBackPiece writes a piece to the SSD tier as dirty data, in the slot g acquired for its line
 // if it got one. *tries is how many checkpoints it may run for a slot or room: a request whose
-// segment found neither after them all (a write larger than the tier's free room) sends the rest
-// of its segments the backend's way at once, rather than run checkpoints for each line.
-func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
+// piece found neither after them all (a write larger than the tier's free room) sends the rest
+// of its pieces the backend's way at once, rather than run checkpoints for each line.
+func (c *Cache) writeBackPiece(s piece, g grant, p []byte, tries *int) error {
 	data := p[s.pOff : s.pOff+s.hi-s.lo]
 	// Evicted slots are reused once a checkpoint has committed their deletion: waiting for one
 	// costs a flush of the SSD and frees them all, where writing around costs a write to the slow
@@ -175,7 +175,7 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 	if !g.ok {
 		*tries = 0
 		// No slot still (the tier failed, or its evicted slots are busy): write through.
-		return c.writeAroundSeg(s, data)
+		return c.writeAroundPiece(s, data)
 	}
 	// A block the write covers in part needs the rest of its bytes: from the slot when it holds
 	// them (the file's direct I/O merges in place), zeros for a zero block (the slot does not
@@ -229,24 +229,24 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 		*tries = 0
 		if _, dirty := c.ssd.bits(s.line); !dirty.and(touched).isZero() {
 			// The only copy of older writes to these blocks is on the SSD tier: they go to the
-			// backend before this write may go around the tier (writeBackSegs).
+			// backend before this write may go around the tier (writeBackPieces).
 			c.ssd.unpin(slot)
 			return errDirtyNoRoom
 		}
 		c.ssd.noRoom(s.line, slot)
-		return c.writeAroundSeg(s, data)
+		return c.writeAroundPiece(s, data)
 	}
 	if err != nil {
 		c.ssd.unpin(slot)
 		c.ssd.ioError(s.line, slot, err)
 		if _, ok := asDamage(err); ok {
-			return err // writeBackSegs writes the segment again
+			return err // writeBackPieces writes the piece again
 		}
 		return fmt.Errorf("cache: SSD tier write failed: %w", err)
 	}
 	if !c.ssd.markValid(s.line, slot, touched, true, zeros) {
 		// The line was evicted while its data was written: the backend takes the write instead.
-		return c.writeAroundSeg(s, data)
+		return c.writeAroundPiece(s, data)
 	}
 	// A write of a whole line stays on the SSD tier only: streams (copies, backups, logs) would
 	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
@@ -262,11 +262,11 @@ func (c *Cache) writeBackSeg(s seg, g grant, p []byte, tries *int) error {
 // slotTries bounds how many checkpoints a write-back write waits for to get a slot or room.
 const slotTries = 4
 
-// writeAroundSeg sends a write-back segment the SSD tier could not take to the backend. The line
+// writeAroundPiece sends a write-back piece the SSD tier could not take to the backend. The line
 // is not cached, but the store may still hold a record of it whose deletion has not landed yet
 // (an eviction waiting for a checkpoint): that record is deleted first, or a crash would bring the
 // old data back.
-func (c *Cache) writeAroundSeg(s seg, data []byte) error {
+func (c *Cache) writeAroundPiece(s piece, data []byte) error {
 	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
 		return fmt.Errorf("cache metadata: %w", err)
 	}

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 )
 
@@ -19,6 +20,9 @@ import (
 // block (its other bytes as zeros). Since a zero bit is not in the slot, a write in place no longer
 // makes an older stored record of a dirty block find the newest data: the destager has the store
 // catch up (a checkpoint) before it writes such blocks back (journal.settleClaims).
+//
+// Every path writes a tier's blocks through this file: writeBlocks (a line's bytes, zero blocks
+// left out), and storesWrite and writeTier (the whole blocks of a request's piece).
 
 // Reduction is how much an SSD tier reduces what it stores. Each level includes the ones before.
 type Reduction int
@@ -161,4 +165,44 @@ func (t *tier) zeroAt(slot uint32) lineBits {
 		return lineBits{}
 	}
 	return t.zero.get(slot)
+}
+
+// storesWrite reports whether t stores the write of s: the whole blocks it covers, if t holds the
+// line or admits it.
+func (c *Cache) storesWrite(t *tier, s piece) bool {
+	if s.full().isZero() {
+		return false
+	}
+	v, _ := t.bits(s.line)
+	return !v.isZero() || t.admits(c.access(s, true))
+}
+
+// writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
+// any), but for the zero blocks a tier that reduces does not write (zeros). The caller validates
+// them once the backend has the data.
+func (c *Cache) writeTier(t *tier, s piece, g grant, p []byte) (full, zeros lineBits, ok bool) {
+	full = s.full()
+	if !g.ok {
+		return full, zeros, false
+	}
+	slot := g.slot
+	var err error
+	full.runs(s.blocks(), func(b0, b1 int) {
+		if err == nil {
+			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
+			var z lineBits
+			z, err = t.writeBlocks(s.line, slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
+			zeros = zeros.or(z)
+		}
+	})
+	if errors.Is(err, errNoRoom) {
+		t.noRoom(s.line, slot)
+		return full, zeros, false
+	}
+	if err != nil {
+		t.unpin(slot)
+		t.ioError(s.line, slot, err)
+		return full, zeros, false
+	}
+	return full, zeros, true
 }

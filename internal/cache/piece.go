@@ -2,8 +2,8 @@ package cache
 
 import "github.com/tierblk/tierblk/pkg/backend"
 
-// seg is the part of a request that falls in one line.
-type seg struct {
+// piece is the part of a request that falls in one line.
+type piece struct {
 	line   uint64
 	start  int64 // device offset of the line
 	n      int64 // bytes of the line (the last line may be short)
@@ -11,23 +11,23 @@ type seg struct {
 	pOff   int64 // where they are in the request's buffer
 }
 
-func (s seg) blocks() int { return int((s.n + blockSize - 1) / blockSize) }
+func (s piece) blocks() int { return int((s.n + blockSize - 1) / blockSize) }
 
-// touchedBlocks counts the blocks a request's segments touch.
-func touchedBlocks(segs []seg) int {
+// touchedBlocks counts the blocks a request's pieces touch.
+func touchedBlocks(pieces []piece) int {
 	n := 0
-	for _, s := range segs {
+	for _, s := range pieces {
 		n += int((s.hi+blockSize-1)/blockSize - s.lo/blockSize)
 	}
 	return n
 }
 
 // touched are the blocks the request touches; full those it covers entirely.
-func (s seg) touched() lineBits {
+func (s piece) touched() lineBits {
 	return rangeBits(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))
 }
 
-func (s seg) full() lineBits {
+func (s piece) full() lineBits {
 	end := s.hi / blockSize
 	if s.hi == s.n {
 		end = int64(s.blocks())
@@ -35,27 +35,27 @@ func (s seg) full() lineBits {
 	return rangeBits(int((s.lo+blockSize-1)/blockSize), int(end))
 }
 
-// segments splits a request by line, appending to segs (a caller's small array keeps the common
-// one-line request from allocating).
-func (c *Cache) segments(segs []seg, off, length int64) []seg {
+// split splits a request by line, appending its pieces to pieces (a caller's small array keeps the
+// common one-line request from allocating).
+func (c *Cache) split(pieces []piece, off, length int64) []piece {
 	first, last := off/c.line, (off+length-1)/c.line
 	for line := first; line <= last; line++ {
 		start := line * c.line
-		s := seg{line: uint64(line), start: start, n: min(c.line, c.size-start)}
+		s := piece{line: uint64(line), start: start, n: min(c.line, c.size-start)}
 		s.lo = max(off, start) - start
 		s.hi = min(off+length, start+s.n) - start
 		s.pOff = start + s.lo - off
-		segs = append(segs, s)
+		pieces = append(pieces, s)
 	}
-	return segs
+	return pieces
 }
 
-func (c *Cache) lockSegs(segs []seg) {
-	c.locks.lock(segs[0].line, segs[len(segs)-1].line)
+func (c *Cache) lockPieces(pieces []piece) {
+	c.locks.lock(pieces[0].line, pieces[len(pieces)-1].line)
 }
 
-func (c *Cache) unlockSegs(segs []seg) {
-	c.locks.unlock(segs[0].line, segs[len(segs)-1].line)
+func (c *Cache) unlockPieces(pieces []piece) {
+	c.locks.unlock(pieces[0].line, pieces[len(pieces)-1].line)
 }
 
 // check refuses a request on a closed cache or outside the device.
