@@ -182,23 +182,59 @@ func limitGo(p memoryPlan, log *slog.Logger) (release func()) {
 			processPlans.outsideGo -= p.outsideGo
 		}
 		bufpool.AddBudget(int64(sign) * int64(p.pooled))
-		if os.Getenv("GOMEMLIMIT") != "" {
-			return
-		}
 		limit := int64(math.MaxInt64)
 		if processPlans.bound > 0 {
-			// The limit is soft: on a machine whose CPU is busy elsewhere (the runtime caps the
-			// collector's share of it) the heap may pass it for moments (bench memory measures
-			// the peaks). A limit set lower, to leave room for those, had the collector run ten
-			// times as often on the 1 MiB hit path and cost it a third of its CPU.
-			limit = int64(processPlans.bound - processPlans.outsideGo)
+			limit = plannedGoLimitLocked()
 		}
-		debug.SetMemoryLimit(limit)
+		setGoLimit(limit)
 	}
 	set(1)
 	log.Info("memory", "bound", p.bound, "ram_tier", p.ramTier, "index", p.index, "process_bound", processBound())
 	return func() { set(-1) }
 }
+
+// plannedGoLimitLocked is the Go runtime's share of the bound when every part outside it holds
+// the most its plan lets it (mapped files, the ublk buffers). The caller holds processPlans.
+func plannedGoLimitLocked() int64 {
+	return int64(processPlans.bound - processPlans.outsideGo)
+}
+
+// setGoLimit sets the Go runtime's memory limit, unless the environment has one (GOMEMLIMIT).
+//
+// The limit is soft: on a machine whose CPU is busy elsewhere (the runtime caps the collector's
+// share of it) the heap may pass it for moments (bench memory measures the peaks). A limit set
+// lower, to leave room for those, had the collector run ten times as often on the 1 MiB hit path
+// and cost it a third of its CPU.
+func setGoLimit(limit int64) {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(limit)
+	}
+}
+
+// followGoLimit gives the Go runtime, besides what it counts now (m), the part of the bound the
+// process does not hold now, less goLimitMargin for what may grow until the next sample: never
+// less than its planned share, never more than the bound. The planned share alone assumes the
+// parts outside the runtime full (the run logs, the ublk buffers) and counts the runtime's own
+// pages whether resident or not; with it the collector, the pooled buffers, the RAM tiers and the
+// indexes all live, had almost no room under the limit while the process held a quarter of its
+// bound less than allowed: it ran after every few hundred KiB allocated, for half the CPU
+// (TestMemoryPressure's write-back runs, in a guest's CPU profile). A sample that finds the
+// process over its bound takes the excess from the runtime's share, down to the planned one.
+func followGoLimit(m process.Memory) {
+	processPlans.Lock()
+	defer processPlans.Unlock()
+	if processPlans.bound == 0 {
+		return
+	}
+	inGo := int64(m.GoHeap + m.GoFree + m.GoOther)
+	free := int64(processPlans.bound) - int64(m.Held) - goLimitMargin
+	setGoLimit(min(max(inGo+free, plannedGoLimitLocked()), int64(processPlans.bound)))
+}
+
+// goLimitMargin is what followGoLimit keeps of the bound for the process's growth between two
+// samples: more than memorySampleEvery's worth of allocations and run-log appends at any rate a
+// device can write.
+const goLimitMargin = 8 << 20
 
 // memorySampleEvery is how often memoryWatch reads /proc/self/status: often enough to see the
 // short peaks of a garbage-collected heap, for a few microseconds each time.
@@ -234,7 +270,11 @@ func (w *memoryWatch) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			if m, bound := w.sample(), processBound(); m.Held > bound && now.Sub(w.warn) >= time.Minute {
+			m, bound := w.sample(), processBound()
+			if m.RSS > 0 {
+				followGoLimit(m)
+			}
+			if m.Held > bound && now.Sub(w.warn) >= time.Minute {
 				w.warn = now
 				w.log.Warn("the daemon holds more memory than its bound", "held", m.Held, "bound", bound,
 					"go_heap", m.GoHeap, "rss", m.RSS)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -8,6 +9,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
 	"github.com/tierblk/tierblk/internal/nbd/server"
+	"github.com/tierblk/tierblk/internal/process"
 	"github.com/tierblk/tierblk/internal/ublk"
 	"github.com/tierblk/tierblk/internal/volume"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -46,6 +48,40 @@ func TestPlanMemory(t *testing.T) {
 			require.Zero(t, p.metadata, "no SSD tier, no metadata store")
 			require.Equal(t, p.ioMax, p.work, "no cache has a destager: the work buffers are the requests' copies")
 			require.Equal(t, p.ioMax-p.ublk+p.work, p.pooled, "the pool keeps the payloads and the work buffers")
+		})
+	}
+}
+
+// The Go runtime's limit is what it counts now and the part of the bound the process does not
+// hold, less goLimitMargin: never below the planned share (the bound less the planned outside
+// parts), never above the bound.
+func TestFollowGoLimit(t *testing.T) {
+	t.Setenv("GOMEMLIMIT", "") // the user's limit would stay: none here
+	processPlans.Lock()
+	bound, outside := processPlans.bound, processPlans.outsideGo
+	processPlans.bound, processPlans.outsideGo = 100<<20, 30<<20
+	processPlans.Unlock()
+	before := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() {
+		processPlans.Lock()
+		processPlans.bound, processPlans.outsideGo = bound, outside
+		processPlans.Unlock()
+		debug.SetMemoryLimit(before)
+	})
+	for _, tc := range []struct {
+		name       string
+		held, inGo uint64
+		want       int64
+	}{
+		{"a quarter of the bound free: the runtime gets it", 75 << 20, 80 << 20, (80 + 25 - 8) << 20},
+		{"the margin alone free: the planned share", 92 << 20, 60 << 20, (100 - 30) << 20},
+		{"over the bound: the excess taken from the runtime", 110 << 20, 90 << 20, (90 - 10 - 8) << 20},
+		{"far over the bound: the planned share", 110 << 20, 80 << 20, (100 - 30) << 20},
+		{"never more than the bound", 10 << 20, 100 << 20, 100 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			followGoLimit(process.Memory{RSS: 1, Held: tc.held, GoHeap: tc.inGo})
+			require.Equal(t, tc.want, debug.SetMemoryLimit(-1))
 		})
 	}
 }
