@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/testenv"
 	"github.com/tierblk/tierblk/internal/uring/uringtest"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -103,15 +104,15 @@ func TestReadAtAsync(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, want[3*line+4096:3*line+12288], buf)
 			require.Equal(t, ramHits+1, c.Stats().Tiers[0].Hits)
-			c.locks.lock(3, 3)
+			c.locks.Lock(3, 3)
 			started, _ = readAsync(t, c, buf, 3*line)
-			c.locks.unlock(3, 3)
+			c.locks.Unlock(3, 3)
 			require.False(t, started, "a RAM-tier hit on a line another request holds")
 		}
 
 		require.NoError(t, c.Prefetch(4*line, 2*line))
 		for l := uint64(4); l < 6; l++ { // the lines on the SSD tier alone
-			c.ram.invalidate(l, rangeBits(0, line/blockSize))
+			c.ram.invalidate(l, linebits.Range(0, line/blockSize))
 		}
 		before := ssdStats()
 		started, err = readAsync(t, c, buf, 4*line+8192)
@@ -125,9 +126,9 @@ func TestReadAtAsync(t *testing.T) {
 		started, _ = readAsync(t, c, buf, 5*line-4096)
 		require.False(t, started, "a read across two lines")
 
-		c.locks.lock(4, 4)
+		c.locks.Lock(4, 4)
 		started, _ = readAsync(t, c, buf, 4*line)
-		c.locks.unlock(4, 4)
+		c.locks.Unlock(4, 4)
 		require.False(t, started, "a line another request holds")
 
 		ssd.SetFailing(true)
@@ -139,8 +140,8 @@ func TestReadAtAsync(t *testing.T) {
 		ssd.SetFailing(false)
 
 		// Every read that started asynchronously has ended and let go of its line.
-		require.True(t, c.locks.tryLock(4) && c.locks.tryLock(5))
-		c.locks.unlock(4, 5)
+		require.True(t, c.locks.TryLock(4) && c.locks.TryLock(5))
+		c.locks.Unlock(4, 5)
 	})
 }
 
@@ -153,14 +154,14 @@ func TestReadAtAsyncPromotes(t *testing.T) {
 		c := newCache(t, b, layout{line: line, ram: 2, ssd: 8, mode: WriteThrough, admission: "always"}, nil, dev)
 		defer c.Close()
 		require.NoError(t, c.Prefetch(2*line, line))
-		c.ram.invalidate(2, rangeBits(0, line/blockSize))
+		c.ram.invalidate(2, linebits.Range(0, line/blockSize))
 		buf := make([]byte, 4096)
 		started, err := readAsync(t, c, buf, 2*line+8192)
 		require.True(t, started)
 		require.NoError(t, err)
 		require.Equal(t, want[2*line+8192:2*line+12288], buf)
-		require.True(t, c.ram.holds(2, rangeBits(2, 3)), "the block read is in RAM")
-		require.False(t, c.ram.holds(2, rangeBits(0, 1)), "a block not read is not")
+		require.True(t, c.ram.holds(2, linebits.Range(2, 3)), "the block read is in RAM")
+		require.False(t, c.ram.holds(2, linebits.Range(0, 1)), "a block not read is not")
 		st := c.Stats()
 		require.Equal(t, uint64(1), st.Tiers[1].Hits)
 		started, _ = readAsync(t, c, buf, 2*line+8192)
@@ -205,16 +206,16 @@ func TestReadAtAsyncShared(t *testing.T) {
 		require.NoError(t, c.Prefetch(2*line, line))
 		buf := make([]byte, 4096)
 
-		require.True(t, c.locks.tryRLock(2), "another hit holds the line")
+		require.True(t, c.locks.TryRLock(2), "another hit holds the line")
 		started, err := readAsync(t, c, buf, 2*line+4096)
 		require.True(t, started, "a hit beside it")
 		require.NoError(t, err)
 		require.Equal(t, want[2*line+4096:2*line+8192], buf)
-		c.locks.runlock(2)
+		c.locks.RUnlock(2)
 
-		c.locks.lock(2, 2)
+		c.locks.Lock(2, 2)
 		started, _ = readAsync(t, c, buf, 2*line)
-		c.locks.unlock(2, 2)
+		c.locks.Unlock(2, 2)
 		require.False(t, started, "a request holds the line exclusively")
 
 		ssd.SetFailing(true)
@@ -223,8 +224,8 @@ func TestReadAtAsyncShared(t *testing.T) {
 		require.True(t, started)
 		require.NoError(t, err, "served from the backend")
 		require.Equal(t, want[2*line+8192:2*line+12288], buf)
-		require.True(t, c.locks.tryLock(2), "the line is free")
-		c.locks.unlock(2, 2)
+		require.True(t, c.locks.TryLock(2), "the line is free")
+		c.locks.Unlock(2, 2)
 	})
 }
 

@@ -21,9 +21,9 @@
 //     the maximum of dirty lines: let go before anything below is taken, and nothing is taken
 //     under it. The destager, which makes that room, needs line locks.
 //  2. writeBack.modeMu: shared by a write-back write until its lines are dirty, alone by SetMode.
-//  3. Line locks (lineLocks), in ascending line order; lockShard.mu only to find a line's lock,
-//     never while waiting for one. ReadAtAsync and ReadAtOn only try them, and an asynchronous
-//     read lets its line go on the goroutine that ends it.
+//  3. Line locks (linelock.Locks), in ascending line order; a shard's mutex only to find a line's
+//     lock, never while waiting for one. ReadAtAsync and ReadAtOn only try them, and an
+//     asynchronous read lets its line go on the goroutine that ends it.
 //  4. destageBudget (a semaphore), under the line locks of the lines being written back.
 //  5. lostSet.mu, then journal.sbMu (the lost ranges live in the superblock): nothing but the
 //     metadata store is used under them.
@@ -36,12 +36,14 @@
 //     alone by packed.releaseUnits, which frees room.
 //  9. The mutex of fetch.Streams, under which readMiss asks the tiers' admission policies.
 //  10. tier.mu, of one tier at a time: the RAM tier's and the SSD tier's are never held together.
-//  11. Under tier.mu: packed.mu, accessStripe.mu, journal.healMu and the run log's append.
+//  11. Under tier.mu: packed.mu, the access buffer's stripe mutexes (accessbuf.Buffer),
+//     journal.healMu and the run log's append.
 //
-// rateMeter.mu, congestion.mu (only tried), logLimit.mu and writeRuns' mutex are leaves: nothing
-// is taken under them. No goroutine takes an RWMutex shared while it holds it shared already (a
-// waiting writer would stop the second), and a goroutine that reaps its own reads (a ublk queue's
-// loop, ReadAtOn) only tries a line lock or packed.io while one of its reads holds it.
+// The mutexes of the destage rate (ratemeter.Meter) and of congestion.Check (only tried),
+// logLimit.mu and writeRuns' mutex are leaves: nothing is taken under them. No goroutine takes an
+// RWMutex shared while it holds it shared already (a waiting writer would stop the second), and a
+// goroutine that reaps its own reads (a ublk queue's loop, ReadAtOn) only tries a line lock or
+// packed.io while one of its reads holds it.
 package cache
 
 import (
@@ -55,8 +57,22 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/tierblk/tierblk/internal/fetch"
+	"github.com/tierblk/tierblk/internal/linebits"
+	"github.com/tierblk/tierblk/internal/linelock"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// blockSize is the unit of the valid and dirty bits: a write that covers whole 4 KiB blocks never
+// needs a read from the backend. A line has at most linebits.MaxBlocks of them.
+const blockSize = fetch.BlockSize
+
+// The engine's names for linebits' types: the bits of a line's blocks (valid, dirty, zero), a
+// tier's table of them by slot, and the set of dirty lines the destager walks.
+type (
+	lineBits = linebits.Bits
+	bitTable = linebits.Table
+	lineSet  = linebits.Set
 )
 
 // Mode is how writes treat the cache.
@@ -168,7 +184,7 @@ type Cache struct {
 	bg    *background  // with an SSD tier: the checkpoint loop and the destager
 	ram   *tier
 	ssd   *tier
-	locks lineLocks
+	locks linelock.Locks
 	log   *slog.Logger
 	trim  backend.Trimmer
 	zero  backend.ZeroWriter

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -27,18 +28,18 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 		t.mu.Unlock()
 		return
 	}
-	bits = bits.and(t.valid.get(slot))
-	dirty := t.dirtyAt(slot).and(bits)
+	bits = bits.And(t.valid.Get(slot))
+	dirty := t.dirtyAt(slot).And(bits)
 	t.mu.Unlock()
-	if repaired := c.repairFromRAM(line, slot, dirty); !repaired.isZero() {
-		bits, dirty = bits.andNot(repaired), dirty.andNot(repaired)
+	if repaired := c.repairFromRAM(line, slot, dirty); !repaired.IsZero() {
+		bits, dirty = bits.AndNot(repaired), dirty.AndNot(repaired)
 	}
-	if bits.isZero() {
+	if bits.IsZero() {
 		return
 	}
 	start := int64(line) * c.line
 	var lostErr error
-	dirty.runs(t.blocks, func(b0, b1 int) {
+	dirty.Runs(t.blocks, func(b0, b1 int) {
 		lo, hi := start+int64(b0)*blockSize, min(start+int64(b1)*blockSize, c.size)
 		if c.damageLog.allow(c.log) {
 			c.log.Error("SSD tier: dirty data failed its checksum and is lost: reads of the range fail until it is written again; the backend keeps its older data",
@@ -48,16 +49,16 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 			lostErr = err
 		}
 	})
-	c.lostBlocks.Add(uint64(dirty.count()))
-	if clean := bits.andNot(dirty); !clean.isZero() && c.damageLog.allow(c.log) {
+	c.lostBlocks.Add(uint64(dirty.Count()))
+	if clean := bits.AndNot(dirty); !clean.IsZero() && c.damageLog.allow(c.log) {
 		c.log.Warn("SSD tier: cached data failed its checksum; it is read from the backend again",
-			"offset", start+int64(firstBit(clean))*blockSize, "blocks", clean.count())
+			"offset", start+int64(firstBit(clean))*blockSize, "blocks", clean.Count())
 	}
 	if lostErr != nil {
 		// Lost in memory (reads fail), not on record: the dirty blocks stay as they are, for a
 		// restart to find damaged again, and the tier is bypassed as for a metadata error.
 		c.log.Error("SSD tier: cannot record the lost range", "err", lostErr)
-		bits = bits.andNot(dirty)
+		bits = bits.AndNot(dirty)
 		t.fail(fmt.Sprintf("metadata: %v", lostErr))
 	}
 	if c.ram != nil {
@@ -74,7 +75,7 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 // lock.
 func (c *Cache) repairFromRAM(line uint64, slot uint32, dirty lineBits) (repaired lineBits) {
 	r := c.ram
-	if r == nil || dirty.isZero() {
+	if r == nil || dirty.IsZero() {
 		return lineBits{}
 	}
 	n := c.ssd.lineBytes(line)
@@ -84,21 +85,21 @@ func (c *Cache) repairFromRAM(line uint64, slot uint32, dirty lineBits) (repaire
 	rslot, ok := r.slotOf(line)
 	var held lineBits
 	if ok {
-		held = dirty.and(r.valid.get(rslot))
+		held = dirty.And(r.valid.Get(rslot))
 		_ = r.st.read(line, rslot, (*bp)[:n], 0, false) // RAM: nothing to fail
 	}
 	r.mu.RUnlock()
-	held.runs(c.ssd.blocks, func(b0, b1 int) {
+	held.Runs(c.ssd.blocks, func(b0, b1 int) {
 		lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
 		if err := c.ssd.st.write(line, slot, (*bp)[lo:hi], lo); err == nil {
-			repaired = repaired.or(rangeBits(b0, b1))
+			repaired = repaired.Or(linebits.Range(b0, b1))
 		}
 	})
-	if !repaired.isZero() {
-		c.repairs.Add(uint64(repaired.count()))
+	if !repaired.IsZero() {
+		c.repairs.Add(uint64(repaired.Count()))
 		if c.damageLog.allow(c.log) {
 			c.log.Warn("SSD tier: dirty data failed its checksum; written again from the RAM tier's copy",
-				"offset", int64(line)*c.line+int64(firstBit(repaired))*blockSize, "blocks", repaired.count())
+				"offset", int64(line)*c.line+int64(firstBit(repaired))*blockSize, "blocks", repaired.Count())
 		}
 	}
 	return repaired
@@ -151,8 +152,8 @@ func firstBit(m lineBits) int {
 // how many failed; err is an I/O error of the tier's device.
 func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 	t := c.ssd
-	c.locks.lock(line, line)
-	defer c.locks.unlock(line, line)
+	c.locks.Lock(line, line)
+	defer c.locks.Unlock(line, line)
 	g := t.pin(line)
 	if !g.ok {
 		return 0, 0, nil
@@ -163,7 +164,7 @@ func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 	defer bufpool.Put(bp)
 	var check func(bits lineBits)
 	check = func(bits lineBits) {
-		bits.runs(t.blocks, func(b0, b1 int) {
+		bits.Runs(t.blocks, func(b0, b1 int) {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
 			rerr := t.st.read(line, g.slot, (*bp)[lo:hi], lo, false)
 			if rerr == nil {
@@ -172,15 +173,15 @@ func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 			}
 			t.ioError(line, g.slot, rerr)
 			if d, ok := asDamage(rerr); ok {
-				read += d.bits.count()
-				bad += d.bits.count()
-				check(rangeBits(b0, b1).andNot(d.bits)) // the others of the run
+				read += d.bits.Count()
+				bad += d.bits.Count()
+				check(linebits.Range(b0, b1).AndNot(d.bits)) // the others of the run
 			} else if err == nil {
 				err = rerr
 			}
 		})
 	}
-	check(g.valid.andNot(g.zero))
+	check(g.valid.AndNot(g.zero))
 	return read, bad, err
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -110,7 +111,7 @@ func damagedTier(t *testing.T, l layout, dmg damage, running bool) {
 	}
 	require.NoError(t, c.Flush())
 	for ln := range uint64(lines) {
-		require.True(t, c.ssd.holds(ln, rangeBits(0, int(l.line/blockSize))), "line %d is not on the SSD tier", ln)
+		require.True(t, c.ssd.holds(ln, linebits.Range(0, int(l.line/blockSize))), "line %d is not on the SSD tier", ln)
 	}
 	if running {
 		dmg.do(ssd)
@@ -203,7 +204,7 @@ func TestDamageRepairedFromRAM(t *testing.T) {
 				stamp(want[off:off+blockSize], int(off/sector), 5)
 				_, err := c.WriteAt(want[off:off+blockSize], off)
 				require.NoError(t, err)
-				require.True(t, c.ram.holds(uint64(ln), rangeBits(1, 2)), "line %d: the write is not in RAM", ln)
+				require.True(t, c.ram.holds(uint64(ln), linebits.Range(1, 2)), "line %d: the write is not in RAM", ln)
 			}
 			damages[0].do(ssd)
 			require.NoError(t, c.FlushAll(context.Background(), nil)) // reads every dirty block from the SSD
@@ -268,9 +269,9 @@ func TestRecordsWithoutChecksums(t *testing.T) {
 			for ln := range uint64(8) {
 				_, dirty := c.ssd.bits(ln)
 				if ln%2 == 0 {
-					require.Equal(t, rangeBits(1, 2), dirty, "line %d keeps its dirty block", ln)
+					require.Equal(t, linebits.Range(1, 2), dirty, "line %d keeps its dirty block", ln)
 				} else {
-					require.False(t, c.ssd.holds(ln, rangeBits(0, 1)), "line %d, clean, was kept without checksums", ln)
+					require.False(t, c.ssd.holds(ln, linebits.Range(0, 1)), "line %d, clean, was kept without checksums", ln)
 				}
 			}
 			got := make([]byte, devSize)

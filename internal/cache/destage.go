@@ -87,7 +87,7 @@ func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
 	for _, h := range hs {
 		start := int64(h.line) * c.line
 		n := min(c.line, c.size-start)
-		h.dirty.runs(int((n+blockSize-1)/blockSize), func(b0, b1 int) {
+		h.dirty.Runs(int((n+blockSize-1)/blockSize), func(b0, b1 int) {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
 			_ = zeroSpans(lo, hi, h.zero, func(lo, hi int64, z bool) error {
 				p := destagePiece{h.line, h.slot, lo, hi, z}
@@ -249,14 +249,14 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 	}
 	window := uint64(max(1, batch/c.line))
 	c.ssd.mu.Lock()
-	first, ok := c.ssd.dset.next(*cursor)
+	first, ok := c.ssd.dset.Next(*cursor)
 	if !ok && *cursor > 0 {
-		first, ok = c.ssd.dset.next(0)
+		first, ok = c.ssd.dset.Next(0)
 	}
 	var lines []uint64
 	for l := first; ok && l < first+window; {
 		lines = append(lines, l)
-		l, ok = c.ssd.dset.next(l + 1)
+		l, ok = c.ssd.dset.Next(l + 1)
 	}
 	c.ssd.mu.Unlock()
 	if len(lines) == 0 {
@@ -264,8 +264,8 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 	}
 	lo, hi := lines[0], lines[len(lines)-1]
 	*cursor = hi + 1
-	c.locks.lock(lo, hi)
-	defer c.locks.unlock(lo, hi)
+	c.locks.Lock(lo, hi)
+	defer c.locks.Unlock(lo, hi)
 	n, err := c.destageLocked(lines)
 	return n, true, err
 }
@@ -276,11 +276,11 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 // no new line at all (below the high watermark, with clients busy, nothing else writes them back).
 func (c *Cache) destageDoomed(lines []uint64) error {
 	for _, l := range lines {
-		c.locks.lock(l, l)
+		c.locks.Lock(l, l)
 	}
 	defer func() {
 		for _, l := range lines {
-			c.locks.unlock(l, l)
+			c.locks.Unlock(l, l)
 		}
 	}()
 	_, err := c.destageLocked(lines)
@@ -296,7 +296,7 @@ func (c *Cache) destageTouched(pieces []piece) error {
 	}
 	var lines []uint64
 	for _, s := range pieces {
-		if _, d := c.ssd.bits(s.line); !d.isZero() {
+		if _, d := c.ssd.bits(s.line); !d.IsZero() {
 			lines = append(lines, s.line)
 		}
 	}
@@ -316,7 +316,7 @@ func (c *Cache) destager(stop <-chan struct{}) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for tickOrKick(stop, tick.C, w.kickCh) {
-		w.destaged.sample(time.Now(), w.destagedBytes.Load())
+		w.destaged.Sample(time.Now(), w.destagedBytes.Load())
 		if w.waiting.Load() > 0 {
 			// Dirty lines also go without the destager (a write or trim through another mode
 			// writes them back first): waiting writes must see that even with nothing to destage.
@@ -342,7 +342,7 @@ func (c *Cache) destager(stop <-chan struct{}) {
 				_, any, err = c.destageNext(&cursor, w.destage.Urgent(st))
 			}
 			w.wake()
-			w.destaged.sample(time.Now(), w.destagedBytes.Load())
+			w.destaged.Sample(time.Now(), w.destagedBytes.Load())
 			if err != nil {
 				select {
 				case <-stop:
@@ -397,7 +397,7 @@ func (c *Cache) dirtyStats() DirtyStats {
 		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(w.lines),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),
-		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.rate(time.Now(), w.destagedBytes.Load()),
+		DestageErrors: w.destageErrors.Load(), DestageRate: w.destaged.Rate(time.Now(), w.destagedBytes.Load()),
 		ThrottledWrites: w.throttled.Load(), ThrottleSeconds: float64(w.throttleNs.Load()) / 1e9,
 		ThrottleDelay: c.throttleDelay(c.ssd.blocks).Seconds(), BackendWaits: w.backendWaits.Load(),
 	}

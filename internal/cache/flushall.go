@@ -61,11 +61,11 @@ func (c *Cache) drainSnapshot(ctx context.Context, progress func(done, total int
 			lines, more := t.snapLines(s, &cursor, window)
 			if len(lines) > 0 {
 				for _, l := range lines {
-					c.locks.lock(l, l)
+					c.locks.Lock(l, l)
 				}
 				_, err := c.destageLocked(t.stillInSnap(s, lines))
 				for _, l := range lines {
-					c.locks.unlock(l, l)
+					c.locks.Unlock(l, l)
 				}
 				c.wb.wake()
 				if err != nil {
@@ -93,10 +93,10 @@ type dirtySnap struct {
 
 // cleaned takes the blocks gone of slot, just marked clean, out of the snapshot.
 func (s *dirtySnap) cleaned(slot uint32, gone lineBits) {
-	p := s.pending.get(slot)
-	if x := p.and(gone); !x.isZero() {
-		s.pending.set(slot, p.andNot(gone))
-		s.left -= x.count()
+	p := s.pending.Get(slot)
+	if x := p.And(gone); !x.IsZero() {
+		s.pending.Set(slot, p.AndNot(gone))
+		s.left -= x.Count()
 	}
 }
 
@@ -109,7 +109,7 @@ func (t *tier) snapshotDirty() *dirtySnap {
 	if s.left == 0 {
 		return s // nothing to track: not registered
 	}
-	s.pending = bitTable{words: slices.Clone(t.dirty.words), blocks: t.dirty.blocks}
+	s.pending = t.dirty.Clone()
 	t.snaps = append(t.snaps, s)
 	return s
 }
@@ -136,12 +136,12 @@ func (t *tier) snapLines(s *dirtySnap, cursor *uint64, window uint64) (lines []u
 	defer t.mu.RUnlock()
 	var end uint64
 	for budget := 4 * window; budget > 0; budget-- {
-		l, ok := t.dset.next(*cursor)
+		l, ok := t.dset.Next(*cursor)
 		if !ok || (len(lines) > 0 && l >= end) {
 			return lines, ok
 		}
 		*cursor = l + 1
-		if slot, ok := t.slotOf(l); ok && !s.pending.get(slot).isZero() {
+		if slot, ok := t.slotOf(l); ok && !s.pending.Get(slot).IsZero() {
 			if len(lines) == 0 {
 				end = l + window
 			}
@@ -158,7 +158,7 @@ func (t *tier) stillInSnap(s *dirtySnap, lines []uint64) []uint64 {
 	defer t.mu.RUnlock()
 	return slices.DeleteFunc(slices.Clone(lines), func(l uint64) bool {
 		slot, ok := t.slotOf(l)
-		return !ok || s.pending.get(slot).isZero()
+		return !ok || s.pending.Get(slot).IsZero()
 	})
 }
 

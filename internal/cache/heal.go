@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 )
@@ -80,8 +81,8 @@ func (j *journal) heal() error {
 		slot := t.setAside[line]
 		delete(t.setAside, line)
 		r, ok := found[line]
-		v, d, z := bitsFromWords(r.Valid), bitsFromWords(r.Dirty), bitsFromWords(r.Zero)
-		if !ok || v.isZero() || d.andNot(v) != (lineBits{}) || z.andNot(v) != (lineBits{}) {
+		v, d, z := linebits.FromWords(r.Valid), linebits.FromWords(r.Dirty), linebits.FromWords(r.Zero)
+		if !ok || v.IsZero() || d.AndNot(v) != (lineBits{}) || z.AndNot(v) != (lineBits{}) {
 			j.record(deleteOp(line))
 			t.releaseWhenUnpinnedLocked(slot)
 			continue

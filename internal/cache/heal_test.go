@@ -243,7 +243,7 @@ func TestBypassDuringFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := r.c.ssd.acquire(uint64(last / 4096)) // the fill of the last line begins
-	if !g.ok || !g.valid.isZero() {
+	if !g.ok || !g.valid.IsZero() {
 		t.Fatalf("acquire of an uncached line: ok %v, valid %v", g.ok, g.valid)
 	}
 	r.c.ssd.fail("injected")

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/runlog"
 )
@@ -153,7 +154,7 @@ func newJournal(t *tier, store meta.Store, reserve int, flushBackend func() erro
 		checkpointSoon:           make(chan struct{}, 1),
 		healFirst:                firstHealDelay,
 	}
-	j.resummed = newLineSet(t.lines)
+	j.resummed = linebits.NewSet(t.lines)
 	t.j = j
 	return j
 }
@@ -200,9 +201,9 @@ func (j *journal) storedWithoutLocked(line uint64, bits lineBits) (op meta.Op, g
 		return deleteOp(line), bits, false
 	}
 	if !ok || b.Delete || !cached || b.Rec.Slot != slot {
-		return deleteOp(line), rangeBits(0, j.t.blocks), !(ok && b.Delete)
+		return deleteOp(line), linebits.Range(0, j.t.blocks), !(ok && b.Delete)
 	}
-	return j.without(b, bits), bits, !bitsFromWords(b.Rec.Valid).and(bits).isZero()
+	return j.without(b, bits), bits, !linebits.FromWords(b.Rec.Valid).And(bits).IsZero()
 }
 
 func deleteOp(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line: line}} }
@@ -213,29 +214,29 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	if op.Delete {
 		return op
 	}
-	v := bitsFromWords(op.Rec.Valid).andNot(bits)
-	if v.isZero() {
+	v := linebits.FromWords(op.Rec.Valid).AndNot(bits)
+	if v.IsZero() {
 		return deleteOp(op.Rec.Line)
 	}
-	r := meta.Line{Line: op.Rec.Line, Slot: op.Rec.Slot, Valid: v.words(j.t.blocks)}
-	if d := bitsFromWords(op.Rec.Dirty).andNot(bits); !d.isZero() {
-		r.Dirty = d.words(j.t.blocks)
+	r := meta.Line{Line: op.Rec.Line, Slot: op.Rec.Slot, Valid: v.Words(j.t.blocks)}
+	if d := linebits.FromWords(op.Rec.Dirty).AndNot(bits); !d.IsZero() {
+		r.Dirty = d.Words(j.t.blocks)
 	}
-	if z := bitsFromWords(op.Rec.Zero).andNot(bits); !z.isZero() {
-		r.Zero = z.words(j.t.blocks)
+	if z := linebits.FromWords(op.Rec.Zero).AndNot(bits); !z.IsZero() {
+		r.Zero = z.Words(j.t.blocks)
 	}
 	for b, l := range op.Rec.Loc {
-		if l != 0 && !bits.has(b) {
+		if l != 0 && !bits.Has(b) {
 			if r.Loc == nil {
 				r.Loc = make([]uint64, len(op.Rec.Loc))
 			}
 			r.Loc[b] = l
 		}
 	}
-	if stored := v.andNot(bitsFromWords(r.Zero)); op.Rec.Sum != nil && !stored.isZero() {
+	if stored := v.AndNot(linebits.FromWords(r.Zero)); op.Rec.Sum != nil && !stored.IsZero() {
 		r.Sum = make([]uint32, len(op.Rec.Sum))
 		for b := range r.Sum {
-			if stored.has(b) {
+			if stored.Has(b) {
 				r.Sum[b] = op.Rec.Sum[b]
 			}
 		}
@@ -276,7 +277,7 @@ func (j *journal) dropStale(spans []span) error {
 	for _, s := range spans {
 		b, ok := j.stored[s.line]
 		slot, cached := t.slotOf(s.line)
-		if !ok || b.Delete || (cached && b.Rec.Slot == slot) || bitsFromWords(b.Rec.Valid).and(s.bits).isZero() {
+		if !ok || b.Delete || (cached && b.Rec.Slot == slot) || linebits.FromWords(b.Rec.Valid).And(s.bits).IsZero() {
 			continue
 		}
 		del := deleteOp(s.line)
@@ -341,8 +342,8 @@ func (j *journal) staleClaims(spans []span) bool {
 		zero := t.zeroAt(slot)
 		for _, m := range []map[uint64]meta.Op{j.stored, j.snapshot} {
 			if b, ok := m[s.line]; ok && !b.Delete && b.Rec.Slot == slot {
-				claimed := bitsFromWords(b.Rec.Dirty).and(s.bits)
-				if claimed.and(bitsFromWords(b.Rec.Zero)) != claimed.and(zero) {
+				claimed := linebits.FromWords(b.Rec.Dirty).And(s.bits)
+				if claimed.And(linebits.FromWords(b.Rec.Zero)) != claimed.And(zero) {
 					return true
 				}
 				if t.st.staleUnits(slot, claimed, b.Rec.Loc) {
@@ -383,7 +384,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			t.releaseWhenUnpinnedLocked(slot)
 			del := deleteOp(s.line)
 			j.record(del)
-			j.invalidatedSinceSnapshot[s.line] = rangeBits(0, t.blocks)
+			j.invalidatedSinceSnapshot[s.line] = linebits.Range(0, t.blocks)
 			j.committedLocked(del)
 			ops = append(ops, del)
 			continue
@@ -410,7 +411,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			j.record(op)
 		}
 		// A checkpoint under way must not commit these blocks valid again after this.
-		j.invalidatedSinceSnapshot[s.line] = j.invalidatedSinceSnapshot[s.line].or(gone)
+		j.invalidatedSinceSnapshot[s.line] = j.invalidatedSinceSnapshot[s.line].Or(gone)
 		if !claims {
 			continue
 		}

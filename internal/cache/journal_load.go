@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 )
@@ -85,7 +86,7 @@ func (l *loader) add(r meta.Line) error {
 	if err := t.st.claimUnits(r, true); err != nil {
 		return err
 	}
-	if err := l.loadSums(r, v.andNot(z)); err != nil {
+	if err := l.loadSums(r, v.AndNot(z)); err != nil {
 		return err
 	}
 	l.used[r.Slot] = true
@@ -105,19 +106,19 @@ func (l *loader) check(r meta.Line) (v, d, z lineBits, err error) {
 	if t.lines > 0 && r.Line >= t.lines {
 		return v, d, z, fmt.Errorf("line %d is beyond the backend's %d lines", r.Line, t.lines)
 	}
-	v = bitsFromWords(r.Valid)
-	if v.andNot(rangeBits(0, t.blocks)) != (lineBits{}) || v.isZero() {
+	v = linebits.FromWords(r.Valid)
+	if v.AndNot(linebits.Range(0, t.blocks)) != (lineBits{}) || v.IsZero() {
 		return v, d, z, fmt.Errorf("line %d: valid bits %x do not fit a line of %d blocks", r.Line, r.Valid, t.blocks)
 	}
-	d = bitsFromWords(r.Dirty)
-	if d.andNot(v) != (lineBits{}) {
+	d = linebits.FromWords(r.Dirty)
+	if d.AndNot(v) != (lineBits{}) {
 		return v, d, z, fmt.Errorf("line %d: dirty bits %x outside the valid bits %x", r.Line, r.Dirty, r.Valid)
 	}
-	if !d.isZero() && t.dirty.words == nil {
+	if !d.IsZero() && t.dirty.IsZero() {
 		return v, d, z, fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
 	}
-	z = bitsFromWords(r.Zero)
-	if z.andNot(v) != (lineBits{}) {
+	z = linebits.FromWords(r.Zero)
+	if z.AndNot(v) != (lineBits{}) {
 		return v, d, z, fmt.Errorf("line %d: zero bits %x outside the valid bits %x", r.Line, r.Zero, r.Valid)
 	}
 	return v, d, z, nil
@@ -127,11 +128,11 @@ func (l *loader) check(r meta.Line) (v, d, z lineBits, err error) {
 func (l *loader) loadSums(r meta.Line, stored lineBits) error {
 	t := l.t
 	switch {
-	case stored.isZero():
+	case stored.IsZero():
 	case r.Sum == nil:
 		// A record from before checksums: its blocks' sums are what they hold (sumFix).
 		for b := range t.blocks {
-			if stored.has(b) {
+			if stored.Has(b) {
 				l.j.fixes = append(l.j.fixes, sumFix{line: r.Line, b: b})
 			}
 		}

@@ -448,9 +448,9 @@ func tierState(c *Cache) string {
 		v, d := c.ssd.bits(line)
 		for blk := range c.ssd.blocks {
 			switch {
-			case d.has(blk):
+			case d.Has(blk):
 				b.WriteByte('d')
-			case v.has(blk):
+			case v.Has(blk):
 				b.WriteByte('c')
 			default:
 				b.WriteByte('.')

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/linebits"
 )
 
 // maxIndexBytesPerLine is the budget the README states for the default policy: a 1 TiB SSD tier of
@@ -36,7 +38,7 @@ func TestIndexBytesPerLine(t *testing.T) {
 			if !g.ok {
 				t.Fatalf("no slot for line %d", line)
 			}
-			tr.markValid(line*7, g.slot, rangeBits(0, tr.blocks), false, lineBits{})
+			tr.markValid(line*7, g.slot, linebits.Range(0, tr.blocks), false, lineBits{})
 		}
 		after := heapInUse()
 		perLine := float64(after-before) / slots
@@ -78,7 +80,7 @@ func TestPackedIndexBytesPerLine(t *testing.T) {
 	for line := range uint64(2 * slots) {
 		g := tr.acquire(line * 7)
 		require.True(t, g.ok, "no slot for line %d", line)
-		tr.markValid(line*7, g.slot, rangeBits(0, tr.blocks), false, lineBits{})
+		tr.markValid(line*7, g.slot, linebits.Range(0, tr.blocks), false, lineBits{})
 	}
 	perLine := float64(heapInUse()-before) / slots
 	t.Logf("%.1f bytes of index per line indexed; a 1 TiB SSD tier of 64 KiB lines holding %d:1 needs %.0f MiB",

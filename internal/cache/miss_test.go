@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/congestion"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
@@ -181,7 +182,7 @@ func TestCongestedSSD(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		if c.ssd.cong != nil {
-			c.ssd.cong.interval = 0 // judge at every miss
+			c.ssd.cong.SetInterval(0) // judge at every miss
 		}
 		return c, dev
 	}
@@ -226,7 +227,7 @@ func TestCongestedSSD(t *testing.T) {
 			t.Fatalf("a write while congested: %d lines, want %d", got, held+1)
 		}
 		dev.latency.Store(int64(100 * time.Microsecond))
-		read(t, c, 2*congestedProbe) // a probe's fill is timed fast
+		read(t, c, 2*congestion.ProbeEvery) // a probe's fill is timed fast
 		if s := read(t, c, 50); s.CongestedNow || s.Congested != 0 || s.Admitted != 50 {
 			t.Fatalf("a fast device again: %d admitted, %d refused for congestion, congested now %v; want all 50 admitted",
 				s.Admitted, s.Congested, s.CongestedNow)

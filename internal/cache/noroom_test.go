@@ -308,13 +308,13 @@ func TestWriteBackNoRoomOverDirtyThenRoom(t *testing.T) {
 			write(line, 2*blockSize) // over the dirty block 0 and the clean block 1
 			require.True(t, back.fired.Load(), "the write did not write its dirty block back for room")
 			v, d := c.ssd.bits(1)
-			require.True(t, d.has(0) && d.has(1), "the write went around the tier (valid %v, dirty %v)", v, d)
+			require.True(t, d.Has(0) && d.Has(1), "the write went around the tier (valid %v, dirty %v)", v, d)
 
 			// The destager takes the new data to the backend (and flushes it there) before any
 			// checkpoint commits the record that finds it; then the kill.
-			c.locks.lock(1, 1)
+			c.locks.Lock(1, 1)
 			_, err := c.destageLocked([]uint64{1})
-			c.locks.unlock(1, 1)
+			c.locks.Unlock(1, 1)
 			require.NoError(t, err)
 			killAndRestart(t, m, l, g, c, model)
 			checkBackend(t, m.back, model)

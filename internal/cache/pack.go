@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -180,12 +181,12 @@ func (pk *packed) deadLocked(l uint64) {
 
 // dropBlocksLocked takes the units of slot's blocks gone out of locs.
 func (pk *packed) dropBlocksLocked(slot uint32, gone lineBits) {
-	if gone.isZero() {
+	if gone.IsZero() {
 		return
 	}
 	locs := pk.slotLocs(slot, 0, pk.blocks)
 	for b, l := range locs {
-		if l != 0 && gone.has(b) {
+		if l != 0 && gone.Has(b) {
 			pk.deadLocked(l)
 			locs[b] = 0
 		}
@@ -196,12 +197,12 @@ func (pk *packed) dropBlocksLocked(slot uint32, gone lineBits) {
 // it, and the units written for blocks that were not validated.
 func (pk *packed) unpinnedLocked(slot uint32) {
 	t := pk.t
-	pk.dropBlocksLocked(slot, rangeBits(0, pk.blocks).andNot(t.valid.get(slot).andNot(t.zeroAt(slot))))
+	pk.dropBlocksLocked(slot, linebits.Range(0, pk.blocks).AndNot(t.valid.Get(slot).AndNot(t.zeroAt(slot))))
 }
 
 // releaseSlotLocked takes every unit of a slot being released.
 func (pk *packed) releaseSlotLocked(slot uint32) {
-	pk.dropBlocksLocked(slot, rangeBits(0, pk.blocks))
+	pk.dropBlocksLocked(slot, linebits.Range(0, pk.blocks))
 	pk.hot[slot/64] &^= 1 << (slot % 64)
 }
 
@@ -215,7 +216,7 @@ func (pk *packed) isHotLocked(slot uint32) bool { return pk.hot[slot/64]>>(slot%
 func (pk *packed) unitsOf(slot uint32, keep lineBits) []uint64 {
 	var out []uint64
 	for b, l := range pk.slotLocs(slot, 0, pk.blocks) {
-		if l != 0 && keep.has(b) {
+		if l != 0 && keep.Has(b) {
 			if out == nil {
 				out = make([]uint64, pk.blocks)
 			}
@@ -229,7 +230,7 @@ func (pk *packed) unitsOf(slot uint32, keep lineBits) []uint64 {
 // claimed.
 func (pk *packed) staleUnits(slot uint32, claimed lineBits, locs []uint64) bool {
 	for b, l := range pk.slotLocs(slot, 0, pk.blocks) {
-		if claimed.has(b) {
+		if claimed.Has(b) {
 			var rl uint64
 			if b < len(locs) {
 				rl = locs[b]

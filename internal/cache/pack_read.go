@@ -85,7 +85,7 @@ func (pk *packed) read(line uint64, slot uint32, p []byte, off int64, cached boo
 		}
 	}
 	if r.dmg != nil {
-		t.sumErrs.Add(uint64(r.dmg.bits.count()))
+		t.sumErrs.Add(uint64(r.dmg.bits.Count()))
 		return r.dmg
 	}
 	return nil

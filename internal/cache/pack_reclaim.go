@@ -6,6 +6,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/policy"
 )
 
@@ -150,7 +151,7 @@ func (pk *packed) reclaimCosts() (copyBytes, hotBytes []int64, copyRefs, hotRefs
 	for _, s := range t.index.All() {
 		slot := uint32(s)
 		to, refs := hotBytes, hotRefs
-		if !t.dirtyAt(slot).isZero() {
+		if !t.dirtyAt(slot).IsZero() {
 			to, refs = copyBytes, copyRefs
 		} else if !pk.isHotLocked(slot) {
 			continue
@@ -184,12 +185,12 @@ func (pk *packed) reclaimList(rank []int32, secondChance bool) (moves []reclaimM
 				there[b/64] |= 1 << (b % 64)
 			}
 		}
-		if there.isZero() {
+		if there.IsZero() {
 			continue
 		}
 		hot := pk.isHotLocked(slot) && secondChance
 		pk.hot[slot/64] &^= 1 << (slot % 64)
-		if !hot && t.dirtyAt(slot).isZero() {
+		if !hot && t.dirtyAt(slot).IsZero() {
 			drops = append(drops, line)
 			continue
 		}
@@ -198,7 +199,7 @@ func (pk *packed) reclaimList(rank []int32, secondChance bool) (moves []reclaimM
 		}
 		// A line with dirty blocks is never dropped: its clean units there are copied too.
 		for b := range pk.blocks {
-			if there.has(b) {
+			if there.Has(b) {
 				moves = append(moves, reclaimMove{line, slot, b, locs[b], pk.gen[slot], t.sumsOf(slot)[b].Load()})
 			}
 		}
@@ -336,7 +337,7 @@ func (pk *packed) copyUnit(line uint64, b int, l, nl uint64, sum uint32) error {
 		return err
 	}
 	if got, err := t.unitSum(line, b, unit, l); err != nil || got != sum {
-		return &damageError{line: line, bits: rangeBits(b, b+1)}
+		return &damageError{line: line, bits: linebits.Range(b, b+1)}
 	}
 	return pk.writeUnits(unit, []uint64{nl})
 }

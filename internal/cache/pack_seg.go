@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -123,15 +124,15 @@ func (pk *packed) probe(_ uint32, w, r []byte) error {
 // record's are copied into its slot's locations; the units of a record the run log replaced die at
 // the first checkpoint.
 func (pk *packed) claimUnits(r meta.Line, live bool) error {
-	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
-	if !stored.isZero() && len(r.Loc) != pk.blocks {
+	stored := linebits.FromWords(r.Valid).AndNot(linebits.FromWords(r.Zero))
+	if !stored.IsZero() && len(r.Loc) != pk.blocks {
 		return fmt.Errorf("line %d: %d unit locations for a line of %d blocks", r.Line, len(r.Loc), pk.blocks)
 	}
 	if pk.claimed == nil {
 		pk.claimed = map[uint64]bool{}
 	}
 	for b, loc := range r.Loc {
-		if (loc != 0) != stored.has(b) {
+		if (loc != 0) != stored.Has(b) {
 			return fmt.Errorf("line %d: block %d has a unit location %#x that its valid and zero bits do not allow", r.Line, b, loc)
 		}
 		if loc == 0 {

@@ -264,7 +264,7 @@ func (w *packWriter) changesRecord(t *tier) bool {
 			moved[b/64] |= 1 << (b % 64)
 		}
 	}
-	return t.j != nil && !t.valid.get(w.slot).andNot(t.zeroAt(w.slot)).and(moved).isZero()
+	return t.j != nil && !t.valid.Get(w.slot).AndNot(t.zeroAt(w.slot)).And(moved).IsZero()
 }
 
 // finish lets go of the references taken for shared units that were not placed, and ends the
@@ -310,12 +310,12 @@ func (pk *packed) inPlace(line uint64, slot uint32, b int, sum uint32, started *
 	t := pk.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.dirtyAt(slot).has(b) {
+	if !t.dirtyAt(slot).Has(b) {
 		return 0, false, false
 	}
 	rewrite = pk.dd == nil
 	l = pk.slotLocs(slot, b, b+1)[0]
-	if l == 0 || pack.Codec(l) != pack.Raw || pack.Len(l) != blockSize || pk.refs[l] > 0 || t.zeroAt(slot).has(b) {
+	if l == 0 || pack.Codec(l) != pack.Raw || pack.Len(l) != blockSize || pk.refs[l] > 0 || t.zeroAt(slot).Has(b) {
 		return 0, false, rewrite
 	}
 	mutable := pack.IsMutable(l)

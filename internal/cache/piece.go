@@ -1,6 +1,9 @@
 package cache
 
-import "github.com/tierblk/tierblk/pkg/backend"
+import (
+	"github.com/tierblk/tierblk/internal/linebits"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
 
 // piece is the part of a request that falls in one line.
 type piece struct {
@@ -24,7 +27,7 @@ func touchedBlocks(pieces []piece) int {
 
 // touched are the blocks the request touches; full those it covers entirely.
 func (s piece) touched() lineBits {
-	return rangeBits(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))
+	return linebits.Range(int(s.lo/blockSize), int((s.hi+blockSize-1)/blockSize))
 }
 
 func (s piece) full() lineBits {
@@ -32,7 +35,7 @@ func (s piece) full() lineBits {
 	if s.hi == s.n {
 		end = int64(s.blocks())
 	}
-	return rangeBits(int((s.lo+blockSize-1)/blockSize), int(end))
+	return linebits.Range(int((s.lo+blockSize-1)/blockSize), int(end))
 }
 
 // split splits a request by line, appending its pieces to pieces (a caller's small array keeps the
@@ -51,11 +54,11 @@ func (c *Cache) split(pieces []piece, off, length int64) []piece {
 }
 
 func (c *Cache) lockPieces(pieces []piece) {
-	c.locks.lock(pieces[0].line, pieces[len(pieces)-1].line)
+	c.locks.Lock(pieces[0].line, pieces[len(pieces)-1].line)
 }
 
 func (c *Cache) unlockPieces(pieces []piece) {
-	c.locks.unlock(pieces[0].line, pieces[len(pieces)-1].line)
+	c.locks.Unlock(pieces[0].line, pieces[len(pieces)-1].line)
 }
 
 // check refuses a request on a closed cache or outside the device.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/fetch"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/policy"
 )
 
@@ -127,7 +128,7 @@ func (c *Cache) readHits(pieces []piece, src []source, p []byte, force bool) {
 	var runBuf [2][2]int // [first, last] indexes of pieces; most requests touch one or two lines
 	runs := runBuf[:0]
 	hits := 0
-	alone := func(i int) bool { return !src[i].zero.and(pieces[i].touched()).isZero() }
+	alone := func(i int) bool { return !src[i].zero.And(pieces[i].touched()).IsZero() }
 	for i := range src {
 		if src[i].t == nil {
 			continue
@@ -215,9 +216,9 @@ func (c *Cache) promote(s piece, src source, dst []byte) (ok, done bool) {
 		return false, false
 	}
 	slot, ssdSlot := g.slot, src.slot
-	missing := s.touched().andNot(g.valid)
+	missing := s.touched().AndNot(g.valid)
 	var err error
-	missing.runs(s.blocks(), func(b0, b1 int) {
+	missing.Runs(s.blocks(), func(b0, b1 int) {
 		if err != nil {
 			return
 		}
@@ -320,7 +321,7 @@ func (c *Cache) readMiss(pieces []piece, p []byte, force bool) error {
 			copy(p[s.pOff:s.pOff+s.hi-s.lo], data)
 			continue
 		}
-		got := rangeBits(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
+		got := linebits.Range(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
 		if h := f.held; h.t != nil {
 			if err := c.overlay(s, h, data, f.lo, got); err != nil {
 				return err
@@ -348,7 +349,7 @@ func (c *Cache) overlay(s piece, h source, data []byte, base int64, got lineBits
 	var copied lineBits
 	var overlayRuns func(bits lineBits, again bool)
 	overlayRuns = func(bits lineBits, again bool) {
-		bits.runs(s.blocks(), func(b0, b1 int) {
+		bits.Runs(s.blocks(), func(b0, b1 int) {
 			if err != nil {
 				return
 			}
@@ -363,30 +364,30 @@ func (c *Cache) overlay(s piece, h source, data []byte, base int64, got lineBits
 					// The damaged blocks are dealt with (a dirty one is lost: the read fails once
 					// it has its data, ReadAt); the others of the run are read again, and, once,
 					// damaged ones the tier still holds (repaired from the RAM tier).
-					next := rangeBits(b0, b1).andNot(d.bits)
+					next := linebits.Range(b0, b1).AndNot(d.bits)
 					if again {
 						v, _ := h.t.bits(s.line)
-						next = next.or(d.bits.and(v))
+						next = next.Or(d.bits.And(v))
 					}
 					overlayRuns(next, false)
 					return
 				}
-				if !dirty.and(rangeBits(b0, b1)).isZero() {
+				if !dirty.And(linebits.Range(b0, b1)).IsZero() {
 					err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w", rerr)
 				}
 				return
 			}
 			copy(data[lo-base:hi-base], tmp)
-			copied = copied.or(rangeBits(b0, b1))
+			copied = copied.Or(linebits.Range(b0, b1))
 		})
 	}
-	overlayRuns(h.valid.and(got), true)
+	overlayRuns(h.valid.And(got), true)
 	if err == nil {
 		// A dirty block left with the backend's bytes must fail the read: lost (ReadAt), or, if
 		// the tier still holds it (damaged again after a repair), here.
-		if _, dirty := h.t.bits(s.line); !dirty.and(got).andNot(copied).isZero() {
+		if _, dirty := h.t.bits(s.line); !dirty.And(got).AndNot(copied).IsZero() {
 			err = fmt.Errorf("cache: the SSD tier failed a read of data not yet written back: %w",
-				&damageError{line: s.line, bits: dirty.and(got).andNot(copied)})
+				&damageError{line: s.line, bits: dirty.And(got).AndNot(copied)})
 		}
 	}
 	return err
@@ -399,15 +400,15 @@ func (c *Cache) fillTier(t *tier, s piece, g grant, data []byte, base int64, bit
 	if !g.ok {
 		return
 	}
-	slot, missing := g.slot, bits.andNot(g.valid)
+	slot, missing := g.slot, bits.AndNot(g.valid)
 	var err error
 	var zeros lineBits
-	missing.runs(s.blocks(), func(b0, b1 int) {
+	missing.Runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 			var z lineBits
 			z, err = t.writeBlocks(s.line, slot, data[lo-base:hi-base], lo, s.n)
-			zeros = zeros.or(z)
+			zeros = zeros.Or(z)
 		}
 	})
 	if errors.Is(err, errNoRoom) {
@@ -429,7 +430,7 @@ func (c *Cache) backendRead(p []byte, off int64) error {
 	}
 	_, err := c.b.ReadAt(p, off)
 	if !start.IsZero() {
-		c.ssd.cong.backendReadTook(time.Since(start))
+		c.ssd.cong.BackendReadTook(time.Since(start))
 	}
 	c.backendStats.read(len(p), err)
 	return err

@@ -11,7 +11,7 @@ import (
 // on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
 // SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
 // is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
-// exclusively, see lineLocks): the caller must not wait for it.
+// exclusively, see linelock.Locks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, false, p, off, done)
 }
@@ -59,7 +59,7 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
 	// shared with other such reads, and two reads of one line do not wait for each other.
 	shared := !c.ram.usable()
-	if (shared && !c.locks.tryRLock(s.line)) || (!shared && !c.locks.tryLock(s.line)) {
+	if (shared && !c.locks.TryRLock(s.line)) || (!shared && !c.locks.TryLock(s.line)) {
 		return false
 	}
 	h := &hitRead{c: c, pieces: [1]piece{s}, p: p, off: off, done: done, shared: shared}
@@ -77,7 +77,7 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	if c.ram.usable() {
 		c.ram.misses.Add(1)
 	}
-	if !h.startOnDevice(start, onRing, g.zero.and(need).isZero()) {
+	if !h.startOnDevice(start, onRing, g.zero.And(need).IsZero()) {
 		// Zero blocks, or the device would not start it (an unaligned buffer): read's own way,
 		// on a goroutine.
 		go h.readHit()
@@ -102,7 +102,7 @@ type hitRead struct {
 // unlock lets go of the line.
 func (h *hitRead) unlock() {
 	if h.shared {
-		h.c.locks.runlock(h.pieces[0].line)
+		h.c.locks.RUnlock(h.pieces[0].line)
 		return
 	}
 	h.c.unlockPieces(h.pieces[:])
@@ -198,12 +198,12 @@ func (h *hitRead) readHit() {
 // the blocks it touches; done is called before it returns. Otherwise it does nothing and counts
 // nothing, for ReadAt to serve the read.
 func (c *Cache) readRAMNow(s piece, p []byte, off int64, done func(error)) bool {
-	if !c.locks.tryLock(s.line) {
+	if !c.locks.TryLock(s.line) {
 		return false
 	}
 	t0 := time.Now()
 	ok := c.ram.copyHit(s.line, s.touched(), p, s.lo)
-	c.locks.unlock(s.line, s.line)
+	c.locks.Unlock(s.line, s.line)
 	if !ok {
 		return false
 	}
@@ -228,9 +228,9 @@ func (c *Cache) promoteAsync(start ssdStart, s piece, src source, p []byte, fini
 	if !g.ok {
 		return false
 	}
-	slot, missing := g.slot, s.touched().andNot(g.valid)
+	slot, missing := g.slot, s.touched().AndNot(g.valid)
 	runs, lo, hi := 0, int64(0), int64(0)
-	missing.runs(s.blocks(), func(b0, b1 int) {
+	missing.Runs(s.blocks(), func(b0, b1 int) {
 		runs++
 		lo, hi = int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 	})

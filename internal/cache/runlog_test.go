@@ -137,7 +137,7 @@ func TestRunLogRandom(t *testing.T) {
 					st = change(true)
 				case r < 13:
 					line := uint64(rng.IntN(scenarioLines))
-					if v, d := s.c.ssd.bits(line); v.isZero() || !d.isZero() {
+					if v, d := s.c.ssd.bits(line); v.IsZero() || !d.IsZero() {
 						continue // not cached, or dirty (doomed rather than evicted)
 					}
 					st = on(doEvict, line)

@@ -76,7 +76,7 @@ func (t *tier) takeRunLocked(lines []uint64, run []uint32) []uint32 {
 func (t *tier) acquireLocked(line uint64, run *[]uint32) grant {
 	if slot, ok := t.slotOf(line); ok {
 		t.pins[slot]++
-		return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
+		return grant{slot: slot, valid: t.valid.Get(slot), zero: t.zeroAt(slot), ok: true}
 	}
 	free := func() int { return t.freeSlots() + len(*run) }
 	if t.failed.Load() {
@@ -135,7 +135,7 @@ func (t *tier) freeSlots() int { return len(t.free) + t.slots - t.fresh }
 // and leave when the destager has written them back.
 func (t *tier) dropVictimsLocked() {
 	for _, v := range t.victims {
-		if slot, ok := t.slotOf(v); ok && !t.dirtyAt(slot).isZero() {
+		if slot, ok := t.slotOf(v); ok && !t.dirtyAt(slot).IsZero() {
 			t.doomed[v] = true
 			if t.doomedWake != nil {
 				t.doomedWake()
@@ -157,7 +157,7 @@ func (t *tier) doomedLines(n int) []uint64 {
 		switch {
 		case !ok:
 			delete(t.doomed, l)
-		case t.dirtyAt(slot).isZero():
+		case t.dirtyAt(slot).IsZero():
 			t.evictions.Add(1)
 			t.dropLocked(l)
 		default:
@@ -176,8 +176,8 @@ func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) 
 		// Blocks that were stored and are not now (invalidated, or zeros now): a packed tier's
 		// units of them die. A pinned slot keeps them until its last unpin, for the reads that
 		// found them.
-		had := t.valid.get(slot).andNot(t.zeroAt(slot))
-		t.st.dropBlocksLocked(slot, had.andNot(valid.andNot(zero)))
+		had := t.valid.Get(slot).AndNot(t.zeroAt(slot))
+		t.st.dropBlocksLocked(slot, had.AndNot(valid.AndNot(zero)))
 	}
 	t.setBitsLocked(line, slot, valid, dirty, zero)
 }
@@ -185,30 +185,30 @@ func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) 
 // setBitsLocked is setLocked leaving a packed tier's units as they are (a line set aside keeps
 // them for its return).
 func (t *tier) setBitsLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
-	t.validBlocks += valid.count() - t.valid.get(slot).count()
-	t.valid.set(slot, valid)
-	if t.dirty.words == nil {
+	t.validBlocks += valid.Count() - t.valid.Get(slot).Count()
+	t.valid.Set(slot, valid)
+	if t.dirty.IsZero() {
 		return
 	}
-	t.zeroBlocks += zero.count() - t.zero.get(slot).count()
-	t.zero.set(slot, zero)
-	old := t.dirty.get(slot)
-	t.dirty.set(slot, dirty)
+	t.zeroBlocks += zero.Count() - t.zero.Get(slot).Count()
+	t.zero.Set(slot, zero)
+	old := t.dirty.Get(slot)
+	t.dirty.Set(slot, dirty)
 	if len(t.snaps) > 0 {
-		if gone := old.andNot(dirty); !gone.isZero() {
+		if gone := old.AndNot(dirty); !gone.IsZero() {
 			for _, s := range t.snaps {
 				s.cleaned(slot, gone)
 			}
 		}
 	}
-	t.dirtyBlocks += dirty.count() - old.count()
+	t.dirtyBlocks += dirty.Count() - old.Count()
 	switch {
-	case old.isZero() && !dirty.isZero():
+	case old.IsZero() && !dirty.IsZero():
 		t.dirtyLines++
-		t.dset.add(line)
-	case !old.isZero() && dirty.isZero():
+		t.dset.Add(line)
+	case !old.IsZero() && dirty.IsZero():
 		t.dirtyLines--
-		t.dset.remove(line)
+		t.dset.Remove(line)
 	}
 	t.dirtyCount.Store(int64(t.dirtyLines))
 }
@@ -272,7 +272,7 @@ func (t *tier) releaseLocked(slot uint32) {
 func (t *tier) noRoom(line uint64, slot uint32) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.slotOf(line); ok && s == slot && t.valid.get(slot).isZero() {
+	if s, ok := t.slotOf(line); ok && s == slot && t.valid.Get(slot).IsZero() {
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
 	}

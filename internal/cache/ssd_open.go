@@ -5,9 +5,14 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/tierblk/tierblk/internal/congestion"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
+
+// DefaultCongestion is the SSD tier's congestion threshold unless the config sets one
+// (Config.Congestion): below it the tier's device is never judged congested, whatever the backend.
+const DefaultCongestion = congestion.DefaultThreshold
 
 // ssdReserve is how many SSD slots stay out of the policy's capacity, so that evicted slots can
 // wait for a checkpoint before reuse without stalling fills: 1/64 of the tier, up to 4096, but on
@@ -111,7 +116,7 @@ func (c *Cache) newSSDTier(cfg *Config, slots int) (t *tier, indexed int, err er
 // attachSSD gives tier t cfg's SSD device, and the cache's hooks that it calls.
 func (c *Cache) attachSSD(t *tier, cfg *Config) {
 	t.dev = cfg.SSDDevice
-	t.cong = newCongestion(cfg.SSDDevice, cfg.Congestion)
+	t.cong = congestion.New(cfg.SSDDevice, cfg.Congestion)
 	c.ssdAsync, _ = cfg.SSDDevice.(backend.AsyncReader)
 	c.ssdRing, _ = cfg.SSDDevice.(backend.RingReader)
 	t.doomedWake = c.wb.kick

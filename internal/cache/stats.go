@@ -227,7 +227,9 @@ func (t *tier) stats() TierStats {
 		s.Reason = *r
 	}
 	s.Bypasses, s.Heals = t.bypasses.Load(), t.heals.Load()
-	t.cong.stats(&s)
+	var lat time.Duration
+	s.Congested, s.CongestedNow, lat = t.cong.Stats()
+	s.DeviceLatency = lat.Seconds()
 	if t.j != nil {
 		s.Checkpoints, s.LargestCheckpoint = t.j.checkpoints.Load(), t.j.largestCheckpoint.Load()
 		if s.Failed {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -53,7 +54,7 @@ type damageError struct {
 }
 
 func (e *damageError) Error() string {
-	return fmt.Sprintf("SSD tier: line %d: %d blocks fail their checksums", e.line, e.bits.count())
+	return fmt.Sprintf("SSD tier: line %d: %d blocks fail their checksums", e.line, e.bits.Count())
 }
 
 // asDamage returns err's damageError, if it is one.
@@ -113,7 +114,7 @@ func (t *tier) verify(line uint64, slot uint32, p []byte, off int64) error {
 		}
 	}
 	if dmg != nil {
-		t.sumErrs.Add(uint64(dmg.bits.count()))
+		t.sumErrs.Add(uint64(dmg.bits.Count()))
 		return dmg
 	}
 	return nil
@@ -146,7 +147,7 @@ func (t *tier) writeSums(line uint64, slot uint32, b0 int, sums []uint32, write 
 		}
 	}
 	if cur, ok := t.slotOf(line); changed && ok && cur == slot && t.j != nil &&
-		!t.valid.get(slot).andNot(t.zeroAt(slot)).and(rangeBits(b0, b0+len(sums))).isZero() {
+		!t.valid.Get(slot).AndNot(t.zeroAt(slot)).And(linebits.Range(b0, b0+len(sums))).IsZero() {
 		t.j.resummedLocked(line, slot, b0)
 	}
 	t.mu.Unlock()
@@ -171,9 +172,9 @@ func (t *tier) writeSums(line uint64, slot uint32, b0 int, sums []uint32, write 
 func (t *tier) adoptDirtyLocked() {
 	for _, s := range t.index.All() {
 		slot := uint32(s)
-		d := t.dirtyAt(slot).andNot(t.zeroAt(slot))
+		d := t.dirtyAt(slot).AndNot(t.zeroAt(slot))
 		for b := range t.blocks {
-			if d.has(b) && t.st.mutable(slot, b) {
+			if d.Has(b) && t.st.mutable(slot, b) {
 				t.setAdoptable(slot, b)
 			}
 		}
@@ -211,7 +212,7 @@ func (t *tier) tryAdopt(line uint64, slot uint32, b int, sum uint32) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur, ok := t.slotOf(line)
-	if !ok || cur != slot || !t.dirtyAt(slot).has(b) {
+	if !ok || cur != slot || !t.dirtyAt(slot).Has(b) {
 		return false
 	}
 	t.adopt[i/64].And(^uint64(1 << (i % 64)))
@@ -238,7 +239,7 @@ func (t *tier) resettle(line uint64, slot uint32, b int) {
 	}
 	t.sumsOf(slot)[b].Store(sum)
 	if cur, ok := t.slotOf(line); ok && cur == slot && t.j != nil &&
-		t.valid.get(slot).andNot(t.zeroAt(slot)).has(b) {
+		t.valid.Get(slot).AndNot(t.zeroAt(slot)).Has(b) {
 		t.j.resummedLocked(line, slot, b)
 	}
 }
@@ -255,7 +256,7 @@ func (j *journal) resummedLocked(line uint64, slot uint32, b int) {
 		j.resumLocked(line, slot)
 		return
 	}
-	j.resummed.add(line)
+	j.resummed.Add(line)
 }
 
 // recordResummed records, for the checkpoint of a close, the lines whose sums changed by writes in
@@ -264,8 +265,8 @@ func (j *journal) recordResummed() {
 	t := j.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for line, ok := j.resummed.next(0); ok; line, ok = j.resummed.next(line + 1) {
-		j.resummed.remove(line)
+	for line, ok := j.resummed.Next(0); ok; line, ok = j.resummed.Next(line + 1) {
+		j.resummed.Remove(line)
 		if slot, cached := t.slotOf(line); cached {
 			j.keepStoredLocked(line, slot)
 			j.record(t.recordLocked(line, slot))
@@ -285,10 +286,10 @@ func (j *journal) resumLocked(line uint64, slot uint32) {
 		j.record(t.recordLocked(line, slot))
 		return
 	}
-	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+	stored := t.valid.Get(slot).AndNot(t.zeroAt(slot))
 	sums := t.sumsOf(slot)
 	for b := range op.Rec.Sum {
-		if stored.has(b) {
+		if stored.Has(b) {
 			op.Rec.Sum[b] = sums[b].Load()
 		}
 	}
@@ -323,8 +324,8 @@ type sumFix struct {
 // caller holds the tier's mutex.
 func (j *journal) logFixes(r meta.Line) {
 	t := j.t
-	stored := bitsFromWords(r.Valid).andNot(bitsFromWords(r.Zero))
-	if r.Sum == nil || stored.isZero() {
+	stored := linebits.FromWords(r.Valid).AndNot(linebits.FromWords(r.Zero))
+	if r.Sum == nil || stored.IsZero() {
 		return
 	}
 	recs := j.logSums[r.Line]
@@ -332,12 +333,12 @@ func (j *journal) logFixes(r meta.Line) {
 		recs = append(recs, b.Rec)
 	}
 	for b := range t.blocks {
-		if !stored.has(b) {
+		if !stored.Has(b) {
 			continue
 		}
 		cands := []uint32{r.Sum[b]}
 		for _, o := range recs {
-			if o.Slot == r.Slot && len(o.Sum) > b && bitsFromWords(o.Valid).andNot(bitsFromWords(o.Zero)).has(b) &&
+			if o.Slot == r.Slot && len(o.Sum) > b && linebits.FromWords(o.Valid).AndNot(linebits.FromWords(o.Zero)).Has(b) &&
 				!slices.Contains(cands, o.Sum[b]) {
 				cands = append(cands, o.Sum[b])
 			}
@@ -358,13 +359,13 @@ func (j *journal) settleSums() {
 	for _, f := range j.fixes {
 		t.mu.Lock()
 		slot, ok := t.slotOf(f.line)
-		stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+		stored := t.valid.Get(slot).AndNot(t.zeroAt(slot))
 		t.mu.Unlock()
-		if !ok || !stored.has(f.b) {
+		if !ok || !stored.Has(f.b) {
 			continue
 		}
 		t.mu.RLock()
-		dirty := t.dirtyAt(slot).has(f.b)
+		dirty := t.dirtyAt(slot).Has(f.b)
 		t.mu.RUnlock()
 		var sum uint32
 		var err error
@@ -382,7 +383,7 @@ func (j *journal) settleSums() {
 			}
 		case f.cands == nil:
 			j.keepStoredLocked(f.line, slot)
-			if op, changed := t.invalidateLocked(f.line, rangeBits(f.b, f.b+1)); changed {
+			if op, changed := t.invalidateLocked(f.line, linebits.Range(f.b, f.b+1)); changed {
 				j.record(op)
 			}
 		}

@@ -6,7 +6,10 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tierblk/tierblk/internal/accessbuf"
+	"github.com/tierblk/tierblk/internal/congestion"
 	"github.com/tierblk/tierblk/internal/keyindex"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -22,10 +25,10 @@ type tier struct {
 	lineSize int64
 	blocks   int
 	slots    int
-	st       store           // where the slots' blocks are: RAM, the SSD's slots or its packed log
-	dev      backend.Backend // SSD tier: the device st keeps the blocks on; nil for RAM
-	j        *journal        // SSD tier: persistence of the index; nil for RAM
-	cong     *congestion     // SSD tier on a device the kernel times; nil otherwise
+	st       store             // where the slots' blocks are: RAM, the SSD's slots or its packed log
+	dev      backend.Backend   // SSD tier: the device st keeps the blocks on; nil for RAM
+	j        *journal          // SSD tier: persistence of the index; nil for RAM
+	cong     *congestion.Check // SSD tier on a device the kernel times; nil otherwise
 	log      *slog.Logger
 
 	// Checksums (SSD tier, sum.go): sums holds a sum for each block of each slot (by slot*blocks
@@ -53,7 +56,7 @@ type tier struct {
 	// Only packed.mu, the access stripes' mutexes and journal.healMu are taken under it (the
 	// package doc has the order); the RAM tier's and the SSD tier's are never held together.
 	mu      sync.RWMutex
-	recent  accessBuffer
+	recent  accessbuf.Buffer
 	index   keyindex.Index // line -> slot
 	valid   bitTable
 	free    []uint32        // released slots
@@ -139,7 +142,7 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 		slots:         s.slots,
 		log:           log,
 		index:         keyindex.New(s.slots, true),
-		valid:         newBitTable(s.slots, int(s.lineSize/blockSize)),
+		valid:         linebits.NewTable(s.slots, int(s.lineSize/blockSize)),
 		pins:          make([]int32, s.slots),
 		zombies:       map[uint32]bool{},
 		policyName:    s.policy,
@@ -147,11 +150,11 @@ func newTier(s tierSpec, log *slog.Logger) (*tier, error) {
 	}
 	if s.lines > 0 {
 		t.lines = s.lines
-		t.dirty = newBitTable(s.slots, t.blocks)
-		t.zero = newBitTable(s.slots, t.blocks)
+		t.dirty = linebits.NewTable(s.slots, t.blocks)
+		t.zero = linebits.NewTable(s.slots, t.blocks)
 		t.reduction = s.reduction
 		t.reduce = s.reduction >= ReductionZero
-		t.dset = newLineSet(s.lines)
+		t.dset = linebits.NewSet(s.lines)
 		t.doomed = map[uint64]bool{}
 		t.setAside = map[uint64]uint32{}
 		t.sums = make([]atomic.Uint32, s.slots*t.blocks)
@@ -192,14 +195,14 @@ func (t *tier) lookupHit(line uint64, need lineBits) grant {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	slot, ok := t.slotOf(line)
-	if !ok || !t.valid.get(slot).covers(need) {
+	if !ok || !t.valid.Get(slot).Covers(need) {
 		return grant{}
 	}
 	t.evict.Get(policy.Key(line))
 	t.pins[slot]++
 	t.hits.Add(1)
 	t.st.hitLocked(slot)
-	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
+	return grant{slot: slot, valid: t.valid.Get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
 // holds reports whether the tier holds the blocks need of line, counting nothing.
@@ -207,12 +210,12 @@ func (t *tier) holds(line uint64, need lineBits) bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	slot, ok := t.slotOf(line)
-	return ok && t.valid.get(slot).covers(need)
+	return ok && t.valid.Get(slot).Covers(need)
 }
 
 // readHit copies a RAM tier hit into dst (the line's bytes from off). It holds the tier's mutex
 // shared, so that hits on every core copy at once; eviction, which needs it exclusively, waits for
-// the copy. The access reaches the eviction policy later (accessBuffer).
+// the copy. The access reaches the eviction policy later (accessbuf.Buffer).
 func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
 	if !t.copyHit(line, need, dst, off) {
 		t.misses.Add(1)
@@ -225,12 +228,12 @@ func (t *tier) readHit(line uint64, need lineBits, dst []byte, off int64) bool {
 func (t *tier) copyHit(line uint64, need lineBits, dst []byte, off int64) bool {
 	t.mu.RLock()
 	slot, ok := t.slotOf(line)
-	if !ok || !t.valid.get(slot).covers(need) {
+	if !ok || !t.valid.Get(slot).Covers(need) {
 		t.mu.RUnlock()
 		return false
 	}
 	_ = t.st.read(line, slot, dst, off, false) // RAM: nothing to fail
-	full := t.recent.record(line)
+	full := t.recent.Record(line)
 	t.mu.RUnlock()
 	t.hits.Add(1)
 	t.hitBytes.Add(uint64(len(dst)))
@@ -248,7 +251,7 @@ func (t *tier) ramSlot(slot uint32) []byte { return t.st.(*ramStore).slot(slot) 
 // applyHitsLocked gives the eviction policy the hits recorded since the last call. A line evicted
 // meanwhile is no longer the policy's: its access is ignored.
 func (t *tier) applyHitsLocked() {
-	t.recent.drain(func(line uint64) { t.evict.Get(policy.Key(line)) })
+	t.recent.Drain(func(line uint64) { t.evict.Get(policy.Key(line)) })
 }
 
 // pin returns the slot of line, pinned, with its valid and zero bits, if the line is cached (even
@@ -261,7 +264,7 @@ func (t *tier) pin(line uint64) grant {
 		return grant{}
 	}
 	t.pins[slot]++
-	return grant{slot: slot, valid: t.valid.get(slot), zero: t.zeroAt(slot), ok: true}
+	return grant{slot: slot, valid: t.valid.Get(slot), zero: t.zeroAt(slot), ok: true}
 }
 
 // bits returns the valid and dirty bits of line, zero if it is not cached.
@@ -269,7 +272,7 @@ func (t *tier) bits(line uint64) (valid, dirty lineBits) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if slot, ok := t.slotOf(line); ok {
-		return t.valid.get(slot), t.dirtyAt(slot)
+		return t.valid.Get(slot), t.dirtyAt(slot)
 	}
 	return lineBits{}, lineBits{}
 }
@@ -280,14 +283,14 @@ func (t *tier) cleanLocked(line uint64) lineBits {
 	if !ok {
 		return lineBits{}
 	}
-	return t.valid.get(slot).andNot(t.dirtyAt(slot))
+	return t.valid.Get(slot).AndNot(t.dirtyAt(slot))
 }
 
 // admits asks the admission policy about a missed line, after telling it of the hits since it was
 // last asked if it wants to know (policy.HitObserver); a congested tier refuses a read's miss first
 // (a write-through write of a new line is no miss: what was just written is likely read soon).
 func (t *tier) admits(a policy.Access) bool {
-	if !a.Write && t.cong.refuse() {
+	if !a.Write && t.cong.Refuse() {
 		t.rejected.Add(1)
 		return false
 	}
@@ -309,8 +312,8 @@ func (t *tier) admits(a policy.Access) bool {
 
 // dirtyAt returns the dirty bits of slot (none on a tier without write-back).
 func (t *tier) dirtyAt(slot uint32) lineBits {
-	if t.dirty.words == nil {
+	if t.dirty.IsZero() {
 		return lineBits{}
 	}
-	return t.dirty.get(slot)
+	return t.dirty.Get(slot)
 }

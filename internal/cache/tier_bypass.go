@@ -29,7 +29,7 @@ func (t *tier) ioError(line uint64, slot uint32, err error) {
 	t.errs.Add(1)
 	t.mu.Lock()
 	if s, ok := t.slotOf(line); ok && s == slot {
-		if t.dirtyAt(slot).isZero() {
+		if t.dirtyAt(slot).IsZero() {
 			t.log.Warn("cache tier I/O error; line dropped", "tier", t.name, "line", line, "err", err)
 			t.evict.Remove(policy.Key(line))
 			t.dropLocked(line)
@@ -66,12 +66,12 @@ func (t *tier) fail(reason string) {
 	}
 	for _, line := range lines {
 		slot, _ := t.slotOf(line)
-		if !t.dirtyAt(slot).isZero() {
+		if !t.dirtyAt(slot).IsZero() {
 			continue
 		}
 		t.evict.Remove(policy.Key(line))
 		// A line with no valid block is a fill under way: nothing of it is stored to come back.
-		if t.setAside != nil && !t.valid.get(slot).isZero() {
+		if t.setAside != nil && !t.valid.Get(slot).IsZero() {
 			t.setAsideLocked(line)
 		} else {
 			t.dropLocked(line)

@@ -15,10 +15,10 @@ func (t *tier) markValid(line uint64, slot uint32, bits lineBits, dirty bool, ze
 	defer t.unpinLocked(slot)
 	if s, ok := t.slotOf(line); ok && s == slot {
 		marked = true
-		v, d, z := t.valid.get(slot), t.dirtyAt(slot), t.zeroAt(slot)
-		nv, nd, nz := v.or(bits), d, z.andNot(bits).or(zeros.and(bits))
+		v, d, z := t.valid.Get(slot), t.dirtyAt(slot), t.zeroAt(slot)
+		nv, nd, nz := v.Or(bits), d, z.AndNot(bits).Or(zeros.And(bits))
 		if dirty {
-			nd = d.or(bits)
+			nd = d.Or(bits)
 		}
 		if nv == v && nd == d && nz == z {
 			// Data rewritten in place under the same bits (a dirty block overwritten, say): the
@@ -44,10 +44,10 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
 		t.j.keepStoredLocked(line, slot)
-		d := t.dirtyAt(slot).andNot(bits)
-		t.setLocked(line, slot, t.valid.get(slot), d, t.zeroAt(slot))
+		d := t.dirtyAt(slot).AndNot(bits)
+		t.setLocked(line, slot, t.valid.Get(slot), d, t.zeroAt(slot))
 		t.j.record(t.recordLocked(line, slot))
-		if d.isZero() && t.doomed[line] {
+		if d.IsZero() && t.doomed[line] {
 			t.evictions.Add(1)
 			t.dropLocked(line)
 		}
@@ -62,7 +62,7 @@ func (t *tier) pinDirty(line uint64) (slot uint32, dirty, zero lineBits, ok bool
 	if slot, ok = t.slotOf(line); !ok {
 		return 0, lineBits{}, lineBits{}, false
 	}
-	if dirty = t.dirtyAt(slot); dirty.isZero() {
+	if dirty = t.dirtyAt(slot); dirty.IsZero() {
 		return 0, lineBits{}, lineBits{}, false
 	}
 	t.pins[slot]++
@@ -75,18 +75,18 @@ func (t *tier) invalidateLocked(line uint64, bits lineBits) (op meta.Op, changed
 	if !ok {
 		return deleteOp(line), false
 	}
-	old := t.valid.get(slot)
-	v := old.andNot(bits)
+	old := t.valid.Get(slot)
+	v := old.AndNot(bits)
 	if v == old {
 		return t.recordLocked(line, slot), false
 	}
 	t.invalids.Add(1)
-	if v.isZero() {
+	if v.IsZero() {
 		t.evict.Remove(policy.Key(line))
 		t.dropLocked(line)
 		return deleteOp(line), true
 	}
-	t.setLocked(line, slot, v, t.dirtyAt(slot).andNot(bits), t.zeroAt(slot).andNot(bits))
+	t.setLocked(line, slot, v, t.dirtyAt(slot).AndNot(bits), t.zeroAt(slot).AndNot(bits))
 	return t.recordLocked(line, slot), true
 }
 
@@ -98,20 +98,20 @@ func (t *tier) invalidate(line uint64, bits lineBits) {
 }
 
 func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
-	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.get(slot).words(t.blocks)}
-	if d := t.dirtyAt(slot); !d.isZero() {
-		r.Dirty = d.words(t.blocks)
+	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.Get(slot).Words(t.blocks)}
+	if d := t.dirtyAt(slot); !d.IsZero() {
+		r.Dirty = d.Words(t.blocks)
 	}
-	if z := t.zeroAt(slot); !z.isZero() {
-		r.Zero = z.words(t.blocks)
+	if z := t.zeroAt(slot); !z.IsZero() {
+		r.Zero = z.Words(t.blocks)
 	}
-	stored := t.valid.get(slot).andNot(t.zeroAt(slot))
+	stored := t.valid.Get(slot).AndNot(t.zeroAt(slot))
 	r.Loc = t.st.unitsOf(slot, stored)
-	if t.sums != nil && !stored.isZero() {
+	if t.sums != nil && !stored.IsZero() {
 		r.Sum = make([]uint32, t.blocks)
 		sums := t.sumsOf(slot)
 		for b := range sums {
-			if stored.has(b) {
+			if stored.Has(b) {
 				r.Sum[b] = sums[b].Load()
 			}
 		}

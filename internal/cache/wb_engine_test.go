@@ -16,6 +16,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
@@ -339,70 +340,6 @@ func TestRestartWithDirtyData(t *testing.T) {
 	checkBackend(t, back, want)
 }
 
-// TestLineSet checks the dirty line set against a map: across words and summary words, with
-// fixed edge cases and seeded random operations.
-func TestLineSet(t *testing.T) {
-	const n = 3*4096 + 100 // three full summary words and part of a fourth
-	s := newLineSet(n)
-	in := map[uint64]bool{}
-	check := func(step string) {
-		t.Helper()
-		for _, from := range []uint64{0, 1, 63, 64, 65, 4095, 4096, 4097, 8191, 8192, n - 1, n, n + 64} {
-			var want uint64
-			found := false
-			for l := from; l < n; l++ {
-				if in[l] {
-					want, found = l, true
-					break
-				}
-			}
-			got, ok := s.next(from)
-			if ok != found || (ok && got != want) {
-				t.Fatalf("%s: next(%d) = %d, %v; want %d, %v", step, from, got, ok, want, found)
-			}
-		}
-	}
-	check("empty")
-	edges := []uint64{0, 63, 64, 127, 4095, 4096, 4160, 8191, 12287, 12288, n - 1}
-	for _, l := range edges {
-		s.add(l)
-		in[l] = true
-		check(fmt.Sprintf("add %d", l))
-	}
-	// Walk the whole set with next: every member once, in order.
-	var walked []uint64
-	for l, ok := s.next(0); ok; l, ok = s.next(l + 1) {
-		walked = append(walked, l)
-	}
-	if !slices.Equal(walked, edges) {
-		t.Fatalf("walk = %v, want %v", walked, edges)
-	}
-	for _, l := range []uint64{64, 4095, 0, 12288, 127} {
-		s.remove(l)
-		delete(in, l)
-		check(fmt.Sprintf("remove %d", l))
-	}
-	rng := rand.New(rand.NewPCG(testSeed(t), 7))
-	for i := range 2000 {
-		// Cluster around word and summary boundaries half of the time.
-		l := rng.Uint64N(n)
-		if rng.IntN(2) == 0 {
-			l = min(n-1, uint64(rng.IntN(4))*4096+uint64(rng.IntN(3))*64+uint64(rng.IntN(3))-1+64)
-		}
-		if rng.IntN(2) == 0 {
-			s.add(l)
-			in[l] = true
-		} else {
-			s.remove(l)
-			delete(in, l)
-		}
-		if i%50 == 0 {
-			check(fmt.Sprintf("random op %d", i))
-		}
-	}
-	check("random ops")
-}
-
 // TestBurstPastTheSSDTierStaysOnIt writes twice as much as the SSD tier holds, twice, with the
 // tier full of clean lines in between (after FlushAll): a line that finds no free slot waits for
 // the checkpoint that frees evicted ones rather than going to the backend itself. Every backend
@@ -475,8 +412,8 @@ func TestDestageBoundedAcrossCallers(t *testing.T) {
 	for _, lines := range calls {
 		go func() {
 			lo, hi := lines[0], lines[len(lines)-1]
-			c.locks.lock(lo, hi)
-			defer c.locks.unlock(lo, hi)
+			c.locks.Lock(lo, hi)
+			defer c.locks.Unlock(lo, hi)
 			_, err := c.destageLocked(lines)
 			errs <- err
 		}()
@@ -530,8 +467,8 @@ func TestDestageSmallRunsTogether(t *testing.T) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		c.locks.lock(lines[0], lines[len(lines)-1])
-		defer c.locks.unlock(lines[0], lines[len(lines)-1])
+		c.locks.Lock(lines[0], lines[len(lines)-1])
+		defer c.locks.Unlock(lines[0], lines[len(lines)-1])
 		_, err := c.destageLocked(lines)
 		errc <- err
 	}()
@@ -781,48 +718,6 @@ func TestDoomedLineDoesNotStopAdmission(t *testing.T) {
 	}
 }
 
-func TestRateMeter(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	type sample struct {
-		ms int
-		v  uint64
-	}
-	every := func(from, to, step int, perMs uint64) []sample {
-		var s []sample
-		for ms := from; ms <= to; ms += step {
-			s = append(s, sample{ms, uint64(ms) * perMs})
-		}
-		return s
-	}
-	cases := []struct {
-		name    string
-		samples []sample
-		nowMs   int
-		v       uint64
-		want    float64
-	}{
-		{"no samples", nil, 1000, 100, 0},
-		{"steady, over the last second", every(0, 2000, 100, 1000), 2000, 2_000_000, 1e6},
-		{"a sample too soon after another is not taken", []sample{{0, 0}, {50, 999_999}}, 100, 100_000, 1e6},
-		{"a stalled sampler: a wider window", []sample{{0, 0}}, 5000, 1_000_000, 2e5},
-		{"less than a window kept: from the oldest", []sample{{0, 0}, {400, 400}}, 500, 1000, 2000},
-		{"nothing written back", every(0, 1000, 100, 0), 1000, 0, 0},
-		{"the ring wraps", every(0, 2900, 100, 2000), 2900, 2900 * 2000, 2e6},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			var m rateMeter
-			for _, s := range tc.samples {
-				m.sample(t0.Add(time.Duration(s.ms)*time.Millisecond), s.v)
-			}
-			got := m.rate(t0.Add(time.Duration(tc.nowMs)*time.Millisecond), tc.v)
-			if math.Abs(got-tc.want) > 1e-6*max(1, tc.want) {
-				t.Fatalf("rate %.1f, want %.1f", got, tc.want)
-			}
-		})
-	}
-}
-
 // TestDestageRateAndThrottleDelayInStats: above the high watermark a write is delayed, and the
 // stats say by how much now; once the backend takes the dirty data, they say how fast it went.
 func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
@@ -869,7 +764,7 @@ func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ln := range []uint64{0, 1} {
-		if v, d := c.ssd.bits(ln); v != rangeBits(0, c.ssd.blocks) || !d.isZero() {
+		if v, d := c.ssd.bits(ln); v != linebits.Range(0, c.ssd.blocks) || !d.IsZero() {
 			t.Fatalf("line %d before the writes: valid %v dirty %v, want all clean", ln, v, d)
 		}
 	}

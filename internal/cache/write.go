@@ -233,7 +233,7 @@ func (c *Cache) heldPieces(pieces []piece) []piece {
 	}
 	var held []piece
 	for _, s := range pieces {
-		if v, _ := c.ssd.bits(s.line); !v.isZero() && !s.full().isZero() {
+		if v, _ := c.ssd.bits(s.line); !v.IsZero() && !s.full().IsZero() {
 			held = append(held, s)
 		}
 	}

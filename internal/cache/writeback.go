@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/ratemeter"
 )
 
 // WriteBackConfig tunes write-back. Ratios are of the SSD tier's lines.
@@ -84,7 +85,7 @@ type writeBack struct {
 	kickCh    chan struct{}
 
 	destagedBytes, destageWrites, destageErrors atomic.Uint64
-	destaged                                    rateMeter // of destagedBytes
+	destaged                                    ratemeter.Meter // of destagedBytes
 	throttled                                   atomic.Uint64
 	throttleNs                                  atomic.Int64
 	// backendWaits counts the retries of writes waiting for a failing backend (retryBackend)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -102,7 +103,7 @@ func (c *Cache) invalidateOverwritten(pieces []piece) error {
 	spans := spanBuf[:0]
 	for _, s := range pieces {
 		v, d := c.ssd.bits(s.line)
-		if b := s.touched().and(v).andNot(d); !b.isZero() {
+		if b := s.touched().And(v).AndNot(d); !b.IsZero() {
 			spans = append(spans, span{s.line, b})
 		}
 		if c.ram != nil {
@@ -182,10 +183,10 @@ func (c *Cache) writeBackPiece(s piece, g grant, p []byte, tries *int) error {
 	// hold it), else from the backend.
 	lo, hi := s.lo, s.hi
 	touched, full := s.touched(), s.full()
-	inSlot := g.valid.andNot(g.zero)
+	inSlot := g.valid.AndNot(g.zero)
 	b0, b1 := int(lo/blockSize), int((hi+blockSize-1)/blockSize)-1
-	headRMW := !full.has(b0) && !inSlot.has(b0)
-	tailRMW := !full.has(b1) && !inSlot.has(b1)
+	headRMW := !full.Has(b0) && !inSlot.Has(b0)
+	tailRMW := !full.Has(b1) && !inSlot.Has(b1)
 	if headRMW {
 		lo = int64(b0) * blockSize
 	}
@@ -205,7 +206,7 @@ func (c *Cache) writeBackPiece(s piece, g grant, p []byte, tries *int) error {
 				continue
 			}
 			bl, bh := int64(b.blk)*blockSize, min(int64(b.blk+1)*blockSize, s.n)
-			if g.zero.has(b.blk) {
+			if g.zero.Has(b.blk) {
 				clear(buf[bl-lo : bh-lo])
 				continue
 			}
@@ -227,7 +228,7 @@ func (c *Cache) writeBackPiece(s piece, g grant, p []byte, tries *int) error {
 	}
 	if errors.Is(err, errNoRoom) {
 		*tries = 0
-		if _, dirty := c.ssd.bits(s.line); !dirty.and(touched).isZero() {
+		if _, dirty := c.ssd.bits(s.line); !dirty.And(touched).IsZero() {
 			// The only copy of older writes to these blocks is on the SSD tier: they go to the
 			// backend before this write may go around the tier (writeBackPieces).
 			c.ssd.unpin(slot)
@@ -250,7 +251,7 @@ func (c *Cache) writeBackPiece(s piece, g grant, p []byte, tries *int) error {
 	}
 	// A write of a whole line stays on the SSD tier only: streams (copies, backups, logs) would
 	// otherwise push what is read out of the RAM tier, and cost a copy each. A read promotes it.
-	if c.ram.usable() && full != rangeBits(0, s.blocks()) && c.storesWrite(c.ram, s) {
+	if c.ram.usable() && full != linebits.Range(0, s.blocks()) && c.storesWrite(c.ram, s) {
 		g := c.ram.acquire(s.line)
 		if bits, zeros, ok := c.writeTier(c.ram, s, g, p); ok {
 			c.ram.markValid(s.line, g.slot, bits, false, zeros)

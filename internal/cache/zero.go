@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+
+	"github.com/tierblk/tierblk/internal/linebits"
 )
 
 // Data reduction on the SSD tier, its first step: zero blocks. A 4 KiB block of zeros that a write
@@ -103,13 +105,13 @@ func zeroBlocks(p []byte, off, n int64) lineBits {
 // zeroSpans calls fn for each maximal span [lo, hi) of the line's bytes [from, to) whose blocks
 // are all zero blocks or all not, stopping at fn's first error.
 func zeroSpans(from, to int64, zero lineBits, fn func(lo, hi int64, zero bool) error) error {
-	if zero.and(rangeBits(int(from/blockSize), int((to+blockSize-1)/blockSize))).isZero() {
+	if zero.And(linebits.Range(int(from/blockSize), int((to+blockSize-1)/blockSize))).IsZero() {
 		return fn(from, to, false)
 	}
 	for at := from; at < to; {
-		z := zero.has(int(at / blockSize))
+		z := zero.Has(int(at / blockSize))
 		next := (at/blockSize + 1) * blockSize
-		for next < to && zero.has(int(next/blockSize)) == z {
+		for next < to && zero.Has(int(next/blockSize)) == z {
 			next += blockSize
 		}
 		next = min(next, to)
@@ -148,7 +150,7 @@ func (t *tier) writeBlocks(line uint64, slot uint32, p []byte, off, n int64) (li
 		return lineBits{}, t.st.write(line, slot, p, off)
 	}
 	zero := zeroBlocks(p, off, n)
-	if zero.isZero() { // data: written as it is
+	if zero.IsZero() { // data: written as it is
 		return zero, t.st.write(line, slot, p, off)
 	}
 	return zero, zeroRuns(p, off, zero, func(q []byte, at int64, z bool) error {
@@ -161,20 +163,20 @@ func (t *tier) writeBlocks(line uint64, slot uint32, p []byte, off, n int64) (li
 
 // zeroAt returns the zero bits of slot (none on a tier without them: RAM).
 func (t *tier) zeroAt(slot uint32) lineBits {
-	if t.zero.words == nil {
+	if t.zero.IsZero() {
 		return lineBits{}
 	}
-	return t.zero.get(slot)
+	return t.zero.Get(slot)
 }
 
 // storesWrite reports whether t stores the write of s: the whole blocks it covers, if t holds the
 // line or admits it.
 func (c *Cache) storesWrite(t *tier, s piece) bool {
-	if s.full().isZero() {
+	if s.full().IsZero() {
 		return false
 	}
 	v, _ := t.bits(s.line)
-	return !v.isZero() || t.admits(c.access(s, true))
+	return !v.IsZero() || t.admits(c.access(s, true))
 }
 
 // writeTier stores the whole blocks a write covers in t, in the slot g acquired for the line (if
@@ -187,12 +189,12 @@ func (c *Cache) writeTier(t *tier, s piece, g grant, p []byte) (full, zeros line
 	}
 	slot := g.slot
 	var err error
-	full.runs(s.blocks(), func(b0, b1 int) {
+	full.Runs(s.blocks(), func(b0, b1 int) {
 		if err == nil {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, s.n)
 			var z lineBits
 			z, err = t.writeBlocks(s.line, slot, p[s.pOff+lo-s.lo:s.pOff+hi-s.lo], lo, s.n)
-			zeros = zeros.or(z)
+			zeros = zeros.Or(z)
 		}
 	})
 	if errors.Is(err, errNoRoom) {

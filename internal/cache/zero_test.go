@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 )
@@ -114,9 +115,9 @@ func TestZeroBlocks(t *testing.T) {
 					slot := z.m.ssd.cur[at : at+z.l.line]
 					wantZero := lineBits{}
 					if r == ReductionZero {
-						wantZero = rangeBits(1, 2)
+						wantZero = linebits.Range(1, 2)
 						if mode == WriteThrough {
-							wantZero = wantZero.or(rangeBits(3, 4))
+							wantZero = wantZero.Or(linebits.Range(3, 4))
 						}
 						require.Equal(t, bytes.Repeat([]byte{unwritten}, blockSize), slot[blockSize:2*blockSize],
 							"a zero block is not written to the SSD")
@@ -152,10 +153,10 @@ func TestZeroFill(t *testing.T) {
 			require.Equal(t, fetched, z.c.Stats().Backend.ReadBytes, "hits, not misses")
 			zero, at := z.zeroBits(5)
 			if r == ReductionZero {
-				require.Equal(t, rangeBits(1, 3), zero)
+				require.Equal(t, linebits.Range(1, 3), zero)
 				require.Equal(t, bytes.Repeat([]byte{unwritten}, 2*blockSize), z.m.ssd.cur[at+blockSize:at+3*blockSize])
 			} else {
-				require.True(t, zero.isZero())
+				require.True(t, zero.IsZero())
 				require.Equal(t, want, z.m.ssd.cur[at:at+z.l.line])
 			}
 		})
@@ -194,7 +195,7 @@ func TestWriteZeroesMarksZero(t *testing.T) {
 			require.Equal(t, reads, z.c.Stats().Backend.Reads, "a hit")
 			require.Equal(t, want, z.read(off, int(z.l.line)))
 			zero, _ := z.zeroBits(3)
-			require.Equal(t, rangeBits(1, 3), zero, "the whole blocks zeroed")
+			require.Equal(t, linebits.Range(1, 3), zero, "the whole blocks zeroed")
 			require.NoError(t, z.c.FlushAll(context.Background(), nil))
 			require.Equal(t, want, z.m.back.cur[off:off+z.l.line])
 			require.Equal(t, int64(1), fb.Counts()[fault.Zero], "one WRITE_ZEROES (refused or not)")
@@ -273,12 +274,12 @@ func TestZeroBlocksDetected(t *testing.T) {
 		off, n int64
 		want   lineBits
 	}{
-		{"all zero", data(4 * blockSize), 0, 16 * blockSize, rangeBits(0, 4)},
-		{"a byte at each end", data(4*blockSize, 0, 4*blockSize-1), 0, 16 * blockSize, rangeBits(1, 3)},
-		{"from block 2", data(2 * blockSize), 2 * blockSize, 16 * blockSize, rangeBits(2, 4)},
-		{"partial blocks at both ends", data(3 * blockSize), blockSize / 2, 16 * blockSize, rangeBits(1, 3)},
-		{"short last block of the line", data(blockSize + 512), 0, blockSize + 512, rangeBits(0, 2)},
-		{"short last block, not reached", data(blockSize + 511), 0, blockSize + 512, rangeBits(0, 1)},
+		{"all zero", data(4 * blockSize), 0, 16 * blockSize, linebits.Range(0, 4)},
+		{"a byte at each end", data(4*blockSize, 0, 4*blockSize-1), 0, 16 * blockSize, linebits.Range(1, 3)},
+		{"from block 2", data(2 * blockSize), 2 * blockSize, 16 * blockSize, linebits.Range(2, 4)},
+		{"partial blocks at both ends", data(3 * blockSize), blockSize / 2, 16 * blockSize, linebits.Range(1, 3)},
+		{"short last block of the line", data(blockSize + 512), 0, blockSize + 512, linebits.Range(0, 2)},
+		{"short last block, not reached", data(blockSize + 511), 0, blockSize + 512, linebits.Range(0, 1)},
 		{"nothing whole", data(blockSize - 1), 1, 16 * blockSize, lineBits{}},
 	}
 	for _, tt := range tests {

@@ -1,7 +1,7 @@
 // Package rangelock lets the clients of a test run requests at once on a device, each on a byte
 // range no other request in flight overlaps, so that a model of the device knows what every read
 // must return while the server sees concurrent requests of any size. It is for tests: the data
-// path must never use it (the cache engine locks lines, internal/cache/locks.go).
+// path must never use it (the cache engine locks lines, internal/linelock).
 package rangelock
 
 import "sync"

@@ -1,13 +1,16 @@
-package cache
+// Package ratemeter measures how fast a counter grows, over about the last second, from samples its
+// user takes. It only keeps samples: it must never read the counter itself, start a goroutine or
+// take another lock under its own.
+package ratemeter
 
 import (
 	"sync"
 	"time"
 )
 
-// rateMeter measures how fast a counter grows, from samples the destager takes at least every
-// 100 ms (rateEvery apart), over about the last second.
-type rateMeter struct {
+// Meter measures how fast a counter grows, from samples its user takes at least every 100 ms
+// (rateEvery apart), over about the last second. The zero value is ready.
+type Meter struct {
 	mu      sync.Mutex // guards samples and n; nothing is taken under it
 	samples [rateSamples]rateSample
 	n       int // samples taken; the newest is samples[(n-1)%rateSamples]
@@ -24,8 +27,8 @@ const (
 	rateWindow  = time.Second
 )
 
-// sample records v at now, unless the newest sample is less than rateEvery old.
-func (m *rateMeter) sample(now time.Time, v uint64) {
+// Sample records v at now, unless the newest sample is less than rateEvery old.
+func (m *Meter) Sample(now time.Time, v uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.n > 0 && now.Sub(m.samples[(m.n-1)%rateSamples].at) < rateEvery {
@@ -35,9 +38,9 @@ func (m *rateMeter) sample(now time.Time, v uint64) {
 	m.n++
 }
 
-// rate is the growth per second to v at now from the newest sample at least rateWindow old, or
+// Rate is the growth per second to v at now from the newest sample at least rateWindow old, or
 // the oldest one kept if none is that old (a stalled sampler just widens the window).
-func (m *rateMeter) rate(now time.Time, v uint64) float64 {
+func (m *Meter) Rate(now time.Time, v uint64) float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.n == 0 {

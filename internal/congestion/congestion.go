@@ -1,4 +1,8 @@
-package cache
+// Package congestion judges whether a cache device is congested, from the kernel's counters of its
+// requests compared with a threshold and with the backend's reads, so that its user can stop
+// filling it while it is. It only judges: it must never refuse a read or a write itself, time a
+// device with Go's clock, or block its caller (its lock is only ever tried).
+package congestion
 
 import (
 	"sync"
@@ -8,35 +12,35 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// DefaultCongestion is the SSD tier's congestion threshold unless the config sets one. Below it a
-// device is never judged congested, whatever the backend: a fill that costs under 2 ms is worth
-// the hits it brings (bcache's congested_read_threshold_us is the same figure).
-const DefaultCongestion = 2 * time.Millisecond
+// DefaultThreshold is the congestion threshold unless the user sets one. Below it a device is
+// never judged congested, whatever the backend: a fill that costs under 2 ms is worth the hits it
+// brings (bcache's congested_read_threshold_us is the same figure).
+const DefaultThreshold = 2 * time.Millisecond
 
 const (
 	// congestionInterval is how often the device's counters are read: often enough to follow a
 	// burst, seldom enough that the kernel's millisecond totals average many requests.
 	congestionInterval = 200 * time.Millisecond
-	// congestedProbe: a congested tier still admits one missed line in this many, so that the
-	// device has requests whose time tells when the congestion is over even when nothing else uses
-	// it.
-	congestedProbe = 64
+	// ProbeEvery is how often a congested device still takes a missed line: one in this many
+	// (Refuse returns false), so that it has requests whose time tells when the congestion is
+	// over even when nothing else uses it.
+	ProbeEvery = 64
 )
 
-// congestion judges whether the SSD tier's device is congested: whether, over the last intervals in
-// which it completed requests (congestedIntervals of them in a row), they took longer on average
-// than the threshold and than the backend's reads. A congested tier admits no missed line (but
+// Check judges whether a cache device is congested: whether, over the last intervals in which it
+// completed requests (congestedIntervals of them in a row), they took longer on average than the
+// threshold and than the backend's reads. A congested device is filled with no missed line (but
 // probes), since its fill would add to the queue that makes the device slow, and the hits already
-// on it slower, while the backend answers faster; reads are served all the same, from the tier
-// where it holds the line and from the backend otherwise.
+// on it slower, while the backend answers faster; reads are served all the same, from the device
+// where it holds the line and from the backend otherwise. A nil *Check never refuses.
 //
 // The device's time is the kernel's (backend.DeviceTimer), never Go's clock around a request: on a
 // machine whose CPUs are busy, that measures the wait for a CPU. The backend's read time is Go's
-// clock, which can only overstate it and so makes the tier admit more, not less.
-type congestion struct {
+// clock, which can only overstate it and so makes the device take more, not less.
+type Check struct {
 	dev       backend.DeviceTimer
 	threshold time.Duration
-	interval  time.Duration // congestionInterval; tests read the counters at every miss
+	interval  time.Duration // congestionInterval unless SetInterval changed it
 
 	next atomic.Int64 // when to read the counters next (ns since epoch)
 	mu   sync.Mutex   // guards last, have and over; only tried, by whoever reads the counters
@@ -51,13 +55,13 @@ type congestion struct {
 	refused     atomic.Uint64
 }
 
-// epoch is the origin of congestion's monotonic clock.
+// epoch is the origin of Check's monotonic clock.
 var epoch = time.Now()
 
-// newCongestion returns the congestion check of dev, or nil where there is none: threshold < 0
+// New returns the congestion check of dev, or nil where there is none: threshold < 0
 // turns it off, and a device the kernel cannot time (a file on tmpfs, a fault-injection stand-in)
 // is never congested.
-func newCongestion(dev backend.Backend, threshold time.Duration) *congestion {
+func New(dev backend.Backend, threshold time.Duration) *Check {
 	timer, ok := dev.(backend.DeviceTimer)
 	if threshold < 0 || !ok {
 		return nil
@@ -66,13 +70,17 @@ func newCongestion(dev backend.Backend, threshold time.Duration) *congestion {
 		return nil
 	}
 	if threshold == 0 {
-		threshold = DefaultCongestion
+		threshold = DefaultThreshold
 	}
-	return &congestion{dev: timer, threshold: threshold, interval: congestionInterval}
+	return &Check{dev: timer, threshold: threshold, interval: congestionInterval}
 }
 
-// refuse says whether a missed line is turned away because the device is congested.
-func (g *congestion) refuse() bool {
+// SetInterval sets how often the device's counters are read (congestionInterval unless set): 0
+// reads them at every Refuse, as tests do. It must be called before the check is used.
+func (g *Check) SetInterval(d time.Duration) { g.interval = d }
+
+// Refuse says whether a missed line is turned away because the device is congested.
+func (g *Check) Refuse() bool {
 	if g == nil {
 		return false
 	}
@@ -80,7 +88,7 @@ func (g *congestion) refuse() bool {
 		g.sample(now)
 		g.mu.Unlock()
 	}
-	if !g.congested.Load() || g.asks.Add(1)%congestedProbe == 0 {
+	if !g.congested.Load() || g.asks.Add(1)%ProbeEvery == 0 {
 		return false
 	}
 	g.refused.Add(1)
@@ -88,7 +96,7 @@ func (g *congestion) refuse() bool {
 }
 
 // sample reads the device's counters and judges the interval since the last reading; g.mu is held.
-func (g *congestion) sample(now int64) {
+func (g *Check) sample(now int64) {
 	if now < g.next.Load() { // another goroutine sampled meanwhile
 		return
 	}
@@ -123,7 +131,7 @@ func (g *congestion) sample(now int64) {
 // refusing lines would help; one fast interval ends the congestion.
 const congestedIntervals = 2
 
-func (g *congestion) judge(slow bool) {
+func (g *Check) judge(slow bool) {
 	if !slow {
 		g.over = 0
 		g.congested.Store(false)
@@ -135,8 +143,8 @@ func (g *congestion) judge(slow bool) {
 	}
 }
 
-// backendReadTook adds a backend read's time to the moving average the device is compared with.
-func (g *congestion) backendReadTook(d time.Duration) {
+// BackendReadTook adds a backend read's time to the moving average the device is compared with.
+func (g *Check) BackendReadTook(d time.Duration) {
 	if g == nil {
 		return
 	}
@@ -147,11 +155,11 @@ func (g *congestion) backendReadTook(d time.Duration) {
 	g.backendRead.Store(avg + (int64(d)-avg)/8)
 }
 
-// stats fills in the congestion figures of the SSD tier's stats.
-func (g *congestion) stats(s *TierStats) {
+// Stats returns how many missed lines were refused, whether the device is congested now, and its
+// time per request over the last interval with any (all zero for a nil check).
+func (g *Check) Stats() (refused uint64, congested bool, latency time.Duration) {
 	if g == nil {
-		return
+		return 0, false, 0
 	}
-	s.Congested, s.CongestedNow = g.refused.Load(), g.congested.Load()
-	s.DeviceLatency = time.Duration(g.latency.Load()).Seconds()
+	return g.refused.Load(), g.congested.Load(), time.Duration(g.latency.Load())
 }

@@ -1,15 +1,19 @@
-package cache
+// Package linelock gives each line (a fixed-size, numbered unit of a block device) in use its own
+// lock, taken by a request for the lines it touches: exclusive for a request that changes a line,
+// shared for one that only reads it. It only locks: it must never know what a line holds, do I/O
+// or take any other lock, and it never waits for a lock while holding its shard's mutex.
+package linelock
 
 import "sync"
 
-// lineLocks gives each line in use its own mutex. Every request locks the lines it touches, in
-// ascending order so that two requests can never deadlock; that makes a request atomic against any
-// other on the same lines, and makes concurrent misses on a line fetch it once (the second waits for
-// the first, then hits). A read that changes nothing but counters (an SSD-tier hit with no
-// promotion, Cache.ReadAtAsync) may hold a line shared with others like it (tryRLock). A shard keeps up to keepLocks unused locks in its map, so that a line
-// written again and again (a log, a sequential stream) does not insert and delete its entry for
-// every request; past that, unused locks go.
-type lineLocks struct {
+// Locks gives each line in use its own mutex; the zero value is ready. Every request locks the
+// lines it touches, in ascending order so that two requests can never deadlock; that makes a
+// request atomic against any other on the same lines, and makes concurrent misses on a line fetch
+// it once (the second waits for the first, then hits). A read that changes nothing but counters
+// may hold a line shared with others like it (TryRLock). A shard keeps up to keepLocks unused locks
+// in its map, so that a line written again and again (a log, a sequential stream) does not insert
+// and delete its entry for every request; past that, unused locks go.
+type Locks struct {
 	shards [64]lockShard
 }
 
@@ -22,9 +26,9 @@ type lockShard struct {
 
 type lineLock struct {
 	// mu is the line's lock, held for a whole request (shared only by reads that change nothing
-	// but counters): no other request reads or changes the line's data or bits meanwhile, in a
-	// tier or on the backend. Lines are locked in ascending order, after writeBack's locks and
-	// before every other lock of the package (see the package doc).
+	// but counters): no other request reads or changes the line meanwhile. Lines are locked in
+	// ascending order; where they come in the user's lock order is the user's to say (the cache
+	// engine's package doc).
 	mu   sync.RWMutex
 	refs int // holders and waiters; guarded by the shard's mu
 }
@@ -33,12 +37,12 @@ const keepLocks = 32
 
 var lineLockPool = sync.Pool{New: func() any { return new(lineLock) }}
 
-func (l *lineLocks) shard(line uint64) *lockShard {
+func (l *Locks) shard(line uint64) *lockShard {
 	return &l.shards[(line*0x9E3779B97F4A7C15)>>58]
 }
 
-// lock locks lines [first, last] in order.
-func (l *lineLocks) lock(first, last uint64) {
+// Lock locks lines [first, last] in order.
+func (l *Locks) Lock(first, last uint64) {
 	for line := first; line <= last; line++ {
 		s := l.shard(line)
 		s.mu.Lock()
@@ -56,8 +60,8 @@ func (l *lineLocks) lock(first, last uint64) {
 	}
 }
 
-// tryLock locks line if no other request holds it, and reports whether it did.
-func (l *lineLocks) tryLock(line uint64) bool {
+// TryLock locks line if no other request holds it, and reports whether it did.
+func (l *Locks) TryLock(line uint64) bool {
 	s := l.shard(line)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -78,9 +82,9 @@ func (l *lineLocks) tryLock(line uint64) bool {
 	return true
 }
 
-// tryRLock locks line shared if no request holds it exclusively or waits to, and reports whether
+// TryRLock locks line shared if no request holds it exclusively or waits to, and reports whether
 // it did.
-func (l *lineLocks) tryRLock(line uint64) bool {
+func (l *Locks) TryRLock(line uint64) bool {
 	s := l.shard(line)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -99,13 +103,13 @@ func (l *lineLocks) tryRLock(line uint64) bool {
 	return true
 }
 
-// runlock releases a shared hold of line.
-func (l *lineLocks) runlock(line uint64) {
+// RUnlock releases a shared hold of line.
+func (l *Locks) RUnlock(line uint64) {
 	l.release(line, func(e *lineLock) { e.mu.RUnlock() })
 }
 
-// unlock unlocks lines [first, last].
-func (l *lineLocks) unlock(first, last uint64) {
+// Unlock unlocks lines [first, last].
+func (l *Locks) Unlock(first, last uint64) {
 	for line := first; line <= last; line++ {
 		l.release(line, func(e *lineLock) { e.mu.Unlock() })
 	}
@@ -113,7 +117,7 @@ func (l *lineLocks) unlock(first, last uint64) {
 
 // release lets go of a hold of line with unlock, dropping its lock once unused if the shard keeps
 // enough others.
-func (l *lineLocks) release(line uint64, unlock func(*lineLock)) {
+func (l *Locks) release(line uint64, unlock func(*lineLock)) {
 	s := l.shard(line)
 	s.mu.Lock()
 	e := s.m[line]

@@ -1,4 +1,4 @@
-package cache
+package accessbuf
 
 import (
 	"sync"
@@ -9,20 +9,20 @@ import (
 
 // Hits recorded from many goroutines at once are all drained, once each, up to what the stripes
 // hold; the rest are dropped, and a full stripe says so.
-func TestAccessBuffer(t *testing.T) {
-	var b accessBuffer
+func TestBuffer(t *testing.T) {
+	var b Buffer
 	const workers, each = 8, 100 // fewer than the stripes hold: none may be dropped
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
 			for i := range each {
-				b.record(uint64(w*each + i))
+				b.Record(uint64(w*each + i))
 			}
 		})
 	}
 	wg.Wait()
 	seen := map[uint64]int{}
-	b.drain(func(line uint64) { seen[line]++ })
+	b.Drain(func(line uint64) { seen[line]++ })
 	total := 0
 	for _, n := range seen {
 		require.Equal(t, 1, n)
@@ -33,12 +33,12 @@ func TestAccessBuffer(t *testing.T) {
 	require.Greater(t, total, workers*each-accessStripes*accessStripeLen/2)
 	require.Zero(t, b.pending.Load())
 	drained := 0
-	b.drain(func(uint64) { drained++ })
+	b.Drain(func(uint64) { drained++ })
 	require.Zero(t, drained, "a drained buffer is empty")
 
 	full := false
 	for i := range accessStripes*accessStripeLen + 1 {
-		full = b.record(uint64(i)) || full
+		full = b.Record(uint64(i)) || full
 	}
 	require.True(t, full, "recording more than the buffer holds fills a stripe")
 	require.LessOrEqual(t, int(b.pending.Load()), accessStripes*accessStripeLen)

@@ -1,4 +1,4 @@
-package cache
+package linelock
 
 import (
 	"sync"
@@ -11,8 +11,8 @@ import (
 
 // Locks exclude each other per line, and unused ones do not pile up: a shard keeps at most
 // keepLocks of them.
-func TestLineLocks(t *testing.T) {
-	var l lineLocks
+func TestLocks(t *testing.T) {
+	var l Locks
 	entries := func() (n int) {
 		for i := range l.shards {
 			n += len(l.shards[i].m)
@@ -22,8 +22,8 @@ func TestLineLocks(t *testing.T) {
 
 	// Many lines, each locked and unlocked once: the maps stay bounded.
 	for line := range uint64(100_000) {
-		l.lock(line, line+1)
-		l.unlock(line, line+1)
+		l.Lock(line, line+1)
+		l.Unlock(line, line+1)
 	}
 	require.LessOrEqual(t, entries(), len(l.shards)*(keepLocks+1))
 
@@ -34,7 +34,7 @@ func TestLineLocks(t *testing.T) {
 		wg.Go(func() {
 			for i := range 2000 {
 				first := uint64((g + i) % 6)
-				l.lock(first, first+2)
+				l.Lock(first, first+2)
 				for line := first; line <= first+2; line++ {
 					busy[line]++
 					assert.Equal(t, 1, busy[line], "line %d held twice", line)
@@ -42,30 +42,30 @@ func TestLineLocks(t *testing.T) {
 				for line := first; line <= first+2; line++ {
 					busy[line]--
 				}
-				l.unlock(first, first+2)
+				l.Unlock(first, first+2)
 			}
 		})
 	}
-	// Shared holders of a line (asynchronous hits) run together, never with a writer.
+	// Shared holders of a line (reads that change nothing) run together, never with a writer.
 	var shared [8]atomic.Int32
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 2000 {
 				line := uint64((g + i) % 3)
 				if g%2 == 0 {
-					l.lock(line, line)
+					l.Lock(line, line)
 					assert.Zero(t, shared[line].Load(), "line %d written while read", line)
 					busy[line]++
 					assert.Equal(t, 1, busy[line], "line %d held twice", line)
 					busy[line]--
-					l.unlock(line, line)
+					l.Unlock(line, line)
 					continue
 				}
-				if l.tryRLock(line) {
+				if l.TryRLock(line) {
 					shared[line].Add(1)
 					assert.Zero(t, busy[line], "line %d read while written", line)
 					shared[line].Add(-1)
-					l.runlock(line)
+					l.RUnlock(line)
 				}
 			}
 		})
