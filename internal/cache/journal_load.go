@@ -114,7 +114,7 @@ func (l *loader) check(r meta.Line) (v, d, z lineBits, err error) {
 	if d.AndNot(v) != (lineBits{}) {
 		return v, d, z, fmt.Errorf("line %d: dirty bits %x outside the valid bits %x", r.Line, r.Dirty, r.Valid)
 	}
-	if !d.IsZero() && t.dirty.IsZero() {
+	if !d.IsZero() && t.dirty.IsNil() {
 		return v, d, z, fmt.Errorf("line %d has dirty data but this tier keeps none", r.Line)
 	}
 	z = linebits.FromWords(r.Zero)

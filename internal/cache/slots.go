@@ -187,7 +187,7 @@ func (t *tier) setLocked(line uint64, slot uint32, valid, dirty, zero lineBits) 
 func (t *tier) setBitsLocked(line uint64, slot uint32, valid, dirty, zero lineBits) {
 	t.validBlocks += valid.Count() - t.valid.Get(slot).Count()
 	t.valid.Set(slot, valid)
-	if t.dirty.IsZero() {
+	if t.dirty.IsNil() {
 		return
 	}
 	t.zeroBlocks += zero.Count() - t.zero.Get(slot).Count()

@@ -312,7 +312,7 @@ func (t *tier) admits(a policy.Access) bool {
 
 // dirtyAt returns the dirty bits of slot (none on a tier without write-back).
 func (t *tier) dirtyAt(slot uint32) lineBits {
-	if t.dirty.IsZero() {
+	if t.dirty.IsNil() {
 		return lineBits{}
 	}
 	return t.dirty.Get(slot)

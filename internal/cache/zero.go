@@ -163,7 +163,7 @@ func (t *tier) writeBlocks(line uint64, slot uint32, p []byte, off, n int64) (li
 
 // zeroAt returns the zero bits of slot (none on a tier without them: RAM).
 func (t *tier) zeroAt(slot uint32) lineBits {
-	if t.zero.IsZero() {
+	if t.zero.IsNil() {
 		return lineBits{}
 	}
 	return t.zero.Get(slot)

@@ -216,10 +216,10 @@ func setGoLimit(limit int64) {
 // less than its planned share, never more than the bound. The planned share alone assumes the
 // parts outside the runtime full (the run logs, the ublk buffers) and counts the runtime's own
 // pages whether resident or not; with it the collector, the pooled buffers, the RAM tiers and the
-// indexes all live, had almost no room under the limit while the process held a quarter of its
-// bound less than allowed: it ran after every few hundred KiB allocated, for half the CPU
-// (TestMemoryPressure's write-back runs, in a guest's CPU profile). A sample that finds the
-// process over its bound takes the excess from the runtime's share, down to the planned one.
+// indexes all live, had almost no room under the limit while the process held well under its
+// bound, and ran after every few hundred KiB allocated (a CPU profile of TestMemoryPressure's
+// write-back runs in the guest shows it). A sample that finds the process over its bound takes
+// the excess from the runtime's share, down to the planned one.
 func followGoLimit(m process.Memory) {
 	processPlans.Lock()
 	defer processPlans.Unlock()
@@ -232,8 +232,8 @@ func followGoLimit(m process.Memory) {
 }
 
 // goLimitMargin is what followGoLimit keeps of the bound for the process's growth between two
-// samples: more than memorySampleEvery's worth of allocations and run-log appends at any rate a
-// device can write.
+// samples (allocations and run-log appends in memorySampleEvery). Whether it is enough is what
+// bench memory's held peak against the bound shows.
 const goLimitMargin = 8 << 20
 
 // memorySampleEvery is how often memoryWatch reads /proc/self/status: often enough to see the

@@ -116,8 +116,8 @@ func NewTable(slots, blocks int) Table {
 	return Table{words: make([]uint64, (slots*blocks+63)/64), blocks: blocks}
 }
 
-// IsZero reports whether t is the zero Table, never made by NewTable: its user keeps no such bits.
-func (t *Table) IsZero() bool { return t.words == nil }
+// IsNil reports whether t was never made by NewTable: its user keeps no such bits.
+func (t *Table) IsNil() bool { return t.words == nil }
 
 // Clone returns a copy of t that shares nothing with it.
 func (t *Table) Clone() Table { return Table{words: slices.Clone(t.words), blocks: t.blocks} }
