@@ -40,6 +40,9 @@ func (c *Cache) openSSD(cfg Config) error {
 	if c.wb, err = newWriteBack(cfg.WriteBack, slots, t.st.dirtyRoomKept(c.line)); err != nil {
 		return err
 	}
+	if c.wb.cfg.Order == OrderFlush {
+		t.ep = newEpochs()
+	}
 	c.attachSSD(t, &cfg)
 	j := c.newSSDJournal(t, &cfg, sb, indexed)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
