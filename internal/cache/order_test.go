@@ -60,37 +60,35 @@ func newOrderHistory(sectors int) *orderHistory {
 	return h
 }
 
+// add records a write of id to [first, first+n) in the open epoch; failed then marks it unsure.
 func (h *orderHistory) add(first, n int, id int64, sure bool, note string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.note = note
-	for s := first; s < first+n; s++ {
-		h.sec[s] = append(h.sec[s], hentry{h.cur, id, sure})
-	}
+	h.say(note, func() {
+		for s := first; s < first+n; s++ {
+			h.sec[s] = append(h.sec[s], hentry{h.cur, id, sure})
+		}
+	})
 }
 
-// failed marks the last write to [first, first+n) as one that may not have landed.
 func (h *orderHistory) failed(first, n int) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for s := first; s < first+n; s++ {
-		h.sec[s][len(h.sec[s])-1].sure = false
-	}
+	h.say(h.note+", failed", func() {
+		for s := first; s < first+n; s++ {
+			h.sec[s][len(h.sec[s])-1].sure = false
+		}
+	})
 }
 
 // barrier ends the open epoch: a FLUSH or a FUA write completed. (One that failed ends none: the
 // model then allows more states, never fewer.)
-func (h *orderHistory) barrier(note string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.note = note
-	h.cur++
-}
+func (h *orderHistory) barrier(note string) { h.say(note, func() { h.cur++ }) }
 
-func (h *orderHistory) say(note string) {
+// say sets the note and runs change, if not nil, under h.mu.
+func (h *orderHistory) say(note string, change func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.note = note
+	if change != nil {
+		change()
+	}
 }
 
 func (h *orderHistory) where() string {
@@ -155,9 +153,9 @@ func legal(ids []int64, h *orderHistory) error {
 // explain finds the first sector at which no epoch fits the sectors up to it, and says what it
 // holds and what it may hold at the epochs the sectors before it allow. The caller holds h.mu.
 func (h *orderHistory) explain(ids []int64) error {
-	ok := make([]bool, h.cur+1) // ok[k]: every sector so far fits epoch k
-	for k := 1; k <= h.cur; k++ {
-		ok[k] = true
+	before := make([]int, h.cur) // the epochs every sector so far fits
+	for k := range before {
+		before[k] = k + 1
 	}
 	narrowed := "none"
 	for s, v := range ids {
@@ -167,22 +165,12 @@ func (h *orderHistory) explain(ids []int64) error {
 				fits[k] = true
 			}
 		})
-		var both, before []int
-		for k := 1; k <= h.cur; k++ {
-			if ok[k] {
-				before = append(before, k)
-				if fits[k] {
-					both = append(both, k)
-				}
-			}
-		}
+		both := slices.DeleteFunc(slices.Clone(before), func(k int) bool { return !fits[k] })
 		if len(both) > 0 {
 			if len(both) < len(before) {
 				narrowed = fmt.Sprintf("sector %d, which holds %s, its writes %s", s, h.describe(s, v), h.trail(s))
 			}
-			for k := range ok {
-				ok[k] = ok[k] && fits[k]
-			}
+			before = both
 			continue
 		}
 		var may []string
@@ -214,35 +202,29 @@ func (h *orderHistory) candidates(s, k int) []int64 {
 }
 
 func (h *orderHistory) describe(s int, v int64) string {
-	switch {
+	switch i := slices.IndexFunc(h.sec[s], func(e hentry) bool { return e.id == v }); {
 	case v == 0:
 		return "zeros"
 	case v == corrupt:
 		return "bytes no write gave it (corrupt)"
+	case i < 0:
+		return fmt.Sprintf("write %d, which never wrote this sector", v)
+	default:
+		return fmt.Sprintf("write %d of epoch %d", v, h.sec[s][i].epoch)
 	}
-	for _, e := range h.sec[s] {
-		if e.id == v {
-			return fmt.Sprintf("write %d of epoch %d", v, e.epoch)
-		}
-	}
-	return fmt.Sprintf("write %d, which never wrote this sector", v)
 }
 
 // trail lists the last writes to sector s.
 func (h *orderHistory) trail(s int) string {
-	var b strings.Builder
-	hs := h.sec[s]
-	for _, e := range hs[max(0, len(hs)-10):] {
-		fmt.Fprintf(&b, " %d:%d", e.epoch, e.id)
-		if !e.sure {
-			b.WriteString("?")
-		}
+	var b []string
+	for _, e := range h.sec[s][max(0, len(h.sec[s])-10):] {
+		b = append(b, fmt.Sprintf("%d:%d%s", e.epoch, e.id, map[bool]string{false: "?"}[e.sure]))
 	}
-	return b.String()[1:]
+	return strings.Join(b, " ")
 }
 
 // orderBackend is the backend under the cache: a crashDev that, after each write, WRITE_ZEROES and
-// TRIM it completes, checks what reads now see, and losses states a power loss could leave now
+// TRIM it completes, checks what reads now see and states a power loss could leave now
 // (what was flushed, and a random part of each write since, as crashDev.powerLoss keeps), which
 // catches epochs sent without a backend flush between them. It records the first violation rather
 // than fail the engine's call. Its changes and checks are serialized; it keeps write ids, not bytes,
@@ -429,7 +411,7 @@ func (r *orderRig) write(k int, how string, first, n int) error {
 
 func (r *orderRig) flush(k int) error {
 	note := fmt.Sprintf("op %d, flush", k)
-	r.h.say(note)
+	r.h.say(note, nil)
 	if err := r.c.Flush(); err != nil {
 		return fmt.Errorf("%s: %w", note, err)
 	}
@@ -485,7 +467,7 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (viola
 	for k := 0; k < end && err == nil; k++ {
 		if k == drop {
 			r.ssd.SetFailing(true)
-			r.h.say(fmt.Sprintf("op %d, the SSD tier dropped", k))
+			r.h.say(fmt.Sprintf("op %d, the SSD tier dropped", k), nil)
 			if r.rng.IntN(4) > 0 {
 				// Bypassed at once, as the engine does after a few errors: finding them takes the
 				// destager's backoff, seconds, which only one drop in four waits for.
@@ -497,13 +479,13 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (viola
 		}
 	}
 	if err == nil && end == ops && drop < 0 {
-		r.h.say("FlushAll at the end")
+		r.h.say("FlushAll at the end", nil)
 		if e := r.c.FlushAll(context.Background(), nil); e != nil {
 			err = fmt.Errorf("FlushAll: %w", e)
 		}
 	}
 	violation = r.back.violation(8) // the backend as the run leaves it, and 8 power losses of it
-	r.h.say("Close")
+	r.h.say("Close", nil)
 	r.c.Close()
 	if violation == nil {
 		violation = r.back.violation(0) // of what Close sent
@@ -580,7 +562,7 @@ func TestOrderAddressBreaksModel(t *testing.T) {
 			require.NoError(t, r.flush(1))
 			require.NoError(t, r.write(2, "write", 3*perLine, blockSize/sector))
 			require.NoError(t, r.flush(3))
-			r.h.say("FlushAll")
+			r.h.say("FlushAll", nil)
 			require.NoError(t, r.c.FlushAll(context.Background(), nil))
 			require.NoError(t, r.c.Close())
 			if err := r.back.violation(4); err != nil {
@@ -631,10 +613,10 @@ func TestOrderWriteThroughModel(t *testing.T) {
 	}
 }
 
-// TestOrderLegal checks legal against the definition on small random histories (a few sectors and
-// epochs; writes, some failed, and TRIMs): a state built as a crash would leave it (epochs before k
-// applied whole, a failed write or a TRIM either way, then a random part of epoch k's writes in a
-// random order) is legal, and on random states legal agrees with a direct search over k.
+// TestOrderLegal checks legal against the definition on small random histories (writes, some
+// failed, zeros and TRIMs): a state built as a crash leaves one (the epochs before k applied whole,
+// an unsure write either way, then a random part of epoch k's writes in a random order) is legal,
+// and on random states legal agrees with a direct search over k of candidates.
 func TestOrderLegal(t *testing.T) {
 	rng := rand.New(rand.NewPCG(testSeed(t), 3))
 	type w struct {
@@ -642,40 +624,36 @@ func TestOrderLegal(t *testing.T) {
 		id              int64
 		sure            bool
 	}
+	const sectors = 6
 	for run := range 2000 {
-		const sectors = 6
-		h := newOrderHistory(sectors)
-		var ws []w
+		h, ws := newOrderHistory(sectors), []w(nil)
 		for id := int64(1); id <= 12; id++ {
 			if rng.IntN(4) == 0 {
 				h.barrier("")
 			}
-			x := w{epoch: h.cur, first: rng.IntN(sectors)}
+			x := w{epoch: h.cur, first: rng.IntN(sectors), id: id * int64(min(1, rng.IntN(4))), sure: rng.IntN(5) > 0}
 			x.n = 1 + rng.IntN(sectors-x.first)
-			x.id, x.sure = id, rng.IntN(5) > 0
-			if rng.IntN(4) == 0 {
-				x.id = 0 // zeros; a TRIM if not sure
-			}
-			h.add(x.first, x.n, x.id, true, "")
-			if !x.sure {
-				h.failed(x.first, x.n)
-			}
+			h.add(x.first, x.n, x.id, x.sure, "")
 			ws = append(ws, x)
 		}
-		k := 1 + rng.IntN(h.cur)
-		built := make([]int64, sectors)
-		for _, x := range rng.Perm(len(ws)) {
-			if ws[x].epoch == k && rng.IntN(2) == 0 {
-				ws[x].epoch = -1 // epoch k's writes that land, in a random order after the rest
-				ws = append(ws, ws[x])
-			}
-		}
-		for _, x := range ws {
+		k, built := 1+rng.IntN(h.cur), make([]int64, sectors)
+		apply := func(x w, p int) { // each sector with probability 1/p, or half that if unsure
 			for s := x.first; s < x.first+x.n; s++ {
-				if (x.epoch < k && x.epoch >= 0 || x.epoch == -1 && rng.IntN(4) > 0) && (x.sure || rng.IntN(2) == 0) {
+				if rng.IntN(p) == 0 && (x.sure || rng.IntN(2) == 0) {
 					built[s] = x.id
 				}
 			}
+		}
+		var last []w // epoch k's writes
+		for _, x := range ws {
+			if x.epoch < k {
+				apply(x, 1)
+			} else if x.epoch == k {
+				last = append(last, x)
+			}
+		}
+		for _, i := range rng.Perm(len(last)) {
+			apply(last[i], 2)
 		}
 		require.NoError(t, legal(built, h), "run %d: a state built with k=%d", run, k)
 
