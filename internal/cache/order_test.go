@@ -231,8 +231,7 @@ func (h *orderHistory) trail(s int) string {
 // so that checks cost little.
 type orderBackend struct {
 	*crashDev
-	h      *orderHistory
-	losses int // power-loss states checked after each change
+	h *orderHistory
 
 	mu            sync.Mutex
 	rng           *rand.Rand
@@ -247,18 +246,18 @@ type pendingIDs struct {
 	ids   []int64
 }
 
-func newOrderBackend(h *orderHistory, seed uint64, losses int) *orderBackend {
+// orderLosses is how many states a power loss could leave orderBackend checks after each change.
+const orderLosses = 2
+
+func newOrderBackend(h *orderHistory, seed uint64) *orderBackend {
 	n := orderDevSize / sector
-	return &orderBackend{crashDev: newCrashDev(orderDevSize), h: h, losses: losses,
+	return &orderBackend{crashDev: newCrashDev(orderDevSize), h: h,
 		rng: rand.New(rand.NewPCG(seed, 77)), ids: make([]int64, n), durable: make([]int64, n)}
 }
 
-func (b *orderBackend) WriteAt(p []byte, off int64) (int, error) {
-	err := b.change(off, int64(len(p)), func() error { _, err := b.crashDev.WriteAt(p, off); return err })
-	if err != nil {
-		return 0, err
-	}
-	return len(p), nil
+func (b *orderBackend) WriteAt(p []byte, off int64) (n int, err error) {
+	err = b.change(off, int64(len(p)), func() error { n, err = b.crashDev.WriteAt(p, off); return err })
+	return n, err
 }
 
 func (b *orderBackend) WriteZeroes(off, length int64, mayUnmap bool) error {
@@ -305,7 +304,7 @@ func (b *orderBackend) change(off, n int64, do func() error) error {
 		b.bad = fmt.Errorf("after %s, the backend reads: %w", what(), err)
 		return nil
 	}
-	if err := b.checkLosses(b.losses); err != nil && b.badPower == nil {
+	if err := b.checkLosses(orderLosses); err != nil && b.badPower == nil {
 		b.badPower = fmt.Errorf("after %s, a power loss of the backend may leave (no backend flush between epochs?): %w", what(), err)
 	}
 	return nil
@@ -359,7 +358,7 @@ type orderRig struct {
 
 func newOrderRig(t testing.TB, l layout, order string, seed uint64) *orderRig {
 	h := newOrderHistory(orderDevSize / sector)
-	r := &orderRig{h: h, back: newOrderBackend(h, seed, 2), rng: rand.New(rand.NewPCG(seed, 1)),
+	r := &orderRig{h: h, back: newOrderBackend(h, seed), rng: rand.New(rand.NewPCG(seed, 1)),
 		ssd: fault.New(mem.New(l.ssd*l.line), fault.Options{Seed: int64(seed)})}
 	cfg := testConfig(l, nil, r.ssd)
 	cfg.WriteBack = orderWatermarks
@@ -457,7 +456,7 @@ func (r *orderRig) op(k int) error {
 func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (violation, err error) {
 	r := newOrderRig(t, l, order, seed)
 	end, drop := ops, -1
-	switch how := r.rng.IntN(4); how {
+	switch r.rng.IntN(4) {
 	case 0:
 		drop = r.rng.IntN(ops)
 		end = drop + 10
