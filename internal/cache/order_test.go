@@ -522,20 +522,20 @@ func orderRuns(t *testing.T, normal, short int) (first, end int) {
 	return 0, normal
 }
 
-// TestOrderFlushModel runs the model with Order: OrderFlush, a few hundred seeded runs for each
-// layout and reduction of the SSD tier: the backend must be a legal crash state after every change
-// it gets, in what it reads and in what a power loss of it could keep.
+// TestOrderFlushModel runs the model with Order: OrderFlush, 500 seeded runs (30 with -short) for
+// each layout and reduction of the SSD tier: the backend must be a legal crash state after every
+// change it gets, in what it reads and in what a power loss of it could keep.
 func TestOrderFlushModel(t *testing.T) {
 	base := testSeed(t)
 	for i, oc := range orderCases {
 		t.Run(oc.name, func(t *testing.T) {
 			t.Parallel()
-			first, end := orderRuns(t, 300, 30)
+			first, end := orderRuns(t, 500, 30)
 			for run := first; run < end; run++ {
 				seed := orderSeed(base, i, run)
 				violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
-				replay := fmt.Sprintf("seed %d, run %d (replay: CACHE_TEST_SEED=%d CACHE_ORDER_RUN=%d go test ./internal/cache -run 'TestOrderFlushModel/%s$')",
-					seed, run, base, run, oc.name)
+				replay := fmt.Sprintf("seed %d, run %d (replay: CACHE_TEST_SEED=%d CACHE_ORDER_RUN=%d "+
+					"go test ./internal/cache -run 'TestOrderFlushModel/%s$')", seed, run, base, run, oc.name)
 				require.NoError(t, violation, "%s: write-back out of FLUSH order", replay)
 				require.NoError(t, err, replay)
 			}
