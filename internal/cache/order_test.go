@@ -451,9 +451,10 @@ func (r *orderRig) op(k int) error {
 // runs the SSD tier fails every I/O from a random request on and ten more requests follow, any of
 // which may fail: the dirty data only the tier held is gone, and the backend alone must still be a
 // legal state. In another quarter the run stops at a random request, the SSD tier abandoned as it
-// is. Otherwise FlushAll drains the dirty data at the end. It returns the order violation found,
-// and apart from it a failure the model does not allow (a request that failed while the SSD worked).
-func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (violation, err error) {
+// is. Otherwise FlushAll drains the dirty data at the end. It returns the bytes written back, the
+// order violation found, and apart from it a failure the model does not allow (a request that
+// failed while the SSD worked).
+func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (destaged uint64, violation, err error) {
 	r := newOrderRig(t, l, order, seed)
 	end, drop := ops, -1
 	switch r.rng.IntN(4) {
@@ -484,6 +485,7 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (viola
 		}
 	}
 	violation = r.back.violation(8) // the backend as the run leaves it, and 8 power losses of it
+	destaged = r.c.Stats().Dirty.DestagedBytes
 	r.h.say("Close", nil)
 	r.c.Close()
 	if violation == nil {
@@ -492,7 +494,7 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (viola
 	if violation != nil && drop >= 0 {
 		violation = fmt.Errorf("%w; in a run whose SSD tier was dropped at op %d", violation, drop)
 	}
-	return violation, err
+	return destaged, violation, err
 }
 
 // orderCases are the SSD tier's layouts and reductions the model runs on.
@@ -531,14 +533,17 @@ func TestOrderFlushModel(t *testing.T) {
 		t.Run(oc.name, func(t *testing.T) {
 			t.Parallel()
 			first, end := orderRuns(t, 500, 30)
+			var destaged uint64
 			for run := first; run < end; run++ {
 				seed := orderSeed(base, i, run)
-				violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
+				bytes, violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
+				destaged += bytes
 				replay := fmt.Sprintf("seed %d, run %d (replay: CACHE_TEST_SEED=%d CACHE_ORDER_RUN=%d "+
 					"go test ./internal/cache -run 'TestOrderFlushModel/%s$')", seed, run, base, run, oc.name)
 				require.NoError(t, violation, "%s: write-back out of FLUSH order", replay)
 				require.NoError(t, err, replay)
 			}
+			require.NotZero(t, destaged, "nothing was written back: the model tested no write-back")
 		})
 	}
 }
@@ -578,7 +583,7 @@ func TestOrderAddressBreaksModel(t *testing.T) {
 		found, runs := 0, 0
 		for run := 0; run < 200 && found < 5; run++ {
 			runs++
-			violation, err := runOrder(t, orderCases[run%len(orderCases)].l, OrderAddress, orderSeed(base, 101, run), 80)
+			_, violation, err := runOrder(t, orderCases[run%len(orderCases)].l, OrderAddress, orderSeed(base, 101, run), 80)
 			require.NoError(t, err, "seed %d", orderSeed(base, 101, run))
 			if violation != nil {
 				if found == 0 {
@@ -604,7 +609,7 @@ func TestOrderWriteThroughModel(t *testing.T) {
 			first, end := orderRuns(t, 50, 10)
 			for run := first; run < end; run++ {
 				seed := orderSeed(base, 200+i, run)
-				violation, err := runOrder(t, l, OrderFlush, seed, 80)
+				_, violation, err := runOrder(t, l, OrderFlush, seed, 80)
 				require.NoError(t, violation, "seed %d, run %d", seed, run)
 				require.NoError(t, err, "seed %d, run %d", seed, run)
 			}
