@@ -311,7 +311,8 @@ func (c *Cache) overwriteCheck(pieces []piece) error {
 }
 
 // waitEpochs waits, holding no line lock, until the epochs up to ep are on the backend. It fails
-// if the tier fails and the destager cannot write them (errOrderLost), or the cache closes.
+// if the tier is bypassed and the destager's last write back failed (errOrderLost), or the cache
+// closes.
 func (c *Cache) waitEpochs(ep uint64) error { return c.waitEpochsCtx(context.Background(), ep, nil) }
 
 // waitEpochsCtx is waitEpochs until ctx ends, telling moved, if not nil, each time the oldest
@@ -320,7 +321,6 @@ func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, moved func()) erro
 	t, w := c.ssd, c.wb
 	w.waiting.Add(1)
 	defer w.waiting.Add(-1)
-	errs := w.destageErrors.Load()
 	for {
 		t.mu.RLock()
 		oldest, any := t.ep.oldest()
@@ -332,7 +332,7 @@ func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, moved func()) erro
 		if c.closed.Load() {
 			return errors.New("cache: closed")
 		}
-		if !t.usable() && w.destageErrors.Load() != errs {
+		if !t.usable() && w.destageFailing.Load() {
 			return errOrderLost
 		}
 		w.kick()
