@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/tierblk/tierblk/internal/linebits"
 )
 
 // Write-back in FLUSH order (WriteBackConfig.Order = OrderFlush). The writes between two FLUSHes,
@@ -91,13 +93,56 @@ func (e *epochs) update(line uint64, slot uint32, old, now lineBits) {
 	p.blocks += added.Count()
 }
 
-// pendingOf returns the pending entry of epoch ep, the newest or a new one.
+// pendingOf returns the pending entry of epoch ep, made if there is none (the open epoch's is the
+// newest; a restart's load makes others in any order).
 func (e *epochs) pendingOf(ep uint64) *pendingEpoch {
 	if k := len(e.pending) - 1; k >= 0 && e.pending[k].epoch == ep {
 		return &e.pending[k]
 	}
-	e.pending = append(e.pending, pendingEpoch{epoch: ep, since: time.Now(), sorted: true})
-	return &e.pending[len(e.pending)-1]
+	k, found := slices.BinarySearchFunc(e.pending, ep, func(p pendingEpoch, ep uint64) int { return cmpUint64(p.epoch, ep) })
+	if !found {
+		e.pending = slices.Insert(e.pending, k, pendingEpoch{epoch: ep, since: time.Now(), sorted: true})
+	}
+	return &e.pending[k]
+}
+
+// retag gives slot's dirty blocks d the epochs its record kept (meta.Line.Epoch, one a block), in
+// place of the open epoch update gave them as the record was loaded.
+func (e *epochs) retag(slot uint32, d lineBits, eps []uint64) {
+	se := e.bySlot[slot]
+	if se == nil {
+		return
+	}
+	line := se.line
+	for b, ep := range eps {
+		if ep == 0 || !d.Has(b) {
+			continue
+		}
+		one := linebits.Range(b, b+1)
+		e.remove(slot, one)
+		se = e.bySlot[slot]
+		if se == nil {
+			se = &slotEpochs{line: line}
+			e.bySlot[slot] = se
+		}
+		k, found := slices.BinarySearchFunc(se.list, ep, func(x epochBits, ep uint64) int { return cmpUint64(x.epoch, ep) })
+		p := e.pendingOf(ep)
+		if found {
+			se.list[k].bits = se.list[k].bits.Or(one)
+		} else {
+			se.list = slices.Insert(se.list, k, epochBits{ep, one})
+			p.lines = append(p.lines, line)
+			p.sorted = false
+		}
+		p.blocks++
+	}
+}
+
+// loaded ends a restart's load: the open epoch follows every epoch the records kept.
+func (e *epochs) loaded() {
+	if k := len(e.pending) - 1; k >= 0 && e.pending[k].epoch >= e.cur.Load() {
+		e.cur.Store(e.pending[k].epoch + 1)
+	}
 }
 
 // remove takes bits of slot out of their epochs.
@@ -164,6 +209,22 @@ func (e *epochs) of(slot uint32, bits lineBits) (lo, hi uint64, ok bool) {
 		hi = b.epoch
 	}
 	return lo, hi, ok
+}
+
+// blockEpochs returns the epoch of each of slot's blocks (of blocks), 0 for those not dirty: what
+// its record keeps of them (meta.Line.Epoch).
+func (e *epochs) blockEpochs(slot uint32, blocks int) []uint64 {
+	eps := make([]uint64, blocks)
+	if se := e.bySlot[slot]; se != nil {
+		for _, b := range se.list {
+			b.bits.Runs(blocks, func(b0, b1 int) {
+				for i := b0; i < b1; i++ {
+					eps[i] = b.epoch
+				}
+			})
+		}
+	}
+	return eps
 }
 
 // bitsOf returns slot's dirty blocks of epoch ep.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -348,28 +350,57 @@ func (b *orderBackend) violation(n int) error {
 // orderRig is one client on a write-back cache over an orderBackend, with an SSD tier that fails
 // every I/O once dropped.
 type orderRig struct {
-	c    *Cache
-	back *orderBackend
-	ssd  *fault.Backend
-	h    *orderHistory
-	rng  *rand.Rand
-	id   int64
+	c     *Cache
+	back  *orderBackend
+	ssd   *fault.Backend
+	store meta.Store
+	// g stands between the engine and what outlives it (the backend, the SSD, the store), so that
+	// a kill cuts them from the killed engine at once (restart).
+	g     *gate
+	l     layout
+	order string
+	h     *orderHistory
+	rng   *rand.Rand
+	id    int64
 }
 
 func newOrderRig(t testing.TB, l layout, order string, seed uint64) *orderRig {
 	h := newOrderHistory(orderDevSize / sector)
 	r := &orderRig{h: h, back: newOrderBackend(h, seed), rng: rand.New(rand.NewPCG(seed, 1)),
-		ssd: fault.New(mem.New(l.ssd*l.line), fault.Options{Seed: int64(seed)})}
-	cfg := testConfig(l, nil, r.ssd)
+		ssd: fault.New(mem.New(l.ssd*l.line), fault.Options{Seed: int64(seed)}), store: meta.NewMem(),
+		g: &gate{}, l: l, order: order}
+	r.open(t)
+	return r
+}
+
+// open starts an engine on the rig's devices, behind its gate.
+func (r *orderRig) open(t testing.TB) {
+	cfg := testConfig(r.l, gatedStore{r.g, r.store}, gatedDev{r.g, r.ssd})
 	cfg.WriteBack = orderWatermarks
-	cfg.WriteBack.Order = order
-	c, err := New(r.back, cfg)
+	cfg.WriteBack.Order = r.order
+	c, err := New(gatedDev{r.g, r.back}, cfg)
 	require.NoError(t, err)
-	if l.dedupeHash != nil {
-		packedOf(c.ssd).dd.Hash = l.dedupeHash
+	if r.l.dedupeHash != nil {
+		packedOf(c.ssd).dd.Hash = r.l.dedupeHash
 	}
 	r.c = c
-	return r
+}
+
+// restart stops the engine and starts another on what it left: with Close, or killed (its gate
+// cut at once, the run log as the kill left it), which with a run log loses no acknowledged write.
+// The epochs not yet on the backend must keep their order across it.
+func (r *orderRig) restart(t testing.TB, kill bool) {
+	if kill {
+		var left []byte
+		r.g.onCrash = func() { left, _ = os.ReadFile(r.l.runLog) }
+		r.g.crash()
+		r.c.Close()
+		require.NoError(t, os.WriteFile(r.l.runLog, left, 0o600))
+		r.g = &gate{}
+	} else {
+		r.c.Close()
+	}
+	r.open(t)
 }
 
 // write writes sectors [first, first+n): stamped with a new id, or zeros (how: "write", "fua",
@@ -451,20 +482,31 @@ func (r *orderRig) op(k int) error {
 // runs the SSD tier fails every I/O from a random request on and ten more requests follow, any of
 // which may fail: the dirty data only the tier held is gone, and the backend alone must still be a
 // legal state. In another quarter the run stops at a random request, the SSD tier abandoned as it
-// is. Otherwise FlushAll drains the dirty data at the end. It returns the bytes written back, the
+// is. In another the engine restarts at a random request (Close, or a kill with a run log: no
+// acknowledged write is lost either way) and the run goes on on the restarted engine. Otherwise
+// FlushAll drains the dirty data at the end. It returns the bytes written back, the
 // order violation found, and apart from it a failure the model does not allow (a request that
 // failed while the SSD worked).
 func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (destaged uint64, violation, err error) {
-	r := newOrderRig(t, l, order, seed)
-	end, drop := ops, -1
-	switch r.rng.IntN(4) {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	end, drop, restart := ops, -1, -1
+	switch rng.IntN(4) {
 	case 0:
-		drop = r.rng.IntN(ops)
+		drop = rng.IntN(ops)
 		end = drop + 10
 	case 1:
-		end = r.rng.IntN(ops)
+		end = rng.IntN(ops)
+	case 2:
+		restart = rng.IntN(ops)
+		l.runLog = filepath.Join(t.TempDir(), "runlog")
 	}
+	r := newOrderRig(t, l, order, seed)
 	for k := 0; k < end && err == nil; k++ {
+		if k == restart {
+			kill := rng.IntN(2) == 0
+			r.h.say(fmt.Sprintf("op %d, a restart (killed: %v)", k, kill), nil)
+			r.restart(t, kill)
+		}
 		if k == drop {
 			r.ssd.SetFailing(true)
 			r.h.say(fmt.Sprintf("op %d, the SSD tier dropped", k), nil)
@@ -493,6 +535,9 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (desta
 	}
 	if violation != nil && drop >= 0 {
 		violation = fmt.Errorf("%w; in a run whose SSD tier was dropped at op %d", violation, drop)
+	}
+	if violation != nil && restart >= 0 {
+		violation = fmt.Errorf("%w; in a run whose engine restarted at op %d", violation, restart)
 	}
 	return destaged, violation, err
 }

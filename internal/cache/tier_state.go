@@ -106,6 +106,9 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.Get(slot).Words(t.blocks)}
 	if d := t.dirtyAt(slot); !d.IsZero() {
 		r.Dirty = d.Words(t.blocks)
+		if t.ep != nil {
+			r.Epoch = t.ep.blockEpochs(slot, t.blocks)
+		}
 	}
 	if z := t.zeroAt(slot); !z.IsZero() {
 		r.Zero = z.Words(t.blocks)
