@@ -361,7 +361,6 @@ func (c *Cache) destager(stop <-chan struct{}) {
 			}
 			w.wake()
 			w.destaged.Sample(time.Now(), w.destagedBytes.Load())
-			w.destageFailing.Store(err != nil)
 			if err != nil {
 				select {
 				case <-stop:

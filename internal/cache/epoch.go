@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -21,8 +23,8 @@ import (
 //     writes never reach the backend before an earlier one is whole and durable there;
 //   - nothing else sends a client's change to the backend ahead of older epochs (a write over a
 //     dirty block of an older epoch, a write around a full tier, a trim, a write in another mode,
-//     a flush of everything): it waits without its line locks until the destager has written the
-//     older epochs back (orderWait, waitEpochs), then goes on;
+//     a flush of everything): it lets go of its line locks and writes the older epochs back
+//     itself, in order, as the destager does (orderWait, waitEpochs), then goes on;
 //   - when the SSD tier is lost while it holds epochs the backend lacks, writes that would need them
 //     on the backend first fail (errOrderLost): the backend stays a state the device had, older.
 
@@ -35,8 +37,6 @@ type epochs struct {
 	// pending are the epochs that still have dirty blocks, ascending, with the lines that hold
 	// them (lines may list a line twice, or one written back since: takers check).
 	pending []pendingEpoch
-	// moved is closed, and replaced, when the oldest pending epoch leaves.
-	moved chan struct{}
 }
 
 type slotEpochs struct {
@@ -58,7 +58,7 @@ type pendingEpoch struct {
 }
 
 func newEpochs() *epochs {
-	e := &epochs{bySlot: map[uint32]*slotEpochs{}, moved: make(chan struct{})}
+	e := &epochs{bySlot: map[uint32]*slotEpochs{}}
 	e.cur.Store(1)
 	return e
 }
@@ -99,7 +99,7 @@ func (e *epochs) pendingOf(ep uint64) *pendingEpoch {
 	if k := len(e.pending) - 1; k >= 0 && e.pending[k].epoch == ep {
 		return &e.pending[k]
 	}
-	k, found := slices.BinarySearchFunc(e.pending, ep, func(p pendingEpoch, ep uint64) int { return cmpUint64(p.epoch, ep) })
+	k, found := slices.BinarySearchFunc(e.pending, ep, func(p pendingEpoch, ep uint64) int { return cmp.Compare(p.epoch, ep) })
 	if !found {
 		e.pending = slices.Insert(e.pending, k, pendingEpoch{epoch: ep, since: time.Now(), sorted: true})
 	}
@@ -125,7 +125,7 @@ func (e *epochs) retag(slot uint32, d lineBits, eps []uint64) {
 			se = &slotEpochs{line: line}
 			e.bySlot[slot] = se
 		}
-		k, found := slices.BinarySearchFunc(se.list, ep, func(x epochBits, ep uint64) int { return cmpUint64(x.epoch, ep) })
+		k, found := slices.BinarySearchFunc(se.list, ep, func(x epochBits, ep uint64) int { return cmp.Compare(x.epoch, ep) })
 		p := e.pendingOf(ep)
 		if found {
 			se.list[k].bits = se.list[k].bits.Or(one)
@@ -158,7 +158,7 @@ func (e *epochs) remove(slot uint32, bits lineBits) {
 		}
 		se.list[i].bits = se.list[i].bits.AndNot(x)
 		if k, ok := slices.BinarySearchFunc(e.pending, se.list[i].epoch, func(p pendingEpoch, ep uint64) int {
-			return cmpUint64(p.epoch, ep)
+			return cmp.Compare(p.epoch, ep)
 		}); ok {
 			e.pending[k].blocks -= x.Count()
 		}
@@ -167,22 +167,7 @@ func (e *epochs) remove(slot uint32, bits lineBits) {
 	if len(se.list) == 0 {
 		delete(e.bySlot, slot)
 	}
-	was, _ := e.oldest()
 	e.pending = slices.DeleteFunc(e.pending, func(p pendingEpoch) bool { return p.blocks == 0 })
-	if now, ok := e.oldest(); !ok || now != was {
-		close(e.moved)
-		e.moved = make(chan struct{})
-	}
-}
-
-func cmpUint64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // oldest returns the oldest epoch with dirty blocks.
@@ -371,21 +356,25 @@ func (c *Cache) overwriteCheck(pieces []piece) error {
 	return nil
 }
 
-// waitEpochs waits, holding no line lock, until the epochs up to ep are on the backend. It fails
-// if the tier is bypassed and the destager's last write back failed (errOrderLost), or the cache
-// closes.
+// waitEpochs returns, holding no line lock, once the epochs up to ep are on the backend; it writes
+// them back itself meanwhile, as the destager does when urgent (which it also makes the destager),
+// so that it needs nothing else to run. It retries a write back that fails for up to backendWait,
+// as writes that must reach the backend do (retryBackend), but fails at once when the SSD tier is
+// bypassed (errOrderLost) or the cache closes.
 func (c *Cache) waitEpochs(ep uint64) error { return c.waitEpochsCtx(context.Background(), ep, nil) }
 
-// waitEpochsCtx is waitEpochs until ctx ends, telling moved, if not nil, each time the oldest
-// epoch left.
-func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, moved func()) error {
+// waitEpochsCtx is waitEpochs until ctx ends, telling progress, if not nil, after each window
+// written back.
+func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, progress func()) error {
 	t, w := c.ssd, c.wb
 	w.waiting.Add(1)
 	defer w.waiting.Add(-1)
-	for {
+	w.kick()
+	var cursor uint64
+	var failing time.Time // since when the write backs fail
+	for backoff := 10 * time.Millisecond; ; {
 		t.mu.RLock()
 		oldest, any := t.ep.oldest()
-		ch := t.ep.moved
 		t.mu.RUnlock()
 		if !any || oldest > ep {
 			return nil
@@ -393,20 +382,31 @@ func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, moved func()) erro
 		if c.closed.Load() {
 			return errors.New("cache: closed")
 		}
-		if !t.usable() && w.destageFailing.Load() {
-			return errOrderLost
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		w.kick()
-		// The tier's failure and the destager's errors are not signalled: looked at again soon.
+		_, _, err := c.destageNextOrdered(&cursor, true)
+		if progress != nil {
+			progress()
+		}
+		switch {
+		case err == nil:
+			failing, backoff = time.Time{}, 10*time.Millisecond
+			continue
+		case !t.usable():
+			return fmt.Errorf("%w: %w", errOrderLost, err)
+		case failing.IsZero():
+			failing = time.Now()
+		case time.Since(failing) > backendWait:
+			return err
+		}
+		w.backendWaits.Add(1)
 		select {
-		case <-ch:
-			if moved != nil {
-				moved()
-			}
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, time.Second)
 	}
 }
 
@@ -445,14 +445,27 @@ func (c *Cache) drainEpochs(ctx context.Context, progress func(done, total int64
 func (c *Cache) retryOrdered(op func() error) error {
 	for {
 		err := op()
-		var ow *orderWait
-		if !errors.As(err, &ow) {
-			return err
-		}
-		if err := c.waitEpochs(ow.epoch); err != nil {
-			return err
+		if again, werr := c.waitIfOrdered(err); !again {
+			return werr
 		}
 	}
+}
+
+// waitIfOrdered looks at err, what a change under line locks returned: an *orderWait is waited for
+// (waitEpochs), and again reports that the change must be tried again; else err is the change's
+// outcome, or the wait's failure. A nil err costs nothing: the hot path's check.
+func (c *Cache) waitIfOrdered(err error) (again bool, _ error) {
+	if err == nil {
+		return false, nil
+	}
+	var ow *orderWait
+	if !errors.As(err, &ow) {
+		return false, err
+	}
+	if err := c.waitEpochs(ow.epoch); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // destageNextOrdered writes back the next window of the oldest epoch's dirty blocks (only those:

@@ -64,11 +64,14 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
 		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
-			err := c.retryOrdered(func() error {
+			// A loop, not retryOrdered: a closure here would cost every write an allocation.
+			var err error
+			for again := true; again; {
 				c.lockPieces(pieces)
-				defer c.unlockPieces(pieces)
-				return c.writeBackPieces(pieces, p, fua)
-			})
+				err = c.writeBackPieces(pieces, p, fua)
+				c.unlockPieces(pieces)
+				again, err = c.waitIfOrdered(err)
+			}
 			if err == nil && fua && c.ordered() {
 				c.ssd.ep.next() // a FUA write ends its epoch
 			}

@@ -98,12 +98,10 @@ type writeBack struct {
 	waiting atomic.Int32
 	closed  bool
 
-	lastIO  atomic.Int64 // unix nanoseconds of the last client request
-	running atomic.Bool
-	// destageFailing is set while the destager's last attempt failed (FLUSH order: waitEpochs)
-	destageFailing atomic.Bool
-	blockTime      atomic.Int64 // nanoseconds per block destaged, moving average
-	kickCh         chan struct{}
+	lastIO    atomic.Int64 // unix nanoseconds of the last client request
+	running   atomic.Bool
+	blockTime atomic.Int64 // nanoseconds per block destaged, moving average
+	kickCh    chan struct{}
 
 	destagedBytes, destageWrites, destageErrors atomic.Uint64
 	destaged                                    ratemeter.Meter // of destagedBytes
