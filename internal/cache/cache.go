@@ -339,6 +339,9 @@ func (c *Cache) flush(drain bool) error {
 	if c.closed.Load() {
 		return backend.ErrClosed
 	}
+	if c.ordered() {
+		c.ssd.ep.next() // writes from now on are of the next epoch
+	}
 	if !c.ssd.usable() {
 		if c.ssd == nil {
 			return c.b.Flush()

@@ -128,10 +128,11 @@ func (g *gate) crash() {
 	g.cut = true
 }
 
-// gatedDev is a crashDev behind a gate; Close leaves the device open for the next engine.
+// gatedDev is a device behind a gate (a crashDev, or any backend: its trims and WRITE_ZEROES
+// pass if it has them); Close leaves the device open for the next engine.
 type gatedDev struct {
 	g *gate
-	d *crashDev
+	d backend.Backend
 }
 
 func (x gatedDev) ReadAt(p []byte, off int64) (n int, err error) {
@@ -145,11 +146,19 @@ func (x gatedDev) WriteAt(p []byte, off int64) (n int, err error) {
 }
 
 func (x gatedDev) Trim(off, length int64) error {
-	return x.g.do(func() error { return x.d.Trim(off, length) })
+	tr, ok := x.d.(backend.Trimmer)
+	if !ok {
+		return backend.ErrNotSupported
+	}
+	return x.g.do(func() error { return tr.Trim(off, length) })
 }
 
 func (x gatedDev) WriteZeroes(off, length int64, mayUnmap bool) error {
-	return x.g.do(func() error { return x.d.WriteZeroes(off, length, mayUnmap) })
+	zw, ok := x.d.(backend.ZeroWriter)
+	if !ok {
+		return backend.ErrNotSupported
+	}
+	return x.g.do(func() error { return zw.WriteZeroes(off, length, mayUnmap) })
 }
 
 func (x gatedDev) Flush() error { return x.g.do(x.d.Flush) }

@@ -32,11 +32,15 @@ type destagePiece struct {
 // backend, and only then marks them clean: a line that gets a new write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
 // their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
 // more, and the rest is written back again.
-func (c *Cache) destageLocked(lines []uint64) (int64, error) {
+func (c *Cache) destageLocked(lines []uint64) (int64, error) { return c.destageEpochLocked(lines, nil) }
+
+// destageEpochLocked is destageLocked for the dirty blocks of epoch *ep only (all of them if ep is
+// nil): in FLUSH order (epoch.go) a line's blocks of later epochs stay dirty.
+func (c *Cache) destageEpochLocked(lines []uint64, ep *uint64) (int64, error) {
 	var total int64
 	var last *damageError
 	for {
-		n, err := c.destageOnce(lines)
+		n, err := c.destageOnce(lines, ep)
 		total += n
 		d, ok := asDamage(err)
 		// Each damaged block found leaves the dirty data (or is repaired), unless recording it
@@ -48,8 +52,8 @@ func (c *Cache) destageLocked(lines []uint64) (int64, error) {
 	}
 }
 
-// destageOnce is destageLocked's one pass.
-func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
+// destageOnce is destageEpochLocked's one pass.
+func (c *Cache) destageOnce(lines []uint64, ep *uint64) (bytes int64, err error) {
 	type held struct {
 		line        uint64
 		slot        uint32
@@ -57,7 +61,7 @@ func (c *Cache) destageOnce(lines []uint64) (bytes int64, err error) {
 	}
 	var hs []held
 	for _, line := range lines {
-		if slot, d, z, ok := c.ssd.pinDirty(line); ok {
+		if slot, d, z, ok := c.ssd.pinDirty(line, ep); ok {
 			hs = append(hs, held{line, slot, d, z})
 		}
 	}
@@ -249,25 +253,34 @@ func (c *Cache) destageNext(cursor *uint64, urgent bool) (int64, bool, error) {
 	}
 	window := uint64(max(1, batch/c.line))
 	c.ssd.mu.Lock()
-	first, ok := c.ssd.dset.Next(*cursor)
-	if !ok && *cursor > 0 {
-		first, ok = c.ssd.dset.Next(0)
-	}
-	var lines []uint64
-	for l := first; ok && l < first+window; {
-		lines = append(lines, l)
-		l, ok = c.ssd.dset.Next(l + 1)
-	}
+	lines := c.ssd.dirtyWindowLocked(cursor, window)
 	c.ssd.mu.Unlock()
 	if len(lines) == 0 {
 		return 0, false, nil
 	}
 	lo, hi := lines[0], lines[len(lines)-1]
-	*cursor = hi + 1
 	c.locks.Lock(lo, hi)
 	defer c.locks.Unlock(lo, hi)
 	n, err := c.destageLocked(lines)
 	return n, true, err
+}
+
+// dirtyWindowLocked returns the dirty lines at or after *cursor (from the start once past the
+// last), from the first of them up to window lines on, and moves the cursor past them.
+func (t *tier) dirtyWindowLocked(cursor *uint64, window uint64) []uint64 {
+	first, ok := t.dset.Next(*cursor)
+	if !ok && *cursor > 0 {
+		first, ok = t.dset.Next(0)
+	}
+	var lines []uint64
+	for l := first; ok && l < first+window; {
+		lines = append(lines, l)
+		l, ok = t.dset.Next(l + 1)
+	}
+	if len(lines) > 0 {
+		*cursor = lines[len(lines)-1] + 1
+	}
+	return lines
 }
 
 // destageDoomed writes back lines (ascending) that the eviction policy chose while they were
@@ -335,9 +348,14 @@ func (c *Cache) destager(stop <-chan struct{}) {
 			t0 := time.Now()
 			var any bool
 			var err error
-			if len(doomed) > 0 {
+			switch {
+			case c.ordered():
+				// Doomed lines too leave in their epoch's turn, urgently.
+				w.running.Store(true)
+				_, any, err = c.destageNextOrdered(&cursor, len(doomed) > 0 || w.destage.Urgent(st))
+			case len(doomed) > 0:
 				any, err = true, c.destageDoomed(doomed)
-			} else {
+			default:
 				w.running.Store(true)
 				_, any, err = c.destageNext(&cursor, w.destage.Urgent(st))
 			}
@@ -392,8 +410,15 @@ func (c *Cache) dirtyStats() DirtyStats {
 	w := c.wb
 	c.ssd.mu.Lock()
 	lines, blocks := c.ssd.dirtyLines, c.ssd.dirtyBlocks
+	var pending int
+	var oldest uint64
+	var behind float64
+	if ep := c.ssd.ep; ep != nil && len(ep.pending) > 0 {
+		pending, oldest, behind = len(ep.pending), ep.pending[0].epoch, time.Since(ep.pending[0].since).Seconds()
+	}
 	c.ssd.mu.Unlock()
 	return DirtyStats{
+		Order: w.cfg.Order, PendingEpochs: pending, OldestEpoch: oldest, BackendBehind: behind,
 		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(w.lines),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),

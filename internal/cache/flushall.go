@@ -20,6 +20,12 @@ func (c *Cache) FlushAll(ctx context.Context, progress func(done, total int64)) 
 	if c.closed.Load() {
 		return errors.New("cache: closed")
 	}
+	if c.ordered() {
+		if err := c.drainEpochs(ctx, progress); err != nil {
+			return err
+		}
+		return c.flush(false)
+	}
 	if err := c.drainSnapshot(ctx, progress); err != nil {
 		return err
 	}

@@ -241,6 +241,14 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 			}
 		}
 	}
+	if d := linebits.FromWords(r.Dirty); op.Rec.Epoch != nil && !d.IsZero() {
+		r.Epoch = make([]uint64, len(op.Rec.Epoch))
+		for b := range r.Epoch {
+			if d.Has(b) {
+				r.Epoch[b] = op.Rec.Epoch[b]
+			}
+		}
+	}
 	return meta.Op{Rec: r}
 }
 

@@ -30,6 +30,9 @@ func (j *journal) load(logged map[uint64]meta.Op) error {
 	}
 	l.freeUnused()
 	l.rebuildPolicy()
+	if t.ep != nil {
+		t.ep.loaded()
+	}
 	return nil
 }
 
@@ -92,6 +95,9 @@ func (l *loader) add(r meta.Line) error {
 	l.used[r.Slot] = true
 	t.index.Put(r.Line, int32(r.Slot))
 	t.setLocked(r.Line, r.Slot, v, d, z)
+	if t.ep != nil && r.Epoch != nil {
+		t.ep.retag(r.Slot, d, r.Epoch)
+	}
 	return nil
 }
 

@@ -44,7 +44,7 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 	}
 	logged = map[uint64]meta.Op{}
 	sums := map[uint64][]meta.Line{}
-	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), j.sumWords(), func(op meta.Op) error {
+	found, err = runlog.Replay(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.shape(), func(op meta.Op) error {
 		logged[op.Rec.Line] = op
 		if !op.Delete && op.Rec.Sum != nil {
 			sums[op.Rec.Line] = append(sums[op.Rec.Line], op.Rec)
@@ -58,14 +58,15 @@ func (j *journal) readRunLog(path string, sb meta.Superblock) (logged map[uint64
 	return logged, found, nil
 }
 
-// words is how many 64-bit words a record's bitmaps take.
-func (j *journal) words() int { return (j.t.blocks + 63) / 64 }
-
-// locWords is how many location words a record carries: one a block on a packed tier, else none.
-func (j *journal) locWords() int { return j.t.st.locWords() }
-
-// sumWords is how many checksums a record carries: one a block.
-func (j *journal) sumWords() int { return j.t.blocks }
+// shape is what a run log record of the tier holds: its bitmaps' words, a location word a block
+// on a packed tier, a checksum a block, and in FLUSH order an epoch a block.
+func (j *journal) shape() runlog.Shape {
+	s := runlog.Shape{Words: (j.t.blocks + 63) / 64, Locs: j.t.st.locWords(), Sums: j.t.blocks}
+	if j.t.ep != nil {
+		s.Epochs = j.t.blocks
+	}
+	return s
+}
 
 // startRun bumps the store's epoch (sb is what it holds, or what a new store gets) and opens a new
 // run log at path under it. A log that cannot be created is logged, and the tier runs without.
@@ -85,7 +86,7 @@ func (j *journal) startRun(path string, sb meta.Superblock) error {
 	if path == "" {
 		return nil
 	}
-	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.words(), j.locWords(), j.sumWords(), 0)
+	l, err := runlog.Create(path, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, j.shape(), 0)
 	if err != nil {
 		j.t.log.Warn("no run log: a kill of tierblk will lose the index records written since the last checkpoint; give --run-dir (run_dir) a directory on a tmpfs this user may write", "err", err)
 		return nil

@@ -312,7 +312,7 @@ func TestRunLogBadRecord(t *testing.T) {
 	require.NoError(t, store.Commit([]meta.Op{{Rec: meta.Line{Line: 1, Slot: 2, Valid: all}}}, true))
 	sb, _, err := store.Superblock()
 	require.NoError(t, err)
-	log, err := runlog.Create(l.runLog, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, 1, 0, int(l.line/4096), 0)
+	log, err := runlog.Create(l.runLog, runlog.Identity{Tier: sb.ID, Epoch: sb.Epoch}, runlog.Shape{Words: 1, Sums: int(l.line / 4096)}, 0)
 	require.NoError(t, err)
 	log.Append(meta.Op{Rec: meta.Line{Line: 3, Slot: 2, Valid: all, Dirty: all}})
 	require.NoError(t, log.Close())

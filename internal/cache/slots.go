@@ -201,6 +201,9 @@ func (t *tier) setBitsLocked(line uint64, slot uint32, valid, dirty, zero lineBi
 			}
 		}
 	}
+	if t.ep != nil {
+		t.ep.update(line, slot, old, dirty)
+	}
 	t.dirtyBlocks += dirty.Count() - old.Count()
 	switch {
 	case old.IsZero() && !dirty.IsZero():

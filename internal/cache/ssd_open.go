@@ -40,6 +40,9 @@ func (c *Cache) openSSD(cfg Config) error {
 	if c.wb, err = newWriteBack(cfg.WriteBack, slots, t.st.dirtyRoomKept(c.line)); err != nil {
 		return err
 	}
+	if c.wb.cfg.Order == OrderFlush {
+		t.ep = newEpochs()
+	}
 	c.attachSSD(t, &cfg)
 	j := c.newSSDJournal(t, &cfg, sb, indexed)
 	want := meta.Superblock{Version: meta.FormatVersion, LineSize: uint32(c.line), Backend: cfg.BackendID,
@@ -133,6 +136,13 @@ func (c *Cache) attachSSD(t *tier, cfg *Config) {
 // newSSDJournal builds the journal of tier t over cfg's store, and gives it the lost ranges that
 // superblock sb holds, to keep.
 func (c *Cache) newSSDJournal(t *tier, cfg *Config, sb meta.Superblock, indexed int) *journal {
+	// A killed last run may have left writes on the backend that it never flushed (write-through,
+	// write-around), which the next FLUSH must make durable (TestOrderWriteThroughModel's
+	// restarts): flushed now, or, with the backend down, counted as a change for the first
+	// checkpoint to flush.
+	if err := c.b.Flush(); err != nil {
+		c.backendChanges.Store(1)
+	}
 	j := newJournal(t, cfg.Meta, ssdReserve(indexed), c.b.Flush, c.backendChanges.Load)
 	c.lost.load(sb.Lost)
 	c.lost.persist = func(rs []meta.Range) error {

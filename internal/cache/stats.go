@@ -116,6 +116,14 @@ type DirtyStats struct {
 	// BackendWaits counts the retries of writes that had to reach a failing backend at once
 	// (around an SSD tier with no room for them, or the dirty data before them).
 	BackendWaits uint64 `json:"backend_waits"`
+	// Order is the order dirty data goes back in (WriteBackConfig.Order). In FLUSH order, the
+	// epochs (writes between two FLUSHes) with data the backend does not have yet, the oldest of
+	// them, and how long ago its first write was: the backend alone holds the device as it was
+	// then (0 while nothing is pending).
+	Order         string  `json:"order"`
+	PendingEpochs int     `json:"pending_epochs,omitempty"`
+	OldestEpoch   uint64  `json:"oldest_pending_epoch,omitempty"`
+	BackendBehind float64 `json:"backend_behind_seconds,omitempty"`
 }
 
 // LostStats describe the lost ranges: reads of them fail until they are written again.

@@ -80,6 +80,8 @@ type tier struct {
 	// doomedWake tells the destager a line was doomed (called with mu held; must not block).
 	doomedWake func()
 	dirtyCount atomic.Int64 // dirtyLines, readable without the mutex
+	// ep is the dirty blocks' epochs in FLUSH order (epoch.go); nil in address order.
+	ep *epochs
 
 	// Data reduction (SSD tier, zero.go): zero marks the valid blocks that hold zeros and were not
 	// written to the slot; reduce says whether new ones are made (Config.Reduction). validBlocks

@@ -55,14 +55,19 @@ func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
 	t.unpinLocked(slot)
 }
 
-// pinDirty returns line's slot, pinned, its dirty bits and its zero bits, if it has dirty ones.
-func (t *tier) pinDirty(line uint64) (slot uint32, dirty, zero lineBits, ok bool) {
+// pinDirty returns line's slot, pinned, its dirty bits (of epoch *ep only, unless ep is nil) and
+// its zero bits, if it has such dirty ones.
+func (t *tier) pinDirty(line uint64, ep *uint64) (slot uint32, dirty, zero lineBits, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if slot, ok = t.slotOf(line); !ok {
 		return 0, lineBits{}, lineBits{}, false
 	}
-	if dirty = t.dirtyAt(slot); dirty.IsZero() {
+	dirty = t.dirtyAt(slot)
+	if ep != nil {
+		dirty = dirty.And(t.ep.bitsOf(slot, *ep))
+	}
+	if dirty.IsZero() {
 		return 0, lineBits{}, lineBits{}, false
 	}
 	t.pins[slot]++
@@ -101,6 +106,9 @@ func (t *tier) recordLocked(line uint64, slot uint32) meta.Op {
 	r := meta.Line{Line: line, Slot: slot, Valid: t.valid.Get(slot).Words(t.blocks)}
 	if d := t.dirtyAt(slot); !d.IsZero() {
 		r.Dirty = d.Words(t.blocks)
+		if t.ep != nil {
+			r.Epoch = t.ep.blockEpochs(slot, t.blocks)
+		}
 	}
 	if z := t.zeroAt(slot); !z.IsZero() {
 		r.Zero = z.Words(t.blocks)

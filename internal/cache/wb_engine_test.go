@@ -861,8 +861,10 @@ func TestWriteBackConfigZeros(t *testing.T) {
 		err      string
 	}{
 		{in: WriteBackConfig{}, want: d},
-		{in: WriteBackConfig{High: 0.5, Max: 0.9}, want: WriteBackConfig{High: 0.5, Max: 0.9, Destage: d.Destage, Throttle: d.Throttle}},
+		{in: WriteBackConfig{High: 0.5, Max: 0.9}, want: WriteBackConfig{High: 0.5, Max: 0.9, Destage: d.Destage, Throttle: d.Throttle, Order: d.Order}},
+		{in: WriteBackConfig{Order: OrderFlush}, want: WriteBackConfig{High: d.High, Low: d.Low, Max: d.Max, Destage: d.Destage, Throttle: d.Throttle, Order: OrderFlush}},
 		{in: WriteBackConfig{High: 0.5, Low: 0.1}, err: "need 0 <= low < high <= max <= 1"},
+		{in: WriteBackConfig{Order: "fifo"}, err: `write-back order "fifo": need "address" or "flush"`},
 	} {
 		w := tc.in
 		w.fill()

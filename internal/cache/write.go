@@ -64,9 +64,17 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
 		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
-			c.lockPieces(pieces)
-			err := c.writeBackPieces(pieces, p, fua)
-			c.unlockPieces(pieces)
+			// A loop, not retryOrdered: a closure here would cost every write an allocation.
+			var err error
+			for again := true; again; {
+				c.lockPieces(pieces)
+				err = c.writeBackPieces(pieces, p, fua)
+				c.unlockPieces(pieces)
+				again, err = c.waitIfOrdered(err)
+			}
+			if err == nil && fua && c.ordered() {
+				c.ssd.ep.next() // a FUA write ends its epoch
+			}
 			c.wb.modeMu.RUnlock()
 			if errors.Is(err, errDurableElsewhere) {
 				return c.Flush() // the bypassed tier's way to durability
@@ -75,18 +83,23 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		}
 		c.wb.modeMu.RUnlock()
 	}
-	c.lockPieces(pieces)
-	defer c.unlockPieces(pieces)
-	if err := c.destageTouched(pieces); err != nil {
-		return err
-	}
-	if err := c.invalidate(pieces, fua); err != nil {
-		return err
-	}
-	if mode != WriteThrough && mode != WriteBack {
-		return c.backendWrite(p, off, fua)
-	}
-	return c.writeThrough(pieces, p, off, fua)
+	return c.retryOrdered(func() error {
+		c.lockPieces(pieces)
+		defer c.unlockPieces(pieces)
+		if err := c.orderCheck(pieces, true); err != nil {
+			return err
+		}
+		if err := c.destageTouched(pieces); err != nil {
+			return err
+		}
+		if err := c.invalidate(pieces, fua); err != nil {
+			return err
+		}
+		if mode != WriteThrough && mode != WriteBack {
+			return c.backendWrite(p, off, fua)
+		}
+		return c.writeThrough(pieces, p, off, fua)
+	})
 }
 
 // writeThrough writes RAM, the SSD and then the backend; the cached blocks become valid only once
@@ -202,8 +215,18 @@ func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	}
 	var pieceBuf [2]piece
 	pieces := c.split(pieceBuf[:0], off, length)
-	c.lockPieces(pieces)
-	defer c.unlockPieces(pieces)
+	return c.retryOrdered(func() error {
+		c.lockPieces(pieces)
+		defer c.unlockPieces(pieces)
+		if err := c.orderCheck(pieces, true); err != nil {
+			return err
+		}
+		return c.changeLocked(pieces, off, length, zeroing, op)
+	})
+}
+
+// changeLocked is change under the pieces' line locks.
+func (c *Cache) changeLocked(pieces []piece, off, length int64, zeroing bool, op func() error) error {
 	if err := c.destageTouched(pieces); err != nil {
 		return err
 	}

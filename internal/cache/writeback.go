@@ -18,10 +18,23 @@ type WriteBackConfig struct {
 	High, Low, Max float64
 	// Destage and Throttle name the policies (policy.DestageNames, policy.ThrottleNames).
 	Destage, Throttle string
+	// Order is the order dirty data reaches the backend in: OrderAddress or OrderFlush.
+	Order string
 }
 
+// The orders write-back destages in (WriteBackConfig.Order).
+const (
+	// OrderAddress writes dirty data back in backend-address order, coalesced across FLUSHes:
+	// while dirty data remains, the backend alone may hold a state no crash could have left.
+	OrderAddress = "address"
+	// OrderFlush writes back the writes between two FLUSHes (an epoch) only after every earlier
+	// epoch is on the backend, flushed: the backend alone is always a state a crash of the
+	// device could have left, only older (docs/architecture.md, "Write-back in FLUSH order").
+	OrderFlush = "flush"
+)
+
 // DefaultWriteBack is the write-back tuning unless configured otherwise.
-var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional"}
+var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional", Order: OrderAddress}
 
 // fill takes the defaults for what is not given: the watermarks where none is (a configuration
 // that gives any takes its zeros as given, for validate to judge: low 0 destages until nothing is
@@ -37,6 +50,9 @@ func (w *WriteBackConfig) fill() {
 	if w.Throttle == "" {
 		w.Throttle = d.Throttle
 	}
+	if w.Order == "" {
+		w.Order = d.Order
+	}
 }
 
 func (w WriteBackConfig) watermarks() policy.Watermarks {
@@ -46,6 +62,9 @@ func (w WriteBackConfig) watermarks() policy.Watermarks {
 func (w WriteBackConfig) validate() error {
 	if !(0 <= w.Low && w.Low < w.High && w.High <= w.Max && w.Max <= 1) {
 		return fmt.Errorf("write-back watermarks low %.2f, high %.2f, max %.2f: need 0 <= low < high <= max <= 1", w.Low, w.High, w.Max)
+	}
+	if w.Order != OrderAddress && w.Order != OrderFlush {
+		return fmt.Errorf("write-back order %q: need %q or %q", w.Order, OrderAddress, OrderFlush)
 	}
 	return nil
 }

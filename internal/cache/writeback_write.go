@@ -31,6 +31,9 @@ import (
 // A writer so never waits for room while holding what the room's maker needs: past its
 // throttle it makes room itself, by a checkpoint or by writing its own lines back.
 func (c *Cache) writeBackPieces(pieces []piece, p []byte, fua bool) error {
+	if err := c.overwriteCheck(pieces); err != nil {
+		return err
+	}
 	if err := c.invalidateOverwritten(pieces); err != nil {
 		return err
 	}
@@ -60,7 +63,10 @@ func (c *Cache) writeBackPieces(pieces []piece, p []byte, fua bool) error {
 			// backend has this write once the destager took it (TestCrashRestart, write-back
 			// with a full packed tier). The slots of the lines still to write are let go for it
 			// (an invalidation may drop a line) and taken again.
-			if err = c.retryBackend(func() error { return c.destageTouched(pieces[i:]) }); err == nil {
+			if err = c.orderCheck(pieces[i:], true); err == nil {
+				err = c.retryBackend(func() error { return c.destageTouched(pieces[i:]) })
+			}
+			if err == nil {
 				for _, g := range grants[i+1:] {
 					if g.ok {
 						c.ssd.unpin(g.slot)
@@ -268,6 +274,9 @@ const slotTries = 4
 // (an eviction waiting for a checkpoint): that record is deleted first, or a crash would bring the
 // old data back.
 func (c *Cache) writeAroundPiece(s piece, data []byte) error {
+	if err := c.orderCheck([]piece{s}, true); err != nil {
+		return err
+	}
 	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
 		return fmt.Errorf("cache metadata: %w", err)
 	}

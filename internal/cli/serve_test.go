@@ -85,8 +85,10 @@ log_level: debug
 		require.Equal(t, "127.0.0.1:9810", c.Admin)
 	})
 	t.Run("dirty flags set the first export's write-back", func(t *testing.T) {
-		c := build(t, "--backend", "file:///srv/a.img", "--ssd", "/srv/ssd.img", "--mode", "writeback", "--dirty-high", "0.6", "--dirty-low", "0.3", "--dirty-max", "0.8")
-		require.Equal(t, config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8)}, c.Exports[0].Cache.WriteBack)
+		c := build(t, "--backend", "file:///srv/a.img", "--ssd", "/srv/ssd.img", "--mode", "writeback", "--dirty-high", "0.6", "--dirty-low", "0.3", "--dirty-max", "0.8",
+			"--write-back-order", "flush")
+		require.Equal(t, config.WriteBack{High: config.Ratio(0.6), Low: config.Ratio(0.3), Max: config.Ratio(0.8), Order: cache.OrderFlush}, c.Exports[0].Cache.WriteBack)
+		require.Equal(t, cache.OrderFlush, c.Exports[0].Cache.WriteBack.Engine().Order)
 		require.Equal(t, "writeback", c.Exports[0].Cache.Mode)
 	})
 	t.Run("--dirty-low 0 is taken as given", func(t *testing.T) {
@@ -158,6 +160,7 @@ func TestBuildConfigErrorsNameTheFlag(t *testing.T) {
 		{"writeback without ssd", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--mode", "writeback"}, "--mode: writeback needs an SSD tier"},
 		{"dirty max", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "2"}, "--dirty-max: 2 is out of range"},
 		{"dirty on stop", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-on-stop", "drop"}, `--dirty-on-stop: "drop": use keep`},
+		{"write-back order", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--write-back-order", "fifo"}, `--write-back-order: "fifo": use address`},
 		{"dirty low", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-low", "0.7"}, "--dirty-low: 0.7 must be below high"},
 		{"dirty max 0", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-max", "0"}, "--dirty-max: 0 must be at least high"},
 		{"dirty high", []string{"--backend", "mem://1MiB", "--ram", "1MiB", "--dirty-high", "0.95"}, "--dirty-high: 0.95 must be at most max"},

@@ -307,6 +307,18 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 		d.Lines, 100*d.Ratio, 100*d.High, 100*d.Low, 100*d.Max, humanBytes(d.Bytes), state,
 		humanBytes(d.DestagedBytes), d.DestageErrors, d.ThrottledWrites,
 		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay), backendWaits(d.BackendWaits))
+	if d.Order == cache.OrderFlush {
+		fmt.Fprintf(w, "write-back order: flush; %s\n", behind(d))
+	}
+}
+
+// behind is how far the backend is behind the device in FLUSH order.
+func behind(d cache.DirtyStats) string {
+	if d.PendingEpochs == 0 {
+		return "the backend holds every write"
+	}
+	return fmt.Sprintf("%d epochs pending, the oldest %d: the backend is consistent as of %s ago",
+		d.PendingEpochs, d.OldestEpoch, seconds(d.BackendBehind).Round(time.Millisecond))
 }
 
 // backendWaits is the dirty line's note of the retries of writes that waited for a failing

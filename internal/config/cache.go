@@ -110,6 +110,10 @@ type WriteBack struct {
 	// cache that may not come back (a container whose cache volume is dropped, a volume that moves
 	// to another host).
 	OnStop string `yaml:"on_stop"`
+	// Order is the order dirty data goes back to the backend in: "address" (or ""), coalesced
+	// across FLUSHes, or "flush", one epoch of writes between two FLUSHes after another, so that
+	// the backend alone is always a state the device had (cache.OrderFlush).
+	Order string `yaml:"order"`
 }
 
 // FlushOnStop reports whether a clean stop writes the dirty data back (OnStop).
@@ -133,7 +137,7 @@ func (w WriteBack) ratios() (hi, lo, mx float64) {
 // Engine returns the cache's write-back configuration.
 func (w WriteBack) Engine() cache.WriteBackConfig {
 	hi, lo, mx := w.ratios()
-	return cache.WriteBackConfig{High: hi, Low: lo, Max: mx, Destage: w.Destage, Throttle: w.Throttle}
+	return cache.WriteBackConfig{High: hi, Low: lo, Max: mx, Destage: w.Destage, Throttle: w.Throttle, Order: w.Order}
 }
 
 // validate checks the write-back fields with the defaults filled in, so that an error about the
@@ -175,6 +179,11 @@ func (w WriteBack) validate() []error {
 		if f.v != "" && !slices.Contains(f.valid, f.v) {
 			errs = append(errs, fieldErr("write_back."+f.name, "unknown policy %q; use one of %s", f.v, strings.Join(f.valid, ", ")))
 		}
+	}
+	switch w.Order {
+	case "", cache.OrderAddress, cache.OrderFlush:
+	default:
+		errs = append(errs, fieldErr("write_back.order", "%q: use address (dirty data goes back in address order, coalesced across FLUSHes) or flush (the writes between two FLUSHes go back after every earlier FLUSH's: the backend is always consistent, only older)", w.Order))
 	}
 	switch w.OnStop {
 	case "", "keep", "flush":

@@ -222,6 +222,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"write_back high 0", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{High: Ratio(0)}} }, "exports[0].cache.write_back.high: 0 must be above low (0.25, the default)"},
 		{"write_back destage", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Destage: "lazy"}} }, `exports[0].cache.write_back.destage: unknown policy "lazy"`},
 		{"write_back throttle", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Throttle: "hard"}} }, `exports[0].cache.write_back.throttle: unknown policy "hard"`},
+		{"write_back order", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Order: "fifo"}} }, `exports[0].cache.write_back.order: "fifo": use address`},
 		{"ublk id", func(c *Config) { id := -2; c.Exports[0].UBLK = &UBLK{ID: &id} }, "exports[0].ublk.id: -2 is out of range"},
 		{"ublk queues", func(c *Config) { c.Exports[0].UBLK = &UBLK{Queues: 5000} }, "exports[0].ublk.queues: 5000 is out of range"},
 		{"ublk depth", func(c *Config) { c.Exports[0].UBLK = &UBLK{Depth: -1} }, "exports[0].ublk.depth: -1 is out of range"},

@@ -103,6 +103,11 @@ func (sb Superblock) Mismatch(want Superblock) error {
 // damaged from the data it was given. It is meaningful only for the blocks that are valid and not
 // zero, and 0 for every other block. It is nil in a record without checksums: one written by a
 // tierblk from before them, or one that stores no block.
+//
+// Epoch has, in write-back in FLUSH order, one word per block of the line: for a dirty block, the
+// epoch (the writes between two FLUSHes) it was dirtied in, which the next run writes it back in
+// the order of; 0 for every other block. It is nil in address order, and in a record without
+// dirty blocks.
 type Line struct {
 	Line  uint64   `json:"line"` // line number: byte offset / line size
 	Slot  uint32   `json:"slot"`
@@ -111,6 +116,7 @@ type Line struct {
 	Zero  []uint64 `json:"zero,omitempty"`
 	Loc   []uint64 `json:"loc,omitempty"`
 	Sum   []uint32 `json:"sum,omitempty"`
+	Epoch []uint64 `json:"epoch,omitempty"`
 }
 
 // Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.

@@ -249,12 +249,19 @@ func TestCommitRejectsBitsNotValid(t *testing.T) {
 			"line 42 has checksum 0x2 for block 1, which is a zero block"},
 		{"checksum beyond the valid bits", Line{Line: 42, Valid: []uint64{0x1}, Sum: sumBeyond}, "line 42 has checksum 0x7 for block 65, which is not valid"},
 		{"checksum without valid bits", Line{Line: 42, Sum: []uint32{0, 5}}, "line 42 has checksum 0x5 for block 1, which is not valid"},
+		{"no epoch for a dirty block", Line{Line: 42, Valid: []uint64{0x3}, Dirty: []uint64{0x3}, Epoch: []uint64{4, 0}},
+			"line 42 has no epoch for block 1, which is dirty"},
+		{"epoch of a clean block", Line{Line: 42, Valid: []uint64{0x3}, Dirty: []uint64{0x1}, Epoch: []uint64{4, 4}},
+			"line 42 has epoch 4 for block 1, which is not dirty"},
+		{"epochs short of the dirty blocks", Line{Line: 42, Valid: []uint64{0x7}, Dirty: []uint64{0x5}, Epoch: []uint64{4}},
+			"line 42 has 1 epochs, fewer than its dirty blocks need"},
 	}
 	for _, rec := range []Line{
 		good, packedLine(42, 256, 0, 0, 0), {Line: 42, Valid: []uint64{0x1}, Zero: []uint64{0x1}, Loc: []uint64{0}},
 		withSums(good), withSum(withSums(good), 1, 0), // a stored block's checksum may be 0
 		{Line: 42, Valid: []uint64{0x3}, Zero: []uint64{0x2}, Sum: []uint32{1, 0, 0, 0}}, // 0 past the blocks stored
 		{Line: 42, Valid: []uint64{0x1}, Sum: make([]uint32, 200)},
+		{Line: 42, Valid: []uint64{0x7}, Dirty: []uint64{0x5}, Epoch: []uint64{4, 0, 9, 0}},
 	} {
 		require.NoError(t, checkOps([]Op{{Rec: rec}}), "%+v", rec)
 	}
@@ -528,6 +535,8 @@ func TestBadgerCorruptRecord(t *testing.T) {
 		{"empty checksums after location words", lineKey(7), append(append([]byte(nil), good...), 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0), "11 bytes after the valid and dirty bitmaps"},
 		{"truncated checksums", lineKey(7), append(append([]byte(nil), good...), 0, 0, 2, 0, 0, 0, 1, 0, 0, 0), "10 bytes after the valid and dirty bitmaps"},
 		{"extra bytes after checksums", lineKey(7), append(append([]byte(nil), good...), 0, 0, 1, 0, 0, 0, 1, 0), "8 bytes after the valid and dirty bitmaps"},
+		{"empty checksums, nothing after", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0), "3 bytes after the valid and dirty bitmaps"},
+		{"extra bytes after epochs", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0, 1, 5, 5), "6 bytes after the valid and dirty bitmaps"},
 		{"huge checksum count", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01), "after the valid and dirty bitmaps"},
 		{"bad checksum count", lineKey(7), append(append([]byte(nil), good...), 0, 0, 0xff), "3 bytes after the valid and dirty bitmaps"},
 		{"location count past the checksums", lineKey(7), append(append([]byte(nil), good...), 0, 2, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1), "15 bytes after the valid and dirty bitmaps"},

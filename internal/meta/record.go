@@ -49,6 +49,33 @@ func checkOps(ops []Op) error {
 		if err := checkSum(op.Rec); err != nil {
 			return fmt.Errorf("meta: op %d: line %d %w", i, op.Rec.Line, err)
 		}
+		if err := checkEpoch(op.Rec); err != nil {
+			return fmt.Errorf("meta: op %d: line %d %w", i, op.Rec.Line, err)
+		}
+	}
+	return nil
+}
+
+// checkEpoch checks that l.Epoch, if any, is nonzero exactly for the dirty blocks: a restart
+// writes every dirty block back in its epoch's turn, and needs one for each.
+func checkEpoch(l Line) error {
+	if l.Epoch == nil {
+		return nil
+	}
+	for block, ep := range l.Epoch {
+		w, bit := block/64, uint64(1)<<(block%64)
+		dirty := w < len(l.Dirty) && l.Dirty[w]&bit != 0
+		switch {
+		case dirty && ep == 0:
+			return fmt.Errorf("has no epoch for block %d, which is dirty", block)
+		case !dirty && ep != 0:
+			return fmt.Errorf("has epoch %d for block %d, which is not dirty", ep, block)
+		}
+	}
+	for w, d := range l.Dirty {
+		if d != 0 && len(l.Epoch) < 64*w+64-bits.LeadingZeros64(d) {
+			return fmt.Errorf("has %d epochs, fewer than its dirty blocks need", len(l.Epoch))
+		}
 	}
 	return nil
 }
@@ -116,6 +143,7 @@ func cloneLine(l Line) Line {
 	l.Zero = cloneWords(l.Zero)
 	l.Loc = cloneWords(l.Loc)
 	l.Sum = cloneWords(l.Sum)
+	l.Epoch = cloneWords(l.Epoch)
 	return l
 }
 
@@ -142,8 +170,9 @@ func lineKey(line uint64) []byte {
 
 // encodeLine encodes a record's value: slot (4 bytes, big-endian), the word counts of Valid and
 // Dirty (uvarints), then the words (8 bytes each, big-endian). A 1 MiB line with a clean record
-// takes 38 bytes. Three optional sections may follow, each a count (a uvarint) and its values:
-// Zero, then Loc (8-byte words, big-endian), then Sum (4-byte checksums, big-endian).
+// takes 38 bytes. Four optional sections may follow, each a count (a uvarint) and its values:
+// Zero, then Loc (8-byte words, big-endian), then Sum (4-byte checksums, big-endian), then Epoch
+// (uvarints).
 //
 // A record without zero blocks, locations or checksums ends after Dirty, as records did before
 // any of them existed, so that a store written by an earlier tierblk loads as it was (and an
@@ -151,9 +180,11 @@ func lineKey(line uint64) []byte {
 // the slot). A record with Loc or Sum writes the Zero section even when it has no words (count
 // 0), so that the section after Dirty is always Zero, and a record with Sum writes the Loc
 // section even when it has no words (count 0, the slot layout), so that the section after Zero
-// is always Loc. An empty Zero section is written only before a Loc section, an empty Loc
-// section only before a Sum section, and a Sum section is never empty, so each record has one
-// encoding. A tierblk from before Loc refuses a record with Loc or Sum as corrupt (its Zero
+// is always Loc, and a record with Epoch the Sum section likewise. An empty Zero section is
+// written only before a Loc section, an empty Loc section only before a Sum section, an empty Sum
+// section only before an Epoch section, and an Epoch section is never empty, so each record has
+// one encoding. A tierblk from before Epoch refuses a record with Epoch as corrupt (its Sum
+// section is empty, or not the end). A tierblk from before Loc refuses a record with Loc or Sum as corrupt (its Zero
 // section is not the end), and one from before Sum refuses a record with Sum (its Loc section is
 // empty, or not the end). A 1 MiB line takes 2,089 bytes in the packed layout, its 256 location
 // words most of them, and with checksums 3,115 (1,066 in the slot layout).
@@ -164,18 +195,24 @@ func encodeLine(l Line) []byte {
 	v = binary.AppendUvarint(v, uint64(len(l.Dirty)))
 	v = appendWords(v, l.Valid)
 	v = appendWords(v, l.Dirty)
-	if len(l.Zero) > 0 || len(l.Loc) > 0 || len(l.Sum) > 0 {
+	if len(l.Zero) > 0 || len(l.Loc) > 0 || len(l.Sum) > 0 || len(l.Epoch) > 0 {
 		v = binary.AppendUvarint(v, uint64(len(l.Zero)))
 		v = appendWords(v, l.Zero)
 	}
-	if len(l.Loc) > 0 || len(l.Sum) > 0 {
+	if len(l.Loc) > 0 || len(l.Sum) > 0 || len(l.Epoch) > 0 {
 		v = binary.AppendUvarint(v, uint64(len(l.Loc)))
 		v = appendWords(v, l.Loc)
 	}
-	if len(l.Sum) > 0 {
+	if len(l.Sum) > 0 || len(l.Epoch) > 0 {
 		v = binary.AppendUvarint(v, uint64(len(l.Sum)))
 		for _, sum := range l.Sum {
 			v = binary.BigEndian.AppendUint32(v, sum)
+		}
+	}
+	if len(l.Epoch) > 0 {
+		v = binary.AppendUvarint(v, uint64(len(l.Epoch)))
+		for _, ep := range l.Epoch {
+			v = binary.AppendUvarint(v, ep)
 		}
 	}
 	return v
@@ -228,7 +265,7 @@ func decodeLineValue(key, val []byte) (Line, error) {
 	// Zero section is only ever written before a Loc section, an empty Loc section only before a
 	// Sum section, and a Sum section is never empty.
 	tail := func() error {
-		return fmt.Errorf("%d bytes after the valid and dirty bitmaps are no zero bitmap, with or without location words and checksums", len(rest))
+		return fmt.Errorf("%d bytes after the valid and dirty bitmaps are no zero bitmap, with or without location words, checksums and epochs", len(rest))
 	}
 	n, size := binary.Uvarint(rest)
 	if size <= 0 || n > uint64(len(rest)-size)/8 {
@@ -255,14 +292,47 @@ func decodeLineValue(key, val []byte) (Line, error) {
 		return l, nil
 	}
 	n, size = binary.Uvarint(sums)
-	if size <= 0 || n == 0 || n > uint64(len(sums)-size)/4 || uint64(len(sums)-size) != 4*n {
+	if size <= 0 || n > uint64(len(sums)-size)/4 {
 		return Line{}, tail()
 	}
-	l.Sum = make([]uint32, n)
-	for i := range l.Sum {
-		l.Sum[i] = binary.BigEndian.Uint32(sums[size+4*i:])
+	if n > 0 {
+		l.Sum = make([]uint32, n)
+		for i := range l.Sum {
+			l.Sum[i] = binary.BigEndian.Uint32(sums[size+4*i:])
+		}
 	}
+	epochs := sums[size+4*int(n):]
+	if len(epochs) == 0 {
+		if n == 0 {
+			return Line{}, tail()
+		}
+		return l, nil
+	}
+	eps, ok := decodeEpochs(epochs)
+	if !ok {
+		return Line{}, tail()
+	}
+	l.Epoch = eps
 	return l, nil
+}
+
+// decodeEpochs decodes an Epoch section, which must end the value.
+func decodeEpochs(b []byte) ([]uint64, bool) {
+	n, size := binary.Uvarint(b)
+	// Each epoch takes at least a byte.
+	if size <= 0 || n == 0 || n > uint64(len(b)-size) {
+		return nil, false
+	}
+	b = b[size:]
+	eps := make([]uint64, n)
+	for i := range eps {
+		ep, size := binary.Uvarint(b)
+		if size <= 0 {
+			return nil, false
+		}
+		eps[i], b = ep, b[size:]
+	}
+	return eps, len(b) == 0
 }
 
 func decodeWords(b []byte, n uint64) ([]uint64, []byte) {

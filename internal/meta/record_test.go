@@ -39,6 +39,10 @@ var lineEncodings = []struct {
 		"00000000 01 00 0000000000000003 00 02 0000000000000011 0000000000000022 02 0000000a b0000000"},
 	{"zero blocks, locations and checksums", Line{Line: 7, Valid: []uint64{0x7}, Dirty: []uint64{0x1}, Zero: []uint64{0x4}, Loc: []uint64{5, 6, 0}, Sum: []uint32{7, 8}},
 		"00000000 01 01 0000000000000007 0000000000000001 01 0000000000000004 03 0000000000000005 0000000000000006 0000000000000000 02 00000007 00000008"},
+	{"epochs, slot layout", Line{Line: 7, Valid: []uint64{0x7}, Dirty: []uint64{0x5}, Epoch: []uint64{3, 0, 300}},
+		"00000000 01 01 0000000000000007 0000000000000005 00 00 00 03 03 00 ac02"},
+	{"epochs with checksums", Line{Line: 7, Valid: []uint64{0x3}, Dirty: []uint64{0x2}, Sum: []uint32{7, 8}, Epoch: []uint64{0, 9}},
+		"00000000 01 01 0000000000000003 0000000000000002 00 00 02 00000007 00000008 02 00 09"},
 }
 
 func TestLineEncoding(t *testing.T) {
@@ -76,6 +80,7 @@ func FuzzDecodeLine(f *testing.F) {
 	f.Add(encodeLine(packedLine(3, 256, 0xffff, 0xff, 0xf00)))
 	f.Add(encodeLine(withSums(packedLine(3, 256, 0xffff, 0xff, 0xf00))))
 	f.Add(encodeLine(Line{Valid: []uint64{0xffff}, Sum: []uint32{1, 2, 3}}))
+	f.Add(encodeLine(Line{Valid: []uint64{0xffff}, Dirty: []uint64{0x3}, Epoch: []uint64{1, 1 << 40}}))
 	f.Fuzz(func(t *testing.T, val []byte) {
 		l, err := decodeLine(lineKey(7), val)
 		if err != nil {

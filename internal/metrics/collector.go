@@ -146,6 +146,10 @@ var (
 			func(d cache.DirtyStats) float64 { return d.ThrottleSeconds }},
 		{exportDesc("tierblk_cache_backend_waits_total", "Retries of writes that had to reach a failing backend at once (around a full SSD tier)."), prometheus.CounterValue,
 			func(d cache.DirtyStats) float64 { return float64(d.BackendWaits) }},
+		{exportDesc("tierblk_cache_pending_epochs", "Write-back in FLUSH order: epochs (the writes between two FLUSHes) with data the backend does not have yet."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.PendingEpochs) }},
+		{exportDesc("tierblk_cache_backend_behind_seconds", "Write-back in FLUSH order: how long ago the first write the backend lacks was; the backend alone holds the device as it was then (0: nothing pending)."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return d.BackendBehind }},
 	}
 	lostMetrics = []statMetric[cache.LostStats]{
 		{exportDesc("tierblk_cache_lost_bytes", "Bytes in lost ranges now: dirty data the SSD tier damaged before it reached the backend; reads of them fail until they are written again."), prometheus.GaugeValue,

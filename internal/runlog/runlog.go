@@ -44,9 +44,12 @@ const (
 	// version 2 records carry a third bitmap, the zero blocks; version 3 records carry after it
 	// the line's location words (as many as the header's hLocs says, none in the slot layout);
 	// version 4 records carry after those the line's block checksums (as many as the header's
-	// hSums says). A log of version 1 (Valid and Dirty only), 2 or 3, which a kill of an earlier
-	// tierblk left, still replays, its records without checksums.
-	version    = 4
+	// hSums says); version 5 records carry between the location words and the checksums the
+	// epochs of the line's dirty blocks (as many as the header's hEpochs says: none in address
+	// order). A log of version 1 (Valid and Dirty only), 2 or 3, which a kill of an earlier
+	// tierblk left, still replays, its records without checksums, and one of version 4 without
+	// epochs.
+	version    = 5
 	headerSize = 4096
 	maxTierID  = 64
 
@@ -60,11 +63,12 @@ const (
 	hBoot      = 36 // the boot's ID (bootIDLen bytes)
 	hTierLen   = hBoot + bootIDLen
 	hTier      = hTierLen + 4
-	hCRC       = hTier + maxTierID // over [0, hCRC), hLocs's 4 bytes from version 3 on, hSums's from 4 on
+	hCRC       = hTier + maxTierID // over [0, hCRC), hLocs's 4 bytes from version 3 on, hSums's from 4 on, hEpochs's from 5 on
 	hLocs      = 144               // location words per record (uint32), from version 3 on
 	hSums      = 148               // checksums per record (uint32), from version 4 on
 	hWatermark = 152               // every record up to it is in the metadata store
 	hLost      = 160               // the last record the ring had no room for
+	hEpochs    = 168               // epochs per record (uint32), from version 5 on
 	bootIDLen  = 36
 
 	// record fields
@@ -72,7 +76,7 @@ const (
 	rLine  = 8
 	rSlot  = 16
 	rFlags = 20
-	rBits  = 24 // Valid, Dirty, Zero and Loc words, checksums (4 bytes each), then the CRC of all before it
+	rBits  = 24 // Valid, Dirty, Zero, Loc and Epoch words, checksums (4 bytes each), then the CRC of all before it
 
 	flagDelete = 1
 )
@@ -97,13 +101,18 @@ func bitmaps(v uint32) int {
 	return 3
 }
 
-// RecordSize is the size of a record for lines of words 64-bit words of bits, locs location words
-// and sums checksums.
-func RecordSize(words, locs, sums int) int { return recordSize(words, bitmaps(version), locs, sums) }
+// Shape is what a record holds for a line: Words 64-bit words of each bitmap, Locs location
+// words (0 in the slot layout), Sums block checksums and Epochs block epochs (0 in address order).
+type Shape struct {
+	Words, Locs, Sums, Epochs int
+}
+
+// RecordSize is the size of a record of shape s.
+func RecordSize(s Shape) int { return recordSize(s, bitmaps(version)) }
 
 // recordSize is the size of a record, a multiple of 8 so that every record's words are aligned.
-func recordSize(words, bitmaps, locs, sums int) int {
-	return (rBits + 8*(bitmaps*words+locs) + 4*sums + 4 + 7) &^ 7
+func recordSize(s Shape, bitmaps int) int {
+	return (rBits + 8*(bitmaps*s.Words+s.Locs+s.Epochs) + 4*s.Sums + 4 + 7) &^ 7
 }
 
 // headerCRC is the CRC of the header of a log of version v. The location word and checksum counts
@@ -117,6 +126,9 @@ func headerCRC(b []byte, v uint32) uint32 {
 	if v >= 4 {
 		c = crc32.Update(c, castagnoli, b[hSums:hSums+4])
 	}
+	if v >= 5 {
+		c = crc32.Update(c, castagnoli, b[hEpochs:hEpochs+4])
+	}
 	return c
 }
 
@@ -124,9 +136,7 @@ func headerCRC(b []byte, v uint32) uint32 {
 type Log struct {
 	f       *os.File
 	m       []byte
-	words   int
-	locs    int
-	sums    int
+	shape   Shape
 	recSize int
 	cap     uint64 // records in the ring
 	next    uint64 // the next record's sequence number
@@ -135,16 +145,15 @@ type Log struct {
 }
 
 // Create makes a new, empty log at path for id (replacing what was there), of size bytes
-// (DefaultSize if 0), for lines of words 64-bit words of valid bits, locs location words (0 in
-// the slot layout) and sums block checksums.
-func Create(path string, id Identity, words, locs, sums int, size int64) (*Log, error) {
+// (DefaultSize if 0), for records of shape s.
+func Create(path string, id Identity, s Shape, size int64) (*Log, error) {
 	if size == 0 {
 		size = DefaultSize
 	}
 	if len(id.Tier) > maxTierID {
 		return nil, fmt.Errorf("run log: tier ID %q is longer than %d bytes", id.Tier, maxTierID)
 	}
-	rs := RecordSize(words, locs, sums)
+	rs := RecordSize(s)
 	n := (size - headerSize) / int64(rs)
 	if n < 16 {
 		return nil, fmt.Errorf("run log: %d bytes hold fewer than 16 records", size)
@@ -163,16 +172,17 @@ func Create(path string, id Identity, words, locs, sums int, size int64) (*Log, 
 		f.Close()
 		return nil, fmt.Errorf("run log: mmap %s: %w", path, err)
 	}
-	l := &Log{f: f, m: m, words: words, locs: locs, sums: sums, recSize: rs, cap: uint64(n), next: 1}
+	l := &Log{f: f, m: m, shape: s, recSize: rs, cap: uint64(n), next: 1}
 	copy(m[hMagic:], magic)
 	le := binary.LittleEndian
 	le.PutUint32(m[hVersion:], version)
 	le.PutUint32(m[hRecSize:], uint32(rs))
 	le.PutUint64(m[hCap:], uint64(n))
 	le.PutUint64(m[hEpoch:], id.Epoch)
-	le.PutUint32(m[hWords:], uint32(words))
-	le.PutUint32(m[hLocs:], uint32(locs))
-	le.PutUint32(m[hSums:], uint32(sums))
+	le.PutUint32(m[hWords:], uint32(s.Words))
+	le.PutUint32(m[hLocs:], uint32(s.Locs))
+	le.PutUint32(m[hSums:], uint32(s.Sums))
+	le.PutUint32(m[hEpochs:], uint32(s.Epochs))
 	le.PutUint32(m[hTierLen:], uint32(len(id.Tier)))
 	copy(m[hTier:], id.Tier)
 	copy(m[hBoot:hBoot+bootIDLen], bootID())
@@ -203,32 +213,29 @@ func (l *Log) Append(op meta.Op) (half bool) {
 		flags = flagDelete
 	}
 	le.PutUint32(r[rFlags:], flags)
-	for m, bits := range [][]uint64{op.Rec.Valid, op.Rec.Dirty, op.Rec.Zero} {
-		for k := range l.words {
-			var w uint64
-			if !op.Delete && k < len(bits) {
-				w = bits[k]
+	s := l.shape
+	words := r[rBits:]
+	for _, w := range []struct {
+		n    int
+		from []uint64
+	}{{s.Words, op.Rec.Valid}, {s.Words, op.Rec.Dirty}, {s.Words, op.Rec.Zero}, {s.Locs, op.Rec.Loc}, {s.Epochs, op.Rec.Epoch}} {
+		for k := range w.n {
+			var x uint64
+			if !op.Delete && k < len(w.from) {
+				x = w.from[k]
 			}
-			le.PutUint64(r[rBits+8*(m*l.words+k):], w)
+			le.PutUint64(words[8*k:], x)
 		}
+		words = words[8*w.n:]
 	}
-	locs := r[rBits+24*l.words:]
-	for k := range l.locs {
-		var w uint64
-		if !op.Delete && k < len(op.Rec.Loc) {
-			w = op.Rec.Loc[k]
-		}
-		le.PutUint64(locs[8*k:], w)
-	}
-	sums := locs[8*l.locs:]
-	for k := range l.sums {
-		var s uint32
+	for k := range s.Sums {
+		var x uint32
 		if !op.Delete && k < len(op.Rec.Sum) {
-			s = op.Rec.Sum[k]
+			x = op.Rec.Sum[k]
 		}
-		le.PutUint32(sums[4*k:], s)
+		le.PutUint32(words[4*k:], x)
 	}
-	end := rBits + 8*(3*l.words+l.locs) + 4*l.sums
+	end := rBits + 8*(3*s.Words+s.Locs+s.Epochs) + 4*s.Sums
 	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
 	return seq-l.committed == l.cap/2
 }
@@ -258,13 +265,17 @@ func (l *Log) Close() error {
 
 // Replay reads the log at path and calls fn with each change recorded after the watermark, in
 // order, up to the first record that is missing or torn. found is false, with no error, when there
-// is no file. A log of another tier or run, one for other lines (words of bits, locs location
-// words, sums checksums), or one that lost records, is refused with an error wrapping
-// ErrUnusable, before fn is called. A record's Loc is nil when its location words are all 0, as
-// in the slot layout, and its Sum nil when its checksums are all 0. A log from before checksums
-// (version 3 or older) replays whatever sums is, its records without checksums: a record may
-// have none, where one without the locations its layout needs could not be read.
-func Replay(path string, id Identity, words, locs, sums int, fn func(meta.Op) error) (found bool, err error) {
+// is no file. A log of another tier or run, one for other lines (s's words of bits, location words,
+// checksums), or one that lost records, is refused with an error wrapping ErrUnusable, before fn
+// is called. A record's Loc is nil when its location words are all 0, as in the slot layout, its
+// Sum nil when its checksums are all 0, and its Epoch nil when its epochs are all 0. A log from
+// before checksums (version 3 or older) replays whatever s.Sums is, its records without
+// checksums: a record may have none, where one without the locations its layout needs could not
+// be read. A log's epochs need not be s.Epochs: records without them (a log written in address
+// order, or before epochs) replay without, and records with them as they are, for the caller to
+// use or not.
+func Replay(path string, id Identity, s Shape, fn func(meta.Op) error) (found bool, err error) {
+	words, locs, sums := s.Words, s.Locs, s.Sums
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil
@@ -317,8 +328,12 @@ func Replay(path string, id Identity, words, locs, sums int, fn func(meta.Op) er
 			return true, unusable("records of %d checksums, this tier's lines need %d", logSums, sums)
 		}
 	}
+	var logEpochs int // none before version 5
+	if v >= 5 {
+		logEpochs = int(le.Uint32(b[hEpochs:]))
+	}
 	rs, n := int(le.Uint32(b[hRecSize:])), le.Uint64(b[hCap:])
-	if rs != recordSize(words, bitmaps(v), locs, logSums) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
+	if rs != recordSize(Shape{words, locs, logSums, logEpochs}, bitmaps(v)) || n == 0 || uint64(len(b)) < headerSize+n*uint64(rs) {
 		return true, unusable("its ring does not fit the file")
 	}
 	committed, lost := le.Uint64(b[hWatermark:]), le.Uint64(b[hLost:])
@@ -326,7 +341,8 @@ func Replay(path string, id Identity, words, locs, sums int, fn func(meta.Op) er
 		return true, unusable("the ring was full: change %d and others were not logged", lost)
 	}
 	rLocs := rBits + 8*bitmaps(v)*words
-	rSums := rLocs + 8*locs
+	rEpochs := rLocs + 8*locs
+	rSums := rEpochs + 8*logEpochs
 	end := rSums + 4*logSums
 	for seq := committed + 1; seq-committed <= n; seq++ {
 		r := b[headerSize+int(seq%n)*rs:][:rs]
@@ -342,6 +358,7 @@ func Replay(path string, id Identity, words, locs, sums int, fn func(meta.Op) er
 				op.Rec.Zero = words64(r[rBits+16*words:], words)
 			}
 			op.Rec.Loc = words64(r[rLocs:], locs)
+			op.Rec.Epoch = words64(r[rEpochs:], logEpochs)
 			op.Rec.Sum = words32(r[rSums:], logSums)
 		}
 		if err := fn(op); err != nil {

@@ -31,7 +31,7 @@ func del(line uint64) meta.Op { return meta.Op{Delete: true, Rec: meta.Line{Line
 func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 	t.Helper()
 	var got []meta.Op
-	found, err := Replay(path, id, 1, 0, sums, func(op meta.Op) error { got = append(got, op); return nil })
+	found, err := Replay(path, id, Shape{Words: 1, Locs: 0, Sums: sums}, func(op meta.Op) error { got = append(got, op); return nil })
 	require.True(t, found)
 	return got, err
 }
@@ -40,11 +40,11 @@ func replayAll(t *testing.T, path string, id Identity) ([]meta.Op, error) {
 // not hold (a committed record, one never written) never does.
 func TestReplay(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	found, err := Replay(path, id, 1, 0, sums, nil)
+	found, err := Replay(path, id, Shape{Words: 1, Locs: 0, Sums: sums}, nil)
 	require.NoError(t, err)
 	require.False(t, found, "no file: nothing to replay, and no error")
 
-	l, err := Create(path, id, 1, 0, sums, headerSize+20*int64(RecordSize(1, 0, sums)))
+	l, err := Create(path, id, Shape{Words: 1, Locs: 0, Sums: sums}, headerSize+20*int64(RecordSize(Shape{Words: 1, Locs: 0, Sums: sums})))
 	require.NoError(t, err)
 	defer l.Close()
 	var want []meta.Op
@@ -81,7 +81,7 @@ func writeOldLog(t *testing.T, path string, v uint32, locs int, ops []meta.Op) {
 	t.Helper()
 	const words, n = 1, 16
 	maps := bitmaps(v)
-	rs := recordSize(words, maps, locs, 0)
+	rs := recordSize(Shape{Words: words, Locs: locs}, maps)
 	b := make([]byte, headerSize+n*rs)
 	le := binary.LittleEndian
 	copy(b[hMagic:], magic)
@@ -140,7 +140,7 @@ func TestReplayVersion1(t *testing.T) {
 func requireReplays(t *testing.T, path string, words, locs, sums int, want []meta.Op) {
 	t.Helper()
 	var got []meta.Op
-	found, err := Replay(path, id, words, locs, sums, func(op meta.Op) error { got = append(got, op); return nil })
+	found, err := Replay(path, id, Shape{Words: words, Locs: locs, Sums: sums}, func(op meta.Op) error { got = append(got, op); return nil })
 	require.NoError(t, err)
 	require.True(t, found)
 	require.Equal(t, want, got)
@@ -159,7 +159,7 @@ func TestReplayVersion2(t *testing.T) {
 	require.Equal(t, ops, got)
 	requireReplays(t, path, 1, 0, 0, ops)
 
-	_, err = Replay(path, id, 1, 16, sums, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+	_, err = Replay(path, id, Shape{Words: 1, Locs: 16, Sums: sums}, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
 	require.ErrorIs(t, err, ErrUnusable)
 	require.ErrorContains(t, err, "records of 0 location words, this tier's lines need 16")
 }
@@ -202,12 +202,12 @@ func packed(line uint64, valid, dirty, zero uint64) meta.Op {
 func TestReplayLocations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
 	const locs = 16
-	l, err := Create(path, id, 1, locs, sums, headerSize+20*int64(RecordSize(1, locs, sums)))
+	l, err := Create(path, id, Shape{Words: 1, Locs: locs, Sums: sums}, headerSize+20*int64(RecordSize(Shape{Words: 1, Locs: locs, Sums: sums})))
 	require.NoError(t, err)
 	defer l.Close()
 	replay := func() []meta.Op {
 		var got []meta.Op
-		found, err := Replay(path, id, 1, locs, sums, func(op meta.Op) error { got = append(got, op); return nil })
+		found, err := Replay(path, id, Shape{Words: 1, Locs: locs, Sums: sums}, func(op meta.Op) error { got = append(got, op); return nil })
 		require.NoError(t, err)
 		require.True(t, found)
 		return got
@@ -258,7 +258,7 @@ func TestReplaySums(t *testing.T) {
 	for _, locs := range []int{0, 16} {
 		t.Run(fmt.Sprintf("locs=%d", locs), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "log")
-			l, err := Create(path, id, 1, locs, sums, headerSize+20*int64(RecordSize(1, locs, sums)))
+			l, err := Create(path, id, Shape{Words: 1, Locs: locs, Sums: sums}, headerSize+20*int64(RecordSize(Shape{Words: 1, Locs: locs, Sums: sums})))
 			require.NoError(t, err)
 			defer l.Close()
 			// rec is the record of a change, and what it replays as: with location words in
@@ -318,13 +318,13 @@ func TestRefusedCounts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "log")
-			l, err := Create(path, id, 1, tc.locs, sums, 0)
+			l, err := Create(path, id, Shape{Words: 1, Locs: tc.locs, Sums: sums}, 0)
 			require.NoError(t, err)
 			l.Append(packed(1, 1, 1, 0))
 			require.NoError(t, l.Close())
 			for _, n := range []int{0, 64} {
 				locs, s := tc.with(n)
-				_, err := Replay(path, id, 1, locs, s, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
+				_, err := Replay(path, id, Shape{Words: 1, Locs: locs, Sums: s}, func(meta.Op) error { t.Fatal("a refused log replayed a record"); return nil })
 				require.ErrorIs(t, err, ErrUnusable)
 				require.ErrorContains(t, err, fmt.Sprintf(tc.want, n))
 			}
@@ -333,7 +333,7 @@ func TestRefusedCounts(t *testing.T) {
 			b[tc.header] = 64
 			require.NoError(t, os.WriteFile(path, b, 0o600))
 			locs, s := tc.with(64)
-			_, err = Replay(path, id, 1, locs, s, func(meta.Op) error { return nil })
+			_, err = Replay(path, id, Shape{Words: 1, Locs: locs, Sums: s}, func(meta.Op) error { return nil })
 			require.ErrorIs(t, err, ErrUnusable)
 			require.ErrorContains(t, err, "its header is damaged")
 		})
@@ -355,7 +355,7 @@ func TestRecordSize(t *testing.T) {
 		{"odd checksum count", 1, 0, 3, 64, 262_080},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			rs := RecordSize(tt.words, tt.locs, tt.sums)
+			rs := RecordSize(Shape{Words: tt.words, Locs: tt.locs, Sums: tt.sums})
 			require.Equal(t, tt.size, rs)
 			require.Zero(t, rs%8)
 			require.Equal(t, tt.records, (DefaultSize-headerSize)/int64(rs))
@@ -367,7 +367,7 @@ func TestRecordSize(t *testing.T) {
 // ignored, what precedes it is replayed.
 func TestTornTail(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0, sums, 0)
+	l, err := Create(path, id, Shape{Words: 1, Locs: 0, Sums: sums}, 0)
 	require.NoError(t, err)
 	for i := range 5 {
 		op := put(uint64(i), uint32(i), 1, 1)
@@ -377,7 +377,7 @@ func TestTornTail(t *testing.T) {
 	require.NoError(t, l.Close())
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	rs := RecordSize(1, 0, sums)
+	rs := RecordSize(Shape{Words: 1, Locs: 0, Sums: sums})
 	for _, off := range []int{rBits, rBits + 8, rLine, rSlot, rBits + 24, rBits + 24 + 4*sums - 1} {
 		c := append([]byte(nil), b...)
 		c[headerSize+4*rs+off] ^= 0x40 // record 4: a byte the kill left half written
@@ -392,7 +392,7 @@ func TestTornTail(t *testing.T) {
 // ring overflowed since the last checkpoint, is refused before anything is replayed.
 func TestRefused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log")
-	l, err := Create(path, id, 1, 0, sums, headerSize+16*int64(RecordSize(1, 0, sums)))
+	l, err := Create(path, id, Shape{Words: 1, Locs: 0, Sums: sums}, headerSize+16*int64(RecordSize(Shape{Words: 1, Locs: 0, Sums: sums})))
 	require.NoError(t, err)
 	defer l.Close()
 	l.Append(put(1, 1, 1, 1))
@@ -400,7 +400,7 @@ func TestRefused(t *testing.T) {
 		_, err := replayAll(t, path, other)
 		require.ErrorIs(t, err, ErrUnusable, "%+v", other)
 	}
-	_, err = Replay(path, id, 2, 0, sums, func(meta.Op) error { return nil })
+	_, err = Replay(path, id, Shape{Words: 2, Locs: 0, Sums: sums}, func(meta.Op) error { return nil })
 	require.ErrorIs(t, err, ErrUnusable, "other line size")
 
 	for i := range 20 {
@@ -442,7 +442,7 @@ func BenchmarkAppend(b *testing.B) {
 	}
 	op := put(12345, 678, 0xffff, 0xff)
 	b.Run("mmap", func(b *testing.B) {
-		l, err := Create(filepath.Join(dir, "mmap"), id, 1, 0, sums, 0)
+		l, err := Create(filepath.Join(dir, "mmap"), id, Shape{Words: 1, Sums: sums}, 0)
 		require.NoError(b, err)
 		defer l.Close()
 		for b.Loop() {
@@ -454,7 +454,7 @@ func BenchmarkAppend(b *testing.B) {
 	// The largest record: a 1 MiB line of the packed layout, 4 words of bits, 256 locations and
 	// 256 checksums.
 	b.Run("mmap-packed-1MiB", func(b *testing.B) {
-		l, err := Create(filepath.Join(dir, "packed"), id, 4, 256, 256, 0)
+		l, err := Create(filepath.Join(dir, "packed"), id, Shape{Words: 4, Locs: 256, Sums: 256}, 0)
 		require.NoError(b, err)
 		defer l.Close()
 		all := ^uint64(0)
@@ -473,7 +473,7 @@ func BenchmarkAppend(b *testing.B) {
 		f, err := os.Create(filepath.Join(dir, "pwrite"))
 		require.NoError(b, err)
 		defer f.Close()
-		rec := make([]byte, RecordSize(1, 0, sums))
+		rec := make([]byte, RecordSize(Shape{Words: 1, Locs: 0, Sums: sums}))
 		var off int64
 		for b.Loop() {
 			if _, err := f.WriteAt(rec, off); err != nil {
@@ -482,4 +482,61 @@ func BenchmarkAppend(b *testing.B) {
 			off = (off + int64(len(rec))) % DefaultSize
 		}
 	})
+}
+
+// Records of write-back in FLUSH order carry their dirty blocks' epochs through the log, across the
+// ring's wrap; a record without dirty blocks replays without them. A log written without epochs
+// (address order) replays its records without them whatever the reader's shape asks, and one
+// with them replays them to a reader that asks for none.
+func TestReplayEpochs(t *testing.T) {
+	const blocks = 16
+	withEpochs := Shape{Words: 1, Sums: sums, Epochs: blocks}
+	rec := func(line uint64, dirty uint64, epoch uint64) meta.Op {
+		op := meta.Op{Rec: meta.Line{Line: line, Slot: uint32(line), Valid: []uint64{0xffff}}}
+		if dirty != 0 {
+			op.Rec.Dirty = []uint64{dirty}
+			op.Rec.Epoch = make([]uint64, blocks)
+			for b := range blocks {
+				if dirty&(1<<b) != 0 {
+					op.Rec.Epoch[b] = epoch + uint64(b%2) // two epochs in a line
+				}
+			}
+		}
+		return op
+	}
+	replay := func(path string, s Shape) []meta.Op {
+		var got []meta.Op
+		found, err := Replay(path, id, s, func(op meta.Op) error { got = append(got, op); return nil })
+		require.NoError(t, err)
+		require.True(t, found)
+		return got
+	}
+
+	path := filepath.Join(t.TempDir(), "log")
+	l, err := Create(path, id, withEpochs, headerSize+20*int64(RecordSize(withEpochs)))
+	require.NoError(t, err)
+	defer l.Close()
+	var want []meta.Op
+	for i := range 30 { // wraps the ring of 20
+		op := rec(uint64(i), 0xffff>>(i%17), 1<<40+uint64(i))
+		want = append(want, op)
+		l.Append(op)
+		if i == 15 {
+			l.Committed(12)
+		}
+	}
+	require.Equal(t, want[12:], replay(path, withEpochs))
+	noEpochs := replay(path, Shape{Words: 1, Sums: sums})
+	require.Len(t, noEpochs, 18)
+	require.Equal(t, want[12].Rec.Epoch, noEpochs[0].Rec.Epoch, "a reader that asks for none still gets them")
+
+	plain := filepath.Join(t.TempDir(), "plain")
+	l2, err := Create(plain, id, Shape{Words: 1, Sums: sums}, 0)
+	require.NoError(t, err)
+	defer l2.Close()
+	l2.Append(rec(3, 0x5, 9))
+	got := replay(plain, withEpochs)
+	require.Len(t, got, 1)
+	require.Nil(t, got[0].Rec.Epoch, "a log without epochs replays records without them")
+	require.Equal(t, []uint64{0x5}, got[0].Rec.Dirty)
 }
