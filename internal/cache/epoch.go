@@ -441,19 +441,10 @@ func (c *Cache) drainEpochs(ctx context.Context, progress func(done, total int64
 	return err
 }
 
-// retryOrdered runs op, which takes and releases line locks, again after each wait it asks for.
-func (c *Cache) retryOrdered(op func() error) error {
-	for {
-		err := op()
-		if again, werr := c.waitIfOrdered(err); !again {
-			return werr
-		}
-	}
-}
-
-// waitIfOrdered looks at err, what a change under line locks returned: an *orderWait is waited for
-// (waitEpochs), and again reports that the change must be tried again; else err is the change's
-// outcome, or the wait's failure. A nil err costs nothing: the hot path's check.
+// waitIfOrdered looks at err, what a change under its line locks returned, once it let go of them:
+// an *orderWait is waited for (waitEpochs), and again reports that the change must be tried
+// again; else err is the change's outcome, or the wait's failure. The callers loop on it rather
+// than take the change as a closure, which would cost every write an allocation.
 func (c *Cache) waitIfOrdered(err error) (again bool, _ error) {
 	if err == nil {
 		return false, nil

@@ -64,7 +64,6 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		// tier bypassed meanwhile sends it through).
 		c.wb.modeMu.RLock()
 		if mode = c.Mode(); mode == WriteBack && c.ssd.usable() {
-			// A loop, not retryOrdered: a closure here would cost every write an allocation.
 			var err error
 			for again := true; again; {
 				c.lockPieces(pieces)
@@ -83,23 +82,31 @@ func (c *Cache) write(p []byte, off int64, fua bool) (err error) {
 		}
 		c.wb.modeMu.RUnlock()
 	}
-	return c.retryOrdered(func() error {
+	for again := true; again; {
 		c.lockPieces(pieces)
-		defer c.unlockPieces(pieces)
-		if err := c.orderCheck(pieces, true); err != nil {
-			return err
-		}
-		if err := c.destageTouched(pieces); err != nil {
-			return err
-		}
-		if err := c.invalidate(pieces, fua); err != nil {
-			return err
-		}
-		if mode != WriteThrough && mode != WriteBack {
-			return c.backendWrite(p, off, fua)
-		}
-		return c.writeThrough(pieces, p, off, fua)
-	})
+		err = c.writeOtherLocked(mode, pieces, p, off, fua)
+		c.unlockPieces(pieces)
+		again, err = c.waitIfOrdered(err)
+	}
+	return err
+}
+
+// writeOtherLocked is a write that is not write-back's (another mode, or a bypassed SSD tier),
+// under the pieces' line locks: the dirty data it overlaps goes to the backend first.
+func (c *Cache) writeOtherLocked(mode Mode, pieces []piece, p []byte, off int64, fua bool) error {
+	if err := c.orderCheck(pieces, true); err != nil {
+		return err
+	}
+	if err := c.destageTouched(pieces); err != nil {
+		return err
+	}
+	if err := c.invalidate(pieces, fua); err != nil {
+		return err
+	}
+	if mode != WriteThrough && mode != WriteBack {
+		return c.backendWrite(p, off, fua)
+	}
+	return c.writeThrough(pieces, p, off, fua)
 }
 
 // writeThrough writes RAM, the SSD and then the backend; the cached blocks become valid only once
@@ -215,18 +222,21 @@ func (c *Cache) change(off, length int64, zeroing bool, op func() error) error {
 	}
 	var pieceBuf [2]piece
 	pieces := c.split(pieceBuf[:0], off, length)
-	return c.retryOrdered(func() error {
+	var err error
+	for again := true; again; {
 		c.lockPieces(pieces)
-		defer c.unlockPieces(pieces)
-		if err := c.orderCheck(pieces, true); err != nil {
-			return err
-		}
-		return c.changeLocked(pieces, off, length, zeroing, op)
-	})
+		err = c.changeLocked(pieces, off, length, zeroing, op)
+		c.unlockPieces(pieces)
+		again, err = c.waitIfOrdered(err)
+	}
+	return err
 }
 
 // changeLocked is change under the pieces' line locks.
 func (c *Cache) changeLocked(pieces []piece, off, length int64, zeroing bool, op func() error) error {
+	if err := c.orderCheck(pieces, true); err != nil {
+		return err
+	}
 	if err := c.destageTouched(pieces); err != nil {
 		return err
 	}
