@@ -117,7 +117,7 @@ func (o OrderOptions) check() error {
 	return checkDirectIO(o.WorkDir)
 }
 
-// orderRows are the fio arguments of the write phase: a database-like writer, 4 KiB random
+// orderFioArgs are the fio arguments of the write phase: a database-like writer, 4 KiB random
 // writes with an fsync (fio's nbd engine sends an NBD FLUSH) every OrderFsync writes, stopping
 // after writes writes.
 func orderFioArgs(writes int) []string {
