@@ -31,7 +31,7 @@ func newBenchWriteBackCmd() *cobra.Command {
 	o := benchWriteBackOpts{}
 	cmd := &cobra.Command{
 		Use:   "writeback",
-		Short: "Measure tierblk's write-back cache against nbdkit's cache filter over a slow disk (needs fio and nbdkit)",
+		Short: "Measure tierblk's write-back cache against nbdkit's cache filter over a slow disk, and its two write-back orders (needs fio and nbdkit)",
 		Long: `Over a slow disk (nbdkit, one request at a time, 5 ms each: about 190 IOPS), measures with fio's
 nbd engine, in the same run and alternating between them each round:
   tierblk     serve --backend (its own slow disk) --ram ` + bench.CacheRAM + ` --ssd WORK/ssd.img --ssd-size ` + bench.CacheSSD + ` --mode writeback
