@@ -21,9 +21,6 @@ import (
 // is here; the file-system writer (ext4 under fio with fsync) needs a kernel block device, which
 // only the kernel VM (`tierblk bench kernel`) has, and is left out.
 const (
-	// OrderAddress and OrderFlush are the two --write-back-order settings, in the table's order.
-	OrderAddress = "address"
-	OrderFlush   = "flush"
 	// OrderSlow and OrderFile are the backends: the write-back bench's slow disk (5 ms a request,
 	// one at a time) and a file in the work directory opened with O_DIRECT.
 	OrderSlow = "slow disk"
@@ -160,7 +157,7 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 		return OrderReport{}, err
 	}
 	rep := OrderReport{Commands: orderCommands(o, dir)}
-	orders := []string{OrderAddress, OrderFlush}
+	orders := []string{cache.OrderAddress, cache.OrderFlush}
 	for i, backend := range OrderBackends() {
 		write := OrderResult{Row: fmt.Sprintf("4K random write, QD32, a FLUSH every %d, %d writes over %s", OrderFsync, o.Writes, o.Size), Backend: backend, Unit: orderUnitWrite}
 		drain := OrderResult{Row: "destage: tierblk flush after it", Backend: backend, Unit: orderUnitDrain}
@@ -181,7 +178,7 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 }
 
 func (r *OrderResult) add(order string, v float64) {
-	if order == OrderFlush {
+	if order == cache.OrderFlush {
 		r.Flush = append(r.Flush, v)
 	} else {
 		r.Address = append(r.Address, v)
@@ -274,7 +271,7 @@ func orderCommands(o OrderOptions, dir string) []string {
 // lowest and highest of the per-round ratios flush/address (above 1.0: flush order is faster).
 func OrderTable(rs []OrderResult) string {
 	var b strings.Builder
-	b.WriteString("| workload | backend | " + OrderAddress + " order | " + OrderFlush + " order | ratio flush/address, median | min | max |\n")
+	b.WriteString("| workload | backend | " + cache.OrderAddress + " order | " + cache.OrderFlush + " order | ratio flush/address, median | min | max |\n")
 	b.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range rs {
 		ratios := r.Ratios()

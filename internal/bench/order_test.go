@@ -5,16 +5,18 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
 )
 
 func TestOrderCommands(t *testing.T) {
 	for _, tc := range []struct {
 		name, backend, order, want string
 	}{
-		{"address order over the slow disk", OrderSlow, OrderAddress,
+		{"address order over the slow disk", OrderSlow, cache.OrderAddress,
 			"/bin/tierblk serve --backend nbd+unix:///?socket=/w/r/backend.sock --nbd unix:/w/r/nbd.sock --ram 256MiB --ssd /w/r/ssd.img --ssd-size 512MiB " +
 				"--mode writeback --write-back-order address --log-level warn --admin unix:/w/r/admin.sock"},
-		{"flush order over a file", OrderFile, OrderFlush,
+		{"flush order over a file", OrderFile, cache.OrderFlush,
 			"/bin/tierblk serve --backend file:///w/r/backend.img?size=1GiB&direct=true --nbd unix:/w/r/nbd.sock --ram 256MiB --ssd /w/r/ssd.img --ssd-size 512MiB " +
 				"--mode writeback --write-back-order flush --log-level warn --admin unix:/w/r/admin.sock"},
 	} {
@@ -54,10 +56,10 @@ func TestOrderTable(t *testing.T) {
 
 func TestOrderResultAdd(t *testing.T) {
 	var r OrderResult
-	r.add(OrderFlush, 2)
-	r.add(OrderAddress, 4)
-	r.add(OrderAddress, 8)
-	r.add(OrderFlush, 2)
+	r.add(cache.OrderFlush, 2)
+	r.add(cache.OrderAddress, 4)
+	r.add(cache.OrderAddress, 8)
+	r.add(cache.OrderFlush, 2)
 	require.Equal(t, []float64{4, 8}, r.Address)
 	require.Equal(t, []float64{2, 2}, r.Flush)
 	require.Equal(t, []float64{0.5, 0.25}, r.Ratios())
