@@ -225,16 +225,22 @@ func (o CacheOptions) pass(ctx context.Context, s *server, what, rw string) erro
 }
 
 func (o CacheOptions) check() error {
+	if o.Rounds < 1 || o.Runtime < time.Second || o.SlowRuntime < time.Second {
+		return fmt.Errorf("rounds must be at least 1 and run times at least 1s (fio counts whole seconds), got %d, %s, %s",
+			o.Rounds, o.Runtime, o.SlowRuntime)
+	}
+	return checkFioRun(o.WorkDir)
+}
+
+// checkFioRun fails unless fio and nbdkit are installed and dir takes O_DIRECT (checkDirectIO):
+// what the benchmarks that run fio against nbdkit and tierblk need.
+func checkFioRun(dir string) error {
 	for _, tool := range []string{"fio", "nbdkit"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is not installed; run `make deps` (Debian package %s)", tool, tool)
 		}
 	}
-	if o.Rounds < 1 || o.Runtime < time.Second || o.SlowRuntime < time.Second {
-		return fmt.Errorf("rounds must be at least 1 and run times at least 1s (fio counts whole seconds), got %d, %s, %s",
-			o.Rounds, o.Runtime, o.SlowRuntime)
-	}
-	return checkDirectIO(o.WorkDir)
+	return checkDirectIO(dir)
 }
 
 // RAM file systems' statfs types (linux/magic.h).

@@ -235,12 +235,7 @@ func (o ColdOptions) check() error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	for _, tool := range []string{"fio", "nbdkit"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is not installed; run `make deps` (Debian package %s)", tool, tool)
-		}
-	}
-	return checkDirectIO(o.WorkDir)
+	return checkFioRun(o.WorkDir)
 }
 
 // coldBackend is the nbdkit command line of a backend.

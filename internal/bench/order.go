@@ -106,12 +106,7 @@ func (o OrderOptions) check() error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
-	for _, tool := range []string{"fio", "nbdkit"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is not installed; run `make deps` (Debian package %s)", tool, tool)
-		}
-	}
-	return checkDirectIO(o.WorkDir)
+	return checkFioRun(o.WorkDir)
 }
 
 // orderFioArgs are the fio arguments of the write phase: a database-like writer, 4 KiB random
