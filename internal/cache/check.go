@@ -17,7 +17,8 @@ import (
 // damaged deals with blocks of line, in slot, whose bytes failed their sums (sum.go). A dirty one
 // the RAM tier holds too is written to the SSD again from there (repairFromRAM). The other dirty
 // ones are lost, recorded so (lost.go) before anything else, and then every damaged block leaves
-// both tiers, durably, so that neither a read nor the destager finds its bytes again. A clean
+// both tiers, durably, so that neither a read nor the destager finds its bytes again (in FLUSH
+// order the lost ones stay dirty, and halt the write back: epoch.go). A clean
 // block is read from the backend from then on. The caller holds the line's lock. Each damaged
 // block is so found and logged once (a scrub or a restart finds it no more), up to
 // damageLogsPerMinute a minute.
@@ -39,8 +40,13 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	}
 	start := int64(line) * c.line
 	var lostErr error
+	var lost int
 	dirty.Runs(t.blocks, func(b0, b1 int) {
 		lo, hi := start+int64(b0)*blockSize, min(start+int64(b1)*blockSize, c.size)
+		if c.ordered() && c.lost.overlaps(lo, hi-lo) {
+			return // kept dirty when it was lost (below): found again
+		}
+		lost += b1 - b0
 		if c.damageLog.allow(c.log) {
 			c.log.Error("SSD tier: dirty data failed its checksum and is lost: reads of the range fail until it is written again; the backend keeps its older data",
 				"offset", lo, "bytes", hi-lo)
@@ -49,7 +55,7 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 			lostErr = err
 		}
 	})
-	c.lostBlocks.Add(uint64(dirty.Count()))
+	c.lostBlocks.Add(uint64(lost))
 	if clean := bits.AndNot(dirty); !clean.IsZero() && c.damageLog.allow(c.log) {
 		c.log.Warn("SSD tier: cached data failed its checksum; it is read from the backend again",
 			"offset", start+int64(firstBit(clean))*blockSize, "blocks", clean.Count())
@@ -60,6 +66,19 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 		c.log.Error("SSD tier: cannot record the lost range", "err", lostErr)
 		bits = bits.AndNot(dirty)
 		t.fail(fmt.Sprintf("metadata: %v", lostErr))
+	}
+	if c.ordered() && !dirty.IsZero() {
+		// In FLUSH order the lost blocks stay dirty, and their epoch stops the write back
+		// (epoch.go): the backend keeps the last state a crash could have left.
+		bits = bits.AndNot(dirty)
+		t.mu.RLock()
+		ep, _, _ := t.ep.of(slot, dirty)
+		t.mu.RUnlock()
+		if b := t.ep.broken.Load(); b == 0 || ep < b {
+			c.log.Error("SSD tier: in flush order, a lost dirty block stops the write back: the backend keeps its consistent state from before it; writes that need the backend fail, until a restart with write_back.order: address writes back the rest without it",
+				"epoch", ep, "offset", start+int64(firstBit(dirty))*blockSize)
+		}
+		t.ep.lose(ep)
 	}
 	if c.ram != nil {
 		c.ram.invalidate(line, bits)

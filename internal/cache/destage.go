@@ -413,12 +413,16 @@ func (c *Cache) dirtyStats() DirtyStats {
 	var pending int
 	var oldest uint64
 	var behind float64
-	if ep := c.ssd.ep; ep != nil && len(ep.pending) > 0 {
-		pending, oldest, behind = len(ep.pending), ep.pending[0].epoch, time.Since(ep.pending[0].since).Seconds()
+	var lost uint64
+	if ep := c.ssd.ep; ep != nil {
+		lost = ep.broken.Load()
+		if len(ep.pending) > 0 {
+			pending, oldest, behind = len(ep.pending), ep.pending[0].epoch, time.Since(ep.pending[0].since).Seconds()
+		}
 	}
 	c.ssd.mu.Unlock()
 	return DirtyStats{
-		Order: w.cfg.Order, PendingEpochs: pending, OldestEpoch: oldest, BackendBehind: behind,
+		Order: w.cfg.Order, PendingEpochs: pending, OldestEpoch: oldest, BackendBehind: behind, LostEpoch: lost,
 		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(w.lines),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),

@@ -26,7 +26,11 @@ import (
 //     a flush of everything): it lets go of its line locks and writes the older epochs back
 //     itself, in order, as the destager does (orderWait, waitEpochs), then goes on;
 //   - when the SSD tier is lost while it holds epochs the backend lacks, writes that would need them
-//     on the backend first fail (errOrderLost): the backend stays a state the device had, older.
+//     on the backend first fail (errOrderLost): the backend stays a state the device had, older;
+//   - so too when a dirty block of epoch k fails its checksum with no copy in the RAM tier (lost,
+//     check.go): epoch k can never be whole on the backend, so no later epoch may follow it there
+//     (epochs.broken). The block stays dirty, so that a restart finds the same again, until the
+//     user accepts the loss by a restart in address order, which writes back the rest without it.
 
 // epochs is an SSD tier's flush-order bookkeeping. cur is read and moved without the tier's mutex;
 // the rest is guarded by tier.mu.
@@ -37,6 +41,10 @@ type epochs struct {
 	// pending are the epochs that still have dirty blocks, ascending, with the lines that hold
 	// them (lines may list a line twice, or one written back since: takers check).
 	pending []pendingEpoch
+	// broken is the oldest epoch that lost a dirty block (0: none): write back stops before it;
+	// halted once every epoch before it is written back (for good: later ones are newer).
+	broken atomic.Uint64
+	halted atomic.Bool
 }
 
 type slotEpochs struct {
@@ -295,6 +303,31 @@ func (o *orderWait) Error() string { return "cache: waiting for older epochs to 
 // the last epoch written back, which a crash of the device could have left.
 var errOrderLost = errors.New("cache: the SSD tier failed holding writes the backend lacks; in flush order the backend keeps its older, consistent state and takes no later change")
 
+// lose marks epoch ep as one that lost a dirty block (check.go's damaged): no epoch from it on
+// is written back.
+func (e *epochs) lose(ep uint64) {
+	for {
+		b := e.broken.Load()
+		if b != 0 && b <= ep || e.broken.CompareAndSwap(b, ep) {
+			return
+		}
+	}
+}
+
+// stopped returns the error for a write back of the epochs up to ep while oldest is the oldest
+// pending one: nil unless an epoch among them lost a dirty block.
+func (e *epochs) stopped(oldest, ep uint64) error {
+	if b := e.broken.Load(); b != 0 && oldest >= b && oldest <= ep {
+		e.halted.Store(true)
+		return e.haltedErr()
+	}
+	return nil
+}
+
+func (e *epochs) haltedErr() error {
+	return fmt.Errorf("%w: a dirty block of epoch %d failed its checksum with no other copy (restart with write_back.order: address to write back the rest without it)", errOrderLost, e.broken.Load())
+}
+
 // ordered reports whether the cache writes back in FLUSH order.
 func (c *Cache) ordered() bool { return c.ssd != nil && c.ssd.ep != nil }
 
@@ -378,6 +411,9 @@ func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, progress func()) e
 		t.mu.RUnlock()
 		if !any || oldest > ep {
 			return nil
+		}
+		if err := t.ep.stopped(oldest, ep); err != nil {
+			return err
 		}
 		if c.closed.Load() {
 			return errors.New("cache: closed")
@@ -470,6 +506,10 @@ func (c *Cache) destageNextOrdered(cursor *uint64, urgent bool) (int64, bool, er
 	}
 	window := uint64(max(1, batch/c.line))
 	t.mu.Lock()
+	if oldest, any := t.ep.oldest(); any && t.ep.stopped(oldest, oldest) != nil {
+		t.mu.Unlock()
+		return 0, false, nil
+	}
 	ep, lines, ok := t.ep.takeOldest(window)
 	if ok && lines == nil {
 		lines = t.dirtyWindowLocked(cursor, window)

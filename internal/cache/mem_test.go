@@ -88,3 +88,41 @@ func TestPackedIndexBytesPerLine(t *testing.T) {
 	require.LessOrEqual(t, perLine, float64(maxPackedIndexBytesPerLine))
 	runtime.KeepAlive(tr)
 }
+
+// TestEpochBytesPerDirtyLine measures the RAM FLUSH order's bookkeeping (epochs) takes per dirty
+// line of 64 KiB, with its blocks in one epoch and with each in an epoch of its own (the most a
+// line's blocks can be in), against epochBytes, which the memory plan counts for each line that
+// may be dirty.
+func TestEpochBytesPerDirtyLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocates a large index")
+	}
+	const blocks = 16
+	// Maps grow by doubling: at a count just past a doubling each entry has the most room.
+	for _, c := range []struct {
+		lines  int
+		spread bool
+	}{{1 << 17, false}, {1<<17 + 1<<12, false}, {1 << 17, true}, {1<<17 + 1<<12, true}} {
+		lines, spread := c.lines, c.spread
+		before := heapInUse()
+		e := newEpochs()
+		for b := range blocks {
+			for slot := range uint32(lines) {
+				if b == 0 || spread {
+					e.update(uint64(slot)*7, slot, linebits.Range(0, b), linebits.Range(0, b+1))
+				}
+			}
+			if spread {
+				e.next()
+			}
+		}
+		perLine := float64(heapInUse()-before) / float64(lines)
+		t.Logf("%d lines, one epoch a block: %v: %.1f bytes per dirty line (epochBytes: %d)", lines, spread, perLine, epochBytes(blocks))
+		if spread {
+			require.LessOrEqual(t, perLine, float64(epochBytes(blocks)))
+		} else {
+			require.LessOrEqual(t, perLine, float64(epochLineBytes))
+		}
+		runtime.KeepAlive(e)
+	}
+}

@@ -10,7 +10,8 @@ import (
 // whatever the load: the RAM tier's bytes; the index of both tiers full (every slot holding a
 // line), with its checksums and, on a packed tier, its location words (TestIndexBytesPerLine);
 // and, with an SSD tier (which write-back, or a switch to it, fills with dirty data), work: the
-// destager's buffers, and on a packed tier reclaim's lists. The daemon's memory bound and
+// destager's buffers, on a packed tier reclaim's lists, and in FLUSH order the epochs of the most
+// dirty lines there may be (epochBytes). The daemon's memory bound and
 // docs/operations.md's "How much RAM" are made of these.
 func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 	if c.ram != nil {
@@ -20,6 +21,9 @@ func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 	if t := c.ssd; t != nil {
 		index += uint64(t.slots) * uint64(t.st.indexBytes(t.blocks))
 		work = destageBytesInFlight + t.st.workBytes()
+		if t.ep != nil && c.wb != nil {
+			work += uint64(c.wb.maxLines) * uint64(epochBytes(t.blocks))
+		}
 	}
 	return ramTier, index, work
 }
@@ -52,3 +56,14 @@ func warnIndexRAM(log *slog.Logger, indexed, blocks int, r Reduction) {
 	log.Warn("the SSD tier's index, full, may take more than half of this machine's RAM; reduction zero, or a larger line, needs less",
 		"index_bytes", need, "ram_bytes", ram, "reduction", r.String(), "index_bytes_with_zero", zero)
 }
+
+// epochBytes is the most RAM FLUSH order's bookkeeping (epochs) takes for a dirty line of blocks
+// blocks: its slot's entry with one epoch, and an entry for each further epoch among its blocks,
+// at worst one a block, each with the line's place in that epoch's list
+// (TestEpochBytesPerDirtyLine).
+func epochBytes(blocks int) int { return epochLineBytes + (blocks-1)*epochEntryBytes }
+
+const (
+	epochLineBytes  = 192
+	epochEntryBytes = 56
+)

@@ -353,6 +353,7 @@ type orderRig struct {
 	c     *Cache
 	back  *orderBackend
 	ssd   *fault.Backend
+	raw   *mem.Mem // the SSD tier's bytes under ssd, for damage
 	store meta.Store
 	// g stands between the engine and what outlives it (the backend, the SSD, the store), so that
 	// a kill cuts them from the killed engine at once (restart).
@@ -366,8 +367,9 @@ type orderRig struct {
 
 func newOrderRig(t testing.TB, l layout, order string, seed uint64) *orderRig {
 	h := newOrderHistory(orderDevSize / sector)
+	raw := mem.New(l.ssd * l.line)
 	r := &orderRig{h: h, back: newOrderBackend(h, seed), rng: rand.New(rand.NewPCG(seed, 1)),
-		ssd: fault.New(mem.New(l.ssd*l.line), fault.Options{Seed: int64(seed)}), store: meta.NewMem(),
+		ssd: fault.New(raw, fault.Options{Seed: int64(seed)}), raw: raw, store: meta.NewMem(),
 		g: &gate{}, l: l, order: order}
 	r.open(t)
 	return r
@@ -439,6 +441,21 @@ func (r *orderRig) write(k int, how string, first, n int) error {
 	return nil
 }
 
+// damage flips a byte in each of n random blocks of the SSD tier's device, as rot would: a dirty
+// block so damaged is lost, and in FLUSH order its epoch can never be whole on the backend.
+func (r *orderRig) damage(t testing.TB, n int) {
+	size := r.l.ssd * r.l.line
+	b := make([]byte, 1)
+	for range n {
+		at := int64(r.rng.IntN(int(size/blockSize)))*blockSize + int64(r.rng.IntN(blockSize))
+		_, err := r.raw.ReadAt(b, at)
+		require.NoError(t, err)
+		b[0] ^= 1 << r.rng.IntN(8)
+		_, err = r.raw.WriteAt(b, at)
+		require.NoError(t, err)
+	}
+}
+
 func (r *orderRig) flush(k int) error {
 	note := fmt.Sprintf("op %d, flush", k)
 	r.h.say(note, nil)
@@ -478,19 +495,27 @@ func (r *orderRig) op(k int) error {
 	}
 }
 
-// runOrder is one seeded run of the model: random requests on a fresh cache. In a quarter of the
+// orderRun is what one run of the model (runOrder) did and found.
+type orderRun struct {
+	destaged  uint64 // bytes written back
+	lostEpoch uint64 // the epoch a damaged dirty block halted the write back at (0: none)
+}
+
+// runOrder is one seeded run of the model: random requests on a fresh cache. In a fifth of the
 // runs the SSD tier fails every I/O from a random request on and ten more requests follow, any of
 // which may fail: the dirty data only the tier held is gone, and the backend alone must still be a
-// legal state. In another quarter the run stops at a random request, the SSD tier abandoned as it
-// is. In another the engine restarts at a random request (Close, or a kill with a run log: no
-// acknowledged write is lost either way) and the run goes on on the restarted engine. Otherwise
-// FlushAll drains the dirty data at the end. It returns the bytes written back, the
-// order violation found, and apart from it a failure the model does not allow (a request that
-// failed while the SSD worked).
-func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (destaged uint64, violation, err error) {
+// legal state. In another fifth a few blocks of the SSD tier's device are damaged at a random
+// request and twenty more follow, any of which may fail (a damaged dirty block is lost). In
+// another the run stops at a random request, the SSD tier abandoned as it is. In another the
+// engine restarts at a random request (Close, or a kill with a run log: no acknowledged write is
+// lost either way) and the run goes on on the restarted engine. Otherwise FlushAll drains the
+// dirty data at the end (allowed to fail after damage). It returns what the run did, the order
+// violation found, and apart from it a failure the model does not allow (a request that failed
+// while the SSD worked).
+func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (run orderRun, violation, err error) {
 	rng := rand.New(rand.NewPCG(seed, 2))
-	end, drop, restart := ops, -1, -1
-	switch rng.IntN(4) {
+	end, drop, dmg, restart := ops, -1, -1, -1
+	switch rng.IntN(5) {
 	case 0:
 		drop = rng.IntN(ops)
 		end = drop + 10
@@ -499,7 +524,11 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (desta
 	case 2:
 		restart = rng.IntN(ops)
 		l.runLog = filepath.Join(t.TempDir(), "runlog")
+	case 3:
+		dmg = rng.IntN(ops)
+		end = dmg + 20
 	}
+	failFrom := max(drop, dmg) // requests from it on may fail
 	r := newOrderRig(t, l, order, seed)
 	for k := 0; k < end && err == nil; k++ {
 		if k == restart {
@@ -516,18 +545,23 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (desta
 				r.c.ssd.fail("the test dropped the SSD tier")
 			}
 		}
-		if e := r.op(k); e != nil && (drop < 0 || k < drop) {
+		if k == dmg {
+			r.h.say(fmt.Sprintf("op %d, the SSD tier damaged", k), nil)
+			r.damage(t, 1+r.rng.IntN(3))
+		}
+		if e := r.op(k); e != nil && (failFrom < 0 || k < failFrom) {
 			err = fmt.Errorf("with the SSD tier working: %w", e)
 		}
 	}
-	if err == nil && end == ops && drop < 0 {
+	if err == nil && (end == ops || dmg >= 0) && drop < 0 {
 		r.h.say("FlushAll at the end", nil)
-		if e := r.c.FlushAll(context.Background(), nil); e != nil {
+		if e := r.c.FlushAll(context.Background(), nil); e != nil && dmg < 0 {
 			err = fmt.Errorf("FlushAll: %w", e)
 		}
 	}
 	violation = r.back.violation(8) // the backend as the run leaves it, and 8 power losses of it
-	destaged = r.c.Stats().Dirty.DestagedBytes
+	st := r.c.Stats().Dirty
+	run = orderRun{destaged: st.DestagedBytes, lostEpoch: st.LostEpoch}
 	r.h.say("Close", nil)
 	r.c.Close()
 	if violation == nil {
@@ -539,7 +573,10 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (desta
 	if violation != nil && restart >= 0 {
 		violation = fmt.Errorf("%w; in a run whose engine restarted at op %d", violation, restart)
 	}
-	return destaged, violation, err
+	if violation != nil && dmg >= 0 {
+		violation = fmt.Errorf("%w; in a run whose SSD tier was damaged at op %d", violation, dmg)
+	}
+	return run, violation, err
 }
 
 // orderCases are the SSD tier's layouts and reductions the model runs on.
@@ -579,16 +616,24 @@ func TestOrderFlushModel(t *testing.T) {
 			t.Parallel()
 			first, end := orderRuns(t, 500, 30)
 			var destaged uint64
+			halted := 0
 			for run := first; run < end; run++ {
 				seed := orderSeed(base, i, run)
-				bytes, violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
-				destaged += bytes
+				did, violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
+				destaged += did.destaged
+				if did.lostEpoch != 0 {
+					halted++
+				}
 				replay := fmt.Sprintf("seed %d, run %d (replay: CACHE_TEST_SEED=%d CACHE_ORDER_RUN=%d "+
 					"go test ./internal/cache -run 'TestOrderFlushModel/%s$')", seed, run, base, run, oc.name)
 				require.NoError(t, violation, "%s: write-back out of FLUSH order", replay)
 				require.NoError(t, err, replay)
 			}
 			require.NotZero(t, destaged, "nothing was written back: the model tested no write-back")
+			t.Logf("%d runs of %d lost a dirty block to damage, halting the write back", halted, end-first)
+			if end-first >= 100 {
+				require.NotZero(t, halted, "no damage hit dirty data: the model tested no lost block")
+			}
 		})
 	}
 }
@@ -718,5 +763,112 @@ func TestOrderLegal(t *testing.T) {
 			}
 		}
 		require.Equal(t, fits, legal(random, h) == nil, "run %d: state %v: %v", run, random, legal(random, h))
+	}
+}
+
+// TestOrderLostBlock: in FLUSH order a dirty block that fails its checksum with no other copy
+// halts the write back before its epoch (the epoch can never be whole on the backend): the older
+// epochs are written back, the later ones are not, writes that need the backend fail, and the
+// stats say so. A restart in FLUSH order finds the same again; one in address order writes the rest
+// back without the lost block, whose range reads as lost until it is written again.
+func TestOrderLostBlock(t *testing.T) {
+	for _, then := range []string{OrderFlush, OrderAddress} {
+		t.Run("restart-"+then, func(t *testing.T) {
+			l := layout{line: 8 << 10, ssd: 8, mode: WriteBack}
+			const perLine = 8 << 10 / sector
+			back := newCrashDev(orderDevSize)
+			front := fault.New(back, fault.Options{})
+			raw, store := mem.New(l.ssd*l.line), meta.NewMem()
+			open := func(order string) *Cache {
+				g := &gate{} // keeps Close from closing what the next engine opens
+				cfg := testConfig(l, gatedStore{g, store}, gatedDev{g, raw})
+				cfg.WriteBack = orderWatermarks
+				cfg.WriteBack.Order = order
+				c, err := New(gatedDev{g, front}, cfg)
+				require.NoError(t, err)
+				return c
+			}
+			c := open(OrderFlush)
+			// The backend takes no write yet, so that all three epochs stay dirty.
+			front.SetFailing(true)
+			blocks := map[string]int{"A": 12 * perLine, "B": 3 * perLine, "C": 5 * perLine} // first sectors
+			for i, name := range []string{"A", "B", "C"} {
+				p := make([]byte, blockSize)
+				stamp(p, blocks[name], int64(i+1))
+				_, err := c.WriteAt(p, int64(blocks[name])*sector)
+				require.NoError(t, err)
+				require.NoError(t, c.Flush()) // A in epoch 1, B in 2, C in 3
+			}
+			// B's bytes on the SSD tier rot.
+			c.ssd.mu.RLock()
+			slot, ok := c.ssd.slotOf(3)
+			c.ssd.mu.RUnlock()
+			require.True(t, ok)
+			b := make([]byte, 1)
+			at := int64(slot)*l.line + 100
+			_, err := raw.ReadAt(b, at)
+			require.NoError(t, err)
+			b[0] ^= 0x10
+			_, err = raw.WriteAt(b, at)
+			require.NoError(t, err)
+
+			// The destager or the read finds it, whichever comes first.
+			front.SetFailing(false)
+			_, err = c.ReadAt(make([]byte, blockSize), int64(blocks["B"])*sector)
+			require.ErrorIs(t, err, ErrLost)
+			require.EqualValues(t, 2, c.Stats().Dirty.LostEpoch)
+			err = c.FlushAll(context.Background(), nil)
+			require.ErrorIs(t, err, errOrderLost, "FlushAll past the lost epoch")
+			require.ErrorContains(t, err, "epoch 2")
+			readBack := func(name string) int64 {
+				p := make([]byte, blockSize)
+				_, err := back.ReadAt(p, int64(blocks[name])*sector)
+				require.NoError(t, err)
+				return stamps(p, blocks[name])[0]
+			}
+			require.EqualValues(t, 1, readBack("A"), "epoch 1, before the lost one, is written back")
+			require.Zero(t, readBack("B"), "B was lost")
+			require.Zero(t, readBack("C"), "epoch 3, after the lost one, must not reach the backend")
+			_, err = c.WriteAt(make([]byte, blockSize), int64(blocks["B"])*sector)
+			require.ErrorIs(t, err, errOrderLost, "a write over the lost block needs its epoch written back first")
+			// Writes to other lines go on into the SSD tier until dirty data reaches its maximum,
+			// which no write back can lower now: then they fail rather than wait for good.
+			var werr error
+			wrote := 0
+			for line := 6; line < 16 && werr == nil; line++ {
+				_, werr = c.WriteAt(make([]byte, blockSize), int64(line)*l.line)
+				if werr == nil {
+					wrote++
+				}
+			}
+			require.ErrorIs(t, werr, errOrderLost, "a write with no room left")
+			require.NotZero(t, wrote, "writes with room left go on")
+			st := c.Stats()
+			require.EqualValues(t, 1, st.Lost.Blocks, "the lost block counts once, however often it is found")
+			require.NoError(t, c.Close())
+
+			c = open(then)
+			defer c.Close()
+			_, err = c.ReadAt(make([]byte, blockSize), int64(blocks["B"])*sector)
+			require.ErrorIs(t, err, ErrLost, "lost across the restart")
+			err = c.FlushAll(context.Background(), nil)
+			if then == OrderFlush {
+				require.ErrorIs(t, err, errOrderLost, "the restart finds the lost block again")
+				require.EqualValues(t, 2, c.Stats().Dirty.LostEpoch)
+				require.Zero(t, readBack("C"))
+				return
+			}
+			require.NoError(t, err)
+			require.EqualValues(t, 3, readBack("C"), "address order writes the rest back")
+			require.Zero(t, readBack("B"))
+			p := make([]byte, blockSize)
+			stamp(p, blocks["B"], 9)
+			_, err = c.WriteAt(p, int64(blocks["B"])*sector)
+			require.NoError(t, err)
+			got := make([]byte, blockSize)
+			_, err = c.ReadAt(got, int64(blocks["B"])*sector)
+			require.NoError(t, err, "written again, no longer lost")
+			require.EqualValues(t, 9, stamps(got, blocks["B"])[0])
+		})
 	}
 }

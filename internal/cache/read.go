@@ -16,16 +16,23 @@ import (
 func (c *Cache) ReadAt(p []byte, off int64) (int, error) {
 	t0 := time.Now()
 	defer func() { c.readLat.observe(time.Since(t0)) }()
-	if err := c.read(p, off, false); err != nil {
-		return 0, err
-	}
-	// Looked at after the data was found: a block found damaged meanwhile (by this read or
-	// another) is lost before it leaves the tier, so a read that found it gone sees it lost.
-	if err := c.lost.check(off, int64(len(p))); err != nil {
+	if err := c.readEnd(c.read(p, off, false), off, int64(len(p))); err != nil {
 		return 0, err
 	}
 	c.asked.Add(uint64(len(p)))
 	return len(p), nil
+}
+
+// readEnd is the outcome of a read of [off, off+n) that returned err: ErrLost if the range
+// overlaps a lost one, whatever err is, else err. Looked at after the data was found: a block
+// found damaged meanwhile (by this read or another) is lost before it leaves the tier, so a read
+// that found it gone sees it lost; in FLUSH order a lost block stays on the tier, and a read
+// that finds it fails on its way, as lost too.
+func (c *Cache) readEnd(err error, off, n int64) error {
+	if lerr := c.lost.check(off, n); lerr != nil {
+		return lerr
+	}
+	return err
 }
 
 // Prefetch brings a range into the cache, whatever the admission policies say (NBD_CMD_CACHE).

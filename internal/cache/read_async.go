@@ -111,10 +111,7 @@ func (h *hitRead) unlock() {
 // end ends the read, once the line is let go: it counts it and calls done.
 func (h *hitRead) end(err error) {
 	c := h.c
-	if err == nil {
-		err = c.lost.check(h.off, int64(len(h.p)))
-	}
-	if err == nil {
+	if err = c.readEnd(err, h.off, int64(len(h.p))); err == nil {
 		c.asked.Add(uint64(len(h.p)))
 	}
 	c.readLat.observe(time.Since(h.t0))

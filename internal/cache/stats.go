@@ -124,6 +124,9 @@ type DirtyStats struct {
 	PendingEpochs int     `json:"pending_epochs,omitempty"`
 	OldestEpoch   uint64  `json:"oldest_pending_epoch,omitempty"`
 	BackendBehind float64 `json:"backend_behind_seconds,omitempty"`
+	// LostEpoch is the oldest epoch that lost a dirty block (0: none): the write back stops
+	// before it, and the backend stays as of the epoch before.
+	LostEpoch uint64 `json:"lost_epoch,omitempty"`
 }
 
 // LostStats describe the lost ranges: reads of them fail until they are written again.

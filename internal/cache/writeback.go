@@ -172,15 +172,20 @@ func (c *Cache) admitDirty(n, blocks int) error {
 	// reserved, which goes through alone. A tier bypassed meanwhile takes no more dirty data: the
 	// write goes through (write); the destager wakes waiting writes after each attempt, failed or
 	// not.
-	fits := func() bool {
-		return int(c.ssd.dirtyCount.Load())+w.reserved+n <= w.maxLines || (w.reserved == 0 && n > w.maxLines) ||
-			w.closed || !c.ssd.usable()
+	room := func() bool {
+		return int(c.ssd.dirtyCount.Load())+w.reserved+n <= w.maxLines || (w.reserved == 0 && n > w.maxLines)
 	}
+	// In FLUSH order a write back halted by a lost block (epoch.go) makes no more room.
+	halted := func() bool { return c.ssd.ep != nil && c.ssd.ep.halted.Load() }
+	fits := func() bool { return room() || w.closed || !c.ssd.usable() || halted() }
 	if len(w.queue) > 0 || !fits() {
 		w.waitTurn(fits)
 	}
 	if w.closed {
 		return errors.New("cache: closed while waiting for room for dirty data")
+	}
+	if !room() && halted() && c.ssd.usable() {
+		return c.ssd.ep.haltedErr()
 	}
 	w.reserved += n
 	return nil

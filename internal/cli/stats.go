@@ -317,8 +317,12 @@ func behind(d cache.DirtyStats) string {
 	if d.PendingEpochs == 0 {
 		return "the backend holds every write"
 	}
-	return fmt.Sprintf("%d epochs pending, the oldest %d: the backend is consistent as of %s ago",
+	s := fmt.Sprintf("%d epochs pending, the oldest %d: the backend is consistent as of %s ago",
 		d.PendingEpochs, d.OldestEpoch, seconds(d.BackendBehind).Round(time.Millisecond))
+	if d.LostEpoch != 0 {
+		s += fmt.Sprintf("; WRITE BACK HALTED: epoch %d lost a dirty block, no later epoch goes to the backend (restart with write_back.order: address to write back the rest without it)", d.LostEpoch)
+	}
+	return s
 }
 
 // backendWaits is the dirty line's note of the retries of writes that waited for a failing

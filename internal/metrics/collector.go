@@ -150,6 +150,8 @@ var (
 			func(d cache.DirtyStats) float64 { return float64(d.PendingEpochs) }},
 		{exportDesc("tierblk_cache_backend_behind_seconds", "Write-back in FLUSH order: how long ago the first write the backend lacks was; the backend alone holds the device as it was then (0: nothing pending)."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return d.BackendBehind }},
+		{exportDesc("tierblk_cache_lost_epoch", "Write-back in FLUSH order: the oldest epoch that lost a dirty block to damage on the SSD tier (0: none); no later epoch is written back."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.LostEpoch) }},
 	}
 	lostMetrics = []statMetric[cache.LostStats]{
 		{exportDesc("tierblk_cache_lost_bytes", "Bytes in lost ranges now: dirty data the SSD tier damaged before it reached the backend; reads of them fail until they are written again."), prometheus.GaugeValue,
