@@ -38,6 +38,7 @@ const (
 	orderBlock       = 4096
 	orderUnitWrite   = "IOPS"
 	orderUnitDrain   = "MiB/s"
+	orderUnitBlocks  = "blocks"
 )
 
 // OrderOptions control `tierblk bench writeback --parts order`.
@@ -73,9 +74,11 @@ type OrderReport struct {
 	Commands []string
 }
 
-// orderSample is what one measurement gives: fio's write IOPS, and how fast `tierblk flush`
-// wrote back the dirty data fio left.
-type orderSample struct{ iops, drain float64 }
+// orderSample is what one measurement gives: fio's write IOPS, how fast `tierblk flush` wrote
+// back the dirty data fio left, and in how many 4 KiB blocks a backend write on average (a
+// backend that is bound by its requests, as the slow disk is, drains at that many blocks a
+// request: FLUSH order may coalesce only within an epoch).
+type orderSample struct{ iops, drain, perWrite float64 }
 
 // OrderBackends are the backends, in the table's order.
 func OrderBackends() []string { return []string{OrderSlow, OrderFile} }
@@ -156,6 +159,7 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 	for i, backend := range OrderBackends() {
 		write := OrderResult{Row: fmt.Sprintf("4K random write, QD32, a FLUSH every %d, %d writes over %s", OrderFsync, o.Writes, o.Size), Backend: backend, Unit: orderUnitWrite}
 		drain := OrderResult{Row: "destage: tierblk flush after it", Backend: backend, Unit: orderUnitDrain}
+		perWrite := OrderResult{Row: "destage: 4K blocks a backend write", Backend: backend, Unit: orderUnitBlocks}
 		for round := range o.Rounds {
 			fmt.Fprintf(o.Log, "write-back order over the %s, round %d of %d\n", backend, round+1, o.Rounds)
 			for _, t := range roundOrder(len(orders), round) {
@@ -165,9 +169,10 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 				}
 				write.add(orders[t], s.iops)
 				drain.add(orders[t], s.drain)
+				perWrite.add(orders[t], s.perWrite)
 			}
 		}
-		rep.Results = append(rep.Results, write, drain)
+		rep.Results = append(rep.Results, write, drain, perWrite)
 	}
 	return rep, nil
 }
@@ -216,9 +221,19 @@ func measureOrder(ctx context.Context, o OrderOptions, backend, order, dir strin
 	if err := flushTierblk(ctx, o.Tierblk, name, admin, o.Log); err != nil {
 		return orderSample{}, err
 	}
-	s := orderSample{iops: res.value, drain: float64(dirty.Bytes) / (1 << 20) / time.Since(began).Seconds()}
-	fmt.Fprintf(o.Log, "  %-8s %8.0f IOPS, %.1f MiB dirty (ratio %.3f), written back at %.2f MiB/s\n",
-		order, s.iops, float64(dirty.Bytes)/(1<<20), dirty.Ratio, s.drain)
+	took := time.Since(began)
+	after, err := getDirty(ctx, adminClient(admin))
+	if err != nil {
+		return orderSample{}, fmt.Errorf("%s: %w", name, err)
+	}
+	writes := after.DestageWrites - dirty.DestageWrites
+	if writes == 0 {
+		return orderSample{}, errors.New(name + ": tierblk flush made no backend write")
+	}
+	s := orderSample{iops: res.value, drain: float64(dirty.Bytes) / (1 << 20) / took.Seconds(),
+		perWrite: float64(after.DestagedBytes-dirty.DestagedBytes) / orderBlock / float64(writes)}
+	fmt.Fprintf(o.Log, "  %-8s %8.0f IOPS, %.1f MiB dirty (ratio %.3f), written back at %.2f MiB/s in %d backend writes (%.2f blocks each)\n",
+		order, s.iops, float64(dirty.Bytes)/(1<<20), dirty.Ratio, s.drain, writes, s.perWrite)
 	return s, nil
 }
 
@@ -271,7 +286,7 @@ func OrderTable(rs []OrderResult) string {
 	for _, r := range rs {
 		ratios := r.Ratios()
 		format := "%.0f %s"
-		if r.Unit == orderUnitDrain {
+		if r.Unit != orderUnitWrite {
 			format = "%.2f %s"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f | %.2f | %.2f |\n", r.Row, r.Backend,

@@ -232,8 +232,8 @@ func (e *epochs) bitsOf(slot uint32, ep uint64) lineBits {
 	return lineBits{}
 }
 
-// takeOldest returns the oldest epoch and its lines from the first of them up to window lines on,
-// in ascending order, taking them out of the epoch's list (putBack returns them if their write
+// takeOldest returns the oldest epoch and up to window of its lines, the first ones in ascending
+// order, however far apart (an epoch's random writes are, and each batch costs a backend flush), taking them out of the epoch's list (putBack returns them if their write
 // back fails). While only one epoch is pending, the open one, which still grows, lines is nil:
 // every dirty block is of that epoch, and the caller walks the tier's dirty set in address order
 // as address order does (its list is only kept from growing).
@@ -258,10 +258,7 @@ func (e *epochs) takeOldest(window uint64) (ep uint64, lines []uint64, ok bool) 
 		// (a block dirtied again meanwhile can only join the open epoch): found again.
 		p.lines = e.linesOf(p.epoch)
 	}
-	n := 0
-	for n < len(p.lines) && p.lines[n] < p.lines[0]+window {
-		n++
-	}
+	n := min(len(p.lines), int(window))
 	lines = slices.Clone(p.lines[:n])
 	p.lines = p.lines[n:]
 	return p.epoch, lines, true
@@ -518,9 +515,16 @@ func (c *Cache) destageNextOrdered(cursor *uint64, urgent bool) (int64, bool, er
 	if !ok || len(lines) == 0 {
 		return 0, ok, nil
 	}
-	lo, hi := lines[0], lines[len(lines)-1]
-	c.locks.Lock(lo, hi)
-	defer c.locks.Unlock(lo, hi)
+	// Each line locked alone, in ascending order: an epoch's lines may lie far apart, and the
+	// lines between them are no business of this write back.
+	for _, line := range lines {
+		c.locks.Lock(line, line)
+	}
+	defer func() {
+		for _, line := range lines {
+			c.locks.Unlock(line, line)
+		}
+	}()
 	n, err := c.destageEpochLocked(lines, &ep)
 	if err != nil {
 		t.mu.Lock()
