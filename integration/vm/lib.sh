@@ -216,3 +216,25 @@ wait_log() {
 		sleep 0.1
 	done
 }
+
+# nullb NAME MIB NSEC: a memory-backed null_blk device of MIB MiB completing each request NSEC ns
+# after it arrives (0: at once); its path in $dev. The script loads configfs and null_blk first.
+nullb() {
+	d=/sys/kernel/config/nullb/$1
+	mkdir "$d" || fail "null_blk $1"
+	echo 1 >"$d/memory_backed"
+	echo "$2" >"$d/size"
+	echo 4096 >"$d/blocksize"
+	if [ "$3" -gt 0 ]; then
+		echo 2 >"$d/irqmode"
+		echo "$3" >"$d/completion_nsec"
+	else
+		echo 0 >"$d/irqmode"
+	fi
+	echo 1 >"$d/power" || fail "null_blk $1: power on"
+	# The kernel names a device made through configfs after its directory (older ones nullbN).
+	dev=/dev/$1
+	[ -e /sys/block/$1 ] || dev=/dev/nullb$(cat "$d/index")
+	mdev -s
+	wait_for "$dev" 10
+}

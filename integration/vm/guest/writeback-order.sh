@@ -20,24 +20,6 @@ dirty_stat() {
 insmod /lib/modules/configfs.ko 2>/dev/null
 mount -t configfs none /sys/kernel/config 2>/dev/null
 insmod /lib/modules/null_blk.ko nr_devices=0 || fail "insmod null_blk"
-# nullb NAME MIB NSEC: a memory-backed null_blk device of MIB MiB completing each request NSEC ns
-# after it arrives (0: at once); its path in $dev.
-nullb() {
-	d=/sys/kernel/config/nullb/$1
-	mkdir "$d" || fail "null_blk $1"
-	echo 1 >"$d/memory_backed"
-	echo "$2" >"$d/size"
-	echo 4096 >"$d/blocksize"
-	if [ "$3" -gt 0 ]; then
-		echo 2 >"$d/irqmode"
-		echo "$3" >"$d/completion_nsec"
-	fi
-	echo 1 >"$d/power" || fail "null_blk $1: power on"
-	dev=/dev/$1
-	[ -e /sys/block/$1 ] || dev=/dev/nullb$(cat "$d/index")
-	mdev -s
-	wait_for "$dev" 10
-}
 nullb nas 256 50000000
 nas=$dev
 nullb ssd 64 0
