@@ -341,6 +341,7 @@ func (c *Cache) flush(drain bool) error {
 	}
 	if c.ordered() {
 		c.ssd.ep.next() // writes from now on are of the next epoch
+		c.wb.kick()     // which the destager may write back now (closedEpochsPending)
 	}
 	if !c.ssd.usable() {
 		if c.ssd == nil {

@@ -338,7 +338,7 @@ func (c *Cache) destager(stop <-chan struct{}) {
 		for {
 			st := c.destageState()
 			var doomed []uint64
-			if !w.destage.Run(st) {
+			if !w.destage.Run(st) && !c.closedEpochsPending() {
 				// Not the policy's choice: doomed lines are written back whatever the watermarks.
 				// (When the policy runs, its large address-order batches take them along.)
 				if doomed = c.ssd.doomedLines(int(destageBatchUrgent / c.line)); len(doomed) == 0 {

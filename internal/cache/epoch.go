@@ -492,6 +492,22 @@ func (c *Cache) waitIfOrdered(err error) (again bool, _ error) {
 	return true, nil
 }
 
+// closedEpochsPending reports whether, in FLUSH order, an epoch that a FLUSH has ended still has
+// dirty blocks to write back (and may be written back): the destager then runs, whatever the
+// watermarks say. Waiting would win nothing, as an epoch coalesces only within itself, and would
+// cost: a write over a dirty block of an older epoch waits until every epoch up to it is on the
+// backend, and the backend lags further behind the device.
+func (c *Cache) closedEpochsPending() bool {
+	if !c.ordered() {
+		return false
+	}
+	t := c.ssd
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	oldest, any := t.ep.oldest()
+	return any && oldest < t.ep.cur.Load() && t.ep.stopped(oldest, oldest) == nil
+}
+
 // destageNextOrdered writes back the next window of the oldest epoch's dirty blocks (only those:
 // a line's blocks of later epochs stay dirty), in address order. It reports the bytes written and
 // whether there was anything.
