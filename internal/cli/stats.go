@@ -320,7 +320,7 @@ func behind(d cache.DirtyStats) string {
 	s := fmt.Sprintf("%d epochs pending, the oldest %d: the backend is consistent as of %s ago",
 		d.PendingEpochs, d.OldestEpoch, seconds(d.BackendBehind).Round(time.Millisecond))
 	if d.LostEpoch != 0 {
-		s += fmt.Sprintf("; WRITE BACK HALTED: epoch %d lost a dirty block, no later epoch goes to the backend (restart with write_back.order: address to write back the rest without it)", d.LostEpoch)
+		s += fmt.Sprintf("; WRITE BACK HALTED at epoch %d, which lost a dirty block: the backend takes nothing of it or later (restart with write_back.order: address to write back the rest without it)", d.LostEpoch)
 	}
 	return s
 }
