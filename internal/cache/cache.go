@@ -21,22 +21,25 @@
 //     the maximum of dirty lines: let go before anything below is taken, and nothing is taken
 //     under it. The destager, which makes that room, needs line locks.
 //  2. writeBack.modeMu: shared by a write-back write until its lines are dirty, alone by SetMode.
-//  3. Line locks (linelock.Locks), in ascending line order; a shard's mutex only to find a line's
+//  3. epochs.takers, by a write back in FLUSH order (destageNextOrdered), which takes line
+//     locks under it and, for a closed epoch, lets go of them and takes them again.
+//  4. Line locks (linelock.Locks), in ascending line order; a shard's mutex only to find a line's
 //     lock, never while waiting for one. ReadAtAsync and ReadAtOn only try them, and an
 //     asynchronous read lets its line go on the goroutine that ends it.
-//  4. destageBudget (a semaphore), under the line locks of the lines being written back.
-//  5. lostSet.mu, then journal.sbMu (the lost ranges live in the superblock): nothing but the
+//  5. destageBudget (a semaphore), by a write back, under its lines' locks (or with them let go:
+//     destageOnce).
+//  6. lostSet.mu, then journal.sbMu (the lost ranges live in the superblock): nothing but the
 //     metadata store is used under them.
-//  6. journal.checkpointMu: checkpoints, heal and makeRoom's reclaim. Writers and the destager
+//  7. journal.checkpointMu: checkpoints, heal and makeRoom's reclaim. Writers and the destager
 //     wait for it under their line locks (for a slot, room, a FUA write, settled claims), so its
 //     holder never waits for a line lock, a writer or the items above.
-//  7. journal.commitMu (invalidations shared, a checkpoint's commit and heal alone) and
+//  8. journal.commitMu (invalidations shared, a checkpoint's commit and heal alone) and
 //     tier.inplace (writes in place shared, a checkpoint's snapshot alone); never held together.
-//  8. packed.io: shared by reads of units (an asynchronous read until it ends) and by reclaim,
+//  9. packed.io: shared by reads of units (an asynchronous read until it ends) and by reclaim,
 //     alone by packed.releaseUnits, which frees room.
-//  9. The mutex of fetch.Streams, under which readMiss asks the tiers' admission policies.
-//  10. tier.mu, of one tier at a time: the RAM tier's and the SSD tier's are never held together.
-//  11. Under tier.mu: packed.mu, the access buffer's stripe mutexes (accessbuf.Buffer),
+//  10. The mutex of fetch.Streams, under which readMiss asks the tiers' admission policies.
+//  11. tier.mu, of one tier at a time: the RAM tier's and the SSD tier's are never held together.
+//  12. Under tier.mu: packed.mu, the access buffer's stripe mutexes (accessbuf.Buffer),
 //     journal.healMu and the run log's append.
 //
 // The mutexes of the destage rate (ratemeter.Meter) and of congestion.Check (only tried),

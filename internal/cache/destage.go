@@ -32,15 +32,18 @@ type destagePiece struct {
 // backend, and only then marks them clean: a line that gets a new write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
 // their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
 // more, and the rest is written back again.
-func (c *Cache) destageLocked(lines []uint64) (int64, error) { return c.destageEpochLocked(lines, nil) }
+func (c *Cache) destageLocked(lines []uint64) (int64, error) {
+	return c.destageEpochLocked(lines, nil, false)
+}
 
 // destageEpochLocked is destageLocked for the dirty blocks of epoch *ep only (all of them if ep is
-// nil): in FLUSH order (epoch.go) a line's blocks of later epochs stay dirty.
-func (c *Cache) destageEpochLocked(lines []uint64, ep *uint64) (int64, error) {
+// nil): in FLUSH order (epoch.go) a line's blocks of later epochs stay dirty. With release, it lets
+// go of the lines' locks while its writes to the backend are under way (destageOnce).
+func (c *Cache) destageEpochLocked(lines []uint64, ep *uint64, release bool) (int64, error) {
 	var total int64
 	var last *damageError
 	for {
-		n, err := c.destageOnce(lines, ep)
+		n, err := c.destageOnce(lines, ep, release)
 		total += n
 		d, ok := asDamage(err)
 		// Each damaged block found leaves the dirty data (or is repaired), unless recording it
@@ -52,8 +55,14 @@ func (c *Cache) destageEpochLocked(lines []uint64, ep *uint64) (int64, error) {
 	}
 }
 
-// destageOnce is destageEpochLocked's one pass.
-func (c *Cache) destageOnce(lines []uint64, ep *uint64) (bytes int64, err error) {
+// destageOnce is destageEpochLocked's one pass. With release (a closed epoch *ep in FLUSH order:
+// destageNextOrdered), it lets go of the lines' locks from when it knows what to write until the
+// backend has it, so that clients' writes to the lines' other blocks do not wait for the backend.
+// Nothing else changes the blocks it writes back meanwhile: they are dirty blocks of an epoch older
+// than the open one, which no write overwrites (overwriteCheck) and nothing sends to the backend
+// (orderCheck) until their epoch is written back, which only this write back, the one under way
+// (epochs.takers), ends. It marks clean only the blocks still of epoch *ep.
+func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int64, err error) {
 	type held struct {
 		line        uint64
 		slot        uint32
@@ -73,7 +82,7 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64) (bytes int64, err error)
 			if err != nil {
 				c.ssd.unpin(h.slot)
 			} else {
-				c.ssd.clean(h.line, h.slot, h.dirty)
+				c.ssd.clean(h.line, h.slot, h.dirty, ep)
 			}
 		}
 	}()
@@ -109,12 +118,27 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64) (bytes int64, err error)
 		})
 	}
 	t0 := time.Now()
-	if bytes, err = c.writeRuns(runs); err != nil {
-		return 0, err
+	if release {
+		c.unlockLines(lines)
 	}
-	if err = c.b.Flush(); err != nil {
-		c.wb.destageErrors.Add(1)
-		return 0, fmt.Errorf("destage: backend flush: %w", err)
+	bytes, bad, err := c.writeRuns(runs)
+	if err == nil {
+		if err = c.b.Flush(); err != nil {
+			c.wb.destageErrors.Add(1)
+			err = fmt.Errorf("destage: backend flush: %w", err)
+		}
+	}
+	if release {
+		c.lockLines(lines)
+	}
+	for _, r := range bad {
+		// Counted as any error of the tier's device: a dirty line the destager cannot read
+		// keeps its dirty data from leaving, and a device that keeps failing is bypassed, so
+		// that writes waiting for room go on to the backend (admitDirty) rather than wait.
+		c.ssd.ioError(r.line, r.slot, r.err)
+	}
+	if err != nil {
+		return 0, err
 	}
 
 	if blocks := bytes / blockSize; blocks > 0 {
@@ -127,15 +151,17 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64) (bytes int64, err error)
 }
 
 // writeRuns writes runs to the backend, each holding its share of the cache's destageBudget while
-// it is under way, and returns the bytes written by the time the first error stopped it. The runs
-// go together: on a disk behind a network or a queue, a write costs its latency more than its
-// size, and the scattered blocks of random writes make many small runs.
-func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
+// it is under way, and returns the bytes written by the time the first error stopped it, and the
+// SSD tier's failed reads (for the caller to deal with under the lines' locks). The runs go
+// together: on a disk behind a network or a queue, a write costs its latency more than its size,
+// and the scattered blocks of random writes make many small runs.
+func (c *Cache) writeRuns(runs []destageRun) (int64, []*tierReadError, error) {
 	var (
 		wg    sync.WaitGroup
-		mu    sync.Mutex // guards bytes and first, which the writes' goroutines update
+		mu    sync.Mutex // guards bytes, first and bad, which the writes' goroutines update
 		bytes int64
 		first error
+		bad   []*tierReadError
 	)
 	for _, r := range runs {
 		w := destageWeight(r.len())
@@ -152,6 +178,10 @@ func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
 			c.destageBudget.Release(w)
 			mu.Lock()
 			defer mu.Unlock()
+			var re *tierReadError
+			if errors.As(err, &re) {
+				bad = append(bad, re)
+			}
 			if err == nil {
 				bytes += r.len()
 			} else if first == nil {
@@ -160,8 +190,18 @@ func (c *Cache) writeRuns(runs []destageRun) (int64, error) {
 		})
 	}
 	wg.Wait()
-	return bytes, first
+	return bytes, bad, first
 }
+
+// tierReadError is a write back's failed read of the SSD tier's line in slot.
+type tierReadError struct {
+	line uint64
+	slot uint32
+	err  error
+}
+
+func (e *tierReadError) Error() string { return "SSD tier read: " + e.err.Error() }
+func (e *tierReadError) Unwrap() error { return e.err }
 
 // destageWeight is what a write back of n bytes takes of destageBudget: its bytes, and at least
 // the budget's share of one of destageWritesInFlight writes, which bounds the small ones' number.
@@ -197,12 +237,8 @@ func (c *Cache) writeRun(r destageRun) error {
 			continue
 		}
 		if err := c.ssd.st.read(p.line, p.slot, buf[pos:pos+p.hi-p.lo], p.lo, true); err != nil {
-			// Counted as any error of the tier's device: a dirty line the destager cannot read
-			// keeps its dirty data from leaving, and a device that keeps failing is bypassed, so
-			// that writes waiting for room go on to the backend (admitDirty) rather than wait.
-			c.ssd.ioError(p.line, p.slot, err)
 			c.wb.destageErrors.Add(1)
-			return fmt.Errorf("destage at offset %d: SSD tier read: %w", r.off, err)
+			return fmt.Errorf("destage at offset %d: %w", r.off, &tierReadError{p.line, p.slot, err})
 		}
 		pos += p.hi - p.lo
 	}
@@ -288,14 +324,8 @@ func (t *tier) dirtyWindowLocked(cursor *uint64, window uint64) []uint64 {
 // tier keeps in reserve, its slots are full and its policy has nothing to evict, and the tier admits
 // no new line at all (below the high watermark, with clients busy, nothing else writes them back).
 func (c *Cache) destageDoomed(lines []uint64) error {
-	for _, l := range lines {
-		c.locks.Lock(l, l)
-	}
-	defer func() {
-		for _, l := range lines {
-			c.locks.Unlock(l, l)
-		}
-	}()
+	c.lockLines(lines)
+	defer c.unlockLines(lines)
 	_, err := c.destageLocked(lines)
 	return err
 }

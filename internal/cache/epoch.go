@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,10 @@ type epochs struct {
 	// halted once every epoch before it is written back (for good: later ones are newer).
 	broken atomic.Uint64
 	halted atomic.Bool
+	// takers lets one write back at a time take the oldest epoch's lines (destageNextOrdered): one
+	// of a closed epoch lets go of its line locks while its writes are under way, and no other may
+	// write back or clean those blocks meanwhile. Taken holding no line lock.
+	takers sync.Mutex
 }
 
 type slotEpochs struct {
@@ -233,8 +238,8 @@ func (e *epochs) bitsOf(slot uint32, ep uint64) lineBits {
 }
 
 // takeOldest returns the oldest epoch and up to window of its lines, the first ones in ascending
-// order, however far apart (an epoch's random writes are, and each batch costs a backend flush), taking them out of the epoch's list (putBack returns them if their write
-// back fails). While only one epoch is pending, the open one, which still grows, lines is nil:
+// order, however far apart (an epoch's random writes are, and each batch costs a backend flush),
+// taking them out of the epoch's list (putBack returns them if their write back fails). While only one epoch is pending, the open one, which still grows, lines is nil:
 // every dirty block is of that epoch, and the caller walks the tier's dirty set in address order
 // as address order does (its list is only kept from growing).
 func (e *epochs) takeOldest(window uint64) (ep uint64, lines []uint64, ok bool) {
@@ -518,6 +523,8 @@ func (c *Cache) destageNextOrdered(cursor *uint64, urgent bool) (int64, bool, er
 		batch = destageBatchUrgent
 	}
 	window := uint64(max(1, batch/c.line))
+	t.ep.takers.Lock()
+	defer t.ep.takers.Unlock()
 	t.mu.Lock()
 	if oldest, any := t.ep.oldest(); any && t.ep.stopped(oldest, oldest) != nil {
 		t.mu.Unlock()
@@ -531,17 +538,11 @@ func (c *Cache) destageNextOrdered(cursor *uint64, urgent bool) (int64, bool, er
 	if !ok || len(lines) == 0 {
 		return 0, ok, nil
 	}
-	// Each line locked alone, in ascending order: an epoch's lines may lie far apart, and the
-	// lines between them are no business of this write back.
-	for _, line := range lines {
-		c.locks.Lock(line, line)
-	}
-	defer func() {
-		for _, line := range lines {
-			c.locks.Unlock(line, line)
-		}
-	}()
-	n, err := c.destageEpochLocked(lines, &ep)
+	c.lockLines(lines)
+	defer c.unlockLines(lines)
+	// A closed epoch's blocks stay as they are while it is written back (destageOnce); the open
+	// one's may be written again at any time.
+	n, err := c.destageEpochLocked(lines, &ep, ep < t.ep.cur.Load())
 	if err != nil {
 		t.mu.Lock()
 		t.ep.putBack(ep, lines)

@@ -66,13 +66,9 @@ func (c *Cache) drainSnapshot(ctx context.Context, progress func(done, total int
 			}
 			lines, more := t.snapLines(s, &cursor, window)
 			if len(lines) > 0 {
-				for _, l := range lines {
-					c.locks.Lock(l, l)
-				}
+				c.lockLines(lines)
 				_, err := c.destageLocked(t.stillInSnap(s, lines))
-				for _, l := range lines {
-					c.locks.Unlock(l, l)
-				}
+				c.unlockLines(lines)
 				c.wb.wake()
 				if err != nil {
 					return err

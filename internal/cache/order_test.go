@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -871,4 +873,72 @@ func TestOrderLostBlock(t *testing.T) {
 			require.EqualValues(t, 9, stamps(got, blocks["B"])[0])
 		})
 	}
+}
+
+// stallingDev is a backend whose writes, while it stalls, wait until they are let go, each telling
+// that it waits.
+type stallingDev struct {
+	*crashDev
+	stall   atomic.Bool
+	waiting chan struct{}
+	resume  chan struct{}
+}
+
+func (s *stallingDev) WriteAt(p []byte, off int64) (int, error) {
+	if s.stall.Load() {
+		select {
+		case s.waiting <- struct{}{}:
+		default:
+		}
+		<-s.resume
+	}
+	return s.crashDev.WriteAt(p, off)
+}
+
+// TestOrderWriteBackLetsTheLineGo: while a closed epoch's blocks are being written back, a client
+// write to another block of their line goes on without waiting for the backend; one over a block
+// being written back waits for it, and the backend ends with the newest data of both.
+func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
+	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
+	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{})}
+	cfg := testConfig(l, meta.NewMem(), mem.New(l.ssd*l.line))
+	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
+	c, err := New(back, cfg)
+	require.NoError(t, err)
+	var once sync.Once
+	letGo := func() {
+		back.stall.Store(false)
+		once.Do(func() { close(back.resume) })
+	}
+	defer func() {
+		letGo() // also after a failure, so that Close ends
+		c.Close()
+	}()
+	want := make([]byte, orderDevSize)
+	write := func(block int, id int64) error {
+		p := want[block*blockSize : (block+1)*blockSize]
+		stamp(p, block*blockSize/sector, id)
+		_, err := c.WriteAt(p, int64(block)*blockSize)
+		return err
+	}
+	const line = 4 // blocks 4 to 7 with 16 KiB lines
+	require.NoError(t, write(line, 1))
+	back.stall.Store(true)
+	require.NoError(t, c.Flush()) // ends epoch 1, which the destager writes back at once
+	<-back.waiting
+
+	done := make(chan error, 1)
+	go func() { done <- write(line+2, 2) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("a write to another block of a line being written back waits for the backend")
+	}
+	go func() { done <- write(line, 3) }() // over the block being written back: waits for it
+	letGo()
+	require.NoError(t, <-done)
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	require.Zero(t, c.Stats().Dirty.Lines)
+	checkBackend(t, back.crashDev, want)
 }

@@ -61,6 +61,20 @@ func (c *Cache) unlockPieces(pieces []piece) {
 	c.locks.Unlock(pieces[0].line, pieces[len(pieces)-1].line)
 }
 
+// lockLines locks each of lines (ascending) alone: lines written back together may lie far apart,
+// and the lines between them are no business of the write back.
+func (c *Cache) lockLines(lines []uint64) {
+	for _, l := range lines {
+		c.locks.Lock(l, l)
+	}
+}
+
+func (c *Cache) unlockLines(lines []uint64) {
+	for _, l := range lines {
+		c.locks.Unlock(l, l)
+	}
+}
+
 // check refuses a request on a closed cache or outside the device.
 func (c *Cache) check(off, length int64) error {
 	if c.closed.Load() {

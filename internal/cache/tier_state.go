@@ -38,11 +38,16 @@ func (t *tier) markValid(line uint64, slot uint32, bits lineBits, dirty bool, ze
 }
 
 // clean marks bits of line clean after the destager wrote them to the backend (and flushed it),
-// and unpins the slot. A doomed line left with nothing dirty goes.
-func (t *tier) clean(line uint64, slot uint32, bits lineBits) {
+// and unpins the slot; only those still of epoch *ep if ep is not nil (a write back in FLUSH order
+// that let go of the line's lock meanwhile: destageOnce). A doomed line left with nothing dirty
+// goes.
+func (t *tier) clean(line uint64, slot uint32, bits lineBits, ep *uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.slotOf(line); ok && s == slot {
+		if ep != nil {
+			bits = bits.And(t.ep.bitsOf(slot, *ep))
+		}
 		t.j.keepStoredLocked(line, slot)
 		d := t.dirtyAt(slot).AndNot(bits)
 		t.setLocked(line, slot, t.valid.Get(slot), d, t.zeroAt(slot))
