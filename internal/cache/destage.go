@@ -29,9 +29,10 @@ type destagePiece struct {
 
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
 // back to the backend, coalescing adjacent blocks into large writes (writeRuns); it flushes the
-// backend, and only then marks them clean: a line that gets a new write meanwhile is locked out, so it can never be marked clean with old data. Blocks that fail
-// their checksums are never written back: dealt with when read (lost: damaged), they are dirty no
-// more, and the rest is written back again.
+// backend, and only then marks them clean: a line that gets a new write meanwhile is locked out,
+// so it can never be marked clean with old data. Blocks that fail their checksums are never
+// written back: dealt with when read (lost: damaged), they are dirty no more, and the rest is
+// written back again.
 func (c *Cache) destageLocked(lines []uint64) (int64, error) {
 	return c.destageEpochLocked(lines, nil, false)
 }
