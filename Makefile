@@ -131,7 +131,7 @@ test: deps fmt-check standalone fuzz-short
 	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
 	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \
 	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(TESTLOG) | head -n 300; \
-	    grep -E 'TIERBLK-VM(: PROBLEM|-FAIL|-RESULT: FAIL)' $(TESTLOG) | head -n 40; fi; \
+	    grep -E 'TIERBLK-VM(: PROBLEM|-FAIL|-LOG|-RESULT: FAIL)' $(TESTLOG) | head -n 40; fi; \
 	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
 	  exit $$status
 

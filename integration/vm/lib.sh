@@ -9,6 +9,11 @@ fail() {
 	for f in /tmp/tierblk*.log; do
 		[ -f "$f" ] && { echo "--- $f"; cat "$f"; }
 	done
+	# Their gist again, marked for the summary at the end of make test's output (all a CI log may
+	# keep): each log's last errors and warnings, a panic's first line, and its last line.
+	for f in /tmp/tierblk*.log; do
+		[ -f "$f" ] && { grep -E 'level=(ERROR|WARN)|^(panic|fatal error):' "$f"; tail -n 1 "$f"; } | tail -n 4 | sed "s|^|TIERBLK-VM-LOG: $f: |"
+	done
 	echo "TIERBLK-VM-FAIL: $*"
 	exit 1
 }

@@ -274,7 +274,8 @@ func (w *memoryWatch) run(ctx context.Context) {
 			if m.RSS > 0 {
 				followGoLimit(m)
 			}
-			if m.Held > bound && now.Sub(w.warn) >= time.Minute {
+			// No bound yet (0) while the daemon starts: nothing to hold it to.
+			if bound > 0 && m.Held > bound && now.Sub(w.warn) >= time.Minute {
 				w.warn = now
 				w.log.Warn("the daemon holds more memory than its bound", "held", m.Held, "bound", bound,
 					"go_heap", m.GoHeap, "rss", m.RSS)

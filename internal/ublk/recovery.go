@@ -45,13 +45,40 @@ func (d *Device) takeBack(id uint32) (bool, error) {
 }
 
 // settle returns device id's state once it is no longer live with a dead daemon: the kernel
-// quiesces (recovery) or stops the device of a killed daemon shortly after it exits.
+// quiesces (recovery) or stops the device of a daemon that left shortly after it exits, sooner on
+// an idle machine than on a loaded one.
 func (d *Device) settle(id uint32) (devInfo, error) {
-	deadline := time.Now().Add(settleTimeout)
+	var info devInfo
+	err := d.await(fmt.Sprintf("the kernel to quiesce ublk device %d, whose daemon exited", id), func() (bool, error) {
+		var err error
+		info, err = d.ctrl.devInfo(id)
+		return err != nil || info.State != stateLive || alive(int(info.UblksrvPID)), err
+	})
+	if errors.Is(err, errAwait) {
+		return info, fmt.Errorf("ublk device %d is still live after its daemon (process %d) exited: %w", id, info.UblksrvPID, err)
+	}
+	return info, err
+}
+
+// errAwait is what await returns when what it waits for does not happen within settleTimeout.
+var errAwait = fmt.Errorf("the kernel did not get there within %v", settleTimeout)
+
+// await calls done until it says so (or fails), for at most settleTimeout, saying in the log what
+// it waits for when that takes more than a moment: the kernel's part of a take-back runs in its
+// work queues, which a loaded machine (or an emulated one) runs late (TestUBLKRestart).
+func (d *Device) await(what string, done func() (bool, error)) error {
+	start := time.Now()
+	said := start
 	for {
-		info, err := d.ctrl.devInfo(id)
-		if err != nil || info.State != stateLive || alive(int(info.UblksrvPID)) || time.Now().After(deadline) {
-			return info, err
+		if ok, err := done(); ok || err != nil {
+			return err
+		}
+		if time.Since(said) >= awaitLogEvery {
+			d.log.Info("ublk: waiting for "+what, "waited", time.Since(start).Round(time.Second))
+			said = time.Now()
+		}
+		if time.Since(start) > settleTimeout {
+			return errAwait
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -89,16 +116,13 @@ func (d *Device) recover(info devInfo) error {
 		return fmt.Errorf("ublk device %d has %d sectors of %d bytes, not the export's %d bytes: delete it or use another --ublk-id",
 			d.id, p.Basic.DevSectors, 1<<p.Basic.LogicalBSShift, size)
 	}
-	deadline := time.Now().Add(settleTimeout)
-	for {
-		err = d.ctrl.startRecovery(d.id)
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// EBUSY until the kernel has quiesced the device and released the previous daemon's files.
+	err = d.await(fmt.Sprintf("the kernel to release ublk device %d from its previous daemon", d.id), func() (bool, error) {
+		err := d.ctrl.startRecovery(d.id)
+		return err == nil, ignore(err, unix.EBUSY)
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("ublk device %d: starting its recovery: %w", d.id, err)
 	}
 	err = d.startQueues(info)
 	if err == nil {
@@ -123,4 +147,12 @@ func (d *Device) abandon() {
 	}
 	d.wg.Wait()
 	d.closeQueues()
+}
+
+// ignore returns err, or nil where it is target.
+func ignore(err, target error) error {
+	if errors.Is(err, target) {
+		return nil
+	}
+	return err
 }

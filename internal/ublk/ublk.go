@@ -66,9 +66,11 @@ const (
 	defaultDepth = 128
 	// maxIOBytes is the largest request the kernel sends (each tag has a buffer this big).
 	maxIOBytes = 512 << 10
-	// settleTimeout bounds the wait for a killed daemon's device to reach a state Start can
-	// act on (the kernel quiesces or stops it asynchronously after the daemon's exit).
-	settleTimeout = 30 * time.Second
+	// settleTimeout bounds the wait for the device of a daemon that left or was killed to reach a
+	// state Start can act on (the kernel quiesces or stops it asynchronously after the daemon's
+	// exit); awaitLogEvery is how often the log says that Start waits for it.
+	settleTimeout = 2 * time.Minute
+	awaitLogEvery = 5 * time.Second
 	// releaseTimeout bounds the wait for a deleted device's last opener to close it.
 	releaseTimeout = 5 * time.Second
 )
