@@ -31,6 +31,13 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 	}
 	bits = bits.And(t.valid.Get(slot))
 	dirty := t.dirtyAt(slot).And(bits)
+	if u := t.unlockedLocked(line, slot); u != nil {
+		// Being written back, with no lock of the line, by a write back that reads them checked:
+		// whether they are lost is for it to say once it knows what the backend got (destageOnce).
+		r := dirty.And(u.bits)
+		u.rotted = u.rotted.Or(r)
+		bits, dirty = bits.AndNot(r), dirty.AndNot(r)
+	}
 	t.mu.Unlock()
 	if repaired := c.repairFromRAM(line, slot, dirty); !repaired.IsZero() {
 		bits, dirty = bits.AndNot(repaired), dirty.AndNot(repaired)

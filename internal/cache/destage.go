@@ -78,6 +78,7 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	if len(hs) == 0 {
 		return 0, nil
 	}
+	var rotted []unlockedBlocks // found damaged by others while the lines were let go (below)
 	defer func() {
 		for _, h := range hs {
 			if err != nil {
@@ -85,6 +86,11 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 			} else {
 				c.ssd.clean(h.line, h.slot, h.dirty, ep)
 			}
+		}
+		// Had they been damaged before this write back read them, it would have failed: so they
+		// are on the backend, now clean blocks whose SSD copy is damaged; else dirty and lost.
+		for _, u := range rotted {
+			c.damaged(u.line, u.slot, u.rotted)
 		}
 	}()
 	spans := make([]span, len(hs))
@@ -120,6 +126,11 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	}
 	t0 := time.Now()
 	if release {
+		c.ssd.mu.Lock()
+		for _, h := range hs {
+			c.ssd.ep.unlocked[h.slot] = &unlockedBlocks{line: h.line, slot: h.slot, bits: h.dirty}
+		}
+		c.ssd.mu.Unlock()
 		c.unlockLines(lines)
 	}
 	bytes, bad, err := c.writeRuns(runs)
@@ -131,6 +142,14 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	}
 	if release {
 		c.lockLines(lines)
+		c.ssd.mu.Lock()
+		for _, h := range hs {
+			if u := c.ssd.ep.unlocked[h.slot]; !u.rotted.IsZero() {
+				rotted = append(rotted, *u)
+			}
+			delete(c.ssd.ep.unlocked, h.slot)
+		}
+		c.ssd.mu.Unlock()
 	}
 	for _, r := range bad {
 		// Counted as any error of the tier's device: a dirty line the destager cannot read

@@ -50,6 +50,19 @@ type epochs struct {
 	// of a closed epoch lets go of its line locks while its writes are under way, and no other may
 	// write back or clean those blocks meanwhile. Taken holding no line lock.
 	takers sync.Mutex
+	// unlocked holds, by slot, the blocks such a write back writes while it is under way, with
+	// those of them that a check (damaged) found damaged meanwhile: the write back reads them
+	// checked, so whether they are lost is for it to say once it knows what the backend got
+	// (destageOnce: TestOrderRotWhileWrittenBack). Guarded by the tier's mutex.
+	unlocked map[uint32]*unlockedBlocks
+}
+
+// unlockedBlocks are the blocks of line that a write back of a closed epoch writes, holding no lock
+// of the line, and those of them found damaged meanwhile.
+type unlockedBlocks struct {
+	line         uint64
+	slot         uint32
+	bits, rotted lineBits
 }
 
 type slotEpochs struct {
@@ -71,7 +84,7 @@ type pendingEpoch struct {
 }
 
 func newEpochs() *epochs {
-	e := &epochs{bySlot: map[uint32]*slotEpochs{}}
+	e := &epochs{bySlot: map[uint32]*slotEpochs{}, unlocked: map[uint32]*unlockedBlocks{}}
 	e.cur.Store(1)
 	return e
 }
@@ -549,4 +562,16 @@ func (c *Cache) destageNextOrdered(cursor *uint64, urgent bool) (int64, bool, er
 		t.mu.Unlock()
 	}
 	return n, true, err
+}
+
+// unlockedLocked returns the blocks of line in slot that a write back of a closed epoch writes
+// holding no lock of the line, or nil. The caller holds t.mu.
+func (t *tier) unlockedLocked(line uint64, slot uint32) *unlockedBlocks {
+	if t.ep == nil {
+		return nil
+	}
+	if u := t.ep.unlocked[slot]; u != nil && u.line == line {
+		return u
+	}
+	return nil
 }

@@ -942,3 +942,59 @@ func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
 	require.Zero(t, c.Stats().Dirty.Lines)
 	checkBackend(t, back.crashDev, want)
 }
+
+// TestOrderRotWhileWrittenBack: a dirty block that rots on the SSD tier once a write back of its
+// closed epoch has read it, checked, while that write back holds no lock of its line, is not lost:
+// the backend gets the good copy. A read meanwhile fails (the SSD's copy is bad, the backend's is
+// not there yet); once the write back is done reads get the data from the backend, nothing was
+// recorded lost, and the write back goes on with later epochs.
+func TestOrderRotWhileWrittenBack(t *testing.T) {
+	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
+	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{})}
+	ssd := newCrashDev(l.ssd * l.line)
+	cfg := testConfig(l, meta.NewMem(), ssd)
+	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
+	c, err := New(back, cfg)
+	require.NoError(t, err)
+	var once sync.Once
+	letGo := func() {
+		back.stall.Store(false)
+		once.Do(func() { close(back.resume) })
+	}
+	defer func() {
+		letGo() // also after a failure, so that Close ends
+		c.Close()
+	}()
+	want := make([]byte, orderDevSize)
+	write := func(block int, id int64) error {
+		p := want[block*blockSize : (block+1)*blockSize]
+		stamp(p, block*blockSize/sector, id)
+		_, err := c.WriteAt(p, int64(block)*blockSize)
+		return err
+	}
+	const block = 4
+	require.NoError(t, write(block, 1))
+	back.stall.Store(true)
+	require.NoError(t, c.Flush()) // ends epoch 1, which the destager reads and then writes back
+	<-back.waiting
+	damages[0].do(ssd)
+
+	got := make([]byte, blockSize)
+	_, err = c.ReadAt(got, block*blockSize)
+	require.Error(t, err, "a read of the rotted block served its damaged bytes")
+	require.NotErrorIs(t, err, ErrLost)
+	letGo()
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	st := c.Stats()
+	require.Zero(t, st.Lost.Blocks, "a block the write back had read before it rotted was recorded lost")
+	require.Zero(t, st.Dirty.LostEpoch, "the write back halted for a block the backend has")
+	_, err = c.ReadAt(got, block*blockSize)
+	require.NoError(t, err)
+	require.Equal(t, want[block*blockSize:(block+1)*blockSize], got)
+
+	require.NoError(t, write(block+1, 2))
+	require.NoError(t, c.Flush())
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	require.Zero(t, c.Stats().Dirty.Lines)
+	checkBackend(t, back.crashDev, want)
+}
