@@ -19,9 +19,9 @@ import (
 // The kernel benchmark's contenders and rows, as integration/vm/guest/bench-kernel.sh names them.
 var (
 	// KernelContenders are every contender, the bounds first: the NAS and the SSD alone, and
-	// tierblk's ublk device without a cache.
-	KernelContenders = []string{"none", "ssd", "ublk", "dmcache", "bcache", "dmwritecache", "tierblk"}
-	KernelRows       = []string{"zipf", "randw", "seq"}
+	// tierblk's ublk device without a cache; tierblkflush is tierblk writing back in FLUSH order.
+	KernelContenders = []string{"none", "ssd", "ublk", "dmcache", "bcache", "dmwritecache", "tierblk", "tierblkflush"}
+	KernelRows       = []string{"zipf", "randw", "seq", "fsync"}
 )
 
 // kernelRowNames are the rows as the table names them.
@@ -29,6 +29,7 @@ var kernelRowNames = map[string]string{
 	"zipf":  "4K random reads, zipf:1.1 over the NAS, QD16 (IOPS)",
 	"randw": "4K random writes over the SSD's size, QD16 (IOPS)",
 	"seq":   "1M sequential read of the whole NAS, QD4 (MB/s)",
+	"fsync": "ext4: 4 writers of 4K random writes to their files, fsync every 64 (IOPS)",
 }
 
 // kernelVCPUs is the guest's CPUs (run.sh's -smp): a busy fraction of 1 is this many CPU-seconds
@@ -307,7 +308,8 @@ func cmpOr(a, b []string) []string {
 
 // KernelTable renders the results as Markdown: for each NAS latency and row, each contender's
 // median (and the CPU a request took, in µs), and tierblk's ratio to the better of dm-cache and
-// bcache and to no cache, medians of the paired per-round ratios (min-max).
+// bcache and to no cache, and tierblk's in FLUSH order to its own in address order, medians of
+// the paired per-round ratios (min-max).
 func KernelTable(results []KernelResult) string {
 	var b strings.Builder
 	for _, res := range results {
@@ -321,8 +323,8 @@ func KernelTable(results []KernelResult) string {
 		for _, c := range contenders {
 			fmt.Fprintf(&b, " %s |", c)
 		}
-		b.WriteString(" tierblk / best of dmcache, bcache | tierblk / none |\n|---|")
-		b.WriteString(strings.Repeat("---:|", len(contenders)+2) + "\n")
+		b.WriteString(" tierblk / best of dmcache, bcache | tierblk / none | flush order / address order |\n|---|")
+		b.WriteString(strings.Repeat("---:|", len(contenders)+3) + "\n")
 		for _, row := range KernelRows {
 			if !slices.ContainsFunc(contenders, func(c string) bool { return len(res.Samples[c][row]) > 0 }) {
 				continue
@@ -336,7 +338,8 @@ func KernelTable(results []KernelResult) string {
 				}
 				fmt.Fprintf(&b, " %s |", kernelCell(s))
 			}
-			fmt.Fprintf(&b, " %s | %s |\n", kernelRatio(res, row, "dmcache", "bcache"), kernelRatio(res, row, "none"))
+			fmt.Fprintf(&b, " %s | %s | %s |\n", kernelRatio(res, row, "tierblk", "dmcache", "bcache"),
+				kernelRatio(res, row, "tierblk", "none"), kernelRatio(res, row, "tierblkflush", "tierblk"))
 		}
 		b.WriteString("\n")
 	}
@@ -357,10 +360,10 @@ func kernelCell(s []KernelSample) string {
 	return fmt.Sprintf("%.0f (%.0f µs CPU)", median(v), median(cpu))
 }
 
-// kernelRatio is tierblk's figure over the best of peers' in each round, paired by round: the
+// kernelRatio is contender c's figure over the best of peers' in each round, paired by round: the
 // median and the range, or "-" where a side was not run.
-func kernelRatio(res KernelResult, row string, peers ...string) string {
-	t := res.Samples["tierblk"][row]
+func kernelRatio(res KernelResult, row, c string, peers ...string) string {
+	t := res.Samples[c][row]
 	var ratios []float64
 	for i, s := range t {
 		best := 0.0

@@ -14,11 +14,14 @@
 #   dmcache       dm-cache, smq, write-back, its metadata on the first 16 MiB of the SSD;
 #   bcache        bcache, write-back, sequential cutoff and congestion bypass off;
 #   dmwritecache  dm-writecache (writes only: a log of them on the SSD);
-#   tierblk       tierblk serve --ublk --ram 0 --line 64KiB --mode writeback, backend opened direct.
+#   tierblk       tierblk serve --ublk --ram 0 --line 64KiB --mode writeback, backend opened direct;
+#   tierblkflush  the same with --write-back-order flush.
 # The rows, fio in the guest (direct, libaio), each measured over its last $measure s after $warm s:
 #   zipf     4 KiB random reads, zipf:1.1 over the NAS, QD16 (IOPS)
 #   randw    4 KiB random writes over the first $ssd_mib MiB, QD16 (IOPS)
 #   seq      1 MiB sequential reads of the whole NAS, QD4 (MB/s; one pass, no warm-up)
+#   fsync    ext4 made on the device, 4 writers of 4 KiB random writes (buffered) to files of
+#            $ssd_mib/8 MiB each, an fsync every 64 writes (IOPS)
 # and for each, the guest's CPU busy over the measured window (from /proc/stat): busy / IOPS is
 # the CPU a request costs, kernel and tierblk together.
 #
@@ -28,8 +31,8 @@
 # profile over the measured window (from its admin endpoint on the loopback), base64:
 #   TIERBLK-PPROF: contender=C row=R BASE64
 # Variables a line before this script can set:
-contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk"}
-rows=${rows:-"zipf randw seq"}
+contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkflush"}
+rows=${rows:-"zipf randw seq fsync"}
 nas_mib=${nas_mib:-1024}
 ssd_mib=${ssd_mib:-256}
 nas_ms=${nas_ms:-2}
@@ -100,8 +103,10 @@ tierblk_down() {
 }
 setup_ublk() { tierblk_up; } # no tiers: no cache
 teardown_ublk() { tierblk_down; }
-setup_tierblk() { tierblk_up --ssd "$ssd" --meta /tmp/meta --ram 0 --line 64KiB --mode writeback; }
+setup_tierblk() { tierblk_up --ssd "$ssd" --meta /tmp/meta --ram 0 --line 64KiB --mode writeback "$@"; }
 teardown_tierblk() { tierblk_down; }
+setup_tierblkflush() { setup_tierblk --write-back-order flush; }
+teardown_tierblkflush() { tierblk_down; }
 
 dm() { dmsetup --noudevsync "$@" || fail "dmsetup $*"; }
 setup_dmcache() {
@@ -166,8 +171,16 @@ run_row() {
 	zipf) job="--rw=randread --bs=4k --iodepth=16 --random_distribution=zipf:1.1 --time_based --ramp_time=$warm --runtime=$measure" ;;
 	randw) job="--rw=randwrite --bs=4k --iodepth=16 --size=${ssd_mib}M --time_based --ramp_time=$warm --runtime=$measure" ;;
 	seq) job="--rw=read --bs=1M --iodepth=4" ;;
+	fsync) job="--rw=randwrite --bs=4k --size=$((ssd_mib / 8))M --numjobs=4 --fsync=64 --time_based --ramp_time=$warm --runtime=$measure" ;;
 	*) fail "unknown row $1" ;;
 	esac
+	on="--filename=$target --direct=1 --ioengine=libaio"
+	if [ "$1" = fsync ]; then
+		mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$target" || fail "mkfs.ext4 on $target ($contender)"
+		mkdir -p /mnt
+		mount -t ext4 "$target" /mnt || fail "mount $target ($contender)"
+		on="--directory=/mnt --ioengine=psync --group_reporting"
+	fi
 	# The window: /proc/stat after the warm-up (a sleep beside fio) and at fio's end.
 	b0=$(busy)
 	if [ "$1" != seq ]; then
@@ -183,9 +196,12 @@ run_row() {
 		prof=$!
 		;;
 	esac
-	fio --name="$1" --filename="$target" --direct=1 --ioengine=libaio $job --minimal >/tmp/fio.out 2>/tmp/fio.err ||
+	fio --name="$1" $on $job --minimal >/tmp/fio.out 2>/tmp/fio.err ||
 		fail "fio $1 on $target ($contender): $(cat /tmp/fio.err)"
 	b1=$(busy)
+	if [ "$1" = fsync ]; then
+		umount /mnt || fail "umount $target ($contender)"
+	fi
 	if [ "$1" != seq ]; then
 		wait $clock
 		b0=$(cat /tmp/busy0)
@@ -213,7 +229,7 @@ for contender in $contenders; do
 		nullb_gone ssd
 		nullb nas "$nas_mib" $((nas_ms * 1000000))
 		nas=$dev
-		[ "$row" = randw ] || fill_nas
+		case $row in randw | fsync) ;; *) fill_nas ;; esac
 		nullb ssd "$ssd_mib" 0
 		ssd=$dev
 		setup_$contender
