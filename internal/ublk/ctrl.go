@@ -144,7 +144,18 @@ func (c *control) params(id uint32) (params, error) {
 
 // startDev waits until every queue has fetched its tags, then adds /dev/ublkbN.
 func (c *control) startDev(id uint32, pid int) error {
-	return c.do(cmdStartDev, id, uint64(pid), nil)
+	return c.waiting(cmdStartDev, id, uint64(pid))
+}
+
+// waiting runs a command that first waits for the queues' fetches: the kernel's wait is
+// interruptible, and an interrupted one (EINTR) has changed nothing, so it is tried again.
+func (c *control) waiting(op, id uint32, data uint64) error {
+	for range 100 {
+		if err := c.do(op, id, data, nil); !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+	return c.do(op, id, data, nil)
 }
 
 // stopDev removes /dev/ublkbN once the requests in flight are done, and fails every fetch.
@@ -161,5 +172,5 @@ func (c *control) startRecovery(id uint32) error { return c.do(cmdStartUserRecov
 
 // endRecovery waits until every queue has fetched its tags, then lets the queued requests go.
 func (c *control) endRecovery(id uint32, pid int) error {
-	return c.do(cmdEndUserRecovery, id, uint64(pid), nil)
+	return c.waiting(cmdEndUserRecovery, id, uint64(pid))
 }
