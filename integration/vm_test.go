@@ -35,9 +35,11 @@ type vmOptions struct {
 func runVMWith(t *testing.T, o vmOptions, guestScript string, disks ...string) {
 	t.Helper()
 	requireTools(t, "qemu-system-x86_64")
-	// Software emulation: a boot takes seconds, a test in the guest up to minutes.
-	const guestTimeout = 5 * time.Minute
-	args := []string{"--script", guestScript, "--tierblk", tierblkPath, "--timeout", "300"}
+	// Software emulation: a boot takes seconds, a test in the guest up to minutes, and several
+	// times that beside the race-detector tests of other packages on CI's two cores (a guest
+	// that takes 20 s alone took 300 s there): the timeout is only for a guest that hangs.
+	const guestTimeout = 10 * time.Minute
+	args := []string{"--script", guestScript, "--tierblk", tierblkPath, "--timeout", strconv.Itoa(int(guestTimeout.Seconds()))}
 	for _, size := range disks {
 		args = append(args, "--disk", size)
 	}
