@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -895,32 +896,55 @@ func (s *stallingDev) WriteAt(p []byte, off int64) (int, error) {
 	return s.crashDev.WriteAt(p, off)
 }
 
-// TestOrderWriteBackLetsTheLineGo: while a closed epoch's blocks are being written back, a client
-// write to another block of their line goes on without waiting for the backend; one over a block
-// being written back waits for it, and the backend ends with the newest data of both.
-func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
-	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
+// stalledOrder is a write-back cache in FLUSH order (16 KiB lines, 8 of them on the SSD tier
+// ssd) over a backend whose writes stall while stall is set, until letGo; write stamps block with
+// id, in the cache and in want (the backend's expected end). Its cleanup lets the backend go and
+// closes the cache, also after a failure.
+type stalledOrder struct {
+	c     *Cache
+	back  *stallingDev
+	want  []byte
+	letGo func()
+}
+
+// stalledOrderSSD is the size of its SSD tier.
+const stalledOrderSSD = 8 * 16 << 10
+
+func newStalledOrder(t *testing.T, ssd backend.Backend) *stalledOrder {
+	l := layout{line: 16 << 10, ssd: stalledOrderSSD / (16 << 10), mode: WriteBack}
 	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{})}
-	cfg := testConfig(l, meta.NewMem(), mem.New(l.ssd*l.line))
+	if ssd == nil {
+		ssd = mem.New(l.ssd * l.line)
+	}
+	cfg := testConfig(l, meta.NewMem(), ssd)
 	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
 	c, err := New(back, cfg)
 	require.NoError(t, err)
 	var once sync.Once
-	letGo := func() {
+	s := &stalledOrder{c: c, back: back, want: make([]byte, orderDevSize), letGo: func() {
 		back.stall.Store(false)
 		once.Do(func() { close(back.resume) })
-	}
-	defer func() {
-		letGo() // also after a failure, so that Close ends
+	}}
+	t.Cleanup(func() {
+		s.letGo()
 		c.Close()
-	}()
-	want := make([]byte, orderDevSize)
-	write := func(block int, id int64) error {
-		p := want[block*blockSize : (block+1)*blockSize]
-		stamp(p, block*blockSize/sector, id)
-		_, err := c.WriteAt(p, int64(block)*blockSize)
-		return err
-	}
+	})
+	return s
+}
+
+func (s *stalledOrder) write(block int, id int64) error {
+	p := s.want[block*blockSize : (block+1)*blockSize]
+	stamp(p, block*blockSize/sector, id)
+	_, err := s.c.WriteAt(p, int64(block)*blockSize)
+	return err
+}
+
+// TestOrderWriteBackLetsTheLineGo: while a closed epoch's blocks are being written back, a client
+// write to another block of their line goes on without waiting for the backend; one over a block
+// being written back waits for it, and the backend ends with the newest data of both.
+func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
+	s := newStalledOrder(t, nil)
+	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
 	const line = 4 // blocks 4 to 7 with 16 KiB lines
 	require.NoError(t, write(line, 1))
 	back.stall.Store(true)
@@ -949,29 +973,9 @@ func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
 // not there yet); once the write back is done reads get the data from the backend, nothing was
 // recorded lost, and the write back goes on with later epochs.
 func TestOrderRotWhileWrittenBack(t *testing.T) {
-	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
-	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{})}
-	ssd := newCrashDev(l.ssd * l.line)
-	cfg := testConfig(l, meta.NewMem(), ssd)
-	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
-	c, err := New(back, cfg)
-	require.NoError(t, err)
-	var once sync.Once
-	letGo := func() {
-		back.stall.Store(false)
-		once.Do(func() { close(back.resume) })
-	}
-	defer func() {
-		letGo() // also after a failure, so that Close ends
-		c.Close()
-	}()
-	want := make([]byte, orderDevSize)
-	write := func(block int, id int64) error {
-		p := want[block*blockSize : (block+1)*blockSize]
-		stamp(p, block*blockSize/sector, id)
-		_, err := c.WriteAt(p, int64(block)*blockSize)
-		return err
-	}
+	ssd := newCrashDev(stalledOrderSSD)
+	s := newStalledOrder(t, ssd)
+	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
 	const block = 4
 	require.NoError(t, write(block, 1))
 	back.stall.Store(true)
@@ -980,7 +984,7 @@ func TestOrderRotWhileWrittenBack(t *testing.T) {
 	damages[0].do(ssd)
 
 	got := make([]byte, blockSize)
-	_, err = c.ReadAt(got, block*blockSize)
+	_, err := c.ReadAt(got, block*blockSize)
 	require.Error(t, err, "a read of the rotted block served its damaged bytes")
 	require.NotErrorIs(t, err, ErrLost)
 	letGo()
