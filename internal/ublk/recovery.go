@@ -45,8 +45,8 @@ func (d *Device) takeBack(id uint32) (bool, error) {
 }
 
 // settle returns device id's state once it is no longer live with a dead daemon: the kernel
-// quiesces (recovery) or stops the device of a daemon that left shortly after it exits, sooner on
-// an idle machine than on a loaded one.
+// quiesces (recovery) or stops the device of a daemon that left, shortly after the daemon exits,
+// sooner on an idle machine than on a loaded one.
 func (d *Device) settle(id uint32) (devInfo, error) {
 	var info devInfo
 	err := d.await(fmt.Sprintf("the kernel to quiesce ublk device %d, whose daemon exited", id), func() (bool, error) {
