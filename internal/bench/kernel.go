@@ -53,8 +53,9 @@ type KernelOptions struct {
 	// MemMiB is the guest's RAM.
 	MemMiB int
 	// Profile, if set, is a directory for CPU profiles of tierblk over each measured window of
-	// the ublk and tierblk contenders (not the sequential row), taken in the guest from its admin
-	// endpoint: nas<ms>-round<r>-<contender>-<row>.pprof, for go tool pprof with the same binary.
+	// the ublk, tierblk and tierblkflush contenders (not the sequential row), taken in the guest
+	// from its admin endpoint: nas<ms>-round<r>-<contender>-<row>.pprof, for go tool pprof with
+	// the same binary.
 	Profile string
 	Log     io.Writer
 }

@@ -61,7 +61,7 @@ Run from the repository's root (or give --vm), with a static tierblk (make build
 	f.IntVar(&o.MemMiB, "mem", 3072, "the guest's RAM in MiB (the null_blk devices are in it)")
 	f.StringVar(&o.VMDir, "vm", "integration/vm", "the repository's integration/vm directory")
 	f.StringVar(&o.Tierblk, "tierblk", "", "the static tierblk binary the guest runs (default: this one)")
-	f.StringVar(&o.Profile, "profile", "", "a directory for CPU profiles of tierblk over each measured window of the ublk and tierblk contenders (go tool pprof BINARY FILE)")
+	f.StringVar(&o.Profile, "profile", "", "a directory for CPU profiles of tierblk over each measured window of the ublk, tierblk and tierblkflush contenders (go tool pprof BINARY FILE)")
 	return cmd
 }
 

@@ -27,8 +27,8 @@
 #
 # One line per contender and row on the console, for `tierblk bench kernel` to read:
 #   TIERBLK-BENCH: contender=C row=R iops=N mbps=N busy=F lat_p50_us=N lat_p99_us=N
-# and with profile=1, for the ublk and tierblk contenders' zipf and randw rows, tierblk's CPU
-# profile over the measured window (from its admin endpoint on the loopback), base64:
+# and with profile=1, for the ublk, tierblk and tierblkflush contenders' rows but seq, tierblk's
+# CPU profile over the measured window (from its admin endpoint on the loopback), base64:
 #   TIERBLK-PPROF: contender=C row=R BASE64
 # Variables a line before this script can set:
 contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkflush"}
@@ -189,8 +189,8 @@ run_row() {
 	fi
 	prof=
 	case $profile-$contender-$1 in
-	1-ublk-seq | 1-tierblk-seq) ;;
-	1-ublk-* | 1-tierblk-*)
+	1-ublk-seq | 1-tierblk-seq | 1-tierblkflush-seq) ;;
+	1-ublk-* | 1-tierblk-* | 1-tierblkflush-*)
 		rm -f /tmp/cpu.pprof
 		(sleep "$warm"; wget -q -O /tmp/cpu.pprof "http://127.0.0.1:6060/debug/pprof/profile?seconds=$measure") &
 		prof=$!
