@@ -149,13 +149,13 @@ func (c *control) startDev(id uint32, pid int) error {
 
 // waiting runs a command that first waits for the queues' fetches: the kernel's wait is
 // interruptible, and an interrupted one (EINTR) has changed nothing, so it is tried again.
-func (c *control) waiting(op, id uint32, data uint64) error {
+func (c *control) waiting(op, id uint32, data uint64) (err error) {
 	for range 100 {
-		if err := c.do(op, id, data, nil); !errors.Is(err, unix.EINTR) {
-			return err
+		if err = c.do(op, id, data, nil); !errors.Is(err, unix.EINTR) {
+			break
 		}
 	}
-	return c.do(op, id, data, nil)
+	return err
 }
 
 // stopDev removes /dev/ublkbN once the requests in flight are done, and fails every fetch.

@@ -118,8 +118,10 @@ func (d *Device) recover(info devInfo) error {
 	}
 	// EBUSY until the kernel has quiesced the device and released the previous daemon's files.
 	err = d.await(fmt.Sprintf("the kernel to release ublk device %d from its previous daemon", d.id), func() (bool, error) {
-		err := d.ctrl.startRecovery(d.id)
-		return err == nil, ignore(err, unix.EBUSY)
+		if err := d.ctrl.startRecovery(d.id); !errors.Is(err, unix.EBUSY) {
+			return err == nil, err
+		}
+		return false, nil
 	})
 	if err != nil {
 		return fmt.Errorf("ublk device %d: starting its recovery: %w", d.id, err)
@@ -147,12 +149,4 @@ func (d *Device) abandon() {
 	}
 	d.wg.Wait()
 	d.closeQueues()
-}
-
-// ignore returns err, or nil where it is target.
-func ignore(err, target error) error {
-	if errors.Is(err, target) {
-		return nil
-	}
-	return err
 }
