@@ -130,8 +130,9 @@ test: deps fmt-check standalone fuzz-short
 	@mkdir -p $(dir $(TESTLOG))
 	@set -o pipefail; $(GO) test -race -count=1 -v -timeout $(TEST_TIMEOUT) ./... > $(TESTLOG) 2>&1; status=$$?; \
 	  grep -E '^(ok|FAIL|panic:)|--- SKIP' $(TESTLOG); \
-	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '--- FAIL|^panic:' $(TESTLOG) | head -n 300; \
-	    grep -E 'TIERBLK-VM(: PROBLEM|-FAIL|-LOG|-RESULT: FAIL)' $(TESTLOG) | head -n 40; fi; \
+	  if [ $$status != 0 ]; then echo "--- failures (whole log: $(TESTLOG)):"; grep -A 25 -E -- '^panic:' $(TESTLOG) | head -n 100; \
+	    grep -E 'TIERBLK-VM(: PROBLEM|-FAIL|-LOG|-RESULT: FAIL)' $(TESTLOG) | head -n 40; \
+	    awk -f scripts/test-failures.awk $(TESTLOG) | head -n 150; fi; \
 	  echo "tests: $$(grep -Ec -- '--- PASS' $(TESTLOG)) passed, $$(grep -Ec -- '--- FAIL' $(TESTLOG)) failed, $$(grep -Ec -- '--- SKIP' $(TESTLOG)) skipped"; \
 	  exit $$status
 
