@@ -18,8 +18,9 @@ import (
 
 // The order part of `tierblk bench writeback` (issue 47): tierblk in write-back with
 // --write-back-order address against flush, everything else equal. Only the database-like writer
-// is here; the file-system writer (ext4 under fio with fsync) needs a kernel block device, which
-// only the kernel VM (`tierblk bench kernel`) has, and is left out.
+// is here, over fresh blocks and then over its own still-dirty ones; the file-system writer (ext4
+// under fio with fsync) needs a kernel block device, which only the kernel VM (`tierblk bench
+// kernel`) has, and is left out.
 const (
 	// OrderSlow and OrderFile are the backends: the write-back bench's slow disk (5 ms a request,
 	// one at a time) and a file in the work directory opened with O_DIRECT.
@@ -27,6 +28,10 @@ const (
 	OrderFile = "file"
 	// OrderFsync is how many writes fio makes between two fsyncs, each an NBD FLUSH: an epoch.
 	OrderFsync = 64
+	// OrderOverwriteRegion is where the overwrite phase writes: a hot set whose blocks are written
+	// again while dirty (fio without its random map), so that in FLUSH order a write often lands
+	// on a block an older epoch left dirty, which the backend still needs.
+	OrderOverwriteRegion = "8m"
 	// OrderSSD is the SSD tier. The region fio writes may be at most OrderRegionShare of it, so
 	// that the dirty ratio (dirty lines over the tier's lines) stays at or below the low watermark
 	// (0.25 by default): far under the maximum (0.9), with no write throttled and no destage
@@ -66,8 +71,8 @@ type OrderResult struct {
 // Ratios are flush/address per round, paired by round.
 func (r OrderResult) Ratios() []float64 { return pairedRatios(r.Flush, r.Address) }
 
-// OrderReport is RunOrder's outcome: two rows per backend (write IOPS, destage rate) and the
-// command lines measured.
+// OrderReport is RunOrder's outcome: four rows per backend (write IOPS, destage rate, blocks a
+// backend write, overwrite IOPS) and the command lines measured.
 type OrderReport struct {
 	Results []OrderResult
 	// Commands use WORK for the run's directory and ROUND for a measurement's own.
@@ -77,8 +82,9 @@ type OrderReport struct {
 // orderSample is what one measurement gives: fio's write IOPS, how fast `tierblk flush` wrote
 // back the dirty data fio left, and in how many 4 KiB blocks a backend write on average (a
 // backend that is bound by its requests, as the slow disk is, drains at that many blocks a
-// request: FLUSH order may coalesce only within an epoch).
-type orderSample struct{ iops, drain, perWrite float64 }
+// request: FLUSH order may coalesce only within an epoch); then fio's write IOPS over blocks it
+// keeps writing again while they are dirty.
+type orderSample struct{ iops, drain, perWrite, overwriteIOPS float64 }
 
 // OrderBackends are the backends, in the table's order.
 func OrderBackends() []string { return []string{OrderSlow, OrderFile} }
@@ -119,6 +125,10 @@ func orderFioArgs(writes int) []string {
 	return []string{"--rw=randwrite", "--bs=4k", "--iodepth=32", fmt.Sprintf("--fsync=%d", OrderFsync), fmt.Sprintf("--number_ios=%d", writes)}
 }
 
+// orderOverwriteArgs are the overwrite phase's: the same writer without fio's random map, which
+// would write each block once, over OrderOverwriteRegion.
+func orderOverwriteArgs(writes int) []string { return append(orderFioArgs(writes), "--norandommap") }
+
 // orderTierblk is tierblk's serve command in write-back with the order given, over backendURI,
 // with its sockets and SSD tier in dir.
 func orderTierblk(tierblk, backendURI, dir, order string) []string {
@@ -141,7 +151,8 @@ func orderBackendURI(backend, dir string) string {
 // every measurement starts a fresh backend (slow disk) or backend file and a fresh tierblk with a
 // new SSD tier in a directory of its own. A measurement: fio writes Writes 4 KiB blocks at random
 // in Size with a FLUSH every OrderFsync (its IOPS), then `tierblk flush` writes everything back
-// (the dirty bytes before it over its time: the destage rate).
+// (the dirty bytes before it over its time: the destage rate), then fio writes Writes blocks
+// again at random in OrderOverwriteRegion, many of them over their own dirty data (its IOPS).
 func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 	if err := o.check(); err != nil {
 		return OrderReport{}, err
@@ -160,6 +171,8 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 		write := OrderResult{Row: fmt.Sprintf("4K random write, QD32, a FLUSH every %d, %d writes over %s", OrderFsync, o.Writes, o.Size), Backend: backend, Unit: orderUnitWrite}
 		drain := OrderResult{Row: "destage: tierblk flush after it", Backend: backend, Unit: orderUnitDrain}
 		perWrite := OrderResult{Row: "destage: 4K blocks a backend write", Backend: backend, Unit: orderUnitBlocks}
+		overwrite := OrderResult{Row: fmt.Sprintf("then 4K random overwrites, QD32, a FLUSH every %d, %d writes over %s", OrderFsync, o.Writes, OrderOverwriteRegion),
+			Backend: backend, Unit: orderUnitWrite}
 		for round := range o.Rounds {
 			fmt.Fprintf(o.Log, "write-back order over the %s, round %d of %d\n", backend, round+1, o.Rounds)
 			for _, t := range roundOrder(len(orders), round) {
@@ -170,9 +183,10 @@ func RunOrder(ctx context.Context, o OrderOptions) (OrderReport, error) {
 				write.add(orders[t], s.iops)
 				drain.add(orders[t], s.drain)
 				perWrite.add(orders[t], s.perWrite)
+				overwrite.add(orders[t], s.overwriteIOPS)
 			}
 		}
-		rep.Results = append(rep.Results, write, drain, perWrite)
+		rep.Results = append(rep.Results, write, drain, perWrite, overwrite)
 	}
 	return rep, nil
 }
@@ -186,7 +200,7 @@ func (r *OrderResult) add(order string, v float64) {
 }
 
 // measureOrder runs one measurement in dir (made here, removed after): a fresh backend and
-// tierblk, the write phase, then the timed flush.
+// tierblk, the write phase, the timed flush, then the overwrite phase.
 func measureOrder(ctx context.Context, o OrderOptions, backend, order, dir string) (orderSample, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return orderSample{}, err
@@ -213,7 +227,7 @@ func measureOrder(ctx context.Context, o OrderOptions, backend, order, dir strin
 		return orderSample{}, fmt.Errorf("%s: %w", name, err)
 	}
 	admin := filepath.Join(dir, "admin.sock")
-	dirty, err := orderDirty(ctx, admin, name, o.Log)
+	dirty, err := orderDirty(ctx, admin, name, o.Log, cache.DirtyStats{})
 	if err != nil {
 		return orderSample{}, err
 	}
@@ -232,32 +246,39 @@ func measureOrder(ctx context.Context, o OrderOptions, backend, order, dir strin
 	}
 	s := orderSample{iops: res.value, drain: float64(dirty.Bytes) / (1 << 20) / took.Seconds(),
 		perWrite: float64(after.DestagedBytes-dirty.DestagedBytes) / orderBlock / float64(writes)}
-	fmt.Fprintf(o.Log, "  %-8s %8.0f IOPS, %.1f MiB dirty (ratio %.3f), written back at %.2f MiB/s in %d backend writes (%.2f blocks each)\n",
-		order, s.iops, float64(dirty.Bytes)/(1<<20), dirty.Ratio, s.drain, writes, s.perWrite)
+	if res, err = fio(ctx, tb.endpoint(), OrderOverwriteRegion, 0, 0, orderOverwriteArgs(o.Writes)); err != nil {
+		return orderSample{}, fmt.Errorf("%s, overwrites: %w", name, err)
+	}
+	if _, err := orderDirty(ctx, admin, name+", overwrites", o.Log, after); err != nil {
+		return orderSample{}, err
+	}
+	s.overwriteIOPS = res.value
+	fmt.Fprintf(o.Log, "  %-8s %8.0f IOPS, %.1f MiB dirty (ratio %.3f), written back at %.2f MiB/s in %d backend writes (%.2f blocks each); overwrites %.0f IOPS\n",
+		order, s.iops, float64(dirty.Bytes)/(1<<20), dirty.Ratio, s.drain, writes, s.perWrite, s.overwriteIOPS)
 	return s, nil
 }
 
-// orderDirty reads the dirty figures after the write phase and refuses a measurement whose
-// premise failed: a write throttled at the dirty maximum would count the destager's speed in the
-// write IOPS.
-func orderDirty(ctx context.Context, admin, name string, log io.Writer) (cache.DirtyStats, error) {
+// orderDirty reads the dirty figures after a write phase that began at since and refuses a
+// measurement whose premise failed: a write throttled at the dirty maximum would count the
+// destager's speed in the write IOPS.
+func orderDirty(ctx context.Context, admin, name string, log io.Writer, since cache.DirtyStats) (cache.DirtyStats, error) {
 	client := adminClient(admin)
 	defer client.CloseIdleConnections()
 	d, err := getDirty(ctx, client)
 	if err != nil {
 		return d, fmt.Errorf("%s: %w", name, err)
 	}
-	if d.ThrottledWrites > 0 || d.Ratio >= d.Max {
+	if throttled := d.ThrottledWrites - since.ThrottledWrites; throttled > 0 || d.Ratio >= d.Max {
 		return d, fmt.Errorf("%s: dirty ratio %.3f (max %.2f), %d writes throttled: the write phase must stay under the dirty maximum",
-			name, d.Ratio, d.Max, d.ThrottledWrites)
+			name, d.Ratio, d.Max, throttled)
 	}
 	if d.Bytes == 0 {
 		return d, errors.New(name + ": no dirty data after the write phase")
 	}
 	// The drain rate counts only what is dirty when the flush starts, so an early destage does not
 	// skew it; it is logged, since it did share the write phase's time.
-	if d.DestagedBytes > 0 {
-		fmt.Fprintf(log, "  note: %d bytes destaged during the write phase\n", d.DestagedBytes)
+	if destaged := d.DestagedBytes - since.DestagedBytes; destaged > 0 {
+		fmt.Fprintf(log, "  note: %d bytes destaged during the write phase\n", destaged)
 	}
 	return d, nil
 }
@@ -274,6 +295,8 @@ func orderCommands(o OrderOptions, dir string) []string {
 	fioCmd := append([]string{"fio"}, fioArgs(Endpoint{Sock: filepath.Join(round, "nbd.sock")}.URI(), o.Size, 0, 0, orderFioArgs(o.Writes))...)
 	out = append(out, "write phase: "+work(fioCmd))
 	out = append(out, "destage, timed: "+work(append([]string{o.Tierblk}, flushArgs(filepath.Join(round, "admin.sock"))...)))
+	overwrite := append([]string{"fio"}, fioArgs(Endpoint{Sock: filepath.Join(round, "nbd.sock")}.URI(), OrderOverwriteRegion, 0, 0, orderOverwriteArgs(o.Writes))...)
+	out = append(out, "overwrite phase: "+work(overwrite))
 	return out
 }
 

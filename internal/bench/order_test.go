@@ -38,6 +38,8 @@ func TestOrderCommandsPrinted(t *testing.T) {
 		"write phase: fio --name=bench --ioengine=nbd '--uri=nbd+unix:///?socket=WORK/ROUND/nbd.sock' --size=128m --numjobs=1 --output-format=json " +
 			"--random_generator=tausworthe64 --rw=randwrite --bs=4k --iodepth=32 --fsync=64 --number_ios=1024",
 		"destage, timed: /bin/tierblk flush --admin unix:WORK/ROUND/admin.sock",
+		"overwrite phase: fio --name=bench --ioengine=nbd '--uri=nbd+unix:///?socket=WORK/ROUND/nbd.sock' --size=8m --numjobs=1 --output-format=json " +
+			"--random_generator=tausworthe64 --rw=randwrite --bs=4k --iodepth=32 --fsync=64 --number_ios=1024 --norandommap",
 	}, got)
 }
 

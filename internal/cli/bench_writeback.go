@@ -51,12 +51,15 @@ goes first each round, over the slow disk and over a file (file://WORK/...?direc
 measurement starts a fresh backend and a fresh
   tierblk   serve --backend (the backend) --ram ` + bench.CacheRAM + ` --ssd ROUND/ssd.img --ssd-size ` + bench.OrderSSD + ` --mode writeback --write-back-order ORDER
 then fio writes --order-writes 4K blocks at random in --size (QD32, an fsync, an NBD FLUSH, every
-` + fmt.Sprint(bench.OrderFsync) + ` writes: a database-like writer) and 'tierblk flush' writes everything back, timed.
+` + fmt.Sprint(bench.OrderFsync) + ` writes: a database-like writer), 'tierblk flush' writes everything back, timed, and fio
+writes --order-writes blocks again, without its random map, in the first ` + bench.OrderOverwriteRegion + `: blocks written
+again while dirty, which in flush order an older epoch may still need.
 --size may be at most ` + fmt.Sprint(bench.OrderRegionShare) + ` of the SSD tier, so that dirty data stays at the low watermark or
 under, far from the maximum: no write is throttled (a measurement where one is fails). Prints,
-per backend, the write IOPS and the destage rate (dirty MiB when the flush starts over its time)
-in each order, and the median, lowest and highest of the per-round ratios flush/address (above
-1.0: flush order is faster), then the command lines. The file-system writer (ext4 under fio with
+per backend, the write IOPS, the destage rate (dirty MiB when the flush starts over its time),
+the blocks a backend write carried and the overwrite IOPS in each order, and the median, lowest
+and highest of the per-round ratios flush/address (above 1.0: flush order is faster), then the
+command lines. The file-system writer (ext4 under fio with
 fsync) needs a kernel block device, and is not part of it.
 
 --work must be on a file system with O_DIRECT (not tmpfs): the SSD tiers, nbdkit's cache file and
