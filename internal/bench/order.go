@@ -231,6 +231,9 @@ func measureOrder(ctx context.Context, o OrderOptions, backend, order, dir strin
 	if err != nil {
 		return orderSample{}, err
 	}
+	if dirty.Bytes == 0 {
+		return orderSample{}, errors.New(name + ": no dirty data after the write phase, for the flush to write back")
+	}
 	began := time.Now()
 	if err := flushTierblk(ctx, o.Tierblk, name, admin, o.Log); err != nil {
 		return orderSample{}, err
@@ -271,9 +274,6 @@ func orderDirty(ctx context.Context, admin, name string, log io.Writer, since ca
 	if throttled := d.ThrottledWrites - since.ThrottledWrites; throttled > 0 || d.Ratio >= d.Max {
 		return d, fmt.Errorf("%s: dirty ratio %.3f (max %.2f), %d writes throttled: the write phase must stay under the dirty maximum",
 			name, d.Ratio, d.Max, throttled)
-	}
-	if d.Bytes == 0 {
-		return d, errors.New(name + ": no dirty data after the write phase")
 	}
 	// The drain rate counts only what is dirty when the flush starts, so an early destage does not
 	// skew it; it is logged, since it did share the write phase's time.
