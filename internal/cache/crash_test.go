@@ -190,6 +190,10 @@ func (x gatedStore) Lines(fn func(meta.Line) error) error {
 	return x.g.do(func() error { return x.Store.Lines(fn) })
 }
 
+func (x gatedStore) Ghosts(fn func(meta.Ghost) error) error {
+	return x.g.do(func() error { return x.Store.Ghosts(fn) })
+}
+
 func (x gatedStore) Close() error { return nil }
 
 // killAndRestart kills c, whose devices and store are m's behind g (the gate crashes: nothing c

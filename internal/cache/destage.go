@@ -1,13 +1,16 @@
 package cache
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
@@ -23,8 +26,9 @@ type destageRun struct {
 type destagePiece struct {
 	line   uint64
 	slot   uint32
-	lo, hi int64 // bytes within the line
-	zero   bool  // zero blocks: not read from the slot
+	lo, hi int64  // bytes within the line
+	zero   bool   // zero blocks: not read from the slot
+	data   []byte // a ghost's bytes (ghost.go): not read from the slot either
 }
 
 // destageLocked writes the dirty blocks of lines (in ascending order, all locked by the caller)
@@ -60,19 +64,30 @@ func (c *Cache) destageEpochLocked(lines []uint64, ep *uint64, release bool) (in
 // destageNextOrdered), it lets go of the lines' locks from when it knows what to write until the
 // backend has it, so that clients' writes to the lines' other blocks do not wait for the backend.
 // Nothing else changes the blocks it writes back meanwhile: they are dirty blocks of an epoch older
-// than the open one, which no write overwrites (overwriteCheck) and nothing sends to the backend
-// (orderCheck) until their epoch is written back, which only this write back, the one under way
-// (epochs.takers), ends. It marks clean only the blocks still of epoch *ep.
+// than the open one, which no write overwrites (keepOverwritten keeps no ghost of them) and
+// nothing sends to the backend (orderCheck) until their epoch is written back, which only this
+// write back, the one under way (epochs.takers), ends. It marks clean only the blocks still of
+// epoch *ep, and writes the epoch's ghosts of the lines (ghost.go) with them, then deletes those.
 func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int64, err error) {
 	type held struct {
 		line        uint64
-		slot        uint32
+		slot        uint32 // noSlot: the line has only ghosts of the epoch
 		dirty, zero lineBits
+		ghosts      []ghost
 	}
 	var hs []held
 	for _, line := range lines {
+		h := held{line: line, slot: noSlot}
 		if slot, d, z, ok := c.ssd.pinDirty(line, ep); ok {
-			hs = append(hs, held{line, slot, d, z})
+			h.slot, h.dirty, h.zero = slot, d, z
+		}
+		if ep != nil && c.ssd.ep != nil {
+			c.ssd.mu.RLock()
+			h.ghosts = c.ssd.ep.ghostsOf(line, *ep)
+			c.ssd.mu.RUnlock()
+		}
+		if h.slot != noSlot || len(h.ghosts) > 0 {
+			hs = append(hs, h)
 		}
 	}
 	if len(hs) == 0 {
@@ -81,9 +96,11 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	var rotted []unlockedBlocks // found damaged by others while the lines were let go (below)
 	defer func() {
 		for _, h := range hs {
-			if err != nil {
+			switch {
+			case h.slot == noSlot:
+			case err != nil:
 				c.ssd.unpin(h.slot)
-			} else {
+			default:
 				c.ssd.clean(h.line, h.slot, h.dirty, ep)
 			}
 		}
@@ -93,9 +110,11 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 			c.damaged(u.line, u.slot, u.rotted)
 		}
 	}()
-	spans := make([]span, len(hs))
-	for i, h := range hs {
-		spans[i] = span{h.line, h.dirty}
+	spans := make([]span, 0, len(hs))
+	for _, h := range hs {
+		if h.slot != noSlot {
+			spans = append(spans, span{h.line, h.dirty})
+		}
 	}
 	if err = c.ssd.j.dropStale(spans); err != nil {
 		return 0, fmt.Errorf("destage: cache metadata: %w", err)
@@ -104,31 +123,41 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 		return 0, fmt.Errorf("destage: settling the records of the blocks to write back: %w", err)
 	}
 	var runs []destageRun
+	var ps []destagePiece
 	for _, h := range hs {
 		start := int64(h.line) * c.line
 		n := min(c.line, c.size-start)
+		ps = ps[:0]
 		h.dirty.Runs(int((n+blockSize-1)/blockSize), func(b0, b1 int) {
 			lo, hi := int64(b0)*blockSize, min(int64(b1)*blockSize, n)
 			_ = zeroSpans(lo, hi, h.zero, func(lo, hi int64, z bool) error {
-				p := destagePiece{h.line, h.slot, lo, hi, z}
-				// Zero blocks go as a WRITE_ZEROES of their own where the backend has one; else
-				// they are written as zeros with the data around them.
-				zero := z && c.zero != nil
-				if k := len(runs) - 1; k >= 0 && runs[k].end() == start+lo && runs[k].zero == zero &&
-					runs[k].len()+(hi-lo) <= maxDestageWrite {
-					runs[k].pieces = append(runs[k].pieces, p)
-					return nil
-				}
-				runs = append(runs, destageRun{off: start + lo, pieces: []destagePiece{p}, zero: zero})
+				ps = append(ps, destagePiece{line: h.line, slot: h.slot, lo: lo, hi: hi, zero: z})
 				return nil
 			})
 		})
+		if len(h.ghosts) > 0 {
+			ps = append(ps, ghostPieces(h.line, h.ghosts, n)...)
+			slices.SortFunc(ps, func(a, b destagePiece) int { return cmp.Compare(a.lo, b.lo) })
+		}
+		for _, p := range ps {
+			// Zero blocks go as a WRITE_ZEROES of their own where the backend has one; else
+			// they are written as zeros with the data around them.
+			zero := p.zero && c.zero != nil
+			if k := len(runs) - 1; k >= 0 && runs[k].end() == start+p.lo && runs[k].zero == zero &&
+				runs[k].len()+(p.hi-p.lo) <= maxDestageWrite {
+				runs[k].pieces = append(runs[k].pieces, p)
+				continue
+			}
+			runs = append(runs, destageRun{off: start + p.lo, pieces: []destagePiece{p}, zero: zero})
+		}
 	}
 	t0 := time.Now()
 	if release {
 		c.ssd.mu.Lock()
 		for _, h := range hs {
-			c.ssd.ep.unlocked[h.slot] = &unlockedBlocks{line: h.line, slot: h.slot, bits: h.dirty}
+			if h.slot != noSlot {
+				c.ssd.ep.unlocked[h.slot] = &unlockedBlocks{line: h.line, slot: h.slot, bits: h.dirty}
+			}
 		}
 		c.ssd.mu.Unlock()
 		c.unlockLines(lines)
@@ -144,12 +173,34 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 		c.lockLines(lines)
 		c.ssd.mu.Lock()
 		for _, h := range hs {
+			if h.slot == noSlot {
+				continue
+			}
 			if u := c.ssd.ep.unlocked[h.slot]; !u.rotted.IsZero() {
 				rotted = append(rotted, *u)
 			}
 			delete(c.ssd.ep.unlocked, h.slot)
 		}
 		c.ssd.mu.Unlock()
+	}
+	if err == nil && ep != nil {
+		// Deleted durably before any later epoch can reach the backend, so that no restart
+		// writes an older version over a newer one there (ghost.go).
+		var ops []meta.Op
+		for _, h := range hs {
+			ops = append(ops, ghostOps(h.line, *ep, h.ghosts)...)
+		}
+		if len(ops) > 0 {
+			if err = meta.CommitParts(c.ssd.j.store, ops, true, nil); err != nil {
+				err = fmt.Errorf("destage: deleting the older versions written back: %w", err)
+			} else {
+				c.ssd.mu.Lock()
+				for _, h := range hs {
+					c.ssd.ep.dropGhosts(h.line, *ep)
+				}
+				c.ssd.mu.Unlock()
+			}
+		}
 	}
 	for _, r := range bad {
 		// Counted as any error of the tier's device: a dirty line the destager cannot read
@@ -251,8 +302,9 @@ func (c *Cache) writeRun(r destageRun) error {
 	buf := *bufp
 	pos := int64(0)
 	for _, p := range r.pieces {
-		if p.zero {
+		if p.zero || p.data != nil {
 			clear(buf[pos : pos+p.hi-p.lo])
+			copy(buf[pos:pos+p.hi-p.lo], p.data)
 			pos += p.hi - p.lo
 			continue
 		}
@@ -464,8 +516,14 @@ func (c *Cache) dirtyStats() DirtyStats {
 	var oldest uint64
 	var behind float64
 	var lost uint64
+	var ghosts int
+	var ghostBytes int64
 	if ep := c.ssd.ep; ep != nil {
 		lost = ep.broken.Load()
+		for _, gs := range ep.ghosts {
+			ghosts += len(gs)
+		}
+		ghostBytes = ep.ghostBytes
 		if len(ep.pending) > 0 {
 			pending, oldest, behind = len(ep.pending), ep.pending[0].epoch, time.Since(ep.pending[0].since).Seconds()
 		}
@@ -473,6 +531,7 @@ func (c *Cache) dirtyStats() DirtyStats {
 	c.ssd.mu.Unlock()
 	return DirtyStats{
 		Order: w.cfg.Order, PendingEpochs: pending, OldestEpoch: oldest, BackendBehind: behind, LostEpoch: lost,
+		Ghosts: ghosts, GhostBytes: ghostBytes, GhostsKept: w.ghosts.Load(),
 		Lines: uint64(lines), Bytes: uint64(blocks) * blockSize, Ratio: float64(lines) / float64(w.lines),
 		High: w.cfg.High, Low: w.cfg.Low, Max: w.cfg.Max,
 		Destaging: w.running.Load(), DestagedBytes: w.destagedBytes.Load(), DestageWrites: w.destageWrites.Load(),

@@ -22,10 +22,12 @@ import (
 //   - the destager writes back only the oldest epoch's blocks (destageNextOrdered), coalesced and
 //     reordered within it, and flushes the backend before it marks them clean, so a later epoch's
 //     writes never reach the backend before an earlier one is whole and durable there;
-//   - nothing else sends a client's change to the backend ahead of older epochs (a write over a
-//     dirty block of an older epoch, a write around a full tier, a trim, a write in another mode,
-//     a flush of everything): it lets go of its line locks and writes the older epochs back
-//     itself, in order, as the destager does (orderWait, waitEpochs), then goes on;
+//   - a write over a dirty block of an older epoch keeps the block's bytes first, a ghost
+//     (ghost.go), which that epoch's write back sends in its place;
+//   - nothing else sends a client's change to the backend ahead of older epochs (a write around
+//     a full tier, a trim, a write in another mode, a flush of everything, a write over a dirty
+//     block that cannot keep a ghost): it lets go of its line locks and writes the older epochs
+//     back itself, in order, as the destager does (orderWait, waitEpochs), then goes on;
 //   - when the SSD tier is lost while it holds epochs the backend lacks, writes that would need them
 //     on the backend first fail (errOrderLost): the backend stays a state the device had, older;
 //   - so too when a dirty block of epoch k fails its checksum with no copy in the RAM tier (lost,
@@ -55,6 +57,11 @@ type epochs struct {
 	// checked, so whether they are lost is for it to say once it knows what the backend got
 	// (destageOnce: TestOrderRotWhileWrittenBack). Guarded by the tier's mutex.
 	unlocked map[uint32]*unlockedBlocks
+	// ghosts are the older versions of dirty blocks that writes replaced while their epochs were
+	// pending (ghost.go), by line and epoch, each counted as a dirty block of its epoch in pending;
+	// ghostBytes their bytes. Guarded by the tier's mutex.
+	ghosts     map[lineEpoch][]ghost
+	ghostBytes int64
 }
 
 // unlockedBlocks are the blocks of line that a write back of a closed epoch writes, holding no lock
@@ -84,7 +91,7 @@ type pendingEpoch struct {
 }
 
 func newEpochs() *epochs {
-	e := &epochs{bySlot: map[uint32]*slotEpochs{}, unlocked: map[uint32]*unlockedBlocks{}}
+	e := &epochs{bySlot: map[uint32]*slotEpochs{}, unlocked: map[uint32]*unlockedBlocks{}, ghosts: map[lineEpoch][]ghost{}}
 	e.cur.Store(1)
 	return e
 }
@@ -260,7 +267,7 @@ func (e *epochs) takeOldest(window uint64) (ep uint64, lines []uint64, ok bool) 
 		return 0, nil, false
 	}
 	p := &e.pending[0]
-	if len(e.pending) == 1 {
+	if len(e.pending) == 1 && !e.hasGhosts(p.epoch) {
 		if len(p.lines) > 2*len(e.bySlot)+64 {
 			p.lines = e.linesOf(p.epoch)
 		}
@@ -282,7 +289,7 @@ func (e *epochs) takeOldest(window uint64) (ep uint64, lines []uint64, ok bool) 
 	return p.epoch, lines, true
 }
 
-// linesOf returns the lines with dirty blocks of epoch ep, ascending.
+// linesOf returns the lines with dirty blocks (or ghosts) of epoch ep, ascending.
 func (e *epochs) linesOf(ep uint64) []uint64 {
 	var lines []uint64
 	for _, se := range e.bySlot {
@@ -292,8 +299,23 @@ func (e *epochs) linesOf(ep uint64) []uint64 {
 			}
 		}
 	}
+	for k := range e.ghosts {
+		if k.epoch == ep {
+			lines = append(lines, k.line)
+		}
+	}
 	slices.Sort(lines)
-	return lines
+	return slices.Compact(lines)
+}
+
+// hasGhosts reports whether epoch ep has ghosts.
+func (e *epochs) hasGhosts(ep uint64) bool {
+	for k := range e.ghosts {
+		if k.epoch == ep {
+			return true
+		}
+	}
+	return false
 }
 
 // putBack returns lines to epoch ep's list after their write back failed.
@@ -308,8 +330,12 @@ func (e *epochs) putBack(ep uint64, lines []uint64) {
 }
 
 // orderWait is a change that must wait, without its line locks, until the epochs up to epoch are
-// on the backend (waitEpochs), and then be tried again.
-type orderWait struct{ epoch uint64 }
+// on the backend (waitEpochs), or with writeBack only until the write back under way has ended
+// (epochs.takers), and then be tried again.
+type orderWait struct {
+	epoch     uint64
+	writeBack bool
+}
 
 func (o *orderWait) Error() string { return "cache: waiting for older epochs to be written back" }
 
@@ -349,9 +375,8 @@ func (c *Cache) ordered() bool { return c.ssd != nil && c.ssd.ep != nil }
 // orderCheck says whether a change to pieces may go on now (nil), or must wait (an *orderWait).
 // The caller holds the pieces' line locks. A change that sends data to the backend (direct:
 // around the tier, or in another mode) needs every epoch before the open one there; one that
-// writes back the dirty blocks of its lines (destageTouched) needs every epoch before theirs; a
-// write-back write over dirty blocks of an older epoch needs that epoch there first, or the
-// backend could never get those blocks' older data.
+// writes back the dirty blocks of its lines (destageTouched) needs every epoch before theirs. (A
+// write-back write over dirty blocks of an older epoch keeps their older data: keepOverwritten.)
 func (c *Cache) orderCheck(pieces []piece, direct bool) error {
 	if !c.ordered() {
 		return nil
@@ -377,29 +402,7 @@ func (c *Cache) orderCheck(pieces []piece, direct bool) error {
 		}
 	}
 	if need > oldest {
-		return &orderWait{need - 1}
-	}
-	return nil
-}
-
-// overwriteCheck is orderCheck for a write-back write: its pieces may not write over dirty blocks
-// of an epoch older than the open one (their data is needed for that epoch's write back).
-func (c *Cache) overwriteCheck(pieces []piece) error {
-	if !c.ordered() {
-		return nil
-	}
-	t := c.ssd
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	cur := t.ep.cur.Load()
-	for _, s := range pieces {
-		slot, ok := t.slotOf(s.line)
-		if !ok {
-			continue
-		}
-		if lo, hi, ok := t.ep.of(slot, t.dirtyAt(slot).And(s.touched())); ok && lo < cur {
-			return &orderWait{min(hi, cur-1)}
-		}
+		return &orderWait{epoch: need - 1}
 	}
 	return nil
 }
@@ -493,9 +496,10 @@ func (c *Cache) drainEpochs(ctx context.Context, progress func(done, total int64
 }
 
 // waitIfOrdered looks at err, what a change under its line locks returned, once it let go of them:
-// an *orderWait is waited for (waitEpochs), and again reports that the change must be tried
-// again; else err is the change's outcome, or the wait's failure. The callers loop on it rather
-// than take the change as a closure, which would cost every write an allocation.
+// an *orderWait is waited for (waitEpochs, or the write back under way), and again reports that
+// the change must be tried again; else err is the change's outcome, or the wait's failure. The
+// callers loop on it rather than take the change as a closure, which would cost every write an
+// allocation.
 func (c *Cache) waitIfOrdered(err error) (again bool, _ error) {
 	if err == nil {
 		return false, nil
@@ -503,6 +507,12 @@ func (c *Cache) waitIfOrdered(err error) (again bool, _ error) {
 	var ow *orderWait
 	if !errors.As(err, &ow) {
 		return false, err
+	}
+	if ow.writeBack {
+		c.ssd.ep.takers.Lock()
+		//lint:ignore SA2001 taking the lock is the wait: for the write back that holds it to end
+		c.ssd.ep.takers.Unlock()
+		return true, nil
 	}
 	if err := c.waitEpochs(ow.epoch); err != nil {
 		return false, err

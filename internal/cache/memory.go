@@ -11,7 +11,7 @@ import (
 // line), with its checksums and, on a packed tier, its location words (TestIndexBytesPerLine);
 // and, with an SSD tier (which write-back, or a switch to it, fills with dirty data), work: the
 // destager's buffers, on a packed tier reclaim's lists, and in FLUSH order the epochs of the most
-// dirty lines there may be (epochBytes). The daemon's memory bound and
+// dirty lines there may be (epochBytes) and the ghosts of blocks written over (maxGhostBytes). The daemon's memory bound and
 // docs/operations.md's "How much RAM" are made of these.
 func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 	if c.ram != nil {
@@ -22,7 +22,7 @@ func (c *Cache) MemoryPlan() (ramTier, index, work uint64) {
 		index += uint64(t.slots) * uint64(t.st.indexBytes(t.blocks))
 		work = destageBytesInFlight + t.st.workBytes()
 		if t.ep != nil && c.wb != nil {
-			work += uint64(c.wb.maxLines) * uint64(epochBytes(t.blocks))
+			work += uint64(c.wb.maxLines)*uint64(epochBytes(t.blocks)) + maxGhostBytes
 		}
 	}
 	return ramTier, index, work

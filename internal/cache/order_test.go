@@ -502,6 +502,7 @@ func (r *orderRig) op(k int) error {
 type orderRun struct {
 	destaged  uint64 // bytes written back
 	lostEpoch uint64 // the epoch a damaged dirty block halted the write back at (0: none)
+	ghosts    uint64 // older versions of dirty blocks kept for writes over them (ghost.go)
 }
 
 // runOrder is one seeded run of the model: random requests on a fresh cache. In a fifth of the
@@ -564,7 +565,7 @@ func runOrder(t testing.TB, l layout, order string, seed uint64, ops int) (run o
 	}
 	violation = r.back.violation(8) // the backend as the run leaves it, and 8 power losses of it
 	st := r.c.Stats().Dirty
-	run = orderRun{destaged: st.DestagedBytes, lostEpoch: st.LostEpoch}
+	run = orderRun{destaged: st.DestagedBytes, lostEpoch: st.LostEpoch, ghosts: st.GhostsKept}
 	r.h.say("Close", nil)
 	r.c.Close()
 	if violation == nil {
@@ -618,12 +619,13 @@ func TestOrderFlushModel(t *testing.T) {
 		t.Run(oc.name, func(t *testing.T) {
 			t.Parallel()
 			first, end := orderRuns(t, 500, 30)
-			var destaged uint64
+			var destaged, ghosts uint64
 			halted := 0
 			for run := first; run < end; run++ {
 				seed := orderSeed(base, i, run)
 				did, violation, err := runOrder(t, oc.l, OrderFlush, seed, 80)
 				destaged += did.destaged
+				ghosts += did.ghosts
 				if did.lostEpoch != 0 {
 					halted++
 				}
@@ -633,6 +635,7 @@ func TestOrderFlushModel(t *testing.T) {
 				require.NoError(t, err, replay)
 			}
 			require.NotZero(t, destaged, "nothing was written back: the model tested no write-back")
+			require.NotZero(t, ghosts, "no write went over an older epoch's dirty block: the model tested no ghost")
 			t.Logf("%d runs of %d lost a dirty block to damage, halting the write back", halted, end-first)
 			if end-first >= 100 {
 				require.NotZero(t, halted, "no damage hit dirty data: the model tested no lost block")
@@ -883,6 +886,9 @@ type stallingDev struct {
 	stall   atomic.Bool
 	waiting chan struct{}
 	resume  chan struct{}
+	// written has the id stamped on the first sector of each write, by that sector, in order.
+	mu      sync.Mutex
+	written map[int][]int64
 }
 
 func (s *stallingDev) WriteAt(p []byte, off int64) (int, error) {
@@ -893,7 +899,24 @@ func (s *stallingDev) WriteAt(p []byte, off int64) (int, error) {
 		}
 		<-s.resume
 	}
-	return s.crashDev.WriteAt(p, off)
+	n, err := s.crashDev.WriteAt(p, off)
+	if err == nil {
+		s.mu.Lock()
+		for i, id := range stamps(p, int(off/sector)) {
+			if first := int(off/sector) + i; first%(blockSize/sector) == 0 {
+				s.written[first] = append(s.written[first], id)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return n, err
+}
+
+// writesOf returns the ids written to block's first sector, in order.
+func (s *stallingDev) writesOf(block int) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.written[block*blockSize/sector])
 }
 
 // stalledOrder is a write-back cache in FLUSH order (16 KiB lines, 8 of them on the SSD tier
@@ -912,7 +935,8 @@ const stalledOrderSSD = 8 * 16 << 10
 
 func newStalledOrder(t *testing.T, ssd backend.Backend) *stalledOrder {
 	l := layout{line: 16 << 10, ssd: stalledOrderSSD / (16 << 10), mode: WriteBack}
-	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{})}
+	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{}),
+		written: map[int][]int64{}}
 	if ssd == nil {
 		ssd = mem.New(l.ssd * l.line)
 	}

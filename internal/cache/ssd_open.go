@@ -179,6 +179,9 @@ func (c *Cache) warmSSD(j *journal, runLog string, sb meta.Superblock, slots int
 		t.adoptDirtyLocked()
 		t.mu.Unlock()
 	}
+	if err := c.loadGhosts(t); err != nil {
+		return err
+	}
 	if len(logged) > 0 {
 		// Committed before anything is served, and before the epoch moves on (startRun): a
 		// kill in between replays the same log again.

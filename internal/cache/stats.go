@@ -127,6 +127,11 @@ type DirtyStats struct {
 	// LostEpoch is the oldest epoch that lost a dirty block (0: none): the write back stops
 	// before it, and the backend stays as of the epoch before.
 	LostEpoch uint64 `json:"lost_epoch,omitempty"`
+	// Ghosts are the older versions of dirty blocks that writes replaced before their epoch was
+	// written back, kept for it (docs/architecture.md): held now, their bytes, and kept so far.
+	Ghosts     int    `json:"ghosts,omitempty"`
+	GhostBytes int64  `json:"ghost_bytes,omitempty"`
+	GhostsKept uint64 `json:"ghosts_kept,omitempty"`
 }
 
 // LostStats describe the lost ranges: reads of them fail until they are written again.

@@ -109,6 +109,8 @@ type writeBack struct {
 	throttleNs                                  atomic.Int64
 	// backendWaits counts the retries of writes waiting for a failing backend (retryBackend)
 	backendWaits atomic.Uint64
+	// ghosts counts the older versions of dirty blocks kept for writes over them (ghost.go)
+	ghosts atomic.Uint64
 }
 
 // newWriteBack is the write-back machinery of an SSD tier with room for lines lines, of which it

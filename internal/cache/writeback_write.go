@@ -31,7 +31,7 @@ import (
 // A writer so never waits for room while holding what the room's maker needs: past its
 // throttle it makes room itself, by a checkpoint or by writing its own lines back.
 func (c *Cache) writeBackPieces(pieces []piece, p []byte, fua bool) error {
-	if err := c.overwriteCheck(pieces); err != nil {
+	if err := c.keepOverwritten(pieces); err != nil {
 		return err
 	}
 	if err := c.invalidateOverwritten(pieces); err != nil {

@@ -319,6 +319,9 @@ func behind(d cache.DirtyStats) string {
 	}
 	s := fmt.Sprintf("%d epochs pending, the oldest %d: the backend is consistent as of %s ago",
 		d.PendingEpochs, d.OldestEpoch, seconds(d.BackendBehind).Round(time.Millisecond))
+	if d.Ghosts > 0 {
+		s += fmt.Sprintf("; %d older versions of blocks written over kept for it (%s)", d.Ghosts, humanBytes(uint64(d.GhostBytes)))
+	}
 	if d.LostEpoch != 0 {
 		s += fmt.Sprintf("; WRITE BACK HALTED at epoch %d, which lost a dirty block: the backend takes nothing of it or later (restart with write_back.order: address to write back the rest without it)", d.LostEpoch)
 	}

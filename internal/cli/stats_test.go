@@ -216,6 +216,8 @@ func TestWriteDirty(t *testing.T) {
 	ordered.Order, ordered.PendingEpochs, ordered.OldestEpoch, ordered.BackendBehind = cache.OrderFlush, 3, 41, 12.5
 	halted := ordered
 	halted.LostEpoch = 42
+	ghosts := ordered
+	ghosts.Ghosts, ghosts.GhostBytes = 3, 3<<12
 	const tail = ", 0B destaged, 0 destage errors; 0 throttled writes (0s), delay now 0s a line\n"
 	cases := []struct {
 		name string
@@ -229,6 +231,8 @@ func TestWriteDirty(t *testing.T) {
 			strings.TrimSuffix(tail, "\n") + "; 7 retries of writes waiting for the backend\n"},
 		{"flush order", ordered, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle" + tail +
 			"write-back order: flush; 3 epochs pending, the oldest 41: the backend is consistent as of 12.5s ago\n"},
+		{"flush order, with ghosts", ghosts, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle" + tail +
+			"write-back order: flush; 3 epochs pending, the oldest 41: the backend is consistent as of 12.5s ago; 3 older versions of blocks written over kept for it (12KiB)\n"},
 		{"flush order, halted by a lost block", halted, "dirty: 0 lines (0.0%; high 50%, low 25%, max 90%), 0B; idle" + tail +
 			"write-back order: flush; 3 epochs pending, the oldest 41: the backend is consistent as of 12.5s ago; " +
 			"WRITE BACK HALTED at epoch 42, which lost a dirty block: the backend takes nothing of it or later (restart with write_back.order: address to write back the rest without it)\n"},

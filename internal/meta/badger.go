@@ -145,14 +145,21 @@ func enough(dir string, f, need uint64) error {
 	return nil
 }
 
-// need is the free space a commit of ops needs.
+// need is the free space a commit of ops needs: ReserveFree for invalidations alone, MinFree for
+// any other, and on top the bytes of the ghosts it stores, a block's each at most, which a commit
+// of many ghosts makes a lot more than a record's few KiB.
 func need(ops []Op) uint64 {
+	base, ghosts := uint64(ReserveFree), uint64(0)
 	for _, op := range ops {
-		if !op.Invalidates {
-			return MinFree
+		switch {
+		case op.Ghost != nil && !op.Delete:
+			base = MinFree
+			ghosts += ghostKeyLen + 4 + uint64(len(op.Ghost.Data))
+		case !op.Invalidates:
+			base = MinFree
 		}
 	}
-	return ReserveFree
+	return base + ghosts
 }
 
 // The memory of one store: its memory tables (each an arena on the heap of about 1.3 times its
@@ -315,7 +322,8 @@ func (b *Badger) SetSuperblock(sb Superblock) error {
 }
 
 // Commit implements Store. A commit too large for one badger transaction (tens of thousands of
-// ops) fails alone with ErrTooBig, without affecting the others written with it.
+// ops, but only some 76 ghosts of 4 KiB blocks: a transaction holds some 300 KiB) fails alone
+// with ErrTooBig, without affecting the others written with it.
 func (b *Badger) Commit(ops []Op, sync bool) error {
 	if err := checkOps(ops); err != nil {
 		return err
@@ -343,28 +351,40 @@ func (b *Badger) Sync() error {
 
 // Lines implements Store. It reads a snapshot taken when it starts; fn may commit.
 func (b *Badger) Lines(fn func(Line) error) error {
+	return scan(b, linePrefix, decodeLine, fn)
+}
+
+// Ghosts implements Store. It reads a snapshot taken when it starts; fn may commit.
+func (b *Badger) Ghosts(fn func(Ghost) error) error {
+	return scan(b, ghostPrefix, decodeGhost, fn)
+}
+
+// scan calls fn with every value stored under a key that starts with prefix, in key order, as
+// decode makes it of the key and value (copying what it keeps: both are badger's), from a
+// snapshot taken when it starts.
+func scan[T any](b *Badger, prefix byte, decode func(key, val []byte) (T, error), fn func(T) error) error {
 	if err := b.enter(); err != nil {
 		return err
 	}
 	defer b.active.Done()
 	return b.db.View(func(txn *badger.Txn) error {
 		opts := badger.DefaultIteratorOptions
-		opts.Prefix = []byte{linePrefix}
+		opts.Prefix = []byte{prefix}
 		opts.PrefetchValues = false // values are inline: item.Value reads them without I/O
 		it := txn.NewIterator(opts)
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			var l Line
+			var rec T
 			err := item.Value(func(v []byte) error {
 				var err error
-				l, err = decodeLine(item.Key(), v)
+				rec, err = decode(item.Key(), v)
 				return err
 			})
 			if err != nil {
 				return err
 			}
-			if err := fn(l); err != nil {
+			if err := fn(rec); err != nil {
 				return err
 			}
 		}
@@ -507,10 +527,16 @@ func (b *Badger) writeTxn(reqs []*request) (int, error) {
 func applyOps(txn *badger.Txn, ops []Op) error {
 	for _, op := range ops {
 		key := lineKey(op.Rec.Line)
+		if op.Ghost != nil {
+			key = ghostKey(op.Ghost)
+		}
 		var err error
-		if op.Delete {
+		switch {
+		case op.Delete:
 			err = txn.Delete(key)
-		} else {
+		case op.Ghost != nil:
+			err = txn.Set(key, encodeGhost(op.Ghost))
+		default:
 			err = txn.Set(key, encodeLine(op.Rec))
 		}
 		if err != nil {

@@ -8,17 +8,19 @@ import (
 )
 
 // Mem is an in-memory Store, for tests and for a cache that does not persist its SSD tier. It
-// models power loss: Crash forgets the commits that were not synced, all of them or the latest
-// ones (CrashKeeping), as a machine that loses power keeps of badger's log what reached the disk,
-// which is some prefix of it. Like Badger, it takes at most a bounded number of ops in one commit
-// (PartOps, or what SetMaxOps says), so that tests meet that limit as the daemon does.
+// models power loss: Crash forgets the commits that were not synced (their ghost ops with their
+// line ops), all of them or the latest ones (CrashKeeping), as a machine that loses power keeps
+// of badger's log what reached the disk, which is some prefix of it. Like Badger, it takes at
+// most a bounded number of ops in one commit (PartOps, or what SetMaxOps says), so that tests
+// meet that limit as the daemon does.
 type Mem struct {
 	mu     sync.Mutex
 	closed bool
 	sb     *Superblock
 	lines  map[uint64]Line
-	// undo holds, for every commit since the last sync, oldest first, the records its ops
-	// replaced (nil where a line had none), for a crash to take the latest commits back.
+	ghosts map[ghostID]Ghost
+	// undo holds, for every commit since the last sync, oldest first, the records and ghosts
+	// its ops replaced (nil where there were none), for a crash to take the latest commits back.
 	undo    [][]replaced
 	commits int
 	maxOps  int
@@ -28,13 +30,25 @@ var _ Store = (*Mem)(nil)
 
 // NewMem returns an empty in-memory store.
 func NewMem() *Mem {
-	return &Mem{lines: make(map[uint64]Line), maxOps: PartOps}
+	return &Mem{lines: make(map[uint64]Line), ghosts: make(map[ghostID]Ghost), maxOps: PartOps}
 }
 
-// replaced is a line's record before an op of a commit changed it.
+// ghostID is the key a ghost is stored under.
+type ghostID struct {
+	epoch, line uint64
+	block       uint32
+}
+
+func idOf(g *Ghost) ghostID { return ghostID{g.Epoch, g.Line, g.Block} }
+
+// replaced is a line's record before an op of a commit changed it, or, for a ghost op (ghost
+// set), the ghost of that key.
 type replaced struct {
 	line   uint64
 	before *Line
+
+	ghost       *ghostID
+	ghostBefore *Ghost
 }
 
 // SetMaxOps sets the most ops one commit may hold (at least 1); a larger one fails with ErrTooBig.
@@ -85,12 +99,26 @@ func (m *Mem) Commit(ops []Op, sync bool) error {
 	}
 	var undo []replaced
 	for _, op := range ops {
+		if op.Ghost != nil {
+			k := idOf(op.Ghost)
+			var before *Ghost
+			if old, ok := m.ghosts[k]; ok {
+				before = &old
+			}
+			undo = append(undo, replaced{ghost: &k, ghostBefore: before})
+			if op.Delete {
+				delete(m.ghosts, k)
+			} else {
+				m.ghosts[k] = cloneGhost(*op.Ghost)
+			}
+			continue
+		}
 		n := op.Rec.Line
 		var before *Line
 		if old, ok := m.lines[n]; ok {
 			before = &old
 		}
-		undo = append(undo, replaced{n, before})
+		undo = append(undo, replaced{line: n, before: before})
 		if op.Delete {
 			delete(m.lines, n)
 		} else {
@@ -139,6 +167,31 @@ func (m *Mem) Lines(fn func(Line) error) error {
 	return nil
 }
 
+// Ghosts implements Store. It calls fn on a snapshot taken when it starts, without holding the
+// store's lock, so fn may commit.
+func (m *Mem) Ghosts(fn func(Ghost) error) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	snap := make([]Ghost, 0, len(m.ghosts))
+	for _, g := range m.ghosts {
+		snap = append(snap, g)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(snap, func(a, b Ghost) int {
+		return cmp.Or(cmp.Compare(a.Epoch, b.Epoch), cmp.Compare(a.Line, b.Line), cmp.Compare(a.Block, b.Block))
+	})
+	for _, g := range snap {
+		// A copy, so that fn cannot change the stored ghost through its data.
+		if err := fn(cloneGhost(g)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Close implements Store. Like Badger's, it flushes: a Crash after Close loses nothing.
 func (m *Mem) Close() error {
 	m.mu.Lock()
@@ -164,9 +217,14 @@ func (m *Mem) CrashKeeping(keep int) {
 	for i := len(m.undo) - 1; i >= max(keep, 0); i-- {
 		for j := len(m.undo[i]) - 1; j >= 0; j-- {
 			r := m.undo[i][j]
-			if r.before == nil {
+			switch {
+			case r.ghost != nil && r.ghostBefore == nil:
+				delete(m.ghosts, *r.ghost)
+			case r.ghost != nil:
+				m.ghosts[*r.ghost] = *r.ghostBefore
+			case r.before == nil:
 				delete(m.lines, r.line)
-			} else {
+			default:
 				m.lines[r.line] = *r.before
 			}
 		}

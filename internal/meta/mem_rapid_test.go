@@ -1,6 +1,9 @@
 package meta
 
 import (
+	"bytes"
+	"cmp"
+	"fmt"
 	"maps"
 	"math/bits"
 	"slices"
@@ -9,35 +12,68 @@ import (
 	"pgregory.net/rapid"
 )
 
-// memModel is the reference a Mem is checked against: the committed lines, the lines as of the
-// last sync, which is what survives a crash, and the lines after each commit since, which is what
+// memModel is the reference a Mem is checked against: the committed lines and ghosts, those as of
+// the last sync, which is what survives a crash, and those after each commit since, which is what
 // survives a crash that keeps that many of them.
 type memModel struct {
-	lines, synced map[uint64]Line
-	unsynced      []map[uint64]Line
+	now, synced memState
+	unsynced    []memState
+}
+
+type memState struct {
+	lines  map[uint64]Line
+	ghosts map[ghostID]Ghost
+}
+
+func newMemState() memState { return memState{map[uint64]Line{}, map[ghostID]Ghost{}} }
+
+func (s memState) clone() memState { return memState{maps.Clone(s.lines), maps.Clone(s.ghosts)} }
+
+func (m *memModel) apply(op Op) {
+	switch {
+	case op.Ghost != nil && op.Delete:
+		delete(m.now.ghosts, idOf(op.Ghost))
+	case op.Ghost != nil:
+		m.now.ghosts[idOf(op.Ghost)] = cloneGhost(*op.Ghost)
+	case op.Delete:
+		delete(m.now.lines, op.Rec.Line)
+	default:
+		m.now.lines[op.Rec.Line] = cloneLine(op.Rec)
+	}
 }
 
 func (m *memModel) sync() {
-	m.synced = maps.Clone(m.lines)
+	m.synced = m.now.clone()
 	m.unsynced = nil
 }
 
-// commit is a commit without sync: the lines it leaves are what a crash keeping it keeps.
-func (m *memModel) commit() { m.unsynced = append(m.unsynced, maps.Clone(m.lines)) }
+// commit is a commit without sync: the lines and ghosts it leaves are what a crash keeping it
+// keeps.
+func (m *memModel) commit() { m.unsynced = append(m.unsynced, m.now.clone()) }
 
 // crashKeeping is what CrashKeeping(keep) leaves.
 func (m *memModel) crashKeeping(keep int) {
-	m.lines = maps.Clone(m.synced)
+	m.now = m.synced.clone()
 	if keep > 0 {
-		m.lines = maps.Clone(m.unsynced[keep-1])
+		m.now = m.unsynced[keep-1].clone()
 	}
 	m.sync()
 }
 
 func (m *memModel) want() []Line {
 	var out []Line
-	for _, n := range slices.Sorted(maps.Keys(m.lines)) {
-		out = append(out, m.lines[n])
+	for _, n := range slices.Sorted(maps.Keys(m.now.lines)) {
+		out = append(out, m.now.lines[n])
+	}
+	return out
+}
+
+func (m *memModel) wantGhosts() []Ghost {
+	var out []Ghost
+	for _, k := range slices.SortedFunc(maps.Keys(m.now.ghosts), func(a, b ghostID) int {
+		return cmp.Or(cmp.Compare(a.epoch, b.epoch), cmp.Compare(a.line, b.line), cmp.Compare(a.block, b.block))
+	}) {
+		out = append(out, m.now.ghosts[k])
 	}
 	return out
 }
@@ -103,23 +139,43 @@ var opGen = rapid.Custom(func(t *rapid.T) Op {
 	return op
 })
 
+// ghostGen draws ghosts on few keys, and on the lines opGen draws, so that puts, replaces and
+// deletes hit the same ghosts often, beside records of the same lines. Their data is of any
+// length a ghost may have, none included: a pattern from one drawn byte.
+var ghostGen = rapid.Custom(func(t *rapid.T) Ghost {
+	g := Ghost{
+		Epoch: rapid.Uint64Range(1, 3).Draw(t, "epoch"),
+		Line:  rapid.Uint64Range(0, 15).Draw(t, "line"),
+		Block: rapid.Uint32Range(0, 3).Draw(t, "block"),
+		Sum:   rapid.Uint32().Draw(t, "checksum"),
+	}
+	seed := rapid.Byte().Draw(t, "data")
+	g.Data = make([]byte, rapid.IntRange(0, MaxGhostData).Draw(t, "data length"))
+	for i := range g.Data {
+		g.Data[i] = seed ^ byte(i)
+	}
+	return g
+})
+
+// anyOpGen draws line ops and ghost ops alike.
+var anyOpGen = rapid.OneOf(opGen, rapid.Custom(func(t *rapid.T) Op {
+	g := ghostGen.Draw(t, "ghost")
+	return Op{Delete: rapid.Bool().Draw(t, "delete"), Ghost: &g}
+}))
+
 func TestMemMatchesModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		s := NewMem()
-		m := &memModel{lines: map[uint64]Line{}, synced: map[uint64]Line{}}
+		m := &memModel{now: newMemState(), synced: newMemState()}
 		t.Repeat(map[string]func(*rapid.T){
 			"commit": func(t *rapid.T) {
-				ops := rapid.SliceOfN(opGen, 0, 6).Draw(t, "ops")
+				ops := rapid.SliceOfN(anyOpGen, 0, 6).Draw(t, "ops")
 				sync := rapid.Bool().Draw(t, "sync")
 				if err := s.Commit(ops, sync); err != nil {
 					t.Fatalf("commit: %v", err)
 				}
 				for _, op := range ops {
-					if op.Delete {
-						delete(m.lines, op.Rec.Line)
-					} else {
-						m.lines[op.Rec.Line] = cloneLine(op.Rec)
-					}
+					m.apply(op)
 				}
 				if sync {
 					m.sync()
@@ -166,9 +222,31 @@ func TestMemMatchesModel(t *testing.T) {
 						t.Fatalf("line %d: got %+v, want %+v", i, got[i], want[i])
 					}
 				}
+				var ghosts []Ghost
+				if err := s.Ghosts(func(g Ghost) error { ghosts = append(ghosts, g); return nil }); err != nil {
+					t.Fatalf("ghosts: %v", err)
+				}
+				if wantGhosts := m.wantGhosts(); !slices.EqualFunc(ghosts, wantGhosts, ghostEqual) {
+					t.Fatalf("got ghosts %v, want %v", ghostKeys(ghosts), ghostKeys(wantGhosts))
+				}
 			},
 		})
 	})
+}
+
+// ghostEqual is whether a and b are the same ghost; a zero block's data is nil in both.
+func ghostEqual(a, b Ghost) bool {
+	return a.Epoch == b.Epoch && a.Line == b.Line && a.Block == b.Block && a.Sum == b.Sum &&
+		(a.Data == nil) == (b.Data == nil) && bytes.Equal(a.Data, b.Data)
+}
+
+// ghostKeys describes ghosts without their data, which would fill a failure's report.
+func ghostKeys(gs []Ghost) []string {
+	var out []string
+	for _, g := range gs {
+		out = append(out, fmt.Sprintf("(%d,%d,%d) sum %#x, %d bytes", g.Epoch, g.Line, g.Block, g.Sum, len(g.Data)))
+	}
+	return out
 }
 
 func lineEqual(a, b Line) bool {
@@ -190,6 +268,27 @@ func TestLineEncodingRoundTrip(t *testing.T) {
 		}
 		if want := cloneLine(op.Rec); !lineEqual(got, want) {
 			t.Fatalf("got %+v, want %+v", got, want)
+		}
+	})
+}
+
+// TestGhostEncodingRoundTrip checks that every ghost the stores accept decodes to itself, its
+// data nil for a zero block.
+func TestGhostEncodingRoundTrip(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		g := ghostGen.Draw(t, "ghost")
+		g.Epoch = rapid.Uint64().Draw(t, "any epoch")
+		g.Line = rapid.Uint64().Draw(t, "any line")
+		g.Block = rapid.Uint32().Draw(t, "any block")
+		if err := checkOps([]Op{{Ghost: &g}}); err != nil {
+			t.Fatalf("the generator drew a ghost the stores refuse: %v", err)
+		}
+		got, err := decodeGhost(ghostKey(&g), encodeGhost(&g))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := cloneGhost(g); !ghostEqual(got, want) {
+			t.Fatalf("got %v, want %v", ghostKeys([]Ghost{got}), ghostKeys([]Ghost{want}))
 		}
 	})
 }

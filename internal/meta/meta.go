@@ -1,6 +1,8 @@
 // Package meta is the persistent metadata of the cache's SSD tier: a superblock that says which
 // backend and layout the tier belongs to, and one record per cached line (its slot on the SSD, its
-// per-4 KiB valid and dirty bits, and where needed the blocks' locations and checksums).
+// per-4 KiB valid and dirty bits, and where needed the blocks' locations and checksums), and, in
+// write back in FLUSH order, the ghosts: older versions of dirty blocks that writes replaced
+// before the backend had them.
 //
 // The engine keeps its working state in memory and writes records here so that a restart finds the
 // tier warm and a crash never makes it trust data that might be stale. Store implementations must
@@ -119,14 +121,40 @@ type Line struct {
 	Epoch []uint64 `json:"epoch,omitempty"`
 }
 
+// Ghost is the older version of one block of a line that a write replaced while the epoch the
+// block was dirty in was not yet written back (write back in FLUSH order): the backend still
+// needs it. Keyed by (Epoch, Line, Block).
+//
+// A ghost lives in a keyspace of its own, beside the line records: Lines never returns one, and
+// Ghosts returns nothing else. The store checks nothing of a ghost but the length of its data.
+type Ghost struct {
+	Line  uint64
+	Block uint32 // the block's index within the line
+	Epoch uint64
+	Sum   uint32 // the block's checksum, the cache's own (the store keeps it, never checks it)
+	Data  []byte // the block's bytes, 1 to MaxGhostData of them; nil or empty: a zero block
+}
+
+// MaxGhostData is the most bytes of data a ghost holds: a block.
+const MaxGhostData = 4096
+
 // Op is one change in a commit: Put stores (or replaces) the record of Rec.Line, Delete drops it.
+//
+// An op with Ghost set is a ghost op instead, and Rec is ignored: it stores (or replaces) the
+// ghost of *Ghost's (Epoch, Line, Block), or with Delete drops the ghost of that key (Sum and
+// Data ignored; dropping one that is not there does nothing). Ghost ops mix freely with line ops
+// in a commit, applied atomically and in order with them; they count as ops towards a store's
+// limit (ErrTooBig), and a ghost's bytes count in the free space a commit needs.
 type Op struct {
 	Delete bool
 	Rec    Line
+	Ghost  *Ghost
 	// Invalidates marks an op that only takes back what the stored record claims (fewer valid
 	// blocks, or none): a commit of such ops alone may use the room a store keeps for them when
 	// others may not (Badger: it commits them down to ReserveFree), so that writes, which must
 	// invalidate before they change the backend, go on after a full disk has stopped the rest.
+	// A ghost delete may carry it too; a ghost put, which stores data, never counts as one,
+	// whatever it says.
 	Invalidates bool
 }
 
@@ -142,7 +170,10 @@ type Store interface {
 	// process (kill -9) when Commit returns; with sync it also survives power loss. A commit with a
 	// record whose dirty or zero bits are not all valid, whose location words are not set
 	// exactly for its valid blocks that are not zero, or that has a checksum for a block that is
-	// not valid or is a zero block, is rejected whole.
+	// not valid or is a zero block, is rejected whole; so is a commit with a ghost put whose Data
+	// is longer than MaxGhostData. Ghost ops (Op.Ghost) are committed with the line ops, in the
+	// same order, grouping and sync; after a crash, a commit's ghost ops are there exactly when
+	// its line ops are.
 	Commit(ops []Op, sync bool) error
 	// Sync makes every commit that returned before the call survive power loss.
 	Sync() error
@@ -151,6 +182,11 @@ type Store interface {
 	// are read from a snapshot taken when Lines starts; fn may Commit, but must not Close the
 	// store.
 	Lines(fn func(Line) error) error
+	// Ghosts calls fn for every stored ghost, in (Epoch, Line, Block) order, stopping at fn's
+	// first error, which it returns as is. A zero block's Data reads back as nil, and Data never
+	// shares memory with the store. Ghosts are read from a snapshot taken when Ghosts starts; fn
+	// may Commit, but must not Close the store.
+	Ghosts(fn func(Ghost) error) error
 	// Close releases the store; commits that returned stay committed.
 	Close() error
 }

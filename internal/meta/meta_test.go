@@ -375,6 +375,7 @@ func TestClosed(t *testing.T) {
 			{"Commit", func() error { return s.Commit([]Op{put(2, 2, nil, nil)}, true) }},
 			{"Sync", s.Sync},
 			{"Lines", func() error { return s.Lines(func(Line) error { return nil }) }},
+			{"Ghosts", func() error { return s.Ghosts(func(Ghost) error { return nil }) }},
 			{"Close", s.Close},
 		}
 		for _, c := range calls {

@@ -20,9 +20,17 @@ var ErrTooBig = errors.New("meta: commit is larger than one metadata transaction
 // nil) a location for a block that is not valid, or that is a zero block, would make it read bytes
 // the line does not hold, and a valid block that is not zero without one could not be read at all.
 // A checksum for a block whose bytes are not on the SSD (not valid, or a zero block) would be
-// checked against bytes the block does not have.
+// checked against bytes the block does not have. A ghost with more data than a block holds is no
+// block's older version.
 func checkOps(ops []Op) error {
 	for i, op := range ops {
+		if g := op.Ghost; g != nil {
+			if !op.Delete && len(g.Data) > MaxGhostData {
+				return fmt.Errorf("meta: op %d: the ghost of line %d block %d, epoch %d, has %d bytes of data, more than a block's %d",
+					i, g.Line, g.Block, g.Epoch, len(g.Data), MaxGhostData)
+			}
+			continue
+		}
 		if op.Delete {
 			continue
 		}
@@ -154,18 +162,73 @@ func cloneWords[T uint32 | uint64](w []T) []T {
 	return append([]T(nil), w...)
 }
 
+// cloneGhost copies g's data so that a store never shares memory with its callers; empty data
+// becomes nil, as it reads back from disk.
+func cloneGhost(g Ghost) Ghost {
+	g.Data = cloneData(g.Data)
+	return g
+}
+
+func cloneData(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}
+
 // Keys are a prefix byte and, for lines, the big-endian line number, so that badger's key order is
-// line order.
+// line order; for ghosts, the big-endian epoch, line number and block index, so that it is
+// (Epoch, Line, Block) order. Each kind has a prefix of its own, so that an iteration over one
+// never meets the others.
 const (
 	linePrefix       = 'L'
 	superblockPrefix = 'S'
+	ghostPrefix      = 'G'
 	lineKeyLen       = 9
+	ghostKeyLen      = 21
 )
 
 var superblockKey = []byte{superblockPrefix}
 
 func lineKey(line uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{linePrefix}, line)
+}
+
+func ghostKey(g *Ghost) []byte {
+	k := make([]byte, 1, ghostKeyLen)
+	k[0] = ghostPrefix
+	k = binary.BigEndian.AppendUint64(k, g.Epoch)
+	k = binary.BigEndian.AppendUint64(k, g.Line)
+	return binary.BigEndian.AppendUint32(k, g.Block)
+}
+
+// encodeGhost encodes a ghost's value: its checksum (4 bytes, big-endian), then its data, none
+// for a zero block. A 4 KiB block's ghost takes 4,100 bytes, and its key 21.
+func encodeGhost(g *Ghost) []byte {
+	v := make([]byte, 0, 4+len(g.Data))
+	v = binary.BigEndian.AppendUint32(v, g.Sum)
+	return append(v, g.Data...)
+}
+
+// decodeGhost decodes the ghost stored under key; it copies what it keeps, so key and val may be
+// reused by the caller.
+func decodeGhost(key, val []byte) (Ghost, error) {
+	if len(key) != ghostKeyLen || key[0] != ghostPrefix {
+		return Ghost{}, fmt.Errorf("meta: corrupt ghost, key %x: key is %d bytes, want %d starting with %q", key, len(key), ghostKeyLen, ghostPrefix)
+	}
+	switch {
+	case len(val) < 4:
+		return Ghost{}, fmt.Errorf("meta: corrupt ghost, key %x: value is %d bytes, shorter than a checksum", key, len(val))
+	case len(val)-4 > MaxGhostData:
+		return Ghost{}, fmt.Errorf("meta: corrupt ghost, key %x: %d bytes of data, more than a block's %d", key, len(val)-4, MaxGhostData)
+	}
+	return Ghost{
+		Epoch: binary.BigEndian.Uint64(key[1:]),
+		Line:  binary.BigEndian.Uint64(key[9:]),
+		Block: binary.BigEndian.Uint32(key[17:]),
+		Sum:   binary.BigEndian.Uint32(val),
+		Data:  cloneData(val[4:]),
+	}, nil
 }
 
 // encodeLine encodes a record's value: slot (4 bytes, big-endian), the word counts of Valid and

@@ -91,3 +91,86 @@ func FuzzDecodeLine(f *testing.F) {
 		require.Equal(t, l, again)
 	})
 }
+
+// ghostEncodings are ghosts and their exact keys and values.
+var ghostEncodings = []struct {
+	name     string
+	g        Ghost
+	key, val string // hex, spaces between fields, for the reader
+}{
+	{"data", Ghost{Epoch: 1, Line: 2, Block: 3, Sum: 0xdeadbeef, Data: []byte{1, 2, 3}},
+		"47 0000000000000001 0000000000000002 00000003", "deadbeef 010203"},
+	{"zero block", Ghost{Epoch: 300, Line: 1 << 40, Block: 255},
+		"47 000000000000012c 0000010000000000 000000ff", "00000000"},
+	{"extreme values", Ghost{Epoch: 1<<64 - 1, Line: 1<<64 - 1, Block: 1<<32 - 1, Sum: 1<<32 - 1, Data: []byte{0}},
+		"47 ffffffffffffffff ffffffffffffffff ffffffff", "ffffffff 00"},
+}
+
+func TestGhostEncoding(t *testing.T) {
+	for _, tt := range ghostEncodings {
+		t.Run(tt.name, func(t *testing.T) {
+			key, err := hex.DecodeString(strings.ReplaceAll(tt.key, " ", ""))
+			require.NoError(t, err)
+			val, err := hex.DecodeString(strings.ReplaceAll(tt.val, " ", ""))
+			require.NoError(t, err)
+			require.Equal(t, key, ghostKey(&tt.g), "key")
+			require.Equal(t, val, encodeGhost(&tt.g), "value")
+			got, err := decodeGhost(key, val)
+			require.NoError(t, err)
+			require.Equal(t, tt.g, got, "decoding")
+			if tt.g.Data == nil {
+				tt.g.Data = []byte{}
+				require.Equal(t, val, encodeGhost(&tt.g), "empty data encodes as none")
+			}
+		})
+	}
+
+	full := Ghost{Epoch: 1, Data: make([]byte, MaxGhostData)}
+	require.Len(t, encodeGhost(&full), 4100, "encodeGhost's comment")
+}
+
+func TestDecodeGhostRejects(t *testing.T) {
+	g := Ghost{Epoch: 1, Line: 2, Block: 3, Sum: 4, Data: []byte{5}}
+	key, val := ghostKey(&g), encodeGhost(&g)
+	lineKeyed := append(lineKey(2), make([]byte, ghostKeyLen-lineKeyLen)...)
+	tests := []struct {
+		name     string
+		key, val []byte
+		want     string
+	}{
+		{"empty key", nil, val, "meta: corrupt ghost, key : key is 0 bytes, want 21 starting with 'G'"},
+		{"short key", key[:20], val, "key is 20 bytes, want 21"},
+		{"long key", append(append([]byte(nil), key...), 0), val, "key is 22 bytes, want 21"},
+		{"a line's prefix", lineKeyed, val, "key 4c" + strings.Repeat("0", 14) + "02" + strings.Repeat("0", 24) + ": key is 21 bytes, want 21 starting with 'G'"},
+		{"empty value", key, nil, "value is 0 bytes, shorter than a checksum"},
+		{"short value", key, val[:3], "value is 3 bytes, shorter than a checksum"},
+		{"too much data", key, make([]byte, 4+MaxGhostData+1), "4097 bytes of data, more than a block's 4096"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := decodeGhost(tt.key, tt.val)
+			require.ErrorContains(t, err, "meta: corrupt ghost, key ")
+			require.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+// FuzzDecodeGhost: no key or value makes decodeGhost panic, and whatever it accepts has that one
+// key and value as its encoding.
+func FuzzDecodeGhost(f *testing.F) {
+	for _, tt := range ghostEncodings {
+		key, _ := hex.DecodeString(strings.ReplaceAll(tt.key, " ", ""))
+		val, _ := hex.DecodeString(strings.ReplaceAll(tt.val, " ", ""))
+		f.Add(key, val)
+	}
+	f.Add(lineKey(7), []byte{0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, key, val []byte) {
+		g, err := decodeGhost(key, val)
+		if err != nil {
+			return
+		}
+		require.Equal(t, key, ghostKey(&g))
+		require.Equal(t, val, encodeGhost(&g))
+		require.True(t, g.Data == nil || len(g.Data) > 0, "a zero block decodes as nil data")
+	})
+}

@@ -150,6 +150,12 @@ var (
 			func(d cache.DirtyStats) float64 { return float64(d.PendingEpochs) }},
 		{exportDesc("tierblk_cache_backend_behind_seconds", "Write-back in FLUSH order: how long ago the first write the backend lacks was; the backend alone holds the device as it was then (0: nothing pending)."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return d.BackendBehind }},
+		{exportDesc("tierblk_cache_ghosts", "Write-back in FLUSH order: older versions of dirty blocks kept for their epoch's write back, which writes over those blocks replaced."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.Ghosts) }},
+		{exportDesc("tierblk_cache_ghost_bytes", "Write-back in FLUSH order: the bytes of the older versions of dirty blocks kept (tierblk_cache_ghosts)."), prometheus.GaugeValue,
+			func(d cache.DirtyStats) float64 { return float64(d.GhostBytes) }},
+		{exportDesc("tierblk_cache_ghosts_kept_total", "Write-back in FLUSH order: older versions of dirty blocks kept for writes over them since the start."), prometheus.CounterValue,
+			func(d cache.DirtyStats) float64 { return float64(d.GhostsKept) }},
 		{exportDesc("tierblk_cache_lost_epoch", "Write-back in FLUSH order: the oldest epoch that lost a dirty block to damage on the SSD tier (0: none); no later epoch is written back."), prometheus.GaugeValue,
 			func(d cache.DirtyStats) float64 { return float64(d.LostEpoch) }},
 	}

@@ -1,0 +1,147 @@
+package cache
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+// TestOrderOverwriteKeepsGhost: in FLUSH order, writes over a dirty block of an epoch the backend
+// does not have yet go on while the backend stalls (the block's older bytes are kept, a ghost, for
+// each epoch), and the backend gets each epoch's version of the block in turn, the newest last.
+func TestOrderOverwriteKeepsGhost(t *testing.T) {
+	s := newStalledOrder(t, nil)
+	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
+	const block = 8 // line 2, another line than block 0's
+	require.NoError(t, write(0, 1))
+	back.stall.Store(true)
+	require.NoError(t, c.Flush()) // ends epoch 1, which the destager writes back, and stalls
+	<-back.waiting
+	require.NoError(t, write(block, 2))
+	require.NoError(t, c.Flush()) // ends epoch 2: waits behind epoch 1
+
+	done := make(chan error, 1)
+	go func() {
+		if err := write(block, 3); err != nil { // over epoch 2's block: kept
+			done <- err
+			return
+		}
+		if err := c.Flush(); err != nil {
+			done <- err
+			return
+		}
+		done <- write(block, 4) // over epoch 3's: kept too
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("a write over a dirty block of an older epoch waits for the backend")
+	}
+	st := c.Stats().Dirty
+	require.Equal(t, 2, st.Ghosts)
+	require.EqualValues(t, 2*blockSize, st.GhostBytes)
+	require.EqualValues(t, 2, st.GhostsKept)
+	got := make([]byte, blockSize)
+	_, err := c.ReadAt(got, block*blockSize)
+	require.NoError(t, err)
+	require.Equal(t, []int64{4}, runsOf(stamps(got, block*blockSize/sector)), "a read gets the newest data")
+
+	letGo()
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	st = c.Stats().Dirty
+	require.Zero(t, st.Ghosts)
+	require.Zero(t, st.GhostBytes)
+	require.Equal(t, []int64{2, 3, 4}, back.writesOf(block), "each epoch's version, in order")
+	checkBackend(t, back.crashDev, want)
+}
+
+// runsOf returns ids without repeats in a row.
+func runsOf(ids []int64) []int64 {
+	var out []int64
+	for _, id := range ids {
+		if len(out) == 0 || out[len(out)-1] != id {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TestOrderGhostAcrossRestart: a ghost kept while the backend fails outlives a restart of the
+// cache (in the store) and is written back in its epoch's place by the next run; a restart in
+// address order deletes the ghosts instead, and writes the newest data back. After a kill that
+// lost the record of the write over the block (no run log, no FLUSH since), the block holds the
+// ghost's bytes again, whatever the write left in the slot, and the backend gets those.
+func TestOrderGhostAcrossRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name, order string
+		kill        bool
+		want        []int64 // the ids the backend gets for the block, in order
+		read        int64   // what a read of the block gets after the restart
+	}{
+		{"flush order keeps it", OrderFlush, false, []int64{1, 2}, 2},
+		{"address order drops it", OrderAddress, false, []int64{2}, 2},
+		{"a kill before the write's record takes it back", OrderFlush, true, []int64{1}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
+			store := meta.NewMem()
+			ssd := mem.New(l.ssd * l.line)
+			back := &stallingDev{crashDev: newCrashDev(orderDevSize), written: map[int][]int64{}}
+			failing := fault.New(back, fault.Options{Seed: 1})
+			// Behind a gate, which keeps what Close would close open for the next run, and which
+			// a kill cuts.
+			open := func(g *gate, order string) *Cache {
+				cfg := testConfig(l, gatedStore{g, store}, gatedDev{g, ssd})
+				cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: order}
+				c, err := New(gatedDev{g, failing}, cfg)
+				require.NoError(t, err)
+				return c
+			}
+			g := &gate{}
+			c := open(g, OrderFlush)
+			const block = 4
+			data := func(id int64) []byte {
+				p := make([]byte, blockSize)
+				stamp(p, block*blockSize/sector, id)
+				return p
+			}
+			failing.SetFailing(true) // the write backs fail: epoch 1 stays pending
+			_, err := c.WriteAt(data(1), block*blockSize)
+			require.NoError(t, err)
+			require.NoError(t, c.Flush())
+			_, err = c.WriteAt(data(2), block*blockSize)
+			require.NoError(t, err)
+			require.Equal(t, 1, c.Stats().Dirty.Ghosts)
+			if tc.kill {
+				g.crash()
+			}
+			c.Close()
+			ghosts := 0
+			require.NoError(t, store.Ghosts(func(meta.Ghost) error { ghosts++; return nil }))
+			require.Equal(t, 1, ghosts, "the ghost is in the store")
+
+			failing.SetFailing(false)
+			c = open(&gate{}, tc.order)
+			defer c.Close()
+			got := make([]byte, blockSize)
+			_, err = c.ReadAt(got, block*blockSize)
+			require.NoError(t, err)
+			require.Equal(t, data(tc.read), got)
+			require.NoError(t, c.FlushAll(context.Background(), nil))
+			require.Equal(t, tc.want, back.writesOf(block))
+			want := make([]byte, orderDevSize)
+			copy(want[block*blockSize:], data(tc.read))
+			checkBackend(t, back.crashDev, want)
+			ghosts = 0
+			require.NoError(t, store.Ghosts(func(meta.Ghost) error { ghosts++; return nil }))
+			require.Zero(t, ghosts, "the ghost is deleted once written back or dropped")
+		})
+	}
+}
