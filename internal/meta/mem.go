@@ -3,6 +3,7 @@ package meta
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -147,45 +148,31 @@ func (m *Mem) Sync() error {
 // Lines implements Store. It calls fn on a snapshot taken when it starts, without holding the
 // store's lock, so fn may commit.
 func (m *Mem) Lines(fn func(Line) error) error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return ErrClosed
-	}
-	snap := make([]Line, 0, len(m.lines))
-	for _, l := range m.lines {
-		snap = append(snap, l)
-	}
-	m.mu.Unlock()
-	slices.SortFunc(snap, func(a, b Line) int { return cmp.Compare(a.Line, b.Line) })
-	for _, l := range snap {
-		// A copy, so that fn cannot change the stored record through its bitmaps.
-		if err := fn(cloneLine(l)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return scanMem(m, func() []Line { return slices.Collect(maps.Values(m.lines)) },
+		func(a, b Line) int { return cmp.Compare(a.Line, b.Line) }, cloneLine, fn)
 }
 
-// Ghosts implements Store. It calls fn on a snapshot taken when it starts, without holding the
-// store's lock, so fn may commit.
+// Ghosts implements Store, as Lines does.
 func (m *Mem) Ghosts(fn func(Ghost) error) error {
+	return scanMem(m, func() []Ghost { return slices.Collect(maps.Values(m.ghosts)) },
+		func(a, b Ghost) int {
+			return cmp.Or(cmp.Compare(a.Epoch, b.Epoch), cmp.Compare(a.Line, b.Line), cmp.Compare(a.Block, b.Block))
+		}, cloneGhost, fn)
+}
+
+// scanMem calls fn on a copy of each value snapshot returns, called under the store's lock, in
+// order; fn runs without the lock. The copies keep fn from changing what the store holds.
+func scanMem[V any](m *Mem, snapshot func() []V, order func(a, b V) int, clone func(V) V, fn func(V) error) error {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return ErrClosed
 	}
-	snap := make([]Ghost, 0, len(m.ghosts))
-	for _, g := range m.ghosts {
-		snap = append(snap, g)
-	}
+	snap := snapshot()
 	m.mu.Unlock()
-	slices.SortFunc(snap, func(a, b Ghost) int {
-		return cmp.Or(cmp.Compare(a.Epoch, b.Epoch), cmp.Compare(a.Line, b.Line), cmp.Compare(a.Block, b.Block))
-	})
-	for _, g := range snap {
-		// A copy, so that fn cannot change the stored ghost through its data.
-		if err := fn(cloneGhost(g)); err != nil {
+	slices.SortFunc(snap, order)
+	for _, v := range snap {
+		if err := fn(clone(v)); err != nil {
 			return err
 		}
 	}
