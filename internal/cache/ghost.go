@@ -120,7 +120,7 @@ func (c *Cache) keepOverwritten(pieces []piece) error {
 	}
 	var olds []older
 	var need uint64 // the newest of their epochs
-	stay := false   // a block is being written back with its line let go: its epoch must end first
+	stay := false   // a block is being written back with its line let go: that must end first
 	t.mu.RLock()
 	cur := t.ep.cur.Load()
 	for _, s := range pieces {
@@ -189,6 +189,17 @@ func (c *Cache) keepOverwritten(pieces []piece) error {
 		}
 	}
 	if err := meta.CommitParts(t.j.store, ops, true, nil); err != nil {
+		// Parts of it may have landed. They are taken back: kept, a restart would find them
+		// beside blocks of later epochs (loadGhosts keeps such ghosts) after their own epoch was
+		// written back, and send an older version over a newer one.
+		undo := make([]meta.Op, len(ops))
+		for i, op := range ops {
+			undo[i] = meta.Op{Delete: true, Ghost: &meta.Ghost{Line: op.Ghost.Line, Block: op.Ghost.Block, Epoch: op.Ghost.Epoch}}
+		}
+		if uerr := meta.CommitParts(t.j.store, undo, true, nil); uerr != nil {
+			t.fail(fmt.Sprintf("metadata commit: %v", uerr))
+			return fmt.Errorf("cache metadata: cannot take back the older versions of blocks a write replaces: %w", uerr)
+		}
 		if c.damageLog.allow(c.log) {
 			c.log.Warn("SSD tier: cannot keep the older version of dirty data that a write replaces; the write waits for its epoch's write back", "err", err)
 		}

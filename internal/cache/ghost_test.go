@@ -2,6 +2,9 @@ package cache
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,4 +147,72 @@ func TestOrderGhostAcrossRestart(t *testing.T) {
 			require.Zero(t, ghosts, "the ghost is deleted once written back or dropped")
 		})
 	}
+}
+
+// ghostPutFails fails every commit of the ghost of block of line alone (over a store that takes
+// one op a commit, so that the ghosts committed with it in one CommitParts land apart).
+type ghostPutFails struct {
+	meta.Store
+	line  uint64
+	block uint32
+	fired atomic.Bool
+}
+
+func (f *ghostPutFails) Commit(ops []meta.Op, sync bool) error {
+	if g := ops[0].Ghost; len(ops) == 1 && g != nil && !ops[0].Delete && g.Line == f.line && g.Block == f.block {
+		f.fired.Store(true)
+		return errors.New("injected metadata failure")
+	}
+	return f.Store.Commit(ops, sync)
+}
+
+// TestOrderGhostCommitFails: when the commit of the ghosts of a write fails part way, the parts
+// that landed are taken back (a restart must not find them), and the write waits for its epoch's
+// write back instead, then goes on; the backend ends with the newest data.
+func TestOrderGhostCommitFails(t *testing.T) {
+	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
+	ms := meta.NewMem()
+	ms.SetMaxOps(1) // a commit a ghost: block 9's fails, after block 8's landed
+	store := &ghostPutFails{Store: ms, line: 2, block: 1}
+	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{}),
+		written: map[int][]int64{}}
+	cfg := testConfig(l, store, mem.New(l.ssd*l.line))
+	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
+	c, err := New(back, cfg)
+	require.NoError(t, err)
+	var once sync.Once
+	letGo := func() {
+		back.stall.Store(false)
+		once.Do(func() { close(back.resume) })
+	}
+	t.Cleanup(func() { letGo(); c.Close() }) // also after a failure
+	want := make([]byte, orderDevSize)
+	write := func(block, blocks int, id int64) error {
+		p := want[block*blockSize : (block+blocks)*blockSize]
+		stamp(p, block*blockSize/sector, id)
+		_, err := c.WriteAt(p, int64(block)*blockSize)
+		return err
+	}
+	require.NoError(t, write(0, 1, 1))
+	back.stall.Store(true)
+	require.NoError(t, c.Flush()) // epoch 1: its write back stalls
+	<-back.waiting
+	require.NoError(t, write(8, 2, 2))
+	require.NoError(t, c.Flush()) // epoch 2, behind it
+
+	done := make(chan error, 1)
+	go func() { done <- write(8, 2, 3) }() // over both of epoch 2's blocks: two ghosts, one fails
+	require.Eventually(t, store.fired.Load, time.Minute, time.Millisecond)
+	ghosts := 0
+	require.Eventually(t, func() bool {
+		ghosts = 0
+		require.NoError(t, ms.Ghosts(func(meta.Ghost) error { ghosts++; return nil }))
+		return ghosts == 0
+	}, time.Minute, time.Millisecond, "the ghost that landed is taken back")
+	letGo()
+	require.NoError(t, <-done, "the write waits for its epoch instead")
+	require.NoError(t, c.FlushAll(context.Background(), nil))
+	require.Zero(t, c.Stats().Dirty.Ghosts)
+	require.Equal(t, []int64{2, 3}, back.writesOf(8))
+	checkBackend(t, back.crashDev, want)
 }
