@@ -27,8 +27,8 @@ import (
 // a ghost: a block that fails its sum, a store that fails, or ghosts already holding
 // maxGhostBytes.
 //
-// After a stop that was not a close, a ghost (line L, block B, epoch e) is checked against the
-// record of L the restart loaded (keptGhosts):
+// At a restart, each ghost (line L, block B, epoch e) is checked against the record of L the
+// restart loaded (loadGhosts):
 //   - B dirty in an epoch after e: the write over it reached the record; the ghost is kept, for
 //     epoch e's write back;
 //   - B dirty in epoch e: the write over it never reached a record (no FLUSH covered it, or that
