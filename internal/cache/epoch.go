@@ -190,16 +190,26 @@ func (e *epochs) remove(slot uint32, bits lineBits) {
 			continue
 		}
 		se.list[i].bits = se.list[i].bits.AndNot(x)
-		if k, ok := slices.BinarySearchFunc(e.pending, se.list[i].epoch, func(p pendingEpoch, ep uint64) int {
-			return cmp.Compare(p.epoch, ep)
-		}); ok {
-			e.pending[k].blocks -= x.Count()
-		}
+		e.uncount(se.list[i].epoch, x.Count())
 	}
 	se.list = slices.DeleteFunc(se.list, func(b epochBits) bool { return b.bits.IsZero() })
 	if len(se.list) == 0 {
 		delete(e.bySlot, slot)
 	}
+	e.dropDone()
+}
+
+// uncount takes n blocks out of epoch ep's count; dropDone then lets go of the epochs left with
+// none.
+func (e *epochs) uncount(ep uint64, n int) {
+	if k, ok := slices.BinarySearchFunc(e.pending, ep, func(p pendingEpoch, ep uint64) int {
+		return cmp.Compare(p.epoch, ep)
+	}); ok {
+		e.pending[k].blocks -= n
+	}
+}
+
+func (e *epochs) dropDone() {
 	e.pending = slices.DeleteFunc(e.pending, func(p pendingEpoch) bool { return p.blocks == 0 })
 }
 

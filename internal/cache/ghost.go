@@ -86,12 +86,8 @@ func (e *epochs) dropGhosts(line, ep uint64) {
 	for _, g := range gs {
 		e.ghostBytes -= int64(len(g.data))
 	}
-	if k, ok := slices.BinarySearchFunc(e.pending, ep, func(p pendingEpoch, ep uint64) int {
-		return cmp.Compare(p.epoch, ep)
-	}); ok {
-		e.pending[k].blocks -= len(gs)
-	}
-	e.pending = slices.DeleteFunc(e.pending, func(p pendingEpoch) bool { return p.blocks == 0 })
+	e.uncount(ep, len(gs))
+	e.dropDone()
 }
 
 // ghostOps are the store's deletions of ghosts gs of line's epoch ep.

@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,7 +18,7 @@ import (
 // does not have yet go on while the backend stalls (the block's older bytes are kept, a ghost, for
 // each epoch), and the backend gets each epoch's version of the block in turn, the newest last.
 func TestOrderOverwriteKeepsGhost(t *testing.T) {
-	s := newStalledOrder(t, nil)
+	s := newStalledOrder(t, nil, nil)
 	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
 	const block = 8 // line 2, another line than block 0's
 	require.NoError(t, write(0, 1))
@@ -170,24 +169,12 @@ func (f *ghostPutFails) Commit(ops []meta.Op, sync bool) error {
 // that landed are taken back (a restart must not find them), and the write waits for its epoch's
 // write back instead, then goes on; the backend ends with the newest data.
 func TestOrderGhostCommitFails(t *testing.T) {
-	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack}
 	ms := meta.NewMem()
 	ms.SetMaxOps(1) // a commit a ghost: block 9's fails, after block 8's landed
 	store := &ghostPutFails{Store: ms, line: 2, block: 1}
-	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{}),
-		written: map[int][]int64{}}
-	cfg := testConfig(l, store, mem.New(l.ssd*l.line))
-	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
-	c, err := New(back, cfg)
-	require.NoError(t, err)
-	var once sync.Once
-	letGo := func() {
-		back.stall.Store(false)
-		once.Do(func() { close(back.resume) })
-	}
-	t.Cleanup(func() { letGo(); c.Close() }) // also after a failure
-	want := make([]byte, orderDevSize)
-	write := func(block, blocks int, id int64) error {
+	s := newStalledOrder(t, nil, store)
+	c, back, letGo, want := s.c, s.back, s.letGo, s.want
+	write := func(block, blocks int, id int64) error { // blocks of one line, in one request
 		p := want[block*blockSize : (block+blocks)*blockSize]
 		stamp(p, block*blockSize/sector, id)
 		_, err := c.WriteAt(p, int64(block)*blockSize)

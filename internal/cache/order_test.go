@@ -933,14 +933,17 @@ type stalledOrder struct {
 // stalledOrderSSD is the size of its SSD tier.
 const stalledOrderSSD = 8 * 16 << 10
 
-func newStalledOrder(t *testing.T, ssd backend.Backend) *stalledOrder {
+func newStalledOrder(t *testing.T, ssd backend.Backend, store meta.Store) *stalledOrder {
 	l := layout{line: 16 << 10, ssd: stalledOrderSSD / (16 << 10), mode: WriteBack}
 	back := &stallingDev{crashDev: newCrashDev(orderDevSize), waiting: make(chan struct{}, 16), resume: make(chan struct{}),
 		written: map[int][]int64{}}
 	if ssd == nil {
 		ssd = mem.New(l.ssd * l.line)
 	}
-	cfg := testConfig(l, meta.NewMem(), ssd)
+	if store == nil {
+		store = meta.NewMem()
+	}
+	cfg := testConfig(l, store, ssd)
 	cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
 	c, err := New(back, cfg)
 	require.NoError(t, err)
@@ -967,7 +970,7 @@ func (s *stalledOrder) write(block int, id int64) error {
 // write to another block of their line goes on without waiting for the backend; one over a block
 // being written back waits for it, and the backend ends with the newest data of both.
 func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
-	s := newStalledOrder(t, nil)
+	s := newStalledOrder(t, nil, nil)
 	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
 	const line = 4 // blocks 4 to 7 with 16 KiB lines
 	require.NoError(t, write(line, 1))
@@ -998,7 +1001,7 @@ func TestOrderWriteBackLetsTheLineGo(t *testing.T) {
 // recorded lost, and the write back goes on with later epochs.
 func TestOrderRotWhileWrittenBack(t *testing.T) {
 	ssd := newCrashDev(stalledOrderSSD)
-	s := newStalledOrder(t, ssd)
+	s := newStalledOrder(t, ssd, nil)
 	c, back, write, letGo, want := s.c, s.back, s.write, s.letGo, s.want
 	const block = 4
 	require.NoError(t, write(block, 1))
