@@ -24,6 +24,7 @@ type layout struct {
 	reduction Reduction
 	// dedupeHash stands for the content hash of a tier with reduction dedupe (weakHash: collisions)
 	dedupeHash func([]byte) uint64
+	order      string // write-back's order (WriteBackConfig.Order); empty for the default
 }
 
 var layouts = []layout{
@@ -57,7 +58,7 @@ func newCache(t testing.TB, b backend.Backend, l layout, store meta.Store, ssdDe
 func testConfig(l layout, store meta.Store, ssdDev backend.Backend) Config {
 	// No throttle delays: with tiers of a few lines, dirty data is always near its maximum, and
 	// the delays would only slow the tests (writes still wait at the maximum).
-	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none"}, RunLog: l.runLog,
+	cfg := Config{LineSize: l.line, Mode: l.mode, BackendID: "test", WriteBack: WriteBackConfig{Throttle: "none", Order: l.order}, RunLog: l.runLog,
 		Reduction: l.reduction,
 		RAM:       TierConfig{Size: l.ram * l.line, Policy: l.policy, Admission: l.admission},
 		SSD:       TierConfig{Size: l.ssd * l.line, Policy: l.policy, Admission: l.admission}}

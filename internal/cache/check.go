@@ -207,8 +207,28 @@ func (c *Cache) checkLine(line uint64) (read, bad int, err error) {
 			}
 		})
 	}
-	check(g.valid.AndNot(g.zero))
+	check(g.valid.AndNot(g.zero).AndNot(c.knownLost(line, g.valid)))
 	return read, bad, err
+}
+
+// knownLost returns the blocks of line among bits whose ranges are lost already (lost.go). In
+// FLUSH order those stay dirty on the tier, damaged (damaged), and are not read again: each read
+// would count the same damage again towards the tier's bypass (ioError). (In address order they
+// have left the tier.)
+func (c *Cache) knownLost(line uint64, bits lineBits) (lost lineBits) {
+	if !c.ordered() {
+		return lost
+	}
+	start := int64(line) * c.line
+	bits.Runs(c.ssd.blocks, func(b0, b1 int) {
+		for b := b0; b < b1; b++ {
+			lo := start + int64(b)*blockSize
+			if c.lost.overlaps(lo, min(blockSize, c.size-lo)) {
+				lost = lost.Or(linebits.Range(b, b+1))
+			}
+		}
+	})
+	return lost
 }
 
 // ScrubStats describe the last scrub of the SSD tier (Cache.Scrub), or the one under way.

@@ -78,13 +78,23 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	var hs []held
 	for _, line := range lines {
 		h := held{line: line, slot: noSlot}
-		if slot, d, z, ok := c.ssd.pinDirty(line, ep); ok {
-			h.slot, h.dirty, h.zero = slot, d, z
-		}
 		if ep != nil && c.ssd.ep != nil {
 			c.ssd.mu.RLock()
 			h.ghosts = c.ssd.ep.ghostsOf(line, *ep)
 			c.ssd.mu.RUnlock()
+			if hasLost(h.ghosts) {
+				// Its epoch lost a block (ghost.go): it can never be whole on the backend.
+				for _, p := range hs {
+					if p.slot != noSlot {
+						c.ssd.unpin(p.slot)
+					}
+				}
+				c.ssd.ep.lose(*ep)
+				return 0, c.ssd.ep.haltedErr()
+			}
+		}
+		if slot, d, z, ok := c.ssd.pinDirty(line, ep); ok {
+			h.slot, h.dirty, h.zero = slot, d, z
 		}
 		if h.slot != noSlot || len(h.ghosts) > 0 {
 			hs = append(hs, h)
@@ -193,6 +203,10 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 		if len(ops) > 0 {
 			if err = meta.CommitParts(c.ssd.j.store, ops, true, nil); err != nil {
 				err = fmt.Errorf("destage: deleting the older versions written back: %w", err)
+				// As for any failed commit: the tier is bypassed until the store passes a
+				// probe. Retried alone, this would hold back every later epoch, and writers
+				// waiting for room, for as long as the store fails.
+				c.ssd.fail(err.Error())
 			} else {
 				c.ssd.mu.Lock()
 				for _, h := range hs {

@@ -176,7 +176,9 @@ func verifyRestart(c *Cache, back *crashDev, m, lost sectorSets) error {
 
 // faultModes are the modes the fault tests run, each with every reduction of the SSD tier:
 // write-through, and write-back, where an SSD write that fails fails the client's write (the SSD
-// was to hold its only copy) and a kill -9 may lose writes no flush made durable.
+// was to hold its only copy) and a kill -9 may lose writes no flush made durable; write-back also
+// in FLUSH order, whose own failures (a write that would reach the backend ahead of older
+// epochs fails) the models allow as they allow any failed write.
 var faultModes = []struct {
 	name string
 	l    layout
@@ -188,6 +190,14 @@ var faultModes = []struct {
 	{"writeback-reduction-compress", withReduction(wbFaultLayout, ReductionCompress)},
 	{"writethrough-reduction-dedupe", withReduction(faultLayout, ReductionDedupe)},
 	{"writeback-reduction-dedupe", withReduction(wbFaultLayout, ReductionDedupe)},
+	{"writeback-order-flush", withOrder(wbFaultLayout, OrderFlush)},
+	{"writeback-order-flush-reduction-compress", withOrder(withReduction(wbFaultLayout, ReductionCompress), OrderFlush)},
+}
+
+// withOrder is l with write-back order o.
+func withOrder(l layout, o string) layout {
+	l.order = o
+	return l
 }
 
 // withReduction is l with reduction r; with dedupe, its content hash collides often (weakHash).

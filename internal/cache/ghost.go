@@ -24,13 +24,19 @@ import (
 //
 // A write over a block being written back with its line let go (epochs.unlocked) waits until that
 // write back has ended, and is tried again. One waits as before (orderWait) where it cannot keep
-// a ghost: a block that fails its sum, a store that fails, or ghosts already holding
-// maxGhostBytes.
+// a ghost: a store that fails, or ghosts already holding maxGhostBytes.
+//
+// A write over a lost block (a dirty block that failed its sum with no other copy, check.go) goes
+// on too: the block's epoch can never be whole on the backend, and has stopped the write back
+// (epochs.broken). Its ghost is a lost one, with no bytes: it keeps that stop across restarts,
+// where the block itself, written over, no longer shows the damage. The write back never reaches
+// a lost ghost's epoch (destageOnce refuses one all the same); a restart in address order deletes
+// it with the rest.
 //
 // At a restart, each ghost (line L, block B, epoch e) is checked against the record of L the
 // restart loaded (loadGhosts):
 //   - B dirty in an epoch after e: the write over it reached the record; the ghost is kept, for
-//     epoch e's write back;
+//     epoch e's write back (a lost one stops the write back before e again);
 //   - B dirty in epoch e: the write over it never reached a record (no FLUSH covered it, or that
 //     FLUSH was never answered), but it may have reached the slot, in place: the ghost's bytes are
 //     written back into B, which then holds epoch e's version again, and the ghost is deleted;
@@ -41,12 +47,21 @@ import (
 const maxGhostBytes = 16 << 20
 
 // ghost is a block's older version, block of its line, with its sum (blockSum) and its bytes (nil:
-// a zero block).
+// a zero block), or a lost one (lost: no bytes, sum lostGhostSum).
 type ghost struct {
 	block int
 	sum   uint32
 	data  []byte
+	lost  bool
 }
+
+// lostGhostSum is the sum the store keeps for a lost ghost of the block at backend block number
+// addr: one no zero block's ghost has there (blockSum of no bytes), so that a lost ghost needs no
+// field of its own in the store's format.
+func lostGhostSum(addr uint64) uint32 { return ^blockSum(addr, nil) }
+
+// hasLost reports whether a ghost among gs is a lost one.
+func hasLost(gs []ghost) bool { return slices.ContainsFunc(gs, func(g ghost) bool { return g.lost }) }
 
 // lineEpoch keys the ghosts of a line's epoch.
 type lineEpoch struct{ line, epoch uint64 }
@@ -168,19 +183,29 @@ func (c *Cache) keepOverwritten(pieces []piece) error {
 		o.bits.Runs(t.blocks, func(b0, b1 int) {
 			for b := b0; b < b1 && err == nil; b++ {
 				lo, hi := int64(b)*blockSize, min(int64(b+1)*blockSize, n)
+				addr := uint64(start+lo) / blockSize
 				g := ghost{block: b}
-				if !o.zero.Has(b) {
+				switch {
+				case c.lost.overlaps(start+lo, hi-lo):
+					g.lost = true // lost before (its epoch stopped the write back): nothing to read
+				case !o.zero.Has(b):
 					g.data = make([]byte, hi-lo)
 					err = t.readBlocks(o.s.line, o.slot, g.data, lo, o.zero)
+					if err != nil && c.lost.overlaps(start+lo, hi-lo) {
+						g.data, g.lost, err = nil, true, nil // damaged, and lost now (check.go dealt with it)
+					}
 				}
-				g.sum = blockSum(uint64(start+lo)/blockSize, g.data)
+				if g.sum = blockSum(addr, g.data); g.lost {
+					g.sum = lostGhostSum(addr)
+				}
 				kept[i] = append(kept[i], g)
 				ops = append(ops, meta.Op{Ghost: &meta.Ghost{Line: o.s.line, Block: uint32(b), Epoch: o.eps[b], Sum: g.sum, Data: g.data}})
 			}
 		})
 		if err != nil {
-			// Damaged (check.go dealt with it as for any read): the write waits for the
-			// block's epoch, as its write back finds the same.
+			// Damaged but not lost (check.go dealt with it as for any read: a copy in the RAM
+			// tier repaired it), or an I/O error: the write waits for the block's epoch, as
+			// its write back finds the same.
 			return &orderWait{epoch: need}
 		}
 	}
@@ -248,7 +273,9 @@ func (c *Cache) loadGhosts(t *tier) error {
 		if t.lines > 0 && g.Line >= t.lines || b >= t.blocks || start+lo >= c.size || len(g.Data) > 0 && int64(len(g.Data)) != min(blockSize, c.size-start-lo) {
 			return fmt.Errorf("%w: the older version of block %d of line %d does not fit the cache", ErrCorrupt, b, g.Line)
 		}
-		if blockSum(uint64(start+lo)/blockSize, g.Data) != g.Sum {
+		addr := uint64(start+lo) / blockSize
+		lost := len(g.Data) == 0 && g.Sum == lostGhostSum(addr)
+		if !lost && blockSum(addr, g.Data) != g.Sum {
 			return fmt.Errorf("%w: the older version of block %d of line %d, kept for epoch %d, fails its checksum", ErrCorrupt, b, g.Line, g.Epoch)
 		}
 		t.mu.Lock()
@@ -260,11 +287,16 @@ func (c *Cache) loadGhosts(t *tier) error {
 		}
 		switch {
 		case ep > g.Epoch:
-			t.ep.addGhost(g.Line, noSlot, g.Epoch, ghost{block: b, sum: g.Sum, data: g.Data})
+			t.ep.addGhost(g.Line, noSlot, g.Epoch, ghost{block: b, sum: g.Sum, data: g.Data, lost: lost})
+			if lost {
+				t.ep.lose(g.Epoch)
+			}
 		case ep == g.Epoch && g.Data != nil && !t.zeroAt(slot).Has(b):
 			restore = append(restore, g)
 			drop = append(drop, del)
 		default:
+			// (A lost ghost of B's own epoch: B's record keeps the sum its bytes failed, and
+			// whatever bytes the slot holds now fail it again when read, lost again.)
 			drop = append(drop, del)
 		}
 		return nil
