@@ -51,7 +51,9 @@ func (d *crashDev) change(fn func([]byte)) {
 // with every reduction, in write-through and write-back, and reads every block: no wrong byte is
 // ever served. Clean blocks come from the backend; dirty ones read as lost, are never written
 // back (the backend keeps its older data), count in the stats, and stay lost across a restart
-// until a write of the range clears them.
+// until a write of the range clears them. Write-back in address order, where dirty data stays
+// dirty until the watermarks call for it, and a lost block leaves the tier while the rest goes
+// back (in FLUSH order a lost block halts the write back: TestOrderLostBlock).
 func TestDamagedTier(t *testing.T) {
 	const line = 16 << 10
 	for _, mode := range []Mode{WriteThrough, WriteBack} {
@@ -62,7 +64,7 @@ func TestDamagedTier(t *testing.T) {
 					if running {
 						when = "running"
 					}
-					l := withReduction(layout{line: line, ssd: 32, mode: mode}, r)
+					l := withReduction(layout{line: line, ssd: 32, mode: mode, order: OrderAddress}, r)
 					t.Run(fmt.Sprintf("%s-%s-%s-%s", mode, r, dmg.name, when), func(t *testing.T) {
 						t.Parallel()
 						damagedTier(t, l, dmg, running)
@@ -286,10 +288,12 @@ func TestRecordsWithoutChecksums(t *testing.T) {
 }
 
 // TestScrub damages chosen blocks of a tier of slots, clean and dirty, and scrubs it: the scrub
-// finds every one, reports the dirty ones as lost ranges, and a read of a clean one is right.
+// finds every one, reports the dirty ones as lost ranges, and a read of a clean one is right. In
+// address order, where the dirty ones stay dirty until the watermarks call for them, and leave
+// the tier once lost (FLUSH order: TestOrderLostBlock).
 func TestScrub(t *testing.T) {
 	const line = 16 << 10
-	l := layout{line: line, ssd: 16, mode: WriteBack}
+	l := layout{line: line, ssd: 16, mode: WriteBack, order: OrderAddress}
 	devSize := int64(8 * line)
 	back, ssd := newCrashDev(devSize), newCrashDev(l.ssd*l.line)
 	want := make([]byte, devSize)

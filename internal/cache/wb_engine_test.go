@@ -738,7 +738,8 @@ func TestDestageRateAndThrottleDelayInStats(t *testing.T) {
 // TestOneInvalidationPerLineAndCheckpoint checks that overwriting clean blocks costs one metadata
 // commit per line between two checkpoints, not one per write: the first write to a clean block
 // commits the line's record without any of its clean blocks. What was written still reads back
-// after a restart, dirty, and the clean rest comes from the backend.
+// after a restart, dirty, and the clean rest comes from the backend. (Address order: FLUSH order
+// writes each epoch back as soon as a FLUSH ends it, and the lines would not stay dirty.)
 func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 	const line = 64 << 10
 	back, ssdDev, stored := newCrashDev(16*line), newCrashDev(8*line), meta.NewMem()
@@ -746,7 +747,7 @@ func TestOneInvalidationPerLineAndCheckpoint(t *testing.T) {
 	if _, err := back.WriteAt(want, 0); err != nil {
 		t.Fatal(err)
 	}
-	l := layout{line: line, ram: 2, ssd: 8, mode: WriteBack}
+	l := layout{line: line, ram: 2, ssd: 8, mode: WriteBack, order: OrderAddress}
 	// Each start gets the same devices and store through a new gate (Close leaves them).
 	start := func(store meta.Store) *Cache {
 		g := &gate{}

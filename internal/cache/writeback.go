@@ -34,7 +34,7 @@ const (
 )
 
 // DefaultWriteBack is the write-back tuning unless configured otherwise.
-var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional", Order: OrderAddress}
+var DefaultWriteBack = WriteBackConfig{High: 0.5, Low: 0.25, Max: 0.9, Destage: "watermark", Throttle: "proportional", Order: OrderFlush}
 
 // fill takes the defaults for what is not given: the watermarks where none is (a configuration
 // that gives any takes its zeros as given, for validate to judge: low 0 destages until nothing is

@@ -26,7 +26,7 @@ func serveScrubs(t *testing.T) string {
 		b, ssd := mem.New(1<<20), mem.New(64*line)
 		c, err := cache.New(b, cache.Config{LineSize: line, Mode: mode, BackendID: "test",
 			SSD: cache.TierConfig{Size: 64 * line, Admission: "always"}, SSDDevice: ssd, Meta: meta.NewMem(),
-			WriteBack: cache.WriteBackConfig{Throttle: "none"}})
+			WriteBack: cache.WriteBackConfig{Throttle: "none", Order: cache.OrderAddress}}) // the damaged dirty blocks lost, the rest written back
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close() })
 		data := make([]byte, lines*line)

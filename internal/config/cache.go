@@ -110,9 +110,9 @@ type WriteBack struct {
 	// cache that may not come back (a container whose cache volume is dropped, a volume that moves
 	// to another host).
 	OnStop string `yaml:"on_stop"`
-	// Order is the order dirty data goes back to the backend in: "address" (or ""), coalesced
-	// across FLUSHes, or "flush", one epoch of writes between two FLUSHes after another, so that
-	// the backend alone is always a state the device had (cache.OrderFlush).
+	// Order is the order dirty data goes back to the backend in: "flush" (or ""), one epoch of
+	// writes between two FLUSHes after another, so that the backend alone is always a state the
+	// device had (cache.OrderFlush), or "address", coalesced across FLUSHes.
 	Order string `yaml:"order"`
 }
 

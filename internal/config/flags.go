@@ -154,7 +154,7 @@ var Flags = []Flag{
 	dirtyFlag("dirty-max", "max", cache.DefaultWriteBack.Max, "write-back: writes wait rather than let dirty lines pass this ratio", func(w *WriteBack) **float64 { return &w.Max }),
 	cacheFlag("dirty-on-stop", "write_back.on_stop", "what a stop (SIGTERM) does with write-back's dirty data: keep (on the SSD tier for the next start; the default) or flush (written back to the backend before exiting)",
 		func(c *Cache, v string) { c.WriteBack.OnStop = v }),
-	cacheFlag("write-back-order", "write_back.order", "the order write-back's dirty data goes back to the backend in: address (the default: coalesced across FLUSHes; while dirty data remains the backend alone may be torn) or flush (the writes between two FLUSHes after all earlier ones: the backend alone is always consistent, only older)",
+	cacheFlag("write-back-order", "write_back.order", "the order write-back's dirty data goes back to the backend in: flush (the default: the writes between two FLUSHes after all earlier ones, so that the backend alone is always consistent, only older) or address (coalesced across FLUSHes, faster; while dirty data remains the backend alone may be torn)",
 		func(c *Cache, v string) { c.WriteBack.Order = v }),
 	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
 		apply: func(c *Config, v []string, _ func(string) bool) error {

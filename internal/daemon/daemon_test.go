@@ -312,7 +312,9 @@ func TestFinalStopWritesBack(t *testing.T) {
 			cfg := config.Defaults()
 			cfg.Exports = []config.Export{{Name: "pvc-1", Backend: "file://" + img + "?size=8MiB", Cache: &config.Cache{
 				Mode: "writeback", Line: "4KiB", SSD: filepath.Join(dir, "ssd.img"), SSDSize: "1MiB",
-				WriteBack: config.WriteBack{High: config.Ratio(0.9), Low: config.Ratio(0.8), Max: config.Ratio(0.95), Throttle: "none"}}}}
+				// Address order: the write stays dirty below the watermarks (FLUSH order writes
+				// back each epoch as soon as a FLUSH, such as the stop's, ends it).
+				WriteBack: config.WriteBack{High: config.Ratio(0.9), Low: config.Ratio(0.8), Max: config.Ratio(0.95), Throttle: "none", Order: "address"}}}}
 			cfg.Listen = []string{"unix:" + sock}
 			cfg.RunDir = filepath.Join(dir, "run")
 			require.NoError(t, cfg.Validate(registry.Default().Schemes()))

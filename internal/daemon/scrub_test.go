@@ -144,7 +144,7 @@ func TestScrubDamagedSSD(t *testing.T) {
 	cfg := config.Defaults()
 	cfg.Exports = []config.Export{{Name: "disk", Backend: "file://" + filepath.Join(dir, "disk.img") + "?size=8MiB", Cache: &config.Cache{
 		Mode: "writeback", Line: "4KiB", SSD: ssd, SSDSize: "1MiB", Admission: "always", Reduction: "off",
-		WriteBack: config.WriteBack{Throttle: "none"}, Scrub: config.Scrub{Every: "0"}}}}
+		WriteBack: config.WriteBack{Throttle: "none", Order: "address"}, Scrub: config.Scrub{Every: "0"}}}} // dirty until scrubbed
 	cfg.Listen = []string{"unix:" + sock}
 	cfg.Admin = "unix:" + admin
 	cfg.RunDir = filepath.Join(dir, "run")
