@@ -324,12 +324,20 @@ func (c *Cache) loadGhosts(t *tier) error {
 }
 
 // restoreGhost writes ghost g's bytes back into its block, whose record still calls it dirty in
-// g's epoch with g's sum: the write over it may have reached the slot.
+// g's epoch with g's sum: the write over it may have reached the block, written in place (a
+// slot, a packed tier's mutable unit). A block that holds g's bytes still is left as it is: on a
+// packed tier a write over a block not written in place took a new unit, which the crash
+// dropped, and writing g's bytes again would take room that a tier full of the dirty data the
+// crash left may not have (TestCrashRestart, a full tier in FLUSH order with reduction). One
+// written in place takes g's bytes back in place, without room: g's bytes were that unit's.
 func restoreGhost(t *tier, g meta.Ghost) error {
 	t.mu.RLock()
 	slot, ok := t.slotOf(g.Line)
 	t.mu.RUnlock()
 	if !ok {
+		return nil
+	}
+	if sum, err := t.st.rawSum(g.Line, slot, int(g.Block)); err == nil && sum == g.Sum {
 		return nil
 	}
 	bufp := bufpool.Get(len(g.Data))
