@@ -349,10 +349,11 @@ type orderWait struct {
 
 func (o *orderWait) Error() string { return "cache: waiting for older epochs to be written back" }
 
-// errOrderLost: the SSD tier failed while it holds epochs the backend lacks, so a change that
-// would reach the backend after them is refused: in FLUSH order the backend keeps the state of
-// the last epoch written back, which a crash of the device could have left.
-var errOrderLost = errors.New("cache: the SSD tier failed holding writes the backend lacks; in flush order the backend keeps its older, consistent state and takes no later change")
+// errOrderLost: writes the backend lacks are lost (a dirty block failed its checksum, or the SSD
+// tier failed holding them), so a change that would reach the backend after them is refused: in
+// FLUSH order the backend keeps the state of the last epoch written back, which a crash of the
+// device could have left. What was lost follows it in the error.
+var errOrderLost = errors.New("cache: writes the backend lacks are lost; in flush order the backend keeps its older, consistent state and takes no later change")
 
 // lose marks epoch ep as one that lost a dirty block (check.go's damaged): no epoch from it on
 // is written back.
@@ -458,7 +459,7 @@ func (c *Cache) waitEpochsCtx(ctx context.Context, ep uint64, progress func()) e
 			failing, backoff = time.Time{}, 10*time.Millisecond
 			continue
 		case !t.usable():
-			return fmt.Errorf("%w: %w", errOrderLost, err)
+			return fmt.Errorf("%w: the SSD tier failed holding them: %w", errOrderLost, err)
 		case failing.IsZero():
 			failing = time.Now()
 		case time.Since(failing) > backendWait:

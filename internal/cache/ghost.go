@@ -195,8 +195,10 @@ func (c *Cache) keepOverwritten(pieces []piece) error {
 						g.data, g.lost, err = nil, true, nil // damaged, and lost now (check.go dealt with it)
 					}
 				}
-				if g.sum = blockSum(addr, g.data); g.lost {
+				if g.lost {
 					g.sum = lostGhostSum(addr)
+				} else {
+					g.sum = blockSum(addr, g.data)
 				}
 				kept[i] = append(kept[i], g)
 				ops = append(ops, meta.Op{Ghost: &meta.Ghost{Line: o.s.line, Block: uint32(b), Epoch: o.eps[b], Sum: g.sum, Data: g.data}})
