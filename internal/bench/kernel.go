@@ -19,8 +19,9 @@ import (
 // The kernel benchmark's contenders and rows, as integration/vm/guest/bench-kernel.sh names them.
 var (
 	// KernelContenders are every contender, the bounds first: the NAS and the SSD alone, and
-	// tierblk's ublk device without a cache; tierblkflush is tierblk writing back in FLUSH order.
-	KernelContenders = []string{"none", "ssd", "ublk", "dmcache", "bcache", "dmwritecache", "tierblk", "tierblkflush"}
+	// tierblk's ublk device without a cache; tierblk writes back in FLUSH order (the default),
+	// tierblkaddr in address order.
+	KernelContenders = []string{"none", "ssd", "ublk", "dmcache", "bcache", "dmwritecache", "tierblk", "tierblkaddr"}
 	KernelRows       = []string{"zipf", "randw", "seq", "fsync"}
 )
 
@@ -53,7 +54,7 @@ type KernelOptions struct {
 	// MemMiB is the guest's RAM.
 	MemMiB int
 	// Profile, if set, is a directory for CPU profiles of tierblk over each measured window of
-	// the ublk, tierblk and tierblkflush contenders (not the sequential row), taken in the guest
+	// the ublk, tierblk and tierblkaddr contenders (not the sequential row), taken in the guest
 	// from its admin endpoint: nas<ms>-round<r>-<contender>-<row>.pprof, for go tool pprof with
 	// the same binary.
 	Profile string
@@ -340,7 +341,7 @@ func KernelTable(results []KernelResult) string {
 				fmt.Fprintf(&b, " %s |", kernelCell(s))
 			}
 			fmt.Fprintf(&b, " %s | %s | %s |\n", kernelRatio(res, row, "tierblk", "dmcache", "bcache"),
-				kernelRatio(res, row, "tierblk", "none"), kernelRatio(res, row, "tierblkflush", "tierblk"))
+				kernelRatio(res, row, "tierblk", "none"), kernelRatio(res, row, "tierblk", "tierblkaddr"))
 		}
 		b.WriteString("\n")
 	}

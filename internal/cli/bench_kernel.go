@@ -33,9 +33,11 @@ again for each contender and row: a NAS of 1 GiB whose requests complete after -
 of 256 MiB. The contenders, each set up fresh over them with 64 KiB blocks or lines: none (the NAS
 alone), ssd (the SSD alone), ublk (tierblk's ublk device over the NAS, no cache), dmcache (smq,
 write-back), bcache (write-back, sequential cutoff and congestion bypass off), dmwritecache, tierblk
-(serve --ublk --ram 0 --line 64KiB --mode writeback, the backend opened direct). The rows, fio in
+(serve --ublk --ram 0 --line 64KiB --mode writeback, the backend opened direct, writing back in
+FLUSH order, the default), tierblkaddr (the same with --write-back-order address). The rows, fio in
 the guest: zipf, 4K random reads, zipf:1.1 over the NAS, QD16; randw, 4K random writes over 256 MiB,
-QD16; seq, 1M sequential read of the whole NAS. Each is measured over --measure after --warm (seq:
+QD16; seq, 1M sequential read of the whole NAS; fsync, ext4 on the device and 4 writers of 4K
+random writes with an fsync every 64. Each is measured over --measure after --warm (seq:
 one pass), with the guest's CPU over the window: the CPU a request took, kernel and tierblk
 together. The contenders' order rotates from round to round. Prints each contender's median, and
 tierblk's ratio to the better of dm-cache and bcache and to no cache (medians of the per-round
@@ -61,7 +63,7 @@ Run from the repository's root (or give --vm), with a static tierblk (make build
 	f.IntVar(&o.MemMiB, "mem", 3072, "the guest's RAM in MiB (the null_blk devices are in it)")
 	f.StringVar(&o.VMDir, "vm", "integration/vm", "the repository's integration/vm directory")
 	f.StringVar(&o.Tierblk, "tierblk", "", "the static tierblk binary the guest runs (default: this one)")
-	f.StringVar(&o.Profile, "profile", "", "a directory for CPU profiles of tierblk over each measured window of the ublk, tierblk and tierblkflush contenders (go tool pprof BINARY FILE)")
+	f.StringVar(&o.Profile, "profile", "", "a directory for CPU profiles of tierblk over each measured window of the ublk, tierblk and tierblkaddr contenders (go tool pprof BINARY FILE)")
 	return cmd
 }
 

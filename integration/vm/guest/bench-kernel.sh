@@ -14,8 +14,9 @@
 #   dmcache       dm-cache, smq, write-back, its metadata on the first 16 MiB of the SSD;
 #   bcache        bcache, write-back, sequential cutoff and congestion bypass off;
 #   dmwritecache  dm-writecache (writes only: a log of them on the SSD);
-#   tierblk       tierblk serve --ublk --ram 0 --line 64KiB --mode writeback, backend opened direct;
-#   tierblkflush  the same with --write-back-order flush.
+#   tierblk       tierblk serve --ublk --ram 0 --line 64KiB --mode writeback, backend opened direct
+#                 (writing back in FLUSH order, the default);
+#   tierblkaddr   the same with --write-back-order address.
 # The rows, fio in the guest (direct, libaio), each measured over its last $measure s after $warm s:
 #   zipf     4 KiB random reads, zipf:1.1 over the NAS, QD16 (IOPS)
 #   randw    4 KiB random writes over the first $ssd_mib MiB, QD16 (IOPS)
@@ -27,11 +28,11 @@
 #
 # One line per contender and row on the console, for `tierblk bench kernel` to read:
 #   TIERBLK-BENCH: contender=C row=R iops=N mbps=N busy=F lat_p50_us=N lat_p99_us=N
-# and with profile=1, for the ublk, tierblk and tierblkflush contenders' rows but seq, tierblk's
+# and with profile=1, for the ublk, tierblk and tierblkaddr contenders' rows but seq, tierblk's
 # CPU profile over the measured window (from its admin endpoint on the loopback), base64:
 #   TIERBLK-PPROF: contender=C row=R BASE64
 # Variables a line before this script can set:
-contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkflush"}
+contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkaddr"}
 rows=${rows:-"zipf randw seq fsync"}
 nas_mib=${nas_mib:-1024}
 ssd_mib=${ssd_mib:-256}
@@ -105,8 +106,8 @@ setup_ublk() { tierblk_up; } # no tiers: no cache
 teardown_ublk() { tierblk_down; }
 setup_tierblk() { tierblk_up --ssd "$ssd" --meta /tmp/meta --ram 0 --line 64KiB --mode writeback "$@"; }
 teardown_tierblk() { tierblk_down; }
-setup_tierblkflush() { setup_tierblk --write-back-order flush; }
-teardown_tierblkflush() { tierblk_down; }
+setup_tierblkaddr() { setup_tierblk --write-back-order address; }
+teardown_tierblkaddr() { tierblk_down; }
 
 dm() { dmsetup --noudevsync "$@" || fail "dmsetup $*"; }
 setup_dmcache() {
@@ -189,8 +190,8 @@ run_row() {
 	fi
 	prof=
 	case $profile-$contender-$1 in
-	1-ublk-seq | 1-tierblk-seq | 1-tierblkflush-seq) ;;
-	1-ublk-* | 1-tierblk-* | 1-tierblkflush-*)
+	1-ublk-seq | 1-tierblk-seq | 1-tierblkaddr-seq) ;;
+	1-ublk-* | 1-tierblk-* | 1-tierblkaddr-*)
 		rm -f /tmp/cpu.pprof
 		(sleep "$warm"; wget -q -O /tmp/cpu.pprof "http://127.0.0.1:6060/debug/pprof/profile?seconds=$measure") &
 		prof=$!
