@@ -54,6 +54,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -195,6 +196,10 @@ type Cache struct {
 	// it reads on a caller's ring (ReadAtOn).
 	ssdAsync backend.AsyncReader
 	ssdRing  backend.RingReader
+	// backRing is the backend where it reads on a caller's ring (missOnRing); filling counts the
+	// misses missOnRing took on whose fills have not ended, which Close waits for.
+	backRing backend.RingReader
+	filling  sync.WaitGroup
 	closed   atomic.Bool
 	// lastRun is nil when the start found every index record the SSD tier's last run wrote (its
 	// run log replayed), else why not; see Recovered.
@@ -243,6 +248,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	c.mode.Store(int32(cfg.Mode))
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)
+	c.backRing, _ = b.(backend.RingReader)
 	var err error
 	if cfg.RAM.Size > 0 {
 		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
@@ -390,6 +396,7 @@ func (c *Cache) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	c.filling.Wait()
 	var errs []error
 	backendOpen := true
 	if c.ssd != nil {

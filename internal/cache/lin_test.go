@@ -182,7 +182,10 @@ type linCase struct {
 	// ssdFile puts the SSD tier on a file as tierblk serve does (direct reads through io_uring)
 	// rather than in memory; pread reads it with pread, as where the kernel has no io_uring.
 	ssdFile, pread bool
-	reduction      Reduction
+	// backendFile puts the backend on a file read direct, without delays: its reads go on a
+	// ring client's ring (missOnRing).
+	backendFile bool
+	reduction   Reduction
 }
 
 // TestLinearizable runs concurrent clients against caches with tiny tiers over delaying backends,
@@ -201,6 +204,8 @@ func TestLinearizable(t *testing.T) {
 		{name: "wt-4k-ssd-file-faults", line: 4 << 10, ssd: 6, mode: WriteThrough, ssdFile: true, ssdFault: 0.02},
 		{name: "wb-8k-ssd-file-only", line: 8 << 10, ssd: 5, mode: WriteBack, ssdFile: true},
 		{name: "wt-16k-ssd-file-pread", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, pread: true},
+		{name: "wt-16k-files", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, backendFile: true},
+		{name: "wb-8k-files-ssd-only", line: 8 << 10, ssd: 5, mode: WriteBack, ssdFile: true, backendFile: true},
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
@@ -255,7 +260,10 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 		opsPer = 40
 	}
 	delay := 150 * time.Microsecond
-	b := fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
+	var b backend.Backend = fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
+	if lc.backendFile {
+		b = fileSSD(t, devSize, false)
+	}
 	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission,
 		reduction: lc.reduction}
 	l = withReduction(l, lc.reduction)

@@ -260,35 +260,61 @@ func (c *Cache) promotion(s piece) policy.Access {
 // power cut they may differ from a backend write that was never flushed. Then it fills the tiers
 // with what it fetched.
 func (c *Cache) readMiss(pieces []piece, p []byte, force bool) error {
-	type fill struct {
-		ram, ssd bool
-		held     source // the SSD tier's partial copy of the line, pinned
-		lo, hi   int64  // the bytes of the line fetched
+	m := c.planMiss(pieces, force, len(p))
+	defer m.release()
+	if err := c.backendRead(m.buf(), m.from); err != nil {
+		return err
 	}
-	fills := make([]fill, len(pieces))
-	cached := func(f fill) bool { return f.ram || f.ssd || f.held.t != nil }
+	if err := c.serveMiss(m, p); err != nil {
+		return err
+	}
+	c.fillMiss(m)
+	return nil
+}
+
+// miss is what a read miss of a run of adjacent pieces fetches (planMiss) and where it goes.
+type miss struct {
+	pieces   []piece
+	fills    []missFill
+	from, to int64   // the backend's bytes fetched
+	bufp     *[]byte // holds them
+}
+
+// missFill is what a miss does with a piece's fetched bytes: the tiers it fills, and the SSD
+// tier's partial copy of the line, which it reads the blocks it holds from.
+type missFill struct {
+	ram, ssd bool
+	held     source // pinned
+	lo, hi   int64  // the bytes of the line fetched
+}
+
+// cached reports whether a tier fills, or holds part of, f's line.
+func (f missFill) cached() bool { return f.ram || f.ssd || f.held.t != nil }
+
+// got returns the blocks of f's line fetched.
+func (f missFill) got() lineBits {
+	return linebits.Range(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize))
+}
+
+// planMiss decides what a miss of pieces (a read of n bytes) fetches: each tier's admission,
+// and package fetch's reach; it pins the SSD tier's partial copies of the lines, and takes a
+// buffer for the bytes. The caller ends with release.
+func (c *Cache) planMiss(pieces []piece, force bool, n int) *miss {
+	m := &miss{pieces: pieces, fills: make([]missFill, len(pieces))}
 	for i, s := range pieces {
 		if c.ssd != nil {
 			if g := c.ssd.pin(s.line); g.ok {
-				fills[i].held = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
+				m.fills[i].held = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 			}
 		}
 	}
-	defer func() {
-		for _, f := range fills {
-			if f.held.t != nil {
-				f.held.t.unpin(f.held.slot)
-			}
-		}
-	}()
 	first, last := pieces[0], pieces[len(pieces)-1]
-	var from, to int64
 	c.streams.Follow(first.start+first.lo, func(seq bool) int64 {
 		for i, s := range pieces {
 			a := c.access(s, false)
-			a.Sequential = seq || int64(len(p)) > c.line // a request of several lines is a sequential run
-			fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
-			fills[i].ram = c.ram.usable() && (force || c.ram.admits(a))
+			a.Sequential = seq || int64(n) > c.line // a request of several lines is a sequential run
+			m.fills[i].ssd = c.ssd.usable() && (force || c.ssd.admits(a))
+			m.fills[i].ram = c.ram.usable() && (force || c.ram.admits(a))
 		}
 		r := fetch.Blocks
 		switch {
@@ -299,51 +325,83 @@ func (c *Cache) readMiss(pieces []piece, p []byte, force bool) error {
 		}
 		for i, s := range pieces {
 			// The pieces between the first and the last are whole lines already.
-			fills[i].lo, fills[i].hi = fetch.Range(s.lo, s.hi, s.n, cached(fills[i]), r)
+			m.fills[i].lo, m.fills[i].hi = fetch.Range(s.lo, s.hi, s.n, m.fills[i].cached(), r)
 		}
-		from, to = first.start+fills[0].lo, last.start+fills[len(fills)-1].hi
-		return to
+		m.from, m.to = first.start+m.fills[0].lo, last.start+m.fills[len(m.fills)-1].hi
+		return m.to
 	})
-	bufp := bufpool.Get(int(to - from))
-	defer bufpool.Put(bufp)
-	buf := *bufp
-	if err := c.backendRead(buf, from); err != nil {
-		return err
+	m.bufp = bufpool.Get(int(m.to - m.from))
+	return m
+}
+
+func (m *miss) buf() []byte { return *m.bufp }
+
+// data returns the fetched bytes of piece i: its line's bytes [lo, hi) of its fill.
+func (m *miss) data(i int) []byte {
+	s, f := m.pieces[i], m.fills[i]
+	return m.buf()[s.start+f.lo-m.from : s.start+f.hi-m.from]
+}
+
+// overlays reports whether the SSD tier holds a block the miss fetched, which serveMiss then
+// reads from it.
+func (m *miss) overlays() bool {
+	for _, f := range m.fills {
+		if f.held.t != nil && !f.held.valid.And(f.got()).IsZero() {
+			return true
+		}
 	}
-	c.fetched.Add(uint64(to - from))
-	// The SSD tier's lines are acquired as one run, in adjacent slots where it has them.
+	return false
+}
+
+// release unpins what planMiss pinned and gives its buffer back.
+func (m *miss) release() {
+	for _, f := range m.fills {
+		if f.held.t != nil {
+			f.held.t.unpin(f.held.slot)
+		}
+	}
+	bufpool.Put(m.bufp)
+}
+
+// serveMiss copies the fetched bytes into p, once the SSD tier's copies of the blocks it holds
+// replace the backend's (overlay).
+func (c *Cache) serveMiss(m *miss, p []byte) error {
+	c.fetched.Add(uint64(m.to - m.from))
+	for i, s := range m.pieces {
+		f, data := m.fills[i], m.data(i)
+		if h := f.held; h.t != nil && f.cached() {
+			if err := c.overlay(s, h, data, f.lo, f.got()); err != nil {
+				return err
+			}
+		}
+		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+	}
+	return nil
+}
+
+// fillMiss fills the tiers that admitted the pieces with what the miss fetched (serveMiss made
+// it the lines' current bytes). The SSD tier's lines are acquired as one run, in adjacent slots
+// where it has them.
+func (c *Cache) fillMiss(m *miss) {
 	var whichBuf [2]int
 	which := whichBuf[:0]
-	for i, f := range fills {
+	for i, f := range m.fills {
 		if f.ssd {
 			which = append(which, i)
 		}
 	}
 	var grantBuf [2]grant
-	grants := c.acquirePieces(c.ssd, pieces, which, grantBuf[:0])
-	for i, s := range pieces {
-		f := fills[i]
-		data := buf[s.start+f.lo-from : s.start+f.hi-from] // the line's bytes [f.lo, f.hi)
-		if !cached(f) {
-			copy(p[s.pOff:s.pOff+s.hi-s.lo], data)
-			continue
-		}
-		got := linebits.Range(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize)) // the blocks fetched
-		if h := f.held; h.t != nil {
-			if err := c.overlay(s, h, data, f.lo, got); err != nil {
-				return err
-			}
-		}
-		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+	grants := c.acquirePieces(c.ssd, m.pieces, which, grantBuf[:0])
+	for i, s := range m.pieces {
+		f, data := m.fills[i], m.data(i)
 		if f.ssd {
-			c.fillTier(c.ssd, s, grants[0], data, f.lo, got)
+			c.fillTier(c.ssd, s, grants[0], data, f.lo, f.got())
 			grants = grants[1:]
 		}
 		if f.ram {
-			c.fillTier(c.ram, s, c.ram.acquire(s.line), data, f.lo, got)
+			c.fillTier(c.ram, s, c.ram.acquire(s.line), data, f.lo, f.got())
 		}
 	}
-	return nil
 }
 
 // overlay replaces the blocks of data (the line's bytes from base, read from the backend; got are
@@ -431,14 +489,24 @@ func (c *Cache) fillTier(t *tier, s piece, g grant, data []byte, base int64, bit
 }
 
 func (c *Cache) backendRead(p []byte, off int64) error {
-	var start time.Time
-	if c.ssd != nil && c.ssd.cong != nil {
-		start = time.Now()
-	}
+	start := c.backendReadStart()
 	_, err := c.b.ReadAt(p, off)
+	c.backendReadEnd(start, len(p), err)
+	return err
+}
+
+// backendReadStart and backendReadEnd count a read of the backend of n bytes that ended with
+// err: its time, where the SSD tier's congestion bypass wants it, and its bytes.
+func (c *Cache) backendReadStart() time.Time {
+	if c.ssd != nil && c.ssd.cong != nil {
+		return time.Now()
+	}
+	return time.Time{}
+}
+
+func (c *Cache) backendReadEnd(start time.Time, n int, err error) {
 	if !start.IsZero() {
 		c.ssd.cong.BackendReadTook(time.Since(start))
 	}
-	c.backendStats.read(len(p), err)
-	return err
+	c.backendStats.read(n, err)
 }

@@ -13,30 +13,36 @@ import (
 // is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
 // exclusively, see linelock.Locks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, false, p, off, done)
+	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, nil, false, p, off, done)
 }
 
 // ReadAtOn implements backend.RingReader for the reads ReadAtAsync starts, the SSD tier's read
-// on the caller's ring (a ublk queue's), and for RAM-tier hits within one line: those are a copy,
-// made at once, and done is called before ReadAtOn returns, on the ring's goroutine as the others.
+// on the caller's ring (a ublk queue's), for RAM-tier hits within one line: those are a copy,
+// made at once, and done is called before ReadAtOn returns, on the ring's goroutine as the others;
+// and for misses within one line of a backend that reads on a ring too (a file opened direct):
+// missOnRing.
 func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
-	var start ssdStart // nil: no SSD-tier read can be started on r
+	var start, fetch readStart // nil: no read of the SSD tier's device, or of the backend, on r
 	if c.ssdRing != nil {
 		start = func(p []byte, off int64, done func(error)) bool { return c.ssdRing.ReadAtOn(r, p, off, done) }
 	}
-	return c.readAsync(start, true, p, off, done)
+	if c.backRing != nil {
+		fetch = func(p []byte, off int64, done func(error)) bool { return c.backRing.ReadAtOn(r, p, off, done) }
+	}
+	return c.readAsync(start, fetch, true, p, off, done)
 }
 
-// ssdStart starts a read of the SSD tier's device and reports whether it did.
-type ssdStart func(p []byte, off int64, done func(error)) bool
+// readStart starts a read of a device (the SSD tier's, the backend) and reports whether it did.
+type readStart func(p []byte, off int64, done func(error)) bool
 
-// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil).
+// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil),
+// and its misses' backend reads by fetch (none where it is nil: the caller reads with ReadAt).
 // onRing says that start runs them on a ring the caller's goroutine owns and reaps: RAM-tier hits
 // are then served at once, and nothing here may wait for another request, whose SSD read may be
 // in flight on that same ring (a packed tier's read lock, held by such reads, is only tried: a
 // reclaim waiting for it would stop new readers, the caller among them, and the ring's reads
 // would never end).
-func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done func(error)) bool {
+func (c *Cache) readAsync(start, fetch readStart, onRing bool, p []byte, off int64, done func(error)) bool {
 	if len(p) == 0 || c.check(off, int64(len(p))) != nil || c.Mode() == PassThrough {
 		return false
 	}
@@ -66,7 +72,7 @@ func (c *Cache) readAsync(start ssdStart, onRing bool, p []byte, off int64, done
 	g := c.ssd.lookupHit(s.line, need)
 	if !g.ok {
 		h.unlock()
-		return false
+		return fetch != nil && c.missOnRing(fetch, s, p, off, done)
 	}
 	h.src = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 	// From here on the read is this call's: it counts as read does.
@@ -136,7 +142,7 @@ func (h *hitRead) fallback() {
 // startOnDevice starts the read on the SSD tier's device by start, with a promotion into RAM where
 // RAM admits the line; noZeros says that none of the blocks read is a zero block. It reports false,
 // having started nothing, where the device cannot serve the read alone.
-func (h *hitRead) startOnDevice(start ssdStart, onRing, noZeros bool) bool {
+func (h *hitRead) startOnDevice(start readStart, onRing, noZeros bool) bool {
 	c, s, slot := h.c, h.pieces[0], h.src.slot
 	// Zero blocks are not on the device: such a read goes read's way (hitRead.readHit), which reads
 	// only the blocks the slot holds. So does a read of part of a block: its sum is the whole
@@ -220,7 +226,7 @@ func (c *Cache) readRAMNow(s piece, p []byte, off int64, done func(error)) bool 
 // the blocks p touches are read into a RAM slot, then copied to p, and finish is called. It
 // reports false, having done nothing, where RAM has no slot to spare, the blocks to read are not
 // one run or the device will not start the read: the caller then reads the SSD tier alone.
-func (c *Cache) promoteAsync(start ssdStart, s piece, src source, p []byte, finish func(error)) bool {
+func (c *Cache) promoteAsync(start readStart, s piece, src source, p []byte, finish func(error)) bool {
 	g := c.ram.acquire(s.line)
 	if !g.ok {
 		return false
