@@ -74,12 +74,7 @@ func (r *ringMiss) fetched(err error) {
 // nothing) and lets go of the line and of what the miss pinned.
 func (r *ringMiss) finish(err error) {
 	c := r.c
-	if err = c.readEnd(err, r.off, int64(len(r.p))); err == nil {
-		c.asked.Add(uint64(len(r.p)))
-	}
-	c.readLat.observe(time.Since(r.t0))
-	r.done(err)
-	if err != nil {
+	if err = c.endRead(err, r.off, len(r.p), r.t0, r.done); err != nil {
 		r.release()
 		return
 	}

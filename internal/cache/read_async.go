@@ -114,14 +114,19 @@ func (h *hitRead) unlock() {
 	h.c.unlockPieces(h.pieces[:])
 }
 
-// end ends the read, once the line is let go: it counts it and calls done.
-func (h *hitRead) end(err error) {
-	c := h.c
-	if err = c.readEnd(err, h.off, int64(len(h.p))); err == nil {
-		c.asked.Add(uint64(len(h.p)))
+// end ends the read, once the line is let go (endRead).
+func (h *hitRead) end(err error) { h.c.endRead(err, h.off, len(h.p), h.t0, h.done) }
+
+// endRead ends a read of n bytes at off, which a caller started at t0 and found the data of, or
+// failed with err, as ReadAt does: it refuses a lost range (readEnd), counts the read and calls
+// done, and returns the error done got.
+func (c *Cache) endRead(err error, off int64, n int, t0 time.Time, done func(error)) error {
+	if err = c.readEnd(err, off, int64(n)); err == nil {
+		c.asked.Add(uint64(n))
 	}
-	c.readLat.observe(time.Since(h.t0))
-	h.done(err)
+	c.readLat.observe(time.Since(t0))
+	done(err)
+	return err
 }
 
 // finish lets go of the line and ends the read.
@@ -213,12 +218,7 @@ func (c *Cache) readRAMNow(s piece, p []byte, off int64, done func(error)) bool 
 	if c.wb != nil {
 		c.wb.lastIO.Store(t0.UnixNano())
 	}
-	err := c.lost.check(off, int64(len(p)))
-	if err == nil {
-		c.asked.Add(uint64(len(p)))
-	}
-	c.readLat.observe(time.Since(t0))
-	done(err)
+	c.endRead(nil, off, len(p), t0, done)
 	return true
 }
 
