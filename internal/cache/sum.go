@@ -3,12 +3,12 @@ package cache
 import (
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"slices"
 	"sync/atomic"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/cache/pack"
+	"github.com/tierblk/tierblk/internal/crc32c"
 	"github.com/tierblk/tierblk/internal/linebits"
 	"github.com/tierblk/tierblk/internal/meta"
 )
@@ -37,14 +37,11 @@ import (
 // blocks are taken as they are after a stop that was not a close. Every other unit is never
 // written in place: its committed sum stays true whatever the stop.
 
-// castagnoli is the CRC32C table: the CPU computes it (SSE4.2, ARMv8 CRC).
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // blockSum returns the checksum of block b, the bytes stored for the backend's block number addr
 // (its byte offset / blockSize). The address seeds the CRC: the same bytes at another address
 // have another sum.
 func blockSum(addr uint64, b []byte) uint32 {
-	return crc32.Update(uint32(addr*0x9e3779b97f4a7c15>>32), castagnoli, b)
+	return crc32c.Update(uint32(addr*0x9e3779b97f4a7c15>>32), b)
 }
 
 // damageError is a read of the SSD tier that found blocks whose bytes do not match their sums.

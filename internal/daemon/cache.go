@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/crc32c"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -100,7 +101,7 @@ func openCache(e config.Export, b backend.Backend, reg *backend.Registry, runDir
 	}
 	log.Info("cache", "export", e.Name, "mode", mode, "line", units.FormatSize(sizes.Line),
 		"ram", units.FormatSize(sizes.RAM), "ssd", cc.SSD, "ssd_size", units.FormatSize(cfg.SSD.Size),
-		"meta", cc.MetaDir())
+		"meta", cc.MetaDir(), "checksums", "crc32c by "+crc32c.Impl())
 	return c, nil
 }
 

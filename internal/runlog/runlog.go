@@ -21,7 +21,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -29,6 +28,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/tierblk/tierblk/internal/crc32c"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -81,8 +81,6 @@ const (
 	flagDelete = 1
 )
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
 // DefaultSize is the log file's size: with 64 KiB lines a record takes 120 bytes, 64 of them the
 // 16 block checksums, so it holds about 140,000 changes, some fifty times what a checkpoint every
 // second lets pile up. In the packed layout the 16 location words make it 248 bytes, and the log
@@ -119,15 +117,15 @@ func recordSize(s Shape, bitmaps int) int {
 // were added at hLocs and hSums, past hCRC, where the header had room: they are covered too, so
 // that a damaged count is refused rather than read as another record layout.
 func headerCRC(b []byte, v uint32) uint32 {
-	c := crc32.Checksum(b[:hCRC], castagnoli)
+	c := crc32c.Checksum(b[:hCRC])
 	if v >= 3 {
-		c = crc32.Update(c, castagnoli, b[hLocs:hLocs+4])
+		c = crc32c.Update(c, b[hLocs:hLocs+4])
 	}
 	if v >= 4 {
-		c = crc32.Update(c, castagnoli, b[hSums:hSums+4])
+		c = crc32c.Update(c, b[hSums:hSums+4])
 	}
 	if v >= 5 {
-		c = crc32.Update(c, castagnoli, b[hEpochs:hEpochs+4])
+		c = crc32c.Update(c, b[hEpochs:hEpochs+4])
 	}
 	return c
 }
@@ -236,7 +234,7 @@ func (l *Log) Append(op meta.Op) (half bool) {
 		le.PutUint32(words[4*k:], x)
 	}
 	end := rBits + 8*(3*s.Words+s.Locs+s.Epochs) + 4*s.Sums
-	le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
+	le.PutUint32(r[end:], crc32c.Checksum(r[:end]))
 	return seq-l.committed == l.cap/2
 }
 
@@ -346,7 +344,7 @@ func Replay(path string, id Identity, s Shape, fn func(meta.Op) error) (found bo
 	end := rSums + 4*logSums
 	for seq := committed + 1; seq-committed <= n; seq++ {
 		r := b[headerSize+int(seq%n)*rs:][:rs]
-		if le.Uint64(r[rSeq:]) != seq || crc32.Checksum(r[:end], castagnoli) != le.Uint32(r[end:]) {
+		if le.Uint64(r[rSeq:]) != seq || crc32c.Checksum(r[:end]) != le.Uint32(r[end:]) {
 			break // the tail: never written, or torn by the kill
 		}
 		op := meta.Op{Rec: meta.Line{Line: le.Uint64(r[rLine:]), Slot: le.Uint32(r[rSlot:])}}

@@ -3,13 +3,13 @@ package runlog
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/tierblk/tierblk/internal/crc32c"
 	"github.com/tierblk/tierblk/internal/meta"
 )
 
@@ -93,10 +93,10 @@ func writeOldLog(t *testing.T, path string, v uint32, locs int, ops []meta.Op) {
 	le.PutUint32(b[hTierLen:], uint32(len(id.Tier)))
 	copy(b[hTier:], id.Tier)
 	copy(b[hBoot:], bootID())
-	crc := crc32.Checksum(b[:hCRC], castagnoli) // the header CRC of versions 1 and 2
+	crc := crc32c.Checksum(b[:hCRC]) // the header CRC of versions 1 and 2
 	if v == 3 {
 		le.PutUint32(b[hLocs:], uint32(locs))
-		crc = crc32.Update(crc, castagnoli, b[hLocs:hLocs+4])
+		crc = crc32c.Update(crc, b[hLocs:hLocs+4])
 	}
 	le.PutUint32(b[hCRC:], crc)
 	for i, op := range ops {
@@ -118,7 +118,7 @@ func writeOldLog(t *testing.T, path string, v uint32, locs int, ops []meta.Op) {
 			}
 		}
 		end := rBits + 8*(maps+locs)
-		le.PutUint32(r[end:], crc32.Checksum(r[:end], castagnoli))
+		le.PutUint32(r[end:], crc32c.Checksum(r[:end]))
 	}
 	require.NoError(t, os.WriteFile(path, b, 0o600))
 }

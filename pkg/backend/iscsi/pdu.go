@@ -4,9 +4,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
+
+	"github.com/tierblk/tierblk/internal/crc32c"
 )
 
 // PDU opcodes (RFC 7143 section 11.1.1). The target's have 0x20 set.
@@ -109,14 +110,12 @@ func (h *bhs) String() string {
 	return fmt.Sprintf("%s (ITT %#x, DataSegmentLength %d)", opName(h.opcode()), h.itt(), h.dataLen())
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
-
-// crc32c is an iSCSI digest. RFC 7143 sends it least significant byte first (its appendix B.4:
+// digestCRC is an iSCSI digest, a CRC32C. RFC 7143 sends it least significant byte first (its appendix B.4:
 // 32 zero bytes give aa 36 91 8a).
-func crc32c(parts ...[]byte) uint32 {
+func digestCRC(parts ...[]byte) uint32 {
 	var c uint32
 	for _, p := range parts {
-		c = crc32.Update(c, castagnoli, p)
+		c = crc32c.Update(c, p)
 	}
 	return c
 }
@@ -174,7 +173,7 @@ func (p *pduReader) next() (*bhs, error) {
 		if _, err := io.ReadFull(p.r, d[:]); err != nil {
 			return nil, fmt.Errorf("%w: %s cut short in its header digest: %v", ErrProtocol, &p.hdr, err)
 		}
-		if got, want := binary.LittleEndian.Uint32(d[:]), crc32c(p.hdr[:], ahs); got != want {
+		if got, want := binary.LittleEndian.Uint32(d[:]), digestCRC(p.hdr[:], ahs); got != want {
 			return nil, fmt.Errorf("%w: %s: got %#08x, computed %#08x", errHeaderDigest, &p.hdr, got, want)
 		}
 	}
@@ -204,7 +203,7 @@ func (p *pduReader) readInto(dst []byte) error {
 	if p.dataDigest && len(dst) > 0 {
 		padding := tail[:pad4(len(dst))]
 		got := binary.LittleEndian.Uint32(tail[len(padding):])
-		if want := crc32c(dst, padding); got != want {
+		if want := digestCRC(dst, padding); got != want {
 			return fmt.Errorf("%w: %s: got %#08x, computed %#08x", errDataDigest, &p.hdr, got, want)
 		}
 	}
@@ -253,13 +252,13 @@ func (p *pduWriter) frame(h *bhs, data []byte) (hdr, tail []byte) {
 	copy(p.hdr[:], h[:])
 	hdr = p.hdr[:bhsLen]
 	if p.headerDigest {
-		binary.LittleEndian.PutUint32(p.hdr[bhsLen:], crc32c(h[:]))
+		binary.LittleEndian.PutUint32(p.hdr[bhsLen:], digestCRC(h[:]))
 		hdr = p.hdr[:]
 	}
 	tail = p.tail[:pad4(len(data))]
 	clear(tail)
 	if p.dataDigest && len(data) > 0 {
-		binary.LittleEndian.PutUint32(p.tail[len(tail):], crc32c(data, tail))
+		binary.LittleEndian.PutUint32(p.tail[len(tail):], digestCRC(data, tail))
 		tail = p.tail[:len(tail)+digestLen]
 	}
 	return hdr, tail

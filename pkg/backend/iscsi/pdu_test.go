@@ -13,10 +13,10 @@ import (
 // aa 36 91 8a.
 func TestCRC32CVector(t *testing.T) {
 	var d [4]byte
-	binary.LittleEndian.PutUint32(d[:], crc32c(make([]byte, 32)))
+	binary.LittleEndian.PutUint32(d[:], digestCRC(make([]byte, 32)))
 	require.Equal(t, []byte{0xaa, 0x36, 0x91, 0x8a}, d[:])
 	ones := bytes.Repeat([]byte{0xff}, 32)
-	binary.LittleEndian.PutUint32(d[:], crc32c(ones[:10], ones[10:]))
+	binary.LittleEndian.PutUint32(d[:], digestCRC(ones[:10], ones[10:]))
 	require.Equal(t, []byte{0x43, 0xab, 0xa8, 0x62}, d[:], "32 bytes of 0xff, in two parts")
 }
 
