@@ -22,12 +22,13 @@ var (
 	// tierblk's ublk device without a cache; tierblk writes back in FLUSH order (the default),
 	// tierblkaddr in address order.
 	KernelContenders = []string{"none", "ssd", "ublk", "dmcache", "bcache", "dmwritecache", "tierblk", "tierblkaddr"}
-	KernelRows       = []string{"zipf", "randw", "seq", "fsync"}
+	KernelRows       = []string{"zipf", "hits", "randw", "seq", "fsync"}
 )
 
 // kernelRowNames are the rows as the table names them.
 var kernelRowNames = map[string]string{
 	"zipf":  "4K random reads, zipf:1.1 over the NAS, QD16 (IOPS)",
+	"hits":  "4K random reads, zipf:1.1 over half the SSD's size, QD16: hits after warm-up (IOPS)",
 	"randw": "4K random writes over the SSD's size, QD16 (IOPS)",
 	"seq":   "1M sequential read of the whole NAS, QD4 (MB/s)",
 	"fsync": "ext4: 4 writers of 4K random writes to their files, fsync every 64 (IOPS)",

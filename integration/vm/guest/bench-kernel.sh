@@ -19,6 +19,8 @@
 #   tierblkaddr   the same with --write-back-order address.
 # The rows, fio in the guest (direct, libaio), each measured over its last $measure s after $warm s:
 #   zipf     4 KiB random reads, zipf:1.1 over the NAS, QD16 (IOPS)
+#   hits     the same over the first $ssd_mib/2 MiB, which every cache holds after the warm-up:
+#            its hits (IOPS)
 #   randw    4 KiB random writes over the first $ssd_mib MiB, QD16 (IOPS)
 #   seq      1 MiB sequential reads of the whole NAS, QD4 (MB/s; one pass, no warm-up)
 #   fsync    ext4 made on the device, 4 writers of 4 KiB random writes (buffered) to files of
@@ -33,7 +35,7 @@
 #   TIERBLK-PPROF: contender=C row=R BASE64
 # Variables a line before this script can set:
 contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkaddr"}
-rows=${rows:-"zipf randw seq fsync"}
+rows=${rows:-"zipf hits randw seq fsync"}
 nas_mib=${nas_mib:-1024}
 ssd_mib=${ssd_mib:-256}
 nas_ms=${nas_ms:-2}
@@ -170,6 +172,7 @@ busy() { awk '$1 == "cpu" { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - 
 run_row() {
 	case $1 in
 	zipf) job="--rw=randread --bs=4k --iodepth=16 --random_distribution=zipf:1.1 --time_based --ramp_time=$warm --runtime=$measure" ;;
+	hits) job="--rw=randread --bs=4k --iodepth=16 --size=$((ssd_mib / 2))M --random_distribution=zipf:1.1 --time_based --ramp_time=$warm --runtime=$measure" ;;
 	randw) job="--rw=randwrite --bs=4k --iodepth=16 --size=${ssd_mib}M --time_based --ramp_time=$warm --runtime=$measure" ;;
 	seq) job="--rw=read --bs=1M --iodepth=4" ;;
 	fsync) job="--rw=randwrite --bs=4k --size=$((ssd_mib / 8))M --numjobs=4 --fsync=64 --time_based --ramp_time=$warm --runtime=$measure" ;;
