@@ -197,11 +197,11 @@ type Cache struct {
 	ssdAsync backend.AsyncReader
 	ssdRing  backend.RingReader
 	// backRing is the backend where it reads on a caller's ring (missOnRing); filling counts the
-	// misses missOnRing took on whose fills have not ended, which Close waits for; fills runs
-	// their fills.
+	// misses missOnRing took on whose fills have not ended, which Close waits for. runners runs
+	// their fills, and the destager's writes.
 	backRing backend.RingReader
 	filling  sync.WaitGroup
-	fills    *fillers
+	runners  *runners
 	closed   atomic.Bool
 	// lastRun is nil when the start found every index record the SSD tier's last run wrote (its
 	// run log replayed), else why not; see Recovered.
@@ -251,7 +251,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)
 	c.backRing, _ = b.(backend.RingReader)
-	c.fills = newFillers()
+	c.runners = newRunners()
 	var err error
 	if cfg.RAM.Size > 0 {
 		if c.ram, err = newTier(c.spec("ram", cfg.RAM, 0), c.log); err != nil {
@@ -400,7 +400,7 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.filling.Wait()
-	c.fills.close()
+	c.runners.close()
 	var errs []error
 	backendOpen := true
 	if c.ssd != nil {

@@ -258,7 +258,9 @@ func (c *Cache) writeRuns(runs []destageRun) (int64, []*tierReadError, error) {
 			c.destageBudget.Release(w)
 			break
 		}
-		wg.Go(func() {
+		wg.Add(1)
+		c.runners.run(func() {
+			defer wg.Done()
 			err := c.writeRun(r)
 			c.destageBudget.Release(w)
 			mu.Lock()

@@ -1,10 +1,6 @@
 package cache
 
-import (
-	"sync"
-	"sync/atomic"
-	"time"
-)
+import "time"
 
 // missOnRing serves a read miss of piece s (the read p at off, within one line) that neither tier
 // holds, with the backend's read started by fetch on the caller's ring (a ublk queue's, whose
@@ -38,7 +34,7 @@ func (c *Cache) missOnRing(fetch readStart, s piece, p []byte, off int64, done f
 	if !fetch(r.m.buf(), r.m.from, r.fetched) {
 		// The backend will not read it on the ring (an unaligned end of the device): its own
 		// way, on a goroutine.
-		c.fills.run(func() {
+		c.runners.run(func() {
 			_, err := c.b.ReadAt(r.m.buf(), r.m.from)
 			r.fetched(err)
 		})
@@ -65,7 +61,7 @@ func (r *ringMiss) fetched(err error) {
 	c, m := r.c, r.m
 	c.backendReadEnd(r.start, len(m.buf()), err)
 	if err == nil && m.overlays() {
-		c.fills.run(func() { r.finish(c.serveMiss(m, r.p)) })
+		c.runners.run(func() { r.finish(c.serveMiss(m, r.p)) })
 		return
 	}
 	if err == nil {
@@ -84,7 +80,7 @@ func (r *ringMiss) finish(err error) {
 	}
 	// A fill takes slots, which may wait for a checkpoint or for requests on the ring's own
 	// goroutine: not on it.
-	c.fills.run(r.fill)
+	c.runners.run(r.fill)
 }
 
 // fill fills the tiers with what the miss fetched, then lets go as release does.
@@ -97,63 +93,4 @@ func (r *ringMiss) release() {
 	r.m.release()
 	r.c.locks.Unlock(r.pieces[0].line, r.pieces[0].line)
 	r.c.filling.Done()
-}
-
-// fillers runs the fills of misses taken on a ring on goroutines that ran earlier fills, where one
-// waits for work: a new goroutine per fill would grow its stack to what a fill needs (the tier's
-// write, its records) each time, a tenth of a miss's CPU under emulation (bench kernel
-// --profile, runtime.newstack). At most maxIdle wait; the rest end with their fill.
-type fillers struct {
-	mu     sync.RWMutex // held shared to hand work over, alone to close work
-	closed bool
-	work   chan func()
-	idle   atomic.Int32
-}
-
-// fillersIdle bounds the goroutines kept waiting for fills: about the misses a few ublk queues
-// have in flight.
-const fillersIdle = 64
-
-func newFillers() *fillers { return &fillers{work: make(chan func())} }
-
-// run runs f on a waiting goroutine, or a new one.
-func (f *fillers) run(fn func()) {
-	f.mu.RLock()
-	if !f.closed {
-		select {
-		case f.work <- fn:
-			f.mu.RUnlock()
-			return
-		default:
-		}
-	}
-	f.mu.RUnlock()
-	go f.serve(fn)
-}
-
-// serve runs fn, then waits for more while fewer than fillersIdle wait, until close.
-func (f *fillers) serve(fn func()) {
-	for {
-		fn()
-		if f.idle.Add(1) > fillersIdle {
-			f.idle.Add(-1)
-			return
-		}
-		var ok bool
-		fn, ok = <-f.work
-		f.idle.Add(-1)
-		if !ok {
-			return
-		}
-	}
-}
-
-// close lets the waiting goroutines end; later work runs on goroutines of its own.
-func (f *fillers) close() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.closed {
-		f.closed = true
-		close(f.work)
-	}
 }

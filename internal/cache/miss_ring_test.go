@@ -2,12 +2,8 @@ package cache
 
 import (
 	"errors"
-	"runtime"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -124,45 +120,4 @@ func TestMissOnRing(t *testing.T) {
 	require.Equal(t, after.Hits+1, ssdStats().Hits)
 	started, _ = readAtOn(loop, c, buf, 10*line-4096)
 	require.False(t, started, "a read across two lines")
-}
-
-// goroutineID is the number runtime.Stack gives the calling goroutine.
-func goroutineID() string {
-	buf := make([]byte, 64)
-	buf = buf[:runtime.Stack(buf, false)]
-	return strings.Fields(string(buf))[1]
-}
-
-// TestFillers: each fill runs once; a fill after another has ended runs on that one's goroutine
-// (no new goroutine, no stack to grow again); at most fillersIdle goroutines wait; after close they
-// end and fills still run, each on a goroutine of its own.
-func TestFillers(t *testing.T) {
-	f := newFillers()
-	ids := make(chan string, 1)
-	f.run(func() { ids <- goroutineID() })
-	first := <-ids
-	require.Eventually(t, func() bool { return f.idle.Load() == 1 }, time.Minute, time.Millisecond, "the goroutine waits for more")
-	f.run(func() { ids <- goroutineID() })
-	require.Equal(t, first, <-ids, "the second fill runs on the first one's goroutine")
-
-	// More fills at once than may wait: all run, and fillersIdle goroutines stay.
-	require.Eventually(t, func() bool { return f.idle.Load() == 1 }, time.Minute, time.Millisecond)
-	gate := make(chan struct{})
-	var ran sync.WaitGroup
-	var count atomic.Int32
-	for range fillersIdle + 8 {
-		ran.Add(1)
-		f.run(func() { <-gate; count.Add(1); ran.Done() })
-	}
-	close(gate)
-	ran.Wait()
-	require.EqualValues(t, fillersIdle+8, count.Load())
-	require.Eventually(t, func() bool { return f.idle.Load() == fillersIdle }, time.Minute, time.Millisecond)
-
-	f.close()
-	require.Eventually(t, func() bool { return f.idle.Load() == 0 }, time.Minute, time.Millisecond, "closed: none waits")
-	done := make(chan struct{})
-	f.run(func() { close(done) })
-	<-done
-	f.close() // twice: no panic
 }

@@ -278,12 +278,15 @@ func TestWriteBackNoRoomOverDirtyThenRoom(t *testing.T) {
 				copy(model[off:], p)
 			}
 			// Line 1: four blocks written and written back (clean), then block 0 again (dirty).
+			// From that write on only the test's writes destage and reclaim: the destager would
+			// otherwise write block 0 back, at times before the test could stop it.
 			write(line, line)
 			require.NoError(t, c.FlushAll(context.Background(), nil))
-			write(line, blockSize)
-			// From here only the test's writes destage and reclaim.
 			c.bg.halt()
 			c.bg.wait()
+			write(line, blockSize)
+			_, d := c.ssd.bits(1)
+			require.True(t, d.Has(0), "block 0 is dirty")
 			// A checkpoint frees the room of the units the writes replaced, before the test
 			// hides the free room.
 			backendErr, tierErr := c.ssd.j.checkpoint()
