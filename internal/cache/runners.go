@@ -8,9 +8,9 @@ import (
 // runners runs short tasks off the caller's goroutine (the fills of misses on a ring, the
 // destager's writes to the backend) on goroutines that ran earlier ones, where one waits for work:
 // a new goroutine per task would grow its stack to what the task needs (the tier's write, its
-// records, the backend's) each time, and end; under emulation that was a tenth of a miss's CPU
-// (bench kernel --profile: runtime.newstack, goexit0). At most runnersIdle wait; the rest end
-// with their task.
+// records, the backend's) each time, and end, which emulation makes dear (bench kernel --profile,
+// the zipf and hits rows: runtime.newstack, goexit0). At most runnersIdle wait; the rest end with
+// their task.
 type runners struct {
 	mu     sync.RWMutex // held shared to hand work over, alone to close work
 	closed bool
