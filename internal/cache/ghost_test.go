@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -202,4 +203,70 @@ func TestOrderGhostCommitFails(t *testing.T) {
 	require.Zero(t, c.Stats().Dirty.Ghosts)
 	require.Equal(t, []int64{2, 3}, back.writesOf(8))
 	checkBackend(t, back.crashDev, want)
+}
+
+// TestOrderGhostRestoredOnlyWhereOverwritten: after a kill that lost the record of a write over a
+// dirty block whose older version is a ghost, a packed tier, which wrote the new bytes to a unit
+// of their own, still holds the ghost's bytes where the committed record finds them: the restart
+// writes nothing back into the block, so it starts even when the SSD tier takes no write (a full
+// packed tier: TestCrashRestart's write-back cases met it), and serves and writes back the
+// ghost's data. A tier of slots wrote over the block in place, and a restart that cannot write it
+// back fails, saying so.
+func TestOrderGhostRestoredOnlyWhereOverwritten(t *testing.T) {
+	for _, tc := range []struct {
+		reduction Reduction
+		restores  bool
+	}{
+		{ReductionOff, true},
+		{ReductionCompress, false},
+		{ReductionDedupe, false},
+	} {
+		t.Run(tc.reduction.String(), func(t *testing.T) {
+			l := layout{line: 16 << 10, ssd: 8, mode: WriteBack, reduction: tc.reduction}
+			store := meta.NewMem()
+			ssd := mem.New(l.ssd * l.line)
+			back := &stallingDev{crashDev: newCrashDev(orderDevSize), written: map[int][]int64{}}
+			failing := fault.New(back, fault.Options{Seed: 1})
+			open := func(g *gate, dev backend.Backend) (*Cache, error) {
+				cfg := testConfig(l, gatedStore{g, store}, gatedDev{g, dev})
+				cfg.WriteBack = WriteBackConfig{High: 0.9, Low: 0.8, Max: 0.95, Throttle: "none", Order: OrderFlush}
+				return New(gatedDev{g, failing}, cfg)
+			}
+			const block = 4
+			data := func(id int64) []byte {
+				p := make([]byte, blockSize)
+				stamp(p, block*blockSize/sector, id)
+				return p
+			}
+			g := &gate{}
+			c, err := open(g, ssd)
+			require.NoError(t, err)
+			failing.SetFailing(true) // the write backs fail: epoch 1 stays pending
+			_, err = c.WriteAt(data(1), block*blockSize)
+			require.NoError(t, err)
+			require.NoError(t, c.Flush())
+			_, err = c.WriteAt(data(2), block*blockSize)
+			require.NoError(t, err)
+			require.Equal(t, 1, c.Stats().Dirty.Ghosts)
+			g.crash() // the record of the write of 2 is lost with the run log
+			c.Close()
+			failing.SetFailing(false)
+
+			// The restart over an SSD tier that fails every write.
+			noWrites := fault.New(ssd, fault.Options{Seed: 1, Rates: map[fault.Op]float64{fault.Write: 1}})
+			c, err = open(&gate{}, noWrites)
+			if tc.restores {
+				require.ErrorContains(t, err, "restoring block 0 of line 1 from its older version")
+				return
+			}
+			require.NoError(t, err, "nothing to restore: the block holds the ghost's bytes")
+			defer c.Close()
+			got := make([]byte, blockSize)
+			_, err = c.ReadAt(got, block*blockSize)
+			require.NoError(t, err)
+			require.Equal(t, data(1), got)
+			require.NoError(t, c.FlushAll(context.Background(), nil))
+			require.Equal(t, []int64{1}, back.writesOf(block))
+		})
+	}
 }
