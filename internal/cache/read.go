@@ -369,7 +369,7 @@ func (c *Cache) serveMiss(m *miss, p []byte) error {
 	c.fetched.Add(uint64(m.to - m.from))
 	for i, s := range m.pieces {
 		f, data := m.fills[i], m.data(i)
-		if h := f.held; h.t != nil && f.cached() {
+		if h := f.held; h.t != nil {
 			if err := c.overlay(s, h, data, f.lo, f.got()); err != nil {
 				return err
 			}
