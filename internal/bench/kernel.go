@@ -70,6 +70,9 @@ type KernelSample struct {
 	// together.
 	Busy     float64
 	P50, P99 int // completion latency, µs
+	// Stats is the contender's own statistics at the row's end, as the guest printed them
+	// (tierblk stats, dm-cache's status, bcache's counters), a line each.
+	Stats []string
 }
 
 // value is the sample's figure for its row: MB/s for the sequential row, IOPS for the others.
@@ -94,11 +97,23 @@ type KernelResult struct {
 	Samples map[string]map[string][]KernelSample
 }
 
-// parseKernelBench reads the guest's result lines from its console.
+// parseKernelBench reads the guest's result lines from its console, each with the statistics
+// lines of its contender and row printed before it.
 func parseKernelBench(console io.Reader) ([]KernelSample, error) {
 	var out []KernelSample
+	stats := map[string][]string{}
 	s := bufio.NewScanner(console)
 	for s.Scan() {
+		if _, rest, ok := strings.Cut(strings.TrimRight(s.Text(), "\r"), "TIERBLK-STATS: "); ok {
+			f := strings.SplitN(rest, " ", 3)
+			c, okc := strings.CutPrefix(field(f, 0), "contender=")
+			r, okr := strings.CutPrefix(field(f, 1), "row=")
+			if !okc || !okr {
+				return nil, fmt.Errorf("bench-kernel.sh: %q: want contender=C row=R TEXT", s.Text())
+			}
+			stats[c+" "+r] = append(stats[c+" "+r], field(f, 2))
+			continue
+		}
 		_, rest, ok := strings.Cut(s.Text(), "TIERBLK-BENCH: ")
 		if !ok {
 			continue
@@ -133,6 +148,8 @@ func parseKernelBench(console io.Reader) ([]KernelSample, error) {
 		if k.Contender == "" || k.Row == "" {
 			return nil, fmt.Errorf("bench-kernel.sh: %q: no contender or row", s.Text())
 		}
+		k.Stats = stats[k.Contender+" "+k.Row]
+		delete(stats, k.Contender+" "+k.Row)
 		out = append(out, k)
 	}
 	return out, s.Err()
@@ -265,6 +282,9 @@ func RunKernel(ctx context.Context, o KernelOptions) ([]KernelResult, error) {
 				res.Samples[s.Contender][s.Row] = append(res.Samples[s.Contender][s.Row], s)
 				fmt.Fprintf(o.Log, "  %s, %s: %.0f IOPS, %.1f MB/s, CPU %.0f%%, p50 %d µs, p99 %d µs\n",
 					s.Contender, s.Row, s.IOPS, s.MBps, 100*s.Busy, s.P50, s.P99)
+				for _, l := range s.Stats {
+					fmt.Fprintf(o.Log, "    %s\n", l)
+				}
 			}
 		}
 		results = append(results, res)

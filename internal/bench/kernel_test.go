@@ -18,13 +18,16 @@ func TestParseKernelBench(t *testing.T) {
 TIERBLK-VM: none, zipf: devices made again (NAS 1024 MiB at 2 ms, SSD 256 MiB)
 TIERBLK-BENCH: contender=none row=zipf iops=6297 mbps=25.8 busy=0.510 lat_p50_us=2400 lat_p99_us=3100
 [   12.3] random kernel line
+TIERBLK-STATS: contender=tierblk row=seq export nas: 1 GiB
+TIERBLK-STATS: contender=tierblk row=seq   ssd: hits 12, misses 3` + "\r" + `
 TIERBLK-BENCH: contender=tierblk row=seq iops=24 mbps=24.1 busy=0.900 lat_p50_us=150000 lat_p99_us=400000
 `
 	got, err := parseKernelBench(strings.NewReader(console))
 	require.NoError(t, err)
 	require.Equal(t, []KernelSample{
 		{Contender: "none", Row: "zipf", IOPS: 6297, MBps: 25.8, Busy: 0.51, P50: 2400, P99: 3100},
-		{Contender: "tierblk", Row: "seq", IOPS: 24, MBps: 24.1, Busy: 0.9, P50: 150000, P99: 400000},
+		{Contender: "tierblk", Row: "seq", IOPS: 24, MBps: 24.1, Busy: 0.9, P50: 150000, P99: 400000,
+			Stats: []string{"export nas: 1 GiB", "  ssd: hits 12, misses 3"}},
 	}, got)
 	require.InDelta(t, 0.51*2*1e6/6297, got[0].cpuPerRequest(), 1e-9)
 
@@ -32,6 +35,7 @@ TIERBLK-BENCH: contender=tierblk row=seq iops=24 mbps=24.1 busy=0.900 lat_p50_us
 		"TIERBLK-BENCH: contender=none row=zipf iops=many",
 		"TIERBLK-BENCH: row=zipf iops=1",
 		"TIERBLK-BENCH: contender=none row=zipf iops",
+		"TIERBLK-STATS: row=zipf hits 3",
 	} {
 		_, err := parseKernelBench(strings.NewReader(bad + "\n"))
 		require.Error(t, err, bad)

@@ -36,12 +36,14 @@ write-back), bcache (write-back, sequential cutoff and congestion bypass off), d
 (serve --ublk --ram 0 --line 64KiB --mode writeback, the backend opened direct, writing back in
 FLUSH order, the default), tierblkaddr (the same with --write-back-order address). The rows, fio in
 the guest: zipf, 4K random reads, zipf:1.1 over the NAS, QD16; hits, the same over the NAS's first
-128 MiB, which every cache holds after the warm-up; randw, 4K random writes over 256 MiB, QD16; seq, 1M sequential read of the whole NAS; fsync, ext4 on the device and 4 writers of 4K
-random writes with an fsync every 64. Each is measured over --measure after --warm (seq:
-one pass), with the guest's CPU over the window: the CPU a request took, kernel and tierblk
-together. The contenders' order rotates from round to round. Prints each contender's median, and
-tierblk's ratio to the better of dm-cache and bcache and to no cache (medians of the per-round
-ratios, lowest and highest).
+128 MiB, which every cache holds after the warm-up; randw, 4K random writes over 256 MiB, QD16;
+seq, 1M sequential read of the whole NAS; fsync, ext4 on the device and 4 writers of 4K random
+writes with an fsync every 64. Each is measured over --measure after --warm (seq: one pass), with
+the guest's CPU over the window: the CPU a request took, kernel and tierblk together. The
+contenders' order rotates from round to round. Prints each row's result as it comes, with the
+contender's own statistics at the row's end (tierblk stats; dm-cache's, dm-writecache's status;
+bcache's counters), then each contender's median, and tierblk's ratio to the better of dm-cache
+and bcache and to no cache (medians of the per-round ratios, lowest and highest).
 
 Run from the repository's root (or give --vm), with a static tierblk (make build).`,
 		Example: `  tierblk bench kernel --rounds 3

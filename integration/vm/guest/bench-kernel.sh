@@ -33,6 +33,9 @@
 # and with profile=1, for the ublk, tierblk and tierblkaddr contenders' rows but seq, tierblk's
 # CPU profile over the measured window (from its admin endpoint on the loopback), base64:
 #   TIERBLK-PPROF: contender=C row=R BASE64
+# and the contender's own statistics at the row's end (tierblk stats, dm-cache's and
+# dm-writecache's status, bcache's sysfs counters), a line each:
+#   TIERBLK-STATS: contender=C row=R TEXT
 # Variables a line before this script can set:
 contenders=${contenders:-"none ssd ublk dmcache bcache dmwritecache tierblk tierblkaddr"}
 rows=${rows:-"zipf hits randw seq fsync"}
@@ -57,9 +60,8 @@ for m in libcrc32c dm-mod dm-bufio dm-bio-prison dm-persistent-data dm-cache dm-
 	insmod /lib/modules/$m.ko || fail "insmod $m"
 done
 mdev -s
-if [ "$profile" = 1 ]; then
-	ip link set lo up || fail "loopback up"
-fi
+# The loopback: tierblk's admin endpoint, for its statistics and CPU profiles.
+ip link set lo up || fail "loopback up"
 
 nullb_gone() {
 	d=/sys/kernel/config/nullb/$1
@@ -85,15 +87,15 @@ fill_nas() {
 # write-back cache's dirty data is dropped with the devices).
 setup_none() { target=$nas; }
 teardown_none() { :; }
+stats_none() { :; }
 setup_ssd() { target=$ssd; }
 teardown_ssd() { :; }
+stats_ssd() { :; }
 
 tierblk_up() {
 	log=/tmp/tierblk.bench.log
 	rm -rf /tmp/meta
-	admin=
-	[ "$profile" = 1 ] && admin="--admin 127.0.0.1:6060"
-	tierblk serve --backend "file://$nas?direct=true" --ublk $admin "$@" 2>$log &
+	tierblk serve --backend "file://$nas?direct=true" --ublk --admin 127.0.0.1:6060 "$@" 2>$log &
 	pid=$!
 	wait_log 'msg="block device"'
 	target=$(grep -o 'msg="block device".*path=[^ ]*' $log | head -n 1 | sed 's/.*path=//')
@@ -106,10 +108,13 @@ tierblk_down() {
 }
 setup_ublk() { tierblk_up; } # no tiers: no cache
 teardown_ublk() { tierblk_down; }
+stats_ublk() { :; }
 setup_tierblk() { tierblk_up --ssd "$ssd" --meta /tmp/meta --ram 0 --line 64KiB --mode writeback "$@"; }
 teardown_tierblk() { tierblk_down; }
+stats_tierblk() { tierblk stats --admin 127.0.0.1:6060; }
 setup_tierblkaddr() { setup_tierblk --write-back-order address; }
 teardown_tierblkaddr() { tierblk_down; }
+stats_tierblkaddr() { stats_tierblk; }
 
 dm() { dmsetup --noudevsync "$@" || fail "dmsetup $*"; }
 setup_dmcache() {
@@ -123,12 +128,21 @@ setup_dmcache() {
 	target=/dev/mapper/bm-cache
 }
 teardown_dmcache() { dm remove bm-cache; dm remove bm-data; dm remove bm-meta; }
+# dm-cache's status (Documentation/admin-guide/device-mapper/cache.rst): after the metadata and
+# cache block sizes and usages, read hits, read misses, write hits, write misses, demotions,
+# promotions, dirty blocks.
+stats_dmcache() {
+	dmsetup status bm-cache | awk '{ print "read hits " $8 ", read misses " $9 ", write hits " $10 ", write misses " $11 ", demotions " $12 ", promotions " $13 ", dirty blocks " $14 " (of " $7 ")" }'
+}
 setup_dmwritecache() {
 	dm create bm-wc --table "0 $(sectors $nas) writecache s $nas $ssd 4096 0"
 	dm mknodes
 	target=/dev/mapper/bm-wc
 }
 teardown_dmwritecache() { dm remove bm-wc; }
+# dm-writecache's status (writecache.rst): error, blocks, free blocks, blocks under write-back,
+# then reads, read hits, writes, write hits and more.
+stats_dmwritecache() { dmsetup status bm-wc | awk '{ print "error " $4 ", free blocks " $6 " of " $5 ", under write-back " $7 ", reads " $8 ", read hits " $9 ", writes " $10 ", write hits " $11 }'; }
 setup_bcache() {
 	make-bcache --wipe-bcache --block 4k --bucket 64k --writeback -B "$nas" -C "$ssd" >/tmp/make-bcache.log 2>&1 ||
 		fail "make-bcache: $(cat /tmp/make-bcache.log)"
@@ -149,6 +163,10 @@ setup_bcache() {
 	done
 	target=/dev/bcache0
 	wait_for $target 10
+}
+stats_bcache() {
+	d=/sys/block/bcache0/bcache
+	echo "hits $(cat $d/stats_total/cache_hits), misses $(cat $d/stats_total/cache_misses), bypassed $(cat $d/stats_total/cache_bypass_hits)/$(cat $d/stats_total/cache_bypass_misses), hit ratio $(cat $d/stats_total/cache_hit_ratio) %, dirty $(cat $d/dirty_data), state $(cat $d/state)"
 }
 teardown_bcache() {
 	# Stopped, not detached: a detach would first write the dirty data back to the NAS.
@@ -203,6 +221,7 @@ run_row() {
 	fio --name="$1" $on $job --minimal >/tmp/fio.out 2>/tmp/fio.err ||
 		fail "fio $1 on $target ($contender): $(cat /tmp/fio.err)"
 	b1=$(busy)
+	stats_$contender 2>&1 | sed "s/^/TIERBLK-STATS: contender=$contender row=$1 /"
 	if [ "$1" = fsync ]; then
 		umount /mnt || fail "umount $target ($contender)"
 	fi
