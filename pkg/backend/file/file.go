@@ -42,8 +42,11 @@ type File struct {
 	rc syscall.RawConn // to run syscalls on f's descriptor without racing Close
 	// r serves reads: f itself, or with direct=reads a second descriptor opened with O_DIRECT.
 	r *os.File
-	// ring, if not nil, serves the direct reads of r: a pread per request costs an OS thread
-	// asleep in the kernel and, on a virtual disk, a doorbell each (bench cache --parts hits).
+	// ring, if not nil, serves the direct reads of r, and the direct writes other than FUA when
+	// r is f (direct=true): a pread or pwrite per request costs an OS thread asleep in the
+	// kernel, which the Go scheduler hands its work away from and back to, and, on a virtual
+	// disk, a doorbell each (bench cache --parts hits; bench kernel's randw row, where a write
+	// back's writes wait on the NAS).
 	ring *uring.File
 	// rfd and wfd are r's and f's descriptors, for the callers' rings (ReadAtOn, WriteAtOn), set
 	// with ring.
@@ -289,6 +292,13 @@ func (f *File) readResult(off int64, err error) error {
 // pwrite writes all of p at off; with dsync the data is durable when it returns. The loop goes on
 // after a short write or EINTR, from where it stopped.
 func (f *File) pwrite(p []byte, off int64, dsync bool) error {
+	if !dsync && f.directWrite && f.ring != nil {
+		// Aligned (writeData): the ring's descriptor is f's, opened O_DIRECT.
+		if _, err := f.ring.WriteAt(p, off); err != nil {
+			return f.closedOr(err)
+		}
+		return nil
+	}
 	if !dsync {
 		_, err := f.f.WriteAt(p, off) // retries EINTR and short writes
 		if err != nil {

@@ -91,7 +91,7 @@ func TestConformance(t *testing.T) {
 	}{
 		{"created sparse", sized((*testing.T).TempDir, "")},
 		{"tmpfs", sized(tmpfsDir, "")},               // refuses FALLOC_FL_ZERO_RANGE: the fallback runs
-		{"direct", sized(directDir, "direct=true&")}, // reads through io_uring
+		{"direct", sized(directDir, "direct=true&")}, // reads and writes through io_uring
 		{"direct reads", sized(directDir, "direct=reads&")},
 		{"direct, pread", sized(directDir, "direct=true&uring=false&")},
 		{"direct reads, pread", sized(directDir, "direct=reads&uring=false&")},
