@@ -403,6 +403,46 @@ func TestFailNthCommit(t *testing.T) {
 	}
 }
 
+// TestInvalidationAfterFailedCommit: a write-back write over clean blocks of a line that also holds
+// dirty data fails when the invalidation of those blocks cannot be committed; the next write over
+// them, once the store commits again (through the bypassed tier's way to the backend), must still
+// commit the invalidation, though the failed one was counted on, or a restart serves the older clean
+// data the store still calls valid.
+func TestInvalidationAfterFailedCommit(t *testing.T) {
+	l := layout{line: 16 << 10, ssd: 8, mode: WriteBack, admission: "always", order: OrderAddress}
+	back, ssdDev, mem := newCrashDev(32*l.line), newCrashDev(l.ssd*l.line), meta.NewMem()
+	g := &gate{}
+	store := &failStore{Store: gatedStore{g, mem}}
+	c := newCache(t, gatedDev{g, back}, l, store, gatedDev{g, ssdDev})
+	block := func(b byte) []byte { return bytes.Repeat([]byte{b}, blockSize) }
+	_, err := back.WriteAt(block(1), blockSize)
+	require.NoError(t, err)
+	require.NoError(t, c.Prefetch(0, l.line)) // the line's blocks clean on the SSD tier
+	_, err = c.WriteAt(block(2), 0)           // and its first block dirty
+	require.NoError(t, err)
+	require.NoError(t, c.Flush())
+	require.EqualValues(t, 1, c.ssd.dirtyCount.Load(), "below the watermarks, the line stays dirty")
+
+	store.mu.Lock()
+	store.nth, store.sticky = store.calls+1, true // the invalidation's commit and its retry fail
+	store.mu.Unlock()
+	_, err = c.WriteAt(block(3), blockSize)
+	require.ErrorIs(t, err, errCommit)
+	store.mu.Lock()
+	store.nth, store.sticky = 0, false
+	store.mu.Unlock()
+	_, err = c.WriteAt(block(4), blockSize)
+	require.NoError(t, err)
+	require.NoError(t, c.Flush())
+
+	c = restartAfterKill(t, l, g, c, back, ssdDev, mem)
+	defer c.Close()
+	got := make([]byte, 2*blockSize)
+	_, err = c.ReadAt(got, 0)
+	require.NoError(t, err)
+	require.Equal(t, append(block(2), block(4)...), got)
+}
+
 // TestWriteBackInvalidationFailure: in write-back, a write over clean cached blocks whose
 // invalidation cannot be committed fails and bypasses the SSD tier, as in write-through: the store
 // may still call the old data valid.

@@ -252,6 +252,39 @@ func (j *journal) without(op meta.Op, bits lineBits) meta.Op {
 	return meta.Op{Rec: r}
 }
 
+// storedBefore is what stored held of a line before a commit of it was counted on (committing).
+type storedBefore struct {
+	line uint64
+	op   meta.Op
+}
+
+// committingLocked notes op as what the store holds of its line ahead of the commit that the
+// caller is about to make of it, and returns what stored held before, for uncommit should that
+// commit fail. A line with nothing in stored (one set aside by a bypass, whose record the tier no
+// longer knows) is taken to have a record at slot claiming every block.
+func (j *journal) committingLocked(op meta.Op, slot uint32) storedBefore {
+	b, ok := j.stored[op.Rec.Line]
+	if !ok {
+		b = meta.Op{Rec: meta.Line{Line: op.Rec.Line, Slot: slot, Valid: linebits.Range(0, j.t.blocks).Words(j.t.blocks)}}
+	}
+	j.committedLocked(op)
+	return storedBefore{op.Rec.Line, b}
+}
+
+// uncommit puts back what stored held of the lines of a commit that failed: the store may still
+// hold their older records, and a record the journal thinks gone is one that nothing takes back
+// before newer data reaches the backend, so that a restart serves the older data
+// (TestInvalidationAfterFailedCommit; TestFailNthCommit, where a moved line's older dirty record
+// came back over the write the backend had). A commit in parts may have landed some of them:
+// thinking the store holds more than it does costs a commit later, nothing else.
+func (j *journal) uncommit(before []storedBefore) {
+	j.t.mu.Lock()
+	defer j.t.mu.Unlock()
+	for _, b := range before {
+		j.stored[b.line] = b.op
+	}
+}
+
 // committedLocked notes that op is what the store now holds of its line.
 func (j *journal) committedLocked(op meta.Op) {
 	if _, again := j.changed[op.Rec.Line]; again {
@@ -281,6 +314,7 @@ func (j *journal) dropStale(spans []span) error {
 	defer j.commitMu.RUnlock()
 	t := j.t
 	var ops []meta.Op
+	var before []storedBefore
 	t.mu.Lock()
 	for _, s := range spans {
 		b, ok := j.stored[s.line]
@@ -300,14 +334,18 @@ func (j *journal) dropStale(spans []span) error {
 			// again.
 			j.invalidatedSinceSnapshot[s.line] = lineBits{}
 		}
-		j.committedLocked(del)
+		before = append(before, j.committingLocked(del, b.Rec.Slot))
 		ops = append(ops, del)
 	}
 	t.mu.Unlock()
 	if len(ops) == 0 {
 		return nil
 	}
-	return meta.CommitParts(j.store, ops, true, nil)
+	err := meta.CommitParts(j.store, ops, true, nil)
+	if err != nil {
+		j.uncommit(before)
+	}
+	return err
 }
 
 // settleClaims makes what the store may claim of the dirty blocks spans true before the destager
@@ -383,6 +421,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	defer j.commitMu.RUnlock()
 	t := j.t
 	var ops []meta.Op
+	var before []storedBefore
 	t.mu.Lock()
 	for _, s := range spans {
 		if slot, ok := t.setAside[s.line]; ok {
@@ -393,7 +432,7 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			del := deleteOp(s.line)
 			j.record(del)
 			j.invalidatedSinceSnapshot[s.line] = linebits.Range(0, t.blocks)
-			j.committedLocked(del)
+			before = append(before, j.committingLocked(del, slot))
 			ops = append(ops, del)
 			continue
 		}
@@ -424,7 +463,8 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 			continue
 		}
 		op = j.without(op, t.cleanLocked(s.line))
-		j.committedLocked(op)
+		slot, _ := t.slotOf(s.line)
+		before = append(before, j.committingLocked(op, slot))
 		ops = append(ops, op)
 	}
 	t.mu.Unlock()
@@ -444,6 +484,9 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	err := meta.CommitParts(j.store, ops, sync, nil)
 	if err != nil {
 		err = meta.CommitParts(j.store, ops, sync, nil)
+	}
+	if err != nil {
+		j.uncommit(before)
 	}
 	return err
 }
