@@ -12,6 +12,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/testenv"
+	"github.com/tierblk/tierblk/internal/uring"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/backendtest"
 )
@@ -101,4 +102,30 @@ func TestReadAtAsync(t *testing.T) {
 	p := mustOpen(t, fileURL(path, "direct=reads&uring=false"), backend.Options{})
 	defer p.Close()
 	require.False(t, p.ReadAtAsync(buf, 0, never), "without the ring")
+}
+
+// TestDirectWritesOnRing: with direct=true, aligned writes other than FUA go through the file's
+// ring, and FUA writes do not (RWF_DSYNC): with the ring closed under it, the first fail and the
+// second still land.
+func TestDirectWritesOnRing(t *testing.T) {
+	path := filepath.Join(directDir(t), "f")
+	require.NoError(t, os.WriteFile(path, make([]byte, 64<<10), 0o644))
+	f := mustOpen(t, fileURL(path, "direct=true"), backend.Options{})
+	defer f.Close()
+	if f.ring == nil {
+		testenv.Skip(t, testenv.IOUring, "no ring to write on")
+	}
+	buf := bufpool.Aligned(4096)
+	copy(buf, "written")
+	_, err := f.WriteAt(buf, 0)
+	require.NoError(t, err)
+	require.NoError(t, f.ring.Close())
+	_, err = f.WriteAt(buf, 4096)
+	require.ErrorIs(t, err, uring.ErrClosed, "an aligned write goes through the ring")
+	_, err = f.WriteAtFUA(buf, 8192)
+	require.NoError(t, err, "a FUA write does not")
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, buf, got[0:4096])
+	require.Equal(t, buf, got[8192:12288])
 }

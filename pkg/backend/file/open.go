@@ -167,11 +167,12 @@ func open(c config, readOnly bool) (*File, error) {
 	return f, nil
 }
 
-// ringDepth is how many direct reads the ring carries at once; more wait for a slot.
+// ringDepth is how many direct reads and writes the ring carries at once; more wait for a slot.
 const ringDepth = 256
 
-// openRing sets up the io_uring that serves direct reads. Where the kernel refuses io_uring, or
-// cannot set one up, reads keep to pread: the ring only makes them cheaper.
+// openRing sets up the io_uring that serves direct reads, and direct writes other than FUA with
+// direct=true. Where the kernel refuses io_uring, or cannot set one up, they keep to pread and
+// pwrite: the ring only makes them cheaper.
 func (f *File) openRing() {
 	ring, err := uring.NewFile(int(f.r.Fd()), f.path, ringDepth)
 	if err == nil {
