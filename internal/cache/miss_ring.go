@@ -28,7 +28,7 @@ func (c *Cache) missOnRing(fetch readStart, s piece, p []byte, off int64, done f
 		c.ram.misses.Add(1)
 	}
 	c.ssd.misses.Add(1)
-	r.m = c.planMiss(r.pieces[:], false, len(p))
+	r.m = c.planMiss(r.pieces[:], false, p, true)
 	c.filling.Add(1)
 	r.start = c.backendReadStart()
 	if !fetch(r.m.buf(), r.m.from, r.fetched) {

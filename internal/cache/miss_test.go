@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/tierblk/tierblk/internal/congestion"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/pkg/backend"
@@ -246,5 +248,84 @@ func TestCongestedSSD(t *testing.T) {
 			t.Fatalf("congestion off: %d admitted, %d refused for congestion, device %g s; want all admitted, no figure",
 				s.Admitted, s.Congested, s.DeviceLatency)
 		}
+	})
+}
+
+// intoBackend records, for each read, whether it was made into the buffer into (in place).
+type intoBackend struct {
+	backend.Backend
+	mu     sync.Mutex
+	into   []byte
+	direct []bool
+}
+
+func (b *intoBackend) ReadAt(p []byte, off int64) (int, error) {
+	b.mu.Lock()
+	b.direct = append(b.direct, len(p) > 0 && len(b.into) > 0 &&
+		&p[0] == &b.into[int(off)%len(b.into)]) // the tests read at offsets where p starts at into's off%len
+	b.mu.Unlock()
+	return b.Backend.ReadAt(p, off)
+}
+
+// TestMissInPlace: a miss that fetches exactly the bytes asked reads them into the caller's buffer
+// (no copy to serve them), whether a tier takes them or not, and the tier filled from them holds
+// the right data; one that fetches more (a partial block for a tier) goes through a buffer of its
+// own; a line's dirty blocks still replace the backend's older bytes in place.
+func TestMissInPlace(t *testing.T) {
+	const line = 16 << 10
+	for _, tc := range []struct {
+		name      string
+		admission string
+		off, n    int64
+		direct    bool
+	}{
+		{"two lines, turned away", "nhit:2", 2 * line, 2 * line, true},
+		{"two lines, filled", "always", 2 * line, 2 * line, true},
+		{"whole blocks, filled", "always", 2*line + 4096, 8192, true},
+		{"part of a block, filled", "always", 2*line + 4096 + 512, 1024, false},
+		{"part of a block, turned away", "nhit:2", 2*line + 4096 + 512, 1024, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mem.New(16 * line)
+			want := bytes.Repeat([]byte("0123456789abcdef"), 16*line/16)
+			for i := range want {
+				want[i] ^= byte(i / 4096)
+			}
+			_, err := m.WriteAt(want, 0)
+			require.NoError(t, err)
+			b := &intoBackend{Backend: m}
+			c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteThrough, admission: tc.admission}, nil, nil)
+			defer c.Close()
+			buf := make([]byte, 16*line) // p starts at off%len(buf) in it: what intoBackend checks
+			p := buf[tc.off : tc.off+tc.n]
+			b.into = buf
+			_, err = c.ReadAt(p, tc.off)
+			require.NoError(t, err)
+			require.Equal(t, want[tc.off:tc.off+tc.n], p)
+			require.Equal(t, []bool{tc.direct}, b.direct, "read into the caller's buffer")
+
+			clear(p)
+			_, err = c.ReadAt(p, tc.off) // a hit where the first read filled the tier
+			require.NoError(t, err)
+			require.Equal(t, want[tc.off:tc.off+tc.n], p)
+		})
+	}
+	t.Run("over dirty blocks", func(t *testing.T) {
+		m := mem.New(16 * line)
+		b := &intoBackend{Backend: m}
+		c := newCache(t, b, layout{line: line, ssd: 8, mode: WriteBack, admission: "nhit:2", order: OrderAddress}, nil, nil)
+		defer c.Close()
+		dirty := bytes.Repeat([]byte{9}, 4096)
+		_, err := c.WriteAt(dirty, line+4096) // a block of line 1, dirty on the SSD tier
+		require.NoError(t, err)
+		buf := make([]byte, 16*line)
+		p := buf[0 : 3*line]
+		b.into = buf
+		_, err = c.ReadAt(p, 0)
+		require.NoError(t, err)
+		want := make([]byte, 3*line)
+		copy(want[line+4096:], dirty)
+		require.Equal(t, want, p)
+		require.Equal(t, []bool{true}, b.direct, "read into the caller's buffer")
 	})
 }

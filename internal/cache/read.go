@@ -260,7 +260,7 @@ func (c *Cache) promotion(s piece) policy.Access {
 // power cut they may differ from a backend write that was never flushed. Then it fills the tiers
 // with what it fetched.
 func (c *Cache) readMiss(pieces []piece, p []byte, force bool) error {
-	m := c.planMiss(pieces, force, len(p))
+	m := c.planMiss(pieces, force, p, false)
 	defer m.release()
 	if err := c.backendRead(m.buf(), m.from); err != nil {
 		return err
@@ -277,7 +277,8 @@ type miss struct {
 	pieces   []piece
 	fills    []missFill
 	from, to int64   // the backend's bytes fetched
-	bufp     *[]byte // holds them
+	bufp     *[]byte // holds them: a pooled buffer, or the read's own bytes if inPlace
+	inPlace  bool
 }
 
 // missFill is what a miss does with a piece's fetched bytes: the tiers it fills, and the SSD
@@ -296,10 +297,18 @@ func (f missFill) got() lineBits {
 	return linebits.Range(int(f.lo/blockSize), int((f.hi+blockSize-1)/blockSize))
 }
 
-// planMiss decides what a miss of pieces (a read of n bytes) fetches: each tier's admission,
-// and package fetch's reach; it pins the SSD tier's partial copies of the lines, and takes a
-// buffer for the bytes. The caller ends with release.
-func (c *Cache) planMiss(pieces []piece, force bool, n int) *miss {
+// planMiss decides what a miss of pieces (of the read p) fetches: each tier's admission, and
+// package fetch's reach; it pins the SSD tier's partial copies of the lines, and takes a buffer
+// for the bytes. The caller ends with release. fillLater says that the tiers are filled after the
+// read has handed p back (missOnRing).
+//
+// Where the miss fetches exactly the bytes the pieces ask for, and p is still the read's while
+// the tiers are filled from the fetched bytes (or nothing is filled), they are fetched into p
+// itself, and serving them costs no copy: a read that no tier admits (a sequential read while
+// the SSD tier is congested, bench kernel's seq row; any read of a cache in write-back that
+// admits none) and whole lines that one fills.
+func (c *Cache) planMiss(pieces []piece, force bool, p []byte, fillLater bool) *miss {
+	n := len(p)
 	m := &miss{pieces: pieces, fills: make([]missFill, len(pieces))}
 	for i, s := range pieces {
 		if c.ssd != nil {
@@ -330,7 +339,16 @@ func (c *Cache) planMiss(pieces []piece, force bool, n int) *miss {
 		m.from, m.to = first.start+m.fills[0].lo, last.start+m.fills[len(m.fills)-1].hi
 		return m.to
 	})
-	m.bufp = bufpool.Get(int(m.to - m.from))
+	fills := false
+	for _, f := range m.fills {
+		fills = fills || f.ram || f.ssd
+	}
+	if exact := m.from == first.start+first.lo && m.to == last.start+last.hi; exact && !(fillLater && fills) {
+		b := p[first.pOff : first.pOff+m.to-m.from]
+		m.bufp, m.inPlace = &b, true
+	} else {
+		m.bufp = bufpool.Get(int(m.to - m.from))
+	}
 	return m
 }
 
@@ -360,7 +378,9 @@ func (m *miss) release() {
 			f.held.t.unpin(f.held.slot)
 		}
 	}
-	bufpool.Put(m.bufp)
+	if !m.inPlace {
+		bufpool.Put(m.bufp)
+	}
 }
 
 // serveMiss copies the fetched bytes into p, once the SSD tier's copies of the blocks it holds
@@ -374,7 +394,9 @@ func (c *Cache) serveMiss(m *miss, p []byte) error {
 				return err
 			}
 		}
-		copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+		if !m.inPlace {
+			copy(p[s.pOff:s.pOff+s.hi-s.lo], data[s.lo-f.lo:])
+		}
 	}
 	return nil
 }
