@@ -7,6 +7,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -176,6 +177,14 @@ func TestClientServerErrors(t *testing.T) {
 	}{
 		{name: "EIO on read", inject: "pread", errName: "EIO", errno: syscall.EIO,
 			op: func(c *client.Client) error { _, err := c.ReadAt(make([]byte, 4096), 0); return err }},
+		{name: "EIO on an asynchronous read", inject: "pread", errName: "EIO", errno: syscall.EIO,
+			op: func(c *client.Client) error {
+				ended := make(chan error, 1)
+				if !c.ReadAtAsync(make([]byte, 4096), 0, func(err error) { ended <- err }) {
+					return errors.New("ReadAtAsync did not start")
+				}
+				return <-ended
+			}},
 		{name: "EPERM on write", inject: "pwrite", errName: "EPERM", errno: syscall.EPERM, is: backend.ErrReadOnly,
 			op: func(c *client.Client) error { _, err := c.WriteAt(make([]byte, 4096), 0); return err }},
 		{name: "ENOSPC on write", inject: "pwrite", errName: "ENOSPC", errno: syscall.ENOSPC,
@@ -342,9 +351,13 @@ func TestClientClose(t *testing.T) {
 }
 
 func clientCloseWithPending(t *testing.T, c *client.Client) {
-	const calls = 4
+	const calls = 4 // half of them ReadAtAsync
 	errs := make(chan error, calls)
 	for i := range calls {
+		if i%2 == 1 {
+			require.True(t, c.ReadAtAsync(make([]byte, 4096), int64(i)*4096, func(err error) { errs <- err }))
+			continue
+		}
 		go func() {
 			_, err := c.ReadAt(make([]byte, 4096), int64(i)*4096)
 			errs <- err
@@ -358,6 +371,7 @@ func clientCloseWithPending(t *testing.T, c *client.Client) {
 	_, err := c.WriteAt(make([]byte, 512), 0)
 	require.ErrorIs(t, err, backend.ErrClosed)
 	require.ErrorIs(t, c.Flush(), backend.ErrClosed)
+	require.False(t, c.ReadAtAsync(make([]byte, 512), 0, func(error) { t.Error("done called after Close") }))
 	require.NoError(t, c.Close(), "Close twice")
 }
 

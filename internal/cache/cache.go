@@ -196,13 +196,15 @@ type Cache struct {
 	// it reads on a caller's ring (ReadAtOn).
 	ssdAsync backend.AsyncReader
 	ssdRing  backend.RingReader
-	// backRing is the backend where it reads on a caller's ring (missOnRing); filling counts the
-	// misses missOnRing took on whose fills have not ended, which Close waits for. runners runs
+	// backAsync is the backend where it reads asynchronously (an NBD export, an iSCSI LUN), and
+	// backRing where it reads on a caller's ring (a file read direct): the misses missAsync takes
+	// on. filling counts those whose fills have not ended, which Close waits for. runners runs
 	// their fills, and the destager's writes.
-	backRing backend.RingReader
-	filling  sync.WaitGroup
-	runners  *runners
-	closed   atomic.Bool
+	backAsync backend.AsyncReader
+	backRing  backend.RingReader
+	filling   sync.WaitGroup
+	runners   *runners
+	closed    atomic.Bool
 	// lastRun is nil when the start found every index record the SSD tier's last run wrote (its
 	// run log replayed), else why not; see Recovered.
 	lastRun error
@@ -250,6 +252,7 @@ func New(b backend.Backend, cfg Config) (*Cache, error) {
 	c.mode.Store(int32(cfg.Mode))
 	c.trim, _ = b.(backend.Trimmer)
 	c.zero, _ = b.(backend.ZeroWriter)
+	c.backAsync, _ = b.(backend.AsyncReader)
 	c.backRing, _ = b.(backend.RingReader)
 	c.runners = newRunners()
 	var err error

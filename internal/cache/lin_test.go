@@ -183,9 +183,10 @@ type linCase struct {
 	// rather than in memory; pread reads it with pread, as where the kernel has no io_uring.
 	ssdFile, pread bool
 	// backendFile puts the backend on a file read direct, without delays: its reads go on a
-	// ring client's ring (missOnRing).
-	backendFile bool
-	reduction   Reduction
+	// ring client's ring (missAsync). backendNBD puts it on an NBD export (tierblk's own server
+	// over memory), with delays: its reads are asynchronous (missAsync too).
+	backendFile, backendNBD bool
+	reduction               Reduction
 }
 
 // TestLinearizable runs concurrent clients against caches with tiny tiers over delaying backends,
@@ -206,6 +207,8 @@ func TestLinearizable(t *testing.T) {
 		{name: "wt-16k-ssd-file-pread", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, pread: true},
 		{name: "wt-16k-files", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, backendFile: true},
 		{name: "wb-8k-files-ssd-only", line: 8 << 10, ssd: 5, mode: WriteBack, ssdFile: true, backendFile: true},
+		{name: "wt-16k-nbd", line: 16 << 10, ram: 1, ssd: 4, mode: WriteThrough, ssdFile: true, backendNBD: true},
+		{name: "wb-8k-nbd-ssd-only", line: 8 << 10, ssd: 5, mode: WriteBack, backendNBD: true},
 		{name: "wa-4k-lru", line: 4 << 10, ram: 2, ssd: 4, mode: WriteAround},
 		{name: "wa-16k-2q", line: 16 << 10, ram: 1, ssd: 3, mode: WriteAround, policy: "2q"},
 		{name: "pt-8k", line: 8 << 10, ram: 2, ssd: 4, mode: PassThrough},
@@ -261,8 +264,11 @@ func runLinearizable(t *testing.T, lc linCase, base, seed uint64) {
 	}
 	delay := 150 * time.Microsecond
 	var b backend.Backend = fault.New(mem.New(devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
-	if lc.backendFile {
+	switch {
+	case lc.backendFile:
 		b = fileSSD(t, devSize, false)
+	case lc.backendNBD:
+		b = fault.New(nbdBackend(t, devSize), fault.Options{Seed: int64(seed), MaxDelay: delay})
 	}
 	l := layout{line: lc.line, ram: lc.ram, ssd: lc.ssd, mode: lc.mode, policy: lc.policy, admission: lc.admission,
 		reduction: lc.reduction}

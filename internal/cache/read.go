@@ -300,7 +300,7 @@ func (f missFill) got() lineBits {
 // planMiss decides what a miss of pieces (of the read p) fetches: each tier's admission, and
 // package fetch's reach; it pins the SSD tier's partial copies of the lines, and takes a buffer
 // for the bytes. The caller ends with release. fillLater says that the tiers are filled after the
-// read has handed p back (missOnRing).
+// read has handed p back (missAsync).
 //
 // Where the miss fetches exactly the bytes the pieces ask for, and p is still the read's while
 // the tiers are filled from the fetched bytes (or nothing is filled), they are fetched into p

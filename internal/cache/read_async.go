@@ -6,21 +6,30 @@ import (
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
-// ReadAtAsync implements backend.AsyncReader for the reads the SSD tier serves alone: a request
-// within one line, which the RAM tier does not hold and the SSD tier does. Such a read is started
-// on the SSD device and ReadAtAsync returns, so that a server keeps no goroutine waiting for each
-// SSD-tier hit (bench cache --parts hits); done is called on the device's goroutine. Any other read
-// is left to ReadAt (false), as is a line another request holds (without a RAM tier: holds
-// exclusively, see linelock.Locks): the caller must not wait for it.
+// ReadAtAsync implements backend.AsyncReader for the reads within one line that the SSD tier
+// serves alone (the RAM tier does not hold them and the SSD tier does), where the SSD device
+// reads asynchronously, and for the misses within one line that no tier holds any of, where the
+// backend does (missAsync). Such a read is started on the device and ReadAtAsync returns, so that
+// a server keeps no goroutine waiting for each SSD-tier hit (bench cache --parts hits) or miss
+// (bench cold's nas-read row); done is called on the device's goroutine. Any other read is left
+// to ReadAt (false), as is a line another request holds (without a RAM tier: holds exclusively,
+// see linelock.Locks): the caller must not wait for it.
 func (c *Cache) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	return c.ssdAsync != nil && c.readAsync(c.ssdAsync.ReadAtAsync, nil, false, p, off, done)
+	var start, fetch readStart
+	if c.ssdAsync != nil {
+		start = c.ssdAsync.ReadAtAsync
+	}
+	if c.backAsync != nil {
+		fetch = c.backAsync.ReadAtAsync
+	}
+	return (start != nil || fetch != nil) && c.readAsync(start, fetch, false, p, off, done)
 }
 
 // ReadAtOn implements backend.RingReader for the reads ReadAtAsync starts, the SSD tier's read
 // on the caller's ring (a ublk queue's), for RAM-tier hits within one line: those are a copy,
 // made at once, and done is called before ReadAtOn returns, on the ring's goroutine as the others;
 // and for misses within one line of a backend that reads on a ring too (a file opened direct):
-// missOnRing.
+// missAsync.
 func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
 	var start, fetch readStart // nil: no read of the SSD tier's device, or of the backend, on r
 	if c.ssdRing != nil {
@@ -35,8 +44,8 @@ func (c *Cache) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) 
 // readStart starts a read of a device (the SSD tier's, the backend) and reports whether it did.
 type readStart func(p []byte, off int64, done func(error)) bool
 
-// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil),
-// and its misses' backend reads by fetch (none where it is nil: the caller reads with ReadAt).
+// readAsync is ReadAtAsync with the SSD tier's reads started by start (none where it is nil: the
+// caller reads hits with ReadAt), and its misses' backend reads by fetch (as for start).
 // onRing says that start runs them on a ring the caller's goroutine owns and reaps: RAM-tier hits
 // are then served at once, and nothing here may wait for another request, whose SSD read may be
 // in flight on that same ring (a packed tier's read lock, held by such reads, is only tried: a
@@ -59,7 +68,7 @@ func (c *Cache) readAsync(start, fetch readStart, onRing bool, p []byte, off int
 		// is as current.
 		return onRing && c.readRAMNow(s, p, off, done)
 	}
-	if start == nil || c.ssd == nil {
+	if c.ssd == nil {
 		return false
 	}
 	// Without a RAM tier to promote into, the read changes nothing but counters: it holds the line
@@ -68,12 +77,20 @@ func (c *Cache) readAsync(start, fetch readStart, onRing bool, p []byte, off int
 	if (shared && !c.locks.TryRLock(s.line)) || (!shared && !c.locks.TryLock(s.line)) {
 		return false
 	}
-	h := &hitRead{c: c, pieces: [1]piece{s}, p: p, off: off, done: done, shared: shared}
-	g := c.ssd.lookupHit(s.line, need)
-	if !g.ok {
-		h.unlock()
-		return fetch != nil && c.missOnRing(fetch, s, p, off, done)
+	var g grant
+	if start != nil {
+		g = c.ssd.lookupHit(s.line, need)
 	}
+	if !g.ok {
+		// A miss, or a hit with no device to start it on: the line was only looked at. Held
+		// alone, it stays held for the miss.
+		if fetch == nil || shared {
+			c.unlockLine(s.line, shared)
+			return fetch != nil && c.missAsync(fetch, s, p, off, done, false)
+		}
+		return c.missAsync(fetch, s, p, off, done, true)
+	}
+	h := &hitRead{c: c, pieces: [1]piece{s}, p: p, off: off, done: done, shared: shared}
 	h.src = source{t: c.ssd, slot: g.slot, valid: g.valid, zero: g.zero}
 	// From here on the read is this call's: it counts as read does.
 	h.t0 = time.Now()
@@ -106,12 +123,15 @@ type hitRead struct {
 }
 
 // unlock lets go of the line.
-func (h *hitRead) unlock() {
-	if h.shared {
-		h.c.locks.RUnlock(h.pieces[0].line)
+func (h *hitRead) unlock() { h.c.unlockLine(h.pieces[0].line, h.shared) }
+
+// unlockLine lets go of a line held shared, or alone.
+func (c *Cache) unlockLine(line uint64, shared bool) {
+	if shared {
+		c.locks.RUnlock(line)
 		return
 	}
-	h.c.unlockPieces(h.pieces[:])
+	c.locks.Unlock(line, line)
 }
 
 // end ends the read, once the line is let go (endRead).

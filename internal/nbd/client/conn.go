@@ -15,12 +15,13 @@ import (
 )
 
 // request is one request on the wire. The caller owns it until it hands it to submit, and
-// again after wg.Done; in between, the connection it is on owns it.
+// again once finished (wg.Done, or done called); in between, the connection it is on owns it.
 type request struct {
-	proto.Request        // the header; Cookie is set by submit
-	buf           []byte // read destination or write payload
-	wg            *sync.WaitGroup
-	err           error // the outcome, set before wg.Done
+	proto.Request                 // the header; Cookie is set by submit
+	buf           []byte          // read destination or write payload
+	wg            *sync.WaitGroup // a caller waiting for it (run), or nil
+	done          func(error)     // else called with the outcome (ReadAtAsync)
+	err           error           // the outcome, set before wg.Done
 
 	waitSince time.Time // when it first had to wait for a reconnect (guarded by conn.mu)
 	// Reply state, written by the reader of the connection the request was last sent on.
@@ -30,6 +31,10 @@ type request struct {
 }
 
 func (r *request) finish(err error) {
+	if r.done != nil {
+		r.done(err)
+		return
+	}
 	r.err = err
 	r.wg.Done()
 }

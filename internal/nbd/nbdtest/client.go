@@ -76,6 +76,24 @@ func Exercise(t testing.TB, c *client.Client) {
 		require.NoError(t, c.Cache(0, mib))
 	}
 
+	// ReadAtAsync: a read one request carries ends with the same bytes; what ReadAt would refuse
+	// or split is not started.
+	got := make([]byte, 64<<10)
+	ended := make(chan error, 1)
+	require.True(t, c.ReadAtAsync(got, mib+128<<10, func(err error) { ended <- err }))
+	require.NoError(t, <-ended)
+	require.Equal(t, want[mib+128<<10-4096:][:len(got)], got)
+	never := func(error) { t.Error("done called for a read that was not started") }
+	minBlock, _, maxBlock := c.BlockSizes()
+	require.False(t, c.ReadAtAsync(nil, 0, never), "an empty read")
+	require.False(t, c.ReadAtAsync(make([]byte, 4096), c.Size()-2048, never), "a read past the end")
+	if minBlock > 1 {
+		require.False(t, c.ReadAtAsync(make([]byte, 4096), int64(minBlock)/2, never), "an unaligned read")
+	}
+	if long := int64(min(maxBlock, 32<<20)) + int64(minBlock); long <= c.Size() {
+		require.False(t, c.ReadAtAsync(make([]byte, long), 0, never), "a read longer than one request")
+	}
+
 	_, err = c.ReadAt(make([]byte, 4096), c.Size()-2048)
 	require.ErrorIs(t, err, backend.ErrOutOfRange)
 	_, err = c.WriteAt(make([]byte, 4096), c.Size())
@@ -86,7 +104,7 @@ func Exercise(t testing.TB, c *client.Client) {
 }
 
 // Hammer runs workers goroutines, each writing a fresh pattern to its own 64 KiB region
-// and reading it back rounds times. It calls each (if not nil) after every completed round.
+// and reading it back rounds times (with ReadAt, or ReadAtAsync for every fourth worker). It calls each (if not nil) after every completed round.
 func Hammer(t testing.TB, c *client.Client, workers, rounds int, each func()) {
 	t.Helper()
 	const region = 64 << 10
@@ -109,7 +127,19 @@ func Hammer(t testing.TB, c *client.Client, workers, rounds int, each func()) {
 						return
 					}
 				}
-				if _, err := c.ReadAt(got, off); err != nil {
+				// Every fourth worker reads with ReadAtAsync, which must start a read of 64 KiB.
+				var err error
+				if w%4 == 2 {
+					ended := make(chan error, 1)
+					if !c.ReadAtAsync(got, off, func(err error) { ended <- err }) {
+						errs <- fmt.Errorf("worker %d round %d: ReadAtAsync did not start", w, r)
+						return
+					}
+					err = <-ended
+				} else {
+					_, err = c.ReadAt(got, off)
+				}
+				if err != nil {
 					errs <- fmt.Errorf("worker %d round %d read: %w", w, r, err)
 					return
 				}

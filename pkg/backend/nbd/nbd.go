@@ -162,8 +162,8 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	return &Backend{c: c, readOnly: opts.ReadOnly || c.ReadOnly()}, nil
 }
 
-// Backend is an NBD export. It implements backend.Backend, Trimmer, ZeroWriter, FUAWriter and
-// ReadOnlyReporter.
+// Backend is an NBD export. It implements backend.Backend, AsyncReader, Trimmer, ZeroWriter,
+// FUAWriter and ReadOnlyReporter.
 type Backend struct {
 	c        *client.Client
 	readOnly bool // opened read-only, or the server exports read-only
@@ -178,6 +178,11 @@ func (b *Backend) check(op string) error {
 
 // ReadAt implements backend.Backend.
 func (b *Backend) ReadAt(p []byte, off int64) (int, error) { return b.c.ReadAt(p, off) }
+
+// ReadAtAsync implements backend.AsyncReader (client.Client.ReadAtAsync).
+func (b *Backend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	return b.c.ReadAtAsync(p, off, done)
+}
 
 // WriteAt implements backend.Backend.
 func (b *Backend) WriteAt(p []byte, off int64) (int, error) {

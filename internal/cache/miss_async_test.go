@@ -1,0 +1,218 @@
+package cache
+
+import (
+	"errors"
+	"log/slog"
+	"net/url"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/linebits"
+	"github.com/tierblk/tierblk/internal/nbd/nbdtest"
+	"github.com/tierblk/tierblk/internal/nbd/server"
+	"github.com/tierblk/tierblk/internal/testenv"
+	"github.com/tierblk/tierblk/internal/uring/uringtest"
+	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+	nbdbackend "github.com/tierblk/tierblk/pkg/backend/nbd"
+)
+
+// startFaults injects faults into a backend's reads that a cache starts without waiting for them
+// (on a ring, or asynchronously): they fail (fail) or are refused (refuse); started counts those
+// started.
+type startFaults struct {
+	fail, refuse atomic.Bool
+	started      atomic.Int64
+}
+
+var errStartedRead = errors.New("injected read failure")
+
+// start starts a read with start, or fails or refuses it as the faults say.
+func (f *startFaults) start(start func() bool, done func(error)) bool {
+	switch {
+	case f.refuse.Load():
+		return false
+	case f.fail.Load():
+		f.started.Add(1)
+		done(errStartedRead)
+		return true
+	}
+	if !start() {
+		return false
+	}
+	f.started.Add(1)
+	return true
+}
+
+// ringBackend is a backend that reads on a caller's ring (a file opened direct), with faults.
+type ringBackend struct {
+	backend.Backend
+	startFaults
+}
+
+func (b *ringBackend) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	return b.start(func() bool { return b.Backend.(backend.RingReader).ReadAtOn(r, p, off, done) }, done)
+}
+
+// asyncBackend is a backend that reads asynchronously (an NBD export), with faults.
+type asyncBackend struct {
+	backend.Backend
+	startFaults
+}
+
+func (b *asyncBackend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	return b.start(func() bool { return b.Backend.(backend.AsyncReader).ReadAtAsync(p, off, done) }, done)
+}
+
+// nbdBackend is an NBD export of size bytes of memory, served by tierblk's own server in this
+// process, opened as the daemon opens an nbd:// backend: its reads are asynchronous.
+func nbdBackend(t *testing.T, size int64) backend.Backend {
+	srv, err := server.New(server.Config{Exports: []server.Export{{Name: "disk", Device: volume.New(mem.New(size), volume.Options{})}},
+		Logger: nbdtest.Logger(t, slog.LevelWarn)})
+	require.NoError(t, err)
+	addrs := nbdtest.Serve(t, srv)
+	u, err := url.Parse("nbd+unix:///disk?socket=" + url.QueryEscape(addrs.Sock))
+	require.NoError(t, err)
+	b, err := nbdbackend.Open(u, backend.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// missAsyncCache is a cache of lines of 16 KiB (an SSD tier of 8, write-back, admission as
+// given) over a backend of 32 lines holding want, that reads the way way names: "ring" on the
+// caller's ring (ReadAtOn, a file opened direct; nil where there is no ring), "async"
+// asynchronously (ReadAtAsync, an NBD export). read reads as a server of that way does.
+func missAsyncCache(t *testing.T, way, admission string) (c *Cache, want []byte, faults *startFaults, read func(p []byte, off int64) (bool, error)) {
+	const line = 16 << 10
+	want, _, ssd := asyncSetup(t, line, 32, 8)
+	var back backend.Backend
+	if way == "ring" {
+		loop := uringtest.New(t, 4)
+		if loop == nil {
+			testenv.Without(t, testenv.IOUring, "no ring to read on")
+			return nil, nil, nil, nil
+		}
+		rb := &ringBackend{Backend: fileSSD(t, 32*line, false)}
+		back, faults = rb, &rb.startFaults
+		read = func(p []byte, off int64) (bool, error) { return readAtOn(loop, c, p, off) }
+	} else {
+		ab := &asyncBackend{Backend: nbdBackend(t, 32*line)}
+		back, faults = ab, &ab.startFaults
+		read = func(p []byte, off int64) (bool, error) { return readAtAsync(t, c, p, off) }
+	}
+	_, err := back.WriteAt(want, 0)
+	require.NoError(t, err)
+	c = newCache(t, back, layout{line: line, ssd: 8, mode: WriteBack, admission: admission}, nil, ssd)
+	t.Cleanup(func() { c.Close() })
+	return c, want, faults, read
+}
+
+// TestMissAsync: over a backend that reads on the caller's ring (ReadAtOn, a file opened direct)
+// or asynchronously (ReadAtAsync, an NBD export), a miss within one line is started on it and
+// counted as read counts it; the tiers are filled once it has ended, and the line is let go then.
+// Blocks the SSD tier holds of those the miss fetches come from it (a dirty block in write-back,
+// newer than the backend's). A backend read that fails fails the read and fills nothing; one the
+// backend refuses to start is read its own way; a miss no tier admits fills nothing and lets go.
+func TestMissAsync(t *testing.T) {
+	const line = 16 << 10
+	for _, way := range []string{"ring", "async"} {
+		t.Run(way, func(t *testing.T) {
+			c, want, back, read := missAsyncCache(t, way, "always")
+			if c == nil {
+				return
+			}
+			ssdStats := func() TierStats { return c.Stats().Tiers[0] }
+			// settled waits for the fill of line's miss: it holds the line until it is done.
+			settled := func(line uint64) {
+				c.locks.Lock(line, line)
+				c.locks.Unlock(line, line)
+			}
+			buf := make([]byte, 8192)
+
+			before := ssdStats()
+			started, err := read(buf, 3*line+4096)
+			require.True(t, started, "a miss, started on the backend")
+			require.NoError(t, err)
+			require.Equal(t, want[3*line+4096:3*line+12288], buf)
+			require.Equal(t, int64(1), back.started.Load())
+			settled(3)
+			after := ssdStats()
+			require.Equal(t, before.Misses+1, after.Misses)
+			require.True(t, c.ssd.holds(3, linebits.Range(1, 3)), "the blocks fetched fill the SSD tier")
+			require.Equal(t, uint64(8192), c.Stats().FetchedBytes)
+
+			// A dirty block the SSD tier holds, beside one it does not: the miss fetches both, and
+			// the read gets the dirty one from the tier.
+			dirty := make([]byte, 4096)
+			for i := range dirty {
+				dirty[i] = 0xd1
+			}
+			_, err = c.WriteAt(dirty, 5*line)
+			require.NoError(t, err)
+			started, err = read(buf, 5*line)
+			require.True(t, started)
+			require.NoError(t, err)
+			require.Equal(t, dirty, buf[:4096])
+			require.Equal(t, want[5*line+4096:5*line+8192], buf[4096:])
+			settled(5)
+			require.True(t, c.ssd.holds(5, linebits.Range(0, 2)))
+
+			back.fail.Store(true)
+			started, err = read(buf, 7*line)
+			require.True(t, started)
+			require.ErrorIs(t, err, errStartedRead)
+			settled(7)
+			require.False(t, c.ssd.holds(7, linebits.Range(0, 2)), "a failed read fills nothing")
+			back.fail.Store(false)
+
+			back.refuse.Store(true)
+			reads := back.started.Load()
+			started, err = read(buf, 7*line)
+			require.True(t, started, "refused by the backend, read on a goroutine")
+			require.NoError(t, err)
+			require.Equal(t, want[7*line:7*line+8192], buf)
+			require.Equal(t, reads, back.started.Load())
+			settled(7)
+			require.True(t, c.ssd.holds(7, linebits.Range(0, 2)))
+			back.refuse.Store(false)
+
+			// A hit is the SSD tier's, and a read across two lines is left to ReadAt.
+			started, err = read(buf, 3*line+4096)
+			require.True(t, started)
+			require.NoError(t, err)
+			require.Equal(t, want[3*line+4096:3*line+12288], buf)
+			require.Equal(t, after.Hits+1, ssdStats().Hits)
+			started, _ = read(buf, 10*line-4096)
+			require.False(t, started, "a read across two lines")
+		})
+	}
+}
+
+// TestMissAsyncNoFill: a miss started on the backend that no tier admits (nhit:2, its first miss)
+// serves the read, fills nothing and lets go of the line; its second miss fills the tier.
+func TestMissAsyncNoFill(t *testing.T) {
+	const line = 16 << 10
+	for _, way := range []string{"ring", "async"} {
+		t.Run(way, func(t *testing.T) {
+			c, want, back, read := missAsyncCache(t, way, "nhit:2")
+			if c == nil {
+				return
+			}
+			buf := make([]byte, 4096)
+			for i, fills := range []bool{false, true} {
+				started, err := read(buf, 9*line+4096)
+				require.True(t, started, "miss %d", i+1)
+				require.NoError(t, err)
+				require.Equal(t, want[9*line+4096:9*line+8192], buf)
+				require.Equal(t, int64(i+1), back.started.Load())
+				c.locks.Lock(9, 9) // waits for the line to be let go
+				c.locks.Unlock(9, 9)
+				require.Equal(t, fills, c.ssd.holds(9, linebits.Range(1, 2)), "miss %d", i+1)
+			}
+		})
+	}
+}
