@@ -9,6 +9,7 @@ package integration
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -201,8 +202,9 @@ func TestISCSIBackendOpenErrors(t *testing.T) {
 
 // tierblk serve --backend iscsi://... exports the LUN over NBD: what qemu-io and fio write through
 // it lands in tgtd's file, and reads back. Served directly with CHAP credentials from the
-// environment, and through a RAM cache with libiscsi's USER%PASSWORD in the URL; the password never
-// shows in the daemon's output.
+// environment, through a RAM cache with libiscsi's USER%PASSWORD in the URL, and through a RAM and
+// an SSD tier (whose misses within a line the LUN reads asynchronously); the password never shows
+// in the daemon's output.
 func TestISCSIServe(t *testing.T) {
 	requireTools(t, "qemu-io", "nbdinfo", "fio")
 	srv := startTGTD(t)
@@ -212,11 +214,18 @@ func TestISCSIServe(t *testing.T) {
 		name   string
 		urlPwd bool // the password in the URL rather than the environment
 		args   []string
+		ssd    bool // an SSD tier too, in a directory of the test's
 	}{
-		{"direct, CHAP from the environment", false, nil},
-		{"RAM cache, CHAP in the URL", true, []string{"--ram", "16MiB"}},
+		{"direct, CHAP from the environment", false, nil, false},
+		{"RAM cache, CHAP in the URL", true, []string{"--ram", "16MiB"}, false},
+		{"RAM and SSD cache", false, []string{"--ram", "1MiB"}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.ssd {
+				dir := t.TempDir()
+				c.args = append(c.args, "--ssd", filepath.Join(dir, "ssd.img"), "--ssd-size", "32MiB",
+					"--meta", filepath.Join(dir, "meta"), "--run-dir", filepath.Join(dir, "run"))
+			}
 			u, img := srv.newLUN(t, size, lunOptions{thin: true, user: "tierblk", password: password})
 			if c.urlPwd {
 				u = strings.Replace(u, "iscsi://", "iscsi://tierblk%"+password+"@", 1)
@@ -224,8 +233,14 @@ func TestISCSIServe(t *testing.T) {
 				t.Setenv(iscsi.EnvUser, "tierblk")
 				t.Setenv(iscsi.EnvPassword, password)
 			}
+			// Data the daemon has never seen, for reads that miss every tier.
+			lunFile, err := os.OpenFile(img, os.O_WRONLY, 0)
+			require.NoError(t, err)
+			_, err = lunFile.WriteAt(bytes.Repeat([]byte{0x5a}, 1<<20), 16<<20)
+			require.NoError(t, errors.Join(err, lunFile.Close()))
 			d := startServe(t, append([]string{"--backend", u, "--log-level", "debug"}, c.args...)...)
 			uri := unixURI(d.Unix, "")
+			mustQemuIO(t, uri, "read -P 0x5a 16M 4k", "read -P 0x5a 16392k 8k", "read -P 0x5a 16900k 1000")
 
 			info := nbdInfo(t, uri, false)
 			require.Len(t, info, 1)
