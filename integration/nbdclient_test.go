@@ -295,8 +295,8 @@ func TestClientReconnect(t *testing.T) {
 	}
 }
 
-// TestClientReconnectGivesUp checks that requests fail clearly once MaxReconnectWait passes, and
-// that the client recovers when the server comes back.
+// TestClientReconnectGivesUp checks that requests fail clearly once MaxReconnectWait passes (those
+// of ReadAtAsync too), and that the client recovers when the server comes back.
 func TestClientReconnectGivesUp(t *testing.T) {
 	k := clientStartNbdkit(t, "memory", "1M")
 	cfg := k.config()
@@ -306,6 +306,11 @@ func TestClientReconnectGivesUp(t *testing.T) {
 
 	_, err := c.ReadAt(make([]byte, 4096), 0)
 	require.ErrorContains(t, err, "not re-established within 300ms")
+	require.True(t, backend.IsRetryable(err))
+	ended := make(chan error, 1)
+	require.True(t, c.ReadAtAsync(make([]byte, 4096), 0, func(err error) { ended <- err }))
+	err = <-ended
+	require.ErrorContains(t, err, "not re-established within 300ms", "an asynchronous read fails the same way")
 	require.True(t, backend.IsRetryable(err))
 
 	k.Restart()
