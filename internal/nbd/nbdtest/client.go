@@ -103,8 +103,9 @@ func Exercise(t testing.TB, c *client.Client) {
 	require.Zero(t, n)
 }
 
-// Hammer runs workers goroutines, each writing a fresh pattern to its own 64 KiB region
-// and reading it back rounds times (with ReadAt, or ReadAtAsync for every fourth worker). It calls each (if not nil) after every completed round.
+// Hammer runs workers goroutines, each writing a fresh pattern to its own 64 KiB region and
+// reading it back rounds times (with ReadAt, or ReadAtAsync for every fourth worker). It calls
+// each (if not nil) after every completed round.
 func Hammer(t testing.TB, c *client.Client, workers, rounds int, each func()) {
 	t.Helper()
 	const region = 64 << 10
