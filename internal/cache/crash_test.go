@@ -503,7 +503,9 @@ func runCrashes(t *testing.T, l layout, wide bool, kind crashKind, base, seed ui
 		if err != nil {
 			fail("cycle %d: %v", cycle, err)
 		}
-		if len(split) > 0 && !power {
+		// In write-back nothing reaches the backend before the tier's records of it survive
+		// power loss (syncInvalidations): no split then either.
+		if len(split) > 0 && (!power || l.mode == WriteBack) {
 			fail("cycle %d: sector %d reads differently from the cache and the backend: an eviction would change it",
 				cycle, split[0])
 		}

@@ -132,6 +132,9 @@ func (c *Cache) destageOnce(lines []uint64, ep *uint64, release bool) (bytes int
 	if err = c.ssd.j.settleClaims(spans); err != nil {
 		return 0, fmt.Errorf("destage: settling the records of the blocks to write back: %w", err)
 	}
+	if err = c.ssd.j.syncInvalidations(); err != nil {
+		return 0, fmt.Errorf("destage: cache metadata sync: %w", err)
+	}
 	var runs []destageRun
 	var ps []destagePiece
 	for _, h := range hs {

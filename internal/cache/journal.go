@@ -115,6 +115,9 @@ type journal struct {
 	// number that a completed checkpoint began after.
 	durableCalls   atomic.Uint64
 	durableCovered uint64
+	// unsynced counts invalidateDurably's commits made without a sync since syncInvalidations
+	// last synced them: until then a power cut may undo them (syncInvalidations).
+	unsynced atomic.Uint64
 	// checkpointSoon holds a request for a checkpoint (askCheckpoint) until the loop takes it.
 	checkpointSoon chan struct{}
 	// roomMade counts the reclaims makeRoom ran, so that writers that found no room together
@@ -487,6 +490,28 @@ func (j *journal) invalidateDurably(spans []span, sync bool) error {
 	}
 	if err != nil {
 		j.uncommit(before)
+		return err
 	}
-	return err
+	if !sync {
+		j.unsynced.Add(1)
+	}
+	return nil
+}
+
+// syncInvalidations makes the invalidations committed without a sync survive power loss, before
+// a write back sends to the backend what replaced the blocks they invalidated. Until then a power
+// cut may bring back a stored record calling the older bytes on the SSD clean, while the backend
+// holds the newer ones: the tier would serve the older bytes until it evicted the line, and then
+// the newer (TestCrashRestart's write-back cases after power loss, TestWriteBackPowerCut).
+func (j *journal) syncInvalidations() error {
+	n := j.unsynced.Load()
+	if n == 0 {
+		return nil
+	}
+	if err := j.store.Sync(); err != nil {
+		return err
+	}
+	// Commits counted after the load may have landed after the sync began: they stay counted.
+	j.unsynced.Add(-n)
+	return nil
 }

@@ -244,7 +244,9 @@ func (c *Cache) changeLocked(pieces []piece, off, length int64, zeroing bool, op
 	if zeroing {
 		held = c.heldPieces(pieces)
 	}
-	if err := c.invalidate(pieces, false); err != nil {
+	// In write-back the invalidation is synced: a power cut must not bring back the old bytes as
+	// clean while the backend holds the change (syncInvalidations says why).
+	if err := c.invalidate(pieces, c.Mode() == WriteBack); err != nil {
 		return err
 	}
 	err := op()

@@ -272,12 +272,12 @@ const slotTries = 4
 // writeAroundPiece sends a write-back piece the SSD tier could not take to the backend. The line
 // is not cached, but the store may still hold a record of it whose deletion has not landed yet
 // (an eviction waiting for a checkpoint): that record is deleted first, or a crash would bring the
-// old data back.
+// old data back; synced, so that a power cut does not either (syncInvalidations).
 func (c *Cache) writeAroundPiece(s piece, data []byte) error {
 	if err := c.orderCheck([]piece{s}, true); err != nil {
 		return err
 	}
-	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, false); err != nil {
+	if err := c.ssd.j.invalidateDurably([]span{{s.line, s.touched()}}, true); err != nil {
 		return fmt.Errorf("cache metadata: %w", err)
 	}
 	return c.retryBackend(func() error { return c.backendWrite(data, s.start+s.lo, false) })
