@@ -196,7 +196,8 @@ type Cache struct {
 	// it reads on a caller's ring (ReadAtOn).
 	ssdAsync backend.AsyncReader
 	ssdRing  backend.RingReader
-	// backAsync is the backend where it reads asynchronously (an NBD export, an iSCSI LUN), and
+	// backAsync is the backend where it reads asynchronously (an NBD export, an iSCSI LUN, a file
+	// read direct through its ring: file.Open gives one without a ring no such method), and
 	// backRing where it reads on a caller's ring (a file read direct): the misses missAsync takes
 	// on. filling counts those whose fills have not ended, which Close waits for. runners runs
 	// their fills, and the destager's writes.

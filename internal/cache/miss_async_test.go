@@ -54,7 +54,10 @@ type ringBackend struct {
 }
 
 func (b *ringBackend) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
-	return b.start(func() bool { return b.Backend.(backend.RingReader).ReadAtOn(r, p, off, done) }, done)
+	return b.start(func() bool {
+		rr, ok := b.Backend.(backend.RingReader)
+		return ok && rr.ReadAtOn(r, p, off, done)
+	}, done)
 }
 
 // asyncBackend is a backend that reads asynchronously (an NBD export), with faults.
@@ -64,7 +67,10 @@ type asyncBackend struct {
 }
 
 func (b *asyncBackend) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	return b.start(func() bool { return b.Backend.(backend.AsyncReader).ReadAtAsync(p, off, done) }, done)
+	return b.start(func() bool {
+		a, ok := b.Backend.(backend.AsyncReader)
+		return ok && a.ReadAtAsync(p, off, done)
+	}, done)
 }
 
 // nbdBackend is an NBD export of size bytes of memory, served by tierblk's own server in this
@@ -220,4 +226,28 @@ func TestMissAsyncNoFill(t *testing.T) {
 			require.Equal(t, fills, c.ssd.holds(9, linebits.Range(1, 2)), "miss %d", i+1)
 		}
 	})
+}
+
+// TestMissLeftToReadAt: over a backend that cannot start reads (a file read through the page
+// cache, make run's default backend) ReadAtAsync takes no miss on, however it could start the SSD
+// tier's hits: the server reads the miss with ReadAt, which fetches and fills it on the one
+// goroutine, where a miss taken on would hand its backend read to another.
+func TestMissLeftToReadAt(t *testing.T) {
+	const line = 16 << 10
+	want, _, ssd := asyncSetup(t, line, 32, 8)
+	back := fileSSD(t, 32*line, true)
+	_, err := back.WriteAt(want, 0)
+	require.NoError(t, err)
+	c := newCache(t, back, layout{line: line, ssd: 8, mode: WriteBack, admission: "always"}, nil, ssd)
+	defer c.Close()
+	buf := make([]byte, 4096)
+	started, _ := readAtAsync(t, c, buf, 3*line)
+	require.False(t, started, "a miss over a backend that cannot start reads")
+	require.Zero(t, c.Stats().Tiers[0].Misses, "a miss left to ReadAt is counted there")
+	_, err = c.ReadAt(buf, 3*line)
+	require.NoError(t, err)
+	started, err = readAtAsync(t, c, buf, 3*line)
+	require.True(t, started, "the SSD tier's hit, once ReadAt filled it")
+	require.NoError(t, err)
+	require.Equal(t, want[3*line:3*line+4096], buf)
 }

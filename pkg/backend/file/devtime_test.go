@@ -78,17 +78,19 @@ func TestDeviceTime(t *testing.T) {
 }
 
 // TestReadAtAsync: with direct reads through the ring, an aligned read starts and ends with the
-// file's data; an unaligned one, one out of range, or any read without the ring is left to ReadAt.
+// file's data; an unaligned one or one out of range is left to ReadAt, and a file without the
+// ring does not start reads at all.
 func TestReadAtAsync(t *testing.T) {
 	dir := directDir(t)
 	want := bytes.Repeat([]byte("0123456789abcdef"), 64<<10/16)
 	path := filepath.Join(dir, "f")
 	require.NoError(t, os.WriteFile(path, want, 0o644))
-	f := mustOpen(t, fileURL(path, "direct=reads"), backend.Options{})
-	defer f.Close()
-	if f.ring == nil {
+	opened := mustOpen(t, fileURL(path, "direct=reads"), backend.Options{})
+	defer opened.Close()
+	if opened.ring == nil {
 		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
+	f := opened.served().(ringFile)
 	buf := bufpool.Aligned(8192)
 	done := make(chan error, 1)
 	require.True(t, f.ReadAtAsync(buf, 16384, func(err error) { done <- err }), "an aligned read")
@@ -99,9 +101,12 @@ func TestReadAtAsync(t *testing.T) {
 	require.False(t, f.ReadAtAsync(buf[1:4097], 0, never), "an unaligned buffer")
 	require.False(t, f.ReadAtAsync(buf, 64<<10, never), "past the end")
 	require.NoError(t, f.Close())
-	p := mustOpen(t, fileURL(path, "direct=reads&uring=false"), backend.Options{})
-	defer p.Close()
-	require.False(t, p.ReadAtAsync(buf, 0, never), "without the ring")
+	for _, query := range []string{"direct=reads&uring=false", ""} {
+		p := mustOpen(t, fileURL(path, query), backend.Options{})
+		_, ok := p.served().(backend.AsyncReader)
+		require.False(t, ok, "%q: without the ring, Open's file starts no read", query)
+		require.NoError(t, p.Close())
+	}
 }
 
 // TestDirectWritesOnRing: with direct=true, aligned writes other than FUA go through the file's

@@ -144,11 +144,18 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
+// ringFile is a File with its io_uring (read direct, the ring not refused): the only kind that
+// starts reads without waiting (backend.AsyncReader) and runs requests on a caller's ring
+// (backend.RingReader, backend.RingWriter). Open returns a File without a ring as it is, so that a
+// caller that asks whether the backend can start its reads (the cache, for its misses) is told no
+// once, at the start, rather than by every read: a miss taken on for a backend that then declines
+// it costs a hand-off more than the server's own ReadAt.
+type ringFile struct{ *File }
+
 // ReadAtAsync implements backend.AsyncReader: a direct read through the ring, when the request is
-// aligned for O_DIRECT as it is and the ring is there. It keeps no goroutine waiting, so it is not
-// counted in Waits.
-func (f *File) ReadAtAsync(p []byte, off int64, done func(error)) bool {
-	if f.ring == nil || !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
+// aligned for O_DIRECT as it is. It keeps no goroutine waiting, so it is not counted in Waits.
+func (f ringFile) ReadAtAsync(p []byte, off int64, done func(error)) bool {
+	if !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
 		return false
 	}
 	err := f.ring.ReadAtAsync(p, off, func(_ int, err error) { done(f.readResult(off, err)) })
@@ -157,8 +164,8 @@ func (f *File) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 
 // ReadAtOn implements backend.RingReader: a direct read on the caller's ring, under the
 // conditions of ReadAtAsync.
-func (f *File) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
-	if f.ring == nil || !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
+func (f ringFile) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) bool {
+	if !aligned(p, off) || f.check(off, int64(len(p)), false) != nil {
 		return false
 	}
 	if !f.ringBegin() {
@@ -176,8 +183,8 @@ func (f *File) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error)) b
 
 // WriteAtOn implements backend.RingWriter: a direct write on the caller's ring, with RWF_DSYNC
 // if fua, where the file is written direct and the request aligned.
-func (f *File) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done func(error)) bool {
-	if f.ring == nil || !f.directWrite || !aligned(p, off) || f.check(off, int64(len(p)), true) != nil {
+func (f ringFile) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done func(error)) bool {
+	if !f.directWrite || !aligned(p, off) || f.check(off, int64(len(p)), true) != nil {
 		return false
 	}
 	if !f.ringBegin() {

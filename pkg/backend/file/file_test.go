@@ -28,6 +28,9 @@ func openURL(t *testing.T, raw string, opts backend.Options) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r, ok := b.(ringFile); ok {
+		return r.File, nil
+	}
 	return b.(*File), nil
 }
 

@@ -111,7 +111,19 @@ func Open(u *url.URL, opts backend.Options) (backend.Backend, error) {
 	if err != nil {
 		return nil, backend.BadURL(err)
 	}
-	return open(c, opts.ReadOnly)
+	f, err := open(c, opts.ReadOnly)
+	if err != nil {
+		return nil, err
+	}
+	return f.served(), nil
+}
+
+// served is f as Open returns it: with the methods of its ring where it has one (ringFile).
+func (f *File) served() backend.Backend {
+	if f.ring != nil {
+		return ringFile{f}
+	}
+	return f
 }
 
 func open(c config, readOnly bool) (*File, error) {

@@ -17,20 +17,21 @@ import (
 
 // TestReadWriteAtOn: a file read direct serves aligned reads on a caller's ring, and one written
 // direct aligned writes (FUA too); the data is the file's. An unaligned request, one out of
-// range, a write where writes go through the page cache, a write to a read-only file or any
-// request without the ring is left to ReadAt and WriteAt; so is every request once the file is
-// closed, and Close waits for the requests in flight.
+// range, a write where writes go through the page cache or a write to a read-only file is left to
+// ReadAt and WriteAt; so is every request once the file is closed, and Close waits for the
+// requests in flight. A file without the ring runs nothing on a caller's ring.
 func TestReadWriteAtOn(t *testing.T) {
 	dir := directDir(t)
 	want := bytes.Repeat([]byte("0123456789abcdef"), 64<<10/16)
 	path := filepath.Join(dir, "f")
 	require.NoError(t, os.WriteFile(path, want, 0o644))
-	f := mustOpen(t, fileURL(path, "direct=true"), backend.Options{})
-	defer f.Close()
+	opened := mustOpen(t, fileURL(path, "direct=true"), backend.Options{})
+	defer opened.Close()
 	loop := uringtest.New(t, 4)
-	if f.ring == nil || loop == nil {
+	if opened.ring == nil || loop == nil {
 		testenv.Skip(t, testenv.IOUring, "no ring to read on")
 	}
+	f := ringFile{opened}
 	never := func(error) { t.Error("done called for a request left to ReadAt or WriteAt") }
 
 	buf := bufpool.Aligned(8192)
@@ -58,15 +59,20 @@ func TestReadWriteAtOn(t *testing.T) {
 	require.NoError(t, f.Close())
 	require.False(t, f.ReadAtOn(nil, buf, 0, never), "closed")
 
-	for _, query := range []string{"direct=reads", "direct=true&uring=false"} {
+	for _, query := range []string{"direct=reads", "direct=true&uring=false", ""} {
 		p := mustOpen(t, fileURL(path, query), backend.Options{})
-		require.False(t, p.WriteAtOn(nil, buf, 0, false, never), "%s: a write", query)
+		served := p.served()
+		if rw, ok := served.(backend.RingWriter); ok {
+			require.Equal(t, "direct=reads", query, "only a file read direct has a ring")
+			require.False(t, rw.WriteAtOn(nil, buf, 0, false, never), "%s: a write", query)
+		}
 		if query != "direct=reads" {
-			require.False(t, p.ReadAtOn(nil, buf, 0, never), "%s: a read", query)
+			_, ok := served.(backend.RingReader)
+			require.False(t, ok, "%s: Open's file runs nothing on a caller's ring", query)
 		}
 		require.NoError(t, p.Close())
 	}
-	ro := mustOpen(t, fileURL(path, "direct=true"), backend.Options{ReadOnly: true})
+	ro := ringFile{mustOpen(t, fileURL(path, "direct=true"), backend.Options{ReadOnly: true})}
 	require.False(t, ro.WriteAtOn(nil, buf, 0, false, never), "read-only")
 
 	// Close, begun while a read is in flight on the ring, returns only after it ended.
