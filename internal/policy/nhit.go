@@ -20,8 +20,11 @@ import (
 // bounded by W: a ring of the last W missed keys and a count for each distinct key in it, under 100
 // bytes per unit of W; once the window is full nothing is allocated per decision.
 type NHit struct {
-	n    uint32
-	ring []Key // the last W missed keys; once full, ring[pos] is the oldest
+	n uint32
+	// ring holds the nodes in counts of the last W missed keys; once full, ring[pos] is the
+	// oldest's. A node stays while the ring holds it, so the oldest key's count is found without a
+	// lookup: one hash lookup a decision (bench cold's nas-read row makes one for each tier).
+	ring []int32
 	pos  int
 	full bool
 	// counts has a node for each distinct key of the ring, holding how often the ring has it. The
@@ -46,7 +49,7 @@ func NewNHit(n, window int) (*NHit, error) {
 	case n > window:
 		return nil, fmt.Errorf("nhit: N=%d exceeds window=%d, so no key could be admitted; %s", n, window, nhitForm)
 	}
-	return &NHit{n: uint32(n), ring: make([]Key, window), counts: newArena[uint32](window, false)}, nil
+	return &NHit{n: uint32(n), ring: make([]int32, window), counts: newArena[uint32](window, false)}, nil
 }
 
 func newNHitSpec(params string) (Admission, error) {
@@ -80,20 +83,20 @@ func newNHitSpec(params string) (Admission, error) {
 // Admit counts a miss of a.Key and admits it if it is the key's N-th (or later) in the window.
 func (h *NHit) Admit(a Access) bool {
 	if h.full {
-		old, _ := h.counts.lookup(h.ring[h.pos])
+		old := h.ring[h.pos]
 		if c := &h.counts.at(old).meta; *c > 1 {
 			*c--
 		} else {
 			h.counts.release(old)
 		}
 	}
-	h.ring[h.pos] = a.Key
-	if h.pos++; h.pos == len(h.ring) {
-		h.pos, h.full = 0, true
-	}
 	i, ok := h.counts.lookup(a.Key)
 	if !ok {
 		i = h.counts.alloc(a.Key)
+	}
+	h.ring[h.pos] = i
+	if h.pos++; h.pos == len(h.ring) {
+		h.pos, h.full = 0, true
 	}
 	c := &h.counts.at(i).meta
 	*c++
