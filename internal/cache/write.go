@@ -100,7 +100,9 @@ func (c *Cache) writeOtherLocked(mode Mode, pieces []piece, p []byte, off int64,
 	if err := c.destageTouched(pieces); err != nil {
 		return err
 	}
-	if err := c.invalidate(pieces, fua); err != nil {
+	// In write-back (the SSD tier bypassed) the invalidation is synced, as write-back's others
+	// are (syncInvalidations): after a power cut the cache and the backend agree.
+	if err := c.invalidate(pieces, fua || mode == WriteBack); err != nil {
 		return err
 	}
 	if mode != WriteThrough && mode != WriteBack {
