@@ -125,11 +125,13 @@ func TestDashboardAndAlertsAgainstPrometheus(t *testing.T) {
 	require.NoError(t, err, "promtool check rules:\n%s", out)
 
 	// The daemon: a write-back cache (RAM and SSD tiers) over a slow disk, so that fio's writes
-	// make dirty data, destaging and throttling, and its reads hit both tiers and miss.
+	// make dirty data, destaging and throttling, and its reads hit both tiers and miss; replicated.
 	sock := startNbdkit(t, slowDisk("48M")...)
 	o := cacheOpts{backend: unixURI(sock, ""), dir: shortTempDir(t), ram: "4MiB", ssdSize: "16MiB", line: "64KiB",
 		mode: "writeback", adminAddr: freeTCPAddr(t)}
-	d := startServe(t, append(o.args(), "--export", dashboardExport)...)
+	// With a replica, so that its panels and alert find series.
+	_, replicaURL := startReplica(t, filepath.Join(shortTempDir(t), "dash.replica"), "64MiB")
+	d := startServe(t, append(o.args(), "--export", dashboardExport, "--replica", replicaURL)...)
 
 	// Prometheus scrapes the admin endpoint every second and evaluates the rules (which it must
 	// load) as often.

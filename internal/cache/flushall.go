@@ -189,3 +189,35 @@ func (c *Cache) SetMode(ctx context.Context, m Mode, progress func(done, total i
 	}
 	return c.FlushAll(ctx, progress)
 }
+
+// DirtyMark is the SSD tier's dirty data when it was taken (MarkDirty), less what has been written
+// back since. A write-back replica (internal/replica) takes one to learn when the changes it holds
+// are on the backend without making the cache write anything back: once Left is 0 and a Flush
+// has returned after that, every write acknowledged before the mark is durable on the backend.
+type DirtyMark struct {
+	t *tier
+	s *dirtySnap
+}
+
+// MarkDirty takes a DirtyMark. It holds a copy of the dirty bits until Drop.
+func (c *Cache) MarkDirty() *DirtyMark {
+	if c.ssd == nil || c.wb == nil {
+		return &DirtyMark{}
+	}
+	return &DirtyMark{t: c.ssd, s: c.ssd.snapshotDirty()}
+}
+
+// Left returns the bytes of the mark's dirty data not yet written back.
+func (m *DirtyMark) Left() int64 {
+	if m.t == nil {
+		return 0
+	}
+	return m.t.snapLeft(m.s) * blockSize
+}
+
+// Drop lets the mark go: the tier stops keeping it up to date.
+func (m *DirtyMark) Drop() {
+	if m.t != nil {
+		m.t.dropSnap(m.s)
+	}
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/replica"
 	"github.com/tierblk/tierblk/internal/units"
 )
 
@@ -220,6 +221,7 @@ func writeExportStats(w io.Writer, e metrics.ExportStats, now time.Time) {
 	writeMisses(w, s)
 	writeStored(w, s.Tiers)
 	writeDirty(w, s.Dirty)
+	writeReplicas(w, e.Replicas)
 	writeChecksums(w, s.Tiers)
 	writeLost(w, s.Lost)
 	writeScrub(w, s.Scrub, now)
@@ -309,6 +311,21 @@ func writeDirty(w io.Writer, d cache.DirtyStats) {
 		seconds(d.ThrottleSeconds).Round(time.Millisecond), seconds(d.ThrottleDelay), backendWaits(d.BackendWaits))
 	if d.Order == cache.OrderFlush {
 		fmt.Fprintf(w, "write-back order: flush; %s\n", behind(d))
+	}
+}
+
+// writeReplicas prints each write-back replica's state, its lag and a FLUSH's round trip to it.
+func writeReplicas(w io.Writer, rs []replica.PeerStats) {
+	for _, r := range rs {
+		rtt := "no flush yet"
+		if r.Flushes > 0 {
+			rtt = "flush " + time.Duration(r.FlushNS/r.Flushes).Round(time.Microsecond).String() + " on average"
+		}
+		fmt.Fprintf(w, "replica %s: %s; %s of log not released, %s; %d losses, %d resyncs", r.Name, r.State, humanBytes(uint64(r.LagBytes)), rtt, r.Losses, r.Resyncs)
+		if r.LastError != "" {
+			fmt.Fprintf(w, "; last error: %s", r.LastError)
+		}
+		fmt.Fprintln(w)
 	}
 }
 

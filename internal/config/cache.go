@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -114,6 +116,14 @@ type WriteBack struct {
 	// writes between two FLUSHes after another, so that the backend alone is always a state the
 	// device had (cache.OrderFlush), or "address", coalesced across FLUSHes.
 	Order string `yaml:"order"`
+	// Replicas are the NBD URLs of one or two replica logs on peers (`tierblk replica serve`):
+	// every change is logged there too, and a FLUSH is acknowledged only once it is durable on
+	// each of them as well, so that the host's death loses nothing (`tierblk replica drain`).
+	Replicas []string `yaml:"replicas"`
+	// OnReplicaLoss is what a lost replica makes the cache do: "writethrough" (or "") switches it
+	// to write-through, writing its dirty data back, until the replica is back; "wait" holds
+	// FLUSHes until it is back.
+	OnReplicaLoss string `yaml:"on_replica_loss"`
 }
 
 // FlushOnStop reports whether a clean stop writes the dirty data back (OnStop).
@@ -184,6 +194,20 @@ func (w WriteBack) validate() []error {
 	case "", cache.OrderAddress, cache.OrderFlush:
 	default:
 		errs = append(errs, fieldErr("write_back.order", "%q: use address (dirty data goes back in address order, coalesced across FLUSHes) or flush (the writes between two FLUSHes go back after every earlier FLUSH's: the backend is always consistent, only older)", w.Order))
+	}
+	if len(w.Replicas) > 2 {
+		errs = append(errs, fieldErr("write_back.replicas", "%d replicas: give one or two", len(w.Replicas)))
+	}
+	for i, r := range w.Replicas {
+		u, err := url.Parse(r)
+		if err != nil || !strings.HasPrefix(u.Scheme, "nbd") {
+			errs = append(errs, fieldErr(fmt.Sprintf("write_back.replicas[%d]", i), "%q: give the replica's NBD URL, e.g. nbd://peer:10810/nas (tierblk replica serve on the peer)", r))
+		}
+	}
+	switch w.OnReplicaLoss {
+	case "", "writethrough", "wait":
+	default:
+		errs = append(errs, fieldErr("write_back.on_replica_loss", "%q: use writethrough (write the dirty data back and write through until the replica is back) or wait (FLUSH waits until the replica is back)", w.OnReplicaLoss))
 	}
 	switch w.OnStop {
 	case "", "keep", "flush":
@@ -275,7 +299,11 @@ func (c *Cache) validate() []error {
 			errs = append(errs, fieldErr("mode", "%v", err))
 		} else if m == cache.WriteBack && c.SSD == "" {
 			errs = append(errs, fieldErr("mode", "writeback needs an SSD tier: the RAM tier may never hold the only copy of written data; give ssd too"))
+		} else if m != cache.WriteBack && len(c.WriteBack.Replicas) > 0 {
+			errs = append(errs, fieldErr("write_back.replicas", "replicas hold write-back's dirty data: set mode: writeback too"))
 		}
+	} else if len(c.WriteBack.Replicas) > 0 {
+		errs = append(errs, fieldErr("write_back.replicas", "replicas hold write-back's dirty data: set mode: writeback too"))
 	}
 	errs = append(errs, c.WriteBack.validate()...)
 	s, err := c.Sizes()

@@ -223,6 +223,18 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"write_back destage", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Destage: "lazy"}} }, `exports[0].cache.write_back.destage: unknown policy "lazy"`},
 		{"write_back throttle", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Throttle: "hard"}} }, `exports[0].cache.write_back.throttle: unknown policy "hard"`},
 		{"write_back order", func(c *Config) { c.Exports[0].Cache = &Cache{RAM: "1GiB", WriteBack: WriteBack{Order: "fifo"}} }, `exports[0].cache.write_back.order: "fifo": use address`},
+		{"write_back replicas without write-back", func(c *Config) {
+			c.Exports[0].Cache = &Cache{SSD: "/ssd", WriteBack: WriteBack{Replicas: []string{"nbd://b:10810/nas"}}}
+		}, "exports[0].cache.write_back.replicas: replicas hold write-back's dirty data: set mode: writeback too"},
+		{"write_back replica URL", func(c *Config) {
+			c.Exports[0].Cache = &Cache{SSD: "/ssd", Mode: "writeback", WriteBack: WriteBack{Replicas: []string{"b:10810"}}}
+		}, `exports[0].cache.write_back.replicas[0]: "b:10810": give the replica's NBD URL`},
+		{"write_back three replicas", func(c *Config) {
+			c.Exports[0].Cache = &Cache{SSD: "/ssd", Mode: "writeback", WriteBack: WriteBack{Replicas: []string{"nbd://a/x", "nbd://b/x", "nbd://c/x"}}}
+		}, "exports[0].cache.write_back.replicas: 3 replicas: give one or two"},
+		{"write_back on_replica_loss", func(c *Config) {
+			c.Exports[0].Cache = &Cache{SSD: "/ssd", Mode: "writeback", WriteBack: WriteBack{OnReplicaLoss: "panic"}}
+		}, `exports[0].cache.write_back.on_replica_loss: "panic": use writethrough`},
 		{"ublk id", func(c *Config) { id := -2; c.Exports[0].UBLK = &UBLK{ID: &id} }, "exports[0].ublk.id: -2 is out of range"},
 		{"ublk queues", func(c *Config) { c.Exports[0].UBLK = &UBLK{Queues: 5000} }, "exports[0].ublk.queues: 5000 is out of range"},
 		{"ublk depth", func(c *Config) { c.Exports[0].UBLK = &UBLK{Depth: -1} }, "exports[0].ublk.depth: -1 is out of range"},

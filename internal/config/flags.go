@@ -156,6 +156,19 @@ var Flags = []Flag{
 		func(c *Cache, v string) { c.WriteBack.OnStop = v }),
 	cacheFlag("write-back-order", "write_back.order", "the order write-back's dirty data goes back to the backend in: flush (the default: the writes between two FLUSHes after all earlier ones, so that the backend alone is always consistent, only older) or address (coalesced across FLUSHes, faster; while dirty data remains the backend alone may be torn)",
 		func(c *Cache, v string) { c.WriteBack.Order = v }),
+	{Name: "replica", Field: "exports[0].cache.write_back.replicas[]", Kind: List,
+		Usage: "write-back: also log every change on this replica (an NBD URL of 'tierblk replica serve' on a peer, e.g. nbd://peer:10810/nas); a FLUSH then waits for it too; repeat for two",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			if e := first(c); e != nil {
+				if e.Cache == nil {
+					e.Cache = &Cache{}
+				}
+				e.Cache.WriteBack.Replicas = v
+			}
+			return nil
+		}},
+	cacheFlag("on-replica-loss", "write_back.on_replica_loss", "what a lost replica makes the cache do: writethrough (the default: write the dirty data back and write through until it is back) or wait (FLUSH waits until it is back)",
+		func(c *Cache, v string) { c.WriteBack.OnReplicaLoss = v }),
 	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
 		apply: func(c *Config, v []string, _ func(string) bool) error {
 			on, _ := strconv.ParseBool(last(v))

@@ -22,6 +22,7 @@ import (
 	"github.com/tierblk/tierblk/internal/listen"
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd/server"
+	"github.com/tierblk/tierblk/internal/replica"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/internal/volume"
@@ -179,8 +180,8 @@ wait:
 		}
 	}
 	n.setStatus(fmt.Sprintf("stopping: flushing %d export%s", len(vols), plural(len(vols))))
-	for i, v := range vols {
-		if err := v.Flush(); err != nil {
+	for i, d := range devs {
+		if err := d.Flush(); err != nil { // a replicated export's replicas too
 			runErr = errors.Join(runErr, fmt.Errorf("flush export %q: %w", cfg.Exports[i].Name, err))
 		}
 	}
@@ -266,7 +267,19 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true, Meter: meter})
 		vols = append(vols, v)
 		var dev volume.Device = v
+		if e.Cache != nil && len(e.Cache.WriteBack.Replicas) > 0 {
+			rep, closeRep, err := openReplicas(e, v, caches[i], reg, log)
+			if err != nil {
+				return nil, nil, nil, nil, nil, fail(err)
+			}
+			closers = append(closers, closeRep)
+			sources[len(sources)-1].Replicas = rep.Stats
+			dev = rep
+		}
 		if e.RecordTrace != "" {
+			if dev != volume.Device(v) {
+				return nil, nil, nil, nil, nil, fail(errors.New("record_trace and write_back.replicas together: not supported; record the trace without replicas"))
+			}
 			rec, closeRec, err := openRecorder(e, log)
 			if err != nil {
 				return nil, nil, nil, nil, nil, fail(err)
@@ -280,6 +293,32 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 		log.Info("export", "name", e.Name, "backend", backend.Redact(e.Backend), "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
 	return vols, devs, caches, sources, closeAll, nil
+}
+
+// openReplicas connects to the export's replicas and starts logging its changes there; the close
+// stops that and disconnects.
+func openReplicas(e config.Export, v *volume.Volume, c *cache.Cache, reg *backend.Registry, log *slog.Logger) (*replica.Replicated, func() error, error) {
+	var peers []replica.Peer
+	closeDevs := func() error {
+		var errs []error
+		for _, p := range peers {
+			errs = append(errs, p.Dev.Close())
+		}
+		return errors.Join(errs...)
+	}
+	for _, u := range e.Cache.WriteBack.Replicas {
+		d, err := reg.Open(u, backend.Options{Logger: log})
+		if err != nil {
+			return nil, nil, errors.Join(fmt.Errorf("write_back.replicas: %s: %w", backend.Redact(u), err), closeDevs())
+		}
+		peers = append(peers, replica.Peer{Name: backend.Redact(u), Dev: d})
+	}
+	rep, err := replica.Replicate(v, c, peers, replica.Options{OnLoss: e.Cache.WriteBack.OnReplicaLoss, Log: log.With("export", e.Name)})
+	if err != nil {
+		return nil, nil, errors.Join(err, closeDevs())
+	}
+	log.Info("replicating write-back", "export", e.Name, "replicas", len(peers), "on_replica_loss", e.Cache.WriteBack.OnReplicaLoss)
+	return rep, func() error { return errors.Join(rep.Close(), closeDevs()) }, nil
 }
 
 // recordFlushInterval bounds what a crash of the daemon loses of a recorded trace.

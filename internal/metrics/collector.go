@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/replica"
 )
 
 // statMetric is one series read from a part S of a snapshot: a tierSnap per tier, the backend's
@@ -188,7 +189,37 @@ var (
 		"When the oldest flush or mode switch of the admin endpoint running now started, in seconds since the Unix epoch; 0 while none runs.")
 	requestDuration = prometheus.NewDesc("tierblk_request_duration_seconds",
 		"Time to complete a client request through the cache.", []string{"export", "op"}, nil)
+	// replicaMetrics are a replicated export's, one series per replica.
+	replicaMetrics = []struct {
+		desc  *prometheus.Desc
+		typ   prometheus.ValueType
+		value func(replica.PeerStats) float64
+	}{
+		{replicaDesc("tierblk_replica_up", "1 while the replica is in service (its log holds every change the backend lacks), 0 while lost or being resynchronised."), prometheus.GaugeValue,
+			func(s replica.PeerStats) float64 { return b2f(s.State == "ok") }},
+		{replicaDesc("tierblk_replica_lag_bytes", "Bytes of the replica's log not yet released: changes the backend may still lack."), prometheus.GaugeValue,
+			func(s replica.PeerStats) float64 { return float64(s.LagBytes) }},
+		{replicaDesc("tierblk_replica_losses_total", "Times the replica was lost (a write or flush to it failed)."), prometheus.CounterValue,
+			func(s replica.PeerStats) float64 { return float64(s.Losses) }},
+		{replicaDesc("tierblk_replica_resyncs_total", "Times a lost replica was brought back into service."), prometheus.CounterValue,
+			func(s replica.PeerStats) float64 { return float64(s.Resyncs) }},
+		{replicaDesc("tierblk_replica_flushes_total", "Flushes of the replica's log (FLUSH and FUA requests)."), prometheus.CounterValue,
+			func(s replica.PeerStats) float64 { return float64(s.Flushes) }},
+		{replicaDesc("tierblk_replica_flush_seconds_total", "Time spent in flushes of the replica's log: divided by tierblk_replica_flushes_total, a FLUSH's round trip to the peer."), prometheus.CounterValue,
+			func(s replica.PeerStats) float64 { return float64(s.FlushNS) / 1e9 }},
+	}
 )
+
+func replicaDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{"export", "replica"}, nil)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 // scrubProgress is the scrub's lines done over its lines, 1 for one that ended on an empty tier.
 func scrubProgress(s cache.ScrubStats) float64 {
@@ -232,6 +263,9 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- flushesInProgress
 	ch <- flushStart
 	ch <- requestDuration
+	for _, m := range replicaMetrics {
+		ch <- m.desc
+	}
 }
 
 func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
@@ -279,6 +313,13 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(flushStart, prometheus.GaugeValue, started, src.Export)
 		ch <- constHistogram(s.ReadLatency, src.Export, "read")
 		ch <- constHistogram(s.WriteLatency, src.Export, "write")
+		if src.Replicas != nil {
+			for _, r := range src.Replicas() {
+				for _, m := range replicaMetrics {
+					ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(r), src.Export, r.Name)
+				}
+			}
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/replica"
 )
 
 // Source is one export. Its funcs are called on every request and must be safe to call
@@ -39,6 +40,8 @@ type Source struct {
 	SetMode  func(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
 	Heal     func() error
 	Scrub    func(ctx context.Context, rate int64) (cache.ScrubStats, error)
+	// Replicas are the states of a replicated export's replicas (nil: none).
+	Replicas func() []replica.PeerStats
 }
 
 // StatsResponse is the body of GET /stats.
@@ -51,8 +54,9 @@ type StatsResponse struct {
 
 // ExportStats is one export's entry in StatsResponse.
 type ExportStats struct {
-	Name  string      `json:"name"`
-	Stats cache.Stats `json:"stats"`
+	Name     string              `json:"name"`
+	Stats    cache.Stats         `json:"stats"`
+	Replicas []replica.PeerStats `json:"replicas,omitempty"`
 }
 
 // ParseMetricsAddr splits a metrics endpoint's address, unix:/path or [HOST]:PORT with any host
@@ -130,7 +134,11 @@ func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers
 				if s.Stats == nil {
 					continue
 				}
-				resp.Exports = append(resp.Exports, ExportStats{Name: s.Export, Stats: s.Stats()})
+				es := ExportStats{Name: s.Export, Stats: s.Stats()}
+				if s.Replicas != nil {
+					es.Replicas = s.Replicas()
+				}
+				resp.Exports = append(resp.Exports, es)
 			}
 			if daemon != nil {
 				d := daemon()

@@ -70,13 +70,15 @@ func Drain(dev, b backend.Backend, progress func(DrainStats)) (DrainStats, error
 		return st, fmt.Errorf("replica: drain: flush backend: %w", err)
 	}
 	end := r.End()
-	if end.Seq == r.Tail().Seq {
+	if end.Seq == r.Tail().Seq && r.sb.drained {
 		return st, nil // nothing applied: the superblock says so already
 	}
-	// Only now that the backend holds every record durably may the log forget them.
+	// Only now that the backend holds every record durably may the log forget them. The flag
+	// tells the primary, should it come back, that the backend moved on without it.
 	s := r.sb
 	s.gen++
 	s.tail = end
+	s.drained = true
 	if err := writeSuper(dev, &s); err != nil {
 		return st, fmt.Errorf("replica: drain: applied %d records but could not mark the log empty: %w", st.Records, err)
 	}

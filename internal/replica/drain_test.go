@@ -163,6 +163,10 @@ func TestDrainMatchesAModel(t *testing.T) {
 				assert.LessOrEqual(t, nas.maxWrite.Load(), int64(zeroChunk), "zeroes are written in chunks of at most 1 MiB")
 			}
 
+			r, err := Open(dev)
+			require.NoError(t, err)
+			assert.True(t, r.Drained(), "the superblock says the log was drained")
+
 			// The log is empty now: a second drain changes nothing, the log device included.
 			before := nas.changes()
 			st, err = Drain(dev, tc.wrap(nas), nil)

@@ -110,6 +110,7 @@ const (
 const (
 	sMagic   = 0
 	sVersion = 8
+	sFlags   = 12
 	sGen     = 16
 	sID      = 24
 	sVolume  = 32
@@ -147,12 +148,21 @@ type super struct {
 	volumeSize int64
 	deviceSize int64
 	tail       Position
+	// drained is set by Drain: the log's changes went to the backend without the primary, which
+	// must not come back with the cache it had (its data may be older than the backend's now).
+	drained bool
 }
+
+// flagDrained is the superblock flag of super.drained.
+const flagDrained = 1
 
 func (s *super) encode() []byte {
 	b := make([]byte, sbSize)
 	copy(b[sMagic:], sbMagic)
 	binary.LittleEndian.PutUint32(b[sVersion:], version)
+	if s.drained {
+		binary.LittleEndian.PutUint32(b[sFlags:], flagDrained)
+	}
 	binary.LittleEndian.PutUint64(b[sGen:], s.gen)
 	binary.LittleEndian.PutUint64(b[sID:], s.id)
 	binary.LittleEndian.PutUint64(b[sVolume:], uint64(s.volumeSize))
@@ -187,6 +197,7 @@ func decodeSuper(b []byte) (super, superState, uint32) {
 		return super{}, sbBadVersion, v
 	}
 	s := super{
+		drained:    binary.LittleEndian.Uint32(b[sFlags:])&flagDrained != 0,
 		gen:        binary.LittleEndian.Uint64(b[sGen:]),
 		id:         binary.LittleEndian.Uint64(b[sID:]),
 		volumeSize: int64(binary.LittleEndian.Uint64(b[sVolume:])),

@@ -53,6 +53,10 @@ func (r *Reader) VolumeSize() int64 { return r.sb.volumeSize }
 // Tail is where the superblock says the log starts.
 func (r *Reader) Tail() Position { return r.sb.tail }
 
+// Drained reports whether Drain applied the log without its primary (and nothing has written it
+// since): the backend may hold changes newer than any cache the primary had.
+func (r *Reader) Drained() bool { return r.sb.drained }
+
 // End is the position after the last record Next returned (the tail before any).
 func (r *Reader) End() Position { return r.at }
 

@@ -1,7 +1,8 @@
 // Package nbdbackend opens an export of a remote NBD server as a backend.Backend, from the URI
 // forms of doc/uri.md of the NBD project: nbd://HOST[:PORT]/EXPORT over TCP (port 10809 by
 // default) and nbd+unix:///EXPORT?socket=PATH over a Unix socket, each with an optional
-// connections=N query; nbds:// and nbds+unix:// are the same over TLS, with libnbd's queries
+// connections=N query and a reconnect-wait=DURATION one (how long a request waits for a dropped
+// connection to come back before it fails, 1m by default); nbds:// and nbds+unix:// are the same over TLS, with libnbd's queries
 // tls-certificates=DIR (internal/tlsconf's layout), tls-verify-peer and tls-hostname.
 //
 // It is a thin layer over the client in internal/nbd/client, which pipelines requests, splits
@@ -19,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tierblk/tierblk/internal/nbd/client"
 	"github.com/tierblk/tierblk/internal/nbd/proto"
@@ -28,10 +30,10 @@ import (
 
 // Example URLs of the schemes, for help texts and error messages.
 const (
-	Usage        = "nbd://HOST[:PORT]/EXPORT[?connections=N]"
-	UnixUsage    = "nbd+unix:///EXPORT?socket=PATH[&connections=N]"
-	TLSUsage     = "nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N]"
-	TLSUnixUsage = "nbds+unix:///EXPORT?socket=PATH[&tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N]"
+	Usage        = "nbd://HOST[:PORT]/EXPORT[?connections=N][&reconnect-wait=DURATION]"
+	UnixUsage    = "nbd+unix:///EXPORT?socket=PATH[&connections=N][&reconnect-wait=DURATION]"
+	TLSUsage     = "nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N][&reconnect-wait=DURATION]"
+	TLSUnixUsage = "nbds+unix:///EXPORT?socket=PATH[&tls-certificates=DIR][&tls-verify-peer=false][&tls-hostname=NAME][&connections=N][&reconnect-wait=DURATION]"
 )
 
 // maxConnections bounds connections=N: more connections than this only cost the server threads.
@@ -103,6 +105,14 @@ func clientConfig(u *url.URL) (client.Config, *tlsconf.Options, error) {
 		}
 		cfg.Connections = n
 		delete(q, "connections")
+	}
+	if v, ok := q["reconnect-wait"]; ok {
+		d, err := time.ParseDuration(v[0])
+		if err != nil || d < time.Second {
+			return bad("reconnect-wait=%s is not a duration of at least 1s (e.g. 10s; default 1m)", v[0])
+		}
+		cfg.MaxReconnectWait = d
+		delete(q, "reconnect-wait")
 	}
 	var tlsOpts *tlsconf.Options
 	if strings.HasPrefix(u.Scheme, "nbds") {

@@ -5,6 +5,7 @@ package nbdbackend_test
 import (
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -29,6 +30,7 @@ func TestConfig(t *testing.T) {
 		{url: "nbd://nas/hello%20world", want: client.Config{Network: "tcp", Address: "nas:10809", Export: "hello world"}},
 		{url: "nbd://[::1]:9000/x", want: client.Config{Network: "tcp", Address: "[::1]:9000", Export: "x"}},
 		{url: "nbd://10.0.0.1/x?connections=4", want: client.Config{Network: "tcp", Address: "10.0.0.1:10809", Export: "x", Connections: 4}},
+		{url: "nbd://10.0.0.1/x?reconnect-wait=10s", want: client.Config{Network: "tcp", Address: "10.0.0.1:10809", Export: "x", MaxReconnectWait: 10 * time.Second}},
 		{url: "nbd+unix:///disk?socket=/run/nbd.sock", want: client.Config{Network: "unix", Address: "/run/nbd.sock", Export: "disk"}},
 		{url: "nbd+unix:///?socket=nbd.sock&connections=2", want: client.Config{Network: "unix", Address: "nbd.sock", Connections: 2}},
 		{url: "nbds://nas/disk", want: client.Config{Network: "tcp", Address: "nas:10809", Export: "disk"},
@@ -61,6 +63,8 @@ func TestConfig(t *testing.T) {
 		{url: "nbd+unix:///disk", err: "no socket= path; use nbd+unix:///EXPORT?socket=PATH"},
 		{url: "nbd+unix://host/disk?socket=/s", err: "takes no host"},
 		{url: "nbd://nas/x?connections=0", err: "connections=0 is not a number from 1 to 64"},
+		{url: "nbd://nas/x?reconnect-wait=5", err: "reconnect-wait=5 is not a duration of at least 1s"},
+		{url: "nbd://nas/x?reconnect-wait=100ms", err: "reconnect-wait=100ms is not a duration of at least 1s"},
 		{url: "nbd://nas/x?connections=many", err: "connections=many"},
 		{url: "nbd://nas/x?connections=1&connections=2", err: "connections= is given 2 times"},
 		{url: "nbds://nas/x?tls-type=x509&zz=1", err: "unknown query parameter tls-type, zz"},

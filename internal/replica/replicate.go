@@ -1,0 +1,623 @@
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
+)
+
+// Cache is what a replicated export needs of its write-back cache (*cache.Cache has it).
+type Cache interface {
+	MarkDirty() *cache.DirtyMark
+	Flush() error
+	FlushAll(ctx context.Context, progress func(done, total int64)) error
+	SetMode(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
+	Mode() cache.Mode
+	Stats() cache.Stats
+}
+
+// What a replicated export does when a replica is lost (Options.OnLoss).
+const (
+	// OnLossWriteThrough switches the cache to write-through and writes its dirty data back, so
+	// that FLUSH needs the backend alone, until the replica is back (FVP's behaviour).
+	OnLossWriteThrough = "writethrough"
+	// OnLossWait makes FLUSH and FUA writes wait until the replica is back.
+	OnLossWait = "wait"
+)
+
+// Options configure Replicate.
+type Options struct {
+	// OnLoss is OnLossWriteThrough (or "") or OnLossWait.
+	OnLoss string
+	// Retry is how often a lost replica is tried again (default 2 s).
+	Retry time.Duration
+	// Check is how often the marks are looked at for a release (default 100 ms).
+	Check time.Duration
+	Log   *slog.Logger
+}
+
+// Peer is one replica's device (an NBD export on the peer) and its name for logs and stats.
+type Peer struct {
+	Name string
+	Dev  backend.Backend
+}
+
+// Replicated is a volume whose every change is also logged on its replicas: a FLUSH, or a FUA
+// write, is acknowledged only once every write it covers is durable on the cache and on every
+// replica in service (DRBD's protocol C at the block layer's granularity). It must never
+// acknowledge a FLUSH that a replica in service does not hold, nor release a replica's record
+// before the backend holds it durably.
+type Replicated struct {
+	*volume.Volume
+	c     Cache
+	opt   Options
+	size  int64
+	peers []*peer
+	// gate: requests hold it shared; a resynchronisation holds it alone, so that no change is
+	// between the cache's write-back and a fresh log.
+	gate   sync.RWMutex
+	stop   chan struct{}
+	wg     sync.WaitGroup
+	closed atomic.Bool
+}
+
+// peer is one replica in the primary: its log, the seqs of its records done (cache and log both),
+// and the marks that wait for the cache to write those records' data back.
+type peer struct {
+	Peer
+	r    *Replicated
+	log  atomic.Pointer[Log] // nil while lost
+	win  *window
+	urge chan struct{}
+	// marks, oldest first; touched by the peer's loop only.
+	marks []mark
+	mu    sync.Mutex
+	// back is closed when a lost replica is in service again; nil while in service.
+	back chan struct{}
+	// switched is closed once the cache, in OnLossWriteThrough, is in write-through with the dirty
+	// data written back (switchErr if that failed): until then a FLUSH needs the lost replica.
+	switched  chan struct{}
+	switchErr error
+	stats     PeerStats
+}
+
+type mark struct {
+	at   Position // the records before it are done in the cache
+	m    *cache.DirtyMark
+	when time.Time
+}
+
+// PeerStats is what tierblk stats shows of a replica.
+type PeerStats struct {
+	Name      string `json:"name"`
+	State     string `json:"state"` // "ok", "lost", "resyncing"
+	LastError string `json:"last_error,omitempty"`
+	LagBytes  int64  `json:"lag_bytes"` // log bytes not yet released
+	Losses    uint64 `json:"losses"`
+	Resyncs   uint64 `json:"resyncs"`
+	FullWaits uint64 `json:"full_waits"` // times a change waited for room in the log
+	Flushes   uint64 `json:"flushes"`
+	FlushNS   uint64 `json:"flush_ns_total"` // time spent in the replica's flushes
+}
+
+// Replicate starts replicating v, whose backend is the write-back cache c, to peers. It writes the
+// cache's dirty data back first and starts a fresh log on each peer: a log from before holds
+// nothing the backend will lack.
+func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated, error) {
+	if o.OnLoss == "" {
+		o.OnLoss = OnLossWriteThrough
+	}
+	if o.OnLoss != OnLossWriteThrough && o.OnLoss != OnLossWait {
+		return nil, fmt.Errorf("replica: on_replica_loss %q: use writethrough or wait", o.OnLoss)
+	}
+	if o.Retry <= 0 {
+		o.Retry = 2 * time.Second
+	}
+	if o.Check <= 0 {
+		o.Check = 100 * time.Millisecond
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	r := &Replicated{Volume: v, c: c, opt: o, size: v.Info().Size, stop: make(chan struct{})}
+	if err := checkNotDrained(c, peers); err != nil {
+		return nil, err
+	}
+	if err := c.FlushAll(context.Background(), nil); err != nil {
+		return nil, fmt.Errorf("replica: writing back the dirty data before the logs start: %w", err)
+	}
+	for _, p := range peers {
+		l, err := Create(p.Dev, r.size)
+		if err != nil {
+			return nil, fmt.Errorf("replica %s: %w", p.Name, err)
+		}
+		pr := &peer{Peer: p, r: r, urge: make(chan struct{}, 1)}
+		pr.start(l)
+		pr.stats.Name, pr.stats.State = p.Name, "ok"
+		r.peers = append(r.peers, pr)
+	}
+	for _, p := range r.peers {
+		r.wg.Add(1)
+		go p.loop()
+	}
+	return r, nil
+}
+
+// checkNotDrained refuses to start a cache that holds data over a replica log that was drained:
+// the export was taken over without this primary, the backend may have moved on since, and the
+// cache's lines, dirty or clean, may be older than the backend's: written back or served, they
+// would be wrong bytes.
+func checkNotDrained(c Cache, peers []Peer) error {
+	var lines uint64
+	for _, t := range c.Stats().Tiers {
+		lines += t.Lines
+	}
+	if lines == 0 {
+		return nil
+	}
+	for _, p := range peers {
+		r, err := Open(p.Dev)
+		if err != nil {
+			continue // no log there yet, or not one of ours: Create formats it
+		}
+		if r.Drained() {
+			return fmt.Errorf("replica %s: its log was drained into the backend (tierblk replica drain: the export was taken over without this host), so this cache's %d lines may be older than the backend; start with an empty cache (remove the SSD tier's metadata directory) or without the replica", p.Name, lines)
+		}
+	}
+	return nil
+}
+
+// start puts l in service: a new window of seqs from its head.
+func (p *peer) start(l *Log) {
+	p.win = newWindow(l.Head())
+	l.SetOnFull(func() {
+		p.mu.Lock()
+		p.stats.FullWaits++
+		p.mu.Unlock()
+		select {
+		case p.urge <- struct{}{}:
+		default:
+		}
+	})
+	p.log.Store(l)
+}
+
+// WriteAtAsync and WriteAtOn decline: a replicated write is logged as it is written (WriteAt).
+func (r *Replicated) WriteAtAsync([]byte, int64, bool, func(error)) bool { return false }
+
+// WriteAtOn declines, as WriteAtAsync.
+func (r *Replicated) WriteAtOn(backend.Ring, []byte, int64, bool, func(error)) bool { return false }
+
+// WriteAt writes p to the cache and logs it on every replica, both at once.
+func (r *Replicated) WriteAt(p []byte, off int64, fua bool) error {
+	return r.change(KindWrite, off, int64(len(p)), p, fua, func() error { return r.Volume.WriteAt(p, off, fua) })
+}
+
+// Trim is logged too: a write the log holds from before it must not come back over it in a drain.
+func (r *Replicated) Trim(off, length int64, fua bool) error {
+	return r.change(KindTrim, off, length, nil, fua, func() error { return r.Volume.Trim(off, length, fua) })
+}
+
+// WriteZeroes is logged as the range zeroed.
+func (r *Replicated) WriteZeroes(off, length int64, f volume.ZeroFlags) error {
+	return r.change(KindZero, off, length, nil, f.FUA, func() error { return r.Volume.WriteZeroes(off, length, f) })
+}
+
+// change applies one change to the cache (apply) and logs it on every replica in service at once;
+// with fua it returns once the change is durable on them too.
+func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool, apply func() error) error {
+	if length == 0 || off < 0 || off+length > r.size {
+		return apply() // the volume's checks say what is wrong, and nothing is logged
+	}
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	type logged struct {
+		p *peer
+		l *Log
+		t Ticket
+	}
+	var held [2]logged
+	tickets := held[:0]
+	for _, p := range r.peers {
+		l := p.log.Load()
+		if l == nil {
+			continue
+		}
+		t, err := l.Reserve(context.Background(), kind, off, length, len(data))
+		if err != nil {
+			p.lose(l, err)
+			continue
+		}
+		tickets = append(tickets, logged{p, l, t})
+	}
+	errs := make([]error, len(tickets))
+	var wg sync.WaitGroup
+	for i, lt := range tickets {
+		wg.Go(func() { errs[i] = lt.l.Write(lt.t, data) })
+	}
+	err := apply()
+	wg.Wait()
+	for i, lt := range tickets {
+		lt.p.win.done(lt.t)
+		if errs[i] != nil {
+			lt.p.lose(lt.l, errs[i])
+		}
+	}
+	if err != nil || !fua {
+		return err
+	}
+	for _, lt := range tickets {
+		if err := lt.p.syncUpTo(lt.l, lt.t.Seq); err != nil {
+			return err
+		}
+	}
+	return r.waitLost()
+}
+
+// Flush makes every write that completed before it durable on the cache and on every replica in
+// service; a lost replica's part is what OnLoss says.
+func (r *Replicated) Flush() error {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
+	var wg sync.WaitGroup
+	var cacheErr error
+	wg.Go(func() { cacheErr = r.Volume.Flush() })
+	errs := make([]error, len(r.peers))
+	for i, p := range r.peers {
+		wg.Go(func() { errs[i] = p.flush() })
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, cacheErr)...); err != nil {
+		return err
+	}
+	return r.waitLost()
+}
+
+// waitLost is a FLUSH's wait for lost replicas: with OnLossWait until they are back; with
+// OnLossWriteThrough until the cache is in write-through with its dirty data written back.
+func (r *Replicated) waitLost() error {
+	for _, p := range r.peers {
+		p.mu.Lock()
+		back, switched := p.back, p.switched
+		p.mu.Unlock()
+		if back == nil {
+			continue
+		}
+		if r.opt.OnLoss == OnLossWait {
+			r.gate.RUnlock() // a resync needs the gate to itself
+			select {
+			case <-back:
+			case <-r.stop:
+			}
+			r.gate.RLock()
+			continue
+		}
+		// writethrough: once the switch has written the dirty data back, the backend holds
+		// every write acknowledged before it.
+		<-switched
+		p.mu.Lock()
+		err := p.switchErr
+		p.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("replica %s lost, and the switch to write-through failed: %w", p.Name, err)
+		}
+	}
+	if r.closed.Load() {
+		return backend.ErrClosed
+	}
+	return nil
+}
+
+// flush is a FLUSH's part on one replica: a flush record after every record reserved so far,
+// then the replica's device flushed.
+func (p *peer) flush() error {
+	l := p.log.Load()
+	if l == nil {
+		return nil
+	}
+	t, err := l.Reserve(context.Background(), KindFlush, 0, 0, 0)
+	if err != nil {
+		p.lose(l, err)
+		return nil
+	}
+	err = l.Write(t, nil)
+	p.win.done(t)
+	if err != nil {
+		p.lose(l, err)
+		return nil
+	}
+	return p.syncUpTo(l, t.Seq)
+}
+
+// syncUpTo waits for every record up to seq to be done, then flushes the replica's device: a
+// reader of the log stops at the first record missing, so a record is durable only with all
+// before it.
+func (p *peer) syncUpTo(l *Log, seq uint64) error {
+	if !p.win.wait(seq) {
+		return nil // lost meanwhile: waitLost decides
+	}
+	t0 := time.Now()
+	err := l.Sync()
+	p.mu.Lock()
+	p.stats.Flushes++
+	p.stats.FlushNS += uint64(time.Since(t0))
+	p.mu.Unlock()
+	if err != nil {
+		p.lose(l, err)
+	}
+	return nil
+}
+
+// lose takes l, failed with err, out of service (once) and does what OnLoss says.
+func (p *peer) lose(l *Log, err error) {
+	if !p.log.CompareAndSwap(l, nil) {
+		return
+	}
+	r := p.r
+	l.Close()
+	p.win.fail()
+	switched := make(chan struct{})
+	p.mu.Lock()
+	p.back, p.switched, p.switchErr = make(chan struct{}), switched, nil
+	p.stats.State, p.stats.LastError = "lost", err.Error()
+	p.stats.Losses++
+	p.mu.Unlock()
+	r.opt.Log.Error("replica lost", "replica", p.Name, "err", err, "on_replica_loss", r.opt.OnLoss)
+	if r.opt.OnLoss == OnLossWriteThrough {
+		// The cache stops holding data only the lost replica had; FLUSHes wait for it (waitLost).
+		err := r.c.SetMode(context.Background(), cache.WriteThrough, nil)
+		if err != nil {
+			r.opt.Log.Error("replica lost: switching to write-through", "replica", p.Name, "err", err)
+		}
+		p.mu.Lock()
+		p.switchErr = err
+		p.mu.Unlock()
+	}
+	close(switched)
+}
+
+// loop releases what the backend holds and brings a lost replica back.
+func (p *peer) loop() {
+	defer p.r.wg.Done()
+	tick := time.NewTicker(p.r.opt.Check)
+	defer tick.Stop()
+	var retry <-chan time.Time
+	beat := time.Now()
+	for {
+		select {
+		case <-p.r.stop:
+			p.dropMarks()
+			return
+		case <-tick.C:
+		case <-p.urge:
+			p.urgent()
+		case <-retry:
+		}
+		if p.log.Load() == nil {
+			p.dropMarks()
+			if retry == nil {
+				retry = time.After(p.r.opt.Retry)
+			} else if p.resync() {
+				retry = nil
+			} else {
+				retry = time.After(p.r.opt.Retry)
+			}
+			continue
+		}
+		p.release()
+		if time.Since(beat) >= Heartbeat {
+			// The peer's drain takes a log written within its lease for one whose primary
+			// may be alive: an idle primary writes anyway.
+			beat = time.Now()
+			p.flush()
+		}
+	}
+}
+
+// Heartbeat is how often a primary writes its replicas' logs at the least (a flush record).
+const Heartbeat = 2 * time.Second
+
+func (p *peer) dropMarks() {
+	for _, m := range p.marks {
+		m.m.Drop()
+	}
+	p.marks = nil
+}
+
+// markEvery is how often a mark is taken, and maxMarks how many may wait at once: each holds a
+// copy of the dirty bits.
+const (
+	markEvery = 250 * time.Millisecond
+	maxMarks  = 8
+)
+
+// release takes a mark when one is due and moves the log's tail past the marks whose dirty data
+// the cache has written back since.
+func (p *peer) release() {
+	l := p.log.Load()
+	if l == nil {
+		return // lost since the loop looked
+	}
+	at := p.win.watermark()
+	if len(p.marks) < maxMarks && at != l.Tail() && (len(p.marks) == 0 || (time.Since(p.marks[len(p.marks)-1].when) >= markEvery && p.marks[len(p.marks)-1].at != at)) {
+		p.marks = append(p.marks, mark{at: at, m: p.r.c.MarkDirty(), when: time.Now()})
+	}
+	var to *Position
+	for len(p.marks) > 0 && p.marks[0].m.Left() == 0 {
+		to = &p.marks[0].at
+		p.marks[0].m.Drop()
+		p.marks = p.marks[1:]
+	}
+	if to != nil {
+		// The marks' blocks are on the backend, flushed; writes that went to it around the cache
+		// (a full tier, trims) need its flush too.
+		if err := p.r.c.Flush(); err != nil {
+			p.r.opt.Log.Warn("replica: release waits: flush", "replica", p.Name, "err", err)
+			return
+		}
+		if err := l.Release(*to); err != nil {
+			p.lose(l, err)
+			return
+		}
+	}
+	p.mu.Lock()
+	p.stats.LagBytes = l.Used()
+	p.mu.Unlock()
+}
+
+// urgent is the log full: the cache writes back what the oldest records hold now, so that a
+// release makes room.
+func (p *peer) urgent() {
+	if p.log.Load() == nil {
+		return
+	}
+	at := p.win.watermark()
+	p.marks = append(p.marks, mark{at: at, m: p.r.c.MarkDirty(), when: time.Now()})
+	if err := p.r.c.FlushAll(context.Background(), nil); err != nil {
+		p.r.opt.Log.Warn("replica: log full: writing back", "replica", p.Name, "err", err)
+	}
+}
+
+// resync brings a lost replica back: with no change under way (the gate), the cache's dirty data
+// is written back, so a fresh, empty log holds everything the backend lacks; in write-through the
+// cache goes back to write-back.
+func (p *peer) resync() bool {
+	r := p.r
+	p.mu.Lock()
+	p.stats.State = "resyncing"
+	p.mu.Unlock()
+	r.gate.Lock()
+	defer r.gate.Unlock()
+	if r.closed.Load() {
+		return false
+	}
+	err := r.c.FlushAll(context.Background(), nil)
+	var l *Log
+	if err == nil {
+		l, err = Create(p.Dev, r.size)
+	}
+	if err != nil {
+		p.mu.Lock()
+		p.stats.State, p.stats.LastError = "lost", err.Error()
+		p.mu.Unlock()
+		return false
+	}
+	p.start(l)
+	if r.opt.OnLoss == OnLossWriteThrough && r.allInService() && r.c.Mode() == cache.WriteThrough {
+		if err := r.c.SetMode(context.Background(), cache.WriteBack, nil); err != nil {
+			r.opt.Log.Error("replica back: switching to write-back", "replica", p.Name, "err", err)
+		}
+	}
+	p.mu.Lock()
+	close(p.back)
+	p.back = nil
+	p.stats.State = "ok"
+	p.stats.Resyncs++
+	p.mu.Unlock()
+	r.opt.Log.Info("replica back in service", "replica", p.Name)
+	return true
+}
+
+func (r *Replicated) allInService() bool {
+	for _, p := range r.peers {
+		if p.log.Load() == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// Stats returns each replica's state.
+func (r *Replicated) Stats() []PeerStats {
+	out := make([]PeerStats, len(r.peers))
+	for i, p := range r.peers {
+		p.mu.Lock()
+		out[i] = p.stats
+		p.mu.Unlock()
+	}
+	return out
+}
+
+// Close stops the loops and closes the logs (not their devices: their owner closes them). It
+// releases nothing: what the logs hold stays for a drain.
+func (r *Replicated) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
+	close(r.stop)
+	r.wg.Wait()
+	for _, p := range r.peers {
+		if l := p.log.Load(); l != nil {
+			l.Close()
+		}
+	}
+	return nil
+}
+
+// window follows which of a log's records are done (in the cache and on the replica's device):
+// the position before which all are, and waiters for it.
+type window struct {
+	mu     sync.Mutex
+	cond   *sync.Cond
+	at     Position            // every record before it is done
+	early  map[uint64]Position // records done past a gap: seq -> the position after them
+	failed bool
+}
+
+func newWindow(head Position) *window {
+	w := &window{at: head, early: map[uint64]Position{}}
+	w.cond = sync.NewCond(&w.mu)
+	return w
+}
+
+// done marks t's record done.
+func (w *window) done(t Ticket) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if t.Seq != w.at.Seq {
+		w.early[t.Seq] = t.End
+		return
+	}
+	w.at = t.End
+	for {
+		end, ok := w.early[w.at.Seq]
+		if !ok {
+			break
+		}
+		delete(w.early, w.at.Seq)
+		w.at = end
+	}
+	w.cond.Broadcast()
+}
+
+// wait waits until every record up to seq is done; false if the log failed first.
+func (w *window) wait(seq uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for w.at.Seq <= seq && !w.failed {
+		w.cond.Wait()
+	}
+	return !w.failed
+}
+
+func (w *window) watermark() Position {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at
+}
+
+// fail ends every wait.
+func (w *window) fail() {
+	w.mu.Lock()
+	w.failed = true
+	w.mu.Unlock()
+	w.cond.Broadcast()
+}

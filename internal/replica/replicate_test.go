@@ -1,0 +1,274 @@
+package replica
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/cache"
+	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend/fault"
+	"github.com/tierblk/tierblk/pkg/backend/mem"
+)
+
+const (
+	testBlock   = 4 << 10
+	testLine    = 16 << 10
+	testVolume  = 1 << 20
+	testLogSize = 8<<10 + 2<<20
+)
+
+// primary is a write-back cache over a backend that can be made to die (fault), replicated to
+// one log device.
+type primary struct {
+	b     *fault.Backend
+	inner *mem.Mem
+	c     *cache.Cache
+	r     *Replicated
+	logs  []*fault.Backend
+	model []byte // what every acknowledged change made the volume
+	mu    sync.Mutex
+}
+
+func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int) *primary {
+	t.Helper()
+	p := &primary{inner: mem.New(testVolume), model: make([]byte, testVolume)}
+	p.b = fault.New(p.inner, fault.Options{})
+	c, err := cache.New(p.b, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 2 * testVolume, Admission: "always"}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem(),
+		// The tier holds the whole volume and never has more than half of its lines dirty: the
+		// destager leaves the dirty data alone, and only the replicas' releases write it back.
+		WriteBack: cache.WriteBackConfig{Throttle: "none", High: 0.9, Low: 0.8, Max: 0.95}})
+	require.NoError(t, err)
+	p.c = c
+	var peers []Peer
+	for i := range replicas {
+		d := fault.New(mem.New(logSize), fault.Options{})
+		p.logs = append(p.logs, d)
+		peers = append(peers, Peer{Name: fmt.Sprintf("peer%d", i), Dev: d})
+	}
+	p.r, err = Replicate(volume.New(c, volume.Options{}), c, peers, Options{OnLoss: onLoss, Retry: 10 * time.Millisecond, Check: time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		p.r.Close()
+		c.Close()
+	})
+	return p
+}
+
+// write writes n random blocks at block b through the replicated volume, and into the model once
+// acknowledged.
+func (p *primary) write(t *testing.T, rng *rand.Rand, b, n int, fua bool) {
+	t.Helper()
+	buf := make([]byte, n*testBlock)
+	for i := range buf {
+		buf[i] = byte(rng.Uint32())
+	}
+	require.NoError(t, p.r.WriteAt(buf, int64(b)*testBlock, fua))
+	p.mu.Lock()
+	copy(p.model[b*testBlock:], buf)
+	p.mu.Unlock()
+}
+
+// workload writes, trims, zeroes and flushes at random, count requests from workers goroutines on
+// disjoint blocks.
+func (p *primary) workload(t *testing.T, seed uint64, workers, count int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	blocks := testVolume / testBlock / workers
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			for range count {
+				b := w*blocks + rng.IntN(blocks-4)
+				n := 1 + rng.IntN(4)
+				switch k := rng.IntN(20); {
+				case k == 0:
+					require.NoError(t, p.r.Flush())
+				case k == 1:
+					require.NoError(t, p.r.WriteZeroes(int64(b)*testBlock, int64(n)*testBlock, volume.ZeroFlags{}))
+					p.mu.Lock()
+					clear(p.model[b*testBlock : (b+n)*testBlock])
+					p.mu.Unlock()
+				default:
+					p.write(t, rng, b, n, k == 2)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// die is the primary's host dying: from now on nothing reaches the backend, and the SSD tier is
+// gone with it. It returns a copy of the backend as the host left it.
+func (p *primary) die(t *testing.T) *mem.Mem {
+	t.Helper()
+	p.b.SetFailing(true)
+	got := make([]byte, testVolume)
+	_, err := p.inner.ReadAt(got, 0)
+	require.NoError(t, err)
+	after := mem.New(testVolume)
+	_, err = after.WriteAt(got, 0)
+	require.NoError(t, err)
+	return after
+}
+
+func requireVolume(t *testing.T, want []byte, b *mem.Mem, what string) {
+	t.Helper()
+	got := make([]byte, testVolume)
+	_, err := b.ReadAt(got, 0)
+	require.NoError(t, err)
+	for off := 0; off < testVolume; off += testBlock {
+		if !bytes.Equal(got[off:off+testBlock], want[off:off+testBlock]) {
+			t.Fatalf("%s: block %d differs from the last acknowledged change", what, off/testBlock)
+		}
+	}
+}
+
+// TestReplicatedDrainHasEveryWrite: a primary that dies with dirty data the backend lacks loses
+// nothing once its replica's log is drained (the memory devices keep every write, so every
+// acknowledged write must be there, not only the flushed ones).
+func TestReplicatedDrainHasEveryWrite(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d-replicas", replicas), func(t *testing.T) {
+			p := newPrimary(t, OnLossWriteThrough, testLogSize, replicas)
+			p.workload(t, 1, 4, 300)
+			require.Positive(t, p.c.Stats().Dirty.Bytes, "the test proves nothing without dirty data")
+			after := p.die(t)
+			left := make([]byte, testVolume)
+			_, err := after.ReadAt(left, 0)
+			require.NoError(t, err)
+			require.NotEqual(t, p.model, left, "the backend alone already holds everything: the test proves nothing")
+			for i, l := range p.logs {
+				b := mem.New(testVolume)
+				_, err := b.WriteAt(left, 0)
+				require.NoError(t, err)
+				st, err := Drain(l, b, nil)
+				require.NoError(t, err)
+				require.Positive(t, st.Writes)
+				requireVolume(t, p.model, b, fmt.Sprintf("replica %d drained", i))
+			}
+		})
+	}
+}
+
+// TestReplicatedReleases: once the cache has written the dirty data back, the log is released.
+func TestReplicatedReleases(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	p.workload(t, 2, 2, 100)
+	require.Positive(t, p.r.Stats()[0].LagBytes+int64(p.c.Stats().Dirty.Bytes))
+	require.NoError(t, p.c.FlushAll(t.Context(), nil))
+	require.Eventually(t, func() bool { return p.r.Stats()[0].LagBytes == 0 }, 10*time.Second, time.Millisecond)
+	st, err := Drain(p.logs[0], mem.New(testVolume), nil)
+	require.NoError(t, err)
+	require.Zero(t, st.Records, "a released log still had records to drain")
+}
+
+// TestReplicatedLogFull: a log much smaller than what is written without a flush makes the cache
+// write back and release; nothing waits for ever and nothing is lost.
+func TestReplicatedLogFull(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, 8<<10+1<<20, 1)
+	// Writes alone, 8 MiB of them: a FLUSH would let the cache write epochs back on its own.
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(3, uint64(w)))
+			for range 512 {
+				p.write(t, rng, w*64+rng.IntN(60), 1+rng.IntN(4), false)
+			}
+		})
+	}
+	wg.Wait()
+	require.Positive(t, p.r.Stats()[0].FullWaits, "the log never filled: the test proves nothing")
+	after := p.die(t)
+	_, err := Drain(p.logs[0], after, nil)
+	require.NoError(t, err)
+	requireVolume(t, p.model, after, "drained after the log filled")
+}
+
+// TestReplicatedLossWriteThrough: a replica lost makes the cache write its dirty data back and
+// write through, so a FLUSH still means the backend has everything; when the replica is back it is
+// resynchronised and write-back resumes, and a drain then has everything again.
+func TestReplicatedLossWriteThrough(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	rng := rand.New(rand.NewPCG(4, 0))
+	p.workload(t, 4, 2, 100)
+	p.logs[0].SetFailing(true)
+	p.write(t, rng, 3, 2, false) // the write is acknowledged: the cache has it
+	require.NoError(t, p.r.Flush())
+	require.NotEqual(t, "ok", p.r.Stats()[0].State)
+	require.Equal(t, cache.WriteThrough, p.c.Mode())
+	requireVolume(t, p.model, p.inner, "the backend after a FLUSH with the replica lost")
+
+	p.logs[0].SetFailing(false)
+	require.Eventually(t, func() bool { return p.r.Stats()[0].State == "ok" }, 10*time.Second, time.Millisecond)
+	require.Equal(t, cache.WriteBack, p.c.Mode())
+	require.EqualValues(t, 1, p.r.Stats()[0].Resyncs)
+	p.workload(t, 5, 2, 100)
+	after := p.die(t)
+	_, err := Drain(p.logs[0], after, nil)
+	require.NoError(t, err)
+	requireVolume(t, p.model, after, "drained after a resync")
+}
+
+// TestReplicatedLossWait: with on_replica_loss wait, a FLUSH waits for the replica to come back.
+func TestReplicatedLossWait(t *testing.T) {
+	p := newPrimary(t, OnLossWait, testLogSize, 1)
+	rng := rand.New(rand.NewPCG(6, 0))
+	p.workload(t, 6, 2, 50)
+	p.logs[0].SetFailing(true)
+	p.write(t, rng, 7, 1, false)
+	require.NotEqual(t, "ok", p.r.Stats()[0].State)
+	require.Equal(t, cache.WriteBack, p.c.Mode(), "wait keeps write-back")
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.r.Flush() }()
+	// Resyncs fail while the device does; the FLUSH is still waiting after one of them.
+	require.Eventually(t, func() bool { return p.r.Stats()[0].LastError != "" && p.r.Stats()[0].State == "lost" }, 10*time.Second, time.Millisecond)
+	select {
+	case err := <-flushed:
+		t.Fatalf("FLUSH returned (%v) with its replica lost", err)
+	default:
+	}
+	p.logs[0].SetFailing(false)
+	require.NoError(t, <-flushed)
+	require.Equal(t, "ok", p.r.Stats()[0].State)
+	p.write(t, rng, 9, 1, true)
+	after := p.die(t)
+	_, err := Drain(p.logs[0], after, nil)
+	require.NoError(t, err)
+	requireVolume(t, p.model, after, "drained after a wait")
+}
+
+// TestReplicatedRefusesADrainedLog: a primary whose replica's log was drained without it (the
+// export taken over) must not start with the cache it had, whose lines may be older than the
+// backend's now; with an empty cache it starts and the log is its again.
+func TestReplicatedRefusesADrainedLog(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	p.workload(t, 7, 2, 50)
+	after := p.die(t)
+	_, err := Drain(p.logs[0], after, nil)
+	require.NoError(t, err)
+
+	// The same cache comes back (its host rebooted).
+	p.b.SetFailing(false)
+	_, err = Replicate(volume.New(p.c, volume.Options{}), p.c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+	require.ErrorContains(t, err, "its log was drained into the backend")
+
+	// An empty cache over the drained backend starts.
+	c, err := cache.New(after, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 2 * testVolume}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem()})
+	require.NoError(t, err)
+	defer c.Close()
+	r, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+	require.NoError(t, err)
+	require.NoError(t, r.Close())
+	lr, err := Open(p.logs[0])
+	require.NoError(t, err)
+	require.False(t, lr.Drained(), "a new log")
+}
