@@ -17,12 +17,12 @@ func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmarks: 'bench nbd' (fio against nbdkit, and qemu-nbd over iSCSI), 'bench cache' and 'bench writeback' (the cache against nbdkit's), 'bench sim' (the simulator's speed), 'bench startup' (restart and memory of a large SSD tier), 'bench cold' (the cache against no cache on cold workloads), 'bench memory' (the daemon's memory against its bound under load), 'bench kernel' (tierblk's ublk cache beside dm-cache, bcache and dm-writecache in the kernel VM)",
-		Args:  noSuchCommand("unknown benchmark %q%s (use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory' or 'tierblk bench kernel')"),
+		Args:  noSuchCommand("unknown benchmark %q%s (use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory', 'tierblk bench kernel' or 'tierblk bench replica')"),
 		RunE:  showHelp,
 		// As the root's: noSuchCommand suggests the benchmarks this near to what was typed.
 		SuggestionsMinimumDistance: 2,
 	}
-	cmd.AddCommand(newBenchNBDCmd(), newBenchCacheCmd(), newBenchWriteBackCmd(), newBenchSimCmd(), newBenchStartupCmd(), newBenchColdCmd(), newBenchMemoryCmd(), newBenchKernelCmd())
+	cmd.AddCommand(newBenchNBDCmd(), newBenchCacheCmd(), newBenchWriteBackCmd(), newBenchSimCmd(), newBenchStartupCmd(), newBenchColdCmd(), newBenchMemoryCmd(), newBenchKernelCmd(), newBenchReplicaCmd())
 	return cmd
 }
 
