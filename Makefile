@@ -208,6 +208,7 @@ bench: deps build
 	$(BIN) bench cold --work $(CURDIR)/.cache/bench-cold
 	$(BIN) bench memory --work $(CURDIR)/.cache/bench-memory
 	$(BIN) bench kernel
+	$(BIN) bench replica --work $(CURDIR)/.cache/bench-replica
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "not gofmt-formatted:"; echo "$$out"; exit 1; fi

@@ -219,3 +219,27 @@ func TestReplicaLostAndBack(t *testing.T) {
 	require.NoError(t, direct.Close())
 	t.Logf("%d writes acknowledged, %d flushes completed", acked.Load(), flushed.Load())
 }
+
+// TestReplicaRefusesALiar: a primary refuses to start over a replica it cannot trust, with a clear
+// error: an export that keeps nothing written to it (nbdkit's null plugin), or one too small for a
+// log.
+func TestReplicaRefusesALiar(t *testing.T) {
+	requireTools(t, "nbdkit")
+	for _, tc := range []struct {
+		name   string
+		nbdkit []string
+		want   string
+	}{
+		{"keeps nothing", []string{"null", "64M"}, "did not keep the new log's superblock"},
+		{"too small", []string{"memory", "64K"}, "is too small for a log"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := startNbdkit(t, tc.nbdkit...)
+			o := cacheOpts{backend: "file://" + filepath.Join(shortTempDir(t), "nas.img") + "?size=8MiB", dir: shortTempDir(t), ram: "0", ssdSize: "16MiB", line: "64KiB", mode: "writeback"}
+			args := append(append([]string{"serve"}, o.args()...), "--replica", unixURI(sock, ""), "--nbd", "unix:"+filepath.Join(o.dir, "nbd.sock"))
+			code, out := runTierblk(t, args...)
+			require.Equal(t, 1, code, out)
+			require.Contains(t, out, tc.want)
+		})
+	}
+}

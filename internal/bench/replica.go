@@ -449,11 +449,11 @@ func (r *relay) pump(src, dst net.Conn) {
 	ch := make(chan chunk, 1024)
 	go func() {
 		defer close(ch)
+		buf := make([]byte, 256<<10)
 		for {
-			buf := make([]byte, 256<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
-				ch <- chunk{buf[:n], time.Now()}
+				ch <- chunk{slices.Clone(buf[:n]), time.Now()}
 			}
 			if err != nil {
 				return

@@ -338,6 +338,14 @@ func Create(dev backend.Backend, volumeSize int64) (*Log, error) {
 	if err := dev.Flush(); err != nil {
 		return nil, fmt.Errorf("replica: flush new log: %w", err)
 	}
+	// A device that acknowledges writes it does not keep (a null export, a peer serving another
+	// file) would take every change and give none back to a drain: read the superblock back.
+	if got, err := readSuper(dev); err != nil || got.id != id || got.gen != gen {
+		if err == nil {
+			err = fmt.Errorf("it reads back log %016x generation %d", got.id, got.gen)
+		}
+		return nil, fmt.Errorf("replica: the device did not keep the new log's superblock (log %016x generation %d): %w; refusing it", id, gen, err)
+	}
 	return &Log{
 		dev:        dev,
 		id:         id,

@@ -13,6 +13,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/volume"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
@@ -271,4 +272,32 @@ func TestReplicatedRefusesADrainedLog(t *testing.T) {
 	lr, err := Open(p.logs[0])
 	require.NoError(t, err)
 	require.False(t, lr.Drained(), "a new log")
+}
+
+// discarding is a device that acknowledges writes and keeps none, as a replica that lies would.
+type discarding struct{ *mem.Mem }
+
+func (discarding) WriteAt(p []byte, _ int64) (int, error) { return len(p), nil }
+
+// TestReplicatedRefusesALyingReplica: a replica too small for a log, or one that does not keep
+// what is written to it, is refused with a clear error before the export is served.
+func TestReplicatedRefusesALyingReplica(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dev  backend.Backend
+		want string
+	}{
+		{"too small", mem.New(64 << 10), "is too small for a log"},
+		{"keeps nothing", discarding{mem.New(testLogSize)}, "the device did not keep the new log's superblock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := cache.New(mem.New(testVolume), cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+				SSD: cache.TierConfig{Size: 2 * testVolume}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem()})
+			require.NoError(t, err)
+			defer c.Close()
+			_, err = Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: tc.dev}}, Options{})
+			require.ErrorContains(t, err, tc.want)
+			require.ErrorContains(t, err, "replica peer0")
+		})
+	}
 }
