@@ -100,7 +100,7 @@ func replicaPeer(tierblk, dir, addr string) []string {
 		"--export", "nas", "--nbd", addr, "--log-level", "warn"}
 }
 
-func replicaFillArgs() []string  { return []string{"--rw=write", "--bs=1m", "--iodepth=4"} }
+func replicaFillArgs() []string  { return []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"} }
 func replicaWriteArgs() []string { return []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"} }
 func replicaReadArgs() []string  { return []string{"--rw=randread", "--bs=4k", "--iodepth=32"} }
 
@@ -110,7 +110,8 @@ func replicaFlushArgs() []string {
 }
 
 // RunReplica measures, delay by delay and round by round (alternating which goes first), the
-// cache without and with a replica: after one sequential write of the region (not measured), fio's
+// cache without and with a replica: after one write of every 4K block of the region at random (not
+// measured), fio's
 // 4K random writes at QD32, then random reads of the region (cached), then a writer that flushes after every write (its FLUSH latency). Every
 // measurement has a fresh primary, and with a replica a fresh peer and relay. Each round also
 // measures the peer's own FLUSH latency, fio straight to its export.
@@ -220,7 +221,9 @@ func measureReplica(ctx context.Context, o ReplicaOptions, delay time.Duration, 
 	}
 	defer tb.close()
 	watch = append([]Watch{{Name: name, PID: primaryCmd.Process.Pid}}, watch...)
-	// The region written once first, so that the reads hit whatever the write row managed.
+	// The region written once first, in the write row's 4K blocks at random (each once): the reads
+	// hit whatever the write row managed, and the write row measures a warm daemon, its RAM tier's
+	// and the SSD file's pages touched already, not the page faults of a new process.
 	if _, err := fio(ctx, tb.endpoint(), o.Size, 0, 0, replicaFillArgs()); err != nil {
 		return s, 0, fmt.Errorf("%s, fill: %w", name, err)
 	}

@@ -30,8 +30,8 @@ one, in paired rounds, alternating which goes first each round, at each added ro
 benchmark's own that holds every byte for half the round trip in each direction. Every measurement
 starts fresh:
   primary   serve --backend file://ROUND/nas.img?size=` + "1GiB" + `&direct=true --ram ` + bench.CacheRAM + ` --ssd ROUND/ssd.img --ssd-size 2GiB --mode writeback [--replica nbd://RELAY/nas]
-and fio's nbd engine runs, on the primary: one sequential write of the region (--size, not
-measured), 4K random writes at QD32, then 4K random reads of the region (cached), then a writer that sends a FLUSH after each 4K write (QD1), whose FLUSH
+and fio's nbd engine runs, on the primary: one write of every 4K block of the region (--size) at
+random, not measured (the daemon warm: its memory touched), 4K random writes at QD32, then 4K random reads of the region (cached), then a writer that sends a FLUSH after each 4K write (QD1), whose FLUSH
 latency p50 and p99 it reports. Each round also measures the peer's own FLUSH p99 (the same
 writer straight to its export) and the relay's actual added round trip, so that the FLUSH
 latency can be held to its bound: the round trip, plus the peer's flush, plus 1 ms.

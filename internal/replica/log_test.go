@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/crc32c"
+	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/mem"
 )
 
@@ -793,4 +794,61 @@ func TestClosedLogRefusesReserves(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	// A record reserved before may still be written: its client is waiting for it.
 	require.NoError(t, l.Write(tk, nil))
+}
+
+// gatedDev holds every WriteAt until open is closed, and counts them.
+type gatedDev struct {
+	backend.Backend
+	open    chan struct{}
+	writes  atomic.Int64
+	entered atomic.Int64 // bytes of the writes that reached the gate
+}
+
+func (g *gatedDev) WriteAt(p []byte, off int64) (int, error) {
+	g.entered.Add(int64(len(p)))
+	<-g.open
+	g.writes.Add(1)
+	return g.Backend.WriteAt(p, off)
+}
+
+// TestWritesAreGathered: records written while the device is busy with a batch go to it together
+// in the next, one device write for the run of records that follow each other, and read back as
+// written.
+func TestWritesAreGathered(t *testing.T) {
+	const vol = 1 << 20
+	dev := mem.New(minDev)
+	l, err := Create(dev, vol)
+	require.NoError(t, err)
+	g := &gatedDev{Backend: dev, open: make(chan struct{})}
+	l.dev = g
+	l.maxBatches = 1
+	const n = 40
+	tickets := make([]Ticket, n)
+	for i := range tickets {
+		tickets[i], err = l.Reserve(t.Context(), KindWrite, int64(i)*512, 512, 512)
+		require.NoError(t, err)
+	}
+	write := func(i int) { assert.NoError(t, l.Write(tickets[i], bytes.Repeat([]byte{byte(i)}, 512))) }
+	var wg sync.WaitGroup
+	wg.Go(func() { write(0) })
+	require.Eventually(t, func() bool { return g.entered.Load() > 0 }, 10*time.Second, time.Millisecond, "the first record's batch")
+	for i := 1; i < n; i++ {
+		wg.Go(func() { write(i) })
+	}
+	require.Eventually(t, func() bool {
+		l.wmu.Lock()
+		defer l.wmu.Unlock()
+		return len(l.queue) == n-1
+	}, 10*time.Second, time.Millisecond, "the other records queued behind it")
+	close(g.open)
+	wg.Wait()
+	assert.EqualValues(t, 2, g.writes.Load(), "device writes for %d records", n)
+	r, err := Open(dev)
+	require.NoError(t, err)
+	for i := range n {
+		rec, err := r.Next()
+		require.NoError(t, err)
+		require.Equal(t, uint64(i+1), rec.Seq)
+		require.Equal(t, bytes.Repeat([]byte{byte(i)}, 512), rec.Data)
+	}
 }
