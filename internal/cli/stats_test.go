@@ -18,6 +18,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/metrics"
+	"github.com/tierblk/tierblk/internal/replica"
 )
 
 func statsFixture() cache.Stats {
@@ -61,6 +62,14 @@ func serveAdmin(t *testing.T, sources []metrics.Source) string {
 	return bound
 }
 
+// replicasFixture is disk0's replicas: one in service, one lost.
+func replicasFixture() []replica.PeerStats {
+	return []replica.PeerStats{
+		{Name: "nbd://b:10810/nas", State: "ok", LagBytes: 3 << 20, Flushes: 4, FlushNS: 6e6},
+		{Name: "nbd://c:10810/nas", State: "lost", LastError: "write: connection refused", Losses: 1},
+	}
+}
+
 // serveStats runs a real admin endpoint on a unix socket with exports disk0, disk1 and remote,
 // the last without a cache.
 func serveStats(t *testing.T) string {
@@ -69,7 +78,7 @@ func serveStats(t *testing.T) string {
 	remote.Read(4096, time.Millisecond, nil)
 	remote.Write(512, time.Second, errors.New("the backend failed"))
 	sources := []metrics.Source{
-		{Export: "disk0", Stats: statsFixture},
+		{Export: "disk0", Stats: statsFixture, Replicas: replicasFixture},
 		{Export: "disk1", Stats: func() cache.Stats { return cache.Stats{Mode: "write-through", LineSize: 4096} }},
 		{Export: "remote", Stats: remote.Stats},
 	}
@@ -92,6 +101,8 @@ backend: 40 reads (2.5MiB), 20 writes (80.5KiB), 1 errors
 reads: 60MiB asked, 2.5MiB fetched by misses (amplification 0.04); ram admission always: 100 admitted, 0 rejected; ssd admission nhit:2: 12 admitted, 28 rejected (20 while its device was congested), device 12.50 ms a request, congested
 stored: ram 30MiB logical, 30MiB physical (1.00x); ssd 200MiB logical, 80MiB physical (2.50x, reduction zero)
 dirty: 2048 lines (12.5%; high 50%, low 25%, max 90%), 96MiB; destaging at 12.5MiB/s, 3GiB destaged, 2 destage errors; 17 throttled writes (1.25s), delay now 2.1ms a line
+replica nbd://b:10810/nas: ok; 3MiB of log not released, flush 1.5ms on average; 0 losses, 0 resyncs
+replica nbd://c:10810/nas: lost; 0B of log not released, no flush yet; 1 losses, 0 resyncs; last error: write: connection refused
 latency: read p50 1ms p99 >100ms (100 requests); write no requests
 `
 
@@ -125,12 +136,12 @@ func TestStatsJSON(t *testing.T) {
 	require.NoError(t, err)
 	var got metrics.StatsResponse
 	require.NoError(t, json.Unmarshal([]byte(out), &got))
-	require.Equal(t, metrics.StatsResponse{Exports: []metrics.ExportStats{{Name: "disk0", Stats: statsFixture()}}}, got)
+	require.Equal(t, metrics.StatsResponse{Exports: []metrics.ExportStats{{Name: "disk0", Stats: statsFixture(), Replicas: replicasFixture()}}}, got)
 }
 
 func TestStatsOverTCP(t *testing.T) {
 	srv := httptest.NewServer(metrics.NewHandler(func() []metrics.Source {
-		return []metrics.Source{{Export: "disk0", Stats: statsFixture}}
+		return []metrics.Source{{Export: "disk0", Stats: statsFixture, Replicas: replicasFixture}}
 	}))
 	defer srv.Close()
 	out, err := statsCmd(statsOpts{admin: strings.TrimPrefix(srv.URL, "http://")})
@@ -293,7 +304,7 @@ func damagedFixture() cache.Stats {
 // TestStatsDamage: the lines of checksum errors, lost data and the scrub come after the dirty
 // line, and only with something to say (TestStatsTable has none).
 func TestStatsDamage(t *testing.T) {
-	sources := []metrics.Source{{Export: "disk0", Stats: damagedFixture}}
+	sources := []metrics.Source{{Export: "disk0", Stats: damagedFixture, Replicas: replicasFixture}}
 	bound := serveAdmin(t, sources)
 	out, err := statsCmd(statsOpts{admin: bound, now: func() time.Time { return statsNow }})
 	require.NoError(t, err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/meta"
+	"github.com/tierblk/tierblk/internal/replica"
 )
 
 // fakeStats is a snapshot with distinct numbers everywhere, so a value read from the wrong field
@@ -327,6 +328,31 @@ func TestHandlerMetricsExactLines(t *testing.T) {
 	// The Go and process collectors are registered too.
 	require.Contains(t, body, "\ngo_goroutines ")
 	require.Contains(t, body, "\nprocess_")
+}
+
+// A replicated export has a series of each replica metric per replica; others have none.
+func TestHandlerMetricsReplicas(t *testing.T) {
+	reps := func() []replica.PeerStats {
+		return []replica.PeerStats{
+			{Name: "nbd://b:10810/nas", State: "ok", LagBytes: 4096, Flushes: 4, FlushNS: 2e6, Resyncs: 1, Losses: 1},
+			{Name: "nbd://c:10810/nas", State: "lost", Losses: 2},
+		}
+	}
+	body := get(t, NewHandler(func() []Source {
+		return []Source{{Export: "disk0", Stats: fakeStats, Replicas: reps}, {Export: "disk1", Stats: fakeStats}}
+	}), "GET", "/metrics").Body.String()
+	for _, line := range []string{
+		`tierblk_replica_up{export="disk0",replica="nbd://b:10810/nas"} 1`,
+		`tierblk_replica_up{export="disk0",replica="nbd://c:10810/nas"} 0`,
+		`tierblk_replica_lag_bytes{export="disk0",replica="nbd://b:10810/nas"} 4096`,
+		`tierblk_replica_losses_total{export="disk0",replica="nbd://c:10810/nas"} 2`,
+		`tierblk_replica_resyncs_total{export="disk0",replica="nbd://b:10810/nas"} 1`,
+		`tierblk_replica_flushes_total{export="disk0",replica="nbd://b:10810/nas"} 4`,
+		`tierblk_replica_flush_seconds_total{export="disk0",replica="nbd://b:10810/nas"} 0.002`,
+	} {
+		require.Contains(t, body, line+"\n")
+	}
+	require.NotContains(t, body, `tierblk_replica_up{export="disk1"`)
 }
 
 // A cache without write-back has no watermarks, rather than watermarks of 0 that its dirty ratio
