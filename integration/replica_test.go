@@ -71,10 +71,7 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 		cancel()
 		wg.Wait()
 		c.Close()
-		for w, err := range errs {
-			var bad *durableBlockError
-			require.NotErrorAs(t, err, &bad, "cycle %d, worker %d", cycle, w)
-		}
+		requireNoWrongRead(t, errs, fmt.Sprintf("cycle %d", cycle))
 		require.NoError(t, os.RemoveAll(o.dir), "the dead host's SSD tier and metadata")
 		if cycle == 0 {
 			direct := dialNBD(t, startNbdkit(t, "file", image))
@@ -107,6 +104,16 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 	t.Logf("%d writes acknowledged, %d flushes completed, %d drains, %d blocks found older than their last acknowledged write (allowed: not flushed)",
 		acked.Load(), flushed.Load(), drained, m.lost)
 	logCampaign(t, cycles, "kill -9 cycles", m.sectors)
+}
+
+// requireNoWrongRead: the workers stop at their first failed request, which the kill causes; a
+// wrong read is a test failure.
+func requireNoWrongRead(t *testing.T, errs []error, when string) {
+	t.Helper()
+	for w, err := range errs {
+		var bad *durableBlockError
+		require.NotErrorAs(t, err, &bad, "%s, worker %d", when, w)
+	}
 }
 
 // behind counts the blocks c holds older than their last durable write, changing nothing.
@@ -205,10 +212,7 @@ func TestReplicaLostAndBack(t *testing.T) {
 	cancel()
 	wg.Wait()
 	c.Close()
-	for w, err := range errs {
-		var bad *durableBlockError
-		require.NotErrorAs(t, err, &bad, "worker %d", w)
-	}
+	requireNoWrongRead(t, errs, "the run")
 	require.NoError(t, os.RemoveAll(o.dir), "the dead host's SSD tier and metadata")
 	peer.requireStop(syscall.SIGTERM)
 	code, out := runTierblk(t, "replica", "drain", "--log", logFile, "--backend", backend, "--force")

@@ -191,23 +191,17 @@ func measureReplica(ctx context.Context, o ReplicaOptions, delay time.Duration, 
 	name := "tierblk " + ReplicaWithout
 	url := ""
 	var r *relay
-	var peerCmd, primaryCmd *exec.Cmd
+	var primaryCmd *exec.Cmd
 	var watch []Watch
 	if with {
 		name = "tierblk " + ReplicaWith
-		addr, err := freeLoopback()
+		peer, pid, err := startPeer(ctx, o, dir)
 		if err != nil {
 			return s, 0, err
 		}
-		args := replicaPeer(o.Tierblk, dir, addr)
-		peer := &server{Target: Target{Name: "the replica", Listen: &Endpoint{Addr: addr},
-			Command: func(string) *exec.Cmd { peerCmd = exec.Command(args[0], args[1:]...); return peerCmd }}}
-		if err := peer.start(ctx); err != nil {
-			return s, 0, err
-		}
 		defer peer.close() // after the primary's close below
-		watch = append(watch, Watch{Name: "the replica", PID: peerCmd.Process.Pid}, Watch{Name: "the relay", PID: os.Getpid()})
-		if r, err = startRelay(addr, delay/2); err != nil {
+		watch = append(watch, Watch{Name: "the replica", PID: pid}, Watch{Name: "the relay", PID: os.Getpid()})
+		if r, err = startRelay(peer.Listen.Addr, delay/2); err != nil {
 			return s, 0, err
 		}
 		defer r.close()
@@ -268,20 +262,30 @@ func measureReplica(ctx context.Context, o ReplicaOptions, delay time.Duration, 
 	return s, rtt, nil
 }
 
+// startPeer starts a replica with its log in dir on a loopback port; pid is its process's.
+func startPeer(ctx context.Context, o ReplicaOptions, dir string) (peer *server, pid int, err error) {
+	addr, err := freeLoopback()
+	if err != nil {
+		return nil, 0, err
+	}
+	args := replicaPeer(o.Tierblk, dir, addr)
+	var cmd *exec.Cmd
+	peer = &server{Target: Target{Name: "the replica", Listen: &Endpoint{Addr: addr},
+		Command: func(string) *exec.Cmd { cmd = exec.Command(args[0], args[1:]...); return cmd }}}
+	if err := peer.start(ctx); err != nil {
+		return nil, 0, err
+	}
+	return peer, cmd.Process.Pid, nil
+}
+
 // peerFlush is the replica's own FLUSH latency p99, µs: fio straight to a fresh peer's export.
 func peerFlush(ctx context.Context, o ReplicaOptions, dir string) (float64, error) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return 0, err
 	}
 	defer os.RemoveAll(dir)
-	addr, err := freeLoopback()
+	peer, _, err := startPeer(ctx, o, dir)
 	if err != nil {
-		return 0, err
-	}
-	args := replicaPeer(o.Tierblk, dir, addr)
-	peer := &server{Target: Target{Name: "the replica", Listen: &Endpoint{Addr: addr},
-		Command: func(string) *exec.Cmd { return exec.Command(args[0], args[1:]...) }}}
-	if err := peer.start(ctx); err != nil {
 		return 0, err
 	}
 	defer peer.close()

@@ -62,6 +62,18 @@ func prepareCache(o *bench.CacheOptions) (done func(), err error) {
 	return done, err
 }
 
+// benchBinaryAndWork fills in the tierblk binary measured (this one unless given) and the work
+// directory (a temporary one, named from prefix, unless given); done removes a temporary one.
+func benchBinaryAndWork(tierblk, work *string, prefix string) (done func(), err error) {
+	if *tierblk == "" {
+		if *tierblk, err = os.Executable(); err != nil {
+			return nil, err
+		}
+	}
+	*work, done, err = workDir(*work, prefix)
+	return done, err
+}
+
 // workDir returns dir, created if need be, or a new temporary directory (named from prefix) when
 // dir is empty; done removes the temporary one.
 func workDir(dir, prefix string) (string, func(), error) {

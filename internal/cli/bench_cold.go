@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -72,14 +71,8 @@ func runBenchCold(ctx context.Context, o benchColdOpts) error {
 	if err := o.Validate(); err != nil {
 		return usageErrorf("%v", err)
 	}
-	var err error
-	if o.Tierblk == "" {
-		if o.Tierblk, err = os.Executable(); err != nil {
-			return err
-		}
-	}
-	var done func()
-	if o.WorkDir, done, err = workDir(o.WorkDir, "tierblk-bench-cold"); err != nil {
+	done, err := benchBinaryAndWork(&o.Tierblk, &o.WorkDir, "tierblk-bench-cold")
+	if err != nil {
 		return err
 	}
 	defer done()

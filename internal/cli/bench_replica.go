@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -59,14 +58,8 @@ func runBenchReplica(ctx context.Context, o benchReplicaOpts) error {
 	if err := o.Validate(); err != nil {
 		return usageErrorf("%v", err)
 	}
-	var err error
-	if o.Tierblk == "" {
-		if o.Tierblk, err = os.Executable(); err != nil {
-			return err
-		}
-	}
-	var done func()
-	if o.WorkDir, done, err = workDir(o.WorkDir, "tierblk-bench-replica"); err != nil {
+	done, err := benchBinaryAndWork(&o.Tierblk, &o.WorkDir, "tierblk-bench-replica")
+	if err != nil {
 		return err
 	}
 	defer done()

@@ -120,6 +120,16 @@ func (p *primary) die(t *testing.T) *mem.Mem {
 	return after
 }
 
+// diesAndDrains is the primary's death and the drain of its first replica into what the backend
+// held then, which must then hold every acknowledged change.
+func (p *primary) diesAndDrains(t *testing.T, what string) {
+	t.Helper()
+	after := p.die(t)
+	_, err := Drain(p.logs[0], after, nil)
+	require.NoError(t, err)
+	requireVolume(t, p.model, after, what)
+}
+
 func requireVolume(t *testing.T, want []byte, b *mem.Mem, what string) {
 	t.Helper()
 	got := make([]byte, testVolume)
@@ -187,10 +197,7 @@ func TestReplicatedLogFull(t *testing.T) {
 	}
 	wg.Wait()
 	require.Positive(t, p.r.Stats()[0].FullWaits, "the log never filled: the test proves nothing")
-	after := p.die(t)
-	_, err := Drain(p.logs[0], after, nil)
-	require.NoError(t, err)
-	requireVolume(t, p.model, after, "drained after the log filled")
+	p.diesAndDrains(t, "drained after the log filled")
 }
 
 // TestReplicatedLossWriteThrough: a replica lost makes the cache write its dirty data back and
@@ -212,10 +219,7 @@ func TestReplicatedLossWriteThrough(t *testing.T) {
 	require.Equal(t, cache.WriteBack, p.c.Mode())
 	require.EqualValues(t, 1, p.r.Stats()[0].Resyncs)
 	p.workload(t, 5, 2, 100)
-	after := p.die(t)
-	_, err := Drain(p.logs[0], after, nil)
-	require.NoError(t, err)
-	requireVolume(t, p.model, after, "drained after a resync")
+	p.diesAndDrains(t, "drained after a resync")
 }
 
 // TestReplicatedLossWait: with on_replica_loss wait, a FLUSH waits for the replica to come back.
@@ -240,10 +244,7 @@ func TestReplicatedLossWait(t *testing.T) {
 	require.NoError(t, <-flushed)
 	require.Equal(t, "ok", p.r.Stats()[0].State)
 	p.write(t, rng, 9, 1, true)
-	after := p.die(t)
-	_, err := Drain(p.logs[0], after, nil)
-	require.NoError(t, err)
-	requireVolume(t, p.model, after, "drained after a wait")
+	p.diesAndDrains(t, "drained after a wait")
 }
 
 // TestReplicatedRefusesADrainedLog: a primary whose replica's log was drained without it (the
@@ -262,16 +263,23 @@ func TestReplicatedRefusesADrainedLog(t *testing.T) {
 	require.ErrorContains(t, err, "its log was drained into the backend")
 
 	// An empty cache over the drained backend starts.
-	c, err := cache.New(after, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
-		SSD: cache.TierConfig{Size: 2 * testVolume}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem()})
-	require.NoError(t, err)
-	defer c.Close()
+	c := emptyCache(t, after)
 	r, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
 	require.NoError(t, err)
 	require.NoError(t, r.Close())
 	lr, err := Open(p.logs[0])
 	require.NoError(t, err)
 	require.False(t, lr.Drained(), "a new log")
+}
+
+// emptyCache is a write-back cache with nothing in it over b, closed at the test's end.
+func emptyCache(t *testing.T, b backend.Backend) *cache.Cache {
+	t.Helper()
+	c, err := cache.New(b, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 2 * testVolume}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem()})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // discarding is a device that acknowledges writes and keeps none, as a replica that lies would.
@@ -291,11 +299,8 @@ func TestReplicatedRefusesALyingReplica(t *testing.T) {
 		{"keeps nothing", discarding{mem.New(testLogSize)}, "the device did not keep the new log's superblock"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := cache.New(mem.New(testVolume), cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
-				SSD: cache.TierConfig{Size: 2 * testVolume}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem()})
-			require.NoError(t, err)
-			defer c.Close()
-			_, err = Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: tc.dev}}, Options{})
+			c := emptyCache(t, mem.New(testVolume))
+			_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: tc.dev}}, Options{})
 			require.ErrorContains(t, err, tc.want)
 			require.ErrorContains(t, err, "replica peer0")
 		})
