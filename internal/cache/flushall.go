@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/tierblk/tierblk/pkg/backend"
 )
 
 // FlushAll writes back the dirty data the cache holds when it is called and flushes the backend:
@@ -213,6 +215,17 @@ func (m *DirtyMark) Left() int64 {
 		return 0
 	}
 	return m.t.snapLeft(m.s) * blockSize
+}
+
+// FlushBackend flushes the backend alone: the writes the cache sent it (write-backs, writes around
+// a full tier, trims) are durable there when it returns. Unlike Flush it starts no epoch and takes
+// no checkpoint: a write-back replica calls it before it releases records, which must not split
+// the clients' epochs.
+func (c *Cache) FlushBackend() error {
+	if c.closed.Load() {
+		return backend.ErrClosed
+	}
+	return c.b.Flush()
 }
 
 // Drop lets the mark go: the tier stops keeping it up to date.

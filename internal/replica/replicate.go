@@ -17,7 +17,7 @@ import (
 // Cache is what a replicated export needs of its write-back cache (*cache.Cache has it).
 type Cache interface {
 	MarkDirty() *cache.DirtyMark
-	Flush() error
+	FlushBackend() error
 	FlushAll(ctx context.Context, progress func(done, total int64)) error
 	SetMode(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
 	Mode() cache.Mode
@@ -77,6 +77,10 @@ type peer struct {
 	log  atomic.Pointer[Log] // nil while lost
 	win  *window
 	urge chan struct{}
+	// changes counts the change records logged (not flush records); marked is its value at the
+	// last mark, touched by the peer's loop only.
+	changes atomic.Uint64
+	marked  uint64
 	// marks, oldest first; touched by the peer's loop only.
 	marks []mark
 	mu    sync.Mutex
@@ -237,6 +241,7 @@ func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool,
 			continue
 		}
 		tickets = append(tickets, logged{p, l, t})
+		p.changes.Add(1)
 	}
 	errs := make([]error, len(tickets))
 	var wg sync.WaitGroup
@@ -432,11 +437,12 @@ func (p *peer) dropMarks() {
 	p.marks = nil
 }
 
-// markEvery is how often a mark is taken, and maxMarks how many may wait at once: each holds a
-// copy of the dirty bits.
+// markEvery is how often a mark is taken, maxMarks how many may wait at once (each holds a copy of
+// the dirty bits), and releaseAt the share of the log's capacity it holds before marks start.
 const (
 	markEvery = 250 * time.Millisecond
 	maxMarks  = 8
+	releaseAt = 8 // 1/8 of the log's capacity
 )
 
 // release takes a mark when one is due and moves the log's tail past the marks whose dirty data
@@ -446,9 +452,16 @@ func (p *peer) release() {
 	if l == nil {
 		return // lost since the loop looked
 	}
+	// A mark is due once a change was logged since the last one, or the log holds releaseAt of
+	// its capacity: an idle export's heartbeats alone do not make a release, each of which
+	// flushes the backend. Counted before the watermark is read, so that a change the mark may
+	// miss makes the next one due.
+	changes := p.changes.Load()
 	at := p.win.watermark()
-	if len(p.marks) < maxMarks && at != l.Tail() && (len(p.marks) == 0 || (time.Since(p.marks[len(p.marks)-1].when) >= markEvery && p.marks[len(p.marks)-1].at != at)) {
+	due := changes != p.marked || l.Used() >= l.Capacity()/releaseAt
+	if due && len(p.marks) < maxMarks && at != l.Tail() && (len(p.marks) == 0 || (time.Since(p.marks[len(p.marks)-1].when) >= markEvery && p.marks[len(p.marks)-1].at != at)) {
 		p.marks = append(p.marks, mark{at: at, m: p.r.c.MarkDirty(), when: time.Now()})
+		p.marked = changes
 	}
 	var to *Position
 	for len(p.marks) > 0 && p.marks[0].m.Left() == 0 {
@@ -459,7 +472,7 @@ func (p *peer) release() {
 	if to != nil {
 		// The marks' blocks are on the backend, flushed; writes that went to it around the cache
 		// (a full tier, trims) need its flush too.
-		if err := p.r.c.Flush(); err != nil {
+		if err := p.r.c.FlushBackend(); err != nil {
 			p.r.opt.Log.Warn("replica: release waits: flush", "replica", p.Name, "err", err)
 			return
 		}

@@ -178,7 +178,7 @@ func TestReplicatedReleases(t *testing.T) {
 	require.Eventually(t, func() bool { return p.r.Stats()[0].LagBytes == 0 }, 10*time.Second, time.Millisecond)
 	st, err := Drain(p.logs[0], mem.New(testVolume), nil)
 	require.NoError(t, err)
-	require.Zero(t, st.Records, "a released log still had records to drain")
+	require.Zero(t, st.Writes+st.Zeroes+st.Trims, "a released log still had changes to drain (a heartbeat's flush record may follow the release)")
 }
 
 // TestReplicatedLogFull: a log much smaller than what is written without a flush makes the cache
