@@ -66,7 +66,7 @@ func TestExitStatus(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, 2,
 			`tierblk: unknown command "frobnicate" for "tierblk" (see 'tierblk --help')`},
 		{"mistyped benchmark before a flag", []string{"bench", "nbdd", "--work", "x"}, 2,
-			`tierblk: unknown benchmark "nbdd"; did you mean nbd? (use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory' or 'tierblk bench kernel')`},
+			`tierblk: unknown benchmark "nbdd"; did you mean nbd? (use 'tierblk bench nbd', 'tierblk bench cache', 'tierblk bench writeback', 'tierblk bench sim', 'tierblk bench startup', 'tierblk bench cold', 'tierblk bench memory', 'tierblk bench kernel' or 'tierblk bench replica')`},
 		{"unknown flag", []string{"--bogus"}, 2, `tierblk: unknown flag: --bogus (see 'tierblk --help')`},
 		{"unknown flag of a command", []string{"stats", "--bogus"}, 2, `tierblk: unknown flag: --bogus (see 'tierblk stats --help')`},
 		{"argument to a command without any", []string{"stats", "x"}, 2,
