@@ -119,7 +119,7 @@ type WriteBack struct {
 	// Replicas are the NBD URLs of one or two replica logs on peers (`tierblk replica serve`):
 	// every change is logged there too, and a FLUSH is acknowledged only once it is durable on
 	// each of them as well, so that the host's death loses nothing (`tierblk replica drain`).
-	Replicas []string `yaml:"replicas"`
+	Replicas []string `yaml:"replicas,omitempty"`
 	// OnReplicaLoss is what a lost replica makes the cache do: "writethrough" (or "") switches it
 	// to write-through, writing its dirty data back, until the replica is back; "wait" holds
 	// FLUSHes until it is back.
