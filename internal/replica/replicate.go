@@ -77,7 +77,7 @@ type peer struct {
 	log  atomic.Pointer[Log] // nil while lost
 	win  *window
 	urge chan struct{}
-	// changes counts the change records logged (not flush records); marked is its value at the
+	// changes counts the change records done (not flush records); marked is its value at the
 	// last mark, touched by the peer's loop only.
 	changes atomic.Uint64
 	marked  uint64
@@ -241,7 +241,6 @@ func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool,
 			continue
 		}
 		tickets = append(tickets, logged{p, l, t})
-		p.changes.Add(1)
 	}
 	errs := make([]error, len(tickets))
 	var wg sync.WaitGroup
@@ -252,6 +251,7 @@ func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool,
 	wg.Wait()
 	for i, lt := range tickets {
 		lt.p.win.done(lt.t)
+		lt.p.changes.Add(1) // once done: a mark that counts it covers it (release)
 		if errs[i] != nil {
 			lt.p.lose(lt.l, errs[i])
 		}
