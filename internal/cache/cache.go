@@ -231,10 +231,11 @@ type Cache struct {
 	lost       lostSet
 	lostBlocks atomic.Uint64
 	scrub      scrubState
-	// repairs counts the damaged dirty blocks written again from the RAM tier's copy; damageLog
-	// limits the log lines about damaged blocks.
-	repairs   atomic.Uint64
-	damageLog logLimit
+	// repairs counts the damaged dirty blocks written again from the RAM tier's copy or from
+	// repairFrom (SetRepairSource); damageLog limits the log lines about damaged blocks.
+	repairs    atomic.Uint64
+	repairFrom atomic.Pointer[RepairSource]
+	damageLog  logLimit
 }
 
 // New builds a cache in front of b, which it owns from then on (Close closes it). With an SSD tier

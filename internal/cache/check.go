@@ -39,8 +39,10 @@ func (c *Cache) damaged(line uint64, slot uint32, bits lineBits) {
 		bits, dirty = bits.AndNot(r), dirty.AndNot(r)
 	}
 	t.mu.Unlock()
-	if repaired := c.repairFromRAM(line, slot, dirty); !repaired.IsZero() {
-		bits, dirty = bits.AndNot(repaired), dirty.AndNot(repaired)
+	for _, repair := range []func(uint64, uint32, lineBits) lineBits{c.repairFromRAM, c.repairFromSource} {
+		if repaired := repair(line, slot, dirty); !repaired.IsZero() {
+			bits, dirty = bits.AndNot(repaired), dirty.AndNot(repaired)
+		}
 	}
 	if bits.IsZero() {
 		return
@@ -126,6 +128,51 @@ func (c *Cache) repairFromRAM(line uint64, slot uint32, dirty lineBits) (repaire
 		if c.damageLog.allow(c.log) {
 			c.log.Warn("SSD tier: dirty data failed its checksum; written again from the RAM tier's copy",
 				"offset", int64(line)*c.line+int64(firstBit(repaired))*blockSize, "blocks", repaired.Count())
+		}
+	}
+	return repaired
+}
+
+// RepairSource fills p, whole blocks, with the bytes last written at the volume's offset off, and
+// reports whether it knows them: a replica's log (replica.Replicated) knows the dirty data it has
+// not released. It must never fill p with anything older than the last write there.
+type RepairSource func(off int64, p []byte) bool
+
+// SetRepairSource gives the cache a second copy of its dirty data: a dirty block that fails its
+// checksum, and that the RAM tier does not hold, is written to the SSD tier again from it instead
+// of being lost. nil removes it.
+func (c *Cache) SetRepairSource(s RepairSource) {
+	if s == nil {
+		c.repairFrom.Store(nil)
+		return
+	}
+	c.repairFrom.Store(&s)
+}
+
+// repairFromSource is repairFromRAM for the blocks the repair source knows, one block at a time:
+// damage is rare, and each block may come from another record.
+func (c *Cache) repairFromSource(line uint64, slot uint32, dirty lineBits) (repaired lineBits) {
+	src := c.repairFrom.Load()
+	if src == nil || dirty.IsZero() {
+		return lineBits{}
+	}
+	start, n := int64(line)*c.line, c.ssd.lineBytes(line)
+	bp := bufpool.Get(blockSize)
+	defer bufpool.Put(bp)
+	dirty.Runs(c.ssd.blocks, func(b0, b1 int) {
+		for b := b0; b < b1; b++ {
+			lo := int64(b) * blockSize
+			p := (*bp)[:min(blockSize, n-lo)]
+			if (*src)(start+lo, p) && c.ssd.st.write(line, slot, p, lo) == nil {
+				repaired = repaired.Or(linebits.Range(b, b+1))
+			}
+		}
+	})
+	if !repaired.IsZero() {
+		c.repairs.Add(uint64(repaired.Count()))
+		if c.damageLog.allow(c.log) {
+			c.log.Warn("SSD tier: dirty data failed its checksum; written again from a replica's log",
+				"offset", start+int64(firstBit(repaired))*blockSize, "blocks", repaired.Count())
 		}
 	}
 	return repaired

@@ -140,7 +140,7 @@ type LostStats struct {
 	Ranges []meta.Range `json:"ranges,omitempty"` // the first maxLostListed of them
 	Blocks uint64       `json:"blocks"`           // blocks lost since the start (a counter)
 	// Repaired counts the damaged dirty blocks that were not lost: written to the SSD tier again
-	// from the RAM tier's copy.
+	// from the RAM tier's copy or from a replica's log.
 	Repaired uint64 `json:"repaired_blocks"`
 }
 

@@ -308,21 +308,27 @@ type Log struct {
 	queue      []*queued
 	batches    int
 	maxBatches int // maxBatches; a test sets 1
+	// pending is the bytes of the records queued or being written; WriteAsync waits while it is
+	// over maxPending (roomy is signalled as it falls), so that a peer slower than the writers
+	// holds them back rather than growing the queue without bound.
+	pending int64
+	roomy   *sync.Cond
 }
 
-// queued is a record encoded and waiting for its batch; done is closed once err is set.
+// queued is a record encoded and waiting for its batch; done is called once it is written.
 type queued struct {
 	t    Ticket
 	buf  *[]byte
 	size int64
-	err  error
-	done chan struct{}
+	done func(error)
 }
 
-// maxBatches bounds the device writes of batches in flight at once; maxBatch the bytes of one.
+// maxBatches bounds the device writes of batches in flight at once; maxBatch the bytes of one;
+// maxPending the bytes of records queued or in flight (WriteAsync).
 const (
 	maxBatches = 4
 	maxBatch   = 1 << 20
+	maxPending = 8 << 20
 )
 
 // Create formats dev as a new, empty log for a volume of volumeSize bytes: a fresh random 64-bit
@@ -372,7 +378,7 @@ func Create(dev backend.Backend, volumeSize int64) (*Log, error) {
 		}
 		return nil, fmt.Errorf("replica: the device did not keep the new log's superblock (log %016x generation %d): %w; refusing it", id, gen, err)
 	}
-	return &Log{
+	l := &Log{
 		dev:        dev,
 		id:         id,
 		volumeSize: volumeSize,
@@ -383,7 +389,9 @@ func Create(dev backend.Backend, volumeSize int64) (*Log, error) {
 		tail:       start,
 		changed:    make(chan struct{}),
 		maxBatches: maxBatches,
-	}, nil
+	}
+	l.roomy = sync.NewCond(&l.wmu)
+	return l, nil
 }
 
 // ID is the log's random id, which every record carries.
@@ -509,38 +517,51 @@ func (l *Log) Reserve(ctx context.Context, kind Kind, off, length int64, dataLen
 	}
 }
 
-// Write encodes the reserved record (header + data, padded) and writes it to dev at t.Pos.
-// Concurrent Writes of different tickets are fine and may land in any order; those of records
-// that follow each other go to dev in one write when they meet in the queue (group commit). If it fails, the log
-// as a reader sees it ends before t until the records up to t.End are released: the caller must
-// not count on the records after it.
+// Write encodes the reserved record (header + data, padded), writes it to dev at t.Pos and
+// returns once it is written: WriteAsync, waited for.
 func (l *Log) Write(t Ticket, data []byte) error {
+	done := make(chan error, 1)
+	l.WriteAsync(t, data, func(err error) { done <- err })
+	return <-done
+}
+
+// WriteAsync encodes the reserved record (header + data, padded) and queues it for dev at t.Pos;
+// done is called, on another goroutine, once it is written or failed. data may be reused once
+// WriteAsync returns. It waits only while the records queued are over maxPending bytes.
+// Concurrent writes of different tickets are fine and may land in any order; those of records
+// that follow each other go to dev in one write when they meet in the queue (group commit). If
+// one fails, the log as a reader sees it ends before t until the records up to t.End are
+// released: the caller must not count on the records after it.
+func (l *Log) WriteAsync(t Ticket, data []byte, done func(error)) {
 	if len(data) != t.DataLen {
-		return fmt.Errorf("replica: write seq %d: %d bytes of data for a ticket of %d", t.Seq, len(data), t.DataLen)
+		done(fmt.Errorf("replica: write seq %d: %d bytes of data for a ticket of %d", t.Seq, len(data), t.DataLen))
+		return
 	}
 	if t.Seq == 0 || !t.Kind.valid() || t.Pos < areaStart || t.Pos%sector != 0 {
-		return fmt.Errorf("replica: write: ticket %+v was not reserved by this log", t)
+		done(fmt.Errorf("replica: write: ticket %+v was not reserved by this log", t))
+		return
 	}
 	size := recordSize(int64(len(data)))
 	if t.Pos+size > l.end {
-		return fmt.Errorf("replica: write: ticket %+v was not reserved by this log", t)
+		done(fmt.Errorf("replica: write: ticket %+v was not reserved by this log", t))
+		return
 	}
 	bp := bufpool.Get(int(size))
-	defer bufpool.Put(bp)
 	encodeRecord(*bp, l.id, t.Seq, t.Kind, t.Off, t.Len, data)
-	q := &queued{t: t, buf: bp, size: size, done: make(chan struct{})}
 	l.wmu.Lock()
-	l.queue = append(l.queue, q)
+	for l.pending > maxPending {
+		l.roomy.Wait()
+	}
+	l.pending += size
+	l.queue = append(l.queue, &queued{t: t, buf: bp, size: size, done: done})
 	lead := l.batches < l.maxBatches
 	if lead {
 		l.batches++
 	}
 	l.wmu.Unlock()
 	if lead {
-		l.writeBatches()
+		go l.writeBatches()
 	}
-	<-q.done
-	return q.err
 }
 
 // writeBatches writes what is queued, batch after batch, until the queue is empty.
@@ -568,23 +589,33 @@ func (l *Log) writeBatches() {
 	}
 }
 
-// writeRun writes records that follow each other on the device, n bytes in all, in one write.
+// writeRun writes records that follow each other on the device, n bytes in all, in one write,
+// then ends them.
 func (l *Log) writeRun(run []*queued, n int64) {
 	buf := *run[0].buf
+	var bp *[]byte
 	if len(run) > 1 {
-		bp := bufpool.Get(int(n))
-		defer bufpool.Put(bp)
+		bp = bufpool.Get(int(n))
 		buf = (*bp)[:0]
 		for _, q := range run {
 			buf = append(buf, (*q.buf)[:q.size]...)
 		}
 	}
 	_, err := l.dev.WriteAt(buf[:n], run[0].t.Pos)
+	if bp != nil {
+		bufpool.Put(bp)
+	}
+	l.wmu.Lock()
+	l.pending -= n
+	l.roomy.Broadcast()
+	l.wmu.Unlock()
 	for _, q := range run {
+		bufpool.Put(q.buf)
 		if err != nil {
-			q.err = fmt.Errorf("replica: write seq %d at %d (with %d records from seq %d): %w", q.t.Seq, q.t.Pos, len(run), run[0].t.Seq, err)
+			q.done(fmt.Errorf("replica: write seq %d at %d (with %d records from seq %d): %w", q.t.Seq, q.t.Pos, len(run), run[0].t.Seq, err))
+		} else {
+			q.done(nil)
 		}
-		close(q.done)
 	}
 }
 

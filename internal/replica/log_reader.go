@@ -163,3 +163,16 @@ func (r *Reader) bytes(off int64, n int) ([]byte, error) {
 	r.winOff = off
 	return r.win[:n], nil
 }
+
+// ReadRecord reads back the record of t, written, from the device, checked as a reader checks it.
+func (l *Log) ReadRecord(t Ticket) (Record, error) {
+	r := &Reader{dev: l.dev, sb: super{id: l.id, volumeSize: l.volumeSize}, end: l.end}
+	rec, ok, err := r.readAt(t.Pos, t.Seq)
+	if err != nil {
+		return Record{}, err
+	}
+	if !ok || rec.Kind != t.Kind || rec.Off != t.Off || rec.Len != t.Len {
+		return Record{}, fmt.Errorf("replica: record seq %d at %d is not on the device as written", t.Seq, t.Pos)
+	}
+	return rec, nil
+}

@@ -22,6 +22,7 @@ type Cache interface {
 	SetMode(ctx context.Context, m cache.Mode, progress func(done, total int64)) error
 	Mode() cache.Mode
 	Stats() cache.Stats
+	SetRepairSource(cache.RepairSource)
 }
 
 // What a replicated export does when a replica is lost (Options.OnLoss).
@@ -67,6 +68,10 @@ type Replicated struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	closed atomic.Bool
+	// switches counts the switches to write-through under way (lose); none starts once closing.
+	switchMu sync.Mutex
+	closing  bool
+	switches sync.WaitGroup
 }
 
 // peer is one replica in the primary: its log, the seqs of its records done (cache and log both),
@@ -76,6 +81,7 @@ type peer struct {
 	r    *Replicated
 	log  atomic.Pointer[Log] // nil while lost
 	win  *window
+	idx  atomic.Pointer[index] // the log's blocks (Repair)
 	urge chan struct{}
 	// changes counts the change records done (not flush records); marked is its value at the
 	// last mark, touched by the peer's loop only.
@@ -152,6 +158,7 @@ func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated,
 		r.wg.Add(1)
 		go p.loop()
 	}
+	c.SetRepairSource(r.Repair)
 	return r, nil
 }
 
@@ -182,6 +189,7 @@ func checkNotDrained(c Cache, peers []Peer) error {
 // start puts l in service: a new window of seqs from its head.
 func (p *peer) start(l *Log) {
 	p.win = newWindow(l.Head())
+	p.idx.Store(newIndex())
 	l.SetOnFull(func() {
 		p.mu.Lock()
 		p.stats.FullWaits++
@@ -215,20 +223,16 @@ func (r *Replicated) WriteZeroes(off, length int64, f volume.ZeroFlags) error {
 	return r.change(KindZero, off, length, nil, f.FUA, func() error { return r.Volume.WriteZeroes(off, length, f) })
 }
 
-// change applies one change to the cache (apply) and logs it on every replica in service at once;
-// with fua it returns once the change is durable on them too.
+// change applies one change to the cache (apply) and logs it on every replica in service; it
+// returns once the cache holds it, the records streaming to the replicas behind it (a FLUSH waits
+// for them), or with fua once it is durable on the replicas too.
 func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool, apply func() error) error {
 	if length == 0 || off < 0 || off+length > r.size {
 		return apply() // the volume's checks say what is wrong, and nothing is logged
 	}
 	r.gate.RLock()
 	defer r.gate.RUnlock()
-	type logged struct {
-		p *peer
-		l *Log
-		t Ticket
-	}
-	var held [2]logged
+	var held [2]*logged
 	tickets := held[:0]
 	for _, p := range r.peers {
 		l := p.log.Load()
@@ -240,21 +244,17 @@ func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool,
 			p.lose(l, err)
 			continue
 		}
-		tickets = append(tickets, logged{p, l, t})
-	}
-	errs := make([]error, len(tickets))
-	var wg sync.WaitGroup
-	for i, lt := range tickets {
-		wg.Go(func() { errs[i] = lt.l.Write(lt.t, data) })
+		lt := &logged{p: p, l: l, w: p.win, x: p.idx.Load(), t: t}
+		lt.parts.Store(2)
+		tickets = append(tickets, lt)
+		l.WriteAsync(t, data, lt.logEnd)
 	}
 	err := apply()
-	wg.Wait()
-	for i, lt := range tickets {
-		lt.p.win.done(lt.t)
-		lt.p.changes.Add(1) // once done: a mark that counts it covers it (release)
-		if errs[i] != nil {
-			lt.p.lose(lt.l, errs[i])
+	for _, lt := range tickets {
+		if err == nil {
+			lt.x.note(lt)
 		}
+		lt.end(nil)
 	}
 	if err != nil || !fua {
 		return err
@@ -265,6 +265,42 @@ func (r *Replicated) change(kind Kind, off, length int64, data []byte, fua bool,
 		}
 	}
 	return r.waitLost()
+}
+
+// logged is a change's record on one replica, done once both of its parts have ended: its write
+// to the log and its change to the cache.
+type logged struct {
+	p *peer
+	l *Log
+	// l's window and index: a resync gives the peer new ones while this record may still be
+	// written.
+	w     *window
+	x     *index
+	t     Ticket
+	parts atomic.Int32
+	// logDone is set, and ended closed if a repair waits for it, once the log's part has ended.
+	endMu   sync.Mutex
+	logDone bool
+	ended   chan struct{}
+}
+
+// logEnd is the log's part's end.
+func (lt *logged) logEnd(err error) {
+	lt.markLogEnded()
+	lt.end(err)
+}
+
+// end ends one part, the log's write with its error or the cache's change (nil). The record counts
+// as done once both have: a FLUSH waits for it (win), and a mark taken after it covers its data in
+// the cache (changes).
+func (lt *logged) end(err error) {
+	if err != nil {
+		lt.p.lose(lt.l, err)
+	}
+	if lt.parts.Add(-1) == 0 {
+		lt.w.done(lt.t)
+		lt.p.changes.Add(1)
+	}
 }
 
 // Flush makes every write that completed before it durable on the cache and on every replica in
@@ -376,8 +412,18 @@ func (p *peer) lose(l *Log, err error) {
 	p.stats.Losses++
 	p.mu.Unlock()
 	r.opt.Log.Error("replica lost", "replica", p.Name, "err", err, "on_replica_loss", r.opt.OnLoss)
-	if r.opt.OnLoss == OnLossWriteThrough {
-		// The cache stops holding data only the lost replica had; FLUSHes wait for it (waitLost).
+	r.switchMu.Lock()
+	defer r.switchMu.Unlock()
+	if r.opt.OnLoss != OnLossWriteThrough || r.closing {
+		close(switched)
+		return
+	}
+	// The cache stops holding data only the lost replica had; FLUSHes wait for it (waitLost).
+	// Not on the caller's goroutine: that is a request's, or the log's writer with other
+	// records to end, and writing the dirty data back takes as long as the backend needs.
+	r.switches.Add(1)
+	go func() {
+		defer r.switches.Done()
 		err := r.c.SetMode(context.Background(), cache.WriteThrough, nil)
 		if err != nil {
 			r.opt.Log.Error("replica lost: switching to write-through", "replica", p.Name, "err", err)
@@ -385,8 +431,8 @@ func (p *peer) lose(l *Log, err error) {
 		p.mu.Lock()
 		p.switchErr = err
 		p.mu.Unlock()
-	}
-	close(switched)
+		close(switched)
+	}()
 }
 
 // loop releases what the backend holds and brings a lost replica back.
@@ -506,7 +552,15 @@ func (p *peer) resync() bool {
 	r := p.r
 	p.mu.Lock()
 	p.stats.State = "resyncing"
+	switched := p.switched
 	p.mu.Unlock()
+	// The switch to write-through its loss started ends first: else it could end after the
+	// switch back below, leaving the cache in write-through with every replica in service.
+	select {
+	case <-switched:
+	case <-r.stop:
+		return false
+	}
 	r.gate.Lock()
 	defer r.gate.Unlock()
 	if r.closed.Load() {
@@ -565,6 +619,7 @@ func (r *Replicated) Close() error {
 	if r.closed.Swap(true) {
 		return nil
 	}
+	r.c.SetRepairSource(nil)
 	close(r.stop)
 	r.wg.Wait()
 	for _, p := range r.peers {
@@ -572,6 +627,10 @@ func (r *Replicated) Close() error {
 			l.Close()
 		}
 	}
+	r.switchMu.Lock()
+	r.closing = true
+	r.switchMu.Unlock()
+	r.switches.Wait()
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ const (
 type primary struct {
 	b     *fault.Backend
 	inner *mem.Mem
+	ssd   *mem.Mem // the SSD tier's device
 	c     *cache.Cache
 	r     *Replicated
 	logs  []*fault.Backend
@@ -37,22 +39,26 @@ type primary struct {
 	mu    sync.Mutex
 }
 
-func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int) *primary {
+func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int, tweaks ...func(*cache.Config)) *primary {
 	t.Helper()
-	p := &primary{inner: mem.New(testVolume), model: make([]byte, testVolume)}
+	p := &primary{inner: mem.New(testVolume), ssd: mem.New(2 * testVolume), model: make([]byte, testVolume)}
 	p.b = fault.New(p.inner, fault.Options{})
-	c, err := cache.New(p.b, cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
-		SSD: cache.TierConfig{Size: 2 * testVolume, Admission: "always"}, SSDDevice: mem.New(2 * testVolume), Meta: meta.NewMem(),
+	cfg := cache.Config{LineSize: testLine, Mode: cache.WriteBack, BackendID: "test",
+		SSD: cache.TierConfig{Size: 2 * testVolume, Admission: "always"}, SSDDevice: p.ssd, Meta: meta.NewMem(),
 		// The tier holds the whole volume and never has more than half of its lines dirty: the
 		// destager leaves the dirty data alone, and only the replicas' releases write it back.
-		WriteBack: cache.WriteBackConfig{Throttle: "none", High: 0.9, Low: 0.8, Max: 0.95}})
+		WriteBack: cache.WriteBackConfig{Throttle: "none", High: 0.9, Low: 0.8, Max: 0.95}}
+	for _, tweak := range tweaks {
+		tweak(&cfg)
+	}
+	c, err := cache.New(p.b, cfg)
 	require.NoError(t, err)
 	p.c = c
 	var peers []Peer
 	for i := range replicas {
 		d := fault.New(mem.New(logSize), fault.Options{})
 		p.logs = append(p.logs, d)
-		peers = append(peers, Peer{Name: fmt.Sprintf("peer%d", i), Dev: d})
+		peers = append(peers, Peer{Name: fmt.Sprintf("peer%d", i), Dev: &holdingDev{Backend: d}})
 	}
 	p.r, err = Replicate(volume.New(c, volume.Options{}), c, peers, Options{OnLoss: onLoss, Retry: 10 * time.Millisecond, Check: time.Millisecond})
 	require.NoError(t, err)
@@ -228,8 +234,8 @@ func TestReplicatedLossWait(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 0))
 	p.workload(t, 6, 2, 50)
 	p.logs[0].SetFailing(true)
-	p.write(t, rng, 7, 1, false)
-	require.NotEqual(t, "ok", p.r.Stats()[0].State)
+	p.write(t, rng, 7, 1, false) // acknowledged once the cache has it; its record then fails
+	require.Eventually(t, func() bool { return p.r.Stats()[0].State != "ok" }, 10*time.Second, time.Millisecond, "the replica lost")
 	require.Equal(t, cache.WriteBack, p.c.Mode(), "wait keeps write-back")
 	flushed := make(chan error, 1)
 	go func() { flushed <- p.r.Flush() }()
@@ -305,4 +311,92 @@ func TestReplicatedRefusesALyingReplica(t *testing.T) {
 			require.ErrorContains(t, err, "replica peer0")
 		})
 	}
+}
+
+// holdingDev holds its writes while hold is on, until it is let go.
+type holdingDev struct {
+	backend.Backend
+	mu      sync.Mutex
+	held    chan struct{} // nil: writes go through
+	waiting atomic.Int64
+}
+
+func (h *holdingDev) WriteAt(p []byte, off int64) (int, error) {
+	h.mu.Lock()
+	held := h.held
+	h.mu.Unlock()
+	if held != nil {
+		h.waiting.Add(1)
+		<-held
+		h.waiting.Add(-1)
+	}
+	return h.Backend.WriteAt(p, off)
+}
+
+func (h *holdingDev) hold() {
+	h.mu.Lock()
+	h.held = make(chan struct{})
+	h.mu.Unlock()
+}
+
+func (h *holdingDev) letGo() {
+	h.mu.Lock()
+	close(h.held)
+	h.held = nil
+	h.mu.Unlock()
+}
+
+// TestReplicatedWritesStream: a write is acknowledged once the cache holds it, its record
+// streaming to the replica behind it; a FLUSH, and a FUA write, wait until the replica has it.
+func TestReplicatedWritesStream(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	dev := p.r.peers[0].Dev.(*holdingDev)
+	rng := rand.New(rand.NewPCG(7, 7))
+	dev.hold()
+	for i := range 8 {
+		p.write(t, rng, i*4, 4, false) // returns with the replica's device held
+	}
+	require.Eventually(t, func() bool { return dev.waiting.Load() > 0 }, 10*time.Second, time.Millisecond, "the records at the replica's device")
+	flushed := make(chan error, 1)
+	go func() { flushed <- p.r.Flush() }()
+	fua := make(chan error, 1)
+	go func() { fua <- p.r.WriteAt(make([]byte, testBlock), 40*testBlock, true) }()
+	// Nothing the test can wait for says that they are waiting rather than not yet started; what
+	// can fail is that either ends while the device holds the records.
+	select {
+	case err := <-flushed:
+		t.Fatalf("a FLUSH ended (%v) with the replica's records held", err)
+	case err := <-fua:
+		t.Fatalf("a FUA write ended (%v) with the replica's records held", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	dev.letGo()
+	require.NoError(t, <-flushed)
+	require.NoError(t, <-fua)
+	p.mu.Lock()
+	clear(p.model[40*testBlock : 41*testBlock])
+	p.mu.Unlock()
+	p.diesAndDrains(t, "after the held records went through")
+}
+
+// TestReplicatedRepairsDamage: every byte of the SSD tier damaged, its dirty data is read back
+// from the replica's log, not lost: every block reads as last written (zeroed ones too), and the
+// cache counts them repaired.
+func TestReplicatedRepairsDamage(t *testing.T) {
+	// A log never full, and write-back in address order under the watermarks: nothing is
+	// written back, so every block written is dirty when the tier is damaged.
+	p := newPrimary(t, OnLossWriteThrough, 8*testLogSize, 1, func(c *cache.Config) { c.WriteBack.Order = cache.OrderAddress })
+	p.workload(t, 11, 4, 200)
+	require.NoError(t, p.r.Flush())
+	require.NotZero(t, p.c.Stats().Dirty, "dirty data for the replica to hold")
+	junk := make([]byte, p.ssd.Size())
+	rand.NewChaCha8([32]byte{3}).Read(junk)
+	_, err := p.ssd.WriteAt(junk, 0)
+	require.NoError(t, err)
+	got := make([]byte, testVolume)
+	require.NoError(t, p.r.ReadAt(got, 0))
+	require.True(t, bytes.Equal(p.model, got), "the volume as written, read over a damaged SSD tier")
+	st := p.c.Stats()
+	require.NotZero(t, st.Lost.Repaired, "blocks repaired from the replica")
+	require.Zero(t, st.Lost.Blocks, "blocks lost")
 }
