@@ -31,9 +31,11 @@ func startReplica(t *testing.T, log, size string) (*daemon, string) {
 // "peer" (another tierblk process): the primary is killed (-9) and its SSD tier and metadata
 // deleted, as a dead host's would be gone; `tierblk replica drain` then writes the replica's log
 // to the backend, which must hold, for every block, the last write a completed FLUSH or FUA made
-// durable, or a later one. A new primary with a fresh SSD tier starts over the drained backend and
-// the same replica, and the cycle repeats. Without the replica the deleted SSD tier would take
-// the dirty data with it (the first cycle checks that the backend alone lacked some).
+// durable, or a later one; in every other cycle, instead, a new primary with a fresh SSD tier
+// started over the same replica takes the export over from the log, and must serve the same. A
+// new primary with a fresh SSD tier starts over the backend and the same replica, and the cycle
+// repeats. Without the replica the deleted SSD tier would take
+// the dirty data with it (the first two cycles check that the backend alone lacked some).
 func TestReplicaDrainAfterHostDeath(t *testing.T) {
 	const (
 		seed    = 11
@@ -47,7 +49,7 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 	m := newDurableModel(region / blockBytes)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	var acked, flushed atomic.Int64
-	var drained int
+	var drained, tookOver int
 	for cycle := range cycles {
 		// A fresh host each cycle: its own SSD tier, big enough that little is written back.
 		peer, replicaURL := startReplica(t, logFile, "64MiB")
@@ -73,7 +75,7 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 		c.Close()
 		requireNoWrongRead(t, errs, fmt.Sprintf("cycle %d", cycle))
 		require.NoError(t, os.RemoveAll(o.dir), "the dead host's SSD tier and metadata")
-		if cycle == 0 {
+		if cycle <= 1 { // for a drain and for a take-over
 			direct := dialNBD(t, startNbdkit(t, "file", image))
 			require.Positive(t, m.behind(t, direct), "the backend alone already held every durable write: the test proves nothing")
 			require.NoError(t, direct.Close())
@@ -82,6 +84,19 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 		code, out := runTierblk(t, "replica", "status", "--log", logFile)
 		require.Zero(t, code, out)
 		t.Logf("cycle %d: %s", cycle, out)
+		if cycle%2 == 1 {
+			// A new primary on another host takes the export over: it applies the dead one's
+			// log to the backend before it serves.
+			o := cacheOpts{backend: backend, dir: shortTempDir(t), ram: "0", ssdSize: "16MiB", line: "64KiB", mode: "writeback"}
+			d := startServe(t, append(o.args(), "--replica", replicaURL)...)
+			c := dialNBD(t, d.Unix)
+			m.verify(t, c, fmt.Sprintf("cycle %d, through the primary that took over", cycle))
+			require.NoError(t, c.Close())
+			d.requireStop(syscall.SIGTERM)
+			peer.requireStop(syscall.SIGTERM)
+			tookOver++
+			continue
+		}
 		code, out = runTierblk(t, "replica", "drain", "--log", logFile, "--backend", backend)
 		require.Equal(t, 1, code, out)
 		require.Contains(t, out, "stop that first")
@@ -101,8 +116,8 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 		require.NoError(t, direct.Close())
 	}
 	require.Positive(t, flushed.Load())
-	t.Logf("%d writes acknowledged, %d flushes completed, %d drains, %d blocks found older than their last acknowledged write (allowed: not flushed)",
-		acked.Load(), flushed.Load(), drained, m.lost)
+	t.Logf("%d writes acknowledged, %d flushes completed, %d drains, %d take-overs, %d blocks found older than their last acknowledged write (allowed: not flushed)",
+		acked.Load(), flushed.Load(), drained, tookOver, m.lost)
 	logCampaign(t, cycles, "kill -9 cycles", m.sectors)
 }
 

@@ -234,3 +234,8 @@ func (m *DirtyMark) Drop() {
 		m.t.dropSnap(m.s)
 	}
 }
+
+// Backend is the backend the cache is in front of. Writing it around the cache is for a cache that
+// holds nothing and serves nothing yet (a take-over applying another primary's log, replica):
+// anywhere else the cache's lines would go stale.
+func (c *Cache) Backend() backend.Backend { return c.b }

@@ -176,3 +176,13 @@ func (l *Log) ReadRecord(t Ticket) (Record, error) {
 	}
 	return rec, nil
 }
+
+// grew reports whether a record follows the last one Next returned now, read from the device
+// again: whether a primary wrote the log since.
+func (r *Reader) grew() bool {
+	r.win = r.win[:0]
+	at := r.at
+	_, err := r.Next()
+	r.at = at
+	return err == nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ type Cache interface {
 	Mode() cache.Mode
 	Stats() cache.Stats
 	SetRepairSource(cache.RepairSource)
+	Backend() backend.Backend
 }
 
 // What a replicated export does when a replica is lost (Options.OnLoss).
@@ -141,6 +143,9 @@ func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated,
 	if err := checkNotDrained(c, peers); err != nil {
 		return nil, err
 	}
+	if err := takeOver(c, peers, o.Log); err != nil {
+		return nil, err
+	}
 	if err := c.FlushAll(context.Background(), nil); err != nil {
 		return nil, fmt.Errorf("replica: writing back the dirty data before the logs start: %w", err)
 	}
@@ -183,6 +188,67 @@ func checkNotDrained(c Cache, peers []Peer) error {
 			return fmt.Errorf("replica %s: its log was drained into the backend (tierblk replica drain: the export was taken over without this host), so this cache's %d lines may be older than the backend; start with an empty cache (remove the SSD tier's metadata directory) or without the replica", p.Name, lines)
 		}
 	}
+	return nil
+}
+
+// takeOverWait is how long a take-over watches a log for its primary's heartbeat: twice the
+// heartbeat, and a second for the network. A test replaces it with what an alive primary does
+// meanwhile.
+var takeOverWait = func() { time.Sleep(2*Heartbeat + time.Second) }
+
+// takeOver takes the export over from a primary that is gone (its host dead, the VM moved): a
+// cache that holds nothing, over a replica whose log holds changes, applies them to the backend
+// before anything else, as tierblk replica drain would. It refuses while the log
+// still grows (the other primary writes it at least every Heartbeat: it is alive, and two writers
+// must never share the backend), and where two replicas hold changes (one may have been out of
+// service, its log older than the backend: which to apply is the user's to say).
+func takeOver(c Cache, peers []Peer, log *slog.Logger) error {
+	for _, t := range c.Stats().Tiers {
+		if t.Lines > 0 {
+			return nil // this host's cache: the primary restarting (Replicate writes it back)
+		}
+	}
+	var holding []int
+	var readers []*Reader
+	for i, p := range peers {
+		r, err := Open(p.Dev)
+		if err != nil || r.Drained() {
+			continue // no log (Create formats it), or one applied already
+		}
+		if _, err := r.Next(); errors.Is(err, io.EOF) {
+			continue
+		} else if err != nil {
+			return fmt.Errorf("replica %s: %w", p.Name, err)
+		}
+		holding, readers = append(holding, i), append(readers, r)
+	}
+	switch len(holding) {
+	case 0:
+		return nil
+	case 1:
+	default:
+		return fmt.Errorf("replicas %s and %s both hold changes of a primary that is gone, and one of them may be older than the backend; apply the one that was in service last with tierblk replica drain on its host, then start again", peers[holding[0]].Name, peers[holding[1]].Name)
+	}
+	p, r := peers[holding[0]], readers[0]
+	for {
+		if _, err := r.Next(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("replica %s: %w", p.Name, err)
+		}
+	}
+	log.Warn("replica: taking the export over from another primary's log: watching for its heartbeat first", "replica", p.Name)
+	takeOverWait()
+	if r.grew() {
+		return fmt.Errorf("replica %s: its log is being written by another primary, which is alive; two writers must never share the backend: stop it first", p.Name)
+	}
+	// Around the cache, which holds nothing: the log is marked drained only once the backend
+	// holds its changes, flushed.
+	st, err := Drain(p.Dev, c.Backend(), nil)
+	if err != nil {
+		return fmt.Errorf("replica %s: taking the export over: %w", p.Name, err)
+	}
+	log.Warn("replica: took the export over: applied the other primary's log", "replica", p.Name, "records", st.Records, "bytes", st.Bytes, "flushes", st.Flushes)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package replica
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -399,4 +400,53 @@ func TestReplicatedRepairsDamage(t *testing.T) {
 	st := p.c.Stats()
 	require.NotZero(t, st.Lost.Repaired, "blocks repaired from the replica")
 	require.Zero(t, st.Lost.Blocks, "blocks lost")
+}
+
+// TestReplicatedTakeOver: a primary dies with changes the backend lacks; a new one, with an empty
+// cache, on another host, started over the same replica, applies the dead one's log to the backend
+// first and serves every acknowledged write. It refuses while the log's primary still writes it,
+// and where two replicas both hold changes.
+func TestReplicatedTakeOver(t *testing.T) {
+	defer func(w func()) { takeOverWait = w }(takeOverWait)
+	takeOverWait = func() {}
+
+	t.Run("after-death", func(t *testing.T) {
+		p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+		p.workload(t, 21, 4, 100)
+		after := p.die(t)
+		c := emptyCache(t, after)
+		r, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+		require.NoError(t, err)
+		defer r.Close()
+		requireVolume(t, p.model, after, "the backend after the take-over")
+		got := make([]byte, testVolume)
+		require.NoError(t, r.ReadAt(got, 0))
+		require.True(t, bytes.Equal(p.model, got), "the volume served after the take-over")
+		lr, err := Open(p.logs[0])
+		require.NoError(t, err)
+		_, err = lr.Next()
+		require.ErrorIs(t, err, io.EOF, "a fresh log")
+	})
+
+	t.Run("primary-alive", func(t *testing.T) {
+		p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+		p.workload(t, 22, 2, 20)
+		takeOverWait = func() { // the old primary writes on meanwhile
+			p.write(t, rand.New(rand.NewPCG(22, 22)), 1, 1, false)
+			require.NoError(t, p.r.Flush())
+		}
+		c := emptyCache(t, mem.New(testVolume))
+		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+		takeOverWait = func() {}
+		require.ErrorContains(t, err, "being written by another primary")
+	})
+
+	t.Run("two-replicas", func(t *testing.T) {
+		p := newPrimary(t, OnLossWriteThrough, testLogSize, 2)
+		p.workload(t, 23, 2, 20)
+		after := p.die(t)
+		c := emptyCache(t, after)
+		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}, {Name: "peer1", Dev: p.logs[1]}}, Options{})
+		require.ErrorContains(t, err, "both hold changes")
+	})
 }
