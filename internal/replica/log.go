@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
 	"github.com/tierblk/tierblk/internal/crc32c"
@@ -313,6 +314,10 @@ type Log struct {
 	// holds them back rather than growing the queue without bound.
 	pending int64
 	roomy   *sync.Cond
+	// wclosed is set by Close, after which WriteAsync queues nothing.
+	wclosed bool
+	// watch is dev as Create gave it, timing its calls (Stalled).
+	watch *watched
 }
 
 // queued is a record encoded and waiting for its batch; done is called once it is written.
@@ -378,8 +383,10 @@ func Create(dev backend.Backend, volumeSize int64) (*Log, error) {
 		}
 		return nil, fmt.Errorf("replica: the device did not keep the new log's superblock (log %016x generation %d): %w; refusing it", id, gen, err)
 	}
+	w := &watched{Backend: dev, since: map[uint64]time.Time{}}
 	l := &Log{
-		dev:        dev,
+		dev:        w,
+		watch:      w,
 		id:         id,
 		volumeSize: volumeSize,
 		deviceSize: size,
@@ -549,8 +556,14 @@ func (l *Log) WriteAsync(t Ticket, data []byte, done func(error)) {
 	bp := bufpool.Get(int(size))
 	encodeRecord(*bp, l.id, t.Seq, t.Kind, t.Off, t.Len, data)
 	l.wmu.Lock()
-	for l.pending > maxPending {
+	for l.pending > maxPending && !l.wclosed {
 		l.roomy.Wait()
+	}
+	if l.wclosed {
+		l.wmu.Unlock()
+		bufpool.Put(bp)
+		done(fmt.Errorf("replica: write seq %d: %w", t.Seq, ErrClosed))
+		return
 	}
 	l.pending += size
 	l.queue = append(l.queue, &queued{t: t, buf: bp, size: size, done: done})
@@ -699,6 +712,21 @@ func (l *Log) Release(p Position) error {
 
 // Close wakes every waiter with an error and makes later Reserves fail; it does not close dev.
 func (l *Log) Close() error {
+	// The records queued and not yet being written end now: their writers may be waiting for
+	// them (a FLUSH), and the device may never take the batches before them.
+	l.wmu.Lock()
+	l.wclosed = true
+	q := l.queue
+	l.queue = nil
+	for _, r := range q {
+		l.pending -= r.size
+	}
+	l.roomy.Broadcast()
+	l.wmu.Unlock()
+	for _, r := range q {
+		bufpool.Put(r.buf)
+		r.done(fmt.Errorf("replica: write seq %d: %w", r.t.Seq, ErrClosed))
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !l.closed {
@@ -707,4 +735,57 @@ func (l *Log) Close() error {
 		l.changed = make(chan struct{})
 	}
 	return nil
+}
+
+// Stalled is how long the oldest call to the device under way (a write, a flush, a read) has
+// waited; 0 when none is.
+func (l *Log) Stalled() time.Duration {
+	return l.watch.stalled()
+}
+
+// watched is a device that knows when each of its calls under way started.
+type watched struct {
+	backend.Backend
+	mu    sync.Mutex
+	next  uint64
+	since map[uint64]time.Time
+}
+
+func (w *watched) begin() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.next++
+	w.since[w.next] = time.Now()
+	return w.next
+}
+
+func (w *watched) end(id uint64) {
+	w.mu.Lock()
+	delete(w.since, id)
+	w.mu.Unlock()
+}
+
+func (w *watched) stalled() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var d time.Duration
+	for _, at := range w.since {
+		d = max(d, time.Since(at))
+	}
+	return d
+}
+
+func (w *watched) WriteAt(p []byte, off int64) (int, error) {
+	defer w.end(w.begin())
+	return w.Backend.WriteAt(p, off)
+}
+
+func (w *watched) ReadAt(p []byte, off int64) (int, error) {
+	defer w.end(w.begin())
+	return w.Backend.ReadAt(p, off)
+}
+
+func (w *watched) Flush() error {
+	defer w.end(w.begin())
+	return w.Backend.Flush()
 }

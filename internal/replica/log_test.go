@@ -792,8 +792,9 @@ func TestClosedLogRefusesReserves(t *testing.T) {
 	require.NoError(t, l.Close())
 	_, err = l.Reserve(context.Background(), KindFlush, 0, 0, 0)
 	require.ErrorIs(t, err, ErrClosed)
-	// A record reserved before may still be written: its client is waiting for it.
-	require.NoError(t, l.Write(tk, nil))
+	// Nor is a record reserved before written: its writer learns at once that the log is out of
+	// service, rather than wait for a device that may hang.
+	require.ErrorIs(t, l.Write(tk, nil), ErrClosed)
 }
 
 // gatedDev holds every WriteAt until open is closed, and counts them.

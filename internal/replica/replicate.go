@@ -42,9 +42,13 @@ type Options struct {
 	OnLoss string
 	// Retry is how often a lost replica is tried again (default 2 s).
 	Retry time.Duration
-	// Check is how often the marks are looked at for a release (default 100 ms).
+	// Check is how often the marks are looked at for a release, and the replicas' calls for one
+	// that waits too long (default 100 ms).
 	Check time.Duration
-	Log   *slog.Logger
+	// Timeout is how long a call to a replica (a write, a flush) may wait before the replica
+	// counts as lost: its link down, the peer hung or too slow (default 30 s).
+	Timeout time.Duration
+	Log     *slog.Logger
 }
 
 // Peer is one replica's device (an NBD export on the peer) and its name for logs and stats.
@@ -136,6 +140,9 @@ func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated,
 	if o.Check <= 0 {
 		o.Check = 100 * time.Millisecond
 	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -163,6 +170,8 @@ func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated,
 		r.wg.Add(1)
 		go p.loop()
 	}
+	r.wg.Add(1)
+	go r.watch()
 	c.SetRepairSource(r.Repair)
 	return r, nil
 }
@@ -471,6 +480,9 @@ func (p *peer) lose(l *Log, err error) {
 	r := p.r
 	l.Close()
 	p.win.fail()
+	if r.closed.Load() {
+		return // the export closing: its records in flight end so, and nothing is lost
+	}
 	switched := make(chan struct{})
 	p.mu.Lock()
 	p.back, p.switched, p.switchErr = make(chan struct{}), switched, nil
@@ -499,6 +511,29 @@ func (p *peer) lose(l *Log, err error) {
 		p.mu.Unlock()
 		close(switched)
 	}()
+}
+
+// watch takes out of service a replica whose device has left a call unanswered for
+// Options.Timeout: the writers it holds back (a full queue) and the FLUSHes that wait for it go
+// on as OnLoss says. Apart from the peers' loops, which such a call may hold too.
+func (r *Replicated) watch() {
+	defer r.wg.Done()
+	tick := time.NewTicker(r.opt.Check)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-tick.C:
+		}
+		for _, p := range r.peers {
+			if l := p.log.Load(); l != nil {
+				if d := l.Stalled(); d > r.opt.Timeout {
+					p.lose(l, fmt.Errorf("replica: a call to the peer has waited %s (the link down, the peer hung or too slow)", d.Round(time.Millisecond)))
+				}
+			}
+		}
+	}
 }
 
 // loop releases what the backend holds and brings a lost replica back.
@@ -688,14 +723,14 @@ func (r *Replicated) Close() error {
 	r.c.SetRepairSource(nil)
 	close(r.stop)
 	r.wg.Wait()
+	r.switchMu.Lock()
+	r.closing = true
+	r.switchMu.Unlock()
 	for _, p := range r.peers {
 		if l := p.log.Load(); l != nil {
 			l.Close()
 		}
 	}
-	r.switchMu.Lock()
-	r.closing = true
-	r.switchMu.Unlock()
 	r.switches.Wait()
 	return nil
 }

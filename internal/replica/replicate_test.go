@@ -40,7 +40,7 @@ type primary struct {
 	mu    sync.Mutex
 }
 
-func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int, tweaks ...func(*cache.Config)) *primary {
+func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int, tweaks ...func(*cache.Config, *Options)) *primary {
 	t.Helper()
 	p := &primary{inner: mem.New(testVolume), ssd: mem.New(2 * testVolume), model: make([]byte, testVolume)}
 	p.b = fault.New(p.inner, fault.Options{})
@@ -49,8 +49,9 @@ func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int, tweaks
 		// The tier holds the whole volume and never has more than half of its lines dirty: the
 		// destager leaves the dirty data alone, and only the replicas' releases write it back.
 		WriteBack: cache.WriteBackConfig{Throttle: "none", High: 0.9, Low: 0.8, Max: 0.95}}
+	o := Options{OnLoss: onLoss, Retry: 10 * time.Millisecond, Check: time.Millisecond}
 	for _, tweak := range tweaks {
-		tweak(&cfg)
+		tweak(&cfg, &o)
 	}
 	c, err := cache.New(p.b, cfg)
 	require.NoError(t, err)
@@ -61,7 +62,7 @@ func newPrimary(t *testing.T, onLoss string, logSize int64, replicas int, tweaks
 		p.logs = append(p.logs, d)
 		peers = append(peers, Peer{Name: fmt.Sprintf("peer%d", i), Dev: &holdingDev{Backend: d}})
 	}
-	p.r, err = Replicate(volume.New(c, volume.Options{}), c, peers, Options{OnLoss: onLoss, Retry: 10 * time.Millisecond, Check: time.Millisecond})
+	p.r, err = Replicate(volume.New(c, volume.Options{}), c, peers, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		p.r.Close()
@@ -386,7 +387,7 @@ func TestReplicatedWritesStream(t *testing.T) {
 func TestReplicatedRepairsDamage(t *testing.T) {
 	// A log never full, and write-back in address order under the watermarks: nothing is
 	// written back, so every block written is dirty when the tier is damaged.
-	p := newPrimary(t, OnLossWriteThrough, 8*testLogSize, 1, func(c *cache.Config) { c.WriteBack.Order = cache.OrderAddress })
+	p := newPrimary(t, OnLossWriteThrough, 8*testLogSize, 1, func(c *cache.Config, _ *Options) { c.WriteBack.Order = cache.OrderAddress })
 	p.workload(t, 11, 4, 200)
 	require.NoError(t, p.r.Flush())
 	require.NotZero(t, p.c.Stats().Dirty, "dirty data for the replica to hold")
@@ -449,4 +450,33 @@ func TestReplicatedTakeOver(t *testing.T) {
 		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}, {Name: "peer1", Dev: p.logs[1]}}, Options{})
 		require.ErrorContains(t, err, "both hold changes")
 	})
+}
+
+// TestReplicatedLossWhenHung: a replica that stops answering (its link down, the peer hung) is lost
+// once a call has waited Options.Timeout: a FLUSH waiting for it goes on as on_replica_loss says
+// (write-through: once the dirty data is written back), and when the peer answers again it is
+// resynchronised and trusted again, and a drain has everything.
+func TestReplicatedLossWhenHung(t *testing.T) {
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1, func(_ *cache.Config, o *Options) { o.Timeout = 100 * time.Millisecond })
+	dev := p.r.peers[0].Dev.(*holdingDev)
+	rng := rand.New(rand.NewPCG(8, 8))
+	p.workload(t, 8, 2, 50)
+	dev.hold()
+	for i := range 8 {
+		p.write(t, rng, i*4, 4, false)
+	}
+	require.NoError(t, p.r.Flush(), "a FLUSH over a hung replica")
+	st := p.r.Stats()[0]
+	require.Equal(t, "lost", st.State)
+	require.Contains(t, st.LastError, "has waited")
+	require.Equal(t, cache.WriteThrough, p.c.Mode())
+	direct := make([]byte, testVolume)
+	_, err := p.inner.ReadAt(direct, 0)
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(p.model, direct), "the backend holds every write once the FLUSH is done")
+	dev.letGo()
+	require.Eventually(t, func() bool { return p.r.Stats()[0].State == "ok" }, 10*time.Second, time.Millisecond, "the replica back")
+	require.Equal(t, cache.WriteBack, p.c.Mode())
+	p.workload(t, 9, 2, 50)
+	p.diesAndDrains(t, "drained after a hang")
 }
