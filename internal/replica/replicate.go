@@ -102,7 +102,9 @@ type peer struct {
 	// data written back (switchErr if that failed): until then a FLUSH needs the lost replica.
 	switched  chan struct{}
 	switchErr error
-	stats     PeerStats
+	// lostLog is the log last lost, whose device calls a resync waits out.
+	lostLog *Log
+	stats   PeerStats
 }
 
 type mark struct {
@@ -425,6 +427,13 @@ func (r *Replicated) waitLost() error {
 		if err != nil {
 			return fmt.Errorf("replica %s lost, and the switch to write-through failed: %w", p.Name, err)
 		}
+		if r.c.Mode() == cache.WriteBack {
+			// Switched back by hand (tierblk mode) while the replica is lost: the dirty data
+			// since is on this host alone, and goes to the backend before the FLUSH is done.
+			if err := r.c.FlushAll(context.Background(), nil); err != nil {
+				return fmt.Errorf("replica %s lost: writing the dirty data back for a FLUSH: %w", p.Name, err)
+			}
+		}
 	}
 	if r.closed.Load() {
 		return backend.ErrClosed
@@ -485,8 +494,8 @@ func (p *peer) lose(l *Log, err error) {
 	}
 	switched := make(chan struct{})
 	p.mu.Lock()
-	p.back, p.switched, p.switchErr = make(chan struct{}), switched, nil
-	p.stats.State, p.stats.LastError = "lost", err.Error()
+	p.back, p.switched, p.switchErr, p.lostLog = make(chan struct{}), switched, nil, l
+	p.stats.State, p.stats.LastError, p.stats.LagBytes = "lost", err.Error(), 0
 	p.stats.Losses++
 	p.mu.Unlock()
 	r.opt.Log.Error("replica lost", "replica", p.Name, "err", err, "on_replica_loss", r.opt.OnLoss)
@@ -653,7 +662,7 @@ func (p *peer) resync() bool {
 	r := p.r
 	p.mu.Lock()
 	p.stats.State = "resyncing"
-	switched := p.switched
+	switched, lost := p.switched, p.lostLog
 	p.mu.Unlock()
 	// The switch to write-through its loss started ends first: else it could end after the
 	// switch back below, leaving the cache in write-through with every replica in service.
@@ -662,15 +671,21 @@ func (p *peer) resync() bool {
 	case <-r.stop:
 		return false
 	}
-	r.gate.Lock()
-	defer r.gate.Unlock()
-	if r.closed.Load() {
+	if lost != nil && lost.Stalled() > 0 {
+		// A write of the lost log still under way (the NBD client resends it once the link is
+		// back) could land over the fresh log's records: it ends first.
 		return false
 	}
-	err := r.c.FlushAll(context.Background(), nil)
-	var l *Log
+	// The fresh log first, with nothing held: a peer that fails or hangs again holds up only
+	// this loop. Nothing writes it before start.
+	l, err := Create(p.Dev, r.size)
 	if err == nil {
-		l, err = Create(p.Dev, r.size)
+		r.gate.Lock()
+		defer r.gate.Unlock()
+		if r.closed.Load() {
+			return false
+		}
+		err = r.c.FlushAll(context.Background(), nil)
 	}
 	if err != nil {
 		p.mu.Lock()

@@ -212,7 +212,9 @@ func TestReplicatedLogFull(t *testing.T) {
 // write through, so a FLUSH still means the backend has everything; when the replica is back it is
 // resynchronised and write-back resumes, and a drain then has everything again.
 func TestReplicatedLossWriteThrough(t *testing.T) {
-	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	// In address order under the watermarks the destager leaves dirty data alone: only what the
+	// loss makes write back reaches the backend.
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1, func(c *cache.Config, _ *Options) { c.WriteBack.Order = cache.OrderAddress })
 	rng := rand.New(rand.NewPCG(4, 0))
 	p.workload(t, 4, 2, 100)
 	p.logs[0].SetFailing(true)
@@ -221,6 +223,12 @@ func TestReplicatedLossWriteThrough(t *testing.T) {
 	require.NotEqual(t, "ok", p.r.Stats()[0].State)
 	require.Equal(t, cache.WriteThrough, p.c.Mode())
 	requireVolume(t, p.model, p.inner, "the backend after a FLUSH with the replica lost")
+	// Switched back to write-back by hand (tierblk mode) with the replica still lost: a FLUSH
+	// still means the backend has every write.
+	require.NoError(t, p.c.SetMode(t.Context(), cache.WriteBack, nil))
+	p.write(t, rng, 20, 2, false)
+	require.NoError(t, p.r.Flush())
+	requireVolume(t, p.model, p.inner, "the backend after a FLUSH in write-back by hand, the replica lost")
 
 	p.logs[0].SetFailing(false)
 	require.Eventually(t, func() bool { return p.r.Stats()[0].State == "ok" }, 10*time.Second, time.Millisecond)
