@@ -88,7 +88,7 @@ func TestReplicaDrainAfterHostDeath(t *testing.T) {
 			// A new primary on another host takes the export over: it applies the dead one's
 			// log to the backend before it serves.
 			o := cacheOpts{backend: backend, dir: shortTempDir(t), ram: "0", ssdSize: "16MiB", line: "64KiB", mode: "writeback"}
-			d := startServe(t, append(o.args(), "--replica", replicaURL)...)
+			d := startServe(t, append(o.args(), "--replica", replicaURL, "--take-over")...)
 			c := dialNBD(t, d.Unix)
 			m.verify(t, c, fmt.Sprintf("cycle %d, through the primary that took over", cycle))
 			require.NoError(t, c.Close())

@@ -124,6 +124,9 @@ type WriteBack struct {
 	// to write-through, writing its dirty data back, until the replica is back; "wait" holds
 	// FLUSHes until it is back.
 	OnReplicaLoss string `yaml:"on_replica_loss"`
+	// TakeOver lets a start with an empty cache apply changes a replica's log holds (another
+	// primary's, gone) to the backend before it serves; without it such a start is refused.
+	TakeOver bool `yaml:"take_over,omitempty"`
 }
 
 // FlushOnStop reports whether a clean stop writes the dirty data back (OnStop).

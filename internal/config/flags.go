@@ -169,6 +169,18 @@ var Flags = []Flag{
 		}},
 	cacheFlag("on-replica-loss", "write_back.on_replica_loss", "what a lost replica makes the cache do: writethrough (the default: write the dirty data back and write through until it is back) or wait (FLUSH waits until it is back)",
 		func(c *Cache, v string) { c.WriteBack.OnReplicaLoss = v }),
+	{Name: "take-over", Field: "exports[0].cache.write_back.take_over", Kind: Bool,
+		Usage: "write-back, with an empty cache: apply the changes a replica's log holds (a primary that is gone: its host dead, the VM moved) to the backend before serving; without it such a start is refused",
+		apply: func(c *Config, v []string, _ func(string) bool) error {
+			on, _ := strconv.ParseBool(last(v))
+			if e := first(c); e != nil {
+				if e.Cache == nil {
+					e.Cache = &Cache{}
+				}
+				e.Cache.WriteBack.TakeOver = on
+			}
+			return nil
+		}},
 	{Name: "ublk", Kind: Bool, Usage: "also serve the export as a ublk block device /dev/ublkbN",
 		apply: func(c *Config, v []string, _ func(string) bool) error {
 			on, _ := strconv.ParseBool(last(v))

@@ -313,7 +313,7 @@ func openReplicas(e config.Export, v *volume.Volume, c *cache.Cache, reg *backen
 		}
 		peers = append(peers, replica.Peer{Name: backend.Redact(u), Dev: d})
 	}
-	rep, err := replica.Replicate(v, c, peers, replica.Options{OnLoss: e.Cache.WriteBack.OnReplicaLoss, Log: log.With("export", e.Name)})
+	rep, err := replica.Replicate(v, c, peers, replica.Options{OnLoss: e.Cache.WriteBack.OnReplicaLoss, TakeOver: e.Cache.WriteBack.TakeOver, Log: log.With("export", e.Name)})
 	if err != nil {
 		return nil, nil, errors.Join(err, closeDevs())
 	}

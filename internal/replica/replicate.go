@@ -48,7 +48,10 @@ type Options struct {
 	// Timeout is how long a call to a replica (a write, a flush) may wait before the replica
 	// counts as lost: its link down, the peer hung or too slow (default 30 s).
 	Timeout time.Duration
-	Log     *slog.Logger
+	// TakeOver lets a cache that holds nothing apply the changes a replica's log holds to the
+	// backend first (takeOver); without it such a start is refused.
+	TakeOver bool
+	Log      *slog.Logger
 }
 
 // Peer is one replica's device (an NBD export on the peer) and its name for logs and stats.
@@ -152,7 +155,7 @@ func Replicate(v *volume.Volume, c Cache, peers []Peer, o Options) (*Replicated,
 	if err := checkNotDrained(c, peers); err != nil {
 		return nil, err
 	}
-	if err := takeOver(c, peers, o.Log); err != nil {
+	if err := takeOver(c, peers, o.TakeOver, o.Log); err != nil {
 		return nil, err
 	}
 	if err := c.FlushAll(context.Background(), nil); err != nil {
@@ -209,11 +212,13 @@ var takeOverWait = func() { time.Sleep(2*Heartbeat + time.Second) }
 
 // takeOver takes the export over from a primary that is gone (its host dead, the VM moved): a
 // cache that holds nothing, over a replica whose log holds changes, applies them to the backend
-// before anything else, as tierblk replica drain would. It refuses while the log
-// still grows (the other primary writes it at least every Heartbeat: it is alive, and two writers
-// must never share the backend), and where two replicas hold changes (one may have been out of
-// service, its log older than the backend: which to apply is the user's to say).
-func takeOver(c Cache, peers []Peer, log *slog.Logger) error {
+// before anything else, as tierblk replica drain would, where the user allowed it (allowed: a log
+// its primary stopped writing when it lost the replica, and then wrote the backend on, is older
+// than the backend, which only the user can know). It refuses while the log still grows (the
+// other primary writes it at least every Heartbeat: it is alive, and two writers must never share
+// the backend), and where two replicas hold changes (one may have been out of service, its log
+// older than the backend: which to apply is the user's to say).
+func takeOver(c Cache, peers []Peer, allowed bool, log *slog.Logger) error {
 	for _, t := range c.Stats().Tiers {
 		if t.Lines > 0 {
 			return nil // this host's cache: the primary restarting (Replicate writes it back)
@@ -226,12 +231,13 @@ func takeOver(c Cache, peers []Peer, log *slog.Logger) error {
 		if err != nil || r.Drained() {
 			continue // no log (Create formats it), or one applied already
 		}
-		if _, err := r.Next(); errors.Is(err, io.EOF) {
-			continue
-		} else if err != nil {
+		changes, err := holdsChanges(r)
+		if err != nil {
 			return fmt.Errorf("replica %s: %w", p.Name, err)
 		}
-		holding, readers = append(holding, i), append(readers, r)
+		if changes {
+			holding, readers = append(holding, i), append(readers, r)
+		}
 	}
 	switch len(holding) {
 	case 0:
@@ -241,6 +247,9 @@ func takeOver(c Cache, peers []Peer, log *slog.Logger) error {
 		return fmt.Errorf("replicas %s and %s both hold changes of a primary that is gone, and one of them may be older than the backend; apply the one that was in service last with tierblk replica drain on its host, then start again", peers[holding[0]].Name, peers[holding[1]].Name)
 	}
 	p, r := peers[holding[0]], readers[0]
+	if !allowed {
+		return fmt.Errorf("replica %s: its log holds changes this empty cache does not have: a primary's that is gone (its host dead, the VM moved), or this host's from before its cache was emptied; give --take-over (write_back.take_over) to apply them to the backend before serving, once that primary is stopped for good and had its replica in service when it stopped (a log it stopped writing on losing the replica is older than the backend), or drain the log with tierblk replica drain on the replica's host", p.Name)
+	}
 	for {
 		if _, err := r.Next(); errors.Is(err, io.EOF) {
 			break
@@ -261,6 +270,24 @@ func takeOver(c Cache, peers []Peer, log *slog.Logger) error {
 	}
 	log.Warn("replica: took the export over: applied the other primary's log", "replica", p.Name, "records", st.Records, "bytes", st.Bytes, "flushes", st.Flushes)
 	return nil
+}
+
+// holdsChanges reports whether the log r reads, from its tail, holds a change (a write, a trim, a
+// zeroing): flush records alone, a primary's heartbeats, change nothing. It leaves r after the
+// first change, or at the end.
+func holdsChanges(r *Reader) (bool, error) {
+	for {
+		rec, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if rec.Kind != KindFlush {
+			return true, nil
+		}
+	}
 }
 
 // start puts l in service: a new window of seqs from its head.

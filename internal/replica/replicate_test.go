@@ -412,9 +412,10 @@ func TestReplicatedRepairsDamage(t *testing.T) {
 }
 
 // TestReplicatedTakeOver: a primary dies with changes the backend lacks; a new one, with an empty
-// cache, on another host, started over the same replica, applies the dead one's log to the backend
-// first and serves every acknowledged write. It refuses while the log's primary still writes it,
-// and where two replicas both hold changes.
+// cache, on another host, started over the same replica, is refused unless the user allows a
+// take-over, and then applies the dead one's log to the backend first and serves every
+// acknowledged write. It refuses while the log's primary still writes it, and where two replicas
+// both hold changes.
 func TestReplicatedTakeOver(t *testing.T) {
 	defer func(w func()) { takeOverWait = w }(takeOverWait)
 	takeOverWait = func() {}
@@ -424,7 +425,9 @@ func TestReplicatedTakeOver(t *testing.T) {
 		p.workload(t, 21, 4, 100)
 		after := p.die(t)
 		c := emptyCache(t, after)
-		r, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+		require.ErrorContains(t, err, "give --take-over", "a take-over the user did not ask for")
+		r, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{TakeOver: true})
 		require.NoError(t, err)
 		defer r.Close()
 		requireVolume(t, p.model, after, "the backend after the take-over")
@@ -445,7 +448,7 @@ func TestReplicatedTakeOver(t *testing.T) {
 			require.NoError(t, p.r.Flush())
 		}
 		c := emptyCache(t, mem.New(testVolume))
-		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{})
+		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}}, Options{TakeOver: true})
 		takeOverWait = func() {}
 		require.ErrorContains(t, err, "being written by another primary")
 	})
@@ -455,7 +458,7 @@ func TestReplicatedTakeOver(t *testing.T) {
 		p.workload(t, 23, 2, 20)
 		after := p.die(t)
 		c := emptyCache(t, after)
-		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}, {Name: "peer1", Dev: p.logs[1]}}, Options{})
+		_, err := Replicate(volume.New(c, volume.Options{}), c, []Peer{{Name: "peer0", Dev: p.logs[0]}, {Name: "peer1", Dev: p.logs[1]}}, Options{TakeOver: true})
 		require.ErrorContains(t, err, "both hold changes")
 	})
 }
