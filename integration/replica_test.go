@@ -262,3 +262,10 @@ func TestReplicaRefusesALiar(t *testing.T) {
 		})
 	}
 }
+
+// TestKernelReplicaHostDeath: the primary's host dies under ext4 and a writer that fsyncs every
+// file, in a real kernel; the replica's log, drained to the NAS or taken over by a new primary,
+// gives back every fsynced file (vm/guest/replica-death.sh).
+func TestKernelReplicaHostDeath(t *testing.T) {
+	runVM(t, "vm/guest/replica-death.sh", "64M")
+}
