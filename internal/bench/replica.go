@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tierblk/tierblk/internal/nbd/client"
 )
 
 // `tierblk bench replica` (issue 48): a write-back cache with one replica on a peer reached
@@ -104,6 +107,16 @@ func replicaFillArgs() []string  { return []string{"--rw=randwrite", "--bs=4k", 
 func replicaWriteArgs() []string { return []string{"--rw=randwrite", "--bs=4k", "--iodepth=32"} }
 func replicaReadArgs() []string  { return []string{"--rw=randread", "--bs=4k", "--iodepth=32"} }
 
+// ReplicaEqualRate is the write rate, below what either configuration reaches here, at which the
+// primary's CPU a write is also measured with and without a replica: at the full rate each runs at
+// its own pace, and a server's CPU a write grows as its load falls (its requests gathered less,
+// its idle waits counted in), so only equal rates show what the replica itself costs the primary.
+const ReplicaEqualRate = 15000
+
+func replicaEqualRateArgs() []string {
+	return append(replicaWriteArgs(), fmt.Sprintf("--rate_iops=%d", ReplicaEqualRate))
+}
+
 // replicaFlushArgs: a writer that waits for each write and FLUSH, as a journal's commit does.
 func replicaFlushArgs() []string {
 	return []string{"--rw=randwrite", "--bs=4k", "--iodepth=1", "--fsync=1"}
@@ -111,8 +124,8 @@ func replicaFlushArgs() []string {
 
 // RunReplica measures, delay by delay and round by round (alternating which goes first), the
 // cache without and with a replica: after one write of every 4K block of the region at random (not
-// measured), fio's
-// 4K random writes at QD32, then random reads of the region (cached), then a writer that flushes after every write (its FLUSH latency). Every
+// measured), fio's 4K random writes at QD32, the same at ReplicaEqualRate, then random reads of
+// the region (cached), then a writer that flushes after every write (its FLUSH latency). Every
 // measurement has a fresh primary, and with a replica a fresh peer and relay. Each round also
 // measures the peer's own FLUSH latency, fio straight to its export.
 func RunReplica(ctx context.Context, o ReplicaOptions) (ReplicaReport, error) {
@@ -145,6 +158,7 @@ func RunReplica(ctx context.Context, o ReplicaOptions) (ReplicaReport, error) {
 		flushP50 := ReplicaResult{Row: "FLUSH latency p50", Delay: delay, Unit: replicaUnitUS, LowerIsBetter: true}
 		cpuPrimary := ReplicaResult{Row: "the primary's CPU a write, in the write row", Delay: delay, Unit: replicaUnitUS, LowerIsBetter: true}
 		cpuAll := ReplicaResult{Row: "all three processes' CPU a write (primary, replica, relay)", Delay: delay, Unit: replicaUnitUS, LowerIsBetter: true}
+		cpuEqual := ReplicaResult{Row: fmt.Sprintf("the primary's CPU a write, both at %d writes a second", ReplicaEqualRate), Delay: delay, Unit: replicaUnitUS, LowerIsBetter: true}
 		for round := range o.Rounds {
 			fmt.Fprintf(o.Log, "replica, %s round trip, round %d of %d\n", delay, round+1, o.Rounds)
 			for _, with := range roundOrder(2, round) {
@@ -156,7 +170,7 @@ func RunReplica(ctx context.Context, o ReplicaOptions) (ReplicaReport, error) {
 					r *ReplicaResult
 					v float64
 				}{{&write, s.write}, {&read, s.read}, {&flushP99, s.flushP99}, {&flushP50, s.flushP50},
-					{&cpuPrimary, s.cpu[0]}, {&cpuAll, s.cpu[0] + s.cpu[1] + s.cpu[2]}} {
+					{&cpuPrimary, s.cpu[0]}, {&cpuAll, s.cpu[0] + s.cpu[1] + s.cpu[2]}, {&cpuEqual, s.cpuEqual}} {
 					if with == 1 {
 						x.r.With = append(x.r.With, x.v)
 					} else {
@@ -168,17 +182,18 @@ func RunReplica(ctx context.Context, o ReplicaOptions) (ReplicaReport, error) {
 				}
 			}
 		}
-		rep.Results = append(rep.Results, write, read, flushP99, flushP50, cpuPrimary, cpuAll)
+		rep.Results = append(rep.Results, write, read, flushP99, flushP50, cpuPrimary, cpuAll, cpuEqual)
 	}
 	return rep, nil
 }
 
 // replicaSample is one measurement's figures; cpu is the write row's CPU per write, µs, of the
-// primary, the peer and the relay (this process), and busy the machine's busy share meanwhile.
+// primary, the peer and the relay (this process), and busy the machine's busy share meanwhile;
+// cpuEqual the primary's CPU a write at ReplicaEqualRate.
 type replicaSample struct {
 	write, read, flushP99, flushP50 float64
 	cpu                             [3]float64
-	busy                            float64
+	busy, cpuEqual                  float64
 }
 
 // measureReplica runs one configuration's rows in dir (made here, removed after); rtt is the round
@@ -221,26 +236,22 @@ func measureReplica(ctx context.Context, o ReplicaOptions, delay time.Duration, 
 	if _, err := fio(ctx, tb.endpoint(), o.Size, 0, 0, replicaFillArgs()); err != nil {
 		return s, 0, fmt.Errorf("%s, fill: %w", name, err)
 	}
-	// The write row's CPU, ramp included, per write counted after it: a close estimate.
-	c0, err := snapCPU(watch)
-	if err != nil {
-		return s, 0, err
-	}
-	res, err := fio(ctx, tb.endpoint(), o.Size, o.Runtime, o.Ramp, replicaWriteArgs())
-	if err != nil {
+	var cpu []float64
+	if s.write, s.busy, cpu, err = writesWithCPU(ctx, o, tb.endpoint(), watch, replicaWriteArgs()); err != nil {
 		return s, 0, fmt.Errorf("%s, writes: %w", name, err)
 	}
-	c1, err := snapCPU(watch)
+	copy(s.cpu[:], cpu)
+	if _, _, cpu, err = writesWithCPU(ctx, o, tb.endpoint(), watch[:1], replicaEqualRateArgs()); err != nil {
+		return s, 0, fmt.Errorf("%s, writes at %d a second: %w", name, ReplicaEqualRate, err)
+	}
+	s.cpuEqual = cpu[0]
+	// The reads start once the write row's records have reached the peer (a FLUSH waits for them),
+	// so that they measure reads, not reads beside the end of the write row's stream.
+	if err := flushEndpoint(ctx, tb.sock); err != nil {
+		return s, 0, fmt.Errorf("%s, FLUSH after the writes: %w", name, err)
+	}
+	res, err := fio(ctx, tb.endpoint(), o.Size, o.Runtime, o.Ramp, replicaReadArgs())
 	if err != nil {
-		return s, 0, err
-	}
-	s.write = res.value
-	busy, cores := c1.since(c0)
-	s.busy = busy
-	for i, c := range cores {
-		s.cpu[i] = c * 1e6 / res.value // cores over writes a second: µs a write
-	}
-	if res, err = fio(ctx, tb.endpoint(), o.Size, o.Runtime, o.Ramp, replicaReadArgs()); err != nil {
 		return s, 0, fmt.Errorf("%s, reads: %w", name, err)
 	}
 	s.read = res.value
@@ -363,6 +374,7 @@ func replicaCommands(o ReplicaOptions, dir string) []string {
 		"the primary: " + work(replicaPrimary(o.Tierblk, round, "nbd://127.0.0.1:RELAY/nas")) + " (without --replica for the other)",
 		"fill: " + work(append([]string{"fio"}, fioArgs(ep, o.Size, 0, 0, replicaFillArgs())...)),
 		"writes: " + work(append([]string{"fio"}, fioArgs(ep, o.Size, o.Runtime, o.Ramp, replicaWriteArgs())...)),
+		fmt.Sprintf("writes at %d a second: ", ReplicaEqualRate) + work(append([]string{"fio"}, fioArgs(ep, o.Size, o.Runtime, o.Ramp, replicaEqualRateArgs())...)),
 		"reads: " + work(append([]string{"fio"}, fioArgs(ep, o.Size, o.Runtime, o.Ramp, replicaReadArgs())...)),
 		"flushes: " + work(append([]string{"fio"}, fioArgs(ep, o.Size, o.Runtime, 0, replicaFlushArgs())...)),
 	}
@@ -566,4 +578,39 @@ func sleepSlack() time.Duration {
 		s = append(s, float64(time.Since(t)-want))
 	}
 	return time.Duration(median(s))
+}
+
+// flushEndpoint sends one FLUSH to the NBD server on the unix socket sock and waits for it.
+func flushEndpoint(ctx context.Context, sock string) error {
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cl, err := client.Dial(dctx, client.Config{Network: "unix", Address: sock, Logger: slog.New(slog.DiscardHandler)})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	return cl.Flush()
+}
+
+// writesWithCPU runs fio's writes with args and returns their rate, the machine's busy share
+// meanwhile and the CPU each watched process spent a write, µs (cores over writes a second; the
+// ramp's CPU is counted over the measured writes: a close estimate).
+func writesWithCPU(ctx context.Context, o ReplicaOptions, ep Endpoint, watch []Watch, args []string) (iops, busy float64, cpu []float64, err error) {
+	c0, err := snapCPU(watch)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	res, err := fio(ctx, ep, o.Size, o.Runtime, o.Ramp, args)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	c1, err := snapCPU(watch)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	busy, cores := c1.since(c0)
+	for _, c := range cores {
+		cpu = append(cpu, c*1e6/res.value)
+	}
+	return res.value, busy, cpu, nil
 }

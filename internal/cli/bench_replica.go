@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,8 +31,11 @@ benchmark's own that holds every byte for half the round trip in each direction.
 starts fresh:
   primary   serve --backend file://ROUND/nas.img?size=` + "1GiB" + `&direct=true --ram ` + bench.CacheRAM + ` --ssd ROUND/ssd.img --ssd-size 2GiB --mode writeback [--replica nbd://RELAY/nas]
 and fio's nbd engine runs, on the primary: one write of every 4K block of the region (--size) at
-random, not measured (the daemon warm: its memory touched), 4K random writes at QD32, then 4K random reads of the region (cached), then a writer that sends a FLUSH after each 4K write (QD1), whose FLUSH
-latency p50 and p99 it reports. Each round also measures the peer's own FLUSH p99 (the same
+random, not measured (the daemon warm: its memory touched), 4K random writes at QD32 (with each
+process's CPU a write), the same writes held to ` + strconv.Itoa(bench.ReplicaEqualRate) + ` a second (the primary's CPU a write at a rate
+both reach, what the replica itself costs it), a FLUSH (the records reach the peer), then 4K random
+reads of the region (cached), then a writer that sends a FLUSH after each 4K write (QD1), whose
+FLUSH latency p50 and p99 it reports. Each round also measures the peer's own FLUSH p99 (the same
 writer straight to its export) and the relay's actual added round trip, so that the FLUSH
 latency can be held to its bound: the round trip, plus the peer's flush, plus 1 ms.
 
