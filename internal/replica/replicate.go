@@ -758,24 +758,41 @@ func (r *Replicated) Stats() []PeerStats {
 
 // Close stops the loops and closes the logs (not their devices: their owner closes them). It
 // releases nothing: what the logs hold stays for a drain.
+//
+// The logs close first: a loop writing a heartbeat or a release waits for its record, which may
+// be queued behind batches a hung replica never takes, and closing the log ends it. A loop inside
+// a device call that never returns is waited for only closeWait: the device's owner closes the
+// device after Close, which ends the call and then the loop.
 func (r *Replicated) Close() error {
 	if r.closed.Swap(true) {
 		return nil
 	}
 	r.c.SetRepairSource(nil)
-	close(r.stop)
-	r.wg.Wait()
 	r.switchMu.Lock()
 	r.closing = true
 	r.switchMu.Unlock()
+	close(r.stop)
 	for _, p := range r.peers {
 		if l := p.log.Load(); l != nil {
 			l.Close()
 		}
 	}
+	loops := make(chan struct{})
+	go func() {
+		r.wg.Wait()
+		close(loops)
+	}()
+	select {
+	case <-loops:
+	case <-time.After(closeWait):
+		r.opt.Log.Warn("replica: closing with a call to a replica unanswered; it ends when the replica's connection closes", "waited", closeWait)
+	}
 	r.switches.Wait()
 	return nil
 }
+
+// closeWait is how long Close waits for the loops; a test shortens it.
+var closeWait = 10 * time.Second
 
 // window follows which of a log's records are done (in the cache and on the replica's device):
 // the position before which all are, and waiters for it.

@@ -389,6 +389,33 @@ func TestReplicatedWritesStream(t *testing.T) {
 	p.diesAndDrains(t, "after the held records went through")
 }
 
+// TestReplicatedCloseWhenHung: the export closes while its replica's device answers nothing and
+// its loop waits on a heartbeat record: Close returns, without waiting for the replica.
+func TestReplicatedCloseWhenHung(t *testing.T) {
+	defer func(d time.Duration) { closeWait = d }(closeWait)
+	closeWait = 10 * time.Millisecond
+	p := newPrimary(t, OnLossWriteThrough, testLogSize, 1)
+	dev := p.r.peers[0].Dev.(*holdingDev)
+	defer dev.letGo()
+	rng := rand.New(rand.NewPCG(9, 9))
+	dev.hold()
+	for i := range 8 {
+		p.write(t, rng, i*4, 4, false)
+	}
+	l := p.r.peers[0].log.Load()
+	written := l.Head().Seq
+	require.Eventually(t, func() bool { return l.Head().Seq > written }, 10*time.Second, time.Millisecond,
+		"the loop's heartbeat, after the writes, held with them")
+	closed := make(chan error, 1)
+	go func() { closed <- p.r.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(time.Minute):
+		t.Fatal("Close waits for a replica that answers nothing")
+	}
+}
+
 // TestReplicatedRepairsDamage: every byte of the SSD tier damaged, its dirty data is read back
 // from the replica's log, not lost: every block reads as last written (zeroed ones too), and the
 // cache counts them repaired.
