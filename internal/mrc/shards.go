@@ -19,7 +19,8 @@ type Config struct {
 }
 
 // SHARDS estimates LRU's miss-ratio curve from the reuse distances of sampled keys. Not safe for
-// concurrent use. Its memory is about 60 bytes per sampled key plus a histogram of at most 64 KiB.
+// concurrent use. Its memory is a map entry, two slots of the access order and (with a budget) a
+// heap entry per sampled key, and a histogram of at most 64 KiB.
 type SHARDS struct {
 	seed uint64
 	// threshold: a key is sampled when its hash is below it (all: every key); rate is its share
