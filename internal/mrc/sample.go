@@ -31,10 +31,14 @@ type Sampler struct {
 	all       bool
 }
 
-// NewSampler samples keys at rate, from above 0 to 1, with the hash seeded by seed.
+// NewSampler samples keys at rate, from above 0 to 1, with the hash seeded by seed (0 means
+// DefaultSeed).
 func NewSampler(rate float64, seed uint64) (Sampler, error) {
 	if !(rate > 0 && rate <= 1) {
 		return Sampler{}, fmt.Errorf("sampling rate %g must be above 0 and at most 1", rate)
+	}
+	if seed == 0 {
+		seed = DefaultSeed
 	}
 	s := Sampler{seed: seed, all: rate == 1}
 	if !s.all {

@@ -64,9 +64,6 @@ func NewSHARDS(c Config) (*SHARDS, error) {
 	if c.Rate == 0 {
 		c.Rate = 1
 	}
-	if c.Seed == 0 {
-		c.Seed = DefaultSeed
-	}
 	if c.MaxKeys < 0 {
 		return nil, fmt.Errorf("a budget of %d keys: give at least 1, or 0 for none", c.MaxKeys)
 	}

@@ -147,20 +147,8 @@ const volumeShift = 48
 func (b *batch) add(req *trace.Request, n, blockSize int64, sp *mrc.Sampler, pop *population) (bool, error) {
 	vol := policy.Key(req.Volume) << volumeShift
 	from := len(b.keys)
-	if pop != nil {
-		if req.Op == trace.OpRead {
-			pop.asked += req.Length
-		}
-		keys, size := int64(1), req.Length
-		if blockSize > 0 {
-			keys, size = 1, blockSize
-			if req.Length > 0 {
-				keys = (req.Offset+req.Length-1)/blockSize - req.Offset/blockSize + 1
-			}
-		}
-		pop.accesses += keys
-		pop.bytes += keys * size
-	}
+	// The request's keys and the bytes of each, sampled or not.
+	keys, size := int64(1), req.Length
 	if blockSize == 0 {
 		if k := vol ^ policy.Key(req.ID); sp == nil || sp.Take(k) {
 			b.keys = append(b.keys, k)
@@ -178,6 +166,14 @@ func (b *batch) add(req *trace.Request, n, blockSize int64, sp *mrc.Sampler, pop
 			if k := vol ^ policy.Key(x); sp == nil || sp.Take(k) {
 				b.keys = append(b.keys, k)
 			}
+		}
+		keys, size = last-first+1, blockSize
+	}
+	if pop != nil {
+		pop.accesses += keys
+		pop.bytes += keys * size
+		if req.Op != trace.OpWrite { // as the caches count reads (Req.Write)
+			pop.asked += req.Length
 		}
 	}
 	if sp != nil && len(b.keys) == from {
@@ -228,7 +224,7 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 	// cache; SHARDS samples for itself, as it lowers its rate.
 	var sp *mrc.Sampler
 	if o.Sample.Rate > 0 {
-		s, err := mrc.NewSampler(o.Sample.Rate, seedOr(o.Sample.Seed))
+		s, err := mrc.NewSampler(o.Sample.Rate, o.Sample.Seed)
 		if err != nil {
 			return n, err
 		}
@@ -352,11 +348,3 @@ var errNoRequests = errors.New("the trace has no requests to simulate")
 // ErrWarmup is the error of a run whose warm-up is not shorter than the trace: a mistake in the
 // command, which a caller reports as such.
 var ErrWarmup = errors.New("warm-up past the end of the trace")
-
-// seedOr is the sampling hash's seed: seed, or mrc's default for 0.
-func seedOr(seed uint64) uint64 {
-	if seed == 0 {
-		return mrc.DefaultSeed
-	}
-	return seed
-}
