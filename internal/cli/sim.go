@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -39,6 +40,7 @@ type simOpts struct {
 	reduction  string
 	reducedBy  string
 	reduceMode string
+	sample     string
 }
 
 // The daemon's cache as `tierblk serve` runs it with nothing configured, which `tierblk sim`
@@ -88,13 +90,23 @@ its size in keys. --reduction-of FILE measures the ratio on a sample of the data
 its 4 KiB zero blocks take no space (reduction-mode zero); with --reduction-mode compress (the
 daemon's) the others count compressed with S2, a block at a time; with --reduction-mode dedupe each
 block whose bytes an earlier block had counts nothing, the unique ones compressed (blocks are told
-apart by SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
+apart by SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).
+
+--sample estimates the curves from a sample of the keys instead of replaying them all, for far
+less time and memory; the output says the figures are estimates. --sample RATE (a fraction such as
+0.01) runs each cache in miniature: RATE times its size, fed only the keys a seeded hash picks at
+that rate (a line with all its blocks in the lines model); any policy, admission and model.
+--sample N (a whole number such as 8192) estimates LRU's curve with SHARDS, one estimator for every
+size that holds at most N keys however large the trace: --model object, --policy lru and admission
+always only, and it estimates the miss ratios only (not the fetched bytes).`,
 			simLineSize, cache.DefaultPolicy, cache.DefaultAdmission, simReductionMode),
 		Example: `  tierblk sim --trace my.iolog --format fio --size 1GiB,8GiB,64GiB --plot mrc.svg
   tierblk sim --trace my.iolog --format fio --policy all --size 0.01,0.1 --output csv
   tierblk sim --trace my.iolog --format fio --size 8GiB --reduction-of /srv/vm.img
   tierblk sim --trace cloudPhysicsIO.vscsi --model object --policy lru,arc,s3fifo --size 0.01,0.05,0.1 --plot mrc.png
-  tierblk sim --trace oltp.arc.gz --model object --block-size 512 --policy all --size 0.01,0.1 --output csv`,
+  tierblk sim --trace oltp.arc.gz --model object --block-size 512 --policy all --size 0.01,0.1 --output csv
+  tierblk sim --trace big.oracleGeneral --model object --policy all --size 0.01,0.02,0.05,0.1 --sample 0.01
+  tierblk sim --trace big.oracleGeneral --model object --policy lru --size 0.01,0.02,0.05,0.1 --sample 8192`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.stdout, o.stderr = cmd.OutOrStdout(), cmd.ErrOrStderr()
@@ -121,6 +133,7 @@ apart by SHA-256, 128 bits of it, at about 30 bytes of RAM per unique block).`,
 	f.StringVar(&o.reduction, "reduction", "", "the data's reduction ratio on the SSD tier (2, 2.5:1): each cache holds that many times its size")
 	f.StringVar(&o.reducedBy, "reduction-of", "", "measure the reduction ratio on this data file (a disk image) instead of giving --reduction")
 	f.StringVar(&o.reduceMode, "reduction-mode", simReductionMode, "what --reduction-of counts: zero (zero blocks take no space), compress (and the rest compressed) or dedupe (and duplicate blocks stored once); the daemon's by default")
+	f.StringVar(&o.sample, "sample", "", "estimate from a sample of the keys: a rate (0.01: every policy in miniature caches) or a number of keys (8192: SHARDS, lru only); none by default: an exact replay")
 	f.BoolVar(&o.noProgress, "quiet", false, "no progress on stderr (shown only when stderr is a terminal)")
 	return cmd
 }
@@ -188,8 +201,12 @@ func runSim(ctx context.Context, o simOpts) error {
 		progress = o.stderr
 	}
 
+	sample, err := simSampling(o, names)
+	if err != nil {
+		return err
+	}
 	opts := sim.Options{BlockSize: blockSize, ReadsOnly: o.ops == "read", Warmup: int64(o.warmup), Workers: o.workers,
-		Blocks: o.model == "lines", Progress: progress}
+		Blocks: o.model == "lines", Progress: progress, Sample: sample}
 	if err := opts.Check(); err != nil {
 		if o.model == "lines" {
 			return usageErrorf("--model lines: %v", err)
@@ -249,6 +266,9 @@ func runSim(ctx context.Context, o simOpts) error {
 		}
 		fmt.Fprintln(o.stdout)
 		fmt.Fprintln(o.stdout, simModel(o, keys))
+		if e := simEstimate(sample); e != "" {
+			fmt.Fprintln(o.stdout, e)
+		}
 		if ratio > 1 || measured != "" {
 			fmt.Fprintf(o.stdout, "reduction %.2f:1%s: each cache holds %.2f times its size\n", ratio, measured, ratio)
 		}
@@ -270,7 +290,11 @@ func runSim(ctx context.Context, o simOpts) error {
 		fmt.Fprintln(o.stderr, note)
 	}
 	if o.plot != "" {
-		if err := sim.Plot(o.plot, "miss ratio: "+filepath.Base(o.tracePath), keys.axis, res); err != nil {
+		title := "miss ratio: " + filepath.Base(o.tracePath)
+		if e := sample.String(); e != "" {
+			title += " (estimated: " + e + ")"
+		}
+		if err := sim.Plot(o.plot, title, keys.axis, res); err != nil {
 			return err
 		}
 		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)
@@ -322,6 +346,9 @@ func simModel(o simOpts, keys simKeyNames) string {
 // cold misses (or keys its admission turned away), and any larger size gives the same rows. Empty
 // when every size evicted.
 func simWorkingSetNote(res []sim.Result, keys simKeyNames, blockSize int64) string {
+	if len(res) > 0 && res[0].Estimate != "" {
+		return "" // a miniature cache's evictions, or SHARDS' none, say nothing of the full cache's
+	}
 	var labels []string
 	evicted := map[string]bool{}
 	held := 0
@@ -357,6 +384,53 @@ func simWorkingSetNote(res []sim.Result, keys simKeyNames, blockSize int64) stri
 	}
 	return fmt.Sprintf("note: at %s nothing was evicted: the cache held all %s that admission %s let in, so every miss is a cold miss or one the admission turned away, and a larger size gives the same rows",
 		sizes, set, adm)
+}
+
+// simSampling parses --sample: a rate (a fraction, with a point or an exponent) for miniature
+// caches, or a whole number of keys for SHARDS, which estimates only LRU in the object model with
+// admission always; names are the policies.
+func simSampling(o simOpts, names []string) (sim.Sampling, error) {
+	if o.sample == "" {
+		return sim.Sampling{}, nil
+	}
+	if n, err := strconv.Atoi(o.sample); err == nil {
+		if n < 1 {
+			return sim.Sampling{}, usageErrorf("--sample %s: a number of keys must be at least 1 (or give a rate, such as 0.01)", o.sample)
+		}
+		if o.model != "object" {
+			return sim.Sampling{}, usageErrorf("--sample %s: a number of keys (SHARDS) estimates LRU in the object model only: add --model object, or give a rate (0.01) for the lines model", o.sample)
+		}
+		for _, p := range names {
+			if p != "lru" {
+				return sim.Sampling{}, usageErrorf("--sample %s: a number of keys (SHARDS) estimates lru only, not %s: give a rate (0.01) for every policy", o.sample, p)
+			}
+		}
+		if o.admission != "always" {
+			return sim.Sampling{}, usageErrorf("--sample %s: a number of keys (SHARDS) knows no admission policy: use --admission always, or give a rate (0.01)", o.sample)
+		}
+		return sim.Sampling{Keys: n}, nil
+	}
+	r, err := strconv.ParseFloat(o.sample, 64)
+	if err != nil || !(r > 0 && r <= 1) {
+		return sim.Sampling{}, usageErrorf("--sample %q: give a rate above 0 and at most 1 (0.01) or a whole number of keys (8192)", o.sample)
+	}
+	s := sim.Sampling{Rate: r}
+	if err := (sim.Options{Sample: s}).Check(); err != nil {
+		return sim.Sampling{}, usageErrorf("--sample %s: %v", o.sample, err)
+	}
+	return s, nil
+}
+
+// simEstimate is the table heading's line that says the figures are estimates, and how they were
+// made; empty for an exact replay.
+func simEstimate(s sim.Sampling) string {
+	switch {
+	case s.Keys > 0:
+		return fmt.Sprintf("estimated (%s): LRU's reuse distances of a sample of the keys, scaled; miss ratios only", s)
+	case s.Rate > 0:
+		return fmt.Sprintf("estimated (%s): each cache simulated at %.4g%% of its size, fed only the keys sampled", s, 100*s.Rate)
+	}
+	return ""
 }
 
 // simReduction is the reduction ratio the caches' sizes are multiplied by (1: none), given or

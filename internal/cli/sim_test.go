@@ -17,6 +17,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/config"
+	"github.com/tierblk/tierblk/internal/sim"
 	"github.com/tierblk/tierblk/internal/units"
 )
 
@@ -118,6 +119,12 @@ func TestSimBadInput(t *testing.T) {
 		{"bytes without block size", simOpts{tracePath: good, policies: "lru", sizes: "1GiB"}, "--block-size", true},
 		{"warm-up past the end", simOpts{tracePath: good, policies: "lru", sizes: "0.1", warmup: 113872}, "--warmup 113872 must be below the 113872 requests", true},
 		{"warm-up past the end, absolute sizes", simOpts{tracePath: good, policies: "lru", sizes: "10", warmup: 113872}, "--warmup 113872 must be below the 113872 requests", true},
+		{"bad sample", simOpts{tracePath: good, policies: "lru", sizes: "10", sample: "often"}, "--sample", true},
+		{"sample rate above 1", simOpts{tracePath: good, policies: "lru", sizes: "10", sample: "1.5"}, "at most 1", true},
+		{"sample of no keys", simOpts{tracePath: good, policies: "lru", sizes: "10", sample: "0"}, "at least 1", true},
+		{"SHARDS of arc", simOpts{tracePath: good, policies: "lru,arc", sizes: "10", sample: "8192"}, "lru only, not arc", true},
+		{"SHARDS of lines", simOpts{tracePath: good, policies: "lru", sizes: "10", sample: "8192", model: "lines", blockSize: "64KiB"}, "object model only", true},
+		{"SHARDS with admission", simOpts{tracePath: good, policies: "lru", sizes: "10", sample: "8192", admission: "nhit:2"}, "--admission always", true},
 		{"missing file", simOpts{tracePath: filepath.Join(dir, "nope"), policies: "lru", sizes: "10"}, "nope", false},
 		{"truncated", simOpts{tracePath: trunc, policies: "lru", sizes: "10", format: "vscsi"}, "record 11", false},
 	} {
@@ -424,5 +431,39 @@ func TestDaemonReduction(t *testing.T) {
 		got, measured := daemonReduction(tc.ratio, "", tc.mode)
 		require.Equal(t, tc.want, got, "%v %s", tc.ratio, tc.mode)
 		require.Equal(t, tc.measured, measured, "%v %s", tc.ratio, tc.mode)
+	}
+}
+
+// TestSimSample: --sample says in every output that the figures are estimates, and how they were
+// made; they come near the exact replay's.
+func TestSimSample(t *testing.T) {
+	path := filepath.Join(traces, "cloudPhysicsIO.vscsi.xz")
+	exact, err := simCmd(t, simOpts{tracePath: path, policies: "lru", sizes: "0.05", output: "csv"})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		sample, policies, heading, estimate string
+	}{
+		{"0.1", "lru,arc", "estimated (sampled at 10%): each cache simulated at 10% of its size, fed only the keys sampled", "sampled at 10%"},
+		{"8192", "lru", "estimated (SHARDS, at most 8192 sampled keys): LRU's reuse distances of a sample of the keys, scaled; miss ratios only", "SHARDS, at most 8192 sampled keys"},
+	} {
+		out, err := simCmd(t, simOpts{tracePath: path, policies: tc.policies, sizes: "0.05", sample: tc.sample})
+		require.NoError(t, err)
+		require.Equal(t, tc.heading, strings.Split(out, "\n")[2], "the table's heading says so")
+
+		out, err = simCmd(t, simOpts{tracePath: path, policies: tc.policies, sizes: "0.05", sample: tc.sample, output: "csv"})
+		require.NoError(t, err)
+		rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+		require.NoError(t, err)
+		require.Equal(t, append(append([]string{}, sim.CSVHeader...), "estimate"), rows[0])
+		require.Equal(t, tc.estimate, rows[1][len(rows[1])-1])
+		exactRows, err := csv.NewReader(strings.NewReader(exact)).ReadAll()
+		require.NoError(t, err)
+		want, _ := strconv.ParseFloat(exactRows[1][3], 64)
+		got, _ := strconv.ParseFloat(rows[1][3], 64)
+		require.InDelta(t, want, got, 0.04, "lru's estimate is near its exact miss ratio (docs/simulator.md: its error on this small trace)")
+
+		out, err = simCmd(t, simOpts{tracePath: path, policies: tc.policies, sizes: "0.05", sample: tc.sample, output: "json"})
+		require.NoError(t, err)
+		require.Contains(t, out, `"estimate": "`+tc.estimate+`"`)
 	}
 }

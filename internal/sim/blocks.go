@@ -45,6 +45,16 @@ func span(r *Req, k policy.Key, blockSize int64) (from, to int64) {
 	return max(r.Offset, start) - start, min(r.Offset+r.Length, start+blockSize) - start
 }
 
+// asked is the bytes of key k that request r reads: all of r with one key per request, else the
+// part of k's block it touches. The keys of a request ask for the whole of it between them.
+func asked(r *Req, k policy.Key, blockSize int64) int64 {
+	if blockSize == 0 {
+		return r.Length
+	}
+	from, to := span(r, k, blockSize)
+	return to - from
+}
+
 // fetchedWhole is what a miss of key k by read r fetches in the whole-object model: the key, if
 // the admission policy took it, else the part of it r asked for.
 func fetchedWhole(r *Req, k policy.Key, blockSize int64, admitted bool) int64 {
@@ -88,7 +98,7 @@ type seg struct {
 
 func newLineSim(j Job, o Options) (*lineSim, error) {
 	s := &lineSim{job: j, held: map[policy.Key]lineBlocks{}, streams: map[policy.Key]*fetch.Streams{}, warmup: o.Warmup, lineSize: o.BlockSize}
-	c, err := newCacheEvicting(j, func(k policy.Key) { delete(s.held, k) })
+	c, err := newCacheEvicting(j, o.capacity(j.Size), func(k policy.Key) { delete(s.held, k) })
 	if err != nil {
 		return nil, err
 	}
@@ -96,14 +106,14 @@ func newLineSim(j Job, o Options) (*lineSim, error) {
 	return s, nil
 }
 
-func (s *lineSim) result(total int64) Result {
-	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy)
+func (s *lineSim) result(total int64, pop *population) Result {
+	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy, pop)
 }
 
 func (s *lineSim) feed(b *batch) {
 	start := time.Now()
 	for i := range b.reqs {
-		s.request(&b.reqs[i], b.keys[b.starts[i]:b.starts[i+1]], b.first+int64(i) >= s.warmup)
+		s.request(&b.reqs[i], b.keys[b.starts[i]:b.starts[i+1]], i >= b.warm)
 	}
 	s.busy += time.Since(start)
 }
@@ -111,13 +121,14 @@ func (s *lineSim) feed(b *batch) {
 // request replays one request, whose lines are keys.
 func (s *lineSim) request(r *Req, keys []policy.Key, counted bool) {
 	c, n, held, size := &s.c, &s.n, s.held, s.lineSize
-	if counted && !r.Write {
-		n.asked += r.Length
-	}
 	segs := s.segs[:0]
 	missed := false
 	for _, k := range keys {
 		from, to := span(r, k, size)
+		if counted && !r.Write {
+			// Per line, so that under sampling only the sampled lines' bytes count.
+			n.asked += to - from
+		}
 		have, ok := held[k]
 		hit := ok && (r.Write || have.covers(blockRange(from, to)))
 		if hit {

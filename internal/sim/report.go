@@ -12,16 +12,26 @@ import (
 // CSVHeader is the exact header of --output csv; scripts depend on it.
 var CSVHeader = []string{"policy", "cache_size", "requests", "miss_ratio", "byte_miss_ratio", "throughput_mqps", "fetch_ratio"}
 
-// WriteCSV writes one row per result.
+// WriteCSV writes one row per result. Estimated results (Options.Sample) get one more column,
+// "estimate", which says how; an exact replay's header stays CSVHeader.
 func WriteCSV(w io.Writer, rs []Result) error {
 	cw := csv.NewWriter(w)
-	cw.Write(CSVHeader)
+	estimated := len(rs) > 0 && rs[0].Estimate != ""
+	header := CSVHeader
+	if estimated {
+		header = append(header[:len(header):len(header)], "estimate")
+	}
+	cw.Write(header)
 	for _, r := range rs {
-		cw.Write([]string{
+		row := []string{
 			policyLabel(r), strconv.Itoa(r.CacheSize), strconv.FormatInt(r.Requests, 10),
 			strconv.FormatFloat(r.MissRatio, 'f', 6, 64), strconv.FormatFloat(r.ByteMissRatio, 'f', 6, 64),
 			strconv.FormatFloat(r.ThroughputMQPS, 'f', 3, 64), strconv.FormatFloat(r.FetchRatio, 'f', 4, 64),
-		})
+		}
+		if estimated {
+			row = append(row, r.Estimate)
+		}
+		cw.Write(row)
 	}
 	cw.Flush()
 	return cw.Error()

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,16 +47,20 @@ type Result struct {
 	// Held is the keys the cache held at the end, Evicted the keys its policy evicted over the
 	// whole replay (warm-up included). A cache that evicted none never had to choose: any larger
 	// one gives the same figures, and its misses are cold misses or misses its admission policy
-	// turned away.
+	// turned away. Under Options.Sample they are the miniature cache's (and 0 for SHARDS).
 	Held    int   `json:"held"`
 	Evicted int64 `json:"evicted"`
+	// Estimate says how the figures were estimated (Options.Sample); empty for an exact replay.
+	// Under sampling Accesses counts the sampled keys' accesses (SHARDS: every key's).
+	Estimate string `json:"estimate,omitempty"`
 }
 
 // simulator is one simulated cache, fed the batches of a pass in order.
 type simulator interface {
 	feed(b *batch)
-	// result reports what the cache counted over a pass of total requests.
-	result(total int64) Result
+	// result reports what the cache counted over a pass of total requests; pop is every key's
+	// share of them under a sampling rate (nil otherwise).
+	result(total int64, pop *population) Result
 }
 
 // Run reads r once and replays every request through every job's cache, and returns the results
@@ -68,11 +73,21 @@ func Run(ctx context.Context, r trace.Reader, jobs []Job, o Options) (Summary, e
 	}
 	// Build every cache first so that a bad name fails before hours of replay.
 	sims := make([]simulator, len(jobs))
+	var est *shardsSim // under Sample.Keys, the one estimator of every job
 	for i, j := range jobs {
 		var err error
-		if o.Blocks {
+		switch {
+		case o.Sample.Keys > 0:
+			feeds := est == nil
+			if feeds {
+				if est, err = newShardsSim(o); err != nil {
+					return Summary{}, err
+				}
+			}
+			sims[i], err = est.job(j, feeds)
+		case o.Blocks:
 			sims[i], err = newLineSim(j, o)
-		} else {
+		default:
 			sims[i], err = newObjectSim(j, o)
 		}
 		if err != nil {
@@ -101,7 +116,11 @@ func Run(ctx context.Context, r trace.Reader, jobs []Job, o Options) (Summary, e
 			}
 		})
 	}
-	n, err := stream(ctx, r, o, outs, free, &done)
+	var pop *population
+	if o.Sample.Rate > 0 {
+		pop = &population{rate: o.Sample.Rate}
+	}
+	n, err := stream(ctx, r, o, outs, free, &done, pop)
 	wg.Wait()
 	stop(n)
 	if err != nil {
@@ -118,7 +137,8 @@ func Run(ctx context.Context, r trace.Reader, jobs []Job, o Options) (Summary, e
 	}
 	res := make([]Result, len(sims))
 	for i, s := range sims {
-		res[i] = s.result(n)
+		res[i] = s.result(n, pop)
+		res[i].Estimate = o.Sample.String()
 	}
 	return Summary{Requests: n, Results: res}, nil
 }
@@ -138,10 +158,12 @@ func (c *cache) hit() {
 	}
 }
 
-func newCache(j Job) (cache, error) { return newCacheEvicting(j, nil) }
+// newCache builds job j's cache, of capacity keys: j.Size, or the miniature cache's size under
+// sampling (Options.capacity).
+func newCache(j Job, capacity int) (cache, error) { return newCacheEvicting(j, capacity, nil) }
 
 // newCacheEvicting is newCache with a callback for each key the policy evicts.
-func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
+func newCacheEvicting(j Job, capacity int, onEvict func(policy.Key)) (cache, error) {
 	evicted := new(int64)
 	count := func(k policy.Key) {
 		*evicted++
@@ -149,7 +171,7 @@ func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
 			onEvict(k)
 		}
 	}
-	ev, err := policy.NewEviction(j.Policy, policy.Config{Capacity: j.Size, OnEvict: count})
+	ev, err := policy.NewEviction(j.Policy, policy.Config{Capacity: capacity, OnEvict: count})
 	if err != nil {
 		return cache{}, err
 	}
@@ -165,9 +187,19 @@ func newCacheEvicting(j Job, onEvict func(policy.Key)) (cache, error) {
 	return cache{ev: ev, adm: adm, seen: seen, evicted: evicted}, nil
 }
 
+// capacity is the keys of a cache of size keys: size, or under a sampling rate R the miniature
+// cache's round(size×R), at least 1, which fed the keys sampled at R misses as often as the full
+// cache fed all of them.
+func (o Options) capacity(size int) int {
+	if o.Sample.Rate == 0 {
+		return size
+	}
+	return max(1, int(math.Round(float64(size)*o.Sample.Rate)))
+}
+
 // result is what the cache counted, with what it holds and evicted.
-func (c *cache) result(n counts, j Job, counted, replayed int64, elapsed time.Duration) Result {
-	res := n.result(j, counted, replayed, elapsed)
+func (c *cache) result(n counts, j Job, counted, replayed int64, elapsed time.Duration, pop *population) Result {
+	res := n.result(j, counted, replayed, elapsed, pop)
 	res.Held, res.Evicted = c.ev.Len(), *c.evicted
 	return res
 }
@@ -183,7 +215,7 @@ type objectSim struct {
 }
 
 func newObjectSim(j Job, o Options) (*objectSim, error) {
-	c, err := newCache(j)
+	c, err := newCache(j, o.capacity(j.Size))
 	if err != nil {
 		return nil, err
 	}
@@ -196,16 +228,17 @@ func (s *objectSim) feed(b *batch) {
 	start := time.Now()
 	c, n := s.c, s.n
 	for i := range b.reqs {
-		counted := b.first+int64(i) >= s.warmup
+		counted := i >= b.warm
 		r := &b.reqs[i]
 		kb := s.blockSize
 		if kb == 0 {
 			kb = r.Length
 		}
-		if counted && !r.Write {
-			n.asked += r.Length
-		}
 		for _, k := range b.keys[b.starts[i]:b.starts[i+1]] {
+			if counted && !r.Write {
+				// Per key, so that under sampling only the sampled keys' bytes count.
+				n.asked += asked(r, k, s.blockSize)
+			}
 			hit := c.ev.Get(k)
 			admitted := false
 			if hit {
@@ -227,8 +260,8 @@ func (s *objectSim) feed(b *batch) {
 	s.busy += time.Since(start)
 }
 
-func (s *objectSim) result(total int64) Result {
-	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy)
+func (s *objectSim) result(total int64, pop *population) Result {
+	return s.c.result(s.n, s.job, total-s.warmup, total, s.busy, pop)
 }
 
 // counts are what a replay counts once warm-up is over.
@@ -247,21 +280,38 @@ func (n *counts) access(size int64, hit bool) {
 	}
 }
 
+// population is what every key of the counted requests of a pass adds up to, sampled or not,
+// counted as the trace is read: with rate, the denominators of a miniature cache's ratios.
+type population struct {
+	rate                   float64
+	accesses, bytes, asked int64
+}
+
 // result reports the counts of a cache that replayed replayed requests, counted of them after
 // warm-up, in elapsed time of its own.
-func (n counts) result(j Job, counted, replayed int64, elapsed time.Duration) Result {
+//
+// A miniature cache's ratios (pop not nil) are over the rate times every key's accesses (bytes,
+// bytes read), not over the sampled keys' own: a sample that holds a key hotter or colder than
+// its share counts more or fewer accesses than rate times all of them, and the difference is
+// counted as hits, as SHARDS-adj does (package mrc). Without it, a hot key left out of the sample
+// (a Zipf trace's first) makes every cache of the sample miss more than the full one.
+func (n counts) result(j Job, counted, replayed int64, elapsed time.Duration, pop *population) Result {
 	res := Result{
 		Policy: j.Policy, Admission: j.Admission, CacheSize: j.Size, SizeLabel: j.Label, SizeBytes: j.Bytes,
 		Requests: counted, Accesses: n.accesses,
 	}
-	if n.accesses > 0 {
-		res.MissRatio = float64(n.misses) / float64(n.accesses)
+	accesses, bytes, asked := float64(n.accesses), float64(n.bytes), float64(n.asked)
+	if pop != nil {
+		accesses, bytes, asked = pop.rate*float64(pop.accesses), pop.rate*float64(pop.bytes), pop.rate*float64(pop.asked)
 	}
-	if n.bytes > 0 {
-		res.ByteMissRatio = float64(n.missBytes) / float64(n.bytes)
+	if accesses > 0 {
+		res.MissRatio = min(float64(n.misses)/accesses, 1)
 	}
-	if n.asked > 0 {
-		res.FetchRatio = float64(n.fetched) / float64(n.asked)
+	if bytes > 0 {
+		res.ByteMissRatio = min(float64(n.missBytes)/bytes, 1)
+	}
+	if asked > 0 {
+		res.FetchRatio = float64(n.fetched) / asked
 	}
 	if s := elapsed.Seconds(); s > 0 {
 		res.ThroughputMQPS = float64(replayed) / s / 1e6

@@ -67,9 +67,11 @@ func TestBatchSplitsIntoBlocks(t *testing.T) {
 		{0, []policy.Key{7, 8, 9, vol1 ^ 9}, []uint32{0, 1, 2, 3, 4}},
 	} {
 		var b batch
-		b.reset(0)
-		for _, r := range mixed().reqs {
-			require.NoError(t, b.add(&r, tc.blockSize))
+		b.reset()
+		for i, r := range mixed().reqs {
+			added, err := b.add(&r, int64(i), tc.blockSize, nil, nil)
+			require.NoError(t, err)
+			require.True(t, added)
 		}
 		require.Equal(t, tc.keys, b.keys)
 		require.Equal(t, tc.starts, b.starts)
@@ -78,8 +80,9 @@ func TestBatchSplitsIntoBlocks(t *testing.T) {
 		require.Equal(t, Summary{Requests: 4, Distinct: 4}, s)
 	}
 	var b batch
-	b.reset(0)
-	require.ErrorContains(t, b.add(&trace.Request{Length: 1 << 40}, 512), "use a larger --block-size")
+	b.reset()
+	_, err := b.add(&trace.Request{Length: 1 << 40}, 0, 512, nil, nil)
+	require.ErrorContains(t, err, "use a larger --block-size")
 }
 
 func TestReadsOnlyAndEmpty(t *testing.T) {

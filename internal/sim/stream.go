@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tierblk/tierblk/internal/fetch"
+	"github.com/tierblk/tierblk/internal/mrc"
 	"github.com/tierblk/tierblk/internal/policy"
 	"github.com/tierblk/tierblk/internal/trace"
 )
@@ -41,12 +42,58 @@ type Options struct {
 	// Progress, if not nil, receives a progress line every second: requests done, rate, and the
 	// time left where the trace's size is known.
 	Progress io.Writer
+	// Sample, if set, estimates the results from a sample of the keys instead of replaying them
+	// all: far faster, and the results are estimates (Result.Estimate says how they were made).
+	Sample Sampling
+}
+
+// Sampling says how to estimate the results from a spatial sample of the keys (package mrc): the
+// keys whose seeded hash falls below a threshold, each followed through all of its accesses.
+type Sampling struct {
+	// Rate, from above 0 to 1, runs a miniature simulation of each cache (Waldspurger et al.,
+	// ATC'17): the same policy at Rate times the size, fed only the keys sampled at Rate. Any
+	// policy, admission and model; in the lines model the keys are the lines, so a line's blocks
+	// stay together.
+	Rate float64
+	// Keys, if above 0, estimates LRU's curve with fixed-size SHARDS (Waldspurger et al., FAST'15):
+	// one estimator for every size, holding at most Keys keys however many the trace has. Every
+	// job must be lru with admission always in the object model (reuse distances know nothing of
+	// admission or of a line's blocks). It estimates the miss ratios only: a result's fetch ratio,
+	// held and evicted keys stay 0.
+	Keys int
+	// Seed seeds the hash that picks the keys; 0 means mrc.DefaultSeed.
+	Seed uint64
+}
+
+// String says how results were estimated, for reports: empty for an exact replay.
+func (s Sampling) String() string {
+	switch {
+	case s.Keys > 0:
+		return fmt.Sprintf("SHARDS, at most %d sampled keys", s.Keys)
+	case s.Rate > 0:
+		return fmt.Sprintf("sampled at %.4g%%", 100*s.Rate)
+	}
+	return ""
 }
 
 // Check reports options that no trace can satisfy.
 func (o Options) Check() error {
 	if o.Warmup < 0 {
 		return fmt.Errorf("--warmup %d must be at least 0", o.Warmup)
+	}
+	if o.Sample.Rate != 0 && o.Sample.Keys != 0 {
+		return errors.New("sample either at a rate or with a budget of keys, not both")
+	}
+	if o.Sample.Rate != 0 {
+		if _, err := mrc.NewSampler(o.Sample.Rate, o.Sample.Seed); err != nil {
+			return err
+		}
+	}
+	if o.Sample.Keys < 0 {
+		return fmt.Errorf("a sample of %d keys: give at least 1", o.Sample.Keys)
+	}
+	if o.Sample.Keys > 0 && o.Blocks {
+		return errors.New("a sample of a number of keys (SHARDS) estimates LRU in the object model only: give a rate for the lines model")
 	}
 	if o.Blocks && (o.BlockSize < fetch.BlockSize || o.BlockSize%fetch.BlockSize != 0 || o.BlockSize > maxLine) {
 		return fmt.Errorf("modelling the daemon's lines needs a block size (the line size) that is a multiple of 4KiB, up to 1MiB; it is %d", o.BlockSize)
@@ -63,9 +110,9 @@ type Req struct {
 // A batch is a run of consecutive requests, already split into keys. Batches are recycled: the
 // decoder fills one, every worker reads it, and the last to finish hands it back.
 type batch struct {
-	// first is the index of reqs[0] among the simulated requests of the trace.
-	first int64
-	reqs  []Req
+	// The first warm requests are warm-up's: replayed, not counted.
+	warm int
+	reqs []Req
 	// starts[i] is the index in keys of request i's first key; it has one extra entry at the end.
 	starts []uint32
 	keys   []policy.Key
@@ -94,12 +141,18 @@ const (
 // trace never share keys.
 const volumeShift = 48
 
-// add appends req to the batch.
-func (b *batch) add(req *trace.Request, blockSize int64) error {
+// add appends req, the n-th simulated request (from 0), to the batch, with those of its keys that
+// sp takes (all of them if sp is nil). It reports whether the request was added: not if sp took
+// none of its keys. If pop is not nil, it adds all the request's keys to it, sampled or not.
+func (b *batch) add(req *trace.Request, n, blockSize int64, sp *mrc.Sampler, pop *population) (bool, error) {
 	vol := policy.Key(req.Volume) << volumeShift
-	b.reqs = append(b.reqs, Req{Offset: req.Offset, Length: req.Length, Write: req.Op == trace.OpWrite})
+	from := len(b.keys)
+	// The request's keys and the bytes of each, sampled or not.
+	keys, size := int64(1), req.Length
 	if blockSize == 0 {
-		b.keys = append(b.keys, vol^policy.Key(req.ID))
+		if k := vol ^ policy.Key(req.ID); sp == nil || sp.Take(k) {
+			b.keys = append(b.keys, k)
+		}
 	} else {
 		first := req.Offset / blockSize
 		last := first
@@ -107,18 +160,32 @@ func (b *batch) add(req *trace.Request, blockSize int64) error {
 			last = (req.Offset + req.Length - 1) / blockSize
 		}
 		if last-first >= maxRequestKeys {
-			return fmt.Errorf("request %d touches %d blocks of %d bytes: use a larger --block-size", b.first+int64(len(b.reqs)), last-first+1, blockSize)
+			return false, fmt.Errorf("request %d touches %d blocks of %d bytes: use a larger --block-size", n, last-first+1, blockSize)
 		}
-		for k := first; k <= last; k++ {
-			b.keys = append(b.keys, vol^policy.Key(k))
+		for x := first; x <= last; x++ {
+			if k := vol ^ policy.Key(x); sp == nil || sp.Take(k) {
+				b.keys = append(b.keys, k)
+			}
+		}
+		keys, size = last-first+1, blockSize
+	}
+	if pop != nil {
+		pop.accesses += keys
+		pop.bytes += keys * size
+		if req.Op != trace.OpWrite { // as the caches count reads (Req.Write)
+			pop.asked += req.Length
 		}
 	}
+	if sp != nil && len(b.keys) == from {
+		return false, nil
+	}
+	b.reqs = append(b.reqs, Req{Offset: req.Offset, Length: req.Length, Write: req.Op == trace.OpWrite})
 	b.starts = append(b.starts, uint32(len(b.keys)))
-	return nil
+	return true, nil
 }
 
-func (b *batch) reset(first int64) {
-	b.first = first
+func (b *batch) reset() {
+	b.warm = 0
 	b.reqs = b.reqs[:0]
 	b.keys = b.keys[:0]
 	b.starts = append(b.starts[:0], 0)
@@ -128,7 +195,9 @@ func (b *batch) reset(first int64) {
 // from free, which bounds the batches in flight; a consumer returns a batch with release. It
 // closes outs when the trace ends, fails or ctx is cancelled, and returns the number of requests
 // it handed over.
-func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, free chan *batch, done *atomic.Int64) (int64, error) {
+//
+// If pop is not nil, it adds up every key of the requests past warm-up there, sampled or not.
+func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, free chan *batch, done *atomic.Int64, pop *population) (int64, error) {
 	defer func() {
 		for _, c := range outs {
 			close(c)
@@ -138,7 +207,7 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 	take := func() (*batch, error) {
 		select {
 		case b := <-free:
-			b.reset(n)
+			b.reset()
 			return b, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -150,6 +219,16 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 			c <- b // never blocks: each channel has room for every batch
 		}
 		done.Store(n)
+	}
+	// Mini-simulations are fed the sampled keys only, so they are dropped here, once for every
+	// cache; SHARDS samples for itself, as it lowers its rate.
+	var sp *mrc.Sampler
+	if o.Sample.Rate > 0 {
+		s, err := mrc.NewSampler(o.Sample.Rate, o.Sample.Seed)
+		if err != nil {
+			return n, err
+		}
+		sp = &s
 	}
 	b, err := take()
 	if err != nil {
@@ -163,17 +242,29 @@ func stream(ctx context.Context, r trace.Reader, o Options, outs []chan *batch, 
 		if err != nil {
 			return n, err
 		}
-		if o.ReadsOnly && req.Op != trace.OpRead {
-			// Skipped requests fill no batch, so take never sees a cancellation among them.
+		added := false
+		if !o.ReadsOnly || req.Op == trace.OpRead {
+			counted := pop
+			if n < o.Warmup {
+				counted = nil
+			}
+			if added, err = b.add(&req, n, o.BlockSize, sp, counted); err != nil {
+				return n, err
+			}
+			n++
+		}
+		if !added {
+			// Requests skipped, or none of whose keys is sampled, fill no batch, so take never
+			// sees a cancellation among them.
 			if read%batchRequests == 0 && ctx.Err() != nil {
 				return n, ctx.Err()
 			}
 			continue
 		}
-		if err := b.add(&req, o.BlockSize); err != nil {
-			return n, err
+		if n <= o.Warmup {
+			// Warm-up is the trace's first requests, so a batch's are its first.
+			b.warm = len(b.reqs)
 		}
-		n++
 		if len(b.reqs) == batchRequests || len(b.keys) >= batchKeys {
 			send(b)
 			if b, err = take(); err != nil {
@@ -221,8 +312,11 @@ type Summary struct {
 }
 
 // CountKeys reads r once and counts its requests and distinct keys, the base of cache sizes given
-// as fractions. It holds one slot per distinct key (16 to 32 bytes each), never the trace.
+// as fractions. It holds one slot per distinct key (16 to 32 bytes each), never the trace. It
+// counts every key, sampled or not (o.Sample is ignored), so that sizes given as fractions are
+// those of an exact replay, which an estimate is compared with.
 func CountKeys(ctx context.Context, r trace.Reader, o Options) (Summary, error) {
+	o.Sample = Sampling{}
 	outs, free := pool(1)
 	var done atomic.Int64
 	stop := startProgress(o.Progress, "counting keys", r, &done)
@@ -237,7 +331,7 @@ func CountKeys(ctx context.Context, r trace.Reader, o Options) (Summary, error) 
 			release(b, free)
 		}
 	}()
-	n, err := stream(ctx, r, o, outs, free, &done)
+	n, err := stream(ctx, r, o, outs, free, &done, nil)
 	<-finished
 	stop(n)
 	if err != nil {
