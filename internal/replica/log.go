@@ -300,6 +300,8 @@ type Log struct {
 	// waiters select on it alongside their contexts.
 	changed chan struct{}
 	onFull  func()
+	// gone is closed by Close: Write and Sync stop waiting for a device that may never answer.
+	gone chan struct{}
 
 	// Group commit: Writes queue their encoded records, and up to maxBatches of them at a time
 	// (batches) take the queue and write each run of records that follow each other on the device
@@ -314,8 +316,10 @@ type Log struct {
 	// holds them back rather than growing the queue without bound.
 	pending int64
 	roomy   *sync.Cond
-	// wclosed is set by Close, after which WriteAsync queues nothing.
+	// wclosed is set by Close, after which WriteAsync queues nothing and no batch starts;
+	// writing counts the batches being written to the device.
 	wclosed bool
+	writing int
 	// watch is dev as Create gave it, timing its calls (Stalled).
 	watch *watched
 }
@@ -395,6 +399,7 @@ func Create(dev backend.Backend, volumeSize int64) (*Log, error) {
 		head:       start,
 		tail:       start,
 		changed:    make(chan struct{}),
+		gone:       make(chan struct{}),
 		maxBatches: maxBatches,
 	}
 	l.roomy = sync.NewCond(&l.wmu)
@@ -525,11 +530,17 @@ func (l *Log) Reserve(ctx context.Context, kind Kind, off, length int64, dataLen
 }
 
 // Write encodes the reserved record (header + data, padded), writes it to dev at t.Pos and
-// returns once it is written: WriteAsync, waited for.
+// returns once it is written: WriteAsync, waited for. Once the log is closed it returns
+// ErrClosed without waiting for a device write under way, which a hung peer may never end.
 func (l *Log) Write(t Ticket, data []byte) error {
 	done := make(chan error, 1)
 	l.WriteAsync(t, data, func(err error) { done <- err })
-	return <-done
+	select {
+	case err := <-done:
+		return err
+	case <-l.gone:
+		return fmt.Errorf("replica: write seq %d: %w", t.Seq, ErrClosed)
+	}
 }
 
 // WriteAsync encodes the reserved record (header + data, padded) and queues it for dev at t.Pos;
@@ -596,10 +607,38 @@ func (l *Log) writeBatches() {
 				n += q[j].size
 				j++
 			}
+			// A closed log starts no device write: a fresh log may be made on the same device
+			// once Writing says none is under way, and a record of this one must not land on it.
+			l.wmu.Lock()
+			if l.wclosed {
+				for _, r := range q[i:] {
+					l.pending -= r.size
+				}
+				l.roomy.Broadcast()
+				l.wmu.Unlock()
+				for _, r := range q[i:] {
+					bufpool.Put(r.buf)
+					r.done(fmt.Errorf("replica: write seq %d: %w", r.t.Seq, ErrClosed))
+				}
+				break
+			}
+			l.writing++
+			l.wmu.Unlock()
 			l.writeRun(q[i:j], n)
+			l.wmu.Lock()
+			l.writing--
+			l.wmu.Unlock()
 			i = j
 		}
 	}
+}
+
+// Writing reports whether a batch is being written to the device. Once the log is closed it can
+// only turn false, and then stays so.
+func (l *Log) Writing() bool {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return l.writing > 0
 }
 
 // writeRun writes records that follow each other on the device, n bytes in all, in one write,
@@ -650,12 +689,20 @@ func encodeRecord(buf []byte, id, seq uint64, kind Kind, off, length int64, data
 	clear(buf[hdrSize+n:])
 }
 
-// Sync flushes dev: every Write that returned before is durable.
+// Sync flushes dev: every Write that returned before is durable. Once the log is closed it
+// returns ErrClosed without waiting for the flush, as Write does.
 func (l *Log) Sync() error {
-	if err := l.dev.Flush(); err != nil {
-		return fmt.Errorf("replica: sync: %w", err)
+	done := make(chan error, 1)
+	go func() { done <- l.dev.Flush() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("replica: sync: %w", err)
+		}
+		return nil
+	case <-l.gone:
+		return fmt.Errorf("replica: sync: %w", ErrClosed)
 	}
-	return nil
 }
 
 // Release moves the tail to p: the records before p are no longer needed. It writes the
@@ -731,6 +778,7 @@ func (l *Log) Close() error {
 	defer l.mu.Unlock()
 	if !l.closed {
 		l.closed = true
+		close(l.gone)
 		close(l.changed)
 		l.changed = make(chan struct{})
 	}

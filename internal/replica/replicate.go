@@ -698,7 +698,7 @@ func (p *peer) resync() bool {
 	case <-r.stop:
 		return false
 	}
-	if lost != nil && lost.Stalled() > 0 {
+	if lost != nil && (lost.Writing() || lost.Stalled() > 0) {
 		// A write of the lost log still under way (the NBD client resends it once the link is
 		// back) could land over the fresh log's records: it ends first.
 		return false
