@@ -514,10 +514,11 @@ func (p *peer) lose(l *Log, err error) {
 		return
 	}
 	r := p.r
-	l.Close()
-	p.win.fail()
 	if r.closed.Load() {
-		return // the export closing: its records in flight end so, and nothing is lost
+		// The export closing: its records in flight end so, and nothing is lost.
+		l.Close()
+		p.win.fail()
+		return
 	}
 	switched := make(chan struct{})
 	p.mu.Lock()
@@ -525,6 +526,10 @@ func (p *peer) lose(l *Log, err error) {
 	p.stats.State, p.stats.LastError, p.stats.LagBytes = "lost", err.Error(), 0
 	p.stats.Losses++
 	p.mu.Unlock()
+	// Only now are the log's waiters let go: a FLUSH among them finds the loss (waitLost) and
+	// waits for what OnLoss says, rather than returning as if the replica had its records.
+	l.Close()
+	p.win.fail()
 	r.opt.Log.Error("replica lost", "replica", p.Name, "err", err, "on_replica_loss", r.opt.OnLoss)
 	r.switchMu.Lock()
 	defer r.switchMu.Unlock()
