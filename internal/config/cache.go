@@ -54,7 +54,13 @@ type Cache struct {
 	// block it stores and check it against its checksum, so that damage is found before a read or
 	// the write-back needs the data.
 	Scrub Scrub `yaml:"scrub"`
+	// Curves is on (the default) or off: the live miss-ratio curves of the tier the cache's
+	// misses go to last (the SSD tier, else the RAM tier), estimated from a sample of the lines.
+	Curves string `yaml:"curves"`
 }
+
+// CurvesOn reports whether the export keeps live miss-ratio curves (Curves).
+func (c *Cache) CurvesOn() bool { return c.Curves != "off" }
 
 // Scrub schedules the scrubs of an SSD tier: the first Every after the start, then every Every.
 type Scrub struct {
@@ -309,6 +315,9 @@ func (c *Cache) validate() []error {
 		errs = append(errs, fieldErr("write_back.replicas", "replicas hold write-back's dirty data: set mode: writeback too"))
 	}
 	errs = append(errs, c.WriteBack.validate()...)
+	if c.Curves != "" && c.Curves != "on" && c.Curves != "off" {
+		errs = append(errs, fieldErr("curves", "%q: use on (the default) or off", c.Curves))
+	}
 	s, err := c.Sizes()
 	if err != nil {
 		errs = append(errs, err)

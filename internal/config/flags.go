@@ -141,6 +141,8 @@ var Flags = []Flag{
 	cacheFlag("admission", "admission", "admission policy of both cache tiers (default auto; e.g. always, nhit:2, seqcutoff)", func(c *Cache, v string) { c.Admission = v }),
 	cacheFlag("congestion", "congestion", "the SSD tier admits no missed line while its device's requests take longer than this and than the backend's reads (default "+cache.DefaultCongestion.String()+"; off: never)",
 		func(c *Cache, v string) { c.Congestion = v }),
+	cacheFlag("curves", "curves", "live miss-ratio curves of the cache's last tier for every policy and size, in 'tierblk stats --mrc' and /metrics: on (default) or off",
+		func(c *Cache, v string) { c.Curves = v }),
 	cacheFlag("reduction", "reduction", "what the SSD tier stores no more of: off; zero (zero blocks take no SSD write or read); compress (the default: zero blocks, and every other block compressed: the tier holds more, for more index RAM per line); or dedupe (as compress, and a block with the bytes of one the tier holds is stored as a reference to it; about 72 bytes of RAM per unit remembered)",
 		func(c *Cache, v string) { c.Reduction = v }),
 	scrubFlag("scrub-every", "every", fmt.Sprintf("%gh", DefaultScrubEvery.Hours()),

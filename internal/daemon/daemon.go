@@ -23,6 +23,7 @@ import (
 	"github.com/tierblk/tierblk/internal/metrics"
 	"github.com/tierblk/tierblk/internal/nbd/server"
 	"github.com/tierblk/tierblk/internal/replica"
+	"github.com/tierblk/tierblk/internal/sim"
 	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/internal/units"
 	"github.com/tierblk/tierblk/internal/volume"
@@ -264,7 +265,27 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 			meter = m
 		}
 		closers = append(closers, b.Close)
-		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true, Meter: meter})
+		var observers []volume.Observer
+		if e.RecordTrace != "" {
+			rec, closeRec, err := openRecorder(e, log)
+			if err != nil {
+				return nil, nil, nil, nil, nil, fail(err)
+			}
+			closers = append(closers, closeRec)
+			observers = append(observers, volume.Recording(rec, func(err error) {
+				log.Error("trace recording stopped", "export", e.Name, "file", e.RecordTrace, "err", err)
+			}))
+		}
+		if caches[i] != nil && e.Cache.CurvesOn() {
+			live, err := startCurves(caches[i].Stats(), e.Name, log)
+			if err != nil {
+				return nil, nil, nil, nil, nil, fail(err)
+			}
+			closers = append(closers, func() error { live.Close(); return nil })
+			sources[len(sources)-1].Curves = live.Curves
+			observers = append(observers, live)
+		}
+		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true, Meter: meter, Observers: observers})
 		vols = append(vols, v)
 		var dev volume.Device = v
 		if e.Cache != nil && len(e.Cache.WriteBack.Replicas) > 0 {
@@ -276,23 +297,22 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 			sources[len(sources)-1].Replicas = rep.Stats
 			dev = rep
 		}
-		if e.RecordTrace != "" {
-			if dev != volume.Device(v) {
-				return nil, nil, nil, nil, nil, fail(errors.New("record_trace and write_back.replicas together: not supported; record the trace without replicas"))
-			}
-			rec, closeRec, err := openRecorder(e, log)
-			if err != nil {
-				return nil, nil, nil, nil, nil, fail(err)
-			}
-			closers = append(closers, closeRec)
-			dev = volume.Recording(v, rec, func(err error) {
-				log.Error("trace recording stopped", "export", e.Name, "file", e.RecordTrace, "err", err)
-			})
-		}
 		devs = append(devs, dev)
 		log.Info("export", "name", e.Name, "backend", backend.Redact(e.Backend), "size", units.FormatSize(b.Size()), "read_only", v.Info().ReadOnly)
 	}
 	return vols, devs, caches, sources, closeAll, nil
+}
+
+// startCurves starts the live miss-ratio curves of the cache's last tier, the one whose misses go
+// to the backend: its size, policy and admission are the curves' "today".
+func startCurves(st cache.Stats, name string, log *slog.Logger) (*sim.Live, error) {
+	t := st.Tiers[len(st.Tiers)-1]
+	live, err := sim.NewLive(sim.LiveConfig{LineSize: int64(st.LineSize), Lines: int(t.Capacity), Policy: t.Policy, Admission: t.Admission})
+	if err != nil {
+		return nil, fmt.Errorf("cache.curves: %w", err)
+	}
+	log.Info("live miss-ratio curves", "export", name, "tier", t.Name, "sizes", fmt.Sprintf("%s to %s", units.FormatSize(int64(st.LineSize)*max(1, int64(t.Capacity)/64)), units.FormatSize(8*int64(st.LineSize)*int64(t.Capacity))))
+	return live, nil
 }
 
 // openReplicas connects to the export's replicas and starts logging its changes there; the close

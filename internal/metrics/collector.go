@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"strconv"
 	"sync"
 	"time"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/replica"
+	"github.com/tierblk/tierblk/internal/sim"
 )
 
 // statMetric is one series read from a part S of a snapshot: a tierSnap per tier, the backend's
@@ -266,6 +268,9 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range replicaMetrics {
 		ch <- m.desc
 	}
+	ch <- curveMissRatio
+	ch <- curveUnbounded
+	ch <- curveAdvice
 }
 
 func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
@@ -320,6 +325,47 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 				}
 			}
 		}
+		if src.Curves != nil {
+			collectCurves(ch, src.Export, src.Curves())
+		}
+	}
+}
+
+var (
+	curveMissRatio = prometheus.NewDesc("tierblk_mrc_miss_ratio",
+		"Estimated miss ratio of a cache of size_bytes running policy, over the live curves' window (tierblk stats --mrc); stream is all or reads, method mini (miniature simulation) or shards.",
+		[]string{"export", "stream", "policy", "method", "size_bytes"}, nil)
+	curveUnbounded = prometheus.NewDesc("tierblk_mrc_unbounded_hit_ratio",
+		"Estimated hit ratio of a cache of unlimited size over the live curves' window: only first accesses miss.",
+		[]string{"export", "stream"}, nil)
+	curveAdvice = prometheus.NewDesc("tierblk_mrc_advised_size_bytes",
+		"The tier size at which its policy reaches share (0.9, 0.95, 0.99) of the unbounded hit ratio; 0 when more than 8 times today's size.",
+		[]string{"export", "share"}, nil)
+)
+
+// collectCurves turns an export's live curves into gauges, one per stream, policy and size.
+func collectCurves(ch chan<- prometheus.Metric, export string, c *sim.Curves) {
+	if c == nil {
+		return
+	}
+	for i, stream := range []string{"all", "reads"} {
+		curves := c.All
+		if i == 1 {
+			curves = c.Reads
+		}
+		for _, cv := range curves {
+			for si, size := range c.Sizes {
+				ch <- prometheus.MustNewConstMetric(curveMissRatio, prometheus.GaugeValue, cv.MissRatio[si],
+					export, stream, cv.Policy, cv.Method, strconv.FormatInt(int64(size)*c.LineSize, 10))
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(curveUnbounded, prometheus.GaugeValue, c.Unbounded[i], export, stream)
+	}
+	for _, a := range []struct {
+		share string
+		lines int
+	}{{"0.9", c.Advice.For90}, {"0.95", c.Advice.For95}, {"0.99", c.Advice.For99}} {
+		ch <- prometheus.MustNewConstMetric(curveAdvice, prometheus.GaugeValue, float64(int64(a.lines)*c.LineSize), export, a.share)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/replica"
+	"github.com/tierblk/tierblk/internal/sim"
 )
 
 // Source is one export. Its funcs are called on every request and must be safe to call
@@ -42,6 +43,8 @@ type Source struct {
 	Scrub    func(ctx context.Context, rate int64) (cache.ScrubStats, error)
 	// Replicas are the states of a replicated export's replicas (nil: none).
 	Replicas func() []replica.PeerStats
+	// Curves are the export's live miss-ratio curves (nil: curves off).
+	Curves func() *sim.Curves
 }
 
 // StatsResponse is the body of GET /stats.
@@ -57,6 +60,7 @@ type ExportStats struct {
 	Name     string              `json:"name"`
 	Stats    cache.Stats         `json:"stats"`
 	Replicas []replica.PeerStats `json:"replicas,omitempty"`
+	Curves   *sim.Curves         `json:"curves,omitempty"`
 }
 
 // ParseMetricsAddr splits a metrics endpoint's address, unix:/path or [HOST]:PORT with any host
@@ -137,6 +141,9 @@ func NewHandlers(sources func() []Source, more ...prometheus.Collector) Handlers
 				es := ExportStats{Name: s.Export, Stats: s.Stats()}
 				if s.Replicas != nil {
 					es.Replicas = s.Replicas()
+				}
+				if s.Curves != nil {
+					es.Curves = s.Curves()
 				}
 				resp.Exports = append(resp.Exports, es)
 			}

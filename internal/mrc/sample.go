@@ -53,6 +53,17 @@ func NewSampler(rate float64, seed uint64) (Sampler, error) {
 // Take reports whether k is in the sample.
 func (s Sampler) Take(k policy.Key) bool { return s.all || Hash(k, s.seed) < s.threshold }
 
+// Limit is the largest hash the sampler takes.
+func (s Sampler) Limit() uint64 { return limit(s.threshold, s.all) }
+
+// limit is the largest hash below threshold, or every hash.
+func limit(threshold uint64, all bool) uint64 {
+	if all {
+		return math.MaxUint64
+	}
+	return max(threshold, 1) - 1
+}
+
 // Rate is the share of keys the sampler takes.
 func (s Sampler) Rate() float64 {
 	if s.all {

@@ -205,6 +205,18 @@ func (s *SHARDS) Len() int { return len(s.last) }
 // Rate is the sampling rate now.
 func (s *SHARDS) Rate() float64 { return s.rate }
 
+// Limit is the largest hash the estimator samples now (it only falls): a caller that filters keys
+// before Access, as a daemon does on its request path, may drop every key whose Hash is above it.
+func (s *SHARDS) Limit() uint64 { return limit(s.threshold, s.all) }
+
+// Misses is the weighted accesses counted so far that an LRU cache of size keys misses, cold ones
+// included: a count of accesses, not a ratio, so that a caller can difference two readings for a
+// window and divide by accesses it counts itself (the SHARDS-adj denominator).
+func (s *SHARDS) Misses(size float64) float64 {
+	refs, _ := s.hist.misses(size)
+	return refs
+}
+
 // Point is the estimated miss ratios of an LRU cache of Size keys.
 type Point struct {
 	Size          int

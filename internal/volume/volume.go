@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/pkg/backend"
 )
 
@@ -69,13 +70,14 @@ const DefaultMaxBlock = 32 << 20
 
 // Volume serves a backend as a Device.
 type Volume struct {
-	b       backend.Backend
-	info    Info
-	trimmer backend.Trimmer
-	zeroer  backend.ZeroWriter
-	fua     backend.FUAWriter
-	cacher  cacher
-	meter   Meter
+	b         backend.Backend
+	info      Info
+	trimmer   backend.Trimmer
+	zeroer    backend.ZeroWriter
+	fua       backend.FUAWriter
+	cacher    cacher
+	meter     Meter
+	observers []Observer
 }
 
 // Meter records the requests of a volume served without a cache (cache.Meter), so that its
@@ -100,11 +102,20 @@ type Options struct {
 	MultiConn bool
 	// Meter, if not nil, records every request that reaches the backend.
 	Meter Meter
+	// Observers hear of every read, write, trim and write-zeroes the volume takes (its range
+	// checked), once, whichever path serves it: a trace recorder, the live miss-ratio curves.
+	Observers []Observer
+}
+
+// Observer hears of the requests a volume serves, on the request's path: it must return at once
+// and never fail or change a request.
+type Observer interface {
+	Observe(op trace.Op, off, length int64)
 }
 
 // New wraps b. The backend's optional abilities are detected once here.
 func New(b backend.Backend, o Options) *Volume {
-	v := &Volume{b: b, meter: o.Meter}
+	v := &Volume{b: b, meter: o.Meter, observers: o.Observers}
 	v.trimmer, _ = b.(backend.Trimmer)
 	v.zeroer, _ = b.(backend.ZeroWriter)
 	v.fua, _ = b.(backend.FUAWriter)
@@ -149,6 +160,7 @@ func (v *Volume) ReadAt(p []byte, off int64) error {
 	if err := v.check(off, int64(len(p)), false); err != nil {
 		return err
 	}
+	v.observe(trace.OpRead, off, int64(len(p)))
 	if v.meter == nil {
 		_, err := v.b.ReadAt(p, off)
 		return err
@@ -213,7 +225,7 @@ func (v *Volume) ReadAtAsync(p []byte, off int64, done func(error)) bool {
 	if !ok || v.check(off, int64(len(p)), false) != nil {
 		return false
 	}
-	return a.ReadAtAsync(p, off, v.metered(false, len(p), done))
+	return v.started(a.ReadAtAsync(p, off, v.metered(false, len(p), done)), trace.OpRead, off, len(p))
 }
 
 // WriteAtAsync implements backend.AsyncWriter where the backend does (an iSCSI LUN); it leaves a
@@ -223,7 +235,7 @@ func (v *Volume) WriteAtAsync(p []byte, off int64, fua bool, done func(error)) b
 	if !ok || v.check(off, int64(len(p)), true) != nil {
 		return false
 	}
-	return a.WriteAtAsync(p, off, fua, v.metered(true, len(p), done))
+	return v.started(a.WriteAtAsync(p, off, fua, v.metered(true, len(p), done)), trace.OpWrite, off, len(p))
 }
 
 // ReadAtOn implements backend.RingReader where the backend does (a file read direct, a cache's
@@ -233,7 +245,7 @@ func (v *Volume) ReadAtOn(r backend.Ring, p []byte, off int64, done func(error))
 	if !ok || v.check(off, int64(len(p)), false) != nil {
 		return false
 	}
-	return rr.ReadAtOn(r, p, off, v.metered(false, len(p), done))
+	return v.started(rr.ReadAtOn(r, p, off, v.metered(false, len(p), done)), trace.OpRead, off, len(p))
 }
 
 // WriteAtOn implements backend.RingWriter where the backend does (a file written direct); it
@@ -243,7 +255,23 @@ func (v *Volume) WriteAtOn(r backend.Ring, p []byte, off int64, fua bool, done f
 	if !ok || v.check(off, int64(len(p)), true) != nil {
 		return false
 	}
-	return rw.WriteAtOn(r, p, off, fua, v.metered(true, len(p), done))
+	return v.started(rw.WriteAtOn(r, p, off, fua, v.metered(true, len(p), done)), trace.OpWrite, off, len(p))
+}
+
+// observe tells the observers of a request the volume takes.
+func (v *Volume) observe(op trace.Op, off, length int64) {
+	for _, o := range v.observers {
+		o.Observe(op, off, length)
+	}
+}
+
+// started tells the observers of a request an asynchronous path took, if it did (ok), and returns
+// ok: one it leaves to ReadAt or WriteAt is observed there.
+func (v *Volume) started(ok bool, op trace.Op, off int64, n int) bool {
+	if ok {
+		v.observe(op, off, int64(n))
+	}
+	return ok
 }
 
 // Plug implements backend.Plugger where the backend does (an iSCSI LUN); elsewhere it does nothing.
@@ -272,6 +300,7 @@ func (v *Volume) WriteAt(p []byte, off int64, fua bool) error {
 	if err := v.check(off, int64(len(p)), true); err != nil {
 		return err
 	}
+	v.observe(trace.OpWrite, off, int64(len(p)))
 	if v.meter == nil {
 		return v.writeAt(p, off, fua)
 	}
@@ -316,6 +345,7 @@ func (v *Volume) Trim(off, length int64, fua bool) error {
 	if err := v.check(off, length, true); err != nil {
 		return err
 	}
+	v.observe(trace.OpOther, off, length)
 	return v.failed(v.trim(off, length, fua))
 }
 
@@ -345,6 +375,8 @@ func (v *Volume) WriteZeroes(off, length int64, f ZeroFlags) error {
 	if err := v.check(off, length, true); err != nil {
 		return err
 	}
+	// A write for a cache: it replaces the range's contents like one.
+	v.observe(trace.OpWrite, off, length)
 	err := v.writeZeroes(off, length, f)
 	if errors.Is(err, ErrNotSupported) { // the client's fast zero refused: no failure of the backend
 		return err

@@ -1,0 +1,550 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/tierblk/tierblk/internal/mrc"
+	"github.com/tierblk/tierblk/internal/policy"
+	"github.com/tierblk/tierblk/internal/trace"
+)
+
+// LivePolicies are the policies whose curves Live estimates unless told otherwise: the ones a
+// tier runs, LRU among them as the reference every paper reports.
+var LivePolicies = []string{"lru", "s3fifo", "arc", "sieve", "wtinylfu", "2q"}
+
+// The defaults of LiveConfig.
+const (
+	// DefaultLiveMemory is what an export's curves may take: the miniature caches and the SHARDS
+	// estimators together (TestLiveMemory measures it).
+	DefaultLiveMemory = 8 << 20
+	DefaultLiveEpoch  = 30 * time.Second
+	DefaultLiveWindow = 10
+)
+
+// liveSteps is the sizes per doubling, and liveBelow and liveAbove the doublings below and above
+// the tier's size: 37 sizes from 1/64 of it to 8 times it, today's size, half and twice among them.
+const (
+	liveSteps = 4
+	liveBelow = 6
+	liveAbove = 3
+)
+
+// liveKeyBytes is what one key of a miniature cache costs, its policy's entry and the line's
+// valid blocks together, and liveShardsKeyBytes one key of a SHARDS estimator (TestLiveMemory
+// measures both); they turn LiveConfig.Memory into sizes.
+const (
+	liveKeyBytes       = 240
+	liveShardsKeyBytes = 128
+	// liveShardsShare is the part of the memory the SHARDS estimators take.
+	liveShardsShare = 8
+	// liveMinKeys is the smallest miniature cache: below it a cache's misses are mostly noise.
+	liveMinKeys = 16
+)
+
+// LiveConfig configures Live.
+type LiveConfig struct {
+	// LineSize is the tier's line, a multiple of 4 KiB: the curves are in the daemon's model
+	// (Options.Blocks), lines holding the 4 KiB blocks fetched or written.
+	LineSize int64
+	// Lines is the tier's size in lines, the curves' "today".
+	Lines int
+	// Policy and Admission are the tier's: the advice reads Policy's curve, and every miniature
+	// cache admits as Admission says ("" is always).
+	Policy, Admission string
+	// Policies are the policies to estimate; nil means LivePolicies, and Policy is added if missing.
+	Policies []string
+	// Memory bounds the estimators' memory in bytes; 0 means DefaultLiveMemory.
+	Memory int64
+	// Epoch is how often the window moves on; 0 means DefaultLiveEpoch. Window is the number of
+	// epochs the curves cover (0 means DefaultLiveWindow): a workload that changes shows fully in
+	// the curves once Window epochs have passed.
+	Epoch  time.Duration
+	Window int
+	// Seed seeds the hash that chooses the sampled lines; 0 means mrc.DefaultSeed.
+	Seed uint64
+}
+
+// Live estimates, while a daemon serves an export, the miss-ratio curves of several policies at
+// 37 sizes from 1/64 of a tier to 8 times it, for all requests and for reads, over a moving window:
+// miniature simulations (one per policy and size, of a fixed number of keys, the size's lines
+// sampled at the rate that gives it) and a fixed-size SHARDS estimate of LRU. It is an Observer of
+// the export's volume: a request none of whose lines is sampled costs a hash of each line and a
+// compare; sampled ones are queued for a goroutine of its own, and dropped, counted, if it falls
+// behind. Curves reads the estimate at any time.
+type Live struct {
+	cfg      LiveConfig
+	sizes    []int // lines
+	policies []string
+	seed     uint64
+	line     int64
+	// limit is the largest hash of a line any estimator samples: the request path's filter. It
+	// only falls, as the SHARDS estimators lower their rates.
+	limit atomic.Uint64
+	pop   [popStripes]popStripe
+	queue chan liveReq
+	// dropped counts the sampled requests the goroutine had no room for.
+	dropped atomic.Int64
+	ask     chan chan *Curves
+	tick    <-chan time.Time // each epoch's start
+	stop    chan struct{}
+	done    chan struct{}
+	// The goroutine's own, from here on.
+	streams [2]*liveStream // all requests, reads
+	marks   []liveMark     // the window's readings, oldest first
+	keys    []policy.Key
+	hashes  []uint64
+	sub     []policy.Key
+	sampled int64
+	// The keys each SHARDS estimator and each miniature cache holds at most.
+	shardsKeys, miniKeys int
+}
+
+// liveReq is a sampled request on its way to the goroutine.
+type liveReq struct {
+	off, length int64
+	op          trace.Op
+}
+
+// popStripes spread the request path's counts over cache lines of their own, so that the cores
+// serving an export do not all add to one.
+const popStripes = 8
+
+// popStripe counts every request and the lines it touches, sampled or not: the denominators of
+// the estimates (SHARDS-adj's correction, package mrc).
+type popStripe struct {
+	reqs, lines, readReqs, readLines atomic.Int64
+	_                                [32]byte
+}
+
+// liveStream is the estimators of one stream of requests: all of them, or the reads.
+type liveStream struct {
+	reads  bool
+	shards *mrc.SHARDS
+	groups []liveGroup
+}
+
+// liveGroup is the miniature caches of one size, one per policy, fed the lines whose hash is at
+// most limit (rate of them).
+type liveGroup struct {
+	limit uint64
+	rate  float64
+	sims  []*lineSim
+}
+
+// liveMark is a reading of every cumulative count, at an epoch's start: the window's counts are
+// the differences between two.
+type liveMark struct {
+	at     time.Time
+	pop    [2]int64 // lines: all requests, reads
+	reqs   [2]int64
+	shards [2][]float64 // the SHARDS estimators' misses at each size, then the cold ones
+	mini   [2][]int64   // each miniature cache's misses, by size then policy
+}
+
+// NewLive checks c and starts the estimator's goroutine; Close stops it.
+func NewLive(c LiveConfig) (*Live, error) {
+	l, err := newLive(c)
+	if err != nil {
+		return nil, err
+	}
+	t := time.NewTicker(l.cfg.Epoch)
+	l.tick = t.C
+	go l.run(t.Stop)
+	return l, nil
+}
+
+// newLive builds a Live whose goroutine the caller starts (run), with a tick of its choosing.
+func newLive(c LiveConfig) (*Live, error) {
+	if c.LineSize < 4096 || c.LineSize%4096 != 0 || c.LineSize > maxLine {
+		return nil, fmt.Errorf("live curves: a line of %d bytes: give a multiple of 4KiB up to 1MiB", c.LineSize)
+	}
+	if c.Lines < 1 {
+		return nil, errors.New("live curves: the tier holds no line")
+	}
+	if c.Memory == 0 {
+		c.Memory = DefaultLiveMemory
+	}
+	if c.Epoch == 0 {
+		c.Epoch = DefaultLiveEpoch
+	}
+	if c.Window == 0 {
+		c.Window = DefaultLiveWindow
+	}
+	if c.Memory < 0 || c.Epoch < 0 || c.Window < 0 {
+		return nil, fmt.Errorf("live curves: memory %d, epoch %v and window %d must not be negative", c.Memory, c.Epoch, c.Window)
+	}
+	pols := c.Policies
+	if pols == nil {
+		pols = LivePolicies
+	}
+	pols = append([]string(nil), pols...)
+	if c.Policy != "" && !contains(pols, c.Policy) {
+		pols = append(pols, c.Policy)
+	}
+	seed := c.Seed
+	if seed == 0 {
+		seed = mrc.DefaultSeed
+	}
+	l := &Live{
+		cfg: c, sizes: liveSizes(c.Lines), policies: pols, seed: seed, line: c.LineSize,
+		queue: make(chan liveReq, 4096), ask: make(chan chan *Curves), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	// The miniature caches share the memory the SHARDS estimators leave: every one of them holds
+	// the same number of keys, the rate of its size chosen to give it that many.
+	l.shardsKeys = max(1024, int(c.Memory/liveShardsShare/2/liveShardsKeyBytes))
+	l.miniKeys = max(liveMinKeys, int((c.Memory-c.Memory/liveShardsShare)/int64(2*len(l.sizes)*len(pols)*liveKeyBytes)))
+	o := Options{BlockSize: c.LineSize, Blocks: true}
+	for i := range l.streams {
+		st := &liveStream{reads: i == 1}
+		var err error
+		if st.shards, err = mrc.NewSHARDS(mrc.Config{MaxKeys: l.shardsKeys, Seed: seed}); err != nil {
+			return nil, err
+		}
+		for _, size := range l.sizes {
+			rate := min(1, float64(l.miniKeys)/float64(size))
+			sp, err := mrc.NewSampler(rate, seed)
+			if err != nil {
+				return nil, err
+			}
+			g := liveGroup{limit: sp.Limit(), rate: sp.Rate()}
+			o.Sample.Rate = g.rate
+			for _, p := range pols {
+				s, err := newLineSim(Job{Policy: p, Admission: c.Admission, Size: size}, o)
+				if err != nil {
+					return nil, fmt.Errorf("live curves: %w", err)
+				}
+				g.sims = append(g.sims, s)
+			}
+			st.groups = append(st.groups, g)
+		}
+		l.streams[i] = st
+	}
+	l.limit.Store(l.filter())
+	l.marks = []liveMark{l.mark(time.Now())}
+	return l, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// liveSizes are the curves' sizes in lines around a tier of lines: liveSteps a doubling from
+// 1/2^liveBelow of it to 2^liveAbove times it, at least one line, none twice.
+func liveSizes(lines int) []int {
+	var sizes []int
+	for j := -liveBelow * liveSteps; j <= liveAbove*liveSteps; j++ {
+		s := max(1, int(math.Round(float64(lines)*math.Exp2(float64(j)/liveSteps))))
+		if len(sizes) == 0 || s > sizes[len(sizes)-1] {
+			sizes = append(sizes, s)
+		}
+	}
+	return sizes
+}
+
+// filter is the largest hash any estimator samples now.
+func (l *Live) filter() uint64 {
+	var f uint64
+	for _, st := range l.streams {
+		f = max(f, st.shards.Limit(), st.groups[0].limit)
+	}
+	return f
+}
+
+// Observe implements volume.Observer: it counts the request and queues it if a line of it is
+// sampled. It never blocks.
+func (l *Live) Observe(op trace.Op, off, length int64) {
+	if length <= 0 {
+		return
+	}
+	first, last := off/l.line, (off+length-1)/l.line
+	limit := l.limit.Load()
+	sampled := false
+	var stripe uint64
+	for x := first; x <= last; x++ {
+		h := mrc.Hash(policy.Key(x), l.seed)
+		stripe = h
+		if h <= limit {
+			sampled = true
+			break
+		}
+	}
+	p := &l.pop[stripe%popStripes]
+	p.reqs.Add(1)
+	p.lines.Add(last - first + 1)
+	if op == trace.OpRead {
+		p.readReqs.Add(1)
+		p.readLines.Add(last - first + 1)
+	}
+	if !sampled {
+		return
+	}
+	select {
+	case l.queue <- liveReq{off: off, length: length, op: op}:
+	default:
+		l.dropped.Add(1)
+	}
+}
+
+// population sums the stripes: requests and lines, all and reads.
+func (l *Live) population() (reqs, lines [2]int64) {
+	for i := range l.pop {
+		p := &l.pop[i]
+		reqs[0] += p.reqs.Load()
+		lines[0] += p.lines.Load()
+		reqs[1] += p.readReqs.Load()
+		lines[1] += p.readLines.Load()
+	}
+	return reqs, lines
+}
+
+// Close stops the goroutine. Observe may still be called; it queues nothing more.
+func (l *Live) Close() {
+	close(l.stop)
+	<-l.done
+}
+
+// run is the goroutine: it feeds the queued requests to the estimators, moves the window on at
+// each tick and answers Curves. stopTick stops the ticks when it returns.
+func (l *Live) run(stopTick func()) {
+	defer close(l.done)
+	defer stopTick()
+	for {
+		select {
+		case <-l.stop:
+			// Observe's sends must never block: leave the queue for nobody to fill (a request
+			// observed after this is dropped unseen, as it is during a stop).
+			l.limit.Store(0)
+			return
+		case r := <-l.queue:
+			l.request(r)
+			l.drain()
+		case now := <-l.tick:
+			l.marks = append(l.marks, l.mark(now))
+			if len(l.marks) > l.cfg.Window+1 {
+				l.marks = l.marks[1:]
+			}
+		case reply := <-l.ask:
+			// The requests observed before the question are in the answer.
+			l.drain()
+			reply <- l.curves(time.Now())
+		}
+	}
+}
+
+// drain feeds what is queued now, at most a queue's worth, so that the clock and questions are
+// heard under any load (this goroutine is the queue's only reader).
+func (l *Live) drain() {
+	for n := len(l.queue); n > 0; n-- {
+		l.request(<-l.queue)
+	}
+	l.limit.Store(l.filter())
+}
+
+// request feeds a sampled request to the estimators: each line to SHARDS (which samples for
+// itself) and each size's miniature caches the lines below that size's limit.
+func (l *Live) request(r liveReq) {
+	l.sampled++
+	first, last := r.off/l.line, (r.off+r.length-1)/l.line
+	l.keys, l.hashes = l.keys[:0], l.hashes[:0]
+	for x := first; x <= last; x++ {
+		l.keys = append(l.keys, policy.Key(x))
+		l.hashes = append(l.hashes, mrc.Hash(policy.Key(x), l.seed))
+	}
+	req := Req{Offset: r.off, Length: r.length, Write: r.op == trace.OpWrite}
+	for _, st := range l.streams {
+		if st.reads && r.op != trace.OpRead {
+			continue
+		}
+		lim := st.shards.Limit()
+		for i, k := range l.keys {
+			if l.hashes[i] <= lim {
+				st.shards.Access(k, l.line)
+			}
+		}
+		for gi := range st.groups {
+			g := &st.groups[gi]
+			l.sub = l.sub[:0]
+			for i, k := range l.keys {
+				if l.hashes[i] <= g.limit {
+					l.sub = append(l.sub, k)
+				}
+			}
+			if len(l.sub) == 0 {
+				// The sizes' limits fall as the sizes grow: no larger size samples these lines.
+				break
+			}
+			for _, s := range g.sims {
+				s.request(&req, l.sub, true)
+			}
+		}
+	}
+}
+
+// mark reads every cumulative count.
+func (l *Live) mark(at time.Time) liveMark {
+	m := liveMark{at: at}
+	m.reqs, m.pop = l.population()
+	for i, st := range l.streams {
+		sh := make([]float64, 0, len(l.sizes)+1)
+		for _, size := range l.sizes {
+			sh = append(sh, st.shards.Misses(float64(size)))
+		}
+		m.shards[i] = append(sh, st.shards.Misses(math.Inf(1)))
+		mini := make([]int64, 0, len(st.groups)*len(l.policies))
+		for _, g := range st.groups {
+			for _, s := range g.sims {
+				mini = append(mini, s.n.misses)
+			}
+		}
+		m.mini[i] = mini
+	}
+	return m
+}
+
+// Curves is what Live estimates over its window.
+type Curves struct {
+	// LineSize and Lines are the tier's line and its size in lines; Policy its policy and
+	// Admission the admission every estimated cache used.
+	LineSize  int64  `json:"line_size"`
+	Lines     int    `json:"lines"`
+	Policy    string `json:"policy"`
+	Admission string `json:"admission,omitempty"`
+	// Window is the time the curves cover; Requests the requests in it (all, then reads).
+	Window   float64  `json:"window_seconds"`
+	Requests [2]int64 `json:"requests"`
+	// Sampled is the sampled requests the estimators took since the start; Dropped the ones
+	// they had no time for (a share of Sampled that makes the estimate biased when not small).
+	Sampled int64 `json:"sampled"`
+	Dropped int64 `json:"dropped"`
+	// Sizes are the curves' sizes, in lines.
+	Sizes []int `json:"sizes"`
+	// All and Reads are the curves of all requests and of reads, one per policy, then LRU by
+	// SHARDS.
+	All   []Curve `json:"all"`
+	Reads []Curve `json:"reads"`
+	// Unbounded is the hit ratio of a cache of unlimited size over the window (all, then reads):
+	// only first accesses miss. Estimated by SHARDS.
+	Unbounded [2]float64 `json:"unbounded_hit_ratio"`
+	// Advice is read from Policy's curve of all requests.
+	Advice Advice `json:"advice"`
+}
+
+// Curve is one policy's estimated miss ratio at each size.
+type Curve struct {
+	Policy string `json:"policy"`
+	// Method is "mini" (miniature simulations) or "shards".
+	Method    string    `json:"method"`
+	MissRatio []float64 `json:"miss_ratio"`
+}
+
+// Advice is what the curves say of the tier's size, for its policy.
+type Advice struct {
+	// Target is the hit ratio of the tier's size; Half and Double at half and twice it.
+	Target float64 `json:"hit_ratio"`
+	Half   float64 `json:"hit_ratio_half"`
+	Double float64 `json:"hit_ratio_double"`
+	// For90, For95 and For99 are the sizes in lines at which the policy reaches 90, 95 and 99 % of
+	// the unbounded hit ratio; 0 where the largest size estimated does not.
+	For90 int `json:"lines_for_90"`
+	For95 int `json:"lines_for_95"`
+	For99 int `json:"lines_for_99"`
+}
+
+// Curves is the estimate now, over the window. It waits for the goroutine; after Close it is nil.
+func (l *Live) Curves() *Curves {
+	reply := make(chan *Curves, 1)
+	select {
+	case l.ask <- reply:
+		return <-reply
+	case <-l.done:
+		return nil
+	}
+}
+
+// curves differences now's counts from the window's oldest mark.
+func (l *Live) curves(now time.Time) *Curves {
+	cur, old := l.mark(now), l.marks[0]
+	c := &Curves{
+		LineSize: l.line, Lines: l.cfg.Lines, Policy: l.cfg.Policy, Admission: l.cfg.Admission,
+		Window:   now.Sub(old.at).Seconds(),
+		Requests: [2]int64{cur.reqs[0] - old.reqs[0], cur.reqs[1] - old.reqs[1]},
+		Sampled:  l.sampled, Dropped: l.dropped.Load(), Sizes: l.sizes,
+	}
+	for i, st := range l.streams {
+		lines := float64(cur.pop[i] - old.pop[i])
+		var curves []Curve
+		for pi, p := range l.policies {
+			cv := Curve{Policy: p, Method: "mini"}
+			for gi, g := range st.groups {
+				x := gi*len(l.policies) + pi
+				cv.MissRatio = append(cv.MissRatio, ratio(float64(cur.mini[i][x]-old.mini[i][x]), g.rate*lines))
+			}
+			curves = append(curves, cv)
+		}
+		sh := Curve{Policy: "lru", Method: "shards"}
+		for si := range l.sizes {
+			sh.MissRatio = append(sh.MissRatio, ratio(cur.shards[i][si]-old.shards[i][si], lines))
+		}
+		curves = append(curves, sh)
+		cold := len(l.sizes)
+		c.Unbounded[i] = 1 - ratio(cur.shards[i][cold]-old.shards[i][cold], lines)
+		if i == 0 {
+			c.All = curves
+		} else {
+			c.Reads = curves
+		}
+	}
+	c.Advice = l.advice(c)
+	return c
+}
+
+// ratio is part/whole within [0, 1], and 0 of nothing.
+func ratio(part, whole float64) float64 {
+	if whole <= 0 {
+		return 0
+	}
+	return min(max(part/whole, 0), 1)
+}
+
+// advice reads the tier's policy's curve of all requests.
+func (l *Live) advice(c *Curves) Advice {
+	var cv []float64
+	for _, x := range c.All {
+		if x.Policy == l.cfg.Policy && x.Method == "mini" {
+			cv = x.MissRatio
+		}
+	}
+	if cv == nil {
+		cv = c.All[len(c.All)-1].MissRatio // LRU by SHARDS
+	}
+	at := func(lines int) float64 {
+		for i, s := range l.sizes {
+			if s >= lines {
+				return 1 - cv[i]
+			}
+		}
+		return 1 - cv[len(cv)-1]
+	}
+	reach := func(f float64) int {
+		goal := f * c.Unbounded[0]
+		for i, s := range l.sizes {
+			if 1-cv[i] >= goal {
+				return s
+			}
+		}
+		return 0
+	}
+	return Advice{
+		Target: at(l.cfg.Lines), Half: at(l.cfg.Lines / 2), Double: at(2 * l.cfg.Lines),
+		For90: reach(0.90), For95: reach(0.95), For99: reach(0.99),
+	}
+}

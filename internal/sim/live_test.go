@@ -1,0 +1,199 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/tierblk/tierblk/internal/trace"
+)
+
+// startLive builds a Live whose epochs the test moves on by sending on the returned channel.
+func startLive(t *testing.T, c LiveConfig) (*Live, chan<- time.Time) {
+	t.Helper()
+	l, err := newLive(c)
+	require.NoError(t, err)
+	tick := make(chan time.Time)
+	l.tick = tick
+	go l.run(func() {})
+	t.Cleanup(l.Close)
+	return l, tick
+}
+
+// feed observes every request of r, asking for the curves often enough that the queue never
+// overflows (the test's one goroutine outruns the estimator's), and returns the requests fed.
+func feed(t *testing.T, l *Live, r trace.Reader) []trace.Request {
+	t.Helper()
+	var reqs []trace.Request
+	for n := 1; ; n++ {
+		req, err := r.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		l.Observe(req.Op, req.Offset, req.Length)
+		reqs = append(reqs, req)
+		if n%(cap(l.queue)/2) == 0 {
+			l.Curves()
+		}
+	}
+	return reqs
+}
+
+// The live curves against exact replays of the same requests in the same model (lines of 4 KiB
+// blocks, the tier's admission), per policy, at every fourth of the curves' sizes: mean absolute
+// error bounded. The limits are what the estimators reach on these traces (rounded up), so that
+// they can only get better; docs/simulator.md gives the figures against issue 49's goals.
+func TestLiveAgainstReplay(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("exact replays of the traces: slow")
+	}
+	cases := []struct {
+		name  string
+		open  func(t *testing.T) trace.Reader
+		line  int64
+		lines int
+		// limits: LRU by SHARDS, and every policy in miniature.
+		shards, mini float64
+	}{
+		{"cloudPhysics", traceFile("cloudPhysicsIO.vscsi.xz"), 64 << 10, 4096, 0.008, 0.02},
+		{"oltp", traceFile("oltp.arc.xz"), 4096, 8192, 0.008, 0.01},
+		{"zipf", zipfTrace(500_000, 100_000, 1.05), 4096, 8192, 0.005, 0.02},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l, _ := startLive(t, LiveConfig{LineSize: tc.line, Lines: tc.lines, Policy: "s3fifo", Admission: "always", Epoch: time.Hour})
+			reqs := feed(t, l, tc.open(t))
+			got := l.Curves()
+			require.Zero(t, got.Dropped)
+			require.EqualValues(t, len(reqs), got.Requests[0])
+
+			var jobs []Job
+			var at []int
+			for i := 0; i < len(got.Sizes); i += 4 {
+				at = append(at, i)
+			}
+			for _, c := range got.All[:len(got.All)-1] { // the miniature caches; SHARDS below
+				for _, i := range at {
+					jobs = append(jobs, Job{Policy: c.Policy, Size: got.Sizes[i], Admission: "always"})
+				}
+			}
+			exact, err := Run(context.Background(), &sliceReader{reqs: reqs}, jobs, Options{Workers: 2, Blocks: true, BlockSize: tc.line})
+			require.NoError(t, err)
+			// SHARDS follows whole lines (reuse distances know nothing of a line's blocks): its
+			// reference is LRU in the object model, lines fetched whole.
+			lines, err := Run(context.Background(), &sliceReader{reqs: reqs}, jobs[:len(at)], Options{BlockSize: tc.line})
+			require.NoError(t, err)
+			exact.Results = append(exact.Results, lines.Results...)
+			var report []string
+			for ci, c := range got.All {
+				mae := 0.0
+				for ai, i := range at {
+					mae += math.Abs(exact.Results[ci*len(at)+ai].MissRatio-c.MissRatio[i]) / float64(len(at))
+				}
+				report = append(report, fmt.Sprintf("%s/%s %.4f", c.Policy, c.Method, mae))
+				limit := tc.mini
+				if c.Method == "shards" {
+					limit = tc.shards
+				}
+				defer func() { require.LessOrEqual(t, mae, limit, "%s by %s", c.Policy, c.Method) }()
+			}
+			t.Logf("mean absolute error over %d sizes: %s", len(at), strings.Join(report, ", "))
+		})
+	}
+}
+
+// A change of workload shows whole in the curves once the window has passed it: a loop over half
+// the tier's lines (every policy hits at the tier's size), then random reads over 100 times its
+// size (every policy misses).
+func TestLiveWindow(t *testing.T) {
+	const lines = 4096
+	l, tick := startLive(t, LiveConfig{LineSize: 4096, Lines: lines, Policy: "s3fifo", Window: 3})
+	today := func(c *Curves) int {
+		for i, s := range c.Sizes {
+			if s == lines {
+				return i
+			}
+		}
+		t.Fatalf("today's size %d is not among %v", lines, c.Sizes)
+		return 0
+	}
+	loop := &sliceReader{}
+	for n := range 200_000 {
+		x := int64(n % (lines / 2))
+		loop.reqs = append(loop.reqs, trace.Request{Offset: x * 4096, Length: 4096})
+	}
+	feed(t, l, loop)
+	c := l.Curves()
+	i := today(c)
+	for _, cv := range c.All {
+		require.Less(t, cv.MissRatio[i], 0.05, "%s/%s hits a loop that fits", cv.Policy, cv.Method)
+	}
+	require.InDelta(t, 0.99, c.Advice.Target, 0.05)
+
+	rnd := &sliceReader{}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 200_000 {
+		rnd.reqs = append(rnd.reqs, trace.Request{Offset: r.Int64N(100*lines) * 4096, Length: 4096})
+	}
+	for range 3 {
+		tick <- time.Now()
+	}
+	feed(t, l, rnd)
+	c = l.Curves()
+	mixed := c.All[0].MissRatio[i]
+	require.Greater(t, mixed, 0.3, "the new workload shows")
+	require.Less(t, mixed, 0.7, "beside the old one, still in the window")
+	for range 3 {
+		tick <- time.Now()
+	}
+	feed(t, l, rnd)
+	c = l.Curves()
+	for _, cv := range c.All {
+		require.Greater(t, cv.MissRatio[i], 0.9, "%s/%s: the loop has left the window", cv.Policy, cv.Method)
+	}
+}
+
+// The estimators' memory is bounded whatever the volume's size: random requests over a 16 TiB
+// sparse export, each line new, enough of them that every miniature cache and SHARDS estimator
+// is full (the tier is small so that the largest size's rate samples thousands of them).
+func TestLiveMemory(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's shadow memory")
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	before := heap()
+	l, _ := startLive(t, LiveConfig{LineSize: 64 << 10, Lines: 1 << 14, Policy: "s3fifo"})
+	r := rand.New(rand.NewPCG(3, 4))
+	reqs := &sliceReader{}
+	for range 500_000 {
+		reqs.reqs = append(reqs.reqs, trace.Request{Offset: r.Int64N(1<<44) &^ 4095, Length: 4096})
+	}
+	feed(t, l, reqs)
+	reqs = nil
+	c := l.Curves()
+	used := heap() - before
+	t.Logf("%d sampled requests of %d; heap %.2f MiB", c.Sampled, c.Requests[0], float64(used)/(1<<20))
+	require.Less(t, used, uint64(DefaultLiveMemory), "the estimators' memory")
+	for _, st := range l.streams[:1] {
+		require.Equal(t, st.shards.Len(), l.shardsKeys, "SHARDS full")
+		last := st.groups[len(st.groups)-1]
+		for _, s := range last.sims {
+			require.Equal(t, s.c.ev.Len(), l.miniKeys, "the largest size's %s full", s.job.Policy)
+		}
+	}
+}
