@@ -93,7 +93,7 @@ func TestCSISanityNode(t *testing.T) {
 // expanded while unstaged, the volume's next stage grows its file system (vm/guest/csi-restart.sh).
 func TestCSINodeRestart(t *testing.T) {
 	for _, attach := range []string{"ublk", "nbd"} {
-		t.Run(attach, func(t *testing.T) { runCSIVM(t, "csi-restart", attach, 5*time.Minute) })
+		t.Run(attach, func(t *testing.T) { runCSIVM(t, "csi-restart", attach, 8*time.Minute) })
 	}
 }
 

@@ -92,7 +92,7 @@ Quick start:
 	})
 	root.AddCommand(newSimCmd(), newVersionCmd(version))
 	root.AddCommand(platformCommands(version)...)
-	root.AddCommand(newStatsCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newScrubCmd(), newISCSILsCmd())
+	root.AddCommand(newStatsCmd(), newMRCCmd(), newFlushCmd(), newModeCmd(), newHealCmd(), newScrubCmd(), newISCSILsCmd())
 	return root
 }
 

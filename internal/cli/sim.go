@@ -294,7 +294,7 @@ func runSim(ctx context.Context, o simOpts) error {
 		if e := sample.String(); e != "" {
 			title += " (estimated: " + e + ")"
 		}
-		if err := sim.Plot(o.plot, title, keys.axis, res); err != nil {
+		if err := sim.Plot(o.plot, title, keys.axis, res, nil); err != nil {
 			return err
 		}
 		fmt.Fprintf(o.stderr, "plot: %s\n", o.plot)

@@ -30,8 +30,12 @@ type statsOpts struct {
 	json   bool
 	export string
 	stdout io.Writer
+	// mrc prints the live curves in full (writeCurves).
+	mrc bool
 	// now is the clock that says how long ago a scrub ran; nil: time.Now.
 	now func() time.Time
+	// only, if not nil, is given the exports instead of their being printed (tierblk mrc).
+	only func([]metrics.ExportStats) error
 }
 
 func newStatsCmd() *cobra.Command {
@@ -56,6 +60,7 @@ quantiles, estimated from the latency histograms as Prometheus does.`,
 	f.StringVar(&o.admin, "admin", "", "the daemon's admin endpoint: unix:/path/to.sock or a loopback HOST:PORT")
 	f.BoolVar(&o.json, "json", false, "print the snapshot as JSON")
 	f.StringVar(&o.export, "export", "", "only this export")
+	f.BoolVar(&o.mrc, "mrc", false, "print the live miss-ratio curves in full: a table of every policy at every size, and a plot")
 	return cmd
 }
 
@@ -85,6 +90,9 @@ func runStats(ctx context.Context, o statsOpts) error {
 		}
 		resp.Exports = only
 	}
+	if o.only != nil {
+		return o.only(resp.Exports)
+	}
 	if o.json {
 		enc := json.NewEncoder(o.stdout)
 		enc.SetIndent("", "  ")
@@ -99,6 +107,9 @@ func runStats(ctx context.Context, o statsOpts) error {
 			fmt.Fprintln(o.stdout)
 		}
 		writeExportStats(o.stdout, e, now())
+		if o.mrc && e.Curves != nil {
+			writeCurves(o.stdout, e.Curves, false)
+		}
 	}
 	writeDaemon(o.stdout, resp.Process, resp.Memory)
 	return nil
@@ -226,6 +237,9 @@ func writeExportStats(w io.Writer, e metrics.ExportStats, now time.Time) {
 	writeLost(w, s.Lost)
 	writeScrub(w, s.Scrub, now)
 	fmt.Fprintf(w, "latency: read %s; write %s\n", latencySummary(s.ReadLatency), latencySummary(s.WriteLatency))
+	if e.Curves != nil {
+		writeAdvice(w, e.Curves)
+	}
 }
 
 // writeMisses prints what read misses cost the backend against what clients read (the read

@@ -281,7 +281,8 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 			if err != nil {
 				return nil, nil, nil, nil, nil, fail(err)
 			}
-			closers = append(closers, func() error { live.Close(); return nil })
+			stopAdvice := logAdvice(live, e.Name, log)
+			closers = append(closers, func() error { stopAdvice(); live.Close(); return nil })
 			sources[len(sources)-1].Curves = live.Curves
 			observers = append(observers, live)
 		}
@@ -313,6 +314,34 @@ func startCurves(st cache.Stats, name string, log *slog.Logger) (*sim.Live, erro
 	}
 	log.Info("live miss-ratio curves", "export", name, "tier", t.Name, "sizes", fmt.Sprintf("%s to %s", units.FormatSize(int64(st.LineSize)*max(1, int64(t.Capacity)/64)), units.FormatSize(8*int64(st.LineSize)*int64(t.Capacity))))
 	return live, nil
+}
+
+// adviceEvery is how often the log says what an export's curves advise.
+const adviceEvery = time.Hour
+
+// logAdvice logs what the curves say of the tier's size every adviceEvery, until stopped.
+func logAdvice(live *sim.Live, name string, log *slog.Logger) (stop func()) {
+	done := make(chan struct{})
+	t := time.NewTicker(adviceEvery)
+	go func() {
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				c := live.Curves()
+				if c == nil || c.Requests[0] == 0 {
+					continue
+				}
+				a, size := c.Advice, func(lines int) int64 { return int64(lines) * c.LineSize }
+				log.Info("live curves", "export", name, "policy", c.Policy, "hit_ratio", a.Target, "hit_ratio_half", a.Half, "hit_ratio_double", a.Double,
+					"best_hit_ratio", c.Unbounded[0], "size_for_90", units.FormatSize(size(a.For90)), "size_for_95", units.FormatSize(size(a.For95)),
+					"size_for_99", units.FormatSize(size(a.For99)), "best_policy", c.Best().Policy)
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // openReplicas connects to the export's replicas and starts logging its changes there; the close

@@ -431,8 +431,9 @@ type Curves struct {
 	// SHARDS.
 	All   []Curve `json:"all"`
 	Reads []Curve `json:"reads"`
-	// Unbounded is the hit ratio of a cache of unlimited size over the window (all, then reads):
-	// only first accesses miss. Estimated by SHARDS.
+	// Unbounded is the best hit ratio over the window (all, then reads) of any policy at the
+	// largest sizes (the last doubling, up to 8 times the tier): what more of the tier cannot
+	// improve on, as far as the curves reach.
 	Unbounded [2]float64 `json:"unbounded_hit_ratio"`
 	// Advice is read from Policy's curve of all requests.
 	Advice Advice `json:"advice"`
@@ -453,7 +454,7 @@ type Advice struct {
 	Half   float64 `json:"hit_ratio_half"`
 	Double float64 `json:"hit_ratio_double"`
 	// For90, For95 and For99 are the sizes in lines at which the policy reaches 90, 95 and 99 % of
-	// the unbounded hit ratio; 0 where the largest size estimated does not.
+	// the best hit ratio (Curves.Unbounded); 0 where the largest size does not.
 	For90 int `json:"lines_for_90"`
 	For95 int `json:"lines_for_95"`
 	For99 int `json:"lines_for_99"`
@@ -495,8 +496,13 @@ func (l *Live) curves(now time.Time) *Curves {
 			sh.MissRatio = append(sh.MissRatio, ratio(cur.shards[i][si]-old.shards[i][si], lines))
 		}
 		curves = append(curves, sh)
-		cold := len(l.sizes)
-		c.Unbounded[i] = 1 - ratio(cur.shards[i][cold]-old.shards[i][cold], lines)
+		// Unbounded: the best hit ratio a miniature cache reaches over the last doubling of the
+		// sizes, in the lines model. SHARDS' cold misses would say more (it fetches whole lines).
+		for _, cv := range curves[:len(curves)-1] {
+			for _, m := range cv.MissRatio[max(0, len(cv.MissRatio)-liveSteps-1):] {
+				c.Unbounded[i] = max(c.Unbounded[i], 1-m)
+			}
+		}
 		if i == 0 {
 			c.All = curves
 		} else {
@@ -547,4 +553,57 @@ func (l *Live) advice(c *Curves) Advice {
 		Target: at(l.cfg.Lines), Half: at(l.cfg.Lines / 2), Double: at(2 * l.cfg.Lines),
 		For90: reach(0.90), For95: reach(0.95), For99: reach(0.99),
 	}
+}
+
+// Label names a curve: its policy, and the method where it is SHARDS.
+func (c Curve) Label() string {
+	if c.Method == "shards" {
+		return c.Policy + " (SHARDS)"
+	}
+	return c.Policy
+}
+
+// Results are the curves of a stream (false: all requests, true: reads) as results of the
+// simulator, one per policy and size, for its tables and plots.
+func (c *Curves) Results(reads bool) []Result {
+	curves := c.All
+	if reads {
+		curves = c.Reads
+	}
+	var rs []Result
+	for _, cv := range curves {
+		for i, size := range c.Sizes {
+			rs = append(rs, Result{Policy: cv.Label(), Admission: c.Admission, CacheSize: size,
+				SizeBytes: int64(size) * c.LineSize, MissRatio: cv.MissRatio[i], Estimate: "live, " + cv.Method})
+		}
+	}
+	return rs
+}
+
+// Today is the index of the tier's size among Sizes.
+func (c *Curves) Today() int {
+	for i, s := range c.Sizes {
+		if s >= c.Lines {
+			return i
+		}
+	}
+	return len(c.Sizes) - 1
+}
+
+// Best is the miniature curve with the lowest miss ratio of all requests at the tier's size: the
+// tier's own policy unless another misses at least half a point less.
+func (c *Curves) Best() Curve {
+	i := c.Today()
+	best := c.All[0]
+	for _, cv := range c.All {
+		if cv.Method == "mini" && cv.Policy == c.Policy {
+			best = cv
+		}
+	}
+	for _, cv := range c.All {
+		if cv.Method == "mini" && cv.MissRatio[i] < best.MissRatio[i]-0.005 {
+			best = cv
+		}
+	}
+	return best
 }

@@ -28,7 +28,10 @@ func CheckPlotPath(path string) error {
 // size was given in bytes, the axis is in bytes instead, marked in binary units, since those are
 // the sizes the user asked about (with data reduction a cache of 1GiB holds more keys than 1GiB of
 // them).
-func Plot(path, title, keys string, rs []Result) error {
+//
+// mark, if not nil, draws a vertical line at a size (in the axis' unit) with its label: today's
+// size of a live tier.
+func Plot(path, title, keys string, rs []Result, mark *Mark) error {
 	if err := CheckPlotPath(path); err != nil {
 		return err
 	}
@@ -73,6 +76,15 @@ func Plot(path, title, keys string, rs []Result) error {
 	}
 	// Miss ratios of competing policies differ by little: zoom on them rather than show 0 to 1.
 	p.Y.Min, p.Y.Max = max(p.Y.Min-0.02, 0), min(p.Y.Max+0.02, 1)
+	if mark != nil {
+		line, err := plotter.NewLine(plotter.XYs{{X: mark.X, Y: p.Y.Min}, {X: mark.X, Y: p.Y.Max}})
+		if err != nil {
+			return err
+		}
+		line.Dashes = []vg.Length{vg.Points(4), vg.Points(4)}
+		p.Add(line)
+		p.Legend.Add(mark.Label, line)
+	}
 	if inBytes && p.X.Min == p.X.Max {
 		// One size: an axis from half to twice it, so that its ticks are round sizes around it.
 		p.X.Min, p.X.Max = p.X.Min/2, p.X.Max*2
@@ -92,6 +104,12 @@ func Plot(path, title, keys string, rs []Result) error {
 		return fmt.Errorf("--plot %s: %w", path, err)
 	}
 	return nil
+}
+
+// Mark is a size a plot marks with a vertical line.
+type Mark struct {
+	X     float64
+	Label string
 }
 
 // byteTicks marks an axis of bytes in binary units (1GiB, not 1.074e+09): at the powers of two on

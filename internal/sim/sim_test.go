@@ -258,7 +258,7 @@ func TestOutputs(t *testing.T) {
 	dir := t.TempDir()
 	for _, name := range []string{"mrc.png", "mrc.svg"} {
 		p := filepath.Join(dir, name)
-		require.NoError(t, Plot(p, "test", "objects", rs))
+		require.NoError(t, Plot(p, "test", "objects", rs, &Mark{X: 3, Label: "today"}))
 		data, err := os.ReadFile(p)
 		require.NoError(t, err)
 		if strings.HasSuffix(name, ".png") {
@@ -267,7 +267,7 @@ func TestOutputs(t *testing.T) {
 			require.Contains(t, string(data), "<svg")
 		}
 	}
-	require.ErrorContains(t, Plot(filepath.Join(dir, "mrc.jpg"), "t", "objects", rs), ".png or .svg")
+	require.ErrorContains(t, Plot(filepath.Join(dir, "mrc.jpg"), "t", "objects", rs, nil), ".png or .svg")
 }
 
 // TestPlotAxis: the size axis counts keys, named by the caller, unless every size was given in
@@ -294,7 +294,7 @@ func TestPlotAxis(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "mrc.svg")
-			require.NoError(t, Plot(path, "test", "64KiB lines", tc.rs))
+			require.NoError(t, Plot(path, "test", "64KiB lines", tc.rs, nil))
 			data, err := os.ReadFile(path)
 			require.NoError(t, err)
 			svg := string(data)
