@@ -9,7 +9,7 @@ type Always struct{}
 // Admit admits a.
 func (Always) Admit(Access) bool { return true }
 
-func newAlways(params string) (Admission, error) {
+func newAlways(params string, _ float64) (Admission, error) {
 	if params != "" {
 		return nil, fmt.Errorf("always takes no parameters, got %q; write always", params)
 	}

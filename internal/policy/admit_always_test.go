@@ -135,3 +135,20 @@ func BenchmarkAdmission(b *testing.B) {
 		})
 	}
 }
+
+// A miniature cache's admission remembers rate times as many keys: nhit's window and auto's
+// doorkeeper and epoch, never below what the policy needs.
+func TestMiniatureAdmission(t *testing.T) {
+	a, err := NewMiniatureAdmission("nhit:2,window=1000", 0.01)
+	require.NoError(t, err)
+	require.Equal(t, 10, len(a.(*NHit).ring))
+	a, err = NewMiniatureAdmission("nhit:3,window=100", 0.001)
+	require.NoError(t, err)
+	require.Equal(t, 3, len(a.(*NHit).ring), "never below N")
+	a, err = NewMiniatureAdmission("auto", 0.25)
+	require.NoError(t, err)
+	require.Equal(t, nhitDefaultWindow/4, len(a.(*Auto).door.ring))
+	require.EqualValues(t, autoEpoch/4, a.(*Auto).epoch)
+	_, err = NewMiniatureAdmission("auto", 0)
+	require.ErrorContains(t, err, "must be above 0")
+}

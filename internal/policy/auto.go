@@ -26,6 +26,7 @@ import "fmt"
 // Spec: "auto" (no parameters).
 type Auto struct {
 	door          *NHit  // the doorkeeper: sees every miss, decides while the cache does not pay
+	epoch         uint64 // lookups an epoch: autoEpoch, scaled in a miniature
 	lookups, hits uint64 // of the epoch under way
 	paying        bool
 	promoted      uint64 // promotions admitted in the epoch under way
@@ -47,19 +48,23 @@ func (p *probe) next() bool {
 }
 
 // NewAuto builds an Auto policy.
-func NewAuto() *Auto {
-	door, err := NewNHit(nhitDefaultN, nhitDefaultWindow)
+func NewAuto() *Auto { return newAuto(1) }
+
+// newAuto builds an Auto policy for a cache that sees scale of the keys: its doorkeeper's window
+// and its epoch scaled.
+func newAuto(scale float64) *Auto {
+	door, err := NewNHit(nhitDefaultN, scaled(nhitDefaultWindow, scale, nhitDefaultN))
 	if err != nil {
 		panic(err) // the defaults are valid
 	}
-	return &Auto{door: door, paying: true}
+	return &Auto{door: door, epoch: uint64(scaled(autoEpoch, scale, autoMinHitShare)), paying: true}
 }
 
-func newAutoSpec(params string) (Admission, error) {
+func newAutoSpec(params string, scale float64) (Admission, error) {
 	if params != "" {
 		return nil, fmt.Errorf("auto takes no parameters, got %q; write auto", params)
 	}
-	return NewAuto(), nil
+	return newAuto(scale), nil
 }
 
 // Admit counts a miss and decides on a.Key. The doorkeeper counts every miss, also while the
@@ -85,7 +90,7 @@ func (p *Auto) Admit(a Access) bool {
 // ObserveHits implements HitObserver.
 func (p *Auto) ObserveHits(n uint64) {
 	for n > 0 {
-		step := min(n, autoEpoch-p.lookups)
+		step := min(n, p.epoch-p.lookups)
 		p.count(step, step)
 		n -= step
 	}
@@ -95,7 +100,7 @@ func (p *Auto) ObserveHits(n uint64) {
 func (p *Auto) count(lookups, hits uint64) {
 	p.lookups += lookups
 	p.hits += hits
-	if p.lookups >= autoEpoch {
+	if p.lookups >= p.epoch {
 		// Promotions pay only with as many hits: a hit in RAM saves an SSD read, no more, and a
 		// promotion costs an eviction and a copy.
 		p.paying = p.hits*autoMinHitShare >= p.lookups && p.hits >= p.promoted

@@ -52,7 +52,7 @@ func NewNHit(n, window int) (*NHit, error) {
 	return &NHit{n: uint32(n), ring: make([]int32, window), counts: newArena[uint32](window, false)}, nil
 }
 
-func newNHitSpec(params string) (Admission, error) {
+func newNHitSpec(params string, scale float64) (Admission, error) {
 	n, window := nhitDefaultN, nhitDefaultWindow
 	if params != "" {
 		for i, item := range strings.Split(params, ",") {
@@ -77,7 +77,7 @@ func newNHitSpec(params string) (Admission, error) {
 			}
 		}
 	}
-	return NewNHit(n, window)
+	return NewNHit(n, scaled(window, scale, n))
 }
 
 // Admit counts a miss of a.Key and admits it if it is the key's N-th (or later) in the window.

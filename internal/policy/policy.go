@@ -9,6 +9,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
@@ -76,8 +77,9 @@ type HitObserver interface {
 type EvictionFactory func(Config) Eviction
 
 // AdmissionFactory builds an admission policy from its parameters (the text after "name:" in a
-// spec such as "nhit:2"; empty for the defaults).
-type AdmissionFactory func(params string) (Admission, error)
+// spec such as "nhit:2"; empty for the defaults) for a cache that sees scale of the keys, 1 but in
+// a miniature simulation: a policy's history of keys (nhit's window) is scaled as the cache is.
+type AdmissionFactory func(params string, scale float64) (Admission, error)
 
 // NewEviction builds the eviction policy called name with cfg.
 func NewEviction(name string, cfg Config) (Eviction, error) {
@@ -92,17 +94,34 @@ func NewEviction(name string, cfg Config) (Eviction, error) {
 }
 
 // NewAdmission builds an admission policy from a spec "name" or "name:params".
-func NewAdmission(spec string) (Admission, error) {
+func NewAdmission(spec string) (Admission, error) { return NewMiniatureAdmission(spec, 1) }
+
+// NewMiniatureAdmission builds the admission policy of spec for a miniature cache fed the keys
+// sampled at rate (above 0, at most 1): what it remembers of keys, counted in misses or lookups,
+// is rate times the full policy's, as the cache's capacity is.
+func NewMiniatureAdmission(spec string, rate float64) (Admission, error) {
+	if !(rate > 0 && rate <= 1) {
+		return nil, fmt.Errorf("admission %s: a miniature's rate %g must be above 0 and at most 1", spec, rate)
+	}
 	name, params, _ := strings.Cut(spec, ":")
 	f, ok := admissions[strings.ToLower(name)]
 	if !ok {
 		return nil, fmt.Errorf("unknown admission policy %q; use one of %s", name, strings.Join(AdmissionNames(), ", "))
 	}
-	a, err := f(params)
+	a, err := f(params, rate)
 	if err != nil {
 		return nil, fmt.Errorf("admission %s: %w", spec, err)
 	}
 	return a, nil
+}
+
+// scaled is n scaled by scale below 1, at least least; n itself at 1, where a spec's own errors
+// (nhit's N above its window) must show.
+func scaled(n int, scale float64, least int) int {
+	if scale == 1 {
+		return n
+	}
+	return max(least, int(math.Round(float64(n)*scale)))
 }
 
 // EvictionNames lists the registered eviction policies, sorted.

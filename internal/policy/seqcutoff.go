@@ -58,7 +58,9 @@ func NewSeqCutoff(cutoff int64) (*SeqCutoff, error) {
 	return s, nil
 }
 
-func newSeqCutoffSpec(params string) (Admission, error) {
+// A sequential cutoff judges the requests' offsets, which a miniature sees unscaled: scale is not
+// needed.
+func newSeqCutoffSpec(params string, _ float64) (Admission, error) {
 	if params == "" {
 		return NewSeqCutoff(seqDefaultCutoff)
 	}

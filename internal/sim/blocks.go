@@ -98,7 +98,7 @@ type seg struct {
 
 func newLineSim(j Job, o Options) (*lineSim, error) {
 	s := &lineSim{job: j, held: map[policy.Key]lineBlocks{}, streams: map[policy.Key]*fetch.Streams{}, warmup: o.Warmup, lineSize: o.BlockSize}
-	c, err := newCacheEvicting(j, o.capacity(j.Size), func(k policy.Key) { delete(s.held, k) })
+	c, err := newCacheEvicting(j, o, func(k policy.Key) { delete(s.held, k) })
 	if err != nil {
 		return nil, err
 	}

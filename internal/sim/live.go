@@ -33,6 +33,11 @@ const (
 	liveAbove = 3
 )
 
+// liveEvery: one size in liveEvery is simulated in miniature, and the largest; the curves between
+// are interpolated. Fewer, larger miniature caches in the same memory err less than many small
+// ones (TestLiveAgainstReplay).
+var liveEvery = 4
+
 // liveKeyBytes is what one key of a miniature cache costs, its policy's entry and the line's
 // valid blocks together, and liveShardsKeyBytes one key of a SHARDS estimator (TestLiveMemory
 // measures both); they turn LiveConfig.Memory into sizes.
@@ -44,6 +49,10 @@ const (
 	// liveMinKeys is the smallest miniature cache: below it a cache's misses are mostly noise.
 	liveMinKeys = 16
 )
+
+// liveMaxRate bounds the share of lines sampled, and so the estimator's work a request: the
+// smallest sizes of a small tier take a smaller miniature cache rather than every line.
+const liveMaxRate = 1.0 / 8
 
 // LiveConfig configures Live.
 type LiveConfig struct {
@@ -130,6 +139,7 @@ type liveStream struct {
 // liveGroup is the miniature caches of one size, one per policy, fed the lines whose hash is at
 // most limit (rate of them).
 type liveGroup struct {
+	at    int // the size's index in Live.sizes
 	limit uint64
 	rate  float64
 	sims  []*lineSim
@@ -140,6 +150,8 @@ type liveGroup struct {
 type liveMark struct {
 	at     time.Time
 	pop    [2]int64 // lines: all requests, reads
+	// taken and dropped are the sampled requests the estimators took and the ones dropped.
+	taken, dropped int64
 	reqs   [2]int64
 	shards [2][]float64 // the SHARDS estimators' misses at each size, then the cold ones
 	mini   [2][]int64   // each miniature cache's misses, by size then policy
@@ -196,7 +208,13 @@ func newLive(c LiveConfig) (*Live, error) {
 	// The miniature caches share the memory the SHARDS estimators leave: every one of them holds
 	// the same number of keys, the rate of its size chosen to give it that many.
 	l.shardsKeys = max(1024, int(c.Memory/liveShardsShare/2/liveShardsKeyBytes))
-	l.miniKeys = max(liveMinKeys, int((c.Memory-c.Memory/liveShardsShare)/int64(2*len(l.sizes)*len(pols)*liveKeyBytes)))
+	var simulated []int // the sizes simulated in miniature: every liveEvery-th, and the last
+	for i := range l.sizes {
+		if i%liveEvery == 0 || i == len(l.sizes)-1 {
+			simulated = append(simulated, i)
+		}
+	}
+	l.miniKeys = max(liveMinKeys, int((c.Memory-c.Memory/liveShardsShare)/int64(2*len(simulated)*len(pols)*liveKeyBytes)))
 	o := Options{BlockSize: c.LineSize, Blocks: true}
 	for i := range l.streams {
 		st := &liveStream{reads: i == 1}
@@ -204,13 +222,14 @@ func newLive(c LiveConfig) (*Live, error) {
 		if st.shards, err = mrc.NewSHARDS(mrc.Config{MaxKeys: l.shardsKeys, Seed: seed}); err != nil {
 			return nil, err
 		}
-		for _, size := range l.sizes {
-			rate := min(1, float64(l.miniKeys)/float64(size))
+		for _, at := range simulated {
+			size := l.sizes[at]
+			rate := min(liveMaxRate, float64(l.miniKeys)/float64(size))
 			sp, err := mrc.NewSampler(rate, seed)
 			if err != nil {
 				return nil, err
 			}
-			g := liveGroup{limit: sp.Limit(), rate: sp.Rate()}
+			g := liveGroup{at: at, limit: sp.Limit(), rate: sp.Rate()}
 			o.Sample.Rate = g.rate
 			for _, p := range pols {
 				s, err := newLineSim(Job{Policy: p, Admission: c.Admission, Size: size}, o)
@@ -328,6 +347,7 @@ func (l *Live) run(stopTick func()) {
 			l.request(r)
 			l.drain()
 		case now := <-l.tick:
+			l.drain()
 			l.marks = append(l.marks, l.mark(now))
 			if len(l.marks) > l.cfg.Window+1 {
 				l.marks = l.marks[1:]
@@ -391,7 +411,7 @@ func (l *Live) request(r liveReq) {
 
 // mark reads every cumulative count.
 func (l *Live) mark(at time.Time) liveMark {
-	m := liveMark{at: at}
+	m := liveMark{at: at, taken: l.sampled, dropped: l.dropped.Load()}
 	m.reqs, m.pop = l.population()
 	for i, st := range l.streams {
 		sh := make([]float64, 0, len(l.sizes)+1)
@@ -480,16 +500,22 @@ func (l *Live) curves(now time.Time) *Curves {
 		Requests: [2]int64{cur.reqs[0] - old.reqs[0], cur.reqs[1] - old.reqs[1]},
 		Sampled:  l.sampled, Dropped: l.dropped.Load(), Sizes: l.sizes,
 	}
+	// A dropped request is missing from every estimator alike: the lines counted stand for the
+	// share of the sampled requests that were taken.
+	kept := 1.0
+	if taken, dropped := cur.taken-old.taken, cur.dropped-old.dropped; dropped > 0 {
+		kept = float64(taken) / float64(taken+dropped)
+	}
 	for i, st := range l.streams {
-		lines := float64(cur.pop[i] - old.pop[i])
+		lines := kept * float64(cur.pop[i]-old.pop[i])
 		var curves []Curve
 		for pi, p := range l.policies {
-			cv := Curve{Policy: p, Method: "mini"}
+			miss := make([]float64, len(st.groups))
 			for gi, g := range st.groups {
 				x := gi*len(l.policies) + pi
-				cv.MissRatio = append(cv.MissRatio, ratio(float64(cur.mini[i][x]-old.mini[i][x]), g.rate*lines))
+				miss[gi] = ratio(float64(cur.mini[i][x]-old.mini[i][x]), g.rate*lines)
 			}
-			curves = append(curves, cv)
+			curves = append(curves, Curve{Policy: p, Method: "mini", MissRatio: l.interpolate(st.groups, miss)})
 		}
 		sh := Curve{Policy: "lru", Method: "shards"}
 		for si := range l.sizes {
@@ -511,6 +537,26 @@ func (l *Live) curves(now time.Time) *Curves {
 	}
 	c.Advice = l.advice(c)
 	return c
+}
+
+// interpolate spreads the miss ratios of the simulated sizes over every size, linearly in the
+// logarithm of the size between the two simulated sizes around it.
+func (l *Live) interpolate(groups []liveGroup, miss []float64) []float64 {
+	out := make([]float64, len(l.sizes))
+	g := 0
+	for i, size := range l.sizes {
+		for g+1 < len(groups) && groups[g+1].at <= i {
+			g++
+		}
+		if groups[g].at == i || g+1 == len(groups) {
+			out[i] = miss[g]
+			continue
+		}
+		lo, hi := math.Log(float64(l.sizes[groups[g].at])), math.Log(float64(l.sizes[groups[g+1].at]))
+		f := (math.Log(float64(size)) - lo) / (hi - lo)
+		out[i] = miss[g] + f*(miss[g+1]-miss[g])
+	}
+	return out
 }
 
 // ratio is part/whole within [0, 1], and 0 of nothing.

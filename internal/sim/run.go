@@ -158,12 +158,16 @@ func (c *cache) hit() {
 	}
 }
 
-// newCache builds job j's cache, of capacity keys: j.Size, or the miniature cache's size under
-// sampling (Options.capacity).
-func newCache(j Job, capacity int) (cache, error) { return newCacheEvicting(j, capacity, nil) }
+// newCache builds job j's cache as o says: of j.Size keys, or in miniature under sampling
+// (Options.capacity), its admission's history scaled alike.
+func newCache(j Job, o Options) (cache, error) { return newCacheEvicting(j, o, nil) }
 
 // newCacheEvicting is newCache with a callback for each key the policy evicts.
-func newCacheEvicting(j Job, capacity int, onEvict func(policy.Key)) (cache, error) {
+func newCacheEvicting(j Job, o Options, onEvict func(policy.Key)) (cache, error) {
+	capacity, rate := o.capacity(j.Size), o.Sample.Rate
+	if rate == 0 {
+		rate = 1
+	}
 	evicted := new(int64)
 	count := func(k policy.Key) {
 		*evicted++
@@ -179,7 +183,7 @@ func newCacheEvicting(j Job, capacity int, onEvict func(policy.Key)) (cache, err
 	if spec == "" {
 		spec = "always"
 	}
-	adm, err := policy.NewAdmission(spec)
+	adm, err := policy.NewMiniatureAdmission(spec, rate)
 	if err != nil {
 		return cache{}, err
 	}
@@ -215,7 +219,7 @@ type objectSim struct {
 }
 
 func newObjectSim(j Job, o Options) (*objectSim, error) {
-	c, err := newCache(j, o.capacity(j.Size))
+	c, err := newCache(j, o)
 	if err != nil {
 		return nil, err
 	}
