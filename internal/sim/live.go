@@ -50,9 +50,19 @@ const (
 	liveMinKeys = 16
 )
 
-// liveMaxRate bounds the share of lines sampled, and so the estimator's work a request: the
-// smallest sizes of a small tier take a smaller miniature cache rather than every line.
-const liveMaxRate = 1.0 / 8
+// liveQueue is the sampled requests queued for the estimators' goroutine, which takes them every
+// liveDrainEvery: room for 1.6 million sampled requests a second.
+const (
+	liveQueue      = 1 << 14
+	liveDrainEvery = 10 * time.Millisecond
+)
+
+// liveWork bounds the estimators' work a line: the sum of the sizes' sampling rates, each a
+// line's share that goes through the size's miniature caches. Where the rates that give every
+// miniature cache miniKeys lines add up to more (a tier of less than about a million lines), all
+// are scaled down alike: smaller miniature caches, a noisier estimate, and the hit path's speed
+// kept (BenchmarkLive; bench cache's checksums part against a build without curves).
+const liveWork = 1.0 / 4
 
 // LiveConfig configures Live.
 type LiveConfig struct {
@@ -148,13 +158,13 @@ type liveGroup struct {
 // liveMark is a reading of every cumulative count, at an epoch's start: the window's counts are
 // the differences between two.
 type liveMark struct {
-	at     time.Time
-	pop    [2]int64 // lines: all requests, reads
+	at  time.Time
+	pop [2]int64 // lines: all requests, reads
 	// taken and dropped are the sampled requests the estimators took and the ones dropped.
 	taken, dropped int64
-	reqs   [2]int64
-	shards [2][]float64 // the SHARDS estimators' misses at each size, then the cold ones
-	mini   [2][]int64   // each miniature cache's misses, by size then policy
+	reqs           [2]int64
+	shards         [2][]float64 // the SHARDS estimators' misses at each size, then the cold ones
+	mini           [2][]int64   // each miniature cache's misses, by size then policy
 }
 
 // NewLive checks c and starts the estimator's goroutine; Close stops it.
@@ -203,7 +213,7 @@ func newLive(c LiveConfig) (*Live, error) {
 	}
 	l := &Live{
 		cfg: c, sizes: liveSizes(c.Lines), policies: pols, seed: seed, line: c.LineSize,
-		queue: make(chan liveReq, 4096), ask: make(chan chan *Curves), stop: make(chan struct{}), done: make(chan struct{}),
+		queue: make(chan liveReq, liveQueue), ask: make(chan chan *Curves), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	// The miniature caches share the memory the SHARDS estimators leave: every one of them holds
 	// the same number of keys, the rate of its size chosen to give it that many.
@@ -214,18 +224,31 @@ func newLive(c LiveConfig) (*Live, error) {
 			simulated = append(simulated, i)
 		}
 	}
-	l.miniKeys = max(liveMinKeys, int((c.Memory-c.Memory/liveShardsShare)/int64(2*len(simulated)*len(pols)*liveKeyBytes)))
+	l.miniKeys = max(liveMinKeys, int((c.Memory-c.Memory/liveShardsShare)/int64(len(simulated)*len(pols)*liveKeyBytes)))
+	rates := make([]float64, len(simulated))
+	sum := 0.0
+	for j, at := range simulated {
+		rates[j] = min(1, float64(l.miniKeys)/float64(l.sizes[at]))
+		sum += rates[j]
+	}
+	for j := range rates {
+		rates[j] *= min(1, liveWork/sum)
+	}
 	o := Options{BlockSize: c.LineSize, Blocks: true}
 	for i := range l.streams {
 		st := &liveStream{reads: i == 1}
 		var err error
-		if st.shards, err = mrc.NewSHARDS(mrc.Config{MaxKeys: l.shardsKeys, Seed: seed}); err != nil {
+		if st.shards, err = mrc.NewSHARDS(mrc.Config{Rate: liveWork, MaxKeys: l.shardsKeys, Seed: seed}); err != nil {
 			return nil, err
 		}
-		for _, at := range simulated {
+		for j, at := range simulated {
+			if st.reads {
+				// Reads have LRU's curve by SHARDS alone: miniature caches for them too would
+				// double the estimators' work, a request's path cost.
+				break
+			}
 			size := l.sizes[at]
-			rate := min(liveMaxRate, float64(l.miniKeys)/float64(size))
-			sp, err := mrc.NewSampler(rate, seed)
+			sp, err := mrc.NewSampler(rates[j], seed)
 			if err != nil {
 				return nil, err
 			}
@@ -273,7 +296,10 @@ func liveSizes(lines int) []int {
 func (l *Live) filter() uint64 {
 	var f uint64
 	for _, st := range l.streams {
-		f = max(f, st.shards.Limit(), st.groups[0].limit)
+		f = max(f, st.shards.Limit())
+		if len(st.groups) > 0 {
+			f = max(f, st.groups[0].limit)
+		}
 	}
 	return f
 }
@@ -336,6 +362,10 @@ func (l *Live) Close() {
 func (l *Live) run(stopTick func()) {
 	defer close(l.done)
 	defer stopTick()
+	// The queue is drained on a clock, not as requests arrive: a send to a goroutine waiting on
+	// the queue wakes it, a cost to every sampled request that a send into the buffer has not.
+	drain := time.NewTicker(liveDrainEvery)
+	defer drain.Stop()
 	for {
 		select {
 		case <-l.stop:
@@ -343,8 +373,7 @@ func (l *Live) run(stopTick func()) {
 			// observed after this is dropped unseen, as it is during a stop).
 			l.limit.Store(0)
 			return
-		case r := <-l.queue:
-			l.request(r)
+		case <-drain.C:
 			l.drain()
 		case now := <-l.tick:
 			l.drain()
@@ -447,13 +476,13 @@ type Curves struct {
 	Dropped int64 `json:"dropped"`
 	// Sizes are the curves' sizes, in lines.
 	Sizes []int `json:"sizes"`
-	// All and Reads are the curves of all requests and of reads, one per policy, then LRU by
-	// SHARDS.
+	// All is the curves of all requests, one per policy, then LRU by SHARDS; Reads the curve of
+	// the reads, LRU by SHARDS.
 	All   []Curve `json:"all"`
 	Reads []Curve `json:"reads"`
-	// Unbounded is the best hit ratio over the window (all, then reads) of any policy at the
-	// largest sizes (the last doubling, up to 8 times the tier): what more of the tier cannot
-	// improve on, as far as the curves reach.
+	// Unbounded is the best hit ratio over the window of any policy at the largest sizes (the
+	// last doubling, up to 8 times the tier): what more of the tier cannot improve on, as far as
+	// the curves reach; for reads, SHARDS' (only first accesses miss, of whole lines).
 	Unbounded [2]float64 `json:"unbounded_hit_ratio"`
 	// Advice is read from Policy's curve of all requests.
 	Advice Advice `json:"advice"`
@@ -510,6 +539,9 @@ func (l *Live) curves(now time.Time) *Curves {
 		lines := kept * float64(cur.pop[i]-old.pop[i])
 		var curves []Curve
 		for pi, p := range l.policies {
+			if len(st.groups) == 0 {
+				break
+			}
 			miss := make([]float64, len(st.groups))
 			for gi, g := range st.groups {
 				x := gi*len(l.policies) + pi
@@ -528,6 +560,10 @@ func (l *Live) curves(now time.Time) *Curves {
 			for _, m := range cv.MissRatio[max(0, len(cv.MissRatio)-liveSteps-1):] {
 				c.Unbounded[i] = max(c.Unbounded[i], 1-m)
 			}
+		}
+		if len(st.groups) == 0 {
+			cold := len(l.sizes)
+			c.Unbounded[i] = 1 - ratio(cur.shards[i][cold]-old.shards[i][cold], lines)
 		}
 		if i == 0 {
 			c.All = curves
