@@ -211,13 +211,14 @@ ssd_warm() {
 	(cd "$(dirname "$2")" && md5sum -c /tmp/warm.sum) || fail "$2 differs"
 }
 
-# wait_log TEXT: wait up to 180 seconds for the daemon $pid to log TEXT in $log: longer than
-# tierblk's own waits for the kernel (2 minutes for a ublk take-back, internal/ublk/recovery.go),
-# so that a slow kernel fails tierblk with its own message, not the script first.
+# wait_log TEXT [LOG PID]: wait up to 180 seconds for the daemon PID ($pid) to log TEXT in LOG
+# ($log): longer than tierblk's own waits for the kernel (2 minutes for a ublk take-back,
+# internal/ublk/recovery.go), so that a slow kernel fails tierblk with its own message, not the
+# script first.
 wait_log() {
 	i=0
-	until grep -q "$1" $log; do
-		kill -0 $pid 2>/dev/null || fail "tierblk exited before logging '$1'"
+	until grep -q "$1" "${2:-$log}"; do
+		kill -0 "${3:-$pid}" 2>/dev/null || fail "tierblk exited before logging '$1'"
 		i=$((i + 1))
 		[ $i -le 1800 ] || fail "tierblk did not log '$1'"
 		sleep 0.1

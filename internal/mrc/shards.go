@@ -1,6 +1,7 @@
 package mrc
 
 import (
+	"container/heap"
 	"fmt"
 
 	"github.com/tierblk/tierblk/internal/policy"
@@ -38,7 +39,7 @@ type SHARDS struct {
 	slotKey []policy.Key
 	next    int
 	// largest is a max-heap of the sampled keys by hash, the next to leave when over MaxKeys.
-	largest []heapEntry
+	largest byHash
 	hist    histogram
 	// refs and bytes are every counted access and its bytes, sampled or not: what the weighted
 	// sampled accesses estimate (SHARDS-adj puts the difference at distance 0).
@@ -159,42 +160,23 @@ func (s *SHARDS) compact() {
 	s.next = live
 }
 
-func (s *SHARDS) push(e heapEntry) {
-	s.largest = append(s.largest, e)
-	i := len(s.largest) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if s.largest[p].hash >= s.largest[i].hash {
-			break
-		}
-		s.largest[p], s.largest[i] = s.largest[i], s.largest[p]
-		i = p
-	}
+// byHash is a max-heap of sampled keys by hash (container/heap).
+type byHash []heapEntry
+
+func (h byHash) Len() int           { return len(h) }
+func (h byHash) Less(i, j int) bool { return h[i].hash > h[j].hash }
+func (h byHash) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *byHash) Push(x any)        { *h = append(*h, x.(heapEntry)) }
+func (h *byHash) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
 }
 
-func (s *SHARDS) pop() heapEntry {
-	h := s.largest
-	top := h[0]
-	n := len(h) - 1
-	h[0] = h[n]
-	h = h[:n]
-	for i := 0; ; {
-		c := 2*i + 1
-		if c >= n {
-			break
-		}
-		if c+1 < n && h[c+1].hash > h[c].hash {
-			c++
-		}
-		if h[i].hash >= h[c].hash {
-			break
-		}
-		h[i], h[c] = h[c], h[i]
-		i = c
-	}
-	s.largest = h
-	return top
-}
+func (s *SHARDS) push(e heapEntry) { heap.Push(&s.largest, e) }
+
+func (s *SHARDS) pop() heapEntry { return heap.Pop(&s.largest).(heapEntry) }
 
 // Accesses is the number of accesses counted, sampled or not.
 func (s *SHARDS) Accesses() int64 { return s.refs }

@@ -20,13 +20,7 @@ primaries=0
 start_replica() {
 	tierblk replica serve --log $replog --size 128MiB --export nas --nbd 127.0.0.1:10810 2>/tmp/tierblk-replica.log &
 	peer=$!
-	i=0
-	until grep -q 'msg=serving' /tmp/tierblk-replica.log; do
-		kill -0 $peer 2>/dev/null || fail "tierblk replica serve exited"
-		i=$((i + 1))
-		[ $i -le 600 ] || fail "tierblk replica serve did not start within 60 s"
-		sleep 0.1
-	done
+	wait_log 'msg=serving' /tmp/tierblk-replica.log $peer
 }
 
 # start_primary ARGS...: a primary on a blank SSD tier (the host is new), attached as /dev/nbd0.
