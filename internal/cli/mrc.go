@@ -109,22 +109,35 @@ func windowText(c *sim.Curves) string {
 }
 
 // writeAdvice prints what the curves say in two lines: the tier's hit ratio against half and twice
-// its size, the sizes that reach 90, 95 and 99 % of an unbounded cache, and the best policy.
+// its size, the sizes that reach 90, 95 and 99 % of the best hit ratio up to 8 times it, and the
+// best policy.
 func writeAdvice(w io.Writer, c *sim.Curves) {
-	size := func(lines int) string {
-		if lines == 0 {
-			return "more than " + units.FormatSize(8*int64(c.Lines)*c.LineSize)
+	sizeOf := func(today int) func(int) string {
+		return func(lines int) string {
+			if lines == 0 {
+				return "more than " + units.Approx(8*int64(today)*c.LineSize)
+			}
+			return units.Approx(int64(lines) * c.LineSize)
 		}
-		return units.FormatSize(int64(lines) * c.LineSize)
+	}
+	size := sizeOf(c.Lines)
+	var ramSize func(int) string
+	if c.RAM != nil {
+		ramSize = sizeOf(c.RAM.Lines)
 	}
 	a := c.Advice
 	fmt.Fprintf(w, "curves (last %s, %d requests): %s at %s hits %.1f%% (half the size %.1f%%, twice %.1f%%; the most at up to 8 times %.1f%%)\n",
-		windowText(c), c.Requests[0], c.Policy, units.FormatSize(int64(c.Lines)*c.LineSize), 100*a.Target, 100*a.Half, 100*a.Double, 100*c.Unbounded[0])
+		windowText(c), c.Requests[0], c.Policy, units.FormatSize(int64(c.Lines)*c.LineSize), 100*a.Target, 100*a.Half, 100*a.Double, 100*c.BestHit[0])
 	fmt.Fprintf(w, "  size for 90%% of that: %s; 95%%: %s; 99%%: %s", size(a.For90), size(a.For95), size(a.For99))
 	if b := c.Best(); b.Policy != c.Policy {
 		fmt.Fprintf(w, "; best policy at this size: %s (%.1f%%)", b.Policy, 100*(1-b.MissRatio[c.Today()]))
 	}
 	fmt.Fprintln(w)
+	if r := c.RAM; r != nil {
+		fmt.Fprintf(w, "  ram tier (LRU's curve) at %s hits %.1f%% (half the size %.1f%%, twice %.1f%%; the most at up to 8 times %.1f%%); size for 90%%: %s; 95%%: %s; 99%%: %s\n",
+			units.Approx(int64(r.Lines)*c.LineSize), 100*r.Advice.Target, 100*r.Advice.Half, 100*r.Advice.Double, 100*r.BestHit,
+			ramSize(r.Advice.For90), ramSize(r.Advice.For95), ramSize(r.Advice.For99))
+	}
 	if c.Sampled > 0 && c.Dropped*100 > c.Sampled {
 		fmt.Fprintf(w, "  the estimator fell behind: %d of %d sampled requests dropped\n", c.Dropped, c.Sampled+c.Dropped)
 	}

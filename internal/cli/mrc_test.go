@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,11 +17,12 @@ import (
 	"github.com/tierblk/tierblk/internal/trace"
 )
 
-// liveCurves are the curves of a real estimator after a loop over 3/4 of a tier of 256 lines and
-// a scan: every policy hits the loop at the tier's size and above.
+// liveCurves are the curves of a real estimator after a loop over 3/4 of a tier of 256 lines, with
+// a RAM tier of 64 lines in front: every policy hits the loop at the tier's size and above, and
+// the RAM tier at none of its sizes below 192 lines.
 func liveCurves(t *testing.T) *sim.Curves {
 	t.Helper()
-	l, err := sim.NewLive(sim.LiveConfig{LineSize: 4096, Lines: 256, Policy: "s3fifo", Admission: "always"})
+	l, err := sim.NewLive(sim.LiveConfig{LineSize: 4096, Lines: 256, Tier: "ssd", RAMLines: 64, Policy: "s3fifo", Admission: "always"})
 	require.NoError(t, err)
 	t.Cleanup(l.Close)
 	for n := range 20_000 {
@@ -61,6 +63,9 @@ func TestMRC(t *testing.T) {
 	require.Contains(t, out, "s3fifo at 1MiB hits 9")
 	require.Contains(t, out, "size for 90% of that: 860KiB; 95%: 1MiB;", "about the loop's 768KiB, interpolated from 512KiB and 1MiB")
 	require.NotContains(t, out, "best policy", "all policies hit a loop that fits alike")
+	require.Contains(t, out, fmt.Sprintf("ram tier (LRU's curve) at 256KiB hits %.1f%%", 100*c.RAM.Advice.Target))
+	require.Less(t, c.RAM.Advice.Double, 0.1, "twice the RAM tier does not hold the loop")
+	require.Greater(t, c.RAM.BestHit, 0.9, "8 times it does")
 
 	stats, err := statsCmd(statsOpts{admin: admin, export: "nas"})
 	require.NoError(t, err)

@@ -277,14 +277,13 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 			}))
 		}
 		if caches[i] != nil && e.Cache.CurvesOn() {
-			live, err := startCurves(caches[i].Stats(), e.Name, log)
-			if err != nil {
-				return nil, nil, nil, nil, nil, fail(err)
+			// The curves are an estimate: an export serves without them rather than not at all.
+			if live := startCurves(caches[i].Stats(), e.Name, log); live != nil {
+				stopAdvice := logAdvice(live, e.Name, log)
+				closers = append(closers, func() error { stopAdvice(); live.Close(); return nil })
+				sources[len(sources)-1].Curves = live.Curves
+				observers = append(observers, live)
 			}
-			stopAdvice := logAdvice(live, e.Name, log)
-			closers = append(closers, func() error { stopAdvice(); live.Close(); return nil })
-			sources[len(sources)-1].Curves = live.Curves
-			observers = append(observers, live)
 		}
 		v := volume.New(b, volume.Options{ReadOnly: e.ReadOnly, MultiConn: true, Meter: meter, Observers: observers})
 		vols = append(vols, v)
@@ -305,15 +304,21 @@ func openExports(cfg config.Config, reg *backend.Registry, log *slog.Logger) (vo
 }
 
 // startCurves starts the live miss-ratio curves of the cache's last tier, the one whose misses go
-// to the backend: its size, policy and admission are the curves' "today".
-func startCurves(st cache.Stats, name string, log *slog.Logger) (*sim.Live, error) {
+// to the backend: its size, policy and admission are the curves' "today"; a RAM tier in front of
+// it gets LRU's curve. It logs why and returns nil where they cannot run.
+func startCurves(st cache.Stats, name string, log *slog.Logger) *sim.Live {
 	t := st.Tiers[len(st.Tiers)-1]
-	live, err := sim.NewLive(sim.LiveConfig{LineSize: int64(st.LineSize), Lines: int(t.Capacity), Policy: t.Policy, Admission: t.Admission})
+	c := sim.LiveConfig{LineSize: int64(st.LineSize), Lines: int(t.Capacity), Tier: t.Name, Policy: t.Policy, Admission: t.Admission}
+	if len(st.Tiers) > 1 {
+		c.RAMLines = int(st.Tiers[0].Capacity)
+	}
+	live, err := sim.NewLive(c)
 	if err != nil {
-		return nil, fmt.Errorf("cache.curves: %w", err)
+		log.Warn("live miss-ratio curves off", "export", name, "tier", t.Name, "err", err)
+		return nil
 	}
 	log.Info("live miss-ratio curves", "export", name, "tier", t.Name, "sizes", fmt.Sprintf("%s to %s", units.FormatSize(int64(st.LineSize)*max(1, int64(t.Capacity)/64)), units.FormatSize(8*int64(st.LineSize)*int64(t.Capacity))))
-	return live, nil
+	return live
 }
 
 // adviceEvery is how often the log says what an export's curves advise.
@@ -334,10 +339,16 @@ func logAdvice(live *sim.Live, name string, log *slog.Logger) (stop func()) {
 				if c == nil || c.Requests[0] == 0 {
 					continue
 				}
-				a, size := c.Advice, func(lines int) int64 { return int64(lines) * c.LineSize }
-				log.Info("live curves", "export", name, "policy", c.Policy, "hit_ratio", a.Target, "hit_ratio_half", a.Half, "hit_ratio_double", a.Double,
-					"best_hit_ratio", c.Unbounded[0], "size_for_90", units.FormatSize(size(a.For90)), "size_for_95", units.FormatSize(size(a.For95)),
-					"size_for_99", units.FormatSize(size(a.For99)), "best_policy", c.Best().Policy)
+				size := func(lines int) string { return units.Approx(int64(lines) * c.LineSize) }
+				a := c.Advice
+				args := []any{"export", name, "tier", c.Tier, "policy", c.Policy, "hit_ratio", a.Target, "hit_ratio_half", a.Half, "hit_ratio_double", a.Double,
+					"best_hit_ratio", c.BestHit[0], "size_for_90", size(a.For90), "size_for_95", size(a.For95),
+					"size_for_99", size(a.For99), "best_policy", c.Best().Policy}
+				if r := c.RAM; r != nil {
+					args = append(args, "ram_hit_ratio", r.Advice.Target, "ram_hit_ratio_half", r.Advice.Half, "ram_hit_ratio_double", r.Advice.Double,
+						"ram_best_hit_ratio", r.BestHit, "ram_size_for_90", size(r.Advice.For90), "ram_size_for_95", size(r.Advice.For95), "ram_size_for_99", size(r.Advice.For99))
+				}
+				log.Info("live curves", args...)
 			}
 		}
 	}()

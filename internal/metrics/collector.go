@@ -269,7 +269,7 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- m.desc
 	}
 	ch <- curveMissRatio
-	ch <- curveUnbounded
+	ch <- curveBest
 	ch <- curveAdvice
 }
 
@@ -335,12 +335,12 @@ var (
 	curveMissRatio = prometheus.NewDesc("tierblk_mrc_miss_ratio",
 		"Estimated miss ratio of a cache of size_bytes running policy, over the live curves' window (tierblk stats --mrc); stream is all or reads, method mini (miniature simulation) or shards.",
 		[]string{"export", "stream", "policy", "method", "size_bytes"}, nil)
-	curveUnbounded = prometheus.NewDesc("tierblk_mrc_unbounded_hit_ratio",
-		"Estimated hit ratio of a cache of unlimited size over the live curves' window: only first accesses miss.",
+	curveBest = prometheus.NewDesc("tierblk_mrc_best_hit_ratio",
+		"Best estimated hit ratio of any policy at the live curves' largest sizes (up to 8 times the tier), over their window.",
 		[]string{"export", "stream"}, nil)
 	curveAdvice = prometheus.NewDesc("tierblk_mrc_advised_size_bytes",
-		"The tier size at which its policy reaches share (0.9, 0.95, 0.99) of the unbounded hit ratio; 0 when more than 8 times today's size.",
-		[]string{"export", "share"}, nil)
+		"The tier size at which its policy reaches share (0.9, 0.95, 0.99) of its best hit ratio up to 8 times today's size (tierblk_mrc_best_hit_ratio for the curves' tier; the RAM tier in front of it by LRU's curve); 0 when not reached there.",
+		[]string{"export", "tier", "share"}, nil)
 )
 
 // collectCurves turns an export's live curves into gauges, one per stream, policy and size.
@@ -359,13 +359,19 @@ func collectCurves(ch chan<- prometheus.Metric, export string, c *sim.Curves) {
 					export, stream, cv.Policy, cv.Method, strconv.FormatInt(int64(size)*c.LineSize, 10))
 			}
 		}
-		ch <- prometheus.MustNewConstMetric(curveUnbounded, prometheus.GaugeValue, c.Unbounded[i], export, stream)
+		ch <- prometheus.MustNewConstMetric(curveBest, prometheus.GaugeValue, c.BestHit[i], export, stream)
 	}
-	for _, a := range []struct {
-		share string
-		lines int
-	}{{"0.9", c.Advice.For90}, {"0.95", c.Advice.For95}, {"0.99", c.Advice.For99}} {
-		ch <- prometheus.MustNewConstMetric(curveAdvice, prometheus.GaugeValue, float64(int64(a.lines)*c.LineSize), export, a.share)
+	advice := func(tier string, a sim.Advice) {
+		for _, x := range []struct {
+			share string
+			lines int
+		}{{"0.9", a.For90}, {"0.95", a.For95}, {"0.99", a.For99}} {
+			ch <- prometheus.MustNewConstMetric(curveAdvice, prometheus.GaugeValue, float64(int64(x.lines)*c.LineSize), export, tier, x.share)
+		}
+	}
+	advice(c.Tier, c.Advice)
+	if c.RAM != nil {
+		advice("ram", c.RAM.Advice)
 	}
 }
 

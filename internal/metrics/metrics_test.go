@@ -24,6 +24,7 @@ import (
 	"github.com/tierblk/tierblk/internal/cache"
 	"github.com/tierblk/tierblk/internal/meta"
 	"github.com/tierblk/tierblk/internal/replica"
+	"github.com/tierblk/tierblk/internal/sim"
 )
 
 // fakeStats is a snapshot with distinct numbers everywhere, so a value read from the wrong field
@@ -561,4 +562,37 @@ func TestHandlerMetricsExportWithoutCache(t *testing.T) {
 		require.Contains(t, body, line+"\n")
 	}
 	require.NotContains(t, body, `tier="`, "no tiers")
+}
+
+// TestHandlerMetricsCurves: an export's live curves as gauges: the miss ratio per stream, policy
+// and size, the best hit ratios, and the advised sizes of the curves' tier and of the RAM tier in
+// front of it, each from its own advice.
+func TestHandlerMetricsCurves(t *testing.T) {
+	c := &sim.Curves{
+		LineSize: 4096, Lines: 4, Tier: "ssd", Policy: "s3fifo", Sizes: []int{2, 4},
+		All:     []sim.Curve{{Policy: "s3fifo", Method: "mini", MissRatio: []float64{0.5, 0.25}}},
+		Reads:   []sim.Curve{{Policy: "lru", Method: "shards", MissRatio: []float64{0.75, 0.5}}},
+		BestHit: [2]float64{0.8, 0.6},
+		Advice:  sim.Advice{For90: 4, For95: 8},
+		RAM:     &sim.RAMCurve{Lines: 2, Sizes: []int{1, 2}, MissRatio: []float64{0.9, 0.7}, Advice: sim.Advice{For90: 16}},
+	}
+	fams := scrape(t, NewHandler(func() []Source {
+		return []Source{{Export: "nas", Stats: fakeStats, Curves: func() *sim.Curves { return c }}}
+	}))
+	for _, tc := range []struct {
+		name   string
+		labels map[string]string
+		value  float64
+	}{
+		{"tierblk_mrc_miss_ratio", map[string]string{"export": "nas", "stream": "all", "policy": "s3fifo", "method": "mini", "size_bytes": "16384"}, 0.25},
+		{"tierblk_mrc_miss_ratio", map[string]string{"export": "nas", "stream": "reads", "policy": "lru", "method": "shards", "size_bytes": "8192"}, 0.75},
+		{"tierblk_mrc_best_hit_ratio", map[string]string{"export": "nas", "stream": "all"}, 0.8},
+		{"tierblk_mrc_best_hit_ratio", map[string]string{"export": "nas", "stream": "reads"}, 0.6},
+		{"tierblk_mrc_advised_size_bytes", map[string]string{"export": "nas", "tier": "ssd", "share": "0.9"}, 4 * 4096},
+		{"tierblk_mrc_advised_size_bytes", map[string]string{"export": "nas", "tier": "ssd", "share": "0.95"}, 8 * 4096},
+		{"tierblk_mrc_advised_size_bytes", map[string]string{"export": "nas", "tier": "ssd", "share": "0.99"}, 0},
+		{"tierblk_mrc_advised_size_bytes", map[string]string{"export": "nas", "tier": "ram", "share": "0.9"}, 16 * 4096},
+	} {
+		require.Equal(t, tc.value, series(t, fams, tc.name, tc.labels).GetGauge().GetValue(), "%s %v", tc.name, tc.labels)
+	}
 }

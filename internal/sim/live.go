@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -27,10 +26,12 @@ const (
 
 // liveSteps is the sizes per doubling, and liveBelow and liveAbove the doublings below and above
 // the tier's size: 37 sizes from 1/64 of it to 8 times it, today's size, half and twice among them.
+// The RAM tier's curve in front of it spans liveRAMBelow doublings below the RAM tier's size.
 const (
-	liveSteps = 4
-	liveBelow = 6
-	liveAbove = 3
+	liveSteps    = 4
+	liveBelow    = 6
+	liveAbove    = 3
+	liveRAMBelow = 3
 )
 
 // liveEvery: one size in liveEvery is simulated in miniature, and the largest; the curves between
@@ -59,7 +60,7 @@ const (
 
 // liveWork bounds the estimators' work a line: the sum of the sizes' sampling rates, each a
 // line's share that goes through the size's miniature caches. Where the rates that give every
-// miniature cache miniKeys lines add up to more (a tier of less than about a million lines), all
+// miniature cache miniKeys lines add up to more (a tier of less than about 220k lines), all
 // are scaled down alike: smaller miniature caches, a noisier estimate, and the hit path's speed
 // kept (BenchmarkLive; bench cache's checksums part against a build without curves).
 const liveWork = 1.0 / 4
@@ -69,8 +70,12 @@ type LiveConfig struct {
 	// LineSize is the tier's line, a multiple of 4 KiB: the curves are in the daemon's model
 	// (Options.Blocks), lines holding the 4 KiB blocks fetched or written.
 	LineSize int64
-	// Lines is the tier's size in lines, the curves' "today".
+	// Lines is the tier's size in lines, the curves' "today"; Tier its name.
 	Lines int
+	Tier  string
+	// RAMLines is the size in lines of a RAM tier in front of the tier, 0 where there is none:
+	// Curves.RAM estimates its curve, LRU's of all requests by SHARDS, which costs no more work.
+	RAMLines int
 	// Policy and Admission are the tier's: the advice reads Policy's curve, and every miniature
 	// cache admits as Admission says ("" is always).
 	Policy, Admission string
@@ -97,6 +102,7 @@ type LiveConfig struct {
 type Live struct {
 	cfg      LiveConfig
 	sizes    []int // lines
+	ramSizes []int // lines, the RAM tier's curve's; nil without one
 	policies []string
 	seed     uint64
 	line     int64
@@ -163,7 +169,8 @@ type liveMark struct {
 	// taken and dropped are the sampled requests the estimators took and the ones dropped.
 	taken, dropped int64
 	reqs           [2]int64
-	shards         [2][]float64 // the SHARDS estimators' misses at each size, then the cold ones
+	shards         [2][]float64 // the SHARDS estimators' misses at each size
+	ram            []float64    // the SHARDS estimator's of all requests at each of ramSizes
 	mini           [2][]int64   // each miniature cache's misses, by size then policy
 }
 
@@ -184,8 +191,8 @@ func newLive(c LiveConfig) (*Live, error) {
 	if c.LineSize < 4096 || c.LineSize%4096 != 0 || c.LineSize > maxLine {
 		return nil, fmt.Errorf("live curves: a line of %d bytes: give a multiple of 4KiB up to 1MiB", c.LineSize)
 	}
-	if c.Lines < 1 {
-		return nil, errors.New("live curves: the tier holds no line")
+	if c.Lines < 1 || c.RAMLines < 0 {
+		return nil, fmt.Errorf("live curves: a tier of %d lines and a RAM tier of %d: the tier must hold a line", c.Lines, c.RAMLines)
 	}
 	if c.Memory == 0 {
 		c.Memory = DefaultLiveMemory
@@ -212,8 +219,11 @@ func newLive(c LiveConfig) (*Live, error) {
 		seed = mrc.DefaultSeed
 	}
 	l := &Live{
-		cfg: c, sizes: liveSizes(c.Lines), policies: pols, seed: seed, line: c.LineSize,
+		cfg: c, sizes: liveSizes(c.Lines, liveBelow), policies: pols, seed: seed, line: c.LineSize,
 		queue: make(chan liveReq, liveQueue), ask: make(chan chan *Curves), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	if c.RAMLines > 0 {
+		l.ramSizes = liveSizes(c.RAMLines, liveRAMBelow)
 	}
 	// The miniature caches share the memory the SHARDS estimators leave: every one of them holds
 	// the same number of keys, the rate of its size chosen to give it that many.
@@ -280,10 +290,10 @@ func contains(list []string, s string) bool {
 }
 
 // liveSizes are the curves' sizes in lines around a tier of lines: liveSteps a doubling from
-// 1/2^liveBelow of it to 2^liveAbove times it, at least one line, none twice.
-func liveSizes(lines int) []int {
+// 1/2^below of it to 2^liveAbove times it, at least one line, none twice.
+func liveSizes(lines, below int) []int {
 	var sizes []int
-	for j := -liveBelow * liveSteps; j <= liveAbove*liveSteps; j++ {
+	for j := -below * liveSteps; j <= liveAbove*liveSteps; j++ {
 		s := max(1, int(math.Round(float64(lines)*math.Exp2(float64(j)/liveSteps))))
 		if len(sizes) == 0 || s > sizes[len(sizes)-1] {
 			sizes = append(sizes, s)
@@ -443,11 +453,10 @@ func (l *Live) mark(at time.Time) liveMark {
 	m := liveMark{at: at, taken: l.sampled, dropped: l.dropped.Load()}
 	m.reqs, m.pop = l.population()
 	for i, st := range l.streams {
-		sh := make([]float64, 0, len(l.sizes)+1)
+		m.shards[i] = make([]float64, 0, len(l.sizes))
 		for _, size := range l.sizes {
-			sh = append(sh, st.shards.Misses(float64(size)))
+			m.shards[i] = append(m.shards[i], st.shards.Misses(float64(size)))
 		}
-		m.shards[i] = append(sh, st.shards.Misses(math.Inf(1)))
 		mini := make([]int64, 0, len(st.groups)*len(l.policies))
 		for _, g := range st.groups {
 			for _, s := range g.sims {
@@ -455,6 +464,9 @@ func (l *Live) mark(at time.Time) liveMark {
 			}
 		}
 		m.mini[i] = mini
+	}
+	for _, size := range l.ramSizes {
+		m.ram = append(m.ram, l.streams[0].shards.Misses(float64(size)))
 	}
 	return m
 }
@@ -465,6 +477,7 @@ type Curves struct {
 	// Admission the admission every estimated cache used.
 	LineSize  int64  `json:"line_size"`
 	Lines     int    `json:"lines"`
+	Tier      string `json:"tier"`
 	Policy    string `json:"policy"`
 	Admission string `json:"admission,omitempty"`
 	// Window is the time the curves cover; Requests the requests in it (all, then reads).
@@ -480,12 +493,25 @@ type Curves struct {
 	// the reads, LRU by SHARDS.
 	All   []Curve `json:"all"`
 	Reads []Curve `json:"reads"`
-	// Unbounded is the best hit ratio over the window of any policy at the largest sizes (the
-	// last doubling, up to 8 times the tier): what more of the tier cannot improve on, as far as
-	// the curves reach; for reads, SHARDS' (only first accesses miss, of whole lines).
-	Unbounded [2]float64 `json:"unbounded_hit_ratio"`
+	// BestHit is the best hit ratio over the window of any curve at the largest sizes (the last
+	// doubling, up to 8 times the tier): what a larger tier cannot improve on, as far as the
+	// curves reach. It stands in for an unbounded cache's, which admission may never reach.
+	BestHit [2]float64 `json:"best_hit_ratio"`
 	// Advice is read from Policy's curve of all requests.
 	Advice Advice `json:"advice"`
+	// RAM is the curve of the RAM tier in front of the tier, where there is one.
+	RAM *RAMCurve `json:"ram,omitempty"`
+}
+
+// RAMCurve is what the curves say of a RAM tier in front of the curves' tier: it sees every
+// request, so its curve is the one of all requests, estimated for LRU by SHARDS whatever its policy.
+type RAMCurve struct {
+	// Lines is the RAM tier's size, Sizes the curve's, in lines.
+	Lines     int       `json:"lines"`
+	Sizes     []int     `json:"sizes"`
+	MissRatio []float64 `json:"miss_ratio"`
+	BestHit   float64   `json:"best_hit_ratio"`
+	Advice    Advice    `json:"advice"`
 }
 
 // Curve is one policy's estimated miss ratio at each size.
@@ -503,7 +529,7 @@ type Advice struct {
 	Half   float64 `json:"hit_ratio_half"`
 	Double float64 `json:"hit_ratio_double"`
 	// For90, For95 and For99 are the sizes in lines at which the policy reaches 90, 95 and 99 % of
-	// the best hit ratio (Curves.Unbounded); 0 where the largest size does not.
+	// the best hit ratio (Curves.BestHit); 0 where the largest size does not.
 	For90 int `json:"lines_for_90"`
 	For95 int `json:"lines_for_95"`
 	For99 int `json:"lines_for_99"`
@@ -524,7 +550,7 @@ func (l *Live) Curves() *Curves {
 func (l *Live) curves(now time.Time) *Curves {
 	cur, old := l.mark(now), l.marks[0]
 	c := &Curves{
-		LineSize: l.line, Lines: l.cfg.Lines, Policy: l.cfg.Policy, Admission: l.cfg.Admission,
+		LineSize: l.line, Lines: l.cfg.Lines, Tier: l.cfg.Tier, Policy: l.cfg.Policy, Admission: l.cfg.Admission,
 		Window:   now.Sub(old.at).Seconds(),
 		Requests: [2]int64{cur.reqs[0] - old.reqs[0], cur.reqs[1] - old.reqs[1]},
 		Sampled:  l.sampled, Dropped: l.dropped.Load(), Sizes: l.sizes,
@@ -554,16 +580,14 @@ func (l *Live) curves(now time.Time) *Curves {
 			sh.MissRatio = append(sh.MissRatio, ratio(cur.shards[i][si]-old.shards[i][si], lines))
 		}
 		curves = append(curves, sh)
-		// Unbounded: the best hit ratio a miniature cache reaches over the last doubling of the
-		// sizes, in the lines model. SHARDS' cold misses would say more (it fetches whole lines).
-		for _, cv := range curves[:len(curves)-1] {
-			for _, m := range cv.MissRatio[max(0, len(cv.MissRatio)-liveSteps-1):] {
-				c.Unbounded[i] = max(c.Unbounded[i], 1-m)
-			}
+		// Where miniature caches run, SHARDS is left out: it counts whole lines, not 4 KiB valid
+		// blocks, so its hits may be out of every policy's reach.
+		best := curves
+		if len(curves) > 1 {
+			best = curves[:len(curves)-1]
 		}
-		if len(st.groups) == 0 {
-			cold := len(l.sizes)
-			c.Unbounded[i] = 1 - ratio(cur.shards[i][cold]-old.shards[i][cold], lines)
+		for _, cv := range best {
+			c.BestHit[i] = max(c.BestHit[i], bestHit(cv.MissRatio))
 		}
 		if i == 0 {
 			c.All = curves
@@ -572,7 +596,26 @@ func (l *Live) curves(now time.Time) *Curves {
 		}
 	}
 	c.Advice = l.advice(c)
+	if l.ramSizes != nil {
+		lines := kept * float64(cur.pop[0]-old.pop[0])
+		r := &RAMCurve{Lines: l.cfg.RAMLines, Sizes: l.ramSizes}
+		for si := range l.ramSizes {
+			r.MissRatio = append(r.MissRatio, ratio(cur.ram[si]-old.ram[si], lines))
+		}
+		r.BestHit = bestHit(r.MissRatio)
+		r.Advice = advise(r.Sizes, r.MissRatio, r.Lines, r.BestHit)
+		c.RAM = r
+	}
 	return c
+}
+
+// bestHit is the best hit ratio of a curve over its last doubling of sizes.
+func bestHit(miss []float64) float64 {
+	best := 0.0
+	for _, m := range miss[max(0, len(miss)-liveSteps-1):] {
+		best = max(best, 1-m)
+	}
+	return best
 }
 
 // interpolate spreads the miss ratios of the simulated sizes over every size, linearly in the
@@ -614,25 +657,30 @@ func (l *Live) advice(c *Curves) Advice {
 	if cv == nil {
 		cv = c.All[len(c.All)-1].MissRatio // LRU by SHARDS
 	}
-	at := func(lines int) float64 {
-		for i, s := range l.sizes {
-			if s >= lines {
-				return 1 - cv[i]
+	return advise(l.sizes, cv, l.cfg.Lines, c.BestHit[0])
+}
+
+// advise reads a curve of miss ratios at sizes (in lines, ascending) for a tier of lines whose
+// best hit ratio is best.
+func advise(sizes []int, miss []float64, lines int, best float64) Advice {
+	at := func(n int) float64 {
+		for i, s := range sizes {
+			if s >= n {
+				return 1 - miss[i]
 			}
 		}
-		return 1 - cv[len(cv)-1]
+		return 1 - miss[len(miss)-1]
 	}
 	reach := func(f float64) int {
-		goal := f * c.Unbounded[0]
-		for i, s := range l.sizes {
-			if 1-cv[i] >= goal {
+		for i, s := range sizes {
+			if 1-miss[i] >= f*best {
 				return s
 			}
 		}
 		return 0
 	}
 	return Advice{
-		Target: at(l.cfg.Lines), Half: at(l.cfg.Lines / 2), Double: at(2 * l.cfg.Lines),
+		Target: at(lines), Half: at(lines / 2), Double: at(2 * lines),
 		For90: reach(0.90), For95: reach(0.95), For99: reach(0.99),
 	}
 }

@@ -167,6 +167,40 @@ func TestLiveWindow(t *testing.T) {
 	}
 }
 
+// TestLiveRAM: the RAM tier's curve of a loop over a working set, whose LRU curve is known: every
+// access misses below the set's size and hits from it up (the first pass aside). A RAM tier of
+// half the set hits nothing, twice it everything, and the advice names the set's size.
+func TestLiveRAM(t *testing.T) {
+	const set = 512 // lines, between the RAM tier (256) and the SSD tier (8192)
+	l, _ := startLive(t, LiveConfig{LineSize: 4096, Lines: 8192, RAMLines: set / 2, Policy: "lru"})
+	loop := &sliceReader{}
+	for n := range 100 * set {
+		loop.reqs = append(loop.reqs, trace.Request{Offset: int64(n%set) * 4096, Length: 4096})
+	}
+	feed(t, l, loop)
+	c := l.Curves()
+	r := c.RAM
+	require.NotNil(t, r)
+	require.Equal(t, set/2, r.Lines)
+	require.Equal(t, set/16, r.Sizes[0], "from 1/8 of the RAM tier")
+	require.Equal(t, 4*set, r.Sizes[len(r.Sizes)-1], "to 8 times it")
+	for i, size := range r.Sizes {
+		switch {
+		case size < set*9/10:
+			require.Greater(t, r.MissRatio[i], 0.9, "at %d lines the loop does not fit", size)
+		case size > set*11/10:
+			require.Less(t, r.MissRatio[i], 0.05, "at %d lines the loop fits", size)
+		}
+	}
+	require.Less(t, r.Advice.Target, 0.1)
+	require.Greater(t, r.Advice.Double, 0.9)
+	require.Greater(t, r.BestHit, 0.95)
+	require.InDelta(t, set, r.Advice.For90, set/5, "the size that holds the loop")
+
+	l, _ = startLive(t, LiveConfig{LineSize: 4096, Lines: 8192, Policy: "lru"})
+	require.Nil(t, l.Curves().RAM, "no RAM tier, no RAM curve")
+}
+
 // The estimators' memory is bounded whatever the volume's size: random requests over a 16 TiB
 // sparse export, each line new, enough of them that every miniature cache and SHARDS estimator
 // is full, with a tier of a million lines (the rates not scaled down by liveWork: the miniature

@@ -125,6 +125,32 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// Approx prints n to three significant figures in the largest binary unit it holds at least one
+// of ("969MiB", "2.25GiB", "12.5KiB", "4KiB"), for sizes that are estimates: an exact "991936KiB" says
+// more than is known.
+func Approx(n int64) string {
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.mult {
+			v := float64(n) / float64(u.mult)
+			digits := 2
+			if v >= 100 {
+				digits = 0
+			} else if v >= 10 {
+				digits = 1
+			}
+			t := strconv.FormatFloat(v, 'f', digits, 64)
+			if digits > 0 {
+				t = strings.TrimRight(strings.TrimRight(t, "0"), ".")
+			}
+			return t + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // Nearest names the multiples of unit nearest to n, for an error about a size that must be one:
 // "976560KiB (999997440 bytes) or 976564KiB (1000001536 bytes)"; below one unit, the unit alone.
 func Nearest(n, unit int64) string {

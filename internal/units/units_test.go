@@ -76,6 +76,15 @@ func TestNearest(t *testing.T) {
 	}
 }
 
+func TestApprox(t *testing.T) {
+	for in, want := range map[int64]string{0: "0", 1000: "1000", 1024: "1KiB", 12800: "12.5KiB",
+		991936 << 10: "969MiB", 2304 << 20: "2.25GiB", 3 << 39: "1.5TiB", 5 << 40: "5TiB", 100 << 20: "100MiB"} {
+		if got := Approx(in); got != want {
+			t.Errorf("Approx(%d) = %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestFormatSize(t *testing.T) {
 	for in, want := range map[int64]string{0: "0", 4096: "4KiB", 1 << 30: "1GiB", 1000: "1000", 3 << 39: "1536GiB"} {
 		if got := FormatSize(in); got != want {

@@ -375,12 +375,12 @@ func (v *Volume) WriteZeroes(off, length int64, f ZeroFlags) error {
 	if err := v.check(off, length, true); err != nil {
 		return err
 	}
-	// A write for a cache: it replaces the range's contents like one.
-	v.observe(trace.OpWrite, off, length)
 	err := v.writeZeroes(off, length, f)
-	if errors.Is(err, ErrNotSupported) { // the client's fast zero refused: no failure of the backend
+	if errors.Is(err, ErrNotSupported) { // the client's fast zero refused: nothing changed, nothing failed
 		return err
 	}
+	// A write for a cache: it replaces the range's contents like one.
+	v.observe(trace.OpWrite, off, length)
 	return v.failed(err)
 }
 

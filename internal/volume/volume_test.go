@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tierblk/tierblk/internal/bufpool"
+	"github.com/tierblk/tierblk/internal/trace"
 	"github.com/tierblk/tierblk/pkg/backend"
 	"github.com/tierblk/tierblk/pkg/backend/fault"
 	"github.com/tierblk/tierblk/pkg/backend/file/filetest"
@@ -127,8 +128,11 @@ type refusing struct{ backend.Backend }
 func (refusing) Trim(off, length int64) error                       { return backend.ErrNotSupported }
 func (refusing) WriteZeroes(off, length int64, mayUnmap bool) error { return backend.ErrNotSupported }
 
+// TestRefusedTrimAndZeroFallBack: a backend's refusals fall back to what the client asked for, and
+// a fast zero refused changes nothing, so observers never hear of it.
 func TestRefusedTrimAndZeroFallBack(t *testing.T) {
-	v := New(refusing{mem.New(size)}, Options{})
+	rec := &requests{}
+	v := New(refusing{mem.New(size)}, Options{Observers: []Observer{Recording(rec, func(err error) { t.Errorf("recording: %v", err) })}})
 	ones := bytes.Repeat([]byte{0xff}, 8192)
 	require.NoError(t, v.WriteAt(ones, 0, false))
 	require.NoError(t, v.Trim(0, 4096, false), "trim is advisory")
@@ -137,6 +141,15 @@ func TestRefusedTrimAndZeroFallBack(t *testing.T) {
 	got := make([]byte, 8192)
 	require.NoError(t, v.ReadAt(got, 0))
 	require.Equal(t, append(make([]byte, 4096), ones[:4096]...), got)
+	require.Equal(t, []trace.Op{trace.OpWrite, trace.OpOther, trace.OpWrite, trace.OpRead}, ops(rec.got))
+}
+
+func ops(rs []trace.Request) []trace.Op {
+	var out []trace.Op
+	for _, r := range rs {
+		out = append(out, r.Op)
+	}
+	return out
 }
 
 // TestOnRing: a volume passes reads and writes on a caller's ring to a backend that serves them
