@@ -20,9 +20,9 @@ import (
 )
 
 // curvesMAE bounds the mean absolute error, over the sizes compared, of each live curve against
-// an exact replay of the recorded trace. Measured: 0.009 to 0.013 for the miniature curves, 0.003
-// for SHARDS; TestLiveCurves logs the figures.
-const curvesMAE = 0.02
+// an exact replay of the recorded trace, with room for the sample's luck; TestLiveCurves logs the
+// figures (docs/operations.md gives them).
+const curvesMAE = 0.015
 
 // TestLiveCurves: the live miss-ratio curves of `tierblk serve` (cache.curves on by default),
 // read from GET /stats after fio's skewed random reads ran through NBD over a working set far
@@ -100,8 +100,8 @@ func TestLiveCurves(t *testing.T) {
 	recorded := countTraceRequests(t, tracePath)
 	require.Equal(t, recorded, c.Requests[0], "the curves and the recorded trace saw different requests")
 
-	// The sizes simulated in miniature (every fourth of the curves' 37, from 1/64 of the tier to
-	// 8 times it; the curves are interpolated between them).
+	// Every fourth of the curves' 37 sizes, from 1/64 of the tier to 8 times it: those simulated
+	// in miniature (every eighth) and those interpolated halfway between them.
 	var idx []int
 	var sizes []string
 	for i := 0; i < len(c.Sizes); i += 4 {

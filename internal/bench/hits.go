@@ -37,23 +37,25 @@ func HitRows() []Row {
 	}
 }
 
+// hitTarget is a tierblk over a backend file with a RAM tier of ram in front of an SSD tier of
+// HitsSSD, more args after. Each has its own SSD tier and backend file in dir; the backend's speed
+// does not matter, as nothing is read from it once the working set is written.
+func hitTarget(tierblk, dir, name, ram string, args ...string) Target {
+	return Target{Name: name, Command: func(sock string) *exec.Cmd {
+		key := strings.TrimSuffix(filepath.Base(sock), ".sock")
+		return exec.Command(tierblk, append([]string{"serve", "--backend", "file://" + filepath.Join(dir, key+"-backend.img") + "?size=1GiB",
+			"--nbd", "unix:" + sock, "--ram", ram, "--ssd", filepath.Join(dir, key+"-ssd.img"), "--ssd-size", HitsSSD,
+			"--log-level", "warn"}, args...)...)
+	}}
+}
+
 // hitTargets are the servers: tierblk with every read an SSD-tier hit, tierblk with a RAM tier
 // smaller than the working set in front of the same SSD tier, and qemu-nbd serving a file on the
-// same file system with O_DIRECT and Linux AIO, the peer an NBD server gets from that disk. Each
-// tierblk has its own SSD tier and its own backend file in dir; the backend's speed does not
-// matter, as nothing is read from it once the working set is written.
+// same file system with O_DIRECT and Linux AIO, the peer an NBD server gets from that disk.
 func hitTargets(tierblk, dir string) []Target {
-	tb := func(name, ram string) Target {
-		return Target{Name: name, Command: func(sock string) *exec.Cmd {
-			key := strings.TrimSuffix(filepath.Base(sock), ".sock")
-			return exec.Command(tierblk, "serve", "--backend", "file://"+filepath.Join(dir, key+"-backend.img")+"?size=1GiB",
-				"--nbd", "unix:"+sock, "--ram", ram, "--ssd", filepath.Join(dir, key+"-ssd.img"), "--ssd-size", HitsSSD,
-				"--log-level", "warn")
-		}}
-	}
 	return []Target{
-		tb(nameHitsSSD, "0"),
-		tb(nameHitsRAM, HitsRAM),
+		hitTarget(tierblk, dir, nameHitsSSD, "0"),
+		hitTarget(tierblk, dir, nameHitsRAM, HitsRAM),
 		{Name: nameQemuNBD, Command: func(sock string) *exec.Cmd {
 			img := filepath.Join(dir, "qemu-nbd.img")
 			// -t: serve client after client; the image is made by RunHits.
@@ -78,13 +80,20 @@ func (r HitResult) Ratio(a, b string) (mid, lo, hi float64) {
 // the set, and qemu-nbd over a file of the set on the same file system, alternating which goes
 // first from round to round. o.SlowRuntime is not used.
 func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
-	if err := o.check(); err != nil {
-		return nil, err
-	}
 	if _, err := exec.LookPath("qemu-nbd"); err != nil {
 		return nil, fmt.Errorf("qemu-nbd is not installed; run `make deps` (Debian package qemu-utils)")
 	}
-	dir, err := os.MkdirTemp(o.WorkDir, "hits")
+	return runHits(ctx, o, "hits", hitTargets)
+}
+
+// runHits measures HitRows on the targets made by targets in a directory of its own (named after
+// what), each target's working set written and read once first, alternating which goes first
+// from round to round.
+func runHits(ctx context.Context, o CacheOptions, what string, targets func(tierblk, dir string) []Target) ([]HitResult, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(o.WorkDir, what)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +105,7 @@ func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
 		return nil, fmt.Errorf("qemu-img create: %w", err)
 	}
 	var probes []probe
-	for i, t := range hitTargets(o.Tierblk, dir) {
+	for i, t := range targets(o.Tierblk, dir) {
 		s := &server{Target: t, sock: filepath.Join(dir, fmt.Sprintf("h%d.sock", i))}
 		if err := s.start(ctx); err != nil {
 			return nil, err
@@ -125,9 +134,46 @@ func RunHits(ctx context.Context, o CacheOptions) ([]HitResult, error) {
 // per-round ratios that its goals name (tierblk without a RAM tier against qemu-nbd; with a small
 // RAM tier against without), with their lowest and highest.
 func HitTable(w io.Writer, results []HitResult) {
+	hitTable(w, results, []string{nameHitsSSD, nameHitsRAM, nameQemuNBD}, [][2]string{{nameHitsSSD, nameQemuNBD}, {nameHitsRAM, nameHitsSSD}})
+}
+
+func hitTable(w io.Writer, results []HitResult, names []string, pairs [][2]string) {
 	rs := make([]Result, len(results))
 	for i, r := range results {
 		rs[i] = Result{Row: r.Row, Unit: r.Unit, Samples: r.Samples}
 	}
-	pairedTable(w, rs, []string{nameHitsSSD, nameHitsRAM, nameQemuNBD}, [][2]string{{nameHitsSSD, nameQemuNBD}, {nameHitsRAM, nameHitsSSD}})
+	pairedTable(w, rs, names, pairs)
+}
+
+// The curves benchmark's targets: the hit paths with the live miss-ratio curves on (the default)
+// and off, RAM-tier hits (a RAM tier that holds the working set) and SSD-tier hits (no RAM tier).
+const (
+	// CurvesRAM holds the default working set (128 MiB) whole.
+	CurvesRAM        = "256MiB"
+	nameCurvesRAM    = "tierblk --ram " + CurvesRAM
+	nameCurvesRAMOff = nameCurvesRAM + " --curves off"
+	nameCurvesSSD    = "tierblk --ram 0"
+	nameCurvesSSDOff = nameCurvesSSD + " --curves off"
+)
+
+func curvesTargets(tierblk, dir string) []Target {
+	return []Target{
+		hitTarget(tierblk, dir, nameCurvesRAM, CurvesRAM),
+		hitTarget(tierblk, dir, nameCurvesRAMOff, CurvesRAM, "--curves", "off"),
+		hitTarget(tierblk, dir, nameCurvesSSD, "0"),
+		hitTarget(tierblk, dir, nameCurvesSSDOff, "0", "--curves", "off"),
+	}
+}
+
+// RunCurves measures what the live miss-ratio curves cost the hit paths: HitRows on tierblk with
+// them on and off, RAM-tier and SSD-tier hits, all in the same rounds.
+func RunCurves(ctx context.Context, o CacheOptions) ([]HitResult, error) {
+	return runHits(ctx, o, "curves", curvesTargets)
+}
+
+// CurvesTable renders the curves benchmark's results: each target's median, and the medians of the
+// per-round ratios on/off for each tier, with their lowest and highest.
+func CurvesTable(w io.Writer, results []HitResult) {
+	hitTable(w, results, []string{nameCurvesRAM, nameCurvesRAMOff, nameCurvesSSD, nameCurvesSSDOff},
+		[][2]string{{nameCurvesRAM, nameCurvesRAMOff}, {nameCurvesSSD, nameCurvesSSDOff}})
 }

@@ -46,6 +46,12 @@ read once before the first round:
 The rows: 4K random read at QD32, 1M random read at QD8. Prints the medians and the medians of the
 per-round ratios tierblk --ram 0/qemu-nbd and tierblk --ram ` + bench.HitsRAM + `/tierblk --ram 0.
 
+What the live miss-ratio curves cost the hit paths (--parts curves): the hit part's rows on
+  tierblk --ram ` + bench.CurvesRAM + `                  a RAM tier holding the working set: RAM-tier hits
+  tierblk --ram ` + bench.CurvesRAM + ` --curves off     the same without the curves
+  tierblk --ram 0 (--curves off)        SSD-tier hits, with and without the curves
+and the medians of the per-round ratios with/without the curves.
+
 Then what the SSD tier's data reduction saves and costs (--parts reduction, which needs --image, a
 raw disk image such as a file system with files in it; docs/benchmarks.md says how to make one):
   tierblk --reduction off        serve --backend file://IMAGE --read-only --ram 0 --ssd WORK/... (all of the image) --admission always
@@ -82,6 +88,7 @@ hit rows (misses: reads that were not hits) and the CPU each server used.
 live there.`,
 		Example: `  tierblk bench cache --work .cache/bench-cache
   tierblk bench cache --parts hits --rounds 5
+  tierblk bench cache --parts curves --rounds 9
   tierblk bench cache --parts reduction --image usr.ext4 --rounds 5
   tierblk bench cache --parts checksums --baseline /tmp/tierblk-19fdf5f --rounds 5`,
 		Args: noArgs,
@@ -91,14 +98,14 @@ live there.`,
 		},
 	}
 	benchCacheFlags(cmd, &o.CacheOptions)
-	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd), reduction (the SSD tier's data reduction on --image), checksums (the hit paths and write-back writes against --baseline and qemu-nbd)")
+	cmd.Flags().StringSliceVar(&o.parts, "parts", []string{"slow", "hits", "curves"}, "what to measure: slow (the caches over a slow disk), hits (the hit paths against qemu-nbd), curves (the hit paths with the live curves on and off), reduction (the SSD tier's data reduction on --image), checksums (the hit paths and write-back writes against --baseline and qemu-nbd)")
 	cmd.Flags().StringVar(&o.image, "image", "", "raw disk image the reduction part reads through the cache")
 	cmd.Flags().StringVar(&o.baseline, "baseline", "", "tierblk binary the checksums part compares this one with, e.g. a build from before the checks")
 	return cmd
 }
 
 func runBenchCache(ctx context.Context, o benchCacheOpts) error {
-	if err := checkParts(o.parts, "slow", "hits", "reduction", "checksums"); err != nil {
+	if err := checkParts(o.parts, "slow", "hits", "curves", "reduction", "checksums"); err != nil {
 		return err
 	}
 	if slices.Contains(o.parts, "reduction") != (o.image != "") {
@@ -129,6 +136,15 @@ func runBenchCache(ctx context.Context, o benchCacheOpts) error {
 		fmt.Fprintf(o.out, "\nHits: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
 			o.Size, o.Rounds, o.Runtime)
 		bench.HitTable(o.out, res)
+	}
+	if slices.Contains(o.parts, "curves") {
+		res, err := bench.RunCurves(ctx, o.CacheOptions)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(o.out, "\nCurves: the hit paths with the live miss-ratio curves on and off; fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
+			o.Size, o.Rounds, o.Runtime)
+		bench.CurvesTable(o.out, res)
 	}
 	if slices.Contains(o.parts, "reduction") {
 		rep, err := bench.RunReduction(ctx, o.CacheOptions, o.image)

@@ -34,10 +34,11 @@ const (
 	liveRAMBelow = 3
 )
 
-// liveEvery: one size in liveEvery is simulated in miniature, and the largest; the curves between
-// are interpolated. Fewer, larger miniature caches in the same memory err less than many small
-// ones (TestLiveAgainstReplay).
-var liveEvery = 4
+// liveEvery: one size in liveEvery (one every two doublings, today's among them) is simulated in
+// miniature, and the largest; the curves between are interpolated. Fewer, larger miniature caches
+// in the same memory and work err less than many small ones, interpolation's error included
+// (TestLiveAgainstReplay's figures in docs/operations.md).
+const liveEvery = 8
 
 // liveKeyBytes is what one key of a miniature cache costs, its policy's entry and the line's
 // valid blocks together, and liveShardsKeyBytes one key of a SHARDS estimator (TestLiveMemory
@@ -60,7 +61,7 @@ const (
 
 // liveWork bounds the estimators' work a line: the sum of the sizes' sampling rates, each a
 // line's share that goes through the size's miniature caches. Where the rates that give every
-// miniature cache miniKeys lines add up to more (a tier of less than about 220k lines), all
+// miniature cache miniKeys lines add up to more (a tier of less than about 250k lines), all
 // are scaled down alike: smaller miniature caches, a noisier estimate, and the hit path's speed
 // kept (BenchmarkLive; bench cache's checksums part against a build without curves).
 const liveWork = 1.0 / 4
