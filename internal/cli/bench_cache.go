@@ -128,23 +128,24 @@ func runBenchCache(ctx context.Context, o benchCacheOpts) error {
 			"5 ms each), median of %d runs of %s (%s on the slow disk alone):\n\n%s",
 			o.Size, o.Rounds, o.Runtime, o.SlowRuntime, bench.CacheTable(res))
 	}
-	if slices.Contains(o.parts, "hits") {
-		res, err := bench.RunHits(ctx, o.CacheOptions)
+	for _, h := range []struct {
+		part, title string
+		run         func(context.Context, bench.CacheOptions) ([]bench.HitResult, error)
+		table       func(io.Writer, []bench.HitResult)
+	}{
+		{"hits", "Hits", bench.RunHits, bench.HitTable},
+		{"curves", "Curves: the hit paths with the live miss-ratio curves on and off", bench.RunCurves, bench.CurvesTable},
+	} {
+		if !slices.Contains(o.parts, h.part) {
+			continue
+		}
+		res, err := h.run(ctx, o.CacheOptions)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(o.out, "\nHits: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios:\n\n",
-			o.Size, o.Rounds, o.Runtime)
-		bench.HitTable(o.out, res)
-	}
-	if slices.Contains(o.parts, "curves") {
-		res, err := bench.RunCurves(ctx, o.CacheOptions)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(o.out, "\nCurves: the hit paths with the live miss-ratio curves on and off; fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
-			o.Size, o.Rounds, o.Runtime)
-		bench.CurvesTable(o.out, res)
+		fmt.Fprintf(o.out, "\n%s: fio, nbd engine, one job, unix socket, a %s working set, median of %d runs of %s; ratios: median of the per-round ratios (lowest-highest):\n\n",
+			h.title, o.Size, o.Rounds, o.Runtime)
+		h.table(o.out, res)
 	}
 	if slices.Contains(o.parts, "reduction") {
 		rep, err := bench.RunReduction(ctx, o.CacheOptions, o.image)
