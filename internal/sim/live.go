@@ -63,7 +63,7 @@ const (
 // line's share that goes through the size's miniature caches. Where the rates that give every
 // miniature cache miniKeys lines add up to more (a tier of less than about 250k lines), all
 // are scaled down alike: smaller miniature caches, a noisier estimate, and the hit path's speed
-// kept (BenchmarkLive; bench cache's checksums part against a build without curves).
+// kept (BenchmarkLive; bench cache's curves part).
 const liveWork = 1.0 / 4
 
 // LiveConfig configures Live.
