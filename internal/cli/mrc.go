@@ -108,9 +108,9 @@ func windowText(c *sim.Curves) string {
 	return fmt.Sprintf("%.0fs", math.Round(c.Window))
 }
 
-// writeAdvice prints what the curves say in two lines: the tier's hit ratio against half and twice
-// its size, the sizes that reach 90, 95 and 99 % of the best hit ratio up to 8 times it, and the
-// best policy.
+// writeAdvice prints what the curves say: the tier's hit ratio against half and twice its size, the
+// sizes that reach 90, 95 and 99 % of the best hit ratio up to 8 times it, and the best policy; on
+// a line of its own the same for a RAM tier in front of it.
 func writeAdvice(w io.Writer, c *sim.Curves) {
 	sizeOf := func(today int) func(int) string {
 		return func(lines int) string {

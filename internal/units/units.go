@@ -114,10 +114,7 @@ func parse(s string) (n int64, dec *decimalSize, err error) {
 // FormatSize prints n with the largest binary unit that divides it exactly ("64KiB", "1GiB"), or in
 // bytes.
 func FormatSize(n int64) string {
-	for _, u := range []struct {
-		name string
-		mult int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+	for _, u := range binaryUnits {
 		if n != 0 && n%u.mult == 0 {
 			return strconv.FormatInt(n/u.mult, 10) + u.name
 		}
@@ -125,14 +122,17 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
+// binaryUnits are the units FormatSize and Approx print, largest first.
+var binaryUnits = []struct {
+	name string
+	mult int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+
 // Approx prints n to three significant figures in the largest binary unit it holds at least one
-// of ("969MiB", "2.25GiB", "12.5KiB", "4KiB"), for sizes that are estimates: an exact "991936KiB" says
-// more than is known.
+// of ("969MiB", "2.25GiB", "12.5KiB", "4KiB"), for sizes that are estimates: an exact
+// "991936KiB" says more than is known.
 func Approx(n int64) string {
-	for _, u := range []struct {
-		name string
-		mult int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+	for _, u := range binaryUnits {
 		if n >= u.mult {
 			v := float64(n) / float64(u.mult)
 			digits := 2
